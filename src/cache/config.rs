@@ -1,0 +1,172 @@
+//! The engine's settings and its builder.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::{key::sanitize_namespace, Store};
+
+use super::Cache;
+
+/// What a follower does when it has waited [`wait_timeout`](CacheBuilder::wait_timeout) for
+/// another leader's load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitTimeoutPolicy {
+    /// Load from the backend and answer with it, without storing it (as nginx's
+    /// `proxy_cache_lock_timeout` does). One load per process, since the process's waiting
+    /// callers share one flight.
+    #[default]
+    LoadUncached,
+    /// Fail with [`ErrorKind::WaitTimeout`](crate::ErrorKind::WaitTimeout).
+    Error,
+}
+
+/// The engine's settings, shared by every clone of a [`Cache`].
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) namespace: Arc<str>,
+    pub(crate) ttl: Duration,
+    pub(crate) lock_ttl: Duration,
+    pub(crate) load_timeout: Duration,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) on_wait_timeout: WaitTimeoutPolicy,
+    pub(crate) backoff_initial: Duration,
+    pub(crate) backoff_multiplier: f64,
+    pub(crate) backoff_max: Duration,
+    pub(crate) store_timeout: Duration,
+    pub(crate) pass_ttl: Duration,
+    pub(crate) l1_capacity: u64,
+    pub(crate) l1_ttl_cap: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            namespace: Arc::from("stampede"),
+            ttl: Duration::from_secs(60),
+            lock_ttl: Duration::from_secs(5),
+            load_timeout: Duration::from_secs(30),
+            wait_timeout: Duration::from_secs(30),
+            on_wait_timeout: WaitTimeoutPolicy::LoadUncached,
+            backoff_initial: Duration::from_millis(5),
+            backoff_multiplier: 1.5,
+            backoff_max: Duration::from_millis(200),
+            store_timeout: Duration::from_millis(50),
+            pass_ttl: Duration::from_secs(5),
+            l1_capacity: 64 * 1024 * 1024,
+            l1_ttl_cap: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Builds a [`Cache`]; see [`Cache::builder`]. Every setter documents its default.
+#[must_use]
+#[derive(Debug)]
+pub struct CacheBuilder {
+    store: Arc<dyn Store>,
+    config: Config,
+}
+
+impl CacheBuilder {
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        CacheBuilder {
+            store,
+            config: Config::default(),
+        }
+    }
+
+    /// Prefix of every store key, so several applications can share one Redis.
+    /// Default: `"stampede"`. Braces (which would break Redis Cluster hash tags) become `_`.
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.config.namespace = sanitize_namespace(namespace);
+        self
+    }
+
+    /// How long a loaded value stays fresh when its loader does not say. Default: 60 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// How long the reload lock lives if its leader never releases it (a crash). While a load
+    /// runs, its leader renews the lock every third of this. Default: 5 s.
+    pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
+        self.config.lock_ttl = lock_ttl;
+        self
+    }
+
+    /// How long a load may run before it is abandoned and its lock released. Default: 30 s.
+    pub fn load_timeout(mut self, load_timeout: Duration) -> Self {
+        self.config.load_timeout = load_timeout;
+        self
+    }
+
+    /// How long a follower waits for another leader's fill before it applies the
+    /// [`on_wait_timeout`](Self::on_wait_timeout) policy. Default: 30 s, the default load
+    /// timeout, so a follower outlasts any load its leader may still finish.
+    pub fn wait_timeout(mut self, wait_timeout: Duration) -> Self {
+        self.config.wait_timeout = wait_timeout;
+        self
+    }
+
+    /// What a follower does after [`wait_timeout`](Self::wait_timeout).
+    /// Default: [`WaitTimeoutPolicy::LoadUncached`].
+    pub fn on_wait_timeout(mut self, policy: WaitTimeoutPolicy) -> Self {
+        self.config.on_wait_timeout = policy;
+        self
+    }
+
+    /// The follower's re-read backoff: the first pause, and the longest one. Each pause is
+    /// the previous one times the [multiplier](Self::backoff_multiplier), and is jittered
+    /// between half and all of its length so followers spread out.
+    /// Default: 5 ms, growing to 200 ms.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.config.backoff_initial = initial;
+        self.config.backoff_max = max.max(initial);
+        self
+    }
+
+    /// Growth of the follower's backoff per re-read, clamped to 1..=16 (a non-number means the
+    /// default). Default: 1.5.
+    pub fn backoff_multiplier(mut self, multiplier: f64) -> Self {
+        self.config.backoff_multiplier = if multiplier.is_finite() {
+            multiplier.clamp(1.0, 16.0)
+        } else {
+            Config::default().backoff_multiplier
+        };
+        self
+    }
+
+    /// How long one store call may take; a slower call counts as a store error, and the engine
+    /// falls back to protection within this process. Default: 50 ms.
+    pub fn store_timeout(mut self, store_timeout: Duration) -> Self {
+        self.config.store_timeout = store_timeout;
+        self
+    }
+
+    /// How long a "pass" marker (the last load was not cacheable) tells followers to go to the
+    /// backend directly instead of waiting. Default: 5 s.
+    pub fn pass_ttl(mut self, pass_ttl: Duration) -> Self {
+        self.config.pass_ttl = pass_ttl;
+        self
+    }
+
+    /// The in-process (L1) cache's capacity in bytes of values; 0 turns L1 off.
+    /// Default: 64 MiB.
+    pub fn l1_capacity(mut self, bytes: u64) -> Self {
+        self.config.l1_capacity = bytes;
+        self
+    }
+
+    /// The longest an entry lives in L1, whatever its freshness in the store: how long another
+    /// process's newer fill can go unseen here. Default: 10 s.
+    pub fn l1_ttl_cap(mut self, cap: Duration) -> Self {
+        self.config.l1_ttl_cap = cap;
+        self
+    }
+
+    /// Builds the cache.
+    pub fn build(self) -> Cache {
+        Cache::from_parts(self.store, self.config)
+    }
+}

@@ -1,0 +1,96 @@
+//! The engine's error type.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A boxed error, as returned by loaders.
+pub type BoxError = Box<dyn StdError + Send + Sync>;
+
+/// Why a [`Cache::get_or_load`](crate::Cache::get_or_load) call failed.
+///
+/// Errors are cheap to clone: every caller that shared one load gets the same error.
+#[derive(Clone)]
+pub struct Error {
+    kind: ErrorKind,
+    source: Option<Arc<dyn StdError + Send + Sync>>,
+}
+
+/// The kind of an [`Error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The loader returned an error; [`Error::source`](StdError::source) is that error.
+    Load,
+    /// The loader ran longer than the load timeout and was abandoned.
+    LoadTimeout,
+    /// The loader panicked.
+    LoadPanicked,
+    /// A follower waited longer than the wait timeout, and the policy is
+    /// [`WaitTimeoutPolicy::Error`](crate::WaitTimeoutPolicy::Error).
+    WaitTimeout,
+    /// The key is marked "pass" (its last load was not cacheable), so there is no value to
+    /// share; the caller should go to its backend directly.
+    Pass,
+}
+
+impl Error {
+    pub(crate) fn new(kind: ErrorKind) -> Self {
+        Error { kind, source: None }
+    }
+
+    pub(crate) fn load(source: BoxError) -> Self {
+        Error {
+            kind: ErrorKind::Load,
+            source: Some(Arc::from(source)),
+        }
+    }
+
+    pub(crate) fn load_timeout(after: Duration) -> Self {
+        Error {
+            kind: ErrorKind::LoadTimeout,
+            source: Some(Arc::from(BoxError::from(format!(
+                "load abandoned after {after:?}"
+            )))),
+        }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Error")
+            .field("kind", &self.kind)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            ErrorKind::Load => "the load failed",
+            ErrorKind::LoadTimeout => "the load timed out",
+            ErrorKind::LoadPanicked => "the load panicked",
+            ErrorKind::WaitTimeout => "timed out waiting for another load",
+            ErrorKind::Pass => "the key is marked pass",
+        };
+        match &self.source {
+            Some(source) => write!(f, "{what}: {source}"),
+            None => f.write_str(what),
+        }
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}

@@ -1,0 +1,721 @@
+//! The engine: one load per stampede, across tasks and across processes.
+//!
+//! A [`Cache`] answers [`get_or_load`](Cache::get_or_load) in three tiers:
+//!
+//! 1. **L1**, an in-process [moka] cache bounded in bytes, whose entries never outlive their
+//!    freshness in the store (nor [`l1_ttl_cap`](CacheBuilder::l1_ttl_cap)).
+//! 2. **A flight**: concurrent misses of one key in this process share one flight, so N local
+//!    callers cost one store round trip and at most one load.
+//! 3. **The store** (Redis, or the embedded [`MemoryStore`](crate::store::MemoryStore)): one
+//!    round trip answers "fresh value, or take the reload lock". The flight that takes the lock
+//!    is the **leader**: it loads, writes the value through a fenced **fill** and drops the lock.
+//!    Every other flight, in this process or another, is a **follower**: it re-reads the store
+//!    with a jittered exponential backoff until the value is there, the lock is free again (then
+//!    it leads), or the wait times out (then [`WaitTimeoutPolicy`] decides).
+//!
+//! A flight runs in its own task: a caller that goes away does not cancel the load, which fills
+//! the cache for everyone else. The lock is released on every path: by the fill itself, by an
+//! explicit token-checked release when a load fails, by a drop guard if the flight's task is
+//! torn down, and by the lock's TTL if the whole process dies.
+//!
+//! If the store fails or is slower than [`store_timeout`](CacheBuilder::store_timeout), the
+//! flight loads by itself: protection falls back to one load per process, never to an error.
+//!
+//! # Concurrent calls on the same key
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use tower_stampede::{store::MemoryStore, Cache};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let cache = Cache::builder(MemoryStore::new()).build();
+//! let loads = Arc::new(AtomicUsize::new(0));
+//! let callers = (0..100).map(|_| {
+//!     let (cache, loads) = (cache.clone(), loads.clone());
+//!     tokio::spawn(async move {
+//!         cache
+//!             .get_or_load("user:42", move || async move {
+//!                 loads.fetch_add(1, Ordering::SeqCst);
+//!                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+//!                 Ok::<_, std::io::Error>(Bytes::from_static(b"Ada"))
+//!             })
+//!             .await
+//!     })
+//! });
+//! for caller in callers.collect::<Vec<_>>() {
+//!     assert_eq!(caller.await.unwrap().unwrap(), "Ada");
+//! }
+//! assert_eq!(loads.load(Ordering::SeqCst), 1);
+//! # }
+//! ```
+
+mod config;
+pub(crate) mod entry;
+mod error;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, Store, StoreError, StoreKey};
+use entry::Entry;
+
+pub(crate) use config::Config;
+pub use config::{CacheBuilder, WaitTimeoutPolicy};
+pub use error::{BoxError, Error, ErrorKind};
+
+/// What a loader passed to [`Cache::fetch`] produced.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    kind: LoadedKind,
+}
+
+#[derive(Clone, Debug)]
+enum LoadedKind {
+    Value { bytes: Bytes, ttl: Option<Duration> },
+    Pass,
+}
+
+impl Loaded {
+    /// A value to store for the cache's default [`ttl`](CacheBuilder::ttl).
+    pub fn value(bytes: Bytes) -> Self {
+        Loaded {
+            kind: LoadedKind::Value { bytes, ttl: None },
+        }
+    }
+
+    /// A value to store for `ttl`.
+    pub fn value_with_ttl(bytes: Bytes, ttl: Duration) -> Self {
+        Loaded {
+            kind: LoadedKind::Value {
+                bytes,
+                ttl: Some(ttl),
+            },
+        }
+    }
+
+    /// Nothing to store: the load's result is not cacheable. A short "pass" marker tells
+    /// followers to stop waiting and go to the backend directly.
+    pub fn pass() -> Self {
+        Loaded {
+            kind: LoadedKind::Pass,
+        }
+    }
+}
+
+/// How a [`Cache::fetch`] was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// From this process's L1.
+    L1Hit,
+    /// From the shared store, fresh.
+    L2Hit,
+    /// This call's own loader ran and its value was filled.
+    Leader,
+    /// Another call's load (in this process or another) answered this one.
+    Follower,
+    /// The key is marked "pass": nothing is cached, go to the backend. If this call's own
+    /// loader ran, the load was not cacheable.
+    Pass,
+    /// This call's own loader ran after the wait timed out; its value was not stored.
+    Uncached,
+    /// The store failed, so this call's own loader ran with in-process protection only.
+    Degraded,
+}
+
+/// The answer of [`Cache::fetch`].
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    value: Option<Bytes>,
+    outcome: Outcome,
+}
+
+impl Fetched {
+    /// The value; `None` only when the outcome is [`Outcome::Pass`].
+    pub fn value(&self) -> Option<&Bytes> {
+        self.value.as_ref()
+    }
+
+    /// The value, taken out.
+    pub fn into_value(self) -> Option<Bytes> {
+        self.value
+    }
+
+    /// How the call was answered.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+}
+
+/// Counters of what the cache has seen since it was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Loads started (this process's loader calls).
+    pub loads: u64,
+    /// Store entries that were not this engine's (corrupt or foreign): treated as a miss.
+    pub corrupt_entries: u64,
+    /// Store calls that failed or timed out.
+    pub store_errors: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    loads: AtomicU64,
+    corrupt_entries: AtomicU64,
+    store_errors: AtomicU64,
+}
+
+type BoxLoader = Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
+type FlightResult = Result<Fetched, Error>;
+
+/// One flight in progress: its id (so only it removes itself) and where its result appears.
+struct FlightHandle {
+    id: u64,
+    result: watch::Receiver<Option<FlightResult>>,
+}
+
+/// An entry of L1: the value and how long it may live there.
+#[derive(Clone)]
+struct L1Entry {
+    value: Bytes,
+    ttl: Duration,
+}
+
+struct L1Expiry;
+
+impl moka::Expiry<KeyDigest, L1Entry> for L1Expiry {
+    fn expire_after_create(
+        &self,
+        _key: &KeyDigest,
+        value: &L1Entry,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &KeyDigest,
+        value: &L1Entry,
+        _updated_at: std::time::Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+}
+
+/// The stampede guard's engine; see the [module docs](self).
+///
+/// Cheap to clone: clones share L1, flights and settings. Build one with [`Cache::builder`].
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    config: Config,
+    l1: Option<moka::future::Cache<KeyDigest, L1Entry>>,
+    flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
+    next_flight: AtomicU64,
+    counters: Counters,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("store", &self.inner.store)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// A builder for a cache over `store`.
+    pub fn builder(store: impl Store) -> CacheBuilder {
+        CacheBuilder::new(Arc::new(store))
+    }
+
+    /// A builder for a cache over a store that is already shared.
+    pub fn builder_shared(store: Arc<dyn Store>) -> CacheBuilder {
+        CacheBuilder::new(store)
+    }
+
+    pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
+        let l1 = (config.l1_capacity > 0).then(|| {
+            moka::future::Cache::builder()
+                .max_capacity(config.l1_capacity)
+                .weigher(|_key: &KeyDigest, entry: &L1Entry| {
+                    // The digest and moka's own bookkeeping cost about this much per entry.
+                    u32::try_from(entry.value.len().saturating_add(96)).unwrap_or(u32::MAX)
+                })
+                .expire_after(L1Expiry)
+                .build()
+        });
+        Cache {
+            inner: Arc::new(Inner {
+                store,
+                config,
+                l1,
+                flights: Mutex::new(HashMap::new()),
+                next_flight: AtomicU64::new(0),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// The value of `key`: from L1, from the store, or from `loader`, run at most once per
+    /// stampede across every process that shares the store. The value is stored for the
+    /// cache's default [`ttl`](CacheBuilder::ttl).
+    ///
+    /// `loader` runs in its own task, so it finishes and fills the cache even if this call is
+    /// dropped. Callers that shared a failed load share its error.
+    pub async fn get_or_load<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Bytes, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let fetched = self
+            .fetch(key, move || async move {
+                loader().await.map(Loaded::value).map_err(Into::into)
+            })
+            .await?;
+        fetched
+            .into_value()
+            .ok_or_else(|| Error::new(ErrorKind::Pass))
+    }
+
+    /// Like [`get_or_load`](Self::get_or_load), with a loader that chooses each value's TTL or
+    /// declares its result not cacheable ([`Loaded::pass`]), and an answer that tells how the
+    /// call was served ([`Outcome`]).
+    pub async fn fetch<F, Fut, E>(&self, key: impl AsRef<[u8]>, loader: F) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let digest = KeyDigest::of(key.as_ref());
+        if let Some(l1) = &self.inner.l1 {
+            if let Some(entry) = l1.get(&digest).await {
+                return Ok(Fetched {
+                    value: Some(entry.value),
+                    outcome: Outcome::L1Hit,
+                });
+            }
+        }
+        let (mut result, created) = {
+            let mut flights = self.inner.flights();
+            match flights.get(&digest) {
+                Some(flight) => (flight.result.clone(), false),
+                None => {
+                    let loader: BoxLoader = Box::new(move || {
+                        Box::pin(async move { loader().await.map_err(Into::into) })
+                    });
+                    let id = self.inner.next_flight.fetch_add(1, Ordering::Relaxed);
+                    let (tx, rx) = watch::channel(None);
+                    flights.insert(
+                        digest,
+                        FlightHandle {
+                            id,
+                            result: rx.clone(),
+                        },
+                    );
+                    tokio::spawn(Arc::clone(&self.inner).fly(digest, id, tx, loader));
+                    (rx, true)
+                }
+            }
+        };
+        let answer = match result.wait_for(Option::is_some).await {
+            Ok(answer) => answer
+                .clone()
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::LoadPanicked))),
+            // The flight's task ended without an answer: it panicked or its runtime shut down.
+            Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+        };
+        answer.map(|mut fetched| {
+            // Only the caller that started the flight gave it its loader.
+            if !created
+                && matches!(
+                    fetched.outcome,
+                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded
+                )
+            {
+                fetched.outcome = Outcome::Follower;
+            }
+            fetched
+        })
+    }
+
+    /// What the cache has counted so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.inner.counters;
+        Stats {
+            loads: c.loads.load(Ordering::Relaxed),
+            corrupt_entries: c.corrupt_entries.load(Ordering::Relaxed),
+            store_errors: c.store_errors.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The store this cache shares with other processes.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The store key of a logical key, as this cache names it (for tools and tests).
+    pub fn store_key(&self, key: impl AsRef<[u8]>) -> StoreKey {
+        StoreKey::new(
+            Arc::clone(&self.inner.config.namespace),
+            KeyDigest::of(key.as_ref()),
+        )
+    }
+}
+
+/// Removes a flight from the map when its task ends, whichever way it ends.
+struct Landing<'a> {
+    inner: &'a Inner,
+    digest: KeyDigest,
+    id: u64,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        let mut flights = self.inner.flights();
+        if flights.get(&self.digest).is_some_and(|f| f.id == self.id) {
+            flights.remove(&self.digest);
+        }
+    }
+}
+
+/// The leader's lock, released when dropped unless the fill or an explicit release took it.
+struct LockGuard {
+    store: Arc<dyn Store>,
+    key: StoreKey,
+    token: LockToken,
+    armed: bool,
+}
+
+impl LockGuard {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // The backstop for a flight torn down mid-load: release in a task of its own. Without
+        // a runtime the lock's TTL frees it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, key, token) = (Arc::clone(&self.store), self.key.clone(), self.token);
+            runtime.spawn(async move {
+                let _ = store.release(&key, token).await;
+            });
+        }
+    }
+}
+
+/// Pauses between a follower's re-reads: exponential, capped, jittered.
+struct Backoff {
+    next: Duration,
+    multiplier: f64,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(config: &Config) -> Self {
+        Backoff {
+            next: config.backoff_initial,
+            multiplier: config.backoff_multiplier,
+            max: config.backoff_max,
+        }
+    }
+
+    /// The next pause: between half and all of the current step, then the step grows.
+    fn pause(&mut self) -> Duration {
+        let step = self.next;
+        self.next = Duration::try_from_secs_f64(step.as_secs_f64() * self.multiplier)
+            .unwrap_or(self.max)
+            .min(self.max);
+        let half = step / 2;
+        half + half.mul_f64(rand::random::<f64>())
+    }
+}
+
+impl Inner {
+    fn flights(&self) -> MutexGuard<'_, HashMap<KeyDigest, FlightHandle>> {
+        // Nothing panics while the map is locked; a poisoned map is still consistent.
+        self.flights.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A flight's task: resolve the key, then land (leave the map) and publish the answer.
+    async fn fly(
+        self: Arc<Self>,
+        digest: KeyDigest,
+        id: u64,
+        result: watch::Sender<Option<FlightResult>>,
+        loader: BoxLoader,
+    ) {
+        let landing = Landing {
+            inner: &self,
+            digest,
+            id,
+        };
+        let answer = self.resolve(digest, loader).await;
+        drop(landing);
+        result.send_replace(Some(answer));
+    }
+
+    /// One store call, bounded by the store timeout and counted if it fails.
+    async fn store_call<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let timeout = self.config.store_timeout;
+        let result = match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout(timeout)),
+        };
+        if result.is_err() {
+            self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    async fn l1_insert(&self, digest: KeyDigest, value: Bytes, fresh_for: Duration) {
+        let ttl = fresh_for.min(self.config.l1_ttl_cap);
+        if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
+            l1.insert(digest, L1Entry { value, ttl }).await;
+        }
+    }
+
+    /// The leader/follower protocol for one key: ends with a value, a pass, or an error.
+    async fn resolve(&self, digest: KeyDigest, loader: BoxLoader) -> FlightResult {
+        let config = &self.config;
+        let key = StoreKey::new(Arc::clone(&config.namespace), digest);
+        let token = LockToken::random();
+        let started = Instant::now();
+        let mut backoff = Backoff::new(config);
+        // Values with at most this much life left are refreshed; raised to "everything" once a
+        // corrupt entry is seen, so the next lookup takes the lock to overwrite it.
+        let mut refresh_below = Duration::ZERO;
+        loop {
+            let lookup = match self
+                .store_call(
+                    self.store
+                        .lookup(&key, token, config.lock_ttl, refresh_below),
+                )
+                .await
+            {
+                Ok(lookup) => lookup,
+                Err(error) => {
+                    warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
+                    return self.load_alone(digest, loader, Outcome::Degraded).await;
+                }
+            };
+            let entry = lookup
+                .value
+                .as_ref()
+                .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
+            match (lookup.lock, entry) {
+                (LockState::Acquired, _) => return self.lead(key, token, loader).await,
+                (_, Some((Ok(Entry::Pass), _))) => {
+                    return Ok(Fetched {
+                        value: None,
+                        outcome: Outcome::Pass,
+                    })
+                }
+                (LockState::NotRequested, Some((Ok(Entry::Value { payload, .. }), ttl))) => {
+                    let fresh_for = ttl.unwrap_or(Duration::ZERO);
+                    self.l1_insert(digest, payload.clone(), fresh_for).await;
+                    return Ok(Fetched {
+                        value: Some(payload),
+                        outcome: Outcome::L2Hit,
+                    });
+                }
+                (_, Some((Err(entry::Corrupt), _))) if refresh_below != Duration::MAX => {
+                    self.counters
+                        .corrupt_entries
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                    refresh_below = Duration::MAX;
+                    continue;
+                }
+                (LockState::HeldElsewhere, _) => {}
+                (state, _) => {
+                    // Only a store that breaks the lookup contract gets here.
+                    warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
+                    return self.load_alone(digest, loader, Outcome::Degraded).await;
+                }
+            }
+            // A follower: another leader holds the lock.
+            let waited = started.elapsed();
+            if waited >= config.wait_timeout {
+                return match config.on_wait_timeout {
+                    WaitTimeoutPolicy::LoadUncached => {
+                        debug!(key = ?digest, ?waited, "wait timed out; loading uncached");
+                        self.load_alone(digest, loader, Outcome::Uncached).await
+                    }
+                    WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
+                };
+            }
+            tokio::time::sleep(backoff.pause().min(config.wait_timeout - waited)).await;
+        }
+    }
+
+    /// Runs a loader in a task of its own, bounded by the load timeout; while it runs, renews
+    /// the lock named by `lock` (the watchdog).
+    async fn load(
+        &self,
+        loader: BoxLoader,
+        lock: Option<(&StoreKey, LockToken)>,
+    ) -> Result<Loaded, Error> {
+        self.counters.loads.fetch_add(1, Ordering::Relaxed);
+        let config = &self.config;
+        let mut task = tokio::spawn(loader());
+        let deadline = tokio::time::sleep(config.load_timeout);
+        tokio::pin!(deadline);
+        let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
+        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                joined = &mut task => {
+                    return match joined {
+                        Ok(Ok(loaded)) => Ok(loaded),
+                        Ok(Err(error)) => Err(Error::load(error)),
+                        Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+                    };
+                }
+                () = &mut deadline => {
+                    task.abort();
+                    return Err(Error::load_timeout(config.load_timeout));
+                }
+                _ = renew.tick(), if lock.is_some() => {
+                    if let Some((key, token)) = lock {
+                        match self.store_call(self.store.extend(key, token, config.lock_ttl)).await {
+                            Ok(true) => debug!(?key, "lock extended"),
+                            Ok(false) => warn!(?key, "lock lost during the load; its fill will be refused"),
+                            Err(error) => debug!(?key, %error, "lock extension failed"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The leader: load, fill (fenced), and make sure the lock goes on every path.
+    async fn lead(&self, key: StoreKey, token: LockToken, loader: BoxLoader) -> FlightResult {
+        let mut guard = LockGuard {
+            store: Arc::clone(&self.store),
+            key,
+            token,
+            armed: true,
+        };
+        let started = Instant::now();
+        let loaded = self.load(loader, Some((&guard.key, token))).await;
+        let load_time = started.elapsed();
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                if self
+                    .store_call(self.store.release(&guard.key, token))
+                    .await
+                    .is_ok()
+                {
+                    guard.disarm();
+                }
+                return Err(error);
+            }
+        };
+        let digest = *guard.key.digest();
+        match loaded.kind {
+            LoadedKind::Value { bytes, ttl } => {
+                let ttl = ttl.unwrap_or(self.config.ttl);
+                let encoded = entry::encode_value(&bytes, load_time);
+                let value = encoded.slice(entry::HEADER_LEN..);
+                match self
+                    .store_call(self.store.fill(&guard.key, token, encoded, ttl))
+                    .await
+                {
+                    Ok(filled) => {
+                        // The fill dropped the lock, or the lock was no longer ours.
+                        guard.disarm();
+                        if filled {
+                            self.l1_insert(digest, value.clone(), ttl).await;
+                        } else {
+                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                        }
+                    }
+                    Err(error) => {
+                        warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                        self.l1_insert(digest, value.clone(), ttl).await;
+                    }
+                }
+                Ok(Fetched {
+                    value: Some(value),
+                    outcome: Outcome::Leader,
+                })
+            }
+            LoadedKind::Pass => {
+                let pass = entry::encode_pass();
+                if let Ok(true | false) = self
+                    .store_call(
+                        self.store
+                            .fill(&guard.key, token, pass, self.config.pass_ttl),
+                    )
+                    .await
+                {
+                    guard.disarm();
+                }
+                Ok(Fetched {
+                    value: None,
+                    outcome: Outcome::Pass,
+                })
+            }
+        }
+    }
+
+    /// Loads without the store's lock: after a wait timeout, or while the store is failing.
+    async fn load_alone(
+        &self,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        outcome: Outcome,
+    ) -> FlightResult {
+        match self.load(loader, None).await?.kind {
+            LoadedKind::Value { bytes, ttl } => {
+                if outcome == Outcome::Degraded {
+                    // Keep this process from reloading while the store is down.
+                    self.l1_insert(digest, bytes.clone(), ttl.unwrap_or(self.config.ttl))
+                        .await;
+                }
+                Ok(Fetched {
+                    value: Some(bytes),
+                    outcome,
+                })
+            }
+            LoadedKind::Pass => Ok(Fetched {
+                value: None,
+                outcome: Outcome::Pass,
+            }),
+        }
+    }
+}

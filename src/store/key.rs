@@ -1,0 +1,170 @@
+//! Key identities: what the store sees of a logical key, and who owns a lock.
+
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest as _, Sha256};
+
+/// The fixed-length identity of a logical key: its SHA-256.
+///
+/// User-controlled input (a URL, a header) never reaches a store raw and never makes a store key
+/// long; a cryptographic hash keeps a crafted key from colliding with another page's.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyDigest([u8; 32]);
+
+impl KeyDigest {
+    /// The digest of a logical key.
+    pub fn of(logical_key: &[u8]) -> Self {
+        KeyDigest(Sha256::digest(logical_key).into())
+    }
+
+    /// The digest's bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The digest as 64 lowercase hex digits.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The first 8 bytes are plenty to tell keys apart in logs.
+        write!(f, "KeyDigest({}…)", hex(&self.0[..8]))
+    }
+}
+
+impl fmt::Display for KeyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// A key as a store sees it: a namespace and the digest of the logical key.
+///
+/// Stores derive their own key names from it; `RedisStore` uses `{namespace}:{{digest}}:v` for
+/// the value and `{namespace}:{{digest}}:l` for the lock, so both share a Redis Cluster slot.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct StoreKey {
+    namespace: Arc<str>,
+    digest: KeyDigest,
+}
+
+impl StoreKey {
+    /// A store key from a namespace and a digest.
+    pub fn new(namespace: Arc<str>, digest: KeyDigest) -> Self {
+        StoreKey { namespace, digest }
+    }
+
+    /// The namespace (never contains `{` or `}`).
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The digest of the logical key.
+    pub fn digest(&self) -> &KeyDigest {
+        &self.digest
+    }
+
+    /// The name of the value key: `{namespace}:{{digest}}:v`.
+    pub fn value_name(&self) -> String {
+        format!("{}:{{{}}}:v", self.namespace, self.digest)
+    }
+
+    /// The name of the lock key: `{namespace}:{{digest}}:l`.
+    pub fn lock_name(&self) -> String {
+        format!("{}:{{{}}}:l", self.namespace, self.digest)
+    }
+}
+
+impl fmt::Debug for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreKey({}:{:?})", self.namespace, self.digest)
+    }
+}
+
+/// Makes a namespace safe for key names: braces would break the hash tag, so they become `_`;
+/// an empty namespace becomes `stampede`.
+pub(crate) fn sanitize_namespace(namespace: &str) -> Arc<str> {
+    if namespace.is_empty() {
+        return Arc::from("stampede");
+    }
+    namespace
+        .chars()
+        .map(|c| if c == '{' || c == '}' { '_' } else { c })
+        .collect::<String>()
+        .into()
+}
+
+/// The random token that names the owner of a lock.
+///
+/// Each attempt to lead draws a new token, so a lock can only be released, extended or filled
+/// through by the attempt that took it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LockToken(u128);
+
+impl LockToken {
+    /// A new random token (128 bits from the thread-local CSPRNG).
+    pub fn random() -> Self {
+        LockToken(rand::random())
+    }
+
+    /// The token as 32 lowercase hex digits, as stored in the lock key.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0.to_be_bytes())
+    }
+}
+
+impl fmt::Debug for LockToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LockToken({})", self.to_hex())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_share_a_hash_tag_and_have_fixed_length() {
+        let long = vec![b'x'; 100_000];
+        let key = StoreKey::new(sanitize_namespace("app"), KeyDigest::of(&long));
+        let v = key.value_name();
+        let l = key.lock_name();
+        assert_eq!(v.len(), "app:{}:v".len() + 64);
+        assert_eq!(v[..v.len() - 1], l[..l.len() - 1]);
+        assert!(v.starts_with("app:{") && v.ends_with("}:v"));
+    }
+
+    #[test]
+    fn namespace_cannot_break_the_hash_tag() {
+        assert_eq!(&*sanitize_namespace("a{b}c"), "a_b_c");
+        assert_eq!(&*sanitize_namespace(""), "stampede");
+    }
+
+    #[test]
+    fn digest_is_sha256() {
+        assert_eq!(
+            KeyDigest::of(b"abc").to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn tokens_differ() {
+        assert_ne!(LockToken::random(), LockToken::random());
+        assert_eq!(LockToken::random().to_hex().len(), 32);
+    }
+}

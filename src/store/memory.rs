@@ -1,0 +1,219 @@
+//! `MemoryStore`: the embedded store, with the semantics of the Redis scripts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{millis, BoxFuture, LockState, LockToken, Lookup, Store, StoreError, StoreKey, Stored};
+
+/// The embedded store: values and locks in this process's memory, with Redis's semantics
+/// (value TTLs, lock TTLs, owner tokens, fenced fills).
+///
+/// It is the default store: it needs no server, and several [`Cache`](crate::Cache) instances
+/// that share one `MemoryStore` (clones share their state) behave like several processes
+/// sharing one Redis. It is not shared across processes; use `RedisStore` for that.
+///
+/// Time is read from [`tokio::time::Instant`], so tests with paused time can drive it.
+/// Expired entries are swept as writes happen, at an amortised constant cost per write.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Default)]
+struct State {
+    values: HashMap<StoreKey, (Bytes, Instant)>,
+    locks: HashMap<StoreKey, (LockToken, Instant)>,
+    writes_since_sweep: usize,
+}
+
+impl State {
+    fn live_value(&self, key: &StoreKey, now: Instant) -> Option<Stored> {
+        self.values
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(bytes, expires)| Stored {
+                bytes: bytes.clone(),
+                ttl: Some(truncate_to_millis(*expires - now)),
+            })
+    }
+
+    fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<LockToken> {
+        self.locks
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(token, _)| *token)
+    }
+
+    /// Counts a write and, once there have been as many writes as live entries, drops every
+    /// expired entry: the sweep's cost is spread over the writes that made it necessary.
+    fn wrote(&mut self, now: Instant) {
+        self.writes_since_sweep += 1;
+        if self.writes_since_sweep > self.values.len() + self.locks.len() {
+            self.values.retain(|_, (_, expires)| *expires > now);
+            self.locks.retain(|_, (_, expires)| *expires > now);
+            self.writes_since_sweep = 0;
+        }
+    }
+}
+
+/// Redis reports remaining life in whole milliseconds; do the same so both stores agree.
+fn truncate_to_millis(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn expiry(now: Instant, ttl: Duration) -> Instant {
+    now + Duration::from_millis(millis(ttl))
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryStore::default()
+    }
+
+    /// How many values the store holds, expired ones that were not swept yet included.
+    pub fn len(&self) -> usize {
+        self.state().values.len()
+    }
+
+    /// Whether the store holds no value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Writes a value without any lock, as a foreign writer would (for tests and tools).
+    pub fn set(&self, key: &StoreKey, value: Bytes, ttl: Duration) {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.values.insert(key.clone(), (value, expiry(now, ttl)));
+        state.wrote(now);
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // No code path panics while holding the lock, and every write leaves the maps
+        // consistent, so a poisoned lock still guards valid state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lookup_now(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        refresh_below: Duration,
+    ) -> Lookup {
+        let now = Instant::now();
+        let mut state = self.state();
+        let value = state.live_value(key, now);
+        if let Some(Stored { ttl: Some(ttl), .. }) = &value {
+            if *ttl > refresh_below {
+                return Lookup {
+                    value,
+                    lock: LockState::NotRequested,
+                };
+            }
+        }
+        let lock = if state.lock_holder(key, now).is_some() {
+            LockState::HeldElsewhere
+        } else {
+            state
+                .locks
+                .insert(key.clone(), (token, expiry(now, lock_ttl)));
+            state.wrote(now);
+            LockState::Acquired
+        };
+        Lookup { value, lock }
+    }
+
+    fn fill_now(&self, key: &StoreKey, token: LockToken, value: Bytes, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(token) {
+            return false;
+        }
+        state.values.insert(key.clone(), (value, expiry(now, ttl)));
+        state.locks.remove(key);
+        state.wrote(now);
+        true
+    }
+
+    fn release_now(&self, key: &StoreKey, token: LockToken) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(token) {
+            return false;
+        }
+        state.locks.remove(key);
+        true
+    }
+
+    fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(token) {
+            return false;
+        }
+        state
+            .locks
+            .insert(key.clone(), (token, expiry(now, lock_ttl)));
+        true
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("MemoryStore")
+            .field("values", &state.values.len())
+            .field("locks", &state.locks.len())
+            .finish()
+    }
+}
+
+impl Store for MemoryStore {
+    fn lookup(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        refresh_below: Duration,
+    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
+        let result = self.lookup_now(key, token, lock_ttl, refresh_below);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn fill(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.fill_now(key, token, value, ttl);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.release_now(key, token);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn extend(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.extend_now(key, token, lock_ttl);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        let result = self.state().live_value(key, Instant::now());
+        Box::pin(async move { Ok(result) })
+    }
+}

@@ -1,0 +1,181 @@
+//! Shared stores: where values and reload locks live across processes.
+//!
+//! A [`Store`] keeps two things per key: the cached value (with a TTL) and a short reload lock
+//! (with a TTL and a random owner token). Every call is ONE round trip on Redis:
+//!
+//! | call | what it does |
+//! | --- | --- |
+//! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire, try `SET lock NX PX` |
+//! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
+//! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
+//! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
+//! | [`Store::get`] | a plain read of the value and its remaining life |
+//!
+//! Two implementations ship with the crate: [`MemoryStore`], the embedded default (one process,
+//! no server), and `RedisStore` (feature `redis`, on by default), shared by every process that
+//! points at the same Redis.
+//!
+//! Stores hold opaque bytes; the [`cache`](crate::cache) engine decides what they mean, so a
+//! store never needs to parse a value.
+
+pub(crate) mod key;
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use key::{KeyDigest, LockToken, StoreKey};
+pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
+
+/// A boxed, `Send` future, as returned by the object-safe [`Store`] trait.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A value read from a store, with its remaining life there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// The bytes as they were filled.
+    pub bytes: Bytes,
+    /// How long the value has left in the store; `None` if it has no expiry (a foreign write).
+    pub ttl: Option<Duration>,
+}
+
+/// What happened to the reload lock during a [`Store::lookup`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockState {
+    /// The value was fresh, so the lock was not asked for.
+    NotRequested,
+    /// The lock is now ours, under the token we passed: we are the leader.
+    Acquired,
+    /// Someone else holds the lock: we are a follower.
+    HeldElsewhere,
+}
+
+/// The answer of a [`Store::lookup`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lookup {
+    /// The value, fresh or not, if the store has one.
+    pub value: Option<Stored>,
+    /// Whether the lock was asked for and who holds it.
+    pub lock: LockState,
+}
+
+/// An error from a store: the store could not be reached or answered something unexpected.
+///
+/// The engine treats every store error the same way: it falls back to protection within this
+/// process, so a store error is never an outage.
+#[derive(Clone)]
+pub struct StoreError {
+    message: std::sync::Arc<str>,
+}
+
+impl StoreError {
+    /// A store error with a message (used by store implementations).
+    pub fn new(message: impl fmt::Display) -> Self {
+        StoreError {
+            message: message.to_string().into(),
+        }
+    }
+
+    pub(crate) fn timeout(after: Duration) -> Self {
+        StoreError::new(format_args!("store call timed out after {after:?}"))
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreError")
+            .field("message", &self.message)
+            .finish()
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A shared store of values and reload locks.
+///
+/// The trait is object-safe (the engine holds an `Arc<dyn Store>`); each method returns a boxed
+/// future. Implementations must give every method the semantics described here, which are the
+/// semantics of the Lua scripts of `RedisStore`: the engine's correctness (one load per
+/// stampede, fenced writes) rests on them.
+///
+/// Durations are rounded down to whole milliseconds, with a floor of one millisecond and a
+/// ceiling of about 34 years.
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Reads the value of `key`; if it is absent, or its remaining life is at most
+    /// `refresh_below`, also tries to take the lock with `token` for `lock_ttl`.
+    ///
+    /// A value whose remaining life is more than `refresh_below` is returned with
+    /// [`LockState::NotRequested`]. A value without expiry is never fresh.
+    fn lookup(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        refresh_below: Duration,
+    ) -> BoxFuture<'_, Result<Lookup, StoreError>>;
+
+    /// Fenced write: if the lock of `key` still holds `token`, stores `value` for `ttl`, deletes
+    /// the lock and returns `true`. Otherwise (the lock expired, or another leader took it)
+    /// changes nothing and returns `false`, so a late leader cannot overwrite a newer value.
+    fn fill(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Deletes the lock of `key` if it holds `token`; returns whether it did.
+    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Sets the lock of `key` to expire `lock_ttl` from now if it holds `token`; returns whether
+    /// it did.
+    fn extend(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Reads the value of `key`, without touching the lock.
+    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;
+}
+
+/// The longest TTL a store is asked for (about 34 years): Redis rejects expiry times that
+/// overflow its clock, and no cache entry needs more.
+const MAX_MILLIS: u64 = 1 << 40;
+
+/// Whole milliseconds, at least one (Redis rejects `PX 0`) and at most [`MAX_MILLIS`].
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis())
+        .unwrap_or(MAX_MILLIS)
+        .clamp(1, MAX_MILLIS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_has_a_floor_and_a_ceiling() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 1);
+        assert_eq!(millis(Duration::from_secs(2)), 2000);
+        assert_eq!(millis(Duration::MAX), MAX_MILLIS);
+    }
+}

@@ -1,0 +1,691 @@
+//! The engine end to end, over both stores: the embedded `MemoryStore` and a real `redis-server`.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::AsyncCommands;
+use support::{Counter, RedisServer};
+use tokio::sync::Notify;
+use tower_stampede::store::{LockState, LockToken, MemoryStore, RedisStore, Store};
+use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
+
+/// A shared store, and the Redis server behind it if there is one.
+struct Shared {
+    name: &'static str,
+    store: Arc<dyn Store>,
+    memory: Option<MemoryStore>,
+    redis: Option<RedisServer>,
+}
+
+impl Shared {
+    async fn memory() -> Self {
+        let memory = MemoryStore::new();
+        Shared {
+            name: "memory",
+            store: Arc::new(memory.clone()),
+            memory: Some(memory),
+            redis: None,
+        }
+    }
+
+    async fn redis() -> Self {
+        let server = RedisServer::start();
+        let store = RedisStore::connect(server.url()).await.unwrap();
+        Shared {
+            name: "redis",
+            store: Arc::new(store),
+            memory: None,
+            redis: Some(server),
+        }
+    }
+
+    async fn both() -> [Self; 2] {
+        [Self::memory().await, Self::redis().await]
+    }
+
+    fn cache(&self) -> tower_stampede::CacheBuilder {
+        Cache::builder_shared(Arc::clone(&self.store)).namespace("test")
+    }
+
+    /// Writes raw bytes under a key's value name, behind the engine's back.
+    async fn write_raw(&self, cache: &Cache, key: &str, bytes: &[u8]) {
+        let store_key = cache.store_key(key);
+        match (&self.redis, &self.memory) {
+            (Some(server), _) => {
+                let mut conn = server
+                    .client()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap();
+                let _: () = conn
+                    .set_ex(store_key.value_name(), bytes, 60)
+                    .await
+                    .unwrap();
+            }
+            (None, Some(memory)) => memory.set(
+                &store_key,
+                Bytes::copy_from_slice(bytes),
+                Duration::from_secs(60),
+            ),
+            (None, None) => unreachable!("every shared store is memory or redis"),
+        }
+    }
+}
+
+fn slow_value(
+    counter: &Counter,
+    delay: Duration,
+    value: &'static str,
+) -> impl FnOnce() -> futures_ready::Load + Send + 'static {
+    let counter = counter.clone();
+    move || {
+        Box::pin(async move {
+            counter.hit();
+            tokio::time::sleep(delay).await;
+            Ok(Bytes::from_static(value.as_bytes()))
+        })
+    }
+}
+
+mod futures_ready {
+    use std::future::Future;
+    use std::pin::Pin;
+
+    pub type Load = Pin<Box<dyn Future<Output = Result<bytes::Bytes, std::io::Error>> + Send>>;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_callers_over_four_instances_cost_one_load() {
+    for shared in Shared::both().await {
+        let instances: Vec<Cache> = (0..4).map(|_| shared.cache().build()).collect();
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for i in 0..1000 {
+            let cache = instances[i % 4].clone();
+            let load = slow_value(&loads, Duration::from_millis(100), "the value");
+            callers.push(tokio::spawn(
+                async move { cache.get_or_load("hot", load).await },
+            ));
+        }
+        for caller in callers {
+            assert_eq!(
+                caller.await.unwrap().unwrap(),
+                "the value",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(loads.get(), 1, "{}: backend loads", shared.name);
+        let loads_per_instance: u64 = instances.iter().map(|c| c.stats().loads).sum();
+        assert_eq!(loads_per_instance, 1, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_come_from_l1_then_from_the_store() {
+    for shared in Shared::both().await {
+        let a = shared.cache().build();
+        let b = shared.cache().build();
+        let loads = Counter::default();
+        let first = a
+            .fetch("k", {
+                let loads = loads.clone();
+                move || async move {
+                    loads.hit();
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.outcome(), Outcome::Leader, "{}", shared.name);
+        let again = a.fetch("k", never_called).await.unwrap();
+        assert_eq!(again.outcome(), Outcome::L1Hit, "{}", shared.name);
+        let other = b.fetch("k", never_called).await.unwrap();
+        assert_eq!(other.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert_eq!(other.value().unwrap(), "v");
+        assert_eq!(loads.get(), 1);
+    }
+}
+
+async fn never_called() -> Result<Loaded, std::io::Error> {
+    panic!("this loader must not run")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_leader_still_fills_the_cache() {
+    for shared in Shared::both().await {
+        let leader_cache = shared.cache().build();
+        let other = shared.cache().build();
+        let loads = Counter::default();
+        let started = Arc::new(Notify::new());
+        let leader = tokio::spawn({
+            let (cache, loads, started) = (leader_cache.clone(), loads.clone(), started.clone());
+            async move {
+                cache
+                    .get_or_load("dropped", move || async move {
+                        loads.hit();
+                        started.notify_one();
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"filled anyway"))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        leader.abort();
+        assert!(leader.await.unwrap_err().is_cancelled());
+        // Followers in the leader's process and in another one.
+        let mut followers = Vec::new();
+        for i in 0..20 {
+            let cache = if i % 2 == 0 {
+                leader_cache.clone()
+            } else {
+                other.clone()
+            };
+            let load = slow_value(&loads, Duration::ZERO, "a second load");
+            followers.push(tokio::spawn(async move {
+                cache.get_or_load("dropped", load).await
+            }));
+        }
+        for follower in followers {
+            assert_eq!(
+                follower.await.unwrap().unwrap(),
+                "filled anyway",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        let stored = shared.store.get(&other.store_key("dropped")).await.unwrap();
+        assert!(stored.is_some(), "{}: the value was stored", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_takes_over_from_a_leader_that_died_holding_the_lock() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().lock_ttl(Duration::from_millis(300)).build();
+        let key = cache.store_key("orphan");
+        // A leader in a process that then crashed: it took the lock and never came back.
+        let dead = LockToken::random();
+        let lookup = shared
+            .store
+            .lookup(&key, dead, Duration::from_millis(300), Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Acquired);
+        let loads = Counter::default();
+        let mut followers = Vec::new();
+        for _ in 0..50 {
+            let cache = cache.clone();
+            let load = slow_value(&loads, Duration::from_millis(10), "recovered");
+            followers.push(tokio::spawn(async move {
+                cache.get_or_load("orphan", load).await
+            }));
+        }
+        for follower in followers {
+            assert_eq!(
+                follower.await.unwrap().unwrap(),
+                "recovered",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        // The dead leader's token no longer opens anything.
+        assert!(!shared.store.release(&key, dead).await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_are_released_and_extended_only_by_their_owner() {
+    for shared in Shared::both().await {
+        let store = &shared.store;
+        let key = Cache::builder_shared(store.clone())
+            .build()
+            .store_key("owned");
+        let (owner, intruder) = (LockToken::random(), LockToken::random());
+        let ttl = Duration::from_secs(10);
+        let first = store
+            .lookup(&key, owner, ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(first.lock, LockState::Acquired, "{}", shared.name);
+        let second = store
+            .lookup(&key, intruder, ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(second.lock, LockState::HeldElsewhere, "{}", shared.name);
+        assert!(
+            !store.release(&key, intruder).await.unwrap(),
+            "{}",
+            shared.name
+        );
+        assert!(
+            !store.extend(&key, intruder, ttl).await.unwrap(),
+            "{}",
+            shared.name
+        );
+        assert!(!store
+            .fill(&key, intruder, Bytes::from_static(b"x"), ttl)
+            .await
+            .unwrap());
+        assert_eq!(
+            store.get(&key).await.unwrap(),
+            None,
+            "{}: intruder's fill refused",
+            shared.name
+        );
+        // Still the owner's lock.
+        let third = store
+            .lookup(&key, intruder, ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(third.lock, LockState::HeldElsewhere, "{}", shared.name);
+        assert!(
+            store.extend(&key, owner, ttl).await.unwrap(),
+            "{}",
+            shared.name
+        );
+        assert!(store.release(&key, owner).await.unwrap(), "{}", shared.name);
+        assert!(
+            !store.release(&key, owner).await.unwrap(),
+            "{}: already gone",
+            shared.name
+        );
+        let fourth = store
+            .lookup(&key, intruder, ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(
+            fourth.lock,
+            LockState::Acquired,
+            "{}: free again",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_fill_cannot_overwrite_a_newer_value() {
+    for shared in Shared::both().await {
+        let store = &shared.store;
+        let key = Cache::builder_shared(store.clone())
+            .build()
+            .store_key("late");
+        let ttl = Duration::from_secs(60);
+        let (late, newer) = (LockToken::random(), LockToken::random());
+        let lock_ttl = Duration::from_millis(50);
+        assert_eq!(
+            store
+                .lookup(&key, late, lock_ttl, Duration::ZERO)
+                .await
+                .unwrap()
+                .lock,
+            LockState::Acquired
+        );
+        // The late leader's lock expires while it loads; a newer leader takes over and fills.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            store
+                .lookup(&key, newer, lock_ttl, Duration::ZERO)
+                .await
+                .unwrap()
+                .lock,
+            LockState::Acquired,
+            "{}",
+            shared.name
+        );
+        assert!(store
+            .fill(&key, newer, Bytes::from_static(b"newer"), ttl)
+            .await
+            .unwrap());
+        // The late leader's fill is refused and the newer value stays.
+        assert!(
+            !store
+                .fill(&key, late, Bytes::from_static(b"stale"), ttl)
+                .await
+                .unwrap(),
+            "{}",
+            shared.name
+        );
+        let stored = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(stored.bytes, "newer", "{}", shared.name);
+        assert!(stored.ttl.unwrap() > Duration::from_secs(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        for (i, garbage) in [&b"not ours"[..], b"", b"TS\x01\x09\x00\x00\x00\x00"]
+            .iter()
+            .enumerate()
+        {
+            let key = format!("corrupt-{i}");
+            shared.write_raw(&cache, &key, garbage).await;
+            let loads = Counter::default();
+            let value = cache
+                .get_or_load(&key, slow_value(&loads, Duration::ZERO, "clean"))
+                .await
+                .unwrap();
+            assert_eq!(value, "clean", "{}", shared.name);
+            assert_eq!(loads.get(), 1);
+            // Overwritten: another instance now reads the clean value from the store.
+            let other = shared.cache().build();
+            let read = other.fetch(&key, never_called).await.unwrap();
+            assert_eq!(read.outcome(), Outcome::L2Hit, "{}", shared.name);
+            assert_eq!(read.value().unwrap(), "clean");
+        }
+        assert_eq!(cache.stats().corrupt_entries, 3, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_of_a_foreign_redis_type_is_a_miss() {
+    let shared = Shared::redis().await;
+    let cache = shared.cache().build();
+    let name = cache.store_key("typed").value_name();
+    let mut conn = shared
+        .redis
+        .as_ref()
+        .unwrap()
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = conn.hset(&name, "field", "value").await.unwrap();
+    let loads = Counter::default();
+    let value = cache
+        .get_or_load("typed", slow_value(&loads, Duration::ZERO, "replaced"))
+        .await
+        .unwrap();
+    assert_eq!(value, "replaced");
+    let kind: String = redis::cmd("TYPE")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "string");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_is_shared_and_releases_the_lock() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for _ in 0..50 {
+            let (cache, loads) = (cache.clone(), loads.clone());
+            callers.push(tokio::spawn(async move {
+                cache
+                    .get_or_load("failing", move || async move {
+                        loads.hit();
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Err::<Bytes, _>(std::io::Error::other("backend down"))
+                    })
+                    .await
+            }));
+        }
+        for caller in callers {
+            let error = caller.await.unwrap().unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+            assert!(error.to_string().contains("backend down"));
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        // The lock went with the failure: the next call leads at once.
+        let lookup = shared
+            .store
+            .lookup(
+                &cache.store_key("failing"),
+                LockToken::random(),
+                Duration::from_secs(5),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_loader_is_an_error_and_releases_the_lock() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        let error = cache
+            .get_or_load("panics", || async {
+                if true {
+                    panic!("loader bug");
+                }
+                Ok::<_, std::io::Error>(Bytes::new())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::LoadPanicked, "{}", shared.name);
+        let loads = Counter::default();
+        let value = cache
+            .get_or_load("panics", slow_value(&loads, Duration::ZERO, "ok"))
+            .await
+            .unwrap();
+        assert_eq!(value, "ok", "{}", shared.name);
+    }
+}
+
+/// Holds the lock of `key` for a long time, as a live leader elsewhere would.
+async fn hold_lock(shared: &Shared, cache: &Cache, key: &str) -> LockToken {
+    let token = LockToken::random();
+    let lookup = shared
+        .store
+        .lookup(
+            &cache.store_key(key),
+            token,
+            Duration::from_secs(60),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired);
+    token
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_timeout_policies() {
+    for shared in Shared::both().await {
+        let uncached = shared
+            .cache()
+            .wait_timeout(Duration::from_millis(200))
+            .build();
+        hold_lock(&shared, &uncached, "busy").await;
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for _ in 0..20 {
+            let (cache, load) = (
+                uncached.clone(),
+                slow_value(&loads, Duration::from_millis(10), "direct"),
+            );
+            callers.push(tokio::spawn(async move {
+                cache
+                    .fetch(
+                        "busy",
+                        move || async move { load().await.map(Loaded::value) },
+                    )
+                    .await
+            }));
+        }
+        let mut outcomes = Vec::new();
+        for caller in callers {
+            let fetched = caller.await.unwrap().unwrap();
+            assert_eq!(fetched.value().unwrap(), "direct", "{}", shared.name);
+            outcomes.push(fetched.outcome());
+        }
+        assert_eq!(
+            loads.get(),
+            1,
+            "{}: one uncached load per process",
+            shared.name
+        );
+        assert_eq!(
+            outcomes.iter().filter(|o| **o == Outcome::Uncached).count(),
+            1
+        );
+        assert_eq!(
+            shared.store.get(&uncached.store_key("busy")).await.unwrap(),
+            None,
+            "{}: not stored",
+            shared.name
+        );
+
+        let strict = shared
+            .cache()
+            .wait_timeout(Duration::from_millis(100))
+            .on_wait_timeout(WaitTimeoutPolicy::Error)
+            .build();
+        let error = strict.fetch("busy", never_called).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::WaitTimeout, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_longer_than_the_lock_ttl_is_still_one_load() {
+    for shared in Shared::both().await {
+        let instances: Vec<Cache> = (0..3)
+            .map(|_| shared.cache().lock_ttl(Duration::from_millis(150)).build())
+            .collect();
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for i in 0..60 {
+            let cache = instances[i % 3].clone();
+            let load = slow_value(&loads, Duration::from_millis(450), "slow");
+            callers.push(tokio::spawn(async move {
+                cache.get_or_load("slow", load).await
+            }));
+        }
+        for caller in callers {
+            assert_eq!(caller.await.unwrap().unwrap(), "slow", "{}", shared.name);
+        }
+        assert_eq!(
+            loads.get(),
+            1,
+            "{}: the watchdog kept the lock",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked() {
+    for shared in Shared::both().await {
+        let cache = shared
+            .cache()
+            .load_timeout(Duration::from_millis(100))
+            .build();
+        let loads = Counter::default();
+        let error = cache
+            .get_or_load(
+                "hangs",
+                slow_value(&loads, Duration::from_secs(3600), "never"),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::LoadTimeout, "{}", shared.name);
+        let value = cache
+            .get_or_load("hangs", slow_value(&loads, Duration::ZERO, "next"))
+            .await
+            .unwrap();
+        assert_eq!(value, "next", "{}: the lock was released", shared.name);
+        assert_eq!(loads.get(), 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_tells_followers_not_to_wait() {
+    for shared in Shared::both().await {
+        let a = shared.cache().build();
+        let b = shared.cache().build();
+        let fetched = a
+            .fetch("huge", || async { Ok::<_, std::io::Error>(Loaded::pass()) })
+            .await
+            .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Pass, "{}", shared.name);
+        assert!(fetched.value().is_none());
+        let follower = b.fetch("huge", never_called).await.unwrap();
+        assert_eq!(follower.outcome(), Outcome::Pass, "{}", shared.name);
+        let error = b
+            .get_or_load("huge", || async { Ok::<_, std::io::Error>(Bytes::new()) })
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Pass);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loader_sets_the_ttl_and_l1_never_outlives_it() {
+    for shared in Shared::both().await {
+        let a = shared.cache().build();
+        a.fetch("short", || async {
+            Ok::<_, std::io::Error>(Loaded::value_with_ttl(
+                Bytes::from_static(b"v1"),
+                Duration::from_millis(200),
+            ))
+        })
+        .await
+        .unwrap();
+        let stored = shared
+            .store
+            .get(&a.store_key("short"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            stored.ttl.unwrap() <= Duration::from_millis(200),
+            "{}",
+            shared.name
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let loads = Counter::default();
+        let fetched = a
+            .fetch("short", move || async move {
+                loads.hit();
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v2")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            fetched.outcome(),
+            Outcome::Leader,
+            "{}: expired in L1 and the store",
+            shared.name
+        );
+        assert_eq!(fetched.value().unwrap(), "v2");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_degrades_to_in_process_protection() {
+    let mut shared = Shared::redis().await;
+    let instances: Vec<Cache> = (0..2).map(|_| shared.cache().build()).collect();
+    shared.redis.as_mut().unwrap().kill();
+    let loads = Counter::default();
+    let mut callers = Vec::new();
+    for i in 0..200 {
+        let cache = instances[i % 2].clone();
+        let load = slow_value(&loads, Duration::from_millis(100), "still served");
+        callers.push(tokio::spawn(async move {
+            cache.get_or_load("down", load).await
+        }));
+    }
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap(), "still served");
+    }
+    assert!(
+        loads.get() <= 2,
+        "one load per instance at most, got {}",
+        loads.get()
+    );
+    assert!(instances[0].stats().store_errors >= 1);
+}
