@@ -13,9 +13,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cache;
+pub mod http;
 pub mod store;
 
 pub use cache::{
     BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Loaded, Outcome, Stats,
     WaitTimeoutPolicy,
 };
+pub use http::{Stampede, StampedeLayer};
