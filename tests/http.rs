@@ -1,0 +1,424 @@
+//! The HTTP layer over axum, with the engine on a real `redis-server` and on `MemoryStore`.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::BodyExt;
+use support::{Counter, RedisServer};
+use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+use tower_stampede::store::{MemoryStore, RedisStore, Store};
+use tower_stampede::{Cache, StampedeLayer};
+
+/// A store shared by the apps of one test, and its Redis server if there is one.
+struct Shared {
+    name: &'static str,
+    store: Arc<dyn Store>,
+    _redis: Option<RedisServer>,
+}
+
+async fn both() -> [Shared; 2] {
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(server.url()).await.unwrap();
+    [
+        Shared {
+            name: "memory",
+            store: Arc::new(MemoryStore::new()),
+            _redis: None,
+        },
+        Shared {
+            name: "redis",
+            store: Arc::new(redis),
+            _redis: Some(server),
+        },
+    ]
+}
+
+impl Shared {
+    fn cache(&self) -> Cache {
+        Cache::builder_shared(Arc::clone(&self.store))
+            .namespace("http-test")
+            .build()
+    }
+
+    /// An axum app (its own `Cache`, so its own L1) over the shared store.
+    fn app(&self, origin: &Counter) -> Router {
+        app(origin).layer(StampedeLayer::new(self.cache()))
+    }
+}
+
+/// The origin: counts every request that reaches a handler.
+fn app(origin: &Counter) -> Router {
+    let count = |origin: Counter| move || origin.hit();
+    let page = {
+        let hit = count(origin.clone());
+        move || async move {
+            hit();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                "content-type",
+                HeaderValue::from_static("text/html; charset=utf-8"),
+            );
+            headers.append("x-origin", HeaderValue::from_static("one"));
+            headers.append("x-origin", HeaderValue::from_static("two"));
+            headers.insert("etag", HeaderValue::from_static("\"v1\""));
+            headers.insert(
+                "cache-control",
+                HeaderValue::from_static("public, max-age=60"),
+            );
+            (StatusCode::OK, headers, Bytes::from(vec![b'p'; 10_000]))
+        }
+    };
+    let with = |header: &'static str, value: &'static str, status: StatusCode| {
+        let hit = count(origin.clone());
+        move || async move {
+            hit();
+            let mut headers = HeaderMap::new();
+            headers.insert(header, HeaderValue::from_static(value));
+            (status, headers, "uncacheable")
+        }
+    };
+    let short = {
+        let hit = count(origin.clone());
+        move || async move {
+            hit();
+            ([("cache-control", "max-age=1")], "short-lived")
+        }
+    };
+    let echo = {
+        let hit = count(origin.clone());
+        move |body: Bytes| async move {
+            hit();
+            body
+        }
+    };
+    let huge = {
+        let hit = count(origin.clone());
+        move || async move {
+            hit();
+            huge_body()
+        }
+    };
+    Router::new()
+        .route("/page", get(page).post(echo))
+        .route(
+            "/no-store",
+            get(with("cache-control", "no-store", StatusCode::OK)),
+        )
+        .route(
+            "/private",
+            get(with("cache-control", "private, max-age=60", StatusCode::OK)),
+        )
+        .route(
+            "/cookie",
+            get(with("set-cookie", "session=secret", StatusCode::OK)),
+        )
+        .route(
+            "/error",
+            get(with("x-error", "1", StatusCode::INTERNAL_SERVER_ERROR)),
+        )
+        .route("/short", get(short))
+        .route("/huge", get(huge))
+}
+
+/// 3 MB of bytes that differ from position to position, so a lost or reordered chunk shows.
+fn huge_body() -> Bytes {
+    (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect()
+}
+
+async fn send(app: &Router, method: &str, uri: &str) -> (StatusCode, HeaderMap, Bytes) {
+    let request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+fn x_cache(headers: &HeaderMap) -> Option<&str> {
+    headers.get("x-cache").map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_miss_then_hits_byte_for_byte() {
+    for shared in both().await {
+        let origin = Counter::default();
+        let bare = app(&Counter::default());
+        let (a, b) = (shared.app(&origin), shared.app(&origin));
+        let (want_status, mut want_headers, want_body) =
+            send(&bare, "GET", "http://app.test/page").await;
+
+        let (status, mut headers, body) = send(&a, "GET", "http://app.test/page").await;
+        assert_eq!(x_cache(&headers), Some("MISS"), "{}", shared.name);
+        for (app, source) in [(&a, "L1"), (&b, "the store")] {
+            let (hit_status, mut hit_headers, hit_body) =
+                send(app, "GET", "http://app.test/page").await;
+            assert_eq!(
+                x_cache(&hit_headers),
+                Some("HIT"),
+                "{}: {source}",
+                shared.name
+            );
+            assert_eq!(
+                (hit_status, &hit_body),
+                (want_status, &want_body),
+                "{}: {source}",
+                shared.name
+            );
+            hit_headers.remove("x-cache");
+            assert_eq!(
+                hit_headers, want_headers,
+                "{}: headers from {source}",
+                shared.name
+            );
+        }
+        assert_eq!(origin.get(), 1, "{}", shared.name);
+        headers.remove("x-cache");
+        want_headers.remove("x-cache");
+        assert_eq!(
+            (status, headers, body),
+            (want_status, want_headers, want_body),
+            "{}",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_requests_over_four_apps_reach_the_origin_once() {
+    for shared in both().await {
+        let origin = Counter::default();
+        let apps: Vec<Router> = (0..4).map(|_| shared.app(&origin)).collect();
+        let mut requests = Vec::new();
+        for i in 0..1000 {
+            let app = apps[i % 4].clone();
+            requests.push(tokio::spawn(async move {
+                send(&app, "GET", "http://app.test/page").await
+            }));
+        }
+        let mut misses = 0;
+        for request in requests {
+            let (status, headers, body) = request.await.unwrap();
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(body.len(), 10_000);
+            misses += usize::from(x_cache(&headers) == Some("MISS"));
+            assert!(matches!(x_cache(&headers), Some("MISS" | "HIT")));
+        }
+        assert_eq!(origin.get(), 1, "{}: origin requests", shared.name);
+        assert_eq!(misses, 1, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_methods_pass_through_untouched() {
+    for shared in both().await {
+        let origin = Counter::default();
+        let app = shared.app(&origin);
+        for _ in 0..2 {
+            let request = Request::post("http://app.test/page")
+                .body(Body::from("posted"))
+                .unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.headers().get("x-cache"), None, "{}", shared.name);
+            assert_eq!(
+                response.into_body().collect().await.unwrap().to_bytes(),
+                "posted"
+            );
+        }
+        assert_eq!(origin.get(), 2, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncacheable_responses_and_requests_are_bypassed() {
+    for shared in both().await {
+        for path in ["/no-store", "/private", "/cookie", "/error"] {
+            let origin = Counter::default();
+            let (a, b) = (shared.app(&origin), shared.app(&origin));
+            let bare = send(&app(&Counter::default()), "GET", path).await;
+            for app in [&a, &a, &b] {
+                let (status, mut headers, body) = send(app, "GET", path).await;
+                assert_eq!(x_cache(&headers), Some("BYPASS"), "{}: {path}", shared.name);
+                headers.remove("x-cache");
+                assert_eq!(
+                    (status, headers, body),
+                    bare.clone(),
+                    "{}: {path} passed on intact",
+                    shared.name
+                );
+            }
+            assert_eq!(
+                origin.get(),
+                3,
+                "{}: {path} every request reaches the origin",
+                shared.name
+            );
+        }
+        // Credentials: never shared.
+        let origin = Counter::default();
+        let app = shared.app(&origin);
+        for _ in 0..2 {
+            let request = Request::get("/page")
+                .header("authorization", "Bearer a")
+                .body(Body::empty())
+                .unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.headers()["x-cache"], "BYPASS", "{}", shared.name);
+        }
+        assert_eq!(origin.get(), 2, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_age_sets_the_ttl() {
+    for shared in both().await {
+        let origin = Counter::default();
+        let cache = shared.cache();
+        let app = app(&origin).layer(StampedeLayer::new(cache.clone()));
+        let (_, headers, _) = send(&app, "GET", "http://app.test/short").await;
+        assert_eq!(x_cache(&headers), Some("MISS"));
+        let key = "http\0GET\0http\0app.test\0/short";
+        let stored = shared
+            .store
+            .get(&cache.store_key(key))
+            .await
+            .unwrap()
+            .expect("stored");
+        let ttl = stored.ttl.unwrap();
+        assert!(
+            ttl <= Duration::from_secs(1) && ttl > Duration::ZERO,
+            "{}: {ttl:?}",
+            shared.name
+        );
+        let (_, page_headers, _) = send(&app, "GET", "http://app.test/page").await;
+        assert_eq!(x_cache(&page_headers), Some("MISS"));
+        let page_key = "http\0GET\0http\0app.test\0/page";
+        let page = shared
+            .store
+            .get(&cache.store_key(page_key))
+            .await
+            .unwrap()
+            .expect("stored");
+        assert!(
+            page.ttl.unwrap() > Duration::from_secs(50),
+            "{}: max-age=60",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_streams_through_intact_and_is_not_stored() {
+    for shared in both().await {
+        let origin = Counter::default();
+        let layer = StampedeLayer::new(shared.cache()).max_body_bytes(64 * 1024);
+        let app = app(&origin).layer(layer);
+        let want = huge_body();
+        let mut requests = Vec::new();
+        for _ in 0..5 {
+            let app = app.clone();
+            requests.push(tokio::spawn(async move {
+                send(&app, "GET", "http://app.test/huge").await
+            }));
+        }
+        for request in requests {
+            let (status, headers, body) = request.await.unwrap();
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(x_cache(&headers), Some("BYPASS"), "{}", shared.name);
+            assert!(
+                body == want,
+                "{}: body differs ({} bytes)",
+                shared.name,
+                body.len()
+            );
+        }
+        assert_eq!(origin.get(), 5, "{}: never served from cache", shared.name);
+    }
+}
+
+/// A body that yields its chunks, then fails.
+struct FailingBody {
+    chunks: VecDeque<Bytes>,
+}
+
+impl http_body::Body for FailingBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        Poll::Ready(Some(match this.chunks.pop_front() {
+            Some(chunk) => Ok(Frame::data(chunk)),
+            None => Err(std::io::Error::other("origin hung up")),
+        }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_fails_halfway_reaches_the_caller_and_is_not_cached() {
+    for shared in both().await {
+        let origin = Counter::default();
+        let inner = {
+            let origin = origin.clone();
+            service_fn(move |_req: Request<()>| {
+                origin.hit();
+                async move {
+                    let chunks = VecDeque::from([
+                        Bytes::from_static(b"first "),
+                        Bytes::from_static(b"second "),
+                    ]);
+                    Ok::<_, Infallible>(Response::new(FailingBody { chunks }))
+                }
+            })
+        };
+        let mut service = ServiceBuilder::new()
+            .layer(StampedeLayer::new(shared.cache()))
+            .service(inner);
+        for _ in 0..2 {
+            let request = Request::get("http://app.test/broken").body(()).unwrap();
+            let response = service.ready().await.unwrap().call(request).await.unwrap();
+            assert_eq!(response.headers()["x-cache"], "BYPASS", "{}", shared.name);
+            let mut body = response.into_body();
+            let mut received = Vec::new();
+            let error = loop {
+                match body.frame().await {
+                    Some(Ok(frame)) => received.extend_from_slice(&frame.into_data().unwrap()),
+                    Some(Err(error)) => break error,
+                    None => panic!("{}: the body ended without its error", shared.name),
+                }
+            };
+            assert_eq!(received, b"first second ", "{}", shared.name);
+            assert_eq!(error.to_string(), "origin hung up");
+        }
+        assert_eq!(
+            origin.get(),
+            2,
+            "{}: nothing partial was cached",
+            shared.name
+        );
+    }
+}
