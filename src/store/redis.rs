@@ -165,6 +165,11 @@ impl RedisStore {
         RedisStore::builder(url).connect().await
     }
 
+    /// The server's address, without user name, password or query.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &Script,
