@@ -689,3 +689,99 @@ async fn a_dead_redis_degrades_to_in_process_protection() {
     );
     assert!(instances[0].stats().store_errors >= 1);
 }
+
+impl Shared {
+    /// Another process's view of the same store: for Redis a store with connections of its
+    /// own (its own subscriber), for memory the same store.
+    async fn other_process(&self) -> Arc<dyn Store> {
+        match &self.redis {
+            Some(server) => Arc::new(RedisStore::connect(server.url()).await.unwrap()),
+            None => Arc::clone(&self.store),
+        }
+    }
+}
+
+/// Followers whose polls would take a minute: only a notification can wake them in time.
+fn deaf_to_polls(store: Arc<dyn Store>) -> tower_stampede::CacheBuilder {
+    Cache::builder_shared(store)
+        .namespace("test")
+        .backoff(Duration::from_secs(60), Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(120))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_are_woken_by_the_fill_not_by_their_polls() {
+    for shared in Shared::both().await {
+        let leader = shared.cache().build();
+        let follower = deaf_to_polls(shared.other_process().await).build();
+        let loads = Counter::default();
+        let started = Arc::new(Notify::new());
+        let leading = tokio::spawn({
+            let (leader, loads, started) = (leader.clone(), loads.clone(), started.clone());
+            async move {
+                leader
+                    .get_or_load("notified", move || async move {
+                        loads.hit();
+                        started.notify_one();
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"filled"))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        let mut followers = Vec::new();
+        for _ in 0..10 {
+            let follower = follower.clone();
+            followers.push(tokio::spawn(async move {
+                follower.fetch("notified", never_called).await
+            }));
+        }
+        for waiting in followers {
+            // A failure guard only: a poll would come after 30 s at the earliest.
+            let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
+                .await
+                .unwrap_or_else(|_| panic!("{}: follower not woken by the fill", shared.name))
+                .unwrap()
+                .unwrap();
+            assert_eq!(fetched.value().unwrap(), "filled", "{}", shared.name);
+            assert_eq!(fetched.outcome(), Outcome::Follower, "{}", shared.name);
+        }
+        assert_eq!(leading.await.unwrap().unwrap(), "filled");
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_leader_wakes_its_followers_to_take_over() {
+    for shared in Shared::both().await {
+        let leader = shared.cache().build();
+        let follower = deaf_to_polls(shared.other_process().await).build();
+        let started = Arc::new(Notify::new());
+        let failing = tokio::spawn({
+            let (leader, started) = (leader.clone(), started.clone());
+            async move {
+                leader
+                    .get_or_load("fails-once", move || async move {
+                        started.notify_one();
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Err::<Bytes, _>(std::io::Error::other("first load fails"))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        let loads = Counter::default();
+        let load = slow_value(&loads, Duration::ZERO, "second try");
+        let taking_over =
+            tokio::spawn(async move { follower.get_or_load("fails-once", load).await });
+        assert!(failing.await.unwrap().is_err());
+        let value = tokio::time::timeout(Duration::from_secs(20), taking_over)
+            .await
+            .unwrap_or_else(|_| panic!("{}: follower not woken by the release", shared.name))
+            .unwrap()
+            .unwrap();
+        assert_eq!(value, "second try", "{}", shared.name);
+        assert_eq!(loads.get(), 1);
+    }
+}

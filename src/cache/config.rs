@@ -37,6 +37,7 @@ pub(crate) struct Config {
     pub(crate) pass_ttl: Duration,
     pub(crate) l1_capacity: u64,
     pub(crate) l1_ttl_cap: Duration,
+    pub(crate) notifications: bool,
 }
 
 impl Default for Config {
@@ -55,6 +56,7 @@ impl Default for Config {
             pass_ttl: Duration::from_secs(5),
             l1_capacity: 64 * 1024 * 1024,
             l1_ttl_cap: Duration::from_secs(10),
+            notifications: true,
         }
     }
 }
@@ -162,6 +164,14 @@ impl CacheBuilder {
     /// process's newer fill can go unseen here. Default: 10 s.
     pub fn l1_ttl_cap(mut self, cap: Duration) -> Self {
         self.config.l1_ttl_cap = cap;
+        self
+    }
+
+    /// Whether followers are woken by the store's "filled" notifications (Redis pub/sub, or
+    /// in-process for `MemoryStore`) as well as by their backoff polls. Turning it off leaves
+    /// the polls alone, for comparison. Default: on.
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.config.notifications = on;
         self
     }
 

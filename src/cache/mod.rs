@@ -10,8 +10,9 @@
 //!    round trip answers "fresh value, or take the reload lock". The flight that takes the lock
 //!    is the **leader**: it loads, writes the value through a fenced **fill** and drops the lock.
 //!    Every other flight, in this process or another, is a **follower**: it re-reads the store
-//!    with a jittered exponential backoff until the value is there, the lock is free again (then
-//!    it leads), or the wait times out (then [`WaitTimeoutPolicy`] decides).
+//!    as soon as the store notifies it of the fill (or of the lock's release), and otherwise
+//!    with a jittered exponential backoff, until the value is there, the lock is free again
+//!    (then it leads), or the wait times out (then [`WaitTimeoutPolicy`] decides).
 //!
 //! A flight runs in its own task: a caller that goes away does not cancel the load, which fills
 //! the cache for everyone else. The lock is released on every path: by the fill itself, by an
@@ -517,7 +518,19 @@ impl Inner {
         // Values with at most this much life left are refreshed; raised to "everything" once a
         // corrupt entry is seen, so the next lookup takes the lock to overwrite it.
         let mut refresh_below = Duration::ZERO;
+        // Whether this flight has waited for another leader.
+        let mut followed = false;
+        // Watch before the first read, so a fill that lands between a read and the wait wakes
+        // the wait; the backoff poll stays as the fallback for lost notifications.
+        let mut filled = if config.notifications {
+            self.store.subscribe(&key)
+        } else {
+            None
+        };
         loop {
+            if let Some(filled) = filled.as_mut() {
+                filled.mark_seen();
+            }
             let lookup = match self
                 .store_call(
                     self.store
@@ -548,7 +561,11 @@ impl Inner {
                     self.l1_insert(digest, payload.clone(), fresh_for).await;
                     return Ok(Fetched {
                         value: Some(payload),
-                        outcome: Outcome::L2Hit,
+                        outcome: if followed {
+                            Outcome::Follower
+                        } else {
+                            Outcome::L2Hit
+                        },
                     });
                 }
                 (_, Some((Err(entry::Corrupt), _))) if refresh_below != Duration::MAX => {
@@ -567,6 +584,7 @@ impl Inner {
                 }
             }
             // A follower: another leader holds the lock.
+            followed = true;
             let waited = started.elapsed();
             if waited >= config.wait_timeout {
                 return match config.on_wait_timeout {
@@ -577,7 +595,16 @@ impl Inner {
                     WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
                 };
             }
-            tokio::time::sleep(backoff.pause().min(config.wait_timeout - waited)).await;
+            let pause = tokio::time::sleep(backoff.pause().min(config.wait_timeout - waited));
+            match filled.as_mut() {
+                Some(filled) => {
+                    tokio::select! {
+                        () = pause => {}
+                        () = filled.changed() => {}
+                    }
+                }
+                None => pause.await,
+            }
         }
     }
 

@@ -23,6 +23,21 @@ impl KeyDigest {
         &self.0
     }
 
+    /// Parses 64 hex digits (as written by [`to_hex`](Self::to_hex)).
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        let hex = hex.as_bytes();
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut digest = [0u8; 32];
+        for (byte, pair) in digest.iter_mut().zip(hex.chunks_exact(2)) {
+            let high = char::from(pair[0]).to_digit(16)?;
+            let low = char::from(pair[1]).to_digit(16)?;
+            *byte = u8::try_from(high * 16 + low).ok()?;
+        }
+        Some(KeyDigest(digest))
+    }
+
     /// The digest as 64 lowercase hex digits.
     pub fn to_hex(&self) -> String {
         hex(&self.0)
@@ -160,6 +175,19 @@ mod tests {
             KeyDigest::of(b"abc").to_hex(),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn digest_hex_round_trips() {
+        let digest = KeyDigest::of(b"key");
+        assert_eq!(KeyDigest::from_hex(&digest.to_hex()), Some(digest));
+        assert_eq!(
+            KeyDigest::from_hex(&digest.to_hex().to_uppercase()),
+            Some(digest)
+        );
+        assert_eq!(KeyDigest::from_hex("abc"), None);
+        assert_eq!(KeyDigest::from_hex(&"zz".repeat(32)), None);
+        assert_eq!(KeyDigest::from_hex(&"é".repeat(32)), None);
     }
 
     #[test]

@@ -7,7 +7,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{millis, BoxFuture, LockState, LockToken, Lookup, Store, StoreError, StoreKey, Stored};
+use super::{
+    millis, BoxFuture, FillWatch, LockState, LockToken, Lookup, Notifier, Store, StoreError,
+    StoreKey, Stored,
+};
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
 /// (value TTLs, lock TTLs, owner tokens, fenced fills).
@@ -21,6 +24,7 @@ use super::{millis, BoxFuture, LockState, LockToken, Lookup, Store, StoreError, 
 #[derive(Clone, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    notifier: Notifier,
 }
 
 #[derive(Default)]
@@ -138,6 +142,8 @@ impl MemoryStore {
         state.values.insert(key.clone(), (value, expiry(now, ttl)));
         state.locks.remove(key);
         state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
         true
     }
 
@@ -148,6 +154,8 @@ impl MemoryStore {
             return false;
         }
         state.locks.remove(key);
+        drop(state);
+        self.notifier.notify(key);
         true
     }
 
@@ -215,5 +223,9 @@ impl Store for MemoryStore {
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         let result = self.state().live_value(key, Instant::now());
         Box::pin(async move { Ok(result) })
+    }
+
+    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+        Some(self.notifier.watch(key))
     }
 }

@@ -10,6 +10,7 @@
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
+//! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
 //!
 //! Two implementations ship with the crate: [`MemoryStore`], the embedded default (one process,
 //! no server), and `RedisStore` (feature `redis`, on by default), shared by every process that
@@ -20,6 +21,7 @@
 
 pub(crate) mod key;
 mod memory;
+mod notify;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -32,6 +34,7 @@ use bytes::Bytes;
 
 pub use key::{KeyDigest, LockToken, StoreKey};
 pub use memory::MemoryStore;
+pub use notify::{FillWatch, Notifier};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 
@@ -154,6 +157,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// Reads the value of `key`, without touching the lock.
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;
+
+    /// Watches `key` for "filled" notifications: a successful [`fill`](Self::fill) or
+    /// [`release`](Self::release) of `key`, by any process, wakes the watch. Followers wait on
+    /// it and poll as well, so a store may lose notifications (Redis pub/sub does) at the cost
+    /// of latency only. The default has no notifications: followers only poll.
+    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+        let _ = key;
+        None
+    }
 }
 
 /// The longest TTL a store is asked for (about 34 years): Redis rejects expiry times that

@@ -1,14 +1,19 @@
 //! `RedisStore`: the shared store on Redis, one Lua script per call.
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
+use tracing::{debug, warn};
 
-use super::{millis, BoxFuture, LockState, LockToken, Lookup, Store, StoreError, StoreKey, Stored};
+use super::{
+    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, Lookup, Notifier, Store,
+    StoreError, StoreKey, Stored,
+};
 
 /// Get the value; if absent or about to expire, try to take the lock. A value of a foreign type
 /// (`WRONGTYPE`) counts as absent, so the fill overwrites it. Reply: `{value, pttl, state}` with
@@ -31,24 +36,28 @@ return {v, ttl, 2}
     )
 });
 
-/// Fenced write: store the value only while the lock holds our token, then drop the lock.
+/// Fenced write: store the value only while the lock holds our token, then drop the lock and
+/// publish "filled" (`ARGV[4]` is the channel, `ARGV[5]` the key's digest).
 static FILL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 ",
     )
 });
 
-/// Compare-and-delete of the lock.
+/// Compare-and-delete of the lock, then publish "filled" so followers retry at once.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
 ",
     )
 });
@@ -94,6 +103,90 @@ return {v, redis.call('PTTL', KEYS[1])}
 pub struct RedisStore {
     connection: ConnectionManager,
     address: String,
+    notifications: Option<Notifications>,
+}
+
+/// The process's one subscriber connection (RESP3, resubscribing by itself after a
+/// reconnect) and the followers it wakes.
+#[derive(Clone)]
+struct Notifications {
+    subscriber: ConnectionManager,
+    notifier: Notifier,
+    /// Namespaces whose channel is subscribed (or being subscribed).
+    channels: Arc<Mutex<HashSet<Arc<str>>>>,
+}
+
+/// The channel on which fills and releases of a namespace's keys are published.
+fn channel(namespace: &str) -> String {
+    format!("{namespace}:filled")
+}
+
+impl Notifications {
+    async fn connect(url: &str, config: ConnectionManagerConfig) -> redis::RedisResult<Self> {
+        let info = url.into_connection_info()?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(settings))?;
+        let notifier = Notifier::new();
+        let wake = notifier.clone();
+        let config = config
+            .set_push_sender(move |push: PushInfo| {
+                wake_followers(&wake, push);
+                Ok::<(), std::convert::Infallible>(())
+            })
+            .set_automatic_resubscription();
+        let subscriber = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Notifications {
+            subscriber,
+            notifier,
+            channels: Arc::default(),
+        })
+    }
+
+    /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
+    /// the subscription is in place, followers of that namespace poll.
+    fn ensure_subscribed(&self, namespace: &str) {
+        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        if channels.contains(namespace) {
+            return;
+        }
+        let namespace: Arc<str> = Arc::from(namespace);
+        channels.insert(Arc::clone(&namespace));
+        let (mut subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
+        tokio::spawn(async move {
+            if let Err(error) = subscriber.subscribe(channel(&namespace)).await {
+                warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
+                // Forget it, so the next watch tries again.
+                channels
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&namespace);
+            }
+        });
+    }
+}
+
+/// A pub/sub message `[channel, digest]` wakes the followers of that key in this process.
+fn wake_followers(notifier: &Notifier, push: PushInfo) {
+    if push.kind != PushKind::Message {
+        return;
+    }
+    let [Value::BulkString(channel), Value::BulkString(digest)] = push.data.as_slice() else {
+        return;
+    };
+    let namespace = std::str::from_utf8(channel)
+        .ok()
+        .and_then(|c| c.strip_suffix(":filled"));
+    let digest = std::str::from_utf8(digest)
+        .ok()
+        .and_then(KeyDigest::from_hex);
+    if let (Some(namespace), Some(digest)) = (namespace, digest) {
+        notifier.notify(&StoreKey::new(Arc::from(namespace), digest));
+    } else {
+        debug!("ignored a foreign message on a fill channel");
+    }
 }
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`].
@@ -102,6 +195,7 @@ pub struct RedisStoreBuilder {
     url: String,
     connection_timeout: Duration,
     response_timeout: Duration,
+    notifications: bool,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -110,6 +204,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("url", &redact(&self.url))
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("notifications", &self.notifications)
             .finish()
     }
 }
@@ -130,6 +225,13 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Whether to open the subscriber connection that wakes followers when a key is filled
+    /// (one per store, shared by its clones). Without it followers only poll. Default: on.
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
     /// Connects to Redis; fails if the URL is invalid or the server cannot be reached.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let address = redact(&self.url);
@@ -140,12 +242,24 @@ impl RedisStoreBuilder {
             .set_response_timeout(Some(self.response_timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_secs(1));
-        let connection = ConnectionManager::new_with_config(client, config)
+        let connection = ConnectionManager::new_with_config(client, config.clone())
             .await
             .map_err(|e| StoreError::new(format_args!("cannot connect to {address}: {e}")))?;
+        let notifications = if self.notifications {
+            match Notifications::connect(&self.url, config).await {
+                Ok(notifications) => Some(notifications),
+                Err(error) => {
+                    warn!(%error, %address, "no fill notifications (needs RESP3, Redis 6+); followers poll");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         Ok(RedisStore {
             connection,
             address,
+            notifications,
         })
     }
 }
@@ -157,6 +271,7 @@ impl RedisStore {
             url: url.into(),
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
+            notifications: true,
         }
     }
 
@@ -195,6 +310,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("address", &self.address)
+            .field("notifications", &self.notifications.is_some())
             .finish()
     }
 }
@@ -261,10 +377,16 @@ impl Store for RedisStore {
         let keys = [key.value_name(), key.lock_name()];
         let token = token.to_hex();
         let ttl = millis(ttl).to_string();
+        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
         Box::pin(async move {
-            let filled: i64 = self
-                .run(&FILL, &keys, &[token.as_bytes(), &value, ttl.as_bytes()])
-                .await?;
+            let args: [&[u8]; 5] = [
+                token.as_bytes(),
+                &value,
+                ttl.as_bytes(),
+                channel.as_bytes(),
+                digest.as_bytes(),
+            ];
+            let filled: i64 = self.run(&FILL, &keys, &args).await?;
             Ok(filled == 1)
         })
     }
@@ -272,8 +394,10 @@ impl Store for RedisStore {
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
         let keys = [key.lock_name()];
         let token = token.to_hex();
+        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
         Box::pin(async move {
-            let released: i64 = self.run(&RELEASE, &keys, &[token.as_bytes()]).await?;
+            let args: [&[u8]; 3] = [token.as_bytes(), channel.as_bytes(), digest.as_bytes()];
+            let released: i64 = self.run(&RELEASE, &keys, &args).await?;
             Ok(released == 1)
         })
     }
@@ -301,6 +425,12 @@ impl Store for RedisStore {
             let (value, pttl): (Vec<u8>, i64) = self.run(&GET, &keys, &[]).await?;
             Ok(stored(value, pttl))
         })
+    }
+
+    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+        let notifications = self.notifications.as_ref()?;
+        notifications.ensure_subscribed(key.namespace());
+        Some(notifications.notifier.watch(key))
     }
 }
 
