@@ -785,3 +785,96 @@ async fn a_failed_leader_wakes_its_followers_to_take_over() {
         assert_eq!(loads.get(), 1);
     }
 }
+
+/// A store that counts the lookups it passes on to another store.
+#[derive(Debug)]
+struct CountingLookups {
+    inner: Arc<dyn Store>,
+    lookups: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for CountingLookups {
+    fn lookup(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        refresh_below: Duration,
+    ) -> tower_stampede::store::BoxFuture<
+        '_,
+        Result<tower_stampede::store::Lookup, tower_stampede::store::StoreError>,
+    > {
+        self.lookups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.lookup(key, token, lock_ttl, refresh_below)
+    }
+
+    fn fill(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+        value: Bytes,
+        ttl: Duration,
+    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+        self.inner.fill(key, token, value, ttl)
+    }
+
+    fn release(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+        self.inner.release(key, token)
+    }
+
+    fn extend(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+        self.inner.extend(key, token, lock_ttl)
+    }
+
+    fn get(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+    ) -> tower_stampede::store::BoxFuture<
+        '_,
+        Result<Option<tower_stampede::store::Stored>, tower_stampede::store::StoreError>,
+    > {
+        self.inner.get(key)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_misses_in_one_process_cost_one_store_lookup() {
+    for shared in Shared::both().await {
+        let counting = Arc::new(CountingLookups {
+            inner: Arc::clone(&shared.store),
+            lookups: Default::default(),
+        });
+        let cache = Cache::builder_shared(counting.clone())
+            .namespace("test")
+            .build();
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for _ in 0..500 {
+            let cache = cache.clone();
+            let load = slow_value(&loads, Duration::from_millis(50), "once");
+            callers.push(tokio::spawn(async move {
+                cache.get_or_load("local", load).await
+            }));
+        }
+        for caller in callers {
+            assert_eq!(caller.await.unwrap().unwrap(), "once", "{}", shared.name);
+        }
+        assert_eq!(
+            counting.lookups.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "{}",
+            shared.name
+        );
+        assert_eq!(loads.get(), 1);
+    }
+}

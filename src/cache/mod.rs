@@ -313,35 +313,44 @@ impl Cache {
         E: Into<BoxError>,
     {
         let digest = KeyDigest::of(key.as_ref());
-        if let Some(l1) = &self.inner.l1 {
-            if let Some(entry) = l1.get(&digest).await {
-                return Ok(Fetched {
-                    value: Some(entry.value),
-                    outcome: Outcome::L1Hit,
-                });
-            }
-        }
-        let (mut result, created) = {
-            let mut flights = self.inner.flights();
-            match flights.get(&digest) {
-                Some(flight) => (flight.result.clone(), false),
-                None => {
-                    let loader: BoxLoader = Box::new(move || {
-                        Box::pin(async move { loader().await.map_err(Into::into) })
+        let mut l1_checked_twice = false;
+        let (mut result, created) = loop {
+            if let Some(l1) = &self.inner.l1 {
+                if let Some(entry) = l1.get(&digest).await {
+                    return Ok(Fetched {
+                        value: Some(entry.value),
+                        outcome: Outcome::L1Hit,
                     });
-                    let id = self.inner.next_flight.fetch_add(1, Ordering::Relaxed);
-                    let (tx, rx) = watch::channel(None);
-                    flights.insert(
-                        digest,
-                        FlightHandle {
-                            id,
-                            result: rx.clone(),
-                        },
-                    );
-                    tokio::spawn(Arc::clone(&self.inner).fly(digest, id, tx, loader));
-                    (rx, true)
                 }
             }
+            let mut flights = self.inner.flights();
+            if let Some(flight) = flights.get(&digest) {
+                break (flight.result.clone(), false);
+            }
+            // A flight may have filled L1 and landed since the look above: look once more
+            // rather than pay a store round trip.
+            let in_l1 = self
+                .inner
+                .l1
+                .as_ref()
+                .is_some_and(|l1| l1.contains_key(&digest));
+            if in_l1 && !l1_checked_twice {
+                l1_checked_twice = true;
+                continue;
+            }
+            let loader: BoxLoader =
+                Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) }));
+            let id = self.inner.next_flight.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = watch::channel(None);
+            flights.insert(
+                digest,
+                FlightHandle {
+                    id,
+                    result: rx.clone(),
+                },
+            );
+            tokio::spawn(Arc::clone(&self.inner).fly(digest, id, tx, loader));
+            break (rx, true);
         };
         let answer = match result.wait_for(Option::is_some).await {
             Ok(answer) => answer
