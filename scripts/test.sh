@@ -31,6 +31,5 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --all-targets --all-features -- -D warnings
 
-echo "==> cargo test (all targets and features, doctests included)"
-cargo test --all-features --all-targets
-cargo test --all-features --doc
+echo "==> cargo test (library, integration, examples' build, doctests)"
+cargo test --all-features

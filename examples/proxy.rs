@@ -1,0 +1,488 @@
+//! A caching reverse proxy: one origin behind a [`StampedeLayer`].
+//!
+//! Every request is forwarded to the origin (`--origin http://host:port`). Cacheable `GET`
+//! responses (status 200, no `no-store`/`private`/`Set-Cookie`/`Vary`, ...) are shared through
+//! the cache: fresh for the origin's `Cache-Control: s-maxage`/`max-age`, or `--ttl-secs` when
+//! it gives none. Each response says how it was served in `x-cache` (`HIT`, `MISS` or `BYPASS`;
+//! other methods than `GET` pass through without it).
+//!
+//! Run several proxies over one Redis and a stampede on a cold URL reaches the origin once in
+//! all, whichever proxies the requests land on:
+//!
+//! ```sh
+//! redis-server --port 6379 &
+//! cargo run --release --example proxy -- --listen 127.0.0.1:8081 \
+//!     --origin http://127.0.0.1:8080 --redis redis://127.0.0.1:6379/ &
+//! cargo run --release --example proxy -- --listen 127.0.0.1:8082 \
+//!     --origin http://127.0.0.1:8080 --redis redis://127.0.0.1:6379/ &
+//! curl -i http://127.0.0.1:8081/some/page
+//! ```
+//!
+//! Without `--redis`, the proxy caches in an embedded, in-process store.
+//!
+//! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
+//! client sent: every proxy in front of one origin shares one entry per URL. Hop-by-hop headers
+//! are dropped both ways; `Host` is set to the origin's authority. An origin that cannot be
+//! reached becomes a `502 Bad Gateway`. Upgrades (WebSocket) are not proxied.
+//!
+//! After binding, the proxy prints `listening on ADDR` (the bound address, so `--listen
+//! 127.0.0.1:0` works) on stdout. Ctrl-C shuts it down: it stops accepting, lets requests in
+//! flight finish (for up to 5 s) and exits with code 0. Exit codes: 1 when Redis cannot be
+//! reached or the address cannot be bound, 2 for bad arguments.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tower::{service_fn, ServiceBuilder};
+use tower_stampede::store::MemoryStore;
+use tower_stampede::{Cache, StampedeLayer};
+
+const USAGE: &str = "\
+usage: proxy --listen ADDR --origin URL [OPTIONS]
+
+A caching reverse proxy with cache-stampede protection (tower-stampede).
+
+required:
+  --listen ADDR          address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port)
+  --origin URL           the origin server, http://host:port
+
+options:
+  --redis URL            share the cache through Redis, e.g. redis://127.0.0.1:6379/
+                         (default: an embedded in-process store)
+  --ttl-secs S           freshness when the origin sends no max-age (default: 60)
+  --lock-ttl-ms MS       lifetime of the reload lock if its holder dies (default: 5000)
+  --namespace NS         prefix of the cache's keys in the store (default: proxy)
+  --max-body-bytes N     largest response body that is cached (default: 1048576)
+  --help                 print this help and exit
+
+Prints `listening on ADDR` once bound. Exit codes: 0 after Ctrl-C, 1 when Redis cannot be
+reached or the address cannot be bound, 2 for bad arguments.";
+
+/// Hop-by-hop headers, never forwarded (RFC 9110 section 7.6.1), besides those `Connection`
+/// names.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// How long in-flight requests may run on after Ctrl-C.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// The command line, parsed.
+#[derive(Debug)]
+struct Args {
+    listen: SocketAddr,
+    origin: Origin,
+    redis: Option<String>,
+    ttl: Duration,
+    lock_ttl: Option<Duration>,
+    namespace: String,
+    max_body_bytes: Option<usize>,
+}
+
+/// A usage error: printed with a pointer to `--help`, exit code 2.
+struct UsageError(String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn usage_error(message: impl Into<String>) -> UsageError {
+    UsageError(message.into())
+}
+
+/// The arguments, or `None` for `--help`.
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, UsageError> {
+    let mut listen = None;
+    let mut origin = None;
+    let mut redis = None;
+    let mut ttl = None;
+    let mut lock_ttl = None;
+    let mut namespace = None;
+    let mut max_body_bytes = None;
+
+    while let Some(arg) = args.next() {
+        if arg == "--help" || arg == "-h" {
+            return Ok(None);
+        }
+        // Both `--flag value` and `--flag=value`.
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_owned(), Some(value.to_owned()))
+            }
+            _ => (arg, None),
+        };
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| args.next())
+                .ok_or_else(|| usage_error(format!("{flag} needs a value")))
+        };
+        match flag.as_str() {
+            "--listen" => set(&mut listen, &flag, parse_listen(&value()?)?)?,
+            "--origin" => set(&mut origin, &flag, Origin::parse(&value()?)?)?,
+            "--redis" => {
+                let url = value()?;
+                if !url.contains("://") {
+                    return Err(usage_error(format!(
+                        "--redis: {url:?} is not a URL (expected e.g. redis://127.0.0.1:6379/)"
+                    )));
+                }
+                set(&mut redis, &flag, url)?;
+            }
+            "--ttl-secs" => {
+                let seconds = parse_positive(&flag, &value()?)?;
+                set(&mut ttl, &flag, Duration::from_secs(seconds))?;
+            }
+            "--lock-ttl-ms" => {
+                let millis = parse_positive(&flag, &value()?)?;
+                set(&mut lock_ttl, &flag, Duration::from_millis(millis))?;
+            }
+            "--namespace" => {
+                let ns = value()?;
+                if ns.is_empty() {
+                    return Err(usage_error("--namespace must not be empty"));
+                }
+                set(&mut namespace, &flag, ns)?;
+            }
+            "--max-body-bytes" => {
+                let text = value()?;
+                let bytes = text.parse::<usize>().map_err(|_| {
+                    usage_error(format!(
+                        "--max-body-bytes: {text:?} is not a number of bytes"
+                    ))
+                })?;
+                set(&mut max_body_bytes, &flag, bytes)?;
+            }
+            other if other.starts_with('-') => {
+                return Err(usage_error(format!("unknown option {other}")));
+            }
+            other => return Err(usage_error(format!("unexpected argument {other:?}"))),
+        }
+    }
+
+    Ok(Some(Args {
+        listen: listen.ok_or_else(|| usage_error("--listen ADDR is required"))?,
+        origin: origin.ok_or_else(|| usage_error("--origin URL is required"))?,
+        redis,
+        ttl: ttl.unwrap_or(Duration::from_secs(60)),
+        lock_ttl,
+        namespace: namespace.unwrap_or_else(|| "proxy".to_owned()),
+        max_body_bytes,
+    }))
+}
+
+fn set<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), UsageError> {
+    if slot.replace(value).is_some() {
+        return Err(usage_error(format!("{flag} is given more than once")));
+    }
+    Ok(())
+}
+
+fn parse_positive(flag: &str, text: &str) -> Result<u64, UsageError> {
+    match text.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(usage_error(format!(
+            "{flag}: {text:?} is not a positive whole number"
+        ))),
+    }
+}
+
+/// An IP address and port, or a host name that resolves to one (`localhost:8080`).
+fn parse_listen(text: &str) -> Result<SocketAddr, UsageError> {
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    text.to_socket_addrs()
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| {
+            usage_error(format!(
+                "--listen: {text:?} is not an address (expected e.g. 127.0.0.1:8080)"
+            ))
+        })
+}
+
+/// The origin: where every request goes.
+#[derive(Clone, Debug)]
+struct Origin {
+    scheme: Scheme,
+    authority: Authority,
+    host: HeaderValue,
+}
+
+impl Origin {
+    fn parse(text: &str) -> Result<Origin, UsageError> {
+        let bad = |why: &str| {
+            usage_error(format!(
+                "--origin: {text:?} {why} (expected http://host:port)"
+            ))
+        };
+        let uri: Uri = text.parse().map_err(|_| bad("is not a URL"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => return Err(bad("uses https, which this proxy does not speak")),
+            _ => return Err(bad("is not an http:// URL")),
+        }
+        let authority = uri.authority().cloned().ok_or_else(|| bad("has no host"))?;
+        if authority.host().is_empty() {
+            return Err(bad("has no host"));
+        }
+        if authority.as_str().contains('@') {
+            return Err(bad("holds user info"));
+        }
+        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+            return Err(bad("has a path or query"));
+        }
+        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| bad("has a bad host"))?;
+        Ok(Origin {
+            scheme: Scheme::HTTP,
+            authority,
+            host,
+        })
+    }
+
+    /// The origin's URI for a request's path and query.
+    fn uri_for(&self, uri: &Uri) -> Uri {
+        let path = uri
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+            .expect("scheme, authority and path and query make a URI")
+    }
+}
+
+/// Removes the hop-by-hop headers and those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+
+/// Sends a request on to the origin; an origin that cannot be reached becomes a 502.
+async fn forward(
+    client: Client<HttpConnector, Incoming>,
+    origin: Arc<Origin>,
+    mut request: Request<Incoming>,
+) -> Response<ProxyBody> {
+    *request.uri_mut() = origin.uri_for(request.uri());
+    // The client may have spoken HTTP/2 to us; the origin connection is HTTP/1.1.
+    *request.version_mut() = Version::HTTP_11;
+    let headers = request.headers_mut();
+    strip_hop_by_hop(headers);
+    headers.insert(HOST, origin.host.clone());
+
+    match client.request(request).await {
+        Ok(response) => {
+            let mut response = response.map(BodyExt::boxed_unsync);
+            strip_hop_by_hop(response.headers_mut());
+            response
+        }
+        Err(error) => {
+            let mut message = format!("origin {} unreachable: {error}", origin.authority);
+            let mut source = std::error::Error::source(&error);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            eprintln!("proxy: {message}");
+            bad_gateway(message)
+        }
+    }
+}
+
+fn bad_gateway(message: String) -> Response<ProxyBody> {
+    let body = format!("502 Bad Gateway: {message}\n");
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = StatusCode::BAD_GATEWAY;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Sends every request to the origin's URI before the layer sees it, so that the cache key is
+/// the origin's URL, not the `Host` the client happened to use for this proxy.
+fn to_origin_uri(origin: &Origin, mut request: Request<Incoming>) -> Request<Incoming> {
+    *request.uri_mut() = origin.uri_for(request.uri());
+    request
+}
+
+async fn build_cache(args: &Args) -> Result<Cache, String> {
+    let builder = match &args.redis {
+        None => Cache::builder(MemoryStore::new()),
+        Some(url) => Cache::builder(connect_redis(url).await?),
+    };
+    let mut builder = builder.namespace(&args.namespace).ttl(args.ttl);
+    if let Some(lock_ttl) = args.lock_ttl {
+        builder = builder.lock_ttl(lock_ttl);
+    }
+    Ok(builder.build())
+}
+
+#[cfg(feature = "redis")]
+async fn connect_redis(url: &str) -> Result<tower_stampede::store::RedisStore, String> {
+    tower_stampede::store::RedisStore::connect(url)
+        .await
+        .map_err(|e| format!("cannot use Redis: {e}"))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect_redis(_url: &str) -> Result<MemoryStore, String> {
+    Err("--redis needs the `redis` feature of tower-stampede".to_owned())
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("proxy: {error}\nrun `proxy --help` for usage");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("proxy: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let cache = build_cache(&args).await?;
+    let mut layer = StampedeLayer::new(cache);
+    if let Some(limit) = args.max_body_bytes {
+        layer = layer.max_body_bytes(limit);
+    }
+
+    let origin = Arc::new(args.origin.clone());
+    let client: Client<HttpConnector, Incoming> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let inner = {
+        let origin = Arc::clone(&origin);
+        service_fn(move |request: Request<Incoming>| {
+            let (client, origin) = (client.clone(), Arc::clone(&origin));
+            async move { Ok::<_, Infallible>(forward(client, origin, request).await) }
+        })
+    };
+    let service = ServiceBuilder::new()
+        .map_request({
+            let origin = Arc::clone(&origin);
+            move |request| to_origin_uri(&origin, request)
+        })
+        .layer(layer)
+        .service(inner);
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let local_addr = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the bound address: {e}"))?;
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        // Whoever started us may wait for this line; if it is gone, keep serving regardless.
+        let _ = writeln!(stdout, "listening on {local_addr}");
+        let _ = stdout.flush();
+    }
+
+    let server = auto::Builder::new(TokioExecutor::new());
+    let graceful = GracefulShutdown::new();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(error) => {
+                        // Out of file descriptors and the like: pause rather than spin.
+                        eprintln!("proxy: accept failed: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let connection = server
+                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service.clone()))
+                    .into_owned();
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    // A client that goes away mid-request is nothing to report.
+                    let _ = connection.await;
+                });
+            }
+            signal = &mut ctrl_c => {
+                if let Err(error) = signal {
+                    return Err(format!("cannot listen for Ctrl-C: {error}"));
+                }
+                break;
+            }
+        }
+    }
+
+    drop(listener);
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        eprintln!(
+            "proxy: requests still in flight after {} s; exiting anyway",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! The `proxy` example end to end: real proxy processes over a real `redis-server`, in front of
+//! a slow origin in this process.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::http::{header, Method, Uri};
+use axum::Router;
+use http_body_util::{BodyExt, Full};
+use hyper::{Request, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use support::{Counter, RedisServer};
+use tokio::sync::Barrier;
+
+/// The failure guard on anything that waits: far beyond what a healthy run needs.
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// The origin's delay on every request.
+const ORIGIN_DELAY: Duration = Duration::from_millis(300);
+
+/// The origin's body for a path and query: a few KiB that name it.
+fn origin_body(path_and_query: &str) -> Vec<u8> {
+    let mut body = Vec::with_capacity(4200);
+    let mut line = 0;
+    while body.len() < 4096 {
+        body.extend_from_slice(format!("{line:04} origin body for {path_and_query}\n").as_bytes());
+        line += 1;
+    }
+    body
+}
+
+/// The origin's body for `/big`: 50 KB of every byte value.
+fn big_body() -> Vec<u8> {
+    (0..50_000u32).map(|i| (i % 251) as u8).collect()
+}
+
+/// A slow origin on a free loopback port, counting every request it receives.
+async fn start_origin(counter: Counter) -> SocketAddr {
+    let app = Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
+        let counter = counter.clone();
+        async move {
+            counter.hit();
+            tokio::time::sleep(ORIGIN_DELAY).await;
+            let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+            let body = if method == Method::POST {
+                [b"posted:".as_slice(), &body].concat()
+            } else if uri.path() == "/big" {
+                big_body()
+            } else {
+                origin_body(&path)
+            };
+            (
+                [
+                    (header::CACHE_CONTROL, "max-age=60"),
+                    (header::CONTENT_TYPE, "application/octet-stream"),
+                ],
+                body,
+            )
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the origin");
+    let addr = listener.local_addr().expect("the origin's address");
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("the origin serves");
+    });
+    addr
+}
+
+/// A namespace no other run shares, so the key is cold.
+fn unique_namespace(test: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("test-{test}-{}-{nanos}", std::process::id())
+}
+
+/// The `proxy` example's binary, built (or brought up to date) once per test run, with the
+/// profile this test was built with.
+fn proxy_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        // target/<profile>/deps/proxy-<hash> -> target/<profile>/examples/proxy
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lives in <target>/<profile>/deps");
+        let binary = profile_dir
+            .join("examples")
+            .join(format!("proxy{}", std::env::consts::EXE_SUFFIX));
+        // `cargo test` builds the examples, but `cargo test --test proxy` does not, and an
+        // earlier build may be stale: ask cargo, which does nothing if it is up to date.
+        let mut build = Command::new(env!("CARGO"));
+        build
+            .args(["build", "--quiet", "--example", "proxy"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        // The features this test was built with (list new ones here), so the nested build
+        // reuses the library artifacts instead of rebuilding them with other features.
+        if cfg!(feature = "redis") {
+            build.args(["--features", "redis"]);
+        }
+        let output = build
+            .output()
+            .expect("run cargo to build the proxy example");
+        if !output.status.success() && !binary.exists() {
+            panic!(
+                "`cargo build --example proxy` failed ({}):\n{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        if !output.status.success() {
+            eprintln!(
+                "warning: `cargo build --example proxy` failed; using the existing {}:\n{}",
+                binary.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        assert!(
+            binary.exists(),
+            "{} does not exist after `cargo build --example proxy`; is CARGO_TARGET_DIR or the \
+             profile different from this test's?",
+            binary.display()
+        );
+        binary
+    })
+}
+
+/// A running `proxy` process, killed when dropped.
+struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Proxy {
+    /// Starts a proxy and waits (up to [`LIMIT`]) for its `listening on ADDR` line.
+    fn start(args: &[&str]) -> Proxy {
+        let mut child = Command::new(proxy_binary())
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the proxy example");
+        let stdout = child.stdout.take().expect("the proxy's stdout");
+        // Kill the child if anything below panics.
+        let mut guard = Started(Some(child));
+
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            // Reads to the end, so the proxy never blocks on a full pipe.
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // Once nobody listens any more, this keeps draining.
+                let _ = lines.send(line);
+            }
+        });
+
+        let deadline = Instant::now() + LIMIT;
+        let addr = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match received.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(addr) = line.strip_prefix("listening on ") {
+                        break addr
+                            .trim()
+                            .parse::<SocketAddr>()
+                            .unwrap_or_else(|e| panic!("bad address in {line:?}: {e}"));
+                    }
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("proxy {args:?} did not print `listening on` within {LIMIT:?}")
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = guard.0.as_mut().map(|c| c.wait());
+                    panic!("proxy {args:?} exited before listening: {status:?}")
+                }
+            }
+        };
+        let child = guard.0.take().expect("the child is still guarded");
+        Proxy { child, addr }
+    }
+
+    fn url(&self, path_and_query: &str) -> String {
+        format!("http://{}{path_and_query}", self.addr)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A child process not yet handed to its [`Proxy`]: killed if it is dropped here.
+struct Started(Option<Child>);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Starts `count` proxies (in parallel) with the same arguments.
+async fn start_proxies(count: usize, args: Vec<String>) -> Vec<Proxy> {
+    let args = Arc::new(args);
+    let starting: Vec<_> = (0..count)
+        .map(|_| {
+            let args = Arc::clone(&args);
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                Proxy::start(&args)
+            })
+        })
+        .collect();
+    let mut proxies = Vec::with_capacity(count);
+    for start in starting {
+        proxies.push(start.await.expect("starting a proxy panicked"));
+    }
+    proxies
+}
+
+/// The soft limit on open files of this process, where the system tells.
+fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// An HTTP client. It speaks HTTP/1.1 (one connection per request in flight) unless this
+/// process may not open that many sockets; then it speaks HTTP/2, which the proxy accepts too.
+fn client(in_flight: usize) -> Client<HttpConnector, Full<Bytes>> {
+    let mut builder = Client::builder(TokioExecutor::new());
+    let room = open_files_limit().unwrap_or(u64::MAX);
+    if room < in_flight as u64 + 256 {
+        eprintln!("open files limited to {room}: the client speaks HTTP/2");
+        builder.http2_only(true);
+    }
+    builder.build_http()
+}
+
+/// One response, read to the end.
+struct Answer {
+    status: StatusCode,
+    x_cache: Option<String>,
+    body: Bytes,
+    latency: Duration,
+}
+
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Result<Answer, String> {
+    let started = Instant::now();
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let status = response.status();
+        let x_cache = response
+            .headers()
+            .get("x-cache")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e:?}"))?
+            .to_bytes();
+        Ok(Answer {
+            status,
+            x_cache,
+            body,
+            latency: started.elapsed(),
+        })
+    };
+    tokio::time::timeout(LIMIT, exchange)
+        .await
+        .map_err(|_| format!("no answer within {LIMIT:?}"))?
+}
+
+fn get(url: &str) -> Request<Full<Bytes>> {
+    Request::get(url).body(Full::default()).expect("a request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stampede_over_three_proxies_loads_the_origin_once() {
+    const REQUESTS: usize = 1000;
+    const PATH: &str = "/hot?x=1";
+
+    let redis = RedisServer::start();
+    let origin_loads = Counter::default();
+    let origin = start_origin(origin_loads.clone()).await;
+    let args = vec![
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--origin".to_owned(),
+        format!("http://{origin}"),
+        "--redis".to_owned(),
+        redis.url(),
+        "--namespace".to_owned(),
+        unique_namespace("stampede"),
+    ];
+    let proxies = start_proxies(3, args).await;
+
+    let client = client(REQUESTS);
+    let barrier = Arc::new(Barrier::new(REQUESTS));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..REQUESTS)
+        .map(|i| {
+            let (client, barrier) = (client.clone(), Arc::clone(&barrier));
+            let url = proxies[i % proxies.len()].url(PATH);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&client, get(&url)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(REQUESTS);
+    let mut errors = Vec::new();
+    for task in tasks {
+        match task.await {
+            Ok(Ok(answer)) => answers.push(answer),
+            Ok(Err(error)) => errors.push(error),
+            Err(panicked) => errors.push(format!("task failed: {panicked}")),
+        }
+    }
+    let elapsed = started.elapsed();
+
+    let expected = origin_body(PATH);
+    let count = |mark: &str| {
+        answers
+            .iter()
+            .filter(|a| a.x_cache.as_deref() == Some(mark))
+            .count()
+    };
+    let (misses, hits) = (count("MISS"), count("HIT"));
+    let mut latencies: Vec<_> = answers.iter().map(|a| a.latency).collect();
+    latencies.sort();
+    let percentile = |p: usize| {
+        latencies
+            .get((latencies.len() * p / 100).min(latencies.len().saturating_sub(1)))
+            .map_or(0, |d| d.as_millis())
+    };
+    println!(
+        "{REQUESTS} GETs over {} proxies in {} ms: origin loads {}, MISS {misses}, HIT {hits}, \
+         errors {}, latency p50 {} ms, p99 {} ms, max {} ms",
+        proxies.len(),
+        elapsed.as_millis(),
+        origin_loads.get(),
+        errors.len(),
+        percentile(50),
+        percentile(99),
+        percentile(100),
+    );
+
+    assert!(
+        errors.is_empty(),
+        "{} requests failed, e.g. {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    assert_eq!(answers.len(), REQUESTS);
+    for answer in &answers {
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "x-cache {:?}",
+            answer.x_cache
+        );
+        assert!(
+            answer.body == expected,
+            "a body differs from the origin's ({} bytes, x-cache {:?})",
+            answer.body.len(),
+            answer.x_cache
+        );
+    }
+    assert_eq!(
+        origin_loads.get(),
+        1,
+        "the origin was loaded more than once"
+    );
+    assert_eq!(misses, 1, "exactly one response is the load's own");
+    assert_eq!(hits, REQUESTS - 1, "every other response is a hit");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn posts_reach_the_origin_and_large_bodies_stream_through() {
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let args = vec![
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--origin".to_owned(),
+        format!("http://{origin}"),
+        "--namespace".to_owned(),
+        unique_namespace("bypass"),
+        "--max-body-bytes".to_owned(),
+        "1000".to_owned(),
+    ];
+    let proxy = start_proxies(1, args).await.remove(0);
+    let client = client(4);
+
+    // Every POST reaches the origin, body and all, and the layer leaves it unmarked.
+    for (n, payload) in ["first", "second"].into_iter().enumerate() {
+        let request = Request::post(proxy.url("/submit"))
+            .body(Full::new(Bytes::from(payload)))
+            .expect("a request");
+        let answer = send(&client, request)
+            .await
+            .expect("POST through the proxy");
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.x_cache, None, "a POST carries no x-cache");
+        assert_eq!(answer.body, format!("posted:{payload}").as_bytes());
+        assert_eq!(origin_requests.get(), n + 1, "each POST reaches the origin");
+    }
+    assert_eq!(origin_requests.get(), 2);
+
+    // A body over --max-body-bytes is not stored: it streams through intact, every time.
+    let expected = big_body();
+    for n in 1..=2 {
+        let answer = send(&client, get(&proxy.url("/big")))
+            .await
+            .expect("GET /big through the proxy");
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.x_cache.as_deref(), Some("BYPASS"));
+        assert_eq!(answer.body.len(), expected.len());
+        assert!(answer.body == expected, "the large body differs");
+        assert_eq!(
+            origin_requests.get(),
+            2 + n,
+            "an unstored body is loaded again"
+        );
+    }
+}
