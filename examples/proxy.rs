@@ -69,6 +69,8 @@ options:
                          (default: an embedded in-process store)
   --ttl-secs S           freshness when the origin sends no max-age (default: 60)
   --lock-ttl-ms MS       lifetime of the reload lock if its holder dies (default: 5000)
+  --store-timeout-ms MS  bound on each Redis call; slower calls fall back to in-process
+                         protection (default: 50)
   --namespace NS         prefix of the cache's keys in the store (default: proxy)
   --max-body-bytes N     largest response body that is cached (default: 1048576)
   --help                 print this help and exit
@@ -99,6 +101,7 @@ struct Args {
     redis: Option<String>,
     ttl: Duration,
     lock_ttl: Option<Duration>,
+    store_timeout: Option<Duration>,
     namespace: String,
     max_body_bytes: Option<usize>,
 }
@@ -123,6 +126,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
     let mut redis = None;
     let mut ttl = None;
     let mut lock_ttl = None;
+    let mut store_timeout = None;
     let mut namespace = None;
     let mut max_body_bytes = None;
 
@@ -163,6 +167,10 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
                 let millis = parse_positive(&flag, &value()?)?;
                 set(&mut lock_ttl, &flag, Duration::from_millis(millis))?;
             }
+            "--store-timeout-ms" => {
+                let millis = parse_positive(&flag, &value()?)?;
+                set(&mut store_timeout, &flag, Duration::from_millis(millis))?;
+            }
             "--namespace" => {
                 let ns = value()?;
                 if ns.is_empty() {
@@ -192,6 +200,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         redis,
         ttl: ttl.unwrap_or(Duration::from_secs(60)),
         lock_ttl,
+        store_timeout,
         namespace: namespace.unwrap_or_else(|| "proxy".to_owned()),
         max_body_bytes,
     }))
@@ -363,6 +372,9 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
     if let Some(lock_ttl) = args.lock_ttl {
         builder = builder.lock_ttl(lock_ttl);
     }
+    if let Some(store_timeout) = args.store_timeout {
+        builder = builder.store_timeout(store_timeout);
+    }
     Ok(builder.build())
 }
 
@@ -380,6 +392,11 @@ async fn connect_redis(_url: &str) -> Result<MemoryStore, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The layer's warnings (a failing store, a lost lock) go to stderr.
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .init();
     let args = match parse_args(std::env::args().skip(1)) {
         Ok(Some(args)) => args,
         Ok(None) => {

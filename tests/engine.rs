@@ -878,3 +878,148 @@ async fn concurrent_misses_in_one_process_cost_one_store_lookup() {
         assert_eq!(loads.get(), 1);
     }
 }
+
+/// Fills `key` with `value`, fresh for 200 ms and kept 60 s longer as stale, then waits until
+/// it is stale.
+async fn stale_entry(shared: &Shared, key: &str, value: &'static str) {
+    let cache = shared
+        .cache()
+        .ttl(Duration::from_millis(200))
+        .stale(Duration::from_secs(60))
+        .build();
+    let loads = Counter::default();
+    cache
+        .get_or_load(key, slow_value(&loads, Duration::ZERO, value))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+}
+
+/// Fetches `key` until it answers `want` (the refresh landed); a failure guard of 10 s.
+async fn eventually(cache: &Cache, key: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let fetched = cache.fetch(key, never_called).await.unwrap();
+        if fetched.value().unwrap() == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{key} never became {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_values_are_served_while_one_leader_refreshes() {
+    for shared in Shared::both().await {
+        stale_entry(&shared, "swr", "old").await;
+        let instances: Vec<Cache> = (0..2)
+            .map(|_| {
+                shared
+                    .cache()
+                    .ttl(Duration::from_secs(60))
+                    .stale(Duration::from_secs(60))
+                    .build()
+            })
+            .collect();
+        let loads = Counter::default();
+        let release = Arc::new(Notify::new());
+        let mut callers = Vec::new();
+        for i in 0..40 {
+            let (cache, loads, release) =
+                (instances[i % 2].clone(), loads.clone(), release.clone());
+            callers.push(tokio::spawn(async move {
+                cache
+                    .fetch("swr", move || async move {
+                        loads.hit();
+                        // The refresh takes as long as the test wants: nobody may wait for it.
+                        release.notified().await;
+                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
+                    })
+                    .await
+            }));
+        }
+        for caller in callers {
+            let fetched = caller.await.unwrap().unwrap();
+            assert_eq!(fetched.value().unwrap(), "old", "{}", shared.name);
+            assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
+        }
+        assert_eq!(loads.get(), 1, "{}: one refresh", shared.name);
+        release.notify_one();
+        eventually(&instances[1], "swr", "new").await;
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_refresh_waits_for_its_leader_only() {
+    for shared in Shared::both().await {
+        stale_entry(&shared, "fg", "old").await;
+        let leader = shared
+            .cache()
+            .stale(Duration::from_secs(60))
+            .refresh_in_background(false)
+            .build();
+        let other = shared.cache().stale(Duration::from_secs(60)).build();
+        let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let leading = tokio::spawn({
+            let (leader, started, release) = (leader.clone(), started.clone(), release.clone());
+            async move {
+                leader
+                    .fetch("fg", move || async move {
+                        started.notify_one();
+                        release.notified().await;
+                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        let meanwhile = other.fetch("fg", never_called).await.unwrap();
+        assert_eq!(
+            (meanwhile.value().unwrap().as_ref(), meanwhile.outcome()),
+            (&b"old"[..], Outcome::Stale),
+            "{}",
+            shared.name
+        );
+        release.notify_one();
+        let led = leading.await.unwrap().unwrap();
+        assert_eq!(
+            (led.value().unwrap().as_ref(), led.outcome()),
+            (&b"new"[..], Outcome::Leader),
+            "{}",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_refresh_serves_the_stale_value() {
+    for shared in Shared::both().await {
+        stale_entry(&shared, "sie", "old but good").await;
+        let cache = shared
+            .cache()
+            .stale(Duration::from_secs(60))
+            .refresh_in_background(false)
+            .build();
+        let fetched = cache
+            .fetch("sie", || async {
+                Err::<Loaded, _>(std::io::Error::other("backend down"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(fetched.value().unwrap(), "old but good", "{}", shared.name);
+        assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
+        // Without a stale window, the same failure is an error.
+        let strict = shared.cache().build();
+        let error = strict
+            .get_or_load("no-stale", || async {
+                Err::<Bytes, _>(std::io::Error::other("backend down"))
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Load);
+    }
+}

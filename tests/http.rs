@@ -422,3 +422,86 @@ async fn a_body_that_fails_halfway_reaches_the_caller_and_is_not_cached() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_responses_while_refreshing_and_in_place_of_errors() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for shared in both().await {
+        let origin = Counter::default();
+        let failing = Arc::new(AtomicBool::new(false));
+        // The background refresh (version 2) waits for the test, so the stale answer is seen.
+        let refresh_gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let handler = {
+            let (origin, failing, gate) = (origin.clone(), failing.clone(), refresh_gate.clone());
+            move || async move {
+                let n = origin.hit();
+                if n == 2 {
+                    let _ = gate.acquire().await;
+                }
+                if failing.load(Ordering::SeqCst) {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("cache-control", "no-store")],
+                        "down".to_owned(),
+                    );
+                }
+                (
+                    StatusCode::OK,
+                    [("cache-control", "max-age=1")],
+                    format!("version {n}"),
+                )
+            }
+        };
+        let cache = Cache::builder_shared(Arc::clone(&shared.store))
+            .namespace("http-stale")
+            .stale(Duration::from_secs(60))
+            .build();
+        let app = Router::new()
+            .route("/v", get(handler))
+            .layer(StampedeLayer::new(cache));
+        let (_, headers, body) = send(&app, "GET", "http://app.test/v").await;
+        assert_eq!(
+            (x_cache(&headers), body.as_ref()),
+            (Some("MISS"), &b"version 1"[..]),
+            "{}",
+            shared.name
+        );
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        // Stale: answered at once with version 1 while version 2 loads in the background.
+        let (_, headers, body) = send(&app, "GET", "http://app.test/v").await;
+        assert_eq!(
+            (x_cache(&headers), body.as_ref()),
+            (Some("STALE"), &b"version 1"[..]),
+            "{}",
+            shared.name
+        );
+        refresh_gate.add_permits(1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, headers, body) = send(&app, "GET", "http://app.test/v").await;
+            if body == "version 2" {
+                assert_eq!(x_cache(&headers), Some("HIT"), "{}", shared.name);
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: never refreshed",
+                shared.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The origin fails: the stale version 2 is served in its place, never the 503.
+        failing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        for _ in 0..3 {
+            let (status, headers, body) = send(&app, "GET", "http://app.test/v").await;
+            assert_eq!(status, StatusCode::OK, "{}", shared.name);
+            assert_eq!(
+                (x_cache(&headers), body.as_ref()),
+                (Some("STALE"), &b"version 2"[..]),
+                "{}",
+                shared.name
+            );
+        }
+    }
+}

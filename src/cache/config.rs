@@ -38,6 +38,8 @@ pub(crate) struct Config {
     pub(crate) l1_capacity: u64,
     pub(crate) l1_ttl_cap: Duration,
     pub(crate) notifications: bool,
+    pub(crate) stale: Duration,
+    pub(crate) refresh_in_background: bool,
 }
 
 impl Default for Config {
@@ -57,6 +59,8 @@ impl Default for Config {
             l1_capacity: 64 * 1024 * 1024,
             l1_ttl_cap: Duration::from_secs(10),
             notifications: true,
+            stale: Duration::ZERO,
+            refresh_in_background: true,
         }
     }
 }
@@ -94,6 +98,25 @@ impl CacheBuilder {
     /// runs, its leader renews the lock every third of this. Default: 5 s.
     pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
         self.config.lock_ttl = lock_ttl;
+        self
+    }
+
+    /// How long a value is kept past its freshness, to be served while one leader refreshes
+    /// it (serve-while-updating) and in place of a failed refresh (stale-if-error). A value
+    /// lives `ttl + stale` in the store and counts as fresh while more than `stale` of that
+    /// remains, so freshness comes from the store's clock, never from the processes' clocks.
+    /// Default: 0 (no stale serving: callers wait for the refresh).
+    pub fn stale(mut self, stale: Duration) -> Self {
+        self.config.stale = stale;
+        self
+    }
+
+    /// Whether the leader of a refresh of a stale value answers its own callers with the stale
+    /// value at once and refreshes in the background (`true`), or makes them wait for the
+    /// refresh (`false`; followers elsewhere still get the stale value at once).
+    /// Default: `true`.
+    pub fn refresh_in_background(mut self, on: bool) -> Self {
+        self.config.refresh_in_background = on;
         self
     }
 

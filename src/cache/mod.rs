@@ -131,6 +131,9 @@ pub enum Outcome {
     Pass,
     /// This call's own loader ran after the wait timed out; its value was not stored.
     Uncached,
+    /// A stale value (past its freshness, within the stale window), served while a leader
+    /// refreshes it, or because the refresh failed.
+    Stale,
     /// The store failed, so this call's own loader ran with in-process protection only.
     Degraded,
 }
@@ -489,7 +492,7 @@ impl Inner {
             digest,
             id,
         };
-        let answer = self.resolve(digest, loader).await;
+        let answer = self.resolve(digest, loader, &result).await;
         drop(landing);
         result.send_replace(Some(answer));
     }
@@ -518,7 +521,15 @@ impl Inner {
     }
 
     /// The leader/follower protocol for one key: ends with a value, a pass, or an error.
-    async fn resolve(&self, digest: KeyDigest, loader: BoxLoader) -> FlightResult {
+    ///
+    /// `early` takes an answer before the flight ends: the stale value a leader serves while
+    /// it refreshes in the background.
+    async fn resolve(
+        &self,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        early: &watch::Sender<Option<FlightResult>>,
+    ) -> FlightResult {
         let config = &self.config;
         let key = StoreKey::new(Arc::clone(&config.namespace), digest);
         let token = LockToken::random();
@@ -526,7 +537,7 @@ impl Inner {
         let mut backoff = Backoff::new(config);
         // Values with at most this much life left are refreshed; raised to "everything" once a
         // corrupt entry is seen, so the next lookup takes the lock to overwrite it.
-        let mut refresh_below = Duration::ZERO;
+        let mut refresh_below = config.stale;
         // Whether this flight has waited for another leader.
         let mut followed = false;
         // Watch before the first read, so a fill that lands between a read and the wait wakes
@@ -557,8 +568,20 @@ impl Inner {
                 .value
                 .as_ref()
                 .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
+            // A value the lookup did not call fresh is stale: still alive in the store, within
+            // its stale window.
+            let stale = match &entry {
+                Some((Ok(Entry::Value { payload, .. }), _))
+                    if lookup.lock != LockState::NotRequested && !config.stale.is_zero() =>
+                {
+                    Some(payload.clone())
+                }
+                _ => None,
+            };
             match (lookup.lock, entry) {
-                (LockState::Acquired, _) => return self.lead(key, token, loader).await,
+                (LockState::Acquired, _) => {
+                    return self.lead(key, token, loader, stale, early).await;
+                }
                 (_, Some((Ok(Entry::Pass), _))) => {
                     return Ok(Fetched {
                         value: None,
@@ -566,7 +589,7 @@ impl Inner {
                     })
                 }
                 (LockState::NotRequested, Some((Ok(Entry::Value { payload, .. }), ttl))) => {
-                    let fresh_for = ttl.unwrap_or(Duration::ZERO);
+                    let fresh_for = ttl.unwrap_or(Duration::ZERO).saturating_sub(config.stale);
                     self.l1_insert(digest, payload.clone(), fresh_for).await;
                     return Ok(Fetched {
                         value: Some(payload),
@@ -584,6 +607,13 @@ impl Inner {
                     warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
                     refresh_below = Duration::MAX;
                     continue;
+                }
+                (LockState::HeldElsewhere, _) if stale.is_some() => {
+                    // Serve-while-updating: another leader refreshes it.
+                    return Ok(Fetched {
+                        value: stale,
+                        outcome: Outcome::Stale,
+                    });
                 }
                 (LockState::HeldElsewhere, _) => {}
                 (state, _) => {
@@ -657,8 +687,23 @@ impl Inner {
         }
     }
 
-    /// The leader: load, fill (fenced), and make sure the lock goes on every path.
-    async fn lead(&self, key: StoreKey, token: LockToken, loader: BoxLoader) -> FlightResult {
+    /// The leader: load, fill (fenced), and make sure the lock goes on every path. With a
+    /// `stale` value, the flight's callers get it at once when refreshes run in the background,
+    /// and in place of an error if the load fails (stale-if-error).
+    async fn lead(
+        &self,
+        key: StoreKey,
+        token: LockToken,
+        loader: BoxLoader,
+        stale: Option<Bytes>,
+        early: &watch::Sender<Option<FlightResult>>,
+    ) -> FlightResult {
+        if let (Some(stale), true) = (&stale, self.config.refresh_in_background) {
+            early.send_replace(Some(Ok(Fetched {
+                value: Some(stale.clone()),
+                outcome: Outcome::Stale,
+            })));
+        }
         let mut guard = LockGuard {
             store: Arc::clone(&self.store),
             key,
@@ -678,7 +723,16 @@ impl Inner {
                 {
                     guard.disarm();
                 }
-                return Err(error);
+                return match stale {
+                    Some(stale) => {
+                        warn!(key = ?guard.key, %error, "load failed; serving the stale value");
+                        Ok(Fetched {
+                            value: Some(stale),
+                            outcome: Outcome::Stale,
+                        })
+                    }
+                    None => Err(error),
+                };
             }
         };
         let digest = *guard.key.digest();
@@ -687,8 +741,9 @@ impl Inner {
                 let ttl = ttl.unwrap_or(self.config.ttl);
                 let encoded = entry::encode_value(&bytes, load_time);
                 let value = encoded.slice(entry::HEADER_LEN..);
+                let store_ttl = ttl.saturating_add(self.config.stale);
                 match self
-                    .store_call(self.store.fill(&guard.key, token, encoded, ttl))
+                    .store_call(self.store.fill(&guard.key, token, encoded, store_ttl))
                     .await
                 {
                     Ok(filled) => {

@@ -11,6 +11,7 @@
 //! | --- | --- |
 //! | `HIT` | from the cache (L1, the shared store, or another request's load) |
 //! | `MISS` | this request's own load filled the cache |
+//! | `STALE` | a stale response, served while another request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `BYPASS` | passed to the inner service: not cacheable (request or response) |
 //!
 //! Requests with other methods than `GET` pass through untouched, without `x-cache`.
@@ -85,6 +86,7 @@ pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 pub(crate) const HIT: HeaderValue = HeaderValue::from_static("HIT");
 pub(crate) const MISS: HeaderValue = HeaderValue::from_static("MISS");
 pub(crate) const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
+pub(crate) const STALE: HeaderValue = HeaderValue::from_static("STALE");
 
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone, Debug)]

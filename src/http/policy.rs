@@ -61,11 +61,16 @@ pub(crate) enum ResponseRule {
     Store(Option<Duration>),
     /// Pass it on and store nothing.
     Pass,
+    /// A server error: a failed load, for which a stale response may be served instead.
+    Failure,
 }
 
 /// Decides whether a response may be stored and for how long: status 200; no `no-store`,
 /// `private`, `no-cache`, `Set-Cookie` or `Vary`; TTL from `s-maxage`, then `max-age`.
 pub(crate) fn response_rule(status: StatusCode, headers: &HeaderMap) -> ResponseRule {
+    if status.is_server_error() {
+        return ResponseRule::Failure;
+    }
     if status != StatusCode::OK || headers.contains_key(SET_COOKIE) || headers.contains_key(VARY) {
         return ResponseRule::Pass;
     }
@@ -224,7 +229,7 @@ mod tests {
         );
         assert_eq!(
             response_rule(StatusCode::INTERNAL_SERVER_ERROR, &headers(&[])),
-            ResponseRule::Pass
+            ResponseRule::Failure
         );
     }
 

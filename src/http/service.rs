@@ -17,7 +17,7 @@ use super::body::ResponseBody;
 use super::codec::{self, CachedResponse};
 use super::future::ResponseFuture;
 use super::policy::{self, RequestRule, ResponseRule};
-use super::{HttpConfig, BYPASS, HIT, MISS, X_CACHE};
+use super::{HttpConfig, BYPASS, HIT, MISS, STALE, X_CACHE};
 use crate::cache::{BoxError, Cache, ErrorKind, Loaded, Outcome};
 
 /// The middleware service; see the [module docs](super) and [`StampedeLayer`](super::StampedeLayer).
@@ -127,18 +127,27 @@ where
         move || load(inner, config, slot, to_leader)
     };
     let fetched = cache.fetch(key, loader).await;
+    // A cached response (a stale one included, in place of this request's own failed load)
+    // comes first; then what this request's own load could not store.
+    let cached = match &fetched {
+        Ok(fetched) => fetched
+            .value()
+            .map(|value| (codec::decode(value), fetched.outcome())),
+        Err(_) => None,
+    };
+    if let Some((Ok(cached), outcome)) = cached {
+        return Ok(from_cache(cached, outcome));
+    }
     if let Ok(own) = from_loader.try_recv() {
         return own;
     }
     let fallback = match fetched {
-        Ok(fetched) => match fetched.value().map(codec::decode) {
-            Some(Ok(cached)) => return Ok(from_cache(cached, fetched.outcome())),
-            Some(Err(codec::Malformed)) => {
+        Ok(fetched) => {
+            if fetched.value().is_some() {
                 warn!("cached entry is not a response; passing the request through");
-                StatusCode::BAD_GATEWAY
             }
-            None => StatusCode::BAD_GATEWAY,
-        },
+            StatusCode::BAD_GATEWAY
+        }
         Err(error) => {
             debug!(%error, "no cached response");
             match error.kind() {
@@ -191,6 +200,12 @@ where
         ResponseRule::Pass => {
             let _ = to_leader.send(Ok(pass_through(ResponseBody::inner(body))));
             return Ok(Loaded::pass());
+        }
+        ResponseRule::Failure => {
+            // A failed load: a stale response, if there is one, is served in its place.
+            let status = parts.status;
+            let _ = to_leader.send(Ok(pass_through(ResponseBody::inner(body))));
+            return Err(format!("the inner service answered {status}").into());
         }
     };
     let chunks = match read_body(Box::pin(body), config.max_body_bytes).await {
@@ -296,6 +311,7 @@ where
 fn from_cache<B: Body>(cached: CachedResponse, outcome: Outcome) -> Response<ResponseBody<B>> {
     let mark = match outcome {
         Outcome::Leader | Outcome::Uncached | Outcome::Degraded => MISS,
+        Outcome::Stale => STALE,
         _ => HIT,
     };
     let mut response = Response::new(ResponseBody::cached(cached.body));
