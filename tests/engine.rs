@@ -1023,3 +1023,201 @@ async fn a_failed_refresh_serves_the_stale_value() {
         assert_eq!(error.kind(), ErrorKind::Load);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_entry_is_overwritten_by_one_load() {
+    for shared in Shared::both().await {
+        let instances: Vec<Cache> = (0..2).map(|_| shared.cache().build()).collect();
+        shared
+            .write_raw(&instances[0], "garbage", b"\x00\x01 not an entry")
+            .await;
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for i in 0..40 {
+            let cache = instances[i % 2].clone();
+            let load = slow_value(&loads, Duration::from_millis(100), "clean");
+            callers.push(tokio::spawn(async move {
+                cache.get_or_load("garbage", load).await
+            }));
+        }
+        for caller in callers {
+            assert_eq!(caller.await.unwrap().unwrap(), "clean", "{}", shared.name);
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+    }
+}
+
+/// A store whose lookups take the lock, then answer too late.
+#[derive(Debug)]
+struct LateLookups(Arc<dyn Store>);
+
+impl Store for LateLookups {
+    fn lookup(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        refresh_below: Duration,
+    ) -> tower_stampede::store::BoxFuture<
+        '_,
+        Result<tower_stampede::store::Lookup, tower_stampede::store::StoreError>,
+    > {
+        let key = key.clone();
+        Box::pin(async move {
+            let answer = self.0.lookup(&key, token, lock_ttl, refresh_below).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            answer
+        })
+    }
+
+    fn fill(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+        value: Bytes,
+        ttl: Duration,
+    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+        self.0.fill(key, token, value, ttl)
+    }
+
+    fn release(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+        self.0.release(key, token)
+    }
+
+    fn extend(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+        self.0.extend(key, token, lock_ttl)
+    }
+
+    fn get(
+        &self,
+        key: &tower_stampede::store::StoreKey,
+    ) -> tower_stampede::store::BoxFuture<
+        '_,
+        Result<Option<tower_stampede::store::Stored>, tower_stampede::store::StoreError>,
+    > {
+        self.0.get(key)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_lookup_does_not_leave_its_lock_behind() {
+    for shared in Shared::both().await {
+        let late = Cache::builder_shared(Arc::new(LateLookups(Arc::clone(&shared.store))))
+            .namespace("test")
+            .store_timeout(Duration::from_millis(50))
+            .lock_ttl(Duration::from_secs(60))
+            .build();
+        let loads = Counter::default();
+        let fetched = late
+            .fetch("late", {
+                let loads = loads.clone();
+                move || async move {
+                    loads.hit();
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"degraded")))
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Degraded, "{}", shared.name);
+        // Another process is not held up by the lock the timed-out lookup took.
+        let healthy = deaf_to_polls(shared.other_process().await)
+            .lock_ttl(Duration::from_secs(60))
+            .build();
+        let led = tokio::time::timeout(
+            Duration::from_secs(20),
+            healthy.fetch("late", || async {
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"led")))
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{}: the lock was left behind", shared.name))
+        .unwrap();
+        assert_eq!(led.outcome(), Outcome::Leader, "{}", shared.name);
+    }
+}
+
+#[test]
+fn a_flight_dropped_with_its_runtime_does_not_poison_the_key() {
+    let cache = Cache::builder(MemoryStore::new()).build();
+    {
+        let first = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let cache = cache.clone();
+        first.block_on(async move {
+            // Start a flight, then let the runtime go before its task ever runs.
+            let fetch = cache.get_or_load("orphaned", || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"never"))
+            });
+            let _ = futures_poll_once(fetch).await;
+        });
+    }
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let value = second
+        .block_on(cache.get_or_load("orphaned", || async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"fine"))
+        }))
+        .unwrap();
+    assert_eq!(value, "fine");
+}
+
+/// Polls a future once and drops it.
+async fn futures_poll_once<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        let _ = future.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_resume_after_redis_restarts() {
+    let mut shared = Shared::redis().await;
+    let leader = shared.cache().build();
+    let follower = deaf_to_polls(shared.other_process().await).build();
+    // Notifications work, then Redis goes away and comes back empty.
+    for round in ["before", "after"] {
+        let key = format!("restart-{round}");
+        let started = Arc::new(Notify::new());
+        let leading = tokio::spawn({
+            let (leader, started, key) = (leader.clone(), started.clone(), key.clone());
+            async move {
+                leader
+                    .get_or_load(key, move || async move {
+                        started.notify_one();
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"filled"))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        let fetched =
+            tokio::time::timeout(Duration::from_secs(20), follower.fetch(&key, never_called))
+                .await
+                .unwrap_or_else(|_| panic!("{round} the restart: the follower was not woken"))
+                .unwrap();
+        assert_eq!(fetched.value().unwrap(), "filled", "{round}");
+        leading.await.unwrap().unwrap();
+        if round == "before" {
+            shared.redis.as_mut().unwrap().restart();
+            // Both stores reconnect on their next use; give the first use a moment to happen.
+            let _ = leader.store().get(&leader.store_key("warm-up")).await;
+            let _ = follower.store().get(&follower.store_key("warm-up")).await;
+        }
+    }
+}

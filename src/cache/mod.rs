@@ -352,7 +352,12 @@ impl Cache {
                     result: rx.clone(),
                 },
             );
-            tokio::spawn(Arc::clone(&self.inner).fly(digest, id, tx, loader));
+            let landing = Landing {
+                inner: Arc::clone(&self.inner),
+                digest,
+                id,
+            };
+            tokio::spawn(fly(landing, tx, loader));
             break (rx, true);
         };
         let answer = match result.wait_for(Option::is_some).await {
@@ -400,20 +405,28 @@ impl Cache {
     }
 }
 
-/// Removes a flight from the map when its task ends, whichever way it ends.
-struct Landing<'a> {
-    inner: &'a Inner,
+/// Removes a flight from the map when its task ends, whichever way it ends (even if the task
+/// is dropped before it first runs, as when its runtime shuts down).
+struct Landing {
+    inner: Arc<Inner>,
     digest: KeyDigest,
     id: u64,
 }
 
-impl Drop for Landing<'_> {
+impl Drop for Landing {
     fn drop(&mut self) {
         let mut flights = self.inner.flights();
         if flights.get(&self.digest).is_some_and(|f| f.id == self.id) {
             flights.remove(&self.digest);
         }
     }
+}
+
+/// A flight's task: resolve the key, then land (leave the map) and publish the answer.
+async fn fly(landing: Landing, result: watch::Sender<Option<FlightResult>>, loader: BoxLoader) {
+    let answer = landing.inner.resolve(landing.digest, loader, &result).await;
+    drop(landing);
+    result.send_replace(Some(answer));
 }
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
@@ -432,17 +445,21 @@ impl LockGuard {
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        if self.armed {
+            // The backstop for a flight torn down mid-load.
+            release_in_background(&self.store, &self.key, self.token);
         }
-        // The backstop for a flight torn down mid-load: release in a task of its own. Without
-        // a runtime the lock's TTL frees it.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (store, key, token) = (Arc::clone(&self.store), self.key.clone(), self.token);
-            runtime.spawn(async move {
-                let _ = store.release(&key, token).await;
-            });
-        }
+    }
+}
+
+/// A best-effort, token-checked release in a task of its own; without a runtime, the lock's
+/// TTL frees it.
+fn release_in_background(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let (store, key) = (Arc::clone(store), key.clone());
+        runtime.spawn(async move {
+            let _ = store.release(&key, token).await;
+        });
     }
 }
 
@@ -479,22 +496,8 @@ impl Inner {
         self.flights.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A flight's task: resolve the key, then land (leave the map) and publish the answer.
-    async fn fly(
-        self: Arc<Self>,
-        digest: KeyDigest,
-        id: u64,
-        result: watch::Sender<Option<FlightResult>>,
-        loader: BoxLoader,
-    ) {
-        let landing = Landing {
-            inner: &self,
-            digest,
-            id,
-        };
-        let answer = self.resolve(digest, loader, &result).await;
-        drop(landing);
-        result.send_replace(Some(answer));
+    fn release_in_background(&self, key: &StoreKey, token: LockToken) {
+        release_in_background(&self.store, key, token);
     }
 
     /// One store call, bounded by the store timeout and counted if it fails.
@@ -535,9 +538,9 @@ impl Inner {
         let token = LockToken::random();
         let started = Instant::now();
         let mut backoff = Backoff::new(config);
-        // Values with at most this much life left are refreshed; raised to "everything" once a
-        // corrupt entry is seen, so the next lookup takes the lock to overwrite it.
-        let mut refresh_below = config.stale;
+        // Set when a corrupt entry is seen: the next lookup (only) counts every value as
+        // stale, so it takes the lock to overwrite the entry.
+        let mut overwrite = false;
         // Whether this flight has waited for another leader.
         let mut followed = false;
         // Watch before the first read, so a fill that lands between a read and the wait wakes
@@ -551,6 +554,11 @@ impl Inner {
             if let Some(filled) = filled.as_mut() {
                 filled.mark_seen();
             }
+            let refresh_below = if std::mem::take(&mut overwrite) {
+                Duration::MAX
+            } else {
+                config.stale
+            };
             let lookup = match self
                 .store_call(
                     self.store
@@ -561,6 +569,9 @@ impl Inner {
                 Ok(lookup) => lookup,
                 Err(error) => {
                     warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
+                    // A lookup that timed out may still have taken the lock: free it, or every
+                    // other process would wait for its TTL.
+                    self.release_in_background(&key, token);
                     return self.load_alone(digest, loader, Outcome::Degraded).await;
                 }
             };
@@ -605,7 +616,7 @@ impl Inner {
                         .corrupt_entries
                         .fetch_add(1, Ordering::Relaxed);
                     warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
-                    refresh_below = Duration::MAX;
+                    overwrite = true;
                     continue;
                 }
                 (LockState::HeldElsewhere, _) if stale.is_some() => {

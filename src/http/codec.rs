@@ -62,13 +62,16 @@ pub(crate) fn decode(entry: &Bytes) -> Result<CachedResponse, Malformed> {
     }
     let status = StatusCode::from_u16(buf.get_u16()).map_err(|_| Malformed)?;
     let count = buf.get_u16();
-    let mut headers = HeaderMap::with_capacity(usize::from(count));
+    // The count comes from the entry: reserve little up front, and let `try_append` refuse a
+    // map larger than `http` allows instead of panicking.
+    let mut headers =
+        HeaderMap::try_with_capacity(usize::from(count).min(64)).map_err(|_| Malformed)?;
     for _ in 0..count {
         let name = take(&mut buf, 2)?;
         let name = HeaderName::from_bytes(&name).map_err(|_| Malformed)?;
         let value = take(&mut buf, 4)?;
         let value = HeaderValue::from_maybe_shared(value).map_err(|_| Malformed)?;
-        headers.append(name, value);
+        headers.try_append(name, value).map_err(|_| Malformed)?;
     }
     Ok(CachedResponse {
         status,
@@ -127,6 +130,23 @@ mod tests {
         for cut in 0..body_start {
             assert_eq!(decode(&entry.slice(..cut)), Err(Malformed), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn a_huge_header_count_is_malformed_not_a_panic() {
+        let (status, _, body) = sample();
+        // More distinct names than `http`'s header map holds (32768).
+        let names: Vec<HeaderName> = (0..40_000)
+            .map(|i| HeaderName::from_bytes(format!("x-{i}").as_bytes()).unwrap())
+            .collect();
+        let value = HeaderValue::from_static("v");
+        let many: Vec<_> = names.iter().map(|name| (name, &value)).collect();
+        let entry = encode(status, &many, &body).unwrap();
+        assert!(decode(&entry).is_err(), "too many headers");
+        // A count that promises more than the entry holds.
+        let mut lying = entry[..5].to_vec();
+        lying[3..5].copy_from_slice(&u16::MAX.to_be_bytes());
+        assert!(decode(&Bytes::from(lying)).is_err(), "a lying count");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use http::header::{AUTHORIZATION, CACHE_CONTROL, HOST, SET_COOKIE, VARY};
+use http::header::{
+    AUTHORIZATION, CACHE_CONTROL, HOST, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
+    IF_UNMODIFIED_SINCE, RANGE, SET_COOKIE, VARY,
+};
 use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
 
 /// What the layer does with a request.
@@ -23,7 +26,22 @@ pub(crate) fn request_rule<B>(request: &Request<B>) -> RequestRule {
         return RequestRule::Ignore;
     }
     let headers = request.headers();
-    if headers.contains_key(AUTHORIZATION) || directives(headers).any(|(d, _)| d == "no-store") {
+    // Credentials are never shared. Conditional and range requests get answers for this
+    // request only (304, 206): they must not become the entry, nor a "pass" for everyone.
+    const PRIVATE_TO_THIS_REQUEST: [HeaderName; 7] = [
+        AUTHORIZATION,
+        RANGE,
+        IF_NONE_MATCH,
+        IF_MODIFIED_SINCE,
+        IF_MATCH,
+        IF_UNMODIFIED_SINCE,
+        IF_RANGE,
+    ];
+    if PRIVATE_TO_THIS_REQUEST
+        .iter()
+        .any(|h| headers.contains_key(h))
+        || directives(headers).any(|(d, _)| d == "no-store")
+    {
         return RequestRule::Bypass;
     }
     RequestRule::Cache(key(request))
@@ -249,6 +267,17 @@ mod tests {
             .headers_mut()
             .insert(AUTHORIZATION, HeaderValue::from_static("Bearer x"));
         assert_eq!(request_rule(&authed), RequestRule::Bypass);
+        for (name, value) in [
+            ("range", "bytes=0-10"),
+            ("if-none-match", "\"v1\""),
+            ("if-modified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        ] {
+            let mut conditional = get("/");
+            conditional
+                .headers_mut()
+                .insert(name, HeaderValue::from_static(value));
+            assert_eq!(request_rule(&conditional), RequestRule::Bypass, "{name}");
+        }
         let mut no_store = get("/");
         no_store
             .headers_mut()

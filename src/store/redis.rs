@@ -130,18 +130,31 @@ impl Notifications {
             .set_protocol(ProtocolVersion::RESP3);
         let client = redis::Client::open(info.set_redis_settings(settings))?;
         let notifier = Notifier::new();
-        let wake = notifier.clone();
+        let channels: Arc<Mutex<HashSet<Arc<str>>>> = Arc::default();
+        let (wake, forget) = (notifier.clone(), Arc::clone(&channels));
         let config = config
             .set_push_sender(move |push: PushInfo| {
-                wake_followers(&wake, push);
+                if push.kind == PushKind::Disconnection {
+                    // The connection resubscribes when it reconnects, but it reconnects only
+                    // when it is used: forget the channels, so the next watch subscribes again
+                    // (and so reconnects). Meanwhile, followers poll.
+                    forget
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clear();
+                } else {
+                    wake_followers(&wake, push);
+                }
                 Ok::<(), std::convert::Infallible>(())
             })
             .set_automatic_resubscription();
+        // Keep trying to reconnect the subscriber through an outage of any length.
+        let config = config.set_number_of_retries(usize::MAX);
         let subscriber = ConnectionManager::new_with_config(client, config).await?;
         Ok(Notifications {
             subscriber,
             notifier,
-            channels: Arc::default(),
+            channels,
         })
     }
 
@@ -439,13 +452,15 @@ pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return "<unparsable URL>".to_owned();
     };
-    // The query may carry credentials too; the database path never holds an `@`, so the last
-    // `@` ends the user info even when a password holds an unescaped `/`.
-    let rest = rest.split('?').next().unwrap_or_default();
-    match rest.rsplit_once('@') {
-        Some((_, host)) => format!("{scheme}://***@{host}"),
-        None => format!("{scheme}://{rest}"),
-    }
+    // User info first: a password may hold `/`, `?` or `#` unescaped, and the host, port and
+    // database never hold an `@`, so the last `@` ends it. Then the query, which may carry
+    // credentials too.
+    let (hidden, host) = match rest.rsplit_once('@') {
+        Some((_, host)) => ("***@", host),
+        None => ("", rest),
+    };
+    let host = host.split(['?', '#']).next().unwrap_or_default();
+    format!("{scheme}://{hidden}{host}")
 }
 
 #[cfg(test)]
@@ -463,6 +478,8 @@ mod tests {
         assert_eq!(redact("garbage"), "<unparsable URL>");
         assert_eq!(redact("redis://u:pa/ss@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact("redis://h:1/0?password=x"), "redis://h:1/0");
+        assert_eq!(redact("redis://user:pa?ss@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://user:pa#ss@h:1"), "redis://***@h:1");
         let builder = RedisStore::builder("rediss://u:hunter2@h:1");
         assert!(!format!("{builder:?}").contains("hunter2"));
     }

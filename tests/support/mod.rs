@@ -80,6 +80,26 @@ impl RedisServer {
         redis::Client::open(self.url()).expect("valid url")
     }
 
+    /// Kills the server and starts a new, empty one on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..100 {
+            self.child = Command::new("redis-server")
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server starts again");
+            if self.wait_ready(Duration::from_secs(10)) {
+                return;
+            }
+            // The port may not be free again yet.
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
     /// Kills the server (SIGKILL) and waits for it to exit.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
