@@ -438,11 +438,31 @@ async fn a_failed_load_is_shared_and_releases_the_lock() {
             assert!(error.to_string().contains("backend down"));
         }
         assert_eq!(loads.get(), 1, "{}", shared.name);
-        // The lock went with the failure: the next call leads at once.
+        // The lock became a failure marker: nobody reloads until it expires (1 s by default).
         let lookup = shared
             .store
             .lookup(
                 &cache.store_key("failing"),
+                LockToken::random(),
+                Duration::from_secs(5),
+                Duration::ZERO,
+            )
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Failed, "{}", shared.name);
+        // Without failure markers, the lock goes with the failure: the next call leads at once.
+        let forgetful = shared.cache().failure_ttl(Duration::ZERO).build();
+        let error = forgetful
+            .get_or_load("failing-again", || async {
+                Err::<Bytes, _>(std::io::Error::other("backend down"))
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Load);
+        let lookup = shared
+            .store
+            .lookup(
+                &cache.store_key("failing-again"),
                 LockToken::random(),
                 Duration::from_secs(5),
                 Duration::ZERO,
@@ -456,7 +476,7 @@ async fn a_failed_load_is_shared_and_releases_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_loader_is_an_error_and_releases_the_lock() {
     for shared in Shared::both().await {
-        let cache = shared.cache().build();
+        let cache = shared.cache().failure_ttl(Duration::ZERO).build();
         let error = cache
             .get_or_load("panics", || async {
                 if true {
@@ -583,6 +603,7 @@ async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked() {
         let cache = shared
             .cache()
             .load_timeout(Duration::from_millis(100))
+            .failure_ttl(Duration::ZERO)
             .build();
         let loads = Counter::default();
         let error = cache
@@ -755,7 +776,7 @@ async fn followers_are_woken_by_the_fill_not_by_their_polls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_leader_wakes_its_followers_to_take_over() {
     for shared in Shared::both().await {
-        let leader = shared.cache().build();
+        let leader = shared.cache().failure_ttl(Duration::ZERO).build();
         let follower = deaf_to_polls(shared.other_process().await).build();
         let started = Arc::new(Notify::new());
         let failing = tokio::spawn({
@@ -1219,5 +1240,96 @@ async fn notifications_resume_after_redis_restarts() {
             let _ = leader.store().get(&leader.store_key("warm-up")).await;
             let _ = follower.store().get(&follower.store_key("warm-up")).await;
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_backend_is_called_once_per_failure_window() {
+    for shared in Shared::both().await {
+        let instances: Vec<Cache> = (0..4)
+            .map(|_| {
+                shared
+                    .cache()
+                    .failure_ttl(Duration::from_millis(500))
+                    .build()
+            })
+            .collect();
+        let calls = Counter::default();
+        let failing = |calls: &Counter| {
+            let calls = calls.clone();
+            move || async move {
+                calls.hit();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err::<Bytes, _>(std::io::Error::other("backend down"))
+            }
+        };
+        let mut callers = Vec::new();
+        for i in 0..1000 {
+            let (cache, load) = (instances[i % 4].clone(), failing(&calls));
+            callers.push(tokio::spawn(async move {
+                cache.get_or_load("down", load).await
+            }));
+        }
+        let mut kinds = std::collections::HashMap::new();
+        for caller in callers {
+            let error = caller.await.unwrap().unwrap_err();
+            *kinds.entry(error.kind()).or_insert(0) += 1;
+        }
+        assert_eq!(
+            calls.get(),
+            1,
+            "{}: one backend call, kinds {kinds:?}",
+            shared.name
+        );
+        assert_eq!(kinds.values().sum::<usize>(), 1000);
+        assert!(kinds
+            .keys()
+            .all(|k| matches!(k, ErrorKind::Load | ErrorKind::RecentFailure)));
+        // Within the window: failing at once, no call.
+        let error = instances[0]
+            .get_or_load("down", failing(&calls))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::RecentFailure, "{}", shared.name);
+        assert_eq!(calls.get(), 1);
+        // After it: one call retries.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let error = instances[1]
+            .get_or_load("down", failing(&calls))
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+        assert_eq!(calls.get(), 2, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recent_failure_serves_the_stale_value_everywhere() {
+    for shared in Shared::both().await {
+        stale_entry(&shared, "stale-down", "last good").await;
+        let calls = Counter::default();
+        for i in 0..3 {
+            let cache = shared
+                .cache()
+                .stale(Duration::from_secs(60))
+                .refresh_in_background(false)
+                .build();
+            let calls = calls.clone();
+            let fetched = cache
+                .fetch("stale-down", move || async move {
+                    calls.hit();
+                    Err::<Loaded, _>(std::io::Error::other("backend down"))
+                })
+                .await
+                .unwrap();
+            assert_eq!(
+                fetched.value().unwrap(),
+                "last good",
+                "{} #{i}",
+                shared.name
+            );
+            assert_eq!(fetched.outcome(), Outcome::Stale, "{} #{i}", shared.name);
+        }
+        assert_eq!(calls.get(), 1, "{}: the failure was shared", shared.name);
     }
 }

@@ -40,6 +40,7 @@ pub(crate) struct Config {
     pub(crate) notifications: bool,
     pub(crate) stale: Duration,
     pub(crate) refresh_in_background: bool,
+    pub(crate) failure_ttl: Duration,
 }
 
 impl Default for Config {
@@ -61,6 +62,7 @@ impl Default for Config {
             notifications: true,
             stale: Duration::ZERO,
             refresh_in_background: true,
+            failure_ttl: Duration::from_secs(1),
         }
     }
 }
@@ -117,6 +119,15 @@ impl CacheBuilder {
     /// Default: `true`.
     pub fn refresh_in_background(mut self, on: bool) -> Self {
         self.config.refresh_in_background = on;
+        self
+    }
+
+    /// How long a failed load is remembered: until then, every process's callers of the key
+    /// fail at once with [`ErrorKind::RecentFailure`](crate::ErrorKind::RecentFailure) (or get
+    /// the stale value) instead of calling the failing backend again; one load per window
+    /// retries. 0 turns it off (each follower then retries in turn). Default: 1 s.
+    pub fn failure_ttl(mut self, failure_ttl: Duration) -> Self {
+        self.config.failure_ttl = failure_ttl;
         self
     }
 

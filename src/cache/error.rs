@@ -18,7 +18,7 @@ pub struct Error {
 }
 
 /// The kind of an [`Error`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
     /// The loader returned an error; [`Error::source`](StdError::source) is that error.
@@ -30,6 +30,10 @@ pub enum ErrorKind {
     /// A follower waited longer than the wait timeout, and the policy is
     /// [`WaitTimeoutPolicy::Error`](crate::WaitTimeoutPolicy::Error).
     WaitTimeout,
+    /// Another load of this key failed a moment ago (within the
+    /// [`failure_ttl`](crate::CacheBuilder::failure_ttl)), so this call fails at once rather
+    /// than call the failing backend again.
+    RecentFailure,
     /// The key is marked "pass" (its last load was not cacheable), so there is no value to
     /// share; the caller should go to its backend directly.
     Pass,
@@ -78,6 +82,7 @@ impl fmt::Display for Error {
             ErrorKind::LoadTimeout => "the load timed out",
             ErrorKind::LoadPanicked => "the load panicked",
             ErrorKind::WaitTimeout => "timed out waiting for another load",
+            ErrorKind::RecentFailure => "another load of this key failed a moment ago",
             ErrorKind::Pass => "the key is marked pass",
         };
         match &self.source {

@@ -115,7 +115,7 @@ impl Loaded {
 }
 
 /// How a [`Cache::fetch`] was answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Outcome {
     /// From this process's L1.
@@ -619,13 +619,15 @@ impl Inner {
                     overwrite = true;
                     continue;
                 }
-                (LockState::HeldElsewhere, _) if stale.is_some() => {
-                    // Serve-while-updating: another leader refreshes it.
+                (LockState::HeldElsewhere | LockState::Failed, _) if stale.is_some() => {
+                    // Serve-while-updating (another leader refreshes it), or stale-if-error
+                    // (the last refresh failed a moment ago).
                     return Ok(Fetched {
                         value: stale,
                         outcome: Outcome::Stale,
                     });
                 }
+                (LockState::Failed, _) => return Err(Error::new(ErrorKind::RecentFailure)),
                 (LockState::HeldElsewhere, _) => {}
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
@@ -727,11 +729,15 @@ impl Inner {
         let loaded = match loaded {
             Ok(loaded) => loaded,
             Err(error) => {
-                if self
-                    .store_call(self.store.release(&guard.key, token))
-                    .await
-                    .is_ok()
-                {
+                // Tell every follower, here and elsewhere, instead of letting each of them
+                // take the lock and call the failing backend in turn.
+                let told = if self.config.failure_ttl.is_zero() {
+                    self.store_call(self.store.release(&guard.key, token)).await
+                } else {
+                    self.store_call(self.store.fail(&guard.key, token, self.config.failure_ttl))
+                        .await
+                };
+                if told.is_ok() {
                     guard.disarm();
                 }
                 return match stale {

@@ -141,31 +141,33 @@ where
     if let Ok(own) = from_loader.try_recv() {
         return own;
     }
-    let fallback = match fetched {
+    // A failed load (this request's or another's, here or in another process) is answered
+    // with a gateway error rather than by calling the failing inner service again; a pass (or
+    // an entry that is not a response) goes to the inner service directly.
+    let failed = match fetched {
         Ok(fetched) => {
             if fetched.value().is_some() {
                 warn!("cached entry is not a response; passing the request through");
             }
-            StatusCode::BAD_GATEWAY
+            None
         }
         Err(error) => {
             debug!(%error, "no cached response");
-            match error.kind() {
-                ErrorKind::WaitTimeout => return Ok(synthesized(StatusCode::GATEWAY_TIMEOUT)),
-                ErrorKind::LoadTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Some(match error.kind() {
+                ErrorKind::WaitTimeout | ErrorKind::LoadTimeout => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::BAD_GATEWAY,
-            }
+            })
         }
     };
-    // A pass, or another request's failed load: go to the inner service directly, unless this
-    // request's own load already took the request (and failed without an answer).
-    match take(&slot) {
-        Some(request) => {
+    match (failed, take(&slot)) {
+        (None, Some(request)) => {
             let mut response = Oneshot::new(inner, request).await?.map(ResponseBody::inner);
             response.headers_mut().insert(X_CACHE.clone(), BYPASS);
             Ok(response)
         }
-        None => Ok(synthesized(fallback)),
+        (Some(status), _) => Ok(synthesized(status)),
+        // This request's own load took the request and ended without an answer for it.
+        (None, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
     }
 }
 

@@ -27,10 +27,17 @@ pub struct MemoryStore {
     notifier: Notifier,
 }
 
+/// Who holds a lock: a leader, or the marker of a failed load (which no token opens).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    Leader(LockToken),
+    Failed,
+}
+
 #[derive(Default)]
 struct State {
     values: HashMap<StoreKey, (Bytes, Instant)>,
-    locks: HashMap<StoreKey, (LockToken, Instant)>,
+    locks: HashMap<StoreKey, (Holder, Instant)>,
     writes_since_sweep: usize,
 }
 
@@ -45,11 +52,11 @@ impl State {
             })
     }
 
-    fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<LockToken> {
+    fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<Holder> {
         self.locks
             .get(key)
             .filter(|(_, expires)| *expires > now)
-            .map(|(token, _)| *token)
+            .map(|(holder, _)| *holder)
     }
 
     /// Counts a write and, once there have been as many writes as live entries, drops every
@@ -121,14 +128,16 @@ impl MemoryStore {
                 };
             }
         }
-        let lock = if state.lock_holder(key, now).is_some() {
-            LockState::HeldElsewhere
-        } else {
-            state
-                .locks
-                .insert(key.clone(), (token, expiry(now, lock_ttl)));
-            state.wrote(now);
-            LockState::Acquired
+        let lock = match state.lock_holder(key, now) {
+            Some(Holder::Failed) => LockState::Failed,
+            Some(Holder::Leader(_)) => LockState::HeldElsewhere,
+            None => {
+                state
+                    .locks
+                    .insert(key.clone(), (Holder::Leader(token), expiry(now, lock_ttl)));
+                state.wrote(now);
+                LockState::Acquired
+            }
         };
         Lookup { value, lock }
     }
@@ -136,7 +145,7 @@ impl MemoryStore {
     fn fill_now(&self, key: &StoreKey, token: LockToken, value: Bytes, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        if state.lock_holder(key, now) != Some(token) {
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
             return false;
         }
         state.values.insert(key.clone(), (value, expiry(now, ttl)));
@@ -150,7 +159,7 @@ impl MemoryStore {
     fn release_now(&self, key: &StoreKey, token: LockToken) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        if state.lock_holder(key, now) != Some(token) {
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
             return false;
         }
         state.locks.remove(key);
@@ -162,12 +171,26 @@ impl MemoryStore {
     fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        if state.lock_holder(key, now) != Some(token) {
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
             return false;
         }
         state
             .locks
-            .insert(key.clone(), (token, expiry(now, lock_ttl)));
+            .insert(key.clone(), (Holder::Leader(token), expiry(now, lock_ttl)));
+        true
+    }
+
+    fn fail_now(&self, key: &StoreKey, token: LockToken, failure_ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+            return false;
+        }
+        state
+            .locks
+            .insert(key.clone(), (Holder::Failed, expiry(now, failure_ttl)));
+        drop(state);
+        self.notifier.notify(key);
         true
     }
 }
@@ -222,6 +245,16 @@ impl Store for MemoryStore {
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         let result = self.state().live_value(key, Instant::now());
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        failure_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.fail_now(key, token, failure_ttl);
         Box::pin(async move { Ok(result) })
     }
 

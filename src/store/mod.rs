@@ -9,6 +9,7 @@
 //! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
+//! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
 //! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
 //!
@@ -60,6 +61,9 @@ pub enum LockState {
     Acquired,
     /// Someone else holds the lock: we are a follower.
     HeldElsewhere,
+    /// The last load failed a moment ago (see [`Store::fail`]): nobody may reload until the
+    /// failure marker expires, and followers fail (or serve stale) at once.
+    Failed,
 }
 
 /// The answer of a [`Store::lookup`].
@@ -154,6 +158,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         token: LockToken,
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Records a failed load: if the lock of `key` holds `token`, replaces it with a failure
+    /// marker that lives `failure_ttl` (no token opens it, and lookups report
+    /// [`LockState::Failed`]), notifies followers as a release does, and returns `true`.
+    /// The default has no failure markers: it releases the lock.
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        failure_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let _ = failure_ttl;
+        self.release(key, token)
+    }
 
     /// Reads the value of `key`, without touching the lock.
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;

@@ -17,7 +17,8 @@ use super::{
 
 /// Get the value; if absent or about to expire, try to take the lock. A value of a foreign type
 /// (`WRONGTYPE`) counts as absent, so the fill overwrites it. Reply: `{value, pttl, state}` with
-/// `pttl = -2` when absent and state 0 = not requested, 1 = acquired, 2 = held elsewhere.
+/// `pttl = -2` when absent and state 0 = not requested, 1 = acquired, 2 = held elsewhere,
+/// 3 = held by the marker of a failed load.
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -31,6 +32,7 @@ else
   v = ''
 end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {v, ttl, 1} end
+if redis.call('GET', KEYS[2]) == 'failed' then return {v, ttl, 3} end
 return {v, ttl, 2}
 ",
     )
@@ -57,6 +59,19 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+",
+    )
+});
+
+/// Compare-and-replace of the lock by the failure marker (`failed`, which no token equals: tokens
+/// are hex), then publish so followers fail at once.
+static FAIL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], 'failed', 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 ",
     )
@@ -366,6 +381,7 @@ impl Store for RedisStore {
                 0 => LockState::NotRequested,
                 1 => LockState::Acquired,
                 2 => LockState::HeldElsewhere,
+                3 => LockState::Failed,
                 other => {
                     return Err(StoreError::new(format_args!(
                         "unexpected lock state {other} from Redis at {}",
@@ -437,6 +453,28 @@ impl Store for RedisStore {
         Box::pin(async move {
             let (value, pttl): (Vec<u8>, i64) = self.run(&GET, &keys, &[]).await?;
             Ok(stored(value, pttl))
+        })
+    }
+
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        failure_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let keys = [key.lock_name()];
+        let token = token.to_hex();
+        let failure_ttl = millis(failure_ttl).to_string();
+        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
+        Box::pin(async move {
+            let args: [&[u8]; 4] = [
+                token.as_bytes(),
+                failure_ttl.as_bytes(),
+                channel.as_bytes(),
+                digest.as_bytes(),
+            ];
+            let failed: i64 = self.run(&FAIL, &keys, &args).await?;
+            Ok(failed == 1)
         })
     }
 
