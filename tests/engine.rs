@@ -161,21 +161,7 @@ async fn a_dropped_leader_still_fills_the_cache() {
         let leader_cache = shared.cache().build();
         let other = shared.cache().build();
         let loads = Counter::default();
-        let started = Arc::new(Notify::new());
-        let leader = tokio::spawn({
-            let (cache, loads, started) = (leader_cache.clone(), loads.clone(), started.clone());
-            async move {
-                cache
-                    .get_or_load("dropped", move || async move {
-                        loads.hit();
-                        started.notify_one();
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        Ok::<_, std::io::Error>(Bytes::from_static(b"filled anyway"))
-                    })
-                    .await
-            }
-        });
-        started.notified().await;
+        let leader = start_leader(&leader_cache, "dropped", &loads, "filled anyway").await;
         leader.abort();
         assert!(leader.await.unwrap_err().is_cancelled());
         // Followers in the leader's process and in another one.
@@ -722,6 +708,36 @@ impl Shared {
     }
 }
 
+/// Starts a leader whose load takes 300 ms; returns once the load has begun.
+async fn start_leader(
+    cache: &Cache,
+    key: &str,
+    loads: &Counter,
+    value: &'static str,
+) -> tokio::task::JoinHandle<Result<Bytes, tower_stampede::Error>> {
+    let started = Arc::new(Notify::new());
+    let leader = tokio::spawn({
+        let (cache, key, loads, started) = (
+            cache.clone(),
+            key.to_owned(),
+            loads.clone(),
+            started.clone(),
+        );
+        async move {
+            cache
+                .get_or_load(key, move || async move {
+                    loads.hit();
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok::<_, std::io::Error>(Bytes::from_static(value.as_bytes()))
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    leader
+}
+
 /// Followers whose polls would take a minute: only a notification can wake them in time.
 fn deaf_to_polls(store: Arc<dyn Store>) -> tower_stampede::CacheBuilder {
     Cache::builder_shared(store)
@@ -736,21 +752,7 @@ async fn followers_are_woken_by_the_fill_not_by_their_polls() {
         let leader = shared.cache().build();
         let follower = deaf_to_polls(shared.other_process().await).build();
         let loads = Counter::default();
-        let started = Arc::new(Notify::new());
-        let leading = tokio::spawn({
-            let (leader, loads, started) = (leader.clone(), loads.clone(), started.clone());
-            async move {
-                leader
-                    .get_or_load("notified", move || async move {
-                        loads.hit();
-                        started.notify_one();
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        Ok::<_, std::io::Error>(Bytes::from_static(b"filled"))
-                    })
-                    .await
-            }
-        });
-        started.notified().await;
+        let leading = start_leader(&leader, "notified", &loads, "filled").await;
         let mut followers = Vec::new();
         for _ in 0..10 {
             let follower = follower.clone();
@@ -1213,20 +1215,7 @@ async fn notifications_resume_after_redis_restarts() {
     // Notifications work, then Redis goes away and comes back empty.
     for round in ["before", "after"] {
         let key = format!("restart-{round}");
-        let started = Arc::new(Notify::new());
-        let leading = tokio::spawn({
-            let (leader, started, key) = (leader.clone(), started.clone(), key.clone());
-            async move {
-                leader
-                    .get_or_load(key, move || async move {
-                        started.notify_one();
-                        tokio::time::sleep(Duration::from_millis(300)).await;
-                        Ok::<_, std::io::Error>(Bytes::from_static(b"filled"))
-                    })
-                    .await
-            }
-        });
-        started.notified().await;
+        let leading = start_leader(&leader, &key, &Counter::default(), "filled").await;
         let fetched =
             tokio::time::timeout(Duration::from_secs(20), follower.fetch(&key, never_called))
                 .await

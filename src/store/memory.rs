@@ -169,28 +169,31 @@ impl MemoryStore {
     }
 
     fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
-        let now = Instant::now();
-        let mut state = self.state();
-        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
-            return false;
-        }
-        state
-            .locks
-            .insert(key.clone(), (Holder::Leader(token), expiry(now, lock_ttl)));
-        true
+        self.replace_lock(key, token, Holder::Leader(token), lock_ttl)
     }
 
     fn fail_now(&self, key: &StoreKey, token: LockToken, failure_ttl: Duration) -> bool {
+        let replaced = self.replace_lock(key, token, Holder::Failed, failure_ttl);
+        if replaced {
+            self.notifier.notify(key);
+        }
+        replaced
+    }
+
+    /// If the lock of `key` holds `token`, gives it to `holder` for `ttl`.
+    fn replace_lock(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        holder: Holder,
+        ttl: Duration,
+    ) -> bool {
         let now = Instant::now();
         let mut state = self.state();
         if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
             return false;
         }
-        state
-            .locks
-            .insert(key.clone(), (Holder::Failed, expiry(now, failure_ttl)));
-        drop(state);
-        self.notifier.notify(key);
+        state.locks.insert(key.clone(), (holder, expiry(now, ttl)));
         true
     }
 }
