@@ -10,7 +10,10 @@ use bytes::Bytes;
 use redis::AsyncCommands;
 use support::{Counter, RedisServer};
 use tokio::sync::Notify;
-use tower_stampede::store::{LockState, LockToken, MemoryStore, RedisStore, Store};
+use tower_stampede::store::{
+    BoxFuture, LockState, LockToken, Lookup, MemoryStore, RedisStore, Store, StoreError, StoreKey,
+    Stored,
+};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
 /// A shared store, and the Redis server behind it if there is one.
@@ -809,63 +812,74 @@ async fn a_failed_leader_wakes_its_followers_to_take_over() {
     }
 }
 
-/// A store that counts the lookups it passes on to another store.
+/// Another store seen through a wrapper that counts its lookups and, if asked, answers them
+/// late (after they took effect), as a slow network would.
 #[derive(Debug)]
-struct CountingLookups {
+struct Observed {
     inner: Arc<dyn Store>,
     lookups: std::sync::atomic::AtomicUsize,
+    lookup_delay: Duration,
 }
 
-impl Store for CountingLookups {
+impl Observed {
+    fn new(inner: &Arc<dyn Store>, lookup_delay: Duration) -> Arc<Self> {
+        Arc::new(Observed {
+            inner: Arc::clone(inner),
+            lookups: Default::default(),
+            lookup_delay,
+        })
+    }
+
+    fn lookups(&self) -> usize {
+        self.lookups.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Store for Observed {
     fn lookup(
         &self,
-        key: &tower_stampede::store::StoreKey,
+        key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
         refresh_below: Duration,
-    ) -> tower_stampede::store::BoxFuture<
-        '_,
-        Result<tower_stampede::store::Lookup, tower_stampede::store::StoreError>,
-    > {
+    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
         self.lookups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.inner.lookup(key, token, lock_ttl, refresh_below)
+        let key = key.clone();
+        Box::pin(async move {
+            let answer = self
+                .inner
+                .lookup(&key, token, lock_ttl, refresh_below)
+                .await;
+            tokio::time::sleep(self.lookup_delay).await;
+            answer
+        })
     }
 
     fn fill(
         &self,
-        key: &tower_stampede::store::StoreKey,
+        key: &StoreKey,
         token: LockToken,
         value: Bytes,
         ttl: Duration,
-    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.fill(key, token, value, ttl)
     }
 
-    fn release(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-        token: LockToken,
-    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.release(key, token)
     }
 
     fn extend(
         &self,
-        key: &tower_stampede::store::StoreKey,
+        key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.extend(key, token, lock_ttl)
     }
 
-    fn get(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-    ) -> tower_stampede::store::BoxFuture<
-        '_,
-        Result<Option<tower_stampede::store::Stored>, tower_stampede::store::StoreError>,
-    > {
+    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         self.inner.get(key)
     }
 }
@@ -873,10 +887,7 @@ impl Store for CountingLookups {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_misses_in_one_process_cost_one_store_lookup() {
     for shared in Shared::both().await {
-        let counting = Arc::new(CountingLookups {
-            inner: Arc::clone(&shared.store),
-            lookups: Default::default(),
-        });
+        let counting = Observed::new(&shared.store, Duration::ZERO);
         let cache = Cache::builder_shared(counting.clone())
             .namespace("test")
             .build();
@@ -892,12 +903,7 @@ async fn concurrent_misses_in_one_process_cost_one_store_lookup() {
         for caller in callers {
             assert_eq!(caller.await.unwrap().unwrap(), "once", "{}", shared.name);
         }
-        assert_eq!(
-            counting.lookups.load(std::sync::atomic::Ordering::SeqCst),
-            1,
-            "{}",
-            shared.name
-        );
+        assert_eq!(counting.lookups(), 1, "{}", shared.name);
         assert_eq!(loads.get(), 1);
     }
 }
@@ -1070,71 +1076,10 @@ async fn a_corrupt_entry_is_overwritten_by_one_load() {
     }
 }
 
-/// A store whose lookups take the lock, then answer too late.
-#[derive(Debug)]
-struct LateLookups(Arc<dyn Store>);
-
-impl Store for LateLookups {
-    fn lookup(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-        refresh_below: Duration,
-    ) -> tower_stampede::store::BoxFuture<
-        '_,
-        Result<tower_stampede::store::Lookup, tower_stampede::store::StoreError>,
-    > {
-        let key = key.clone();
-        Box::pin(async move {
-            let answer = self.0.lookup(&key, token, lock_ttl, refresh_below).await;
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            answer
-        })
-    }
-
-    fn fill(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-        token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
-        self.0.fill(key, token, value, ttl)
-    }
-
-    fn release(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-        token: LockToken,
-    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
-        self.0.release(key, token)
-    }
-
-    fn extend(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-    ) -> tower_stampede::store::BoxFuture<'_, Result<bool, tower_stampede::store::StoreError>> {
-        self.0.extend(key, token, lock_ttl)
-    }
-
-    fn get(
-        &self,
-        key: &tower_stampede::store::StoreKey,
-    ) -> tower_stampede::store::BoxFuture<
-        '_,
-        Result<Option<tower_stampede::store::Stored>, tower_stampede::store::StoreError>,
-    > {
-        self.0.get(key)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_lookup_does_not_leave_its_lock_behind() {
     for shared in Shared::both().await {
-        let late = Cache::builder_shared(Arc::new(LateLookups(Arc::clone(&shared.store))))
+        let late = Cache::builder_shared(Observed::new(&shared.store, Duration::from_secs(5)))
             .namespace("test")
             .store_timeout(Duration::from_millis(50))
             .lock_ttl(Duration::from_secs(60))
