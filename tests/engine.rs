@@ -69,11 +69,14 @@ impl Shared {
                     .await
                     .unwrap();
             }
-            (None, Some(memory)) => memory.set(
-                &store_key,
-                Bytes::copy_from_slice(bytes),
-                Duration::from_secs(60),
-            ),
+            (None, Some(memory)) => memory
+                .put(
+                    &store_key,
+                    Bytes::copy_from_slice(bytes),
+                    Duration::from_secs(60),
+                )
+                .await
+                .unwrap(),
             (None, None) => unreachable!("every shared store is memory or redis"),
         }
     }
@@ -877,6 +880,15 @@ impl Store for Observed {
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.extend(key, token, lock_ttl)
+    }
+
+    fn put(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.put(key, value, ttl)
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {

@@ -96,14 +96,6 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    /// Writes a value without any lock, as a foreign writer would (for tests and tools).
-    pub fn set(&self, key: &StoreKey, value: Bytes, ttl: Duration) {
-        let now = Instant::now();
-        let mut state = self.state();
-        state.values.insert(key.clone(), (value, expiry(now, ttl)));
-        state.wrote(now);
-    }
-
     fn state(&self) -> MutexGuard<'_, State> {
         // No code path panics while holding the lock, and every write leaves the maps
         // consistent, so a poisoned lock still guards valid state.
@@ -166,6 +158,15 @@ impl MemoryStore {
         drop(state);
         self.notifier.notify(key);
         true
+    }
+
+    fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) {
+        let now = Instant::now();
+        let mut state = self.state();
+        state.values.insert(key.clone(), (value, expiry(now, ttl)));
+        state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
     }
 
     fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
@@ -244,6 +245,16 @@ impl Store for MemoryStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let result = self.extend_now(key, token, lock_ttl);
         Box::pin(async move { Ok(result) })
+    }
+
+    fn put(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.put_now(key, value, ttl);
+        Box::pin(async { Ok(()) })
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {

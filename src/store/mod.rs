@@ -10,6 +10,7 @@
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
 //! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
+//! | [`Store::put`] | unfenced write of the value (and a notification), the lock untouched |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
 //! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
 //!
@@ -172,6 +173,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         let _ = failure_ttl;
         self.release(key, token)
     }
+
+    /// Writes `value` for `ttl` whatever the lock holds, without touching the lock, and notifies
+    /// followers as a fill does. For a follower that gave up waiting and caches its own load
+    /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::WaitTimeoutPolicy::LoadAndCache)), and for
+    /// tools; the leader that still holds the lock overwrites the value when its fill lands.
+    fn put(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// Reads the value of `key`, without touching the lock.
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;

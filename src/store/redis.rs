@@ -77,6 +77,17 @@ return 1
     )
 });
 
+/// Unfenced write of the value, then publish "filled".
+static PUT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+",
+    )
+});
+
 /// Compare-and-PEXPIRE of the lock.
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
@@ -445,6 +456,27 @@ impl Store for RedisStore {
                 .run(&EXTEND, &keys, &[token.as_bytes(), lock_ttl.as_bytes()])
                 .await?;
             Ok(extended == 1)
+        })
+    }
+
+    fn put(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let keys = [key.value_name()];
+        let ttl = millis(ttl).to_string();
+        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
+        Box::pin(async move {
+            let args: [&[u8]; 4] = [
+                &value,
+                ttl.as_bytes(),
+                channel.as_bytes(),
+                digest.as_bytes(),
+            ];
+            let _: i64 = self.run(&PUT, &keys, &args).await?;
+            Ok(())
         })
     }
 
