@@ -497,7 +497,7 @@ async fn hold_lock(shared: &Shared, cache: &Cache, key: &str) -> LockToken {
             &cache.store_key(key),
             token,
             Duration::from_secs(60),
-            Duration::ZERO,
+            Duration::MAX,
         )
         .await
         .unwrap();
@@ -559,6 +559,148 @@ async fn wait_timeout_policies() {
             .build();
         let error = strict.fetch("busy", never_called).await.unwrap_err();
         assert_eq!(error.kind(), ErrorKind::WaitTimeout, "{}", shared.name);
+
+        // Load and cache: one load per process, stored for everyone despite the held lock.
+        let caching = || {
+            shared
+                .cache()
+                .wait_timeout(Duration::from_millis(100))
+                .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
+                .build()
+        };
+        let (first, second) = (caching(), caching());
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for _ in 0..10 {
+            let (cache, load) = (
+                first.clone(),
+                slow_value(&loads, Duration::from_millis(10), "cached anyway"),
+            );
+            callers.push(tokio::spawn(async move {
+                cache.get_or_load("busy", load).await
+            }));
+        }
+        for caller in callers {
+            assert_eq!(caller.await.unwrap().unwrap(), "cached anyway");
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        let hit = second.fetch("busy", never_called).await.unwrap();
+        assert_eq!(hit.value().unwrap(), "cached anyway", "{}", shared.name);
+        assert_eq!(hit.outcome(), Outcome::L2Hit, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_stale_after_a_wait_timeout() {
+    for shared in Shared::both().await {
+        // No serve-while-updating, but stale data is welcome when the leader is too slow.
+        let cache = shared
+            .cache()
+            .stale(Duration::ZERO)
+            .stale_if_error(Duration::from_secs(60))
+            .wait_timeout(Duration::from_millis(200))
+            .on_wait_timeout(WaitTimeoutPolicy::ServeStale)
+            .build();
+        stale_entry(&shared, "slow-leader", "yesterday").await;
+        hold_lock(&shared, &cache, "slow-leader").await;
+        let asked = tokio::time::Instant::now();
+        let fetched = cache.fetch("slow-leader", never_called).await.unwrap();
+        assert_eq!(fetched.value().unwrap(), "yesterday", "{}", shared.name);
+        assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
+        assert!(
+            asked.elapsed() >= Duration::from_millis(200),
+            "{}: without a stale-while-updating window, it waited first",
+            shared.name
+        );
+        // Nothing stale to serve: the wait timeout is an error, and nothing loads.
+        hold_lock(&shared, &cache, "never-cached").await;
+        let error = cache.fetch("never-cached", never_called).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::WaitTimeout, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_if_error_has_a_maximum_staleness() {
+    for shared in Shared::both().await {
+        // The entry is about 200 ms stale: too old for 100 ms, fine for 60 s.
+        stale_entry(&shared, "aging", "old").await;
+        let failing = || async { Err::<Bytes, _>(std::io::Error::other("backend down")) };
+        let picky = shared
+            .cache()
+            .stale(Duration::from_secs(60))
+            .stale_if_error(Duration::from_millis(100))
+            .refresh_in_background(false)
+            .failure_ttl(Duration::ZERO)
+            .build();
+        let error = picky.get_or_load("aging", failing).await.unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+        let tolerant = shared
+            .cache()
+            .stale(Duration::from_millis(100))
+            .stale_if_error(Duration::from_secs(60))
+            .refresh_in_background(false)
+            .build();
+        assert_eq!(
+            tolerant.get_or_load("aging", failing).await.unwrap(),
+            "old",
+            "{}",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_six_second_load_under_default_settings_is_one_load() {
+    // nginx's defaults (a 5 s lock timeout) would send every waiting client to the origin;
+    // here followers wait as long as the leader's watchdog keeps its lock alive.
+    async fn stampede(shared: Shared) {
+        let instances: Vec<Cache> = (0..4).map(|_| shared.cache().build()).collect();
+        let loads = Counter::default();
+        let mut callers = Vec::new();
+        for i in 0..100 {
+            let cache = instances[i % 4].clone();
+            let load = slow_value(&loads, Duration::from_secs(6), "finally");
+            callers.push(tokio::spawn(async move {
+                cache.get_or_load("six-seconds", load).await
+            }));
+        }
+        for caller in callers {
+            assert_eq!(caller.await.unwrap().unwrap(), "finally", "{}", shared.name);
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+    }
+    let [memory, redis] = Shared::both().await;
+    tokio::join!(stampede(memory), stampede(redis));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again() {
+    for shared in Shared::both().await {
+        let fast = shared.cache().build();
+        // This instance's first lookup answers late, after the other has overwritten the entry.
+        let late = Cache::builder_shared(Observed::new(&shared.store, Duration::from_millis(300)))
+            .namespace("test")
+            .store_timeout(Duration::from_secs(5))
+            .build();
+        shared.write_raw(&fast, "repaired", b"\xff garbage").await;
+        let loads = Counter::default();
+        let slow_reader = tokio::spawn({
+            let (late, load) = (late.clone(), slow_value(&loads, Duration::ZERO, "late"));
+            async move { late.get_or_load("repaired", load).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let repaired = fast
+            .get_or_load("repaired", slow_value(&loads, Duration::ZERO, "clean"))
+            .await
+            .unwrap();
+        assert_eq!(repaired, "clean", "{}", shared.name);
+        assert_eq!(
+            slow_reader.await.unwrap().unwrap(),
+            "clean",
+            "{}",
+            shared.name
+        );
+        assert_eq!(loads.get(), 1, "{}", shared.name);
     }
 }
 

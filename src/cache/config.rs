@@ -17,6 +17,14 @@ pub enum WaitTimeoutPolicy {
     /// callers share one flight.
     #[default]
     LoadUncached,
+    /// Load from the backend, answer with it, and store it (unfenced, with
+    /// [`Store::put`](crate::store::Store::put)) so later callers everywhere find it; the slow
+    /// leader's fill overwrites it when it lands. One load per process, as with `LoadUncached`.
+    LoadAndCache,
+    /// Answer with the stale value seen while waiting, if it is within
+    /// [`stale_if_error`](CacheBuilder::stale_if_error); otherwise fail as `Error` does. No
+    /// load: for backends that must be protected above all.
+    ServeStale,
     /// Fail with [`ErrorKind::WaitTimeout`](crate::ErrorKind::WaitTimeout).
     Error,
 }
@@ -39,6 +47,8 @@ pub(crate) struct Config {
     pub(crate) l1_ttl_cap: Duration,
     pub(crate) notifications: bool,
     pub(crate) stale: Duration,
+    pub(crate) stale_if_error: Option<Duration>,
+    pub(crate) early_refresh_beta: f64,
     pub(crate) refresh_in_background: bool,
     pub(crate) failure_ttl: Duration,
 }
@@ -61,9 +71,23 @@ impl Default for Config {
             l1_ttl_cap: Duration::from_secs(10),
             notifications: true,
             stale: Duration::ZERO,
+            stale_if_error: None,
+            early_refresh_beta: 1.0,
             refresh_in_background: true,
             failure_ttl: Duration::from_secs(1),
         }
+    }
+}
+
+impl Config {
+    /// The longest a stale value may stand in for a failed (or too slow) load.
+    pub(crate) fn stale_if_error(&self) -> Duration {
+        self.stale_if_error.unwrap_or(self.stale)
+    }
+
+    /// How long a value is kept in the store past its freshness.
+    pub(crate) fn keep(&self) -> Duration {
+        self.stale.max(self.stale_if_error())
     }
 }
 
@@ -103,13 +127,36 @@ impl CacheBuilder {
         self
     }
 
-    /// How long a value is kept past its freshness, to be served while one leader refreshes
-    /// it (serve-while-updating) and in place of a failed refresh (stale-if-error). A value
-    /// lives `ttl + stale` in the store and counts as fresh while more than `stale` of that
-    /// remains, so freshness comes from the store's clock, never from the processes' clocks.
-    /// Default: 0 (no stale serving: callers wait for the refresh).
+    /// How long past its freshness a value may be served while one leader refreshes it
+    /// (serve-while-updating, as HTTP's `stale-while-revalidate`): callers get it at once
+    /// instead of waiting. A value lives `ttl + max(stale, stale_if_error)` in the store and
+    /// counts as fresh while more than that extra time remains, so freshness comes from the
+    /// store's clock, never from the processes' clocks (every process sharing a namespace
+    /// must use the same two settings). Default: 0 (callers wait for the refresh).
     pub fn stale(mut self, stale: Duration) -> Self {
         self.config.stale = stale;
+        self
+    }
+
+    /// The longest past its freshness a value may stand in for a load that failed (loader
+    /// error, HTTP 5xx, load timeout, a failure recorded elsewhere) or, with
+    /// [`WaitTimeoutPolicy::ServeStale`], for a wait that timed out (as HTTP's
+    /// `stale-if-error`): the maximum staleness callers accept when the backend is in trouble.
+    /// Default: the [`stale`](Self::stale) window.
+    pub fn stale_if_error(mut self, max_staleness: Duration) -> Self {
+        self.config.stale_if_error = Some(max_staleness);
+        self
+    }
+
+    /// Probabilistic early refresh ("XFetch", Vattani et al., VLDB 2015): a hit refreshes the
+    /// value in the background, before it expires, when `now + δ·β·(−ln u) ≥ expiry`, with
+    /// `δ` the value's last load time, `u` uniform in (0, 1] and `β` this setting. A hot key
+    /// is then refreshed by one caller, a little ahead of its expiry (more ahead for slow
+    /// loads), and nobody waits for it; a cold key is rarely refreshed early. The refresh takes
+    /// the store's lock as any reload does, so it is still one load across processes. Larger
+    /// `β` refreshes earlier; 0 (or a non-number) turns it off. Default: 1.0.
+    pub fn early_refresh(mut self, beta: f64) -> Self {
+        self.config.early_refresh_beta = if beta.is_finite() { beta.max(0.0) } else { 0.0 };
         self
     }
 

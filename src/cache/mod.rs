@@ -57,7 +57,7 @@ mod config;
 pub(crate) mod entry;
 mod error;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -172,6 +172,9 @@ pub struct Stats {
     pub corrupt_entries: u64,
     /// Store calls that failed or timed out.
     pub store_errors: u64,
+    /// Early refreshes started by this process (see
+    /// [`early_refresh`](CacheBuilder::early_refresh)); each one that takes the lock loads.
+    pub early_refreshes: u64,
 }
 
 #[derive(Default)]
@@ -179,6 +182,7 @@ struct Counters {
     loads: AtomicU64,
     corrupt_entries: AtomicU64,
     store_errors: AtomicU64,
+    early_refreshes: AtomicU64,
 }
 
 type BoxLoader = Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
@@ -190,11 +194,28 @@ struct FlightHandle {
     result: watch::Receiver<Option<FlightResult>>,
 }
 
-/// An entry of L1: the value and how long it may live there.
+/// An entry of L1: the value, how long it may live there, and what early refresh needs.
 #[derive(Clone)]
 struct L1Entry {
     value: Bytes,
     ttl: Duration,
+    /// When the value stops being fresh in the store.
+    fresh_until: Instant,
+    /// How long its load took (XFetch's δ).
+    load_time: Duration,
+}
+
+/// A value past its freshness that the store still keeps, and how far past it was when read.
+struct StaleValue {
+    payload: Bytes,
+    staleness: Duration,
+    read_at: Instant,
+}
+
+impl StaleValue {
+    fn staleness(&self) -> Duration {
+        self.staleness.saturating_add(self.read_at.elapsed())
+    }
 }
 
 struct L1Expiry;
@@ -233,6 +254,8 @@ struct Inner {
     config: Config,
     l1: Option<moka::future::Cache<KeyDigest, L1Entry>>,
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
+    /// Keys with an early refresh in progress in this process.
+    refreshing: Mutex<HashSet<KeyDigest>>,
     next_flight: AtomicU64,
     counters: Counters,
 }
@@ -274,6 +297,7 @@ impl Cache {
                 config,
                 l1,
                 flights: Mutex::new(HashMap::new()),
+                refreshing: Mutex::new(HashSet::new()),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
@@ -320,6 +344,15 @@ impl Cache {
         let (mut result, created) = loop {
             if let Some(l1) = &self.inner.l1 {
                 if let Some(entry) = l1.get(&digest).await {
+                    if let Some(gap) = self
+                        .inner
+                        .early_refresh_due(entry.fresh_until, entry.load_time)
+                    {
+                        let loader: BoxLoader = Box::new(move || {
+                            Box::pin(async move { loader().await.map_err(Into::into) })
+                        });
+                        self.inner.refresh_early(digest, loader, gap);
+                    }
                     return Ok(Fetched {
                         value: Some(entry.value),
                         outcome: Outcome::L1Hit,
@@ -388,6 +421,7 @@ impl Cache {
             loads: c.loads.load(Ordering::Relaxed),
             corrupt_entries: c.corrupt_entries.load(Ordering::Relaxed),
             store_errors: c.store_errors.load(Ordering::Relaxed),
+            early_refreshes: c.early_refreshes.load(Ordering::Relaxed),
         }
     }
 
@@ -424,7 +458,8 @@ impl Drop for Landing {
 
 /// A flight's task: resolve the key, then land (leave the map) and publish the answer.
 async fn fly(landing: Landing, result: watch::Sender<Option<FlightResult>>, loader: BoxLoader) {
-    let answer = landing.inner.resolve(landing.digest, loader, &result).await;
+    let inner = Arc::clone(&landing.inner);
+    let answer = inner.resolve(landing.digest, loader, &result).await;
     drop(landing);
     result.send_replace(Some(answer));
 }
@@ -516,10 +551,122 @@ impl Inner {
         result
     }
 
-    async fn l1_insert(&self, digest: KeyDigest, value: Bytes, fresh_for: Duration) {
+    /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap).
+    async fn l1_insert(
+        &self,
+        digest: KeyDigest,
+        value: Bytes,
+        fresh_for: Duration,
+        load_time: Duration,
+    ) {
         let ttl = fresh_for.min(self.config.l1_ttl_cap);
         if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
-            l1.insert(digest, L1Entry { value, ttl }).await;
+            let entry = L1Entry {
+                value,
+                ttl,
+                fresh_until: Instant::now() + fresh_for,
+                load_time,
+            };
+            l1.insert(digest, entry).await;
+        }
+    }
+
+    /// Whether a stale value may be served at once while another leader refreshes it.
+    fn serves_while_updating(&self, stale: &StaleValue) -> bool {
+        !self.config.stale.is_zero() && stale.staleness() <= self.config.stale
+    }
+
+    /// Whether a stale value may stand in for a failed or too slow load.
+    fn serves_on_error(&self, stale: &StaleValue) -> bool {
+        let max = self.config.stale_if_error();
+        !max.is_zero() && stale.staleness() <= max
+    }
+
+    /// XFetch: whether a hit on a value fresh until `fresh_until`, whose load took
+    /// `load_time`, should refresh it early; if so, the random head start it drew.
+    fn early_refresh_due(&self, fresh_until: Instant, load_time: Duration) -> Option<Duration> {
+        let beta = self.config.early_refresh_beta;
+        if beta <= 0.0 {
+            return None;
+        }
+        let delta = load_time.max(Duration::from_millis(1)).as_secs_f64() * beta;
+        let now = Instant::now();
+        // −ln u is at most about 37 for a 53-bit u: far from expiry, skip the draw.
+        let longest = Duration::try_from_secs_f64(delta * 37.0).unwrap_or(Duration::MAX);
+        if now.checked_add(longest).is_some_and(|t| t < fresh_until) {
+            return None;
+        }
+        let u = 1.0 - rand::random::<f64>();
+        let gap = Duration::try_from_secs_f64(-delta * u.ln()).unwrap_or(Duration::MAX);
+        match now.checked_add(gap) {
+            Some(t) if t < fresh_until => None,
+            _ => Some(gap),
+        }
+    }
+
+    /// Starts an early refresh of `digest` in the background, unless one is running (or a
+    /// flight is resolving the key) in this process.
+    fn refresh_early(self: &Arc<Self>, digest: KeyDigest, loader: BoxLoader, gap: Duration) {
+        if self.flights().contains_key(&digest) {
+            return;
+        }
+        if !self
+            .refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(digest)
+        {
+            return;
+        }
+        self.counters
+            .early_refreshes
+            .fetch_add(1, Ordering::Relaxed);
+        let refreshing = Refreshing {
+            inner: Arc::clone(self),
+            digest,
+        };
+        tokio::spawn(async move {
+            refreshing.inner.refresh(digest, loader, gap).await;
+            drop(refreshing);
+        });
+    }
+
+    /// An early refresh: takes the lock if the value is within `gap` of its expiry in the
+    /// store (another process may have refreshed it already) and no one else holds it, then
+    /// leads as any reload does.
+    async fn refresh(&self, digest: KeyDigest, loader: BoxLoader, gap: Duration) {
+        let config = &self.config;
+        let key = StoreKey::new(Arc::clone(&config.namespace), digest);
+        let token = LockToken::random();
+        let below = config.keep().saturating_add(gap);
+        let lookup = match self
+            .store_call(self.store.lookup(&key, token, config.lock_ttl, below))
+            .await
+        {
+            Ok(lookup) => lookup,
+            Err(error) => {
+                debug!(%error, key = ?digest, "early refresh: store lookup failed");
+                self.release_in_background(&key, token);
+                return;
+            }
+        };
+        let entry = lookup
+            .value
+            .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
+        match (lookup.lock, entry) {
+            (LockState::Acquired, _) => {
+                debug!(key = ?digest, ?gap, "refreshing early");
+                if let Err(error) = self.lead(key, token, loader, None, None).await {
+                    warn!(key = ?digest, %error, "early refresh failed");
+                }
+            }
+            (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
+                // Another process refreshed it already: take its value.
+                let fresh_for = ttl.unwrap_or_default().saturating_sub(config.keep());
+                self.l1_insert(digest, payload, fresh_for, load_time).await;
+            }
+            // Being refreshed elsewhere, or recently failed: nothing to do.
+            _ => {}
         }
     }
 
@@ -528,12 +675,13 @@ impl Inner {
     /// `early` takes an answer before the flight ends: the stale value a leader serves while
     /// it refreshes in the background.
     async fn resolve(
-        &self,
+        self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
         early: &watch::Sender<Option<FlightResult>>,
     ) -> FlightResult {
         let config = &self.config;
+        let keep = config.keep();
         let key = StoreKey::new(Arc::clone(&config.namespace), digest);
         let token = LockToken::random();
         let started = Instant::now();
@@ -543,6 +691,8 @@ impl Inner {
         let mut overwrite = false;
         // Whether this flight has waited for another leader.
         let mut followed = false;
+        // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
+        let mut last_stale = None;
         // Watch before the first read, so a fill that lands between a read and the wait wakes
         // the wait; the backoff poll stays as the fallback for lost notifications.
         let mut filled = if config.notifications {
@@ -557,7 +707,7 @@ impl Inner {
             let refresh_below = if std::mem::take(&mut overwrite) {
                 Duration::MAX
             } else {
-                config.stale
+                keep
             };
             let lookup = match self
                 .store_call(
@@ -579,19 +729,34 @@ impl Inner {
                 .value
                 .as_ref()
                 .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
-            // A value the lookup did not call fresh is stale: still alive in the store, within
-            // its stale window.
+            let mut lock = lookup.lock;
+            if refresh_below == Duration::MAX && lock == LockState::Acquired {
+                // The lock was taken to overwrite a corrupt entry; if another leader has
+                // overwritten it since, use its value instead of loading again.
+                if let Some((Ok(Entry::Value { .. }), Some(ttl))) = &entry {
+                    if *ttl > keep {
+                        self.release_in_background(&key, token);
+                        lock = LockState::NotRequested;
+                    }
+                }
+            }
+            // A value the lookup did not call fresh is stale: still kept in the store, past
+            // its freshness by `keep` minus its remaining life.
             let stale = match &entry {
-                Some((Ok(Entry::Value { payload, .. }), _))
-                    if lookup.lock != LockState::NotRequested && !config.stale.is_zero() =>
+                Some((Ok(Entry::Value { payload, .. }), ttl))
+                    if lock != LockState::NotRequested && !keep.is_zero() =>
                 {
-                    Some(payload.clone())
+                    Some(StaleValue {
+                        payload: payload.clone(),
+                        staleness: keep.saturating_sub(ttl.unwrap_or_default()),
+                        read_at: Instant::now(),
+                    })
                 }
                 _ => None,
             };
-            match (lookup.lock, entry) {
+            match (lock, entry) {
                 (LockState::Acquired, _) => {
-                    return self.lead(key, token, loader, stale, early).await;
+                    return self.lead(key, token, loader, stale, Some(early)).await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {
                     return Ok(Fetched {
@@ -599,9 +764,14 @@ impl Inner {
                         outcome: Outcome::Pass,
                     })
                 }
-                (LockState::NotRequested, Some((Ok(Entry::Value { payload, .. }), ttl))) => {
-                    let fresh_for = ttl.unwrap_or(Duration::ZERO).saturating_sub(config.stale);
-                    self.l1_insert(digest, payload.clone(), fresh_for).await;
+                (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
+                    let fresh_for = ttl.unwrap_or_default().saturating_sub(keep);
+                    self.l1_insert(digest, payload.clone(), fresh_for, load_time)
+                        .await;
+                    if let Some(gap) = self.early_refresh_due(Instant::now() + fresh_for, load_time)
+                    {
+                        self.refresh_early(digest, loader, gap);
+                    }
                     return Ok(Fetched {
                         value: Some(payload),
                         outcome: if followed {
@@ -619,16 +789,32 @@ impl Inner {
                     overwrite = true;
                     continue;
                 }
-                (LockState::HeldElsewhere | LockState::Failed, _) if stale.is_some() => {
-                    // Serve-while-updating (another leader refreshes it), or stale-if-error
-                    // (the last refresh failed a moment ago).
+                (LockState::HeldElsewhere, _)
+                    if stale
+                        .as_ref()
+                        .is_some_and(|s| self.serves_while_updating(s)) =>
+                {
+                    // Serve-while-updating: another leader refreshes it.
                     return Ok(Fetched {
-                        value: stale,
+                        value: stale.map(|s| s.payload),
+                        outcome: Outcome::Stale,
+                    });
+                }
+                (LockState::Failed, _)
+                    if stale.as_ref().is_some_and(|s| self.serves_on_error(s)) =>
+                {
+                    // Stale-if-error: the last refresh failed a moment ago.
+                    return Ok(Fetched {
+                        value: stale.map(|s| s.payload),
                         outcome: Outcome::Stale,
                     });
                 }
                 (LockState::Failed, _) => return Err(Error::new(ErrorKind::RecentFailure)),
-                (LockState::HeldElsewhere, _) => {}
+                (LockState::HeldElsewhere, _) => {
+                    if stale.is_some() {
+                        last_stale = stale;
+                    }
+                }
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
                     warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
@@ -639,11 +825,19 @@ impl Inner {
             followed = true;
             let waited = started.elapsed();
             if waited >= config.wait_timeout {
+                debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 return match config.on_wait_timeout {
                     WaitTimeoutPolicy::LoadUncached => {
-                        debug!(key = ?digest, ?waited, "wait timed out; loading uncached");
                         self.load_alone(digest, loader, Outcome::Uncached).await
                     }
+                    WaitTimeoutPolicy::LoadAndCache => self.load_and_put(&key, loader).await,
+                    WaitTimeoutPolicy::ServeStale => match last_stale {
+                        Some(stale) if self.serves_on_error(&stale) => Ok(Fetched {
+                            value: Some(stale.payload),
+                            outcome: Outcome::Stale,
+                        }),
+                        _ => Err(Error::new(ErrorKind::WaitTimeout)),
+                    },
                     WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
                 };
             }
@@ -701,21 +895,24 @@ impl Inner {
     }
 
     /// The leader: load, fill (fenced), and make sure the lock goes on every path. With a
-    /// `stale` value, the flight's callers get it at once when refreshes run in the background,
-    /// and in place of an error if the load fails (stale-if-error).
+    /// `stale` value, the flight's callers get it at once (through `early`) when refreshes run
+    /// in the background, and in place of an error if the load fails (stale-if-error).
     async fn lead(
         &self,
         key: StoreKey,
         token: LockToken,
         loader: BoxLoader,
-        stale: Option<Bytes>,
-        early: &watch::Sender<Option<FlightResult>>,
+        stale: Option<StaleValue>,
+        early: Option<&watch::Sender<Option<FlightResult>>>,
     ) -> FlightResult {
-        if let (Some(stale), true) = (&stale, self.config.refresh_in_background) {
-            early.send_replace(Some(Ok(Fetched {
-                value: Some(stale.clone()),
-                outcome: Outcome::Stale,
-            })));
+        if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
+        {
+            if self.serves_while_updating(stale) {
+                early.send_replace(Some(Ok(Fetched {
+                    value: Some(stale.payload.clone()),
+                    outcome: Outcome::Stale,
+                })));
+            }
         }
         let mut guard = LockGuard {
             store: Arc::clone(&self.store),
@@ -741,14 +938,14 @@ impl Inner {
                     guard.disarm();
                 }
                 return match stale {
-                    Some(stale) => {
+                    Some(stale) if self.serves_on_error(&stale) => {
                         warn!(key = ?guard.key, %error, "load failed; serving the stale value");
                         Ok(Fetched {
-                            value: Some(stale),
+                            value: Some(stale.payload),
                             outcome: Outcome::Stale,
                         })
                     }
-                    None => Err(error),
+                    _ => Err(error),
                 };
             }
         };
@@ -756,9 +953,8 @@ impl Inner {
         match loaded.kind {
             LoadedKind::Value { bytes, ttl } => {
                 let ttl = ttl.unwrap_or(self.config.ttl);
-                let encoded = entry::encode_value(&bytes, load_time);
-                let value = encoded.slice(entry::HEADER_LEN..);
-                let store_ttl = ttl.saturating_add(self.config.stale);
+                let (encoded, value) = encode(&bytes, load_time);
+                let store_ttl = ttl.saturating_add(self.config.keep());
                 match self
                     .store_call(self.store.fill(&guard.key, token, encoded, store_ttl))
                     .await
@@ -767,14 +963,14 @@ impl Inner {
                         // The fill dropped the lock, or the lock was no longer ours.
                         guard.disarm();
                         if filled {
-                            self.l1_insert(digest, value.clone(), ttl).await;
+                            self.l1_insert(digest, value.clone(), ttl, load_time).await;
                         } else {
                             warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                         }
                     }
                     Err(error) => {
                         warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                        self.l1_insert(digest, value.clone(), ttl).await;
+                        self.l1_insert(digest, value.clone(), ttl, load_time).await;
                     }
                 }
                 Ok(Fetched {
@@ -808,11 +1004,13 @@ impl Inner {
         loader: BoxLoader,
         outcome: Outcome,
     ) -> FlightResult {
+        let started = Instant::now();
         match self.load(loader, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
-                    self.l1_insert(digest, bytes.clone(), ttl.unwrap_or(self.config.ttl))
+                    let ttl = ttl.unwrap_or(self.config.ttl);
+                    self.l1_insert(digest, bytes.clone(), ttl, started.elapsed())
                         .await;
                 }
                 Ok(Fetched {
@@ -825,5 +1023,55 @@ impl Inner {
                 outcome: Outcome::Pass,
             }),
         }
+    }
+
+    /// Loads without the store's lock after a wait timeout, and stores the value anyway
+    /// ([`WaitTimeoutPolicy::LoadAndCache`]).
+    async fn load_and_put(&self, key: &StoreKey, loader: BoxLoader) -> FlightResult {
+        let started = Instant::now();
+        let LoadedKind::Value { bytes, ttl } = self.load(loader, None).await?.kind else {
+            return Ok(Fetched {
+                value: None,
+                outcome: Outcome::Pass,
+            });
+        };
+        let (ttl, load_time) = (ttl.unwrap_or(self.config.ttl), started.elapsed());
+        let (encoded, value) = encode(&bytes, load_time);
+        let store_ttl = ttl.saturating_add(self.config.keep());
+        if let Err(error) = self
+            .store_call(self.store.put(key, encoded, store_ttl))
+            .await
+        {
+            warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
+        }
+        self.l1_insert(*key.digest(), value.clone(), ttl, load_time)
+            .await;
+        Ok(Fetched {
+            value: Some(value),
+            outcome: Outcome::Leader,
+        })
+    }
+}
+
+/// A value as the store keeps it, and the payload part of it (sharing the same buffer).
+fn encode(bytes: &[u8], load_time: Duration) -> (Bytes, Bytes) {
+    let encoded = entry::encode_value(bytes, load_time);
+    let value = encoded.slice(entry::HEADER_LEN..);
+    (encoded, value)
+}
+
+/// Marks an early refresh of a key as over when dropped, however its task ends.
+struct Refreshing {
+    inner: Arc<Inner>,
+    digest: KeyDigest,
+}
+
+impl Drop for Refreshing {
+    fn drop(&mut self) {
+        self.inner
+            .refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.digest);
     }
 }
