@@ -1421,3 +1421,157 @@ async fn a_recent_failure_serves_the_stale_value_everywhere() {
         assert_eq!(calls.get(), 1, "{}: the failure was shared", shared.name);
     }
 }
+
+/// A loader whose first load is slow (`first` long, answering "v1") and whose later loads are
+/// quick ("v2", "v3", ...): early refresh uses the last load's time, so the first one sets
+/// how early the next refresh may come.
+fn first_slow_then_quick(
+    loads: &Counter,
+    first: Duration,
+) -> impl FnOnce() -> futures_ready::Load + Send + 'static {
+    let loads = loads.clone();
+    move || {
+        Box::pin(async move {
+            let n = loads.hit();
+            let delay = if n == 1 {
+                first
+            } else {
+                Duration::from_millis(10)
+            };
+            tokio::time::sleep(delay).await;
+            Ok(Bytes::from(format!("v{n}")))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits() {
+    for shared in Shared::both().await {
+        // δ = 300 ms and β = 3: a hit 1 s before expiry refreshes with probability
+        // e^(−1/0.9) ≈ 1/3, so a few hits suffice, long before the value expires.
+        let builder = || {
+            shared
+                .cache()
+                .ttl(Duration::from_secs(1))
+                .early_refresh(3.0)
+        };
+        let instances = [builder().build(), builder().build()];
+        let loads = Counter::default();
+        let first = instances[0]
+            .get_or_load(
+                "hot",
+                first_slow_then_quick(&loads, Duration::from_millis(300)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(first, "v1");
+        let mut seen_v2 = false;
+        for i in 0..40 {
+            let fetched = instances[i % 2]
+                .fetch("hot", {
+                    let load = first_slow_then_quick(&loads, Duration::ZERO);
+                    move || async move { load().await.map(Loaded::value) }
+                })
+                .await
+                .unwrap();
+            assert!(
+                matches!(fetched.outcome(), Outcome::L1Hit | Outcome::L2Hit),
+                "{}: hit {i} waited: {:?}",
+                shared.name,
+                fetched.outcome()
+            );
+            seen_v2 |= fetched.value().unwrap() == "v2";
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            seen_v2,
+            "{}: the refresh landed before the value expired",
+            shared.name
+        );
+        let early: u64 = instances.iter().map(|c| c.stats().early_refreshes).sum();
+        assert!(early >= 1, "{}", shared.name);
+        // One load refreshed it, whichever instances tried: the next refresh is due only
+        // about 30 ms (δ·β) before the new value expires.
+        assert_eq!(loads.get(), 2, "{}", shared.name);
+
+        // Without early refresh, the same hits never load.
+        let plain = shared
+            .cache()
+            .ttl(Duration::from_secs(1))
+            .early_refresh(0.0)
+            .build();
+        let loads = Counter::default();
+        plain
+            .get_or_load(
+                "cold",
+                first_slow_then_quick(&loads, Duration::from_millis(300)),
+            )
+            .await
+            .unwrap();
+        for _ in 0..20 {
+            let value = plain
+                .get_or_load("cold", first_slow_then_quick(&loads, Duration::ZERO))
+                .await
+                .unwrap();
+            assert_eq!(value, "v1");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn early_refresh_keeps_a_hot_key_fresh_at_about_one_load_per_ttl() {
+    // Paused time: 10 s of continuous traffic (8 clients out of step, one request each per
+    // 10 ms on average) on a key
+    // with a 1 s TTL and a 20 ms load. L1 is off, so every request asks the store, whose
+    // freshness paused time drives.
+    let cache = Cache::builder(MemoryStore::new())
+        .ttl(Duration::from_secs(1))
+        .early_refresh(2.0)
+        .l1_capacity(0)
+        .build();
+    let loads = Counter::default();
+    let started = tokio::time::Instant::now();
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let (cache, loads) = (cache.clone(), loads.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i)).await;
+                let mut outcomes = Vec::new();
+                while started.elapsed() < Duration::from_secs(10) {
+                    let loads = loads.clone();
+                    let fetched = cache
+                        .fetch("hot", move || async move {
+                            let n = loads.hit();
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                            Ok::<_, std::io::Error>(Loaded::value(Bytes::from(format!("v{n}"))))
+                        })
+                        .await
+                        .unwrap();
+                    outcomes.push((started.elapsed(), fetched.outcome()));
+                    // Out of step with each other, as real clients are: 10 ms on average.
+                    let pause = rand::random_range(5..=15);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+                outcomes
+            })
+        })
+        .collect();
+    let mut waited = Vec::new();
+    for client in clients {
+        for (at, outcome) in client.await.unwrap() {
+            let waited_for_a_load = matches!(
+                outcome,
+                Outcome::Leader | Outcome::Follower | Outcome::Uncached
+            );
+            if waited_for_a_load && at > Duration::from_millis(100) {
+                waited.push((at, outcome));
+            }
+        }
+    }
+    assert!(waited.is_empty(), "requests waited for a load: {waited:?}");
+    // Refreshes come a little (δ·β·ln(rate·δ·β) ≈ 0.1 s) before each expiry.
+    let loads = loads.get();
+    assert!((10..=13).contains(&loads), "{loads} loads in 10 s");
+}

@@ -185,6 +185,10 @@ struct Counters {
     early_refreshes: AtomicU64,
 }
 
+/// How much later than this process reckons the store may still call the value it early
+/// refreshes due (the store's clock is read a round trip away).
+const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
+
 type BoxLoader = Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
 type FlightResult = Result<Fetched, Error>;
 
@@ -344,14 +348,14 @@ impl Cache {
         let (mut result, created) = loop {
             if let Some(l1) = &self.inner.l1 {
                 if let Some(entry) = l1.get(&digest).await {
-                    if let Some(gap) = self
+                    if self
                         .inner
                         .early_refresh_due(entry.fresh_until, entry.load_time)
                     {
                         let loader: BoxLoader = Box::new(move || {
                             Box::pin(async move { loader().await.map_err(Into::into) })
                         });
-                        self.inner.refresh_early(digest, loader, gap);
+                        self.inner.refresh_early(digest, loader, entry.fresh_until);
                     }
                     return Ok(Fetched {
                         value: Some(entry.value),
@@ -498,6 +502,20 @@ fn release_in_background(store: &Arc<dyn Store>, key: &StoreKey, token: LockToke
     }
 }
 
+/// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
+async fn wait_for_fill(filled: &mut Option<crate::store::FillWatch>, pause: Duration) {
+    let pause = tokio::time::sleep(pause);
+    match filled {
+        Some(filled) => {
+            tokio::select! {
+                () = pause => {}
+                () = filled.changed() => {}
+            }
+        }
+        None => pause.await,
+    }
+}
+
 /// Pauses between a follower's re-reads: exponential, capped, jittered.
 struct Backoff {
     next: Duration,
@@ -583,33 +601,27 @@ impl Inner {
     }
 
     /// XFetch: whether a hit on a value fresh until `fresh_until`, whose load took
-    /// `load_time`, should refresh it early; if so, the random head start it drew.
-    fn early_refresh_due(&self, fresh_until: Instant, load_time: Duration) -> Option<Duration> {
+    /// `load_time`, should refresh it early.
+    fn early_refresh_due(&self, fresh_until: Instant, load_time: Duration) -> bool {
         let beta = self.config.early_refresh_beta;
         if beta <= 0.0 {
-            return None;
+            return false;
         }
         let delta = load_time.max(Duration::from_millis(1)).as_secs_f64() * beta;
         let now = Instant::now();
         // −ln u is at most about 37 for a 53-bit u: far from expiry, skip the draw.
         let longest = Duration::try_from_secs_f64(delta * 37.0).unwrap_or(Duration::MAX);
         if now.checked_add(longest).is_some_and(|t| t < fresh_until) {
-            return None;
+            return false;
         }
         let u = 1.0 - rand::random::<f64>();
         let gap = Duration::try_from_secs_f64(-delta * u.ln()).unwrap_or(Duration::MAX);
-        match now.checked_add(gap) {
-            Some(t) if t < fresh_until => None,
-            _ => Some(gap),
-        }
+        now.checked_add(gap).is_none_or(|t| t >= fresh_until)
     }
 
-    /// Starts an early refresh of `digest` in the background, unless one is running (or a
-    /// flight is resolving the key) in this process.
-    fn refresh_early(self: &Arc<Self>, digest: KeyDigest, loader: BoxLoader, gap: Duration) {
-        if self.flights().contains_key(&digest) {
-            return;
-        }
+    /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
+    /// the background, unless one is running in this process.
+    fn refresh_early(self: &Arc<Self>, digest: KeyDigest, loader: BoxLoader, fresh_until: Instant) {
         if !self
             .refreshing
             .lock()
@@ -626,47 +638,79 @@ impl Inner {
             digest,
         };
         tokio::spawn(async move {
-            refreshing.inner.refresh(digest, loader, gap).await;
+            refreshing.inner.refresh(digest, loader, fresh_until).await;
             drop(refreshing);
         });
     }
 
-    /// An early refresh: takes the lock if the value is within `gap` of its expiry in the
-    /// store (another process may have refreshed it already) and no one else holds it, then
-    /// leads as any reload does.
-    async fn refresh(&self, digest: KeyDigest, loader: BoxLoader, gap: Duration) {
+    /// An early refresh of the value that is fresh until `fresh_until`: takes the lock if the
+    /// store still holds that value (not a newer one, refreshed by another process) and no one
+    /// else holds the lock, then leads as any reload does. If another process is refreshing
+    /// it, waits for that fill (while the value is still fresh) and takes the new value into
+    /// L1, so this process does not start refresh after refresh meanwhile.
+    async fn refresh(&self, digest: KeyDigest, loader: BoxLoader, fresh_until: Instant) {
         let config = &self.config;
         let key = StoreKey::new(Arc::clone(&config.namespace), digest);
         let token = LockToken::random();
-        let below = config.keep().saturating_add(gap);
-        let lookup = match self
-            .store_call(self.store.lookup(&key, token, config.lock_ttl, below))
-            .await
-        {
-            Ok(lookup) => lookup,
-            Err(error) => {
-                debug!(%error, key = ?digest, "early refresh: store lookup failed");
-                self.release_in_background(&key, token);
-                return;
-            }
+        // The store's remaining life of that value, give or take a round trip: a newer value
+        // has a whole TTL left.
+        let below = config
+            .keep()
+            .saturating_add(fresh_until.saturating_duration_since(Instant::now()))
+            .saturating_add(EARLY_REFRESH_SLACK);
+        let mut filled = if config.notifications {
+            self.store.subscribe(&key)
+        } else {
+            None
         };
-        let entry = lookup
-            .value
-            .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
-        match (lookup.lock, entry) {
-            (LockState::Acquired, _) => {
-                debug!(key = ?digest, ?gap, "refreshing early");
-                if let Err(error) = self.lead(key, token, loader, None, None).await {
-                    warn!(key = ?digest, %error, "early refresh failed");
+        let mut backoff = Backoff::new(config);
+        let mut fresh_until = None;
+        loop {
+            if let Some(filled) = filled.as_mut() {
+                filled.mark_seen();
+            }
+            let lookup = match self
+                .store_call(self.store.lookup(&key, token, config.lock_ttl, below))
+                .await
+            {
+                Ok(lookup) => lookup,
+                Err(error) => {
+                    debug!(%error, key = ?digest, "early refresh: store lookup failed");
+                    self.release_in_background(&key, token);
+                    return;
                 }
+            };
+            let entry = lookup
+                .value
+                .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
+            match (lookup.lock, entry) {
+                (LockState::Acquired, _) => {
+                    debug!(key = ?digest, "refreshing early");
+                    if let Err(error) = self.lead(key, token, loader, None, None).await {
+                        warn!(key = ?digest, %error, "early refresh failed");
+                    }
+                    return;
+                }
+                (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
+                    // Refreshed by another process: take its value.
+                    let fresh_for = ttl.unwrap_or_default().saturating_sub(config.keep());
+                    self.l1_insert(digest, payload, fresh_for, load_time).await;
+                    return;
+                }
+                (LockState::HeldElsewhere, Some((_, ttl))) => {
+                    // Being refreshed elsewhere: follow it while the value is fresh.
+                    let until = *fresh_until.get_or_insert_with(|| {
+                        Instant::now() + ttl.unwrap_or_default().saturating_sub(config.keep())
+                    });
+                    let now = Instant::now();
+                    if now >= until {
+                        return;
+                    }
+                    wait_for_fill(&mut filled, backoff.pause().min(until - now)).await;
+                }
+                // Gone, or recently failed: ordinary flights deal with it.
+                _ => return,
             }
-            (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
-                // Another process refreshed it already: take its value.
-                let fresh_for = ttl.unwrap_or_default().saturating_sub(config.keep());
-                self.l1_insert(digest, payload, fresh_for, load_time).await;
-            }
-            // Being refreshed elsewhere, or recently failed: nothing to do.
-            _ => {}
         }
     }
 
@@ -768,9 +812,9 @@ impl Inner {
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(keep);
                     self.l1_insert(digest, payload.clone(), fresh_for, load_time)
                         .await;
-                    if let Some(gap) = self.early_refresh_due(Instant::now() + fresh_for, load_time)
-                    {
-                        self.refresh_early(digest, loader, gap);
+                    let fresh_until = Instant::now() + fresh_for;
+                    if self.early_refresh_due(fresh_until, load_time) {
+                        self.refresh_early(digest, loader, fresh_until);
                     }
                     return Ok(Fetched {
                         value: Some(payload),
@@ -841,16 +885,8 @@ impl Inner {
                     WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
                 };
             }
-            let pause = tokio::time::sleep(backoff.pause().min(config.wait_timeout - waited));
-            match filled.as_mut() {
-                Some(filled) => {
-                    tokio::select! {
-                        () = pause => {}
-                        () = filled.changed() => {}
-                    }
-                }
-                None => pause.await,
-            }
+            let pause = backoff.pause().min(config.wait_timeout - waited);
+            wait_for_fill(&mut filled, pause).await;
         }
     }
 
