@@ -3,8 +3,11 @@
 //! Every request is forwarded to the origin (`--origin http://host:port`). Cacheable `GET`
 //! responses (status 200, no `no-store`/`private`/`Set-Cookie`/`Vary`, ...) are shared through
 //! the cache: fresh for the origin's `Cache-Control: s-maxage`/`max-age`, or `--ttl-secs` when
-//! it gives none. Each response says how it was served in `x-cache` (`HIT`, `MISS` or `BYPASS`;
-//! other methods than `GET` pass through without it).
+//! it gives none. Each response says how it was served in `x-cache` (`HIT`, `MISS`, `STALE` or
+//! `BYPASS`; other methods than `GET` pass through without it). With `--stale-secs S`, a
+//! response up to S seconds past its freshness is served at once while one request refreshes
+//! it, and in place of a failed refresh; hot responses are refreshed shortly before they
+//! expire (`--early-refresh-beta`, on by default).
 //!
 //! Run several proxies over one Redis and a stampede on a cold URL reaches the origin once in
 //! all, whichever proxies the requests land on:
@@ -68,6 +71,11 @@ options:
   --redis URL            share the cache through Redis, e.g. redis://127.0.0.1:6379/
                          (default: an embedded in-process store)
   --ttl-secs S           freshness when the origin sends no max-age (default: 60)
+  --stale-secs S         how long past its freshness a response may be served (x-cache:
+                         STALE) while one request refreshes it, or when the refresh fails
+                         (default: 0)
+  --early-refresh-beta B refresh hot responses shortly before they expire (XFetch); larger
+                         B refreshes earlier, 0 turns it off (default: 1)
   --lock-ttl-ms MS       lifetime of the reload lock if its holder dies (default: 5000)
   --store-timeout-ms MS  bound on each Redis call; slower calls fall back to in-process
                          protection (default: 50)
@@ -100,6 +108,8 @@ struct Args {
     origin: Origin,
     redis: Option<String>,
     ttl: Duration,
+    stale: Option<Duration>,
+    early_refresh_beta: Option<f64>,
     lock_ttl: Option<Duration>,
     store_timeout: Option<Duration>,
     namespace: String,
@@ -125,6 +135,8 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
     let mut origin = None;
     let mut redis = None;
     let mut ttl = None;
+    let mut stale = None;
+    let mut early_refresh_beta = None;
     let mut lock_ttl = None;
     let mut store_timeout = None;
     let mut namespace = None;
@@ -163,6 +175,25 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
                 let seconds = parse_positive(&flag, &value()?)?;
                 set(&mut ttl, &flag, Duration::from_secs(seconds))?;
             }
+            "--stale-secs" => {
+                let text = value()?;
+                let seconds = text.parse::<u64>().map_err(|_| {
+                    usage_error(format!("--stale-secs: {text:?} is not a number of seconds"))
+                })?;
+                set(&mut stale, &flag, Duration::from_secs(seconds))?;
+            }
+            "--early-refresh-beta" => {
+                let text = value()?;
+                let beta = match text.parse::<f64>() {
+                    Ok(beta) if beta.is_finite() && beta >= 0.0 => beta,
+                    _ => {
+                        return Err(usage_error(format!(
+                            "--early-refresh-beta: {text:?} is not a number >= 0"
+                        )))
+                    }
+                };
+                set(&mut early_refresh_beta, &flag, beta)?;
+            }
             "--lock-ttl-ms" => {
                 let millis = parse_positive(&flag, &value()?)?;
                 set(&mut lock_ttl, &flag, Duration::from_millis(millis))?;
@@ -199,6 +230,8 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         origin: origin.ok_or_else(|| usage_error("--origin URL is required"))?,
         redis,
         ttl: ttl.unwrap_or(Duration::from_secs(60)),
+        stale,
+        early_refresh_beta,
         lock_ttl,
         store_timeout,
         namespace: namespace.unwrap_or_else(|| "proxy".to_owned()),
@@ -369,6 +402,12 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
         Some(url) => Cache::builder(connect_redis(url).await?),
     };
     let mut builder = builder.namespace(&args.namespace).ttl(args.ttl);
+    if let Some(stale) = args.stale {
+        builder = builder.stale(stale);
+    }
+    if let Some(beta) = args.early_refresh_beta {
+        builder = builder.early_refresh(beta);
+    }
     if let Some(lock_ttl) = args.lock_ttl {
         builder = builder.lock_ttl(lock_ttl);
     }

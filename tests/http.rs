@@ -547,3 +547,41 @@ async fn a_failing_origin_is_called_once_and_followers_get_a_gateway_error() {
         assert_eq!(statuses.get(&500), Some(&1), "{}", shared.name);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
+    for shared in both().await {
+        let origin = Counter::default();
+        // The first load is slow (δ = 300 ms), so with β = 3 the refresh comes well before the
+        // page's one second of freshness ends.
+        let handler = {
+            let origin = origin.clone();
+            move || async move {
+                let n = origin.hit();
+                let delay = if n == 1 { 300 } else { 10 };
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                ([("cache-control", "max-age=1")], format!("version {n}"))
+            }
+        };
+        let cache = Cache::builder_shared(Arc::clone(&shared.store))
+            .namespace("http-early")
+            .early_refresh(3.0)
+            .build();
+        let app = Router::new()
+            .route("/hot", get(handler))
+            .layer(StampedeLayer::new(cache));
+        let (_, headers, body) = send(&app, "GET", "http://app.test/hot").await;
+        assert_eq!(x_cache(&headers), Some("MISS"), "{}", shared.name);
+        assert_eq!(body, "version 1");
+        let mut refreshed = false;
+        for _ in 0..40 {
+            let (status, headers, body) = send(&app, "GET", "http://app.test/hot").await;
+            assert_eq!(status, StatusCode::OK, "{}", shared.name);
+            assert_eq!(x_cache(&headers), Some("HIT"), "{}", shared.name);
+            refreshed |= body == "version 2";
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(refreshed, "{}: refreshed before it expired", shared.name);
+        assert_eq!(origin.get(), 2, "{}", shared.name);
+    }
+}

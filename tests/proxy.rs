@@ -49,11 +49,20 @@ async fn start_origin(counter: Counter) -> SocketAddr {
     let app = Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
         let counter = counter.clone();
         async move {
-            counter.hit();
+            let n = counter.hit();
             tokio::time::sleep(ORIGIN_DELAY).await;
             let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
             let body = if method == Method::POST {
                 [b"posted:".as_slice(), &body].concat()
+            } else if uri.path() == "/short" {
+                // Fresh for one second; the body tells which origin request made it.
+                return (
+                    [
+                        (header::CACHE_CONTROL, "max-age=1"),
+                        (header::CONTENT_TYPE, "text/plain"),
+                    ],
+                    format!("load {n}").into_bytes(),
+                );
             } else if uri.path() == "/big" {
                 big_body()
             } else {
@@ -456,5 +465,80 @@ async fn posts_reach_the_origin_and_large_bodies_stream_through() {
             2 + n,
             "an unstored body is loaded again"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stale_responses_are_served_while_one_proxy_refreshes() {
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let args = vec![
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--origin".to_owned(),
+        format!("http://{origin}"),
+        "--redis".to_owned(),
+        redis.url(),
+        "--namespace".to_owned(),
+        unique_namespace("stale"),
+        "--stale-secs".to_owned(),
+        "60".to_owned(),
+        "--early-refresh-beta".to_owned(),
+        "0".to_owned(),
+        "--store-timeout-ms".to_owned(),
+        "2000".to_owned(),
+    ];
+    let proxies = start_proxies(2, args).await;
+    let client = client(64);
+
+    let first = send(&client, get(&proxies[0].url("/short"))).await.unwrap();
+    assert_eq!(first.x_cache.as_deref(), Some("MISS"));
+    assert_eq!(first.body, "load 1");
+    // Past its one second of freshness, within the stale window.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+
+    let requests: Vec<_> = (0..20)
+        .map(|i| {
+            let (client, url) = (client.clone(), proxies[i % 2].url("/short"));
+            tokio::spawn(async move { send(&client, get(&url)).await })
+        })
+        .collect();
+    for request in requests {
+        let answer = request.await.unwrap().unwrap();
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.x_cache.as_deref(), Some("STALE"));
+        assert_eq!(answer.body, "load 1");
+    }
+
+    // One request refreshed it, in the background, for both proxies.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let answer = send(&client, get(&proxies[1].url("/short"))).await.unwrap();
+        if answer.body == "load 2" {
+            assert_eq!(answer.x_cache.as_deref(), Some("HIT"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "the refresh never landed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(origin_requests.get(), 2);
+}
+
+#[test]
+fn bad_refresh_settings_are_usage_errors() {
+    for (flag, value) in [
+        ("--early-refresh-beta", "-1"),
+        ("--early-refresh-beta", "NaN"),
+        ("--stale-secs", "soon"),
+    ] {
+        let output = Command::new(proxy_binary())
+            .args(["--listen", "127.0.0.1:0", "--origin", "http://127.0.0.1:1"])
+            .args([flag, value])
+            .output()
+            .expect("run the proxy example");
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
     }
 }
