@@ -51,6 +51,8 @@ pub(crate) struct Config {
     pub(crate) early_refresh_beta: f64,
     pub(crate) refresh_in_background: bool,
     pub(crate) failure_ttl: Duration,
+    pub(crate) breaker_threshold: u32,
+    pub(crate) breaker_open_for: Duration,
 }
 
 impl Default for Config {
@@ -75,6 +77,8 @@ impl Default for Config {
             early_refresh_beta: 1.0,
             refresh_in_background: true,
             failure_ttl: Duration::from_secs(1),
+            breaker_threshold: 5,
+            breaker_open_for: Duration::from_secs(1),
         }
     }
 }
@@ -224,6 +228,18 @@ impl CacheBuilder {
     /// falls back to protection within this process. Default: 50 ms.
     pub fn store_timeout(mut self, store_timeout: Duration) -> Self {
         self.config.store_timeout = store_timeout;
+        self
+    }
+
+    /// The circuit breaker in front of the store: after `failures` store calls in a row have
+    /// failed or timed out, no store call is made for `open_for` (every flight loads with
+    /// in-process protection at once, without paying the store timeout); then one background
+    /// probe asks the store, and the breaker closes as soon as the store answers, so
+    /// protection across processes resumes by itself. Each change is logged once. `failures`
+    /// 0 turns the breaker off. Default: 5 failures, open for 1 s.
+    pub fn circuit_breaker(mut self, failures: u32, open_for: Duration) -> Self {
+        self.config.breaker_threshold = failures;
+        self.config.breaker_open_for = open_for;
         self
     }
 

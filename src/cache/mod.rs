@@ -53,6 +53,7 @@
 //! # }
 //! ```
 
+mod breaker;
 mod config;
 pub(crate) mod entry;
 mod error;
@@ -69,6 +70,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, Store, StoreError, StoreKey};
+use breaker::{Admit, Breaker};
 use entry::Entry;
 
 pub(crate) use config::Config;
@@ -172,6 +174,10 @@ pub struct Stats {
     pub corrupt_entries: u64,
     /// Store calls that failed or timed out.
     pub store_errors: u64,
+    /// Store calls not made because the circuit breaker was open.
+    pub store_calls_skipped: u64,
+    /// Times the circuit breaker opened.
+    pub breaker_opened: u64,
     /// Early refreshes started by this process (see
     /// [`early_refresh`](CacheBuilder::early_refresh)); each one that takes the lock loads.
     pub early_refreshes: u64,
@@ -182,6 +188,8 @@ struct Counters {
     loads: AtomicU64,
     corrupt_entries: AtomicU64,
     store_errors: AtomicU64,
+    store_calls_skipped: AtomicU64,
+    breaker_opened: AtomicU64,
     early_refreshes: AtomicU64,
 }
 
@@ -256,6 +264,7 @@ pub struct Cache {
 struct Inner {
     store: Arc<dyn Store>,
     config: Config,
+    breaker: Arc<Breaker>,
     l1: Option<moka::future::Cache<KeyDigest, L1Entry>>,
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
     /// Keys with an early refresh in progress in this process.
@@ -298,6 +307,10 @@ impl Cache {
         Cache {
             inner: Arc::new(Inner {
                 store,
+                breaker: Arc::new(Breaker::new(
+                    config.breaker_threshold,
+                    config.breaker_open_for,
+                )),
                 config,
                 l1,
                 flights: Mutex::new(HashMap::new()),
@@ -425,8 +438,16 @@ impl Cache {
             loads: c.loads.load(Ordering::Relaxed),
             corrupt_entries: c.corrupt_entries.load(Ordering::Relaxed),
             store_errors: c.store_errors.load(Ordering::Relaxed),
+            store_calls_skipped: c.store_calls_skipped.load(Ordering::Relaxed),
+            breaker_opened: c.breaker_opened.load(Ordering::Relaxed),
             early_refreshes: c.early_refreshes.load(Ordering::Relaxed),
         }
+    }
+
+    /// Whether the store is believed to answer: `false` while the circuit breaker is open
+    /// (this process then protects the backend on its own). For health checks.
+    pub fn store_available(&self) -> bool {
+        self.inner.breaker.is_closed()
     }
 
     /// The store this cache shares with other processes.
@@ -553,11 +574,24 @@ impl Inner {
         release_in_background(&self.store, key, token);
     }
 
-    /// One store call, bounded by the store timeout and counted if it fails.
+    /// One store call, bounded by the store timeout, counted if it fails, and not made at all
+    /// while the circuit breaker is open.
     async fn store_call<T>(
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        match self.breaker.admit() {
+            Admit::Call => {}
+            admit => {
+                self.counters
+                    .store_calls_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                if admit == Admit::Probe {
+                    self.probe();
+                }
+                return Err(StoreError::circuit_open());
+            }
+        }
         let timeout = self.config.store_timeout;
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
@@ -566,7 +600,28 @@ impl Inner {
         if result.is_err() {
             self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
         }
+        if self.breaker.record(result.is_ok()) {
+            self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        }
         result
+    }
+
+    /// Asks the store, in the background, whether it answers again: a read of a probe key,
+    /// bounded by the store timeout. Its answer closes the breaker or keeps it open.
+    fn probe(&self) {
+        let (store, breaker) = (Arc::clone(&self.store), Arc::clone(&self.breaker));
+        let key = StoreKey::new(
+            Arc::clone(&self.config.namespace),
+            KeyDigest::of(b"tower-stampede:probe"),
+        );
+        let timeout = self.config.store_timeout;
+        tokio::spawn(async move {
+            let answered = matches!(
+                tokio::time::timeout(timeout, store.get(&key)).await,
+                Ok(Ok(_))
+            );
+            breaker.probed(answered);
+        });
     }
 
     /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap).
@@ -676,7 +731,9 @@ impl Inner {
                 Ok(lookup) => lookup,
                 Err(error) => {
                     debug!(%error, key = ?digest, "early refresh: store lookup failed");
-                    self.release_in_background(&key, token);
+                    if !error.skipped() {
+                        self.release_in_background(&key, token);
+                    }
                     return;
                 }
             };
@@ -761,6 +818,10 @@ impl Inner {
                 .await
             {
                 Ok(lookup) => lookup,
+                Err(error) if error.skipped() => {
+                    debug!(key = ?digest, "circuit open; loading with in-process protection only");
+                    return self.load_alone(digest, loader, Outcome::Degraded).await;
+                }
                 Err(error) => {
                     warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
                     // A lookup that timed out may still have taken the lock: free it, or every

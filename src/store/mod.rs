@@ -83,6 +83,8 @@ pub struct Lookup {
 #[derive(Clone)]
 pub struct StoreError {
     message: std::sync::Arc<str>,
+    /// The call was not made: the engine's circuit breaker is open.
+    skipped: bool,
 }
 
 impl StoreError {
@@ -90,11 +92,25 @@ impl StoreError {
     pub fn new(message: impl fmt::Display) -> Self {
         StoreError {
             message: message.to_string().into(),
+            skipped: false,
         }
     }
 
     pub(crate) fn timeout(after: Duration) -> Self {
         StoreError::new(format_args!("store call timed out after {after:?}"))
+    }
+
+    pub(crate) fn circuit_open() -> Self {
+        StoreError {
+            message: "store call skipped: the circuit breaker is open".into(),
+            skipped: true,
+        }
+    }
+
+    /// Whether the call was never made, because the circuit breaker was open (so it cannot
+    /// have taken a lock).
+    pub(crate) fn skipped(&self) -> bool {
+        self.skipped
     }
 }
 

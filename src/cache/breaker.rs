@@ -1,0 +1,155 @@
+//! The circuit breaker in front of the store.
+//!
+//! After `threshold` store calls in a row have failed (or timed out), the breaker opens: for
+//! `open_for`, no store call is made and every flight loads with in-process protection at
+//! once, instead of paying the store timeout. Then ONE probe (a read of a probe key, run in
+//! the background by whoever notices first) asks the store: if it answers, the breaker closes
+//! and protection across processes resumes; if not, it stays open for another `open_for`.
+//! Each change of state is logged once.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+/// What the breaker lets a store call do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admit {
+    /// Closed: make the call.
+    Call,
+    /// Open: skip the call.
+    Skip,
+    /// Open, and time to probe: skip the call, and start the probe.
+    Probe,
+}
+
+#[derive(Debug)]
+enum State {
+    Closed { failures: u32 },
+    Open { until: Instant, probing: bool },
+}
+
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    threshold: u32,
+    open_for: Duration,
+    state: Mutex<State>,
+}
+
+impl Breaker {
+    /// A closed breaker; a `threshold` of 0 never opens.
+    pub(crate) fn new(threshold: u32, open_for: Duration) -> Self {
+        Breaker {
+            threshold,
+            open_for,
+            state: Mutex::new(State::Closed { failures: 0 }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // No code path panics while holding the lock, and every state is valid.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the store is believed to answer (the breaker is closed).
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(*self.state(), State::Closed { .. })
+    }
+
+    /// Asks to make a store call.
+    pub(crate) fn admit(&self) -> Admit {
+        let mut state = self.state();
+        match &mut *state {
+            State::Closed { .. } => Admit::Call,
+            State::Open { until, probing } => {
+                if *probing || Instant::now() < *until {
+                    Admit::Skip
+                } else {
+                    *probing = true;
+                    Admit::Probe
+                }
+            }
+        }
+    }
+
+    /// Records the outcome of a call that was made; returns `true` if it opened the breaker.
+    pub(crate) fn record(&self, ok: bool) -> bool {
+        let mut state = self.state();
+        match (&mut *state, ok) {
+            (State::Closed { failures }, true) => {
+                *failures = 0;
+                false
+            }
+            (State::Closed { failures }, false) => {
+                *failures = failures.saturating_add(1);
+                if self.threshold == 0 || *failures < self.threshold {
+                    return false;
+                }
+                warn!(
+                    failures = *failures,
+                    open_for = ?self.open_for,
+                    "store failing: circuit open, loading with in-process protection only"
+                );
+                *state = State::Open {
+                    until: Instant::now() + self.open_for,
+                    probing: false,
+                };
+                true
+            }
+            // A call admitted before the breaker opened: it changes nothing now.
+            (State::Open { .. }, _) => false,
+        }
+    }
+
+    /// Records the outcome of a probe.
+    pub(crate) fn probed(&self, ok: bool) {
+        let mut state = self.state();
+        if ok {
+            info!("store answering again: circuit closed, protection across processes resumes");
+            *state = State::Closed { failures: 0 };
+        } else {
+            *state = State::Open {
+                until: Instant::now() + self.open_for,
+                probing: false,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn opens_after_the_threshold_probes_once_and_closes() {
+        let breaker = Breaker::new(3, Duration::from_secs(1));
+        assert!(!breaker.record(false));
+        assert!(!breaker.record(true));
+        // Failures must be consecutive.
+        assert!(!breaker.record(false));
+        assert!(!breaker.record(false));
+        assert!(breaker.record(false), "the third failure in a row opens it");
+        assert!(!breaker.is_closed());
+        assert_eq!(breaker.admit(), Admit::Skip);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(breaker.admit(), Admit::Probe);
+        assert_eq!(breaker.admit(), Admit::Skip, "one probe at a time");
+        breaker.probed(false);
+        assert_eq!(breaker.admit(), Admit::Skip, "open for another second");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(breaker.admit(), Admit::Probe);
+        breaker.probed(true);
+        assert!(breaker.is_closed());
+        assert_eq!(breaker.admit(), Admit::Call);
+    }
+
+    #[test]
+    fn a_zero_threshold_never_opens() {
+        let breaker = Breaker::new(0, Duration::from_secs(1));
+        for _ in 0..100 {
+            assert!(!breaker.record(false));
+        }
+        assert_eq!(breaker.admit(), Admit::Call);
+    }
+}
