@@ -1,0 +1,237 @@
+//! Redis failing under the engine: killed in the middle of a stampede, paused and resumed,
+//! restarted empty. The store is an optimisation: every request must still be answered, and
+//! protection across processes must come back by itself.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use support::{Counter, RedisServer};
+use tower_stampede::store::{LockState, LockToken, RedisStore};
+use tower_stampede::{Cache, Loaded, Outcome};
+
+/// The failure guard on anything that waits: far beyond what a healthy run needs.
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// `count` app instances, each with its own connections to the server.
+async fn instances(server: &RedisServer, count: usize) -> Vec<Cache> {
+    let mut instances = Vec::new();
+    for _ in 0..count {
+        let store = RedisStore::connect(server.url()).await.unwrap();
+        instances.push(Cache::builder(store).namespace("faults").build());
+    }
+    instances
+}
+
+/// What a stampede saw: answers by outcome, errors, the slowest answer, and backend loads.
+#[derive(Debug)]
+struct Seen {
+    outcomes: HashMap<Outcome, usize>,
+    errors: Vec<String>,
+    slowest: Duration,
+    loads: usize,
+}
+
+/// Starts `requests` concurrent calls for `key` over `instances` (round robin), each load
+/// taking `load`; `during` runs once they are all started (to break Redis mid-stampede).
+async fn stampede(
+    instances: &[Cache],
+    key: &str,
+    requests: usize,
+    load: Duration,
+    during: impl std::future::Future<Output = ()>,
+) -> Seen {
+    let loads = Counter::default();
+    let callers: Vec<_> = (0..requests)
+        .map(|i| {
+            let cache = instances[i % instances.len()].clone();
+            let (key, loads) = (key.to_owned(), loads.clone());
+            tokio::spawn(async move {
+                let asked = Instant::now();
+                let fetched = cache
+                    .fetch(key, move || async move {
+                        loads.hit();
+                        tokio::time::sleep(load).await;
+                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"the value")))
+                    })
+                    .await;
+                (fetched, asked.elapsed())
+            })
+        })
+        .collect();
+    during.await;
+    let mut seen = Seen {
+        outcomes: HashMap::new(),
+        errors: Vec::new(),
+        slowest: Duration::ZERO,
+        loads: 0,
+    };
+    for caller in callers {
+        let (fetched, latency) = tokio::time::timeout(LIMIT, caller)
+            .await
+            .expect("every request is answered")
+            .unwrap();
+        seen.slowest = seen.slowest.max(latency);
+        match fetched {
+            Ok(fetched) if fetched.value().is_some_and(|v| v == "the value") => {
+                *seen.outcomes.entry(fetched.outcome()).or_default() += 1;
+            }
+            Ok(fetched) => seen.errors.push(format!("wrong answer {fetched:?}")),
+            Err(error) => seen.errors.push(error.to_string()),
+        }
+    }
+    seen.loads = loads.get();
+    eprintln!("{key}: {seen:?}");
+    seen
+}
+
+/// Calls every instance until each has the store back (its circuit breaker closed, and a
+/// lookup answered by the store); each call may be the one that probes.
+async fn until_protected(instances: &[Cache]) {
+    let deadline = Instant::now() + LIMIT;
+    let mut attempt = 0;
+    for (n, cache) in instances.iter().enumerate() {
+        loop {
+            // A new key each time: a key answered from L1 would not ask the store.
+            attempt += 1;
+            let fetched = cache
+                .fetch(format!("scratch-{attempt}"), || async {
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"scratch")))
+                })
+                .await
+                .unwrap();
+            let from_store = matches!(
+                fetched.outcome(),
+                Outcome::L2Hit | Outcome::Leader | Outcome::Follower
+            );
+            if cache.store_available() && from_store {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "instance {n} never got Redis back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_stampede_every_request_is_answered() {
+    let mut server = RedisServer::start();
+    let instances = instances(&server, 4).await;
+    let seen = stampede(
+        &instances,
+        "killed",
+        1000,
+        Duration::from_millis(300),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            server.kill();
+        },
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "errors: {:?}", seen.errors);
+    assert!(
+        seen.loads <= instances.len(),
+        "{} loads for {} instances",
+        seen.loads,
+        instances.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_then_resumed_answers_throughout_and_protection_returns() {
+    let server = RedisServer::start();
+    let instances = instances(&server, 4).await;
+    server.pause();
+
+    // While Redis answers nothing, requests are answered by in-process protection: the first
+    // store calls pay the store timeout (50 ms), then the breaker spares them even that.
+    let seen = stampede(
+        &instances,
+        "paused",
+        400,
+        Duration::from_millis(100),
+        async {},
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "errors: {:?}", seen.errors);
+    assert!(seen.loads <= instances.len(), "{} loads", seen.loads);
+    let before = instances[0].stats();
+    for i in 0..20 {
+        let value = instances[0]
+            .get_or_load(format!("paused-{i}"), || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(value, "v");
+    }
+    let after = instances[0].stats();
+    assert!(after.breaker_opened >= 1, "{after:?}");
+    assert_eq!(
+        after.breaker_opened, 1,
+        "the breaker stays open while Redis is paused: {after:?}"
+    );
+    assert!(
+        after.store_calls_skipped - before.store_calls_skipped >= 15,
+        "requests stopped paying the store timeout: {before:?} -> {after:?}"
+    );
+    assert!(!instances[0].store_available());
+
+    server.resume();
+    until_protected(&instances).await;
+    let seen = stampede(
+        &instances,
+        "resumed",
+        400,
+        Duration::from_millis(100),
+        async {},
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "errors: {:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "protection across processes is back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_leaves_no_lock_behind() {
+    let mut server = RedisServer::start();
+    let instances = instances(&server, 4).await;
+    let seen = stampede(
+        &instances,
+        "before",
+        400,
+        Duration::from_millis(50),
+        async {},
+    )
+    .await;
+    assert_eq!(seen.loads, 1);
+    // A leader elsewhere holds a lock for a minute when Redis goes down.
+    let held = instances[0].store_key("held");
+    let lookup = instances[0]
+        .store()
+        .lookup(
+            &held,
+            LockToken::random(),
+            Duration::from_secs(60),
+            Duration::MAX,
+        )
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired);
+
+    server.restart();
+    until_protected(&instances).await;
+    // Nobody waits for the lost lock: one load, at once.
+    let seen = stampede(&instances, "held", 400, Duration::from_millis(50), async {}).await;
+    assert!(seen.errors.is_empty(), "errors: {:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "back to one load");
+    assert!(
+        seen.slowest < Duration::from_secs(30),
+        "nobody waited for the lost lock"
+    );
+}
