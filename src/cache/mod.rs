@@ -21,6 +21,8 @@
 //!
 //! If the store fails or is slower than [`store_timeout`](CacheBuilder::store_timeout), the
 //! flight loads by itself: protection falls back to one load per process, never to an error.
+//! After repeated failures a [circuit breaker](CacheBuilder::circuit_breaker) skips the store
+//! altogether until a background probe finds it answering again.
 //!
 //! # Concurrent calls on the same key
 //!
