@@ -2,7 +2,7 @@
 //!
 //! [`StampedeLayer`] wraps a service (an axum `Router`, a hyper client, any
 //! `Service<http::Request<B>>`) so that cacheable `GET` responses are shared through a
-//! [`Cache`]: when a thousand requests for one cold URL arrive across many processes, the inner
+//! [`Cache`](crate::Cache): when a thousand requests for one cold URL arrive across many processes, the inner
 //! service is called once and everyone else is answered from the cache.
 //!
 //! Every response the layer handles carries `x-cache`:
