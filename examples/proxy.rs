@@ -81,6 +81,8 @@ options:
                          protection (default: 50)
   --namespace NS         prefix of the cache's keys in the store (default: proxy)
   --max-body-bytes N     largest response body that is cached (default: 1048576)
+  --metrics ADDR         serve Prometheus metrics on http://ADDR/metrics (needs the
+                         `metrics` feature; prints `metrics on ADDR` once bound)
   --help                 print this help and exit
 
 Prints `listening on ADDR` once bound. Exit codes: 0 after Ctrl-C, 1 when Redis cannot be
@@ -114,6 +116,7 @@ struct Args {
     store_timeout: Option<Duration>,
     namespace: String,
     max_body_bytes: Option<usize>,
+    metrics: Option<SocketAddr>,
 }
 
 /// A usage error: printed with a pointer to `--help`, exit code 2.
@@ -141,6 +144,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
     let mut store_timeout = None;
     let mut namespace = None;
     let mut max_body_bytes = None;
+    let mut metrics = None;
 
     while let Some(arg) = args.next() {
         if arg == "--help" || arg == "-h" {
@@ -161,6 +165,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         };
         match flag.as_str() {
             "--listen" => set(&mut listen, &flag, parse_listen(&value()?)?)?,
+            "--metrics" => set(&mut metrics, &flag, parse_listen(&value()?)?)?,
             "--origin" => set(&mut origin, &flag, Origin::parse(&value()?)?)?,
             "--redis" => {
                 let url = value()?;
@@ -236,6 +241,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         store_timeout,
         namespace: namespace.unwrap_or_else(|| "proxy".to_owned()),
         max_body_bytes,
+        metrics,
     }))
 }
 
@@ -417,6 +423,47 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
     Ok(builder.build())
 }
 
+/// Installs a Prometheus recorder and serves its text on `http://ADDR/metrics`; returns the
+/// bound address.
+#[cfg(feature = "metrics")]
+async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot serve metrics on {addr}: {e}"))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the metrics address: {e}"))?;
+    // Histograms are summarised on upkeep: keep them fresh.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || std::future::ready(handle.render())),
+    );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            eprintln!("metrics server stopped: {error}");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(not(feature = "metrics"))]
+async fn serve_metrics(_addr: SocketAddr) -> Result<SocketAddr, String> {
+    Err("--metrics needs the `metrics` feature: \
+         cargo run --example proxy --features metrics -- ..."
+        .to_owned())
+}
+
 #[cfg(feature = "redis")]
 async fn connect_redis(url: &str) -> Result<tower_stampede::store::RedisStore, String> {
     tower_stampede::store::RedisStore::connect(url)
@@ -457,6 +504,10 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    if let Some(addr) = args.metrics {
+        let bound = serve_metrics(addr).await?;
+        println!("metrics on {bound}");
+    }
     let cache = build_cache(&args).await?;
     let mut layer = StampedeLayer::new(cache);
     if let Some(limit) = args.max_body_bytes {

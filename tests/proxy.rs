@@ -123,6 +123,9 @@ fn proxy_binary() -> &'static Path {
         if cfg!(feature = "redis") {
             build.args(["--features", "redis"]);
         }
+        if cfg!(feature = "metrics") {
+            build.args(["--features", "metrics"]);
+        }
         let output = build
             .output()
             .expect("run cargo to build the proxy example");
@@ -154,6 +157,8 @@ fn proxy_binary() -> &'static Path {
 struct Proxy {
     child: Child,
     addr: SocketAddr,
+    /// Where it serves metrics, if it was asked to (`--metrics`).
+    metrics: Option<SocketAddr>,
 }
 
 impl Proxy {
@@ -181,10 +186,14 @@ impl Proxy {
         });
 
         let deadline = Instant::now() + LIMIT;
+        let mut metrics = None;
         let addr = loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match received.recv_timeout(left) {
                 Ok(line) => {
+                    if let Some(addr) = line.strip_prefix("metrics on ") {
+                        metrics = addr.trim().parse::<SocketAddr>().ok();
+                    }
                     if let Some(addr) = line.strip_prefix("listening on ") {
                         break addr
                             .trim()
@@ -202,7 +211,11 @@ impl Proxy {
             }
         };
         let child = guard.0.take().expect("the child is still guarded");
-        Proxy { child, addr }
+        Proxy {
+            child,
+            addr,
+            metrics,
+        }
     }
 
     fn url(&self, path_and_query: &str) -> String {
@@ -541,4 +554,43 @@ fn bad_refresh_settings_are_usage_errors() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
     }
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test(flavor = "multi_thread")]
+async fn the_proxy_serves_prometheus_metrics() {
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let args = vec![
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--origin".to_owned(),
+        format!("http://{origin}"),
+        "--namespace".to_owned(),
+        unique_namespace("metrics"),
+        "--metrics".to_owned(),
+        "127.0.0.1:0".to_owned(),
+    ];
+    let proxy = start_proxies(1, args).await.remove(0);
+    let client = client(4);
+    let miss = send(&client, get(&proxy.url("/page"))).await.unwrap();
+    assert_eq!(miss.x_cache.as_deref(), Some("MISS"));
+    let hit = send(&client, get(&proxy.url("/page"))).await.unwrap();
+    assert_eq!(hit.x_cache.as_deref(), Some("HIT"));
+    let metrics = proxy.metrics.expect("the proxy printed `metrics on ADDR`");
+    let scraped = send(&client, get(&format!("http://{metrics}/metrics")))
+        .await
+        .unwrap();
+    assert_eq!(scraped.status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&scraped.body);
+    for line in [
+        "stampede_lookups_total{outcome=\"miss-leader\"} 1",
+        "stampede_lookups_total{outcome=\"hit-l1\"} 1",
+        "stampede_loads_total 1",
+        "stampede_lock_total{event=\"acquired\"} 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    }
+    assert!(text.contains("stampede_load_duration_seconds"), "{text}");
+    assert_eq!(origin_requests.get(), 1);
 }

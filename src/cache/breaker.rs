@@ -13,6 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::telemetry;
+
 /// What the breaker lets a store call do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Admit {
@@ -95,6 +97,7 @@ impl Breaker {
                     until: Instant::now() + self.open_for,
                     probing: false,
                 };
+                telemetry::breaker_open(true);
                 true
             }
             // A call admitted before the breaker opened: it changes nothing now.
@@ -108,6 +111,7 @@ impl Breaker {
         if ok {
             info!("store answering again: circuit closed, protection across processes resumes");
             *state = State::Closed { failures: 0 };
+            telemetry::breaker_open(false);
         } else {
             *state = State::Open {
                 until: Instant::now() + self.open_for,

@@ -59,6 +59,7 @@ mod breaker;
 mod config;
 pub(crate) mod entry;
 mod error;
+pub(crate) mod telemetry;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -69,11 +70,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, debug_span, warn, Instrument};
 
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, Store, StoreError, StoreKey};
 use breaker::{Admit, Breaker};
 use entry::Entry;
+use telemetry::{LockEvent, WaitEnd};
 
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
@@ -142,6 +144,23 @@ pub enum Outcome {
     Degraded,
 }
 
+impl Outcome {
+    /// A short name for logs and metrics: `hit-l1`, `hit-l2`, `miss-leader`, `follower`,
+    /// `pass`, `uncached`, `stale`, `degraded`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::L1Hit => "hit-l1",
+            Outcome::L2Hit => "hit-l2",
+            Outcome::Leader => "miss-leader",
+            Outcome::Follower => "follower",
+            Outcome::Pass => "pass",
+            Outcome::Uncached => "uncached",
+            Outcome::Stale => "stale",
+            Outcome::Degraded => "degraded",
+        }
+    }
+}
+
 /// The answer of [`Cache::fetch`].
 #[derive(Clone, Debug)]
 pub struct Fetched {
@@ -180,6 +199,9 @@ pub struct Stats {
     pub store_calls_skipped: u64,
     /// Times the circuit breaker opened.
     pub breaker_opened: u64,
+    /// Bytes held by L1 (values plus a per-entry overhead); entries that expired are taken
+    /// off when L1 sweeps them.
+    pub l1_bytes: u64,
     /// Early refreshes started by this process (see
     /// [`early_refresh`](CacheBuilder::early_refresh)); each one that takes the lock loads.
     pub early_refreshes: u64,
@@ -232,6 +254,14 @@ impl StaleValue {
     }
 }
 
+impl L1Entry {
+    /// What the entry costs L1: its value, plus about what the digest and moka's own
+    /// bookkeeping cost per entry.
+    fn weight(&self) -> u32 {
+        u32::try_from(self.value.len().saturating_add(96)).unwrap_or(u32::MAX)
+    }
+}
+
 struct L1Expiry;
 
 impl moka::Expiry<KeyDigest, L1Entry> for L1Expiry {
@@ -267,6 +297,8 @@ struct Inner {
     store: Arc<dyn Store>,
     config: Config,
     breaker: Arc<Breaker>,
+    /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
+    l1_bytes: Arc<AtomicU64>,
     l1: Option<moka::future::Cache<KeyDigest, L1Entry>>,
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
     /// Keys with an early refresh in progress in this process.
@@ -296,19 +328,29 @@ impl Cache {
     }
 
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
+        let l1_bytes = Arc::new(AtomicU64::new(0));
         let l1 = (config.l1_capacity > 0).then(|| {
+            let removed = Arc::clone(&l1_bytes);
             moka::future::Cache::builder()
                 .max_capacity(config.l1_capacity)
-                .weigher(|_key: &KeyDigest, entry: &L1Entry| {
-                    // The digest and moka's own bookkeeping cost about this much per entry.
-                    u32::try_from(entry.value.len().saturating_add(96)).unwrap_or(u32::MAX)
-                })
+                .weigher(|_key: &KeyDigest, entry: &L1Entry| entry.weight())
                 .expire_after(L1Expiry)
+                // Replaced, expired or evicted: no longer counted.
+                .eviction_listener(move |_key, entry: L1Entry, _cause| {
+                    let weight = u64::from(entry.weight());
+                    let before = removed
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                            Some(b.saturating_sub(weight))
+                        })
+                        .unwrap_or_default();
+                    telemetry::l1_bytes(before.saturating_sub(weight));
+                })
                 .build()
         });
         Cache {
             inner: Arc::new(Inner {
                 store,
+                l1_bytes,
                 breaker: Arc::new(Breaker::new(
                     config.breaker_threshold,
                     config.breaker_open_for,
@@ -359,6 +401,39 @@ impl Cache {
         E: Into<BoxError>,
     {
         let digest = KeyDigest::of(key.as_ref());
+        let span = debug_span!(
+            "stampede.fetch",
+            key = %digest,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let answer = self
+            .fetch_digest(digest, loader)
+            .instrument(span.clone())
+            .await;
+        match &answer {
+            Ok(fetched) => {
+                telemetry::outcome(fetched.outcome);
+                span.record("outcome", fetched.outcome.label());
+            }
+            Err(error) => {
+                span.record("outcome", "error");
+                debug!(parent: &span, %error, "no value");
+            }
+        }
+        if !matches!(&answer, Ok(f) if f.outcome == Outcome::L1Hit) {
+            span.record("wait_ms", started.elapsed().as_secs_f64() * 1000.0);
+        }
+        answer
+    }
+
+    async fn fetch_digest<F, Fut, E>(&self, digest: KeyDigest, loader: F) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
             if let Some(l1) = &self.inner.l1 {
@@ -441,6 +516,7 @@ impl Cache {
             corrupt_entries: c.corrupt_entries.load(Ordering::Relaxed),
             store_errors: c.store_errors.load(Ordering::Relaxed),
             store_calls_skipped: c.store_calls_skipped.load(Ordering::Relaxed),
+            l1_bytes: self.inner.l1_bytes.load(Ordering::Relaxed),
             breaker_opened: c.breaker_opened.load(Ordering::Relaxed),
             early_refreshes: c.early_refreshes.load(Ordering::Relaxed),
         }
@@ -526,17 +602,27 @@ fn release_in_background(store: &Arc<dyn Store>, key: &StoreKey, token: LockToke
 }
 
 /// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
-async fn wait_for_fill(filled: &mut Option<crate::store::FillWatch>, pause: Duration) {
+async fn wait_for_fill(filled: &mut Option<crate::store::FillWatch>, pause: Duration) -> WaitEnd {
     let pause = tokio::time::sleep(pause);
     match filled {
         Some(filled) => {
             tokio::select! {
-                () = pause => {}
-                () = filled.changed() => {}
+                () = pause => WaitEnd::Polled,
+                () = filled.changed() => WaitEnd::Notified,
             }
         }
-        None => pause.await,
+        None => {
+            pause.await;
+            WaitEnd::Polled
+        }
     }
+}
+
+/// How a flight waited for other leaders, for the follower-wait metric.
+#[derive(Default)]
+struct Waiting {
+    since: Option<Instant>,
+    ended: Option<WaitEnd>,
 }
 
 /// Pauses between a follower's re-reads: exponential, capped, jittered.
@@ -601,6 +687,7 @@ impl Inner {
         };
         if result.is_err() {
             self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+            telemetry::store_error();
         }
         if self.breaker.record(result.is_ok()) {
             self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
@@ -642,6 +729,10 @@ impl Inner {
                 fresh_until: Instant::now() + fresh_for,
                 load_time,
             };
+            // Counted before the insert, so the listener never takes off what was not added.
+            let weight = u64::from(entry.weight());
+            let bytes = self.l1_bytes.fetch_add(weight, Ordering::Relaxed) + weight;
+            telemetry::l1_bytes(bytes);
             l1.insert(digest, entry).await;
         }
     }
@@ -744,6 +835,7 @@ impl Inner {
                 .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
             match (lookup.lock, entry) {
                 (LockState::Acquired, _) => {
+                    telemetry::lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
                     if let Err(error) = self.lead(key, token, loader, None, None).await {
                         warn!(key = ?digest, %error, "early refresh failed");
@@ -765,7 +857,7 @@ impl Inner {
                     if now >= until {
                         return;
                     }
-                    wait_for_fill(&mut filled, backoff.pause().min(until - now)).await;
+                    let _ = wait_for_fill(&mut filled, backoff.pause().min(until - now)).await;
                 }
                 // Gone, or recently failed: ordinary flights deal with it.
                 _ => return,
@@ -782,6 +874,23 @@ impl Inner {
         digest: KeyDigest,
         loader: BoxLoader,
         early: &watch::Sender<Option<FlightResult>>,
+    ) -> FlightResult {
+        let mut waiting = Waiting::default();
+        let answer = self.resolve_key(digest, loader, early, &mut waiting).await;
+        if let (Some(since), Some(ended)) = (waiting.since, waiting.ended) {
+            let waited = since.elapsed();
+            debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
+            telemetry::follower_wait(waited, ended);
+        }
+        answer
+    }
+
+    async fn resolve_key(
+        self: &Arc<Self>,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        early: &watch::Sender<Option<FlightResult>>,
+        waiting: &mut Waiting,
     ) -> FlightResult {
         let config = &self.config;
         let keep = config.keep();
@@ -861,6 +970,11 @@ impl Inner {
                 }
                 _ => None,
             };
+            match lock {
+                LockState::Acquired => telemetry::lock(LockEvent::Acquired),
+                LockState::HeldElsewhere => telemetry::lock(LockEvent::Contended),
+                _ => {}
+            }
             match (lock, entry) {
                 (LockState::Acquired, _) => {
                     return self.lead(key, token, loader, stale, Some(early)).await;
@@ -930,8 +1044,10 @@ impl Inner {
             }
             // A follower: another leader holds the lock.
             followed = true;
+            waiting.since.get_or_insert_with(Instant::now);
             let waited = started.elapsed();
             if waited >= config.wait_timeout {
+                waiting.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 return match config.on_wait_timeout {
                     WaitTimeoutPolicy::LoadUncached => {
@@ -949,7 +1065,7 @@ impl Inner {
                 };
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
-            wait_for_fill(&mut filled, pause).await;
+            waiting.ended = Some(wait_for_fill(&mut filled, pause).await);
         }
     }
 
@@ -962,6 +1078,7 @@ impl Inner {
     ) -> Result<Loaded, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
+        let started = Instant::now();
         let mut task = tokio::spawn(loader());
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
@@ -970,6 +1087,7 @@ impl Inner {
         loop {
             tokio::select! {
                 joined = &mut task => {
+                    telemetry::load(started.elapsed());
                     return match joined {
                         Ok(Ok(loaded)) => Ok(loaded),
                         Ok(Err(error)) => Err(Error::load(error)),
@@ -977,14 +1095,21 @@ impl Inner {
                     };
                 }
                 () = &mut deadline => {
+                    telemetry::load(started.elapsed());
                     task.abort();
                     return Err(Error::load_timeout(config.load_timeout));
                 }
                 _ = renew.tick(), if lock.is_some() => {
                     if let Some((key, token)) = lock {
                         match self.store_call(self.store.extend(key, token, config.lock_ttl)).await {
-                            Ok(true) => debug!(?key, "lock extended"),
-                            Ok(false) => warn!(?key, "lock lost during the load; its fill will be refused"),
+                            Ok(true) => {
+                                telemetry::lock(LockEvent::Extended);
+                                debug!(?key, "lock extended");
+                            }
+                            Ok(false) => {
+                                telemetry::lock(LockEvent::Lost);
+                                warn!(?key, "lock lost during the load; its fill will be refused");
+                            }
                             Err(error) => debug!(?key, %error, "lock extension failed"),
                         }
                     }
@@ -1064,6 +1189,7 @@ impl Inner {
                         if filled {
                             self.l1_insert(digest, value.clone(), ttl, load_time).await;
                         } else {
+                            telemetry::lock(LockEvent::Lost);
                             warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                         }
                     }

@@ -78,6 +78,7 @@ where
         match policy::request_rule(&request) {
             RequestRule::Ignore => ResponseFuture::inner(Oneshot::new(inner, request), None),
             RequestRule::Bypass => {
+                crate::cache::telemetry::lookup("bypass");
                 ResponseFuture::inner(Oneshot::new(inner, request), Some(BYPASS))
             }
             RequestRule::Cache(key) => ResponseFuture::cached(Box::pin(serve(
