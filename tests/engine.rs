@@ -1575,3 +1575,94 @@ async fn early_refresh_keeps_a_hot_key_fresh_at_about_one_load_per_ttl() {
     let loads = loads.get();
     assert!((10..=13).contains(&loads), "{loads} loads in 10 s");
 }
+
+/// Commands clients sent since the last `CONFIG RESETSTAT`, by name: the test's own `INFO` and
+/// `CONFIG`, and the commands the store's scripts run inside Redis (which `INFO
+/// commandstats` counts too), left out.
+async fn commands_run(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            let by_test = name == "info" || name.starts_with("config");
+            let in_script = matches!(name, "get" | "pttl" | "set" | "del" | "publish" | "pexpire");
+            (!by_test && !in_script).then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+async fn reset_stats(server: &RedisServer) {
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
+    let shared = Shared::redis().await;
+    let server = shared.redis.as_ref().unwrap();
+    let leader = shared.cache().build();
+    let reader = deaf_to_polls(shared.other_process().await).build();
+    let loads = Counter::default();
+    // Warm up: scripts loaded, the reader's subscription to the namespace in place.
+    for key in ["warm-1", "warm-2"] {
+        leader
+            .get_or_load(key, slow_value(&loads, Duration::ZERO, "w"))
+            .await
+            .unwrap();
+        reader.fetch(key, never_called).await.unwrap();
+    }
+    leader
+        .get_or_load("hot", slow_value(&loads, Duration::ZERO, "v"))
+        .await
+        .unwrap();
+
+    reset_stats(server).await;
+    let hit = reader.fetch("hot", never_called).await.unwrap();
+    assert_eq!(hit.outcome(), Outcome::L2Hit);
+    let after_hit = commands_run(server).await;
+    assert_eq!(
+        after_hit.values().sum::<u64>(),
+        1,
+        "an L2 hit is one command: {after_hit:?}"
+    );
+    assert_eq!(after_hit.get("evalsha"), Some(&1), "{after_hit:?}");
+
+    reset_stats(server).await;
+    let fetched = reader
+        .fetch("cold", || async {
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"c")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(fetched.outcome(), Outcome::Leader);
+    let after_miss = commands_run(server).await;
+    // The miss decision (value or lock) is one lookup; the fill is the second and last.
+    assert_eq!(
+        after_miss.values().sum::<u64>(),
+        2,
+        "a miss is a lookup and a fill: {after_miss:?}"
+    );
+}
