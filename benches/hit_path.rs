@@ -1,0 +1,69 @@
+//! The price of the layer on its fastest path: a request answered from L1, against the bare
+//! inner service answering the same request. Both read the whole body.
+//!
+//! ```sh
+//! cargo bench --bench hit_path
+//! ```
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tower::{service_fn, ServiceBuilder, ServiceExt};
+use tower_stampede::store::MemoryStore;
+use tower_stampede::{Cache, StampedeLayer};
+
+/// A 2 KiB page, as an origin would answer it.
+fn page() -> Bytes {
+    Bytes::from(vec![b'p'; 2048])
+}
+
+fn request() -> Request<Full<Bytes>> {
+    Request::get("http://app.test/page?id=42")
+        .body(Full::default())
+        .expect("a request")
+}
+
+fn hit_path(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let page = page();
+    let bare = service_fn(move |_request: Request<Full<Bytes>>| {
+        let page = page.clone();
+        async move { Ok::<_, Infallible>(Response::new(Full::new(page))) }
+    });
+    let layered = ServiceBuilder::new()
+        .layer(StampedeLayer::new(
+            Cache::builder(MemoryStore::new()).build(),
+        ))
+        .service(bare.clone());
+
+    let mut group = c.benchmark_group("hit_path");
+    group.bench_function("bare service", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let response = bare.clone().oneshot(request()).await.expect("answered");
+            let body = response.into_body().collect().await.expect("a body");
+            body.to_bytes().len()
+        });
+    });
+    // Warm L1 with the first request.
+    runtime.block_on(async {
+        let response = layered.clone().oneshot(request()).await.expect("answered");
+        assert_eq!(response.headers()["x-cache"], "MISS");
+    });
+    group.bench_function("layer, L1 hit", |b| {
+        b.to_async(&runtime).iter(|| async {
+            let response = layered.clone().oneshot(request()).await.expect("answered");
+            let body = response.into_body().collect().await.expect("a body");
+            body.to_bytes().len()
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, hit_path);
+criterion_main!(benches);
