@@ -1,4 +1,4 @@
-//! A cache stampede, three ways: N concurrent requests for ONE cold key, spread round-robin
+//! A cache stampede, four ways: N concurrent requests for ONE cold key, spread round-robin
 //! over K "app instances" (simulated in this process), in front of a slow origin.
 //!
 //! 1. `no cache`: every request calls the origin, so the origin sees N loads.
@@ -6,13 +6,19 @@
 //!    `get_with` coalesces concurrent misses, so the origin sees one load per instance (K).
 //! 3. `tower-stampede`: each instance is its own [`tower_stampede::Cache`] (with its own L1),
 //!    all of them over ONE shared store; the store's reload lock lets one request of one
-//!    instance load while every other request waits for its fill: one load in all.
+//!    instance load while every other request waits for its fill: one load in all. The
+//!    followers are woken by the store's "filled" notification.
+//! 4. `tower-stampede, polling only`: the same with
+//!    [`notifications(false)`](tower_stampede::CacheBuilder::notifications): the followers
+//!    find the fill by re-reading the store on their jittered backoff (5 ms growing to 200 ms).
 //!
 //! For each scenario the demo prints the origin's load count, the requests' latency
 //! percentiles (nearest rank) and the number of errors (failed calls, panicked tasks or wrong
-//! bodies). It then checks that the `tower-stampede` scenario loaded the origin exactly once
-//! and answered every request; if not, it prints a warning and exits with code 1, so it can
-//! serve as a smoke test.
+//! bodies). For the two `tower-stampede` scenarios it also prints how late the followers were:
+//! the p99 of each follower's completion minus the end of the origin's load (every request but
+//! the one that loaded is a follower). It then checks that both `tower-stampede` scenarios
+//! loaded the origin exactly once and answered every request; if not, it prints a warning and
+//! exits with code 1, so it can serve as a smoke test.
 //!
 //! Run it (no Redis needed: the instances share one in-process `MemoryStore`):
 //!
@@ -34,7 +40,7 @@
 use std::future::Future;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -46,7 +52,8 @@ const USAGE: &str = "\
 usage: cargo run --release --example demo -- [OPTIONS]
 
 Simulates a cache stampede: N concurrent requests for one cold key, spread over K app
-instances, against a slow origin, with no cache, a per-instance moka cache, and tower-stampede.
+instances, against a slow origin, with no cache, a per-instance moka cache, and tower-stampede
+(with fill notifications, then with polling only).
 
 options:
   --requests N     concurrent requests per scenario (default 1000, at least 1)
@@ -136,6 +143,8 @@ fn positive(name: &str, raw: &str) -> Result<usize, String> {
 /// The slow backend: counts its loads and takes `delay` to answer each one.
 struct Origin {
     loads: AtomicU64,
+    /// The request whose load ended last, and when it ended.
+    last_load: Mutex<Option<(usize, Instant)>>,
     delay: Duration,
     page: Bytes,
 }
@@ -148,19 +157,32 @@ impl Origin {
         page.extend_from_slice(tail);
         Arc::new(Origin {
             loads: AtomicU64::new(0),
+            last_load: Mutex::new(None),
             delay,
             page: Bytes::from(page),
         })
     }
 
-    async fn load(&self) -> Bytes {
+    /// Loads the page for request `request`.
+    async fn load(&self, request: usize) -> Bytes {
         self.loads.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
+        *self
+            .last_load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some((request, Instant::now()));
         self.page.clone()
     }
 
     fn loads(&self) -> u64 {
         self.loads.load(Ordering::SeqCst)
+    }
+
+    fn last_load(&self) -> Option<(usize, Instant)> {
+        *self
+            .last_load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -170,42 +192,60 @@ struct Report {
     loads: u64,
     /// Latencies of the requests that completed, sorted.
     latencies: Vec<Duration>,
+    /// For the one-load scenarios: how long after the end of the load each follower completed,
+    /// sorted.
+    lateness: Option<Vec<Duration>>,
     errors: usize,
 }
 
-impl Report {
-    /// The nearest-rank percentile `p` (1..=100) of the latencies, in ms.
-    fn percentile_ms(&self, p: usize) -> Option<f64> {
-        let n = self.latencies.len();
-        if n == 0 {
-            return None;
-        }
-        let rank = (p * n).div_ceil(100).clamp(1, n);
-        Some(self.latencies[rank - 1].as_secs_f64() * 1000.0)
+/// The nearest-rank percentile `p` (1..=100) of sorted `samples`, in ms.
+fn percentile_ms(samples: &[Duration], p: usize) -> Option<f64> {
+    let n = samples.len();
+    if n == 0 {
+        return None;
     }
+    let rank = (p * n).div_ceil(100).clamp(1, n);
+    Some(samples[rank - 1].as_secs_f64() * 1000.0)
+}
 
+/// A table cell for a figure in ms, `-` when there is none.
+fn ms(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+}
+
+impl Report {
     fn row(&self) -> String {
-        let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
         format!(
-            "{:<28}{:>17}{:>9}{:>9}{:>9}{:>9}",
+            "{:<30}{:>15}{:>9}{:>9}{:>9}{:>9}{:>11}",
             self.name,
             self.loads,
-            ms(self.percentile_ms(50)),
-            ms(self.percentile_ms(99)),
-            ms(self.percentile_ms(100)),
+            ms(percentile_ms(&self.latencies, 50)),
+            ms(percentile_ms(&self.latencies, 99)),
+            ms(percentile_ms(&self.latencies, 100)),
             self.errors,
+            ms(self.lateness_p99()),
         )
     }
+
+    /// The followers' p99 lateness, in ms.
+    fn lateness_p99(&self) -> Option<f64> {
+        self.lateness.as_deref().and_then(|l| percentile_ms(l, 99))
+    }
+}
+
+/// What a stampede measured.
+struct Timings {
+    /// Latencies of the requests that completed, sorted.
+    latencies: Vec<Duration>,
+    /// When each request completed, by request number (`None` if it failed).
+    completed: Vec<Option<Instant>>,
+    errors: usize,
 }
 
 /// Spawns `requests` tasks, one future each from `request(i)`, releases them all at the same
 /// moment and times each one. A request fails if it errs, its task panics, or its body is not
 /// `expected`.
-async fn stampede<F, Fut, E>(
-    requests: usize,
-    expected: &Bytes,
-    request: F,
-) -> (Vec<Duration>, usize)
+async fn stampede<F, Fut, E>(requests: usize, expected: &Bytes, request: F) -> Timings
 where
     F: Fn(usize) -> Fut,
     Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
@@ -220,40 +260,52 @@ where
                 barrier.wait().await;
                 let started = Instant::now();
                 let result = call.await;
-                (started.elapsed(), result.ok())
+                (started, Instant::now(), result.ok())
             })
         })
         .collect();
     let mut latencies = Vec::with_capacity(requests);
+    let mut completed = Vec::with_capacity(requests);
     let mut errors = 0;
     for task in tasks {
         match task.await {
-            Ok((latency, body)) => {
-                latencies.push(latency);
-                if body.as_ref() != Some(expected) {
+            Ok((started, ended, body)) => {
+                latencies.push(ended - started);
+                if body.as_ref() == Some(expected) {
+                    completed.push(Some(ended));
+                } else {
+                    completed.push(None);
                     errors += 1;
                 }
             }
-            Err(_) => errors += 1,
+            Err(_) => {
+                completed.push(None);
+                errors += 1;
+            }
         }
     }
     latencies.sort_unstable();
-    (latencies, errors)
+    Timings {
+        latencies,
+        completed,
+        errors,
+    }
 }
 
 /// Scenario 1: every request goes to the origin.
 async fn no_cache(args: &Args) -> Report {
     let origin = Origin::new(args.delay);
-    let (latencies, errors) = stampede(args.requests, &origin.page, |_| {
+    let timings = stampede(args.requests, &origin.page, |i| {
         let origin = Arc::clone(&origin);
-        async move { Ok::<_, ()>(origin.load().await) }
+        async move { Ok::<_, ()>(origin.load(i).await) }
     })
     .await;
     Report {
         name: "no cache",
         loads: origin.loads(),
-        latencies,
-        errors,
+        latencies: timings.latencies,
+        lateness: None,
+        errors: timings.errors,
     }
 }
 
@@ -263,11 +315,11 @@ async fn l1_only(args: &Args) -> Report {
     let instances: Vec<moka::future::Cache<String, Bytes>> = (0..args.instances)
         .map(|_| moka::future::Cache::new(1024))
         .collect();
-    let (latencies, errors) = stampede(args.requests, &origin.page, |i| {
+    let timings = stampede(args.requests, &origin.page, |i| {
         let (origin, l1) = (Arc::clone(&origin), instances[i % instances.len()].clone());
         async move {
             let value = l1
-                .get_with(KEY.to_owned(), async move { origin.load().await })
+                .get_with(KEY.to_owned(), async move { origin.load(i).await })
                 .await;
             Ok::<_, ()>(value)
         }
@@ -276,13 +328,15 @@ async fn l1_only(args: &Args) -> Report {
     Report {
         name: "L1 only (moka, per instance)",
         loads: origin.loads(),
-        latencies,
-        errors,
+        latencies: timings.latencies,
+        lateness: None,
+        errors: timings.errors,
     }
 }
 
-/// Scenario 3: one `tower_stampede::Cache` per instance, all over one shared store.
-async fn guarded(args: &Args, store: &Arc<dyn Store>) -> Report {
+/// Scenarios 3 and 4: one `tower_stampede::Cache` per instance, all over one shared store;
+/// followers are woken by fill notifications, or (`notifications` false) only by their polls.
+async fn guarded(args: &Args, store: &Arc<dyn Store>, notifications: bool) -> Report {
     let origin = Origin::new(args.delay);
     // A namespace of its own, so the key is cold even on a Redis shared with earlier runs.
     let since_epoch = SystemTime::now()
@@ -297,25 +351,44 @@ async fn guarded(args: &Args, store: &Arc<dyn Store>) -> Report {
                 .namespace(&namespace)
                 .load_timeout(patience)
                 .wait_timeout(patience)
+                .notifications(notifications)
                 .build()
         })
         .collect();
-    let (latencies, errors) = stampede(args.requests, &origin.page, |i| {
+    let timings = stampede(args.requests, &origin.page, |i| {
         let (origin, cache) = (Arc::clone(&origin), instances[i % instances.len()].clone());
         async move {
             cache
                 .get_or_load(KEY, move || async move {
-                    Ok::<_, std::convert::Infallible>(origin.load().await)
+                    Ok::<_, std::convert::Infallible>(origin.load(i).await)
                 })
                 .await
         }
     })
     .await;
+    // With one load, the request that ran it is the leader and every other one a follower.
+    let lateness = match (origin.loads(), origin.last_load()) {
+        (1, Some((leader, load_end))) => {
+            let mut lateness: Vec<Duration> = (timings.completed.iter().enumerate())
+                .filter(|&(i, _)| i != leader)
+                .filter_map(|(_, completed)| *completed)
+                .map(|completed| completed.saturating_duration_since(load_end))
+                .collect();
+            lateness.sort_unstable();
+            Some(lateness)
+        }
+        _ => None,
+    };
     Report {
-        name: "tower-stampede",
+        name: if notifications {
+            "tower-stampede"
+        } else {
+            "tower-stampede, polling only"
+        },
         loads: origin.loads(),
-        latencies,
-        errors,
+        latencies: timings.latencies,
+        lateness,
+        errors: timings.errors,
     }
 }
 
@@ -370,25 +443,40 @@ async fn main() -> ExitCode {
         store_name,
     );
     println!(
-        "{:<28}{:>17}{:>9}{:>9}{:>9}{:>9}",
-        "scenario", "backend loads", "p50 ms", "p99 ms", "max ms", "errors"
+        "{:<30}{:>15}{:>9}{:>9}{:>9}{:>9}{:>11}",
+        "scenario", "backend loads", "p50 ms", "p99 ms", "max ms", "errors", "late p99"
     );
     println!("{}", no_cache(&args).await.row());
     println!("{}", l1_only(&args).await.row());
-    let report = guarded(&args, &store).await;
-    println!("{}", report.row());
+    let notified = guarded(&args, &store, true).await;
+    println!("{}", notified.row());
+    let polling = guarded(&args, &store, false).await;
+    println!("{}", polling.row());
+    println!("(late p99: the p99 of a follower's completion minus the end of the load, in ms)");
 
-    let plural = if report.loads == 1 { "" } else { "s" };
+    let plural = if notified.loads == 1 { "" } else { "s" };
     println!(
         "\ntower-stampede: {} backend load{plural} for {} requests (expected 1)",
-        report.loads, args.requests
+        notified.loads, args.requests
     );
-    if report.loads != 1 || report.errors > 0 {
-        eprintln!(
-            "warning: the stampede got through: {} backend loads and {} errors, expected 1 load and 0 errors",
-            report.loads, report.errors
-        );
-        return ExitCode::FAILURE;
+    println!(
+        "followers done {} ms after the load (p99) when woken by the fill's notification, {} ms when polling only",
+        ms(notified.lateness_p99()),
+        ms(polling.lateness_p99()),
+    );
+    let mut passed = true;
+    for report in [&notified, &polling] {
+        if report.loads != 1 || report.errors > 0 {
+            eprintln!(
+                "warning: {}: the stampede got through: {} backend loads and {} errors, expected 1 load and 0 errors",
+                report.name, report.loads, report.errors
+            );
+            passed = false;
+        }
     }
-    ExitCode::SUCCESS
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
