@@ -31,5 +31,8 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --all-targets --all-features -- -D warnings
 
+echo "==> cargo clippy (all targets, no default features: the embedded store alone)"
+cargo clippy --all-targets --no-default-features -- -D warnings
+
 echo "==> cargo test (library, integration, examples' build, doctests)"
 cargo test --all-features
