@@ -585,3 +585,39 @@ async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
         assert_eq!(origin.get(), 2, "{}", shared.name);
     }
 }
+
+#[tokio::test]
+async fn hits_share_the_cached_body_instead_of_copying_it() {
+    let page = Bytes::from(vec![b'x'; 64 * 1024]);
+    let inner = service_fn({
+        let page = page.clone();
+        move |_request: Request<http_body_util::Full<Bytes>>| {
+            let page = page.clone();
+            async move { Ok::<_, Infallible>(Response::new(http_body_util::Full::new(page))) }
+        }
+    });
+    let service = ServiceBuilder::new()
+        .layer(StampedeLayer::new(
+            Cache::builder(MemoryStore::new()).build(),
+        ))
+        .service(inner);
+    let mut bodies = Vec::new();
+    for _ in 0..3 {
+        let request = Request::get("http://app.test/shared")
+            .body(http_body_util::Full::default())
+            .unwrap();
+        let response = service.clone().oneshot(request).await.unwrap();
+        let mut body = response.into_body();
+        let mut data = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(chunk) = frame.unwrap().into_data() {
+                data.push(chunk);
+            }
+        }
+        assert_eq!(data.len(), 1, "a cached body is one chunk");
+        bodies.push(data.remove(0));
+    }
+    assert_eq!(bodies[1], page);
+    // Both hits hand out the same bytes L1 holds: no copy per response.
+    assert_eq!(bodies[1].as_ptr(), bodies[2].as_ptr());
+}
