@@ -1,8 +1,10 @@
-//! Test support: real `redis-server` processes on free loopback ports, and a counting backend.
+//! Test support: real `redis-server` processes on free loopback ports (one server, with ACL
+//! users or TLS if asked, or a three-master Redis Cluster), and a counting backend.
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,30 +14,96 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     child: Child,
     port: u16,
+    options: ServerOptions,
+}
+
+/// What a server is started with, besides its port.
+#[derive(Clone, Default)]
+struct ServerOptions {
+    /// More configuration, as `redis-server` arguments.
+    extra: Vec<String>,
+    /// TLS files: the port is a TLS port, and plain TCP is off.
+    tls: Option<TlsFiles>,
+}
+
+impl ServerOptions {
+    fn spawn(&self, port: u16) -> Child {
+        let port = port.to_string();
+        let mut command = Command::new("redis-server");
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(tls) => command
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&tls.server_cert)
+                .arg("--tls-key-file")
+                .arg(&tls.server_key)
+                .arg("--tls-ca-cert-file")
+                .arg(&tls.ca_cert)
+                .args(["--tls-auth-clients", "no"]),
+        };
+        command
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh")
+            })
+    }
+
+    /// Whether the server on `port` is up: it answers a command (maybe refusing it, when
+    /// `default` is off), or, for TLS, accepts connections.
+    fn is_up(&self, port: u16) -> bool {
+        if self.tls.is_some() {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        } else {
+            reply_to_ping(port)
+                .is_some_and(|reply| reply.starts_with(b"+") || reply.starts_with(b"-"))
+        }
+    }
 }
 
 impl RedisServer {
     /// Starts a server with persistence off; panics with a clear message if `redis-server` is
     /// missing (`./scripts/test.sh` installs it).
     pub fn start() -> Self {
+        Self::start_with_options(ServerOptions::default())
+    }
+
+    /// Starts a server with more configuration, e.g. ACL users:
+    /// `["--user", "alice", "on", ">s3cret", "~*", "&*", "+@all"]`.
+    pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_options(ServerOptions {
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            tls: None,
+        })
+    }
+
+    /// Starts a server that speaks TLS only, with the certificate of `tls`.
+    pub fn start_tls(tls: &TlsFiles) -> Self {
+        Self::start_with_options(ServerOptions {
+            extra: Vec::new(),
+            tls: Some(tls.clone()),
+        })
+    }
+
+    fn start_with_options(options: ServerOptions) -> Self {
         for _ in 0..20 {
             let port = free_port();
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh"
-                    )
-                });
-            let mut server = RedisServer { child, port };
+            let child = options.spawn(port);
+            let mut server = RedisServer {
+                child,
+                port,
+                options: options.clone(),
+            };
             if server.wait_ready(Duration::from_secs(10)) {
                 return server;
             }
             // Lost the port to another test: try another one.
+            server.kill();
         }
         panic!("redis-server did not start on any of 20 ports");
     }
@@ -46,7 +114,7 @@ impl RedisServer {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return false;
             }
-            if self.ping() {
+            if self.options.is_up(self.port) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -56,15 +124,7 @@ impl RedisServer {
 
     /// Whether the server answers `PING`.
     pub fn ping(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-        if stream.write_all(b"PING\r\n").is_err() {
-            return false;
-        }
-        let mut reply = [0u8; 7];
-        stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+        reply_to_ping(self.port).is_some_and(|reply| reply == b"+PONG\r\n")
     }
 
     pub fn port(&self) -> u16 {
@@ -84,13 +144,7 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.kill();
         for _ in 0..100 {
-            self.child = Command::new("redis-server")
-                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server starts again");
+            self.child = self.options.spawn(self.port);
             if self.wait_ready(Duration::from_secs(10)) {
                 return;
             }
@@ -110,6 +164,322 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// The first bytes of the reply to a plain-text `PING` on `port`, if any came within 500 ms.
+fn reply_to_ping(port: u16) -> Option<Vec<u8>> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    stream.write_all(b"PING\r\n").ok()?;
+    let mut reply = [0u8; 7];
+    let read = stream.read(&mut reply).ok()?;
+    Some(reply[..read].to_vec())
+}
+
+/// A directory of its own under the system's temporary directory, removed when dropped.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(purpose: &str) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "tower-stampede-{purpose}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        );
+        let path = std::env::temp_dir().join(name);
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("a temporary directory");
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A throwaway certificate authority and a server certificate it signed for `127.0.0.1` and
+/// `localhost`, written by the `openssl` command (`./scripts/test.sh` installs it).
+#[derive(Clone)]
+pub struct TlsFiles {
+    dir: Arc<TempDir>,
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+impl TlsFiles {
+    pub fn generate() -> Self {
+        let dir = TempDir::new("tls");
+        let path = |name: &str| dir.path().join(name);
+        let openssl = |args: &[&str]| {
+            let output = Command::new("openssl")
+                .args(args)
+                .current_dir(dir.path())
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run openssl ({e}); install it, e.g. with ./scripts/test.sh")
+                });
+            assert!(
+                output.status.success(),
+                "openssl {args:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &[
+                    "req",
+                    "-x509",
+                    "-new",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=tower-stampede test CA",
+                ][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.crt"],
+            ]
+            .concat(),
+        );
+        openssl(
+            &[
+                &["req", "-new", "-subj", "/CN=127.0.0.1"][..],
+                &ec,
+                &["-keyout", "server.key", "-out", "server.csr"],
+            ]
+            .concat(),
+        );
+        std::fs::write(
+            path("server.ext"),
+            "basicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature\n\
+             extendedKeyUsage=serverAuth\n\
+             subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        )
+        .expect("write server.ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.crt",
+        ]);
+        TlsFiles {
+            ca_cert: path("ca.crt"),
+            server_cert: path("server.crt"),
+            server_key: path("server.key"),
+            dir: Arc::new(dir),
+        }
+    }
+}
+
+/// A Redis Cluster of three masters (no replicas) on free loopback ports, each node in a
+/// temporary directory of its own; every node is killed, and its directory removed, on drop.
+pub struct RedisCluster {
+    nodes: Vec<ClusterNode>,
+}
+
+struct ClusterNode {
+    child: Child,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RedisCluster {
+    /// Starts three `redis-server --cluster-enabled yes`, joins them with
+    /// `redis-cli --cluster create`, and waits until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        let nodes: Vec<ClusterNode> = (0..3).map(|_| ClusterNode::start()).collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run redis-cli ({e}); install redis-tools, e.g. with ./scripts/test.sh"
+                )
+            });
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    fn wait_ok(&self, limit: Duration) {
+        let started = Instant::now();
+        for node in &self.nodes {
+            loop {
+                let info = node.query::<String>(redis::cmd("CLUSTER").arg("INFO"));
+                let ok = info.as_deref().is_ok_and(|info| {
+                    info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+                });
+                if ok {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < limit,
+                    "the cluster is not ok after {limit:?}: node {} says {info:?}",
+                    node.port
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The URLs of the three nodes (seeds for a cluster client).
+    pub fn urls(&self) -> Vec<String> {
+        self.ports()
+            .into_iter()
+            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .collect()
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// The port of the master that serves `key`'s slot.
+    pub fn node_of(&self, key: &str) -> u16 {
+        let node = &self.nodes[0];
+        let slot: i64 = node
+            .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+            .expect("CLUSTER KEYSLOT");
+        let slots: redis::Value = node
+            .query(redis::cmd("CLUSTER").arg("SLOTS"))
+            .expect("CLUSTER SLOTS");
+        let redis::Value::Array(ranges) = slots else {
+            panic!("unexpected CLUSTER SLOTS reply {slots:?}");
+        };
+        for range in ranges {
+            let redis::Value::Array(range) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(first)),
+                Some(redis::Value::Int(last)),
+                Some(redis::Value::Array(master)),
+            ) = (range.first(), range.get(1), range.get(2))
+            else {
+                continue;
+            };
+            if (*first..=*last).contains(&slot) {
+                if let Some(redis::Value::Int(port)) = master.get(1) {
+                    return u16::try_from(*port).expect("a port");
+                }
+            }
+        }
+        panic!("no node serves slot {slot} of {key:?}");
+    }
+
+    /// Empties every node's script cache, as a restart or a failover to a fresh node would.
+    pub fn flush_scripts(&self) {
+        for node in &self.nodes {
+            node.query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
+                .expect("SCRIPT FLUSH");
+        }
+    }
+
+    /// How many keys each node holds, in the order of [`ports`](Self::ports).
+    pub fn keys_per_node(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|node| node.query(&redis::cmd("DBSIZE")).expect("DBSIZE"))
+            .collect()
+    }
+}
+
+impl ClusterNode {
+    fn start() -> Self {
+        for _ in 0..20 {
+            let (port, bus_port) = (free_port(), free_port());
+            if port == bus_port {
+                continue;
+            }
+            let dir = TempDir::new("cluster");
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus_port.to_string(),
+                ])
+                .arg("--cluster-config-file")
+                .arg(dir.path().join(format!("nodes-{port}.conf")))
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh"
+                    )
+                });
+            let mut node = ClusterNode { child, port, dir };
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = node.child.try_wait() {
+                    break;
+                }
+                if reply_to_ping(port).is_some_and(|reply| reply == b"+PONG\r\n") {
+                    return node;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Lost a port to another test: try others (the drop kills this one).
+        }
+        panic!("a cluster node did not start on any of 20 port pairs");
+    }
+
+    fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> redis::RedisResult<T> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        command.query(&mut connection)
     }
 }
 
