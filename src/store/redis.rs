@@ -282,7 +282,19 @@ impl Notifications {
                     // Keep trying to reconnect the subscriber through an outage of any length.
                     .set_number_of_retries(usize::MAX);
                 let client = builder.client(info)?;
-                Connection::Server(ConnectionManager::new_with_config(client, config).await?)
+                // The manager retries without end, its first connection too: try once first,
+                // so that a server that refuses RESP3 or these credentials means no
+                // notifications (and a warning) instead of a `connect` that never returns.
+                let probe = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(builder.connection_timeout))
+                    .set_response_timeout(Some(builder.response_timeout));
+                drop(
+                    client
+                        .get_multiplexed_async_connection_with_config(&probe)
+                        .await?,
+                );
+                // Lazy: it connects on the first subscription.
+                Connection::Server(ConnectionManager::new_lazy_with_config(client, config)?)
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(_) => {
@@ -483,7 +495,7 @@ impl RedisStoreBuilder {
             match Notifications::connect(&self, &infos).await {
                 Ok(notifications) => Some(notifications),
                 Err(error) => {
-                    warn!(%error, %address, "no fill notifications (needs RESP3, Redis 6+); followers poll");
+                    warn!(%error, %address, "no fill notifications (the subscriber needs RESP3: Redis 6+); followers poll");
                     None
                 }
             }
