@@ -27,7 +27,8 @@ struct ServerOptions {
 }
 
 impl ServerOptions {
-    fn spawn(&self, port: u16) -> Child {
+    /// The `redis-server` command for `port`, to which more arguments may be added.
+    fn command(&self, port: u16) -> Command {
         let port = port.to_string();
         let mut command = Command::new("redis-server");
         match &self.tls {
@@ -47,11 +48,12 @@ impl ServerOptions {
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .args(&self.extra)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh")
-            })
+            .stderr(Stdio::null());
+        command
+    }
+
+    fn spawn(&self, port: u16) -> Child {
+        spawn(&mut self.command(port))
     }
 
     /// Whether the server on `port` is up: it answers a command (maybe refusing it, when
@@ -82,10 +84,11 @@ impl RedisServer {
         })
     }
 
-    /// Starts a server that speaks TLS only, with the certificate of `tls`.
-    pub fn start_tls(tls: &TlsFiles) -> Self {
+    /// Starts a server that speaks TLS only, with the certificate of `tls`, and more
+    /// configuration as for [`start_with`](Self::start_with).
+    pub fn start_tls(tls: &TlsFiles, extra: &[&str]) -> Self {
         Self::start_with_options(ServerOptions {
-            extra: Vec::new(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             tls: Some(tls.clone()),
         })
     }
@@ -165,6 +168,12 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+fn spawn(command: &mut Command) -> Child {
+    command.spawn().unwrap_or_else(|e| {
+        panic!("cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh")
+    })
 }
 
 /// The first bytes of the reply to a plain-text `PING` on `port`, if any came within 500 ms.
@@ -268,7 +277,7 @@ impl TlsFiles {
             path("server.ext"),
             "basicConstraints=CA:FALSE\n\
              keyUsage=digitalSignature\n\
-             extendedKeyUsage=serverAuth\n\
+             extendedKeyUsage=serverAuth,clientAuth\n\
              subjectAltName=IP:127.0.0.1,DNS:localhost\n",
         )
         .expect("write server.ext");
@@ -302,6 +311,12 @@ impl TlsFiles {
 /// temporary directory of its own; every node is killed, and its directory removed, on drop.
 pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
+    /// How the nodes are started, besides their ports and cluster settings.
+    options: ServerOptions,
+    /// `redis-cli` arguments that reach a node (TLS, credentials).
+    cli: Vec<String>,
+    /// What precedes `host:port` in a node's URL: scheme and credentials.
+    url_prefix: String,
 }
 
 struct ClusterNode {
@@ -321,42 +336,94 @@ impl RedisCluster {
     /// Starts three `redis-server --cluster-enabled yes`, joins them with
     /// `redis-cli --cluster create`, and waits until every node reports `cluster_state:ok`.
     pub fn start() -> Self {
-        let nodes: Vec<ClusterNode> = (0..3).map(|_| ClusterNode::start()).collect();
-        let addresses: Vec<String> = nodes
+        Self::start_with(ServerOptions::default(), Vec::new(), "redis://".to_owned())
+    }
+
+    /// Like [`start`](Self::start), but every node speaks TLS only (the cluster bus too), with
+    /// the certificate of `tls`, and knows only the ACL user `user` (`default` is off).
+    pub fn start_secure(tls: &TlsFiles, user: &str, password: &str) -> Self {
+        let acl = ["--user", "default", "off", "--user", user, "on"];
+        let mut extra: Vec<String> = acl.iter().map(|s| (*s).to_owned()).collect();
+        extra.extend([
+            format!(">{password}"),
+            "~*".into(),
+            "&*".into(),
+            "+@all".into(),
+        ]);
+        extra.extend(["--tls-cluster".into(), "yes".into()]);
+        let cli = vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            tls.ca_cert.display().to_string(),
+            "--user".to_owned(),
+            user.to_owned(),
+            "--pass".to_owned(),
+            password.to_owned(),
+            "--no-auth-warning".to_owned(),
+        ];
+        let options = ServerOptions {
+            extra,
+            tls: Some(tls.clone()),
+        };
+        Self::start_with(options, cli, format!("rediss://{user}:{password}@"))
+    }
+
+    fn start_with(options: ServerOptions, cli: Vec<String>, url_prefix: String) -> Self {
+        let nodes = (0..3).map(|_| ClusterNode::start(&options)).collect();
+        let cluster = RedisCluster {
+            nodes,
+            options,
+            cli,
+            url_prefix,
+        };
+        let addresses = cluster
+            .nodes
             .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let output = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run redis-cli ({e}); install redis-tools, e.g. with ./scripts/test.sh"
-                )
-            });
+            .map(|n| format!("127.0.0.1:{}", n.port));
+        let output = cluster.redis_cli(
+            &["--cluster", "create"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(addresses)
+                .chain(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned))
+                .collect::<Vec<_>>(),
+        );
         assert!(
             output.status.success(),
             "redis-cli --cluster create failed: {}{}",
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-        let cluster = RedisCluster { nodes };
         cluster.wait_ok(Duration::from_secs(30));
         cluster
+    }
+
+    /// Runs `redis-cli` with the arguments that reach the nodes, then `args`.
+    fn redis_cli(&self, args: &[String]) -> std::process::Output {
+        Command::new("redis-cli")
+            .args(&self.cli)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run redis-cli ({e}); install redis-tools, e.g. with ./scripts/test.sh"
+                )
+            })
     }
 
     fn wait_ok(&self, limit: Duration) {
         let started = Instant::now();
         for node in &self.nodes {
+            let args = [
+                "-p".to_owned(),
+                node.port.to_string(),
+                "CLUSTER".into(),
+                "INFO".into(),
+            ];
             loop {
-                let info = node.query::<String>(redis::cmd("CLUSTER").arg("INFO"));
-                let ok = info.as_deref().is_ok_and(|info| {
-                    info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
-                });
-                if ok {
+                let info = String::from_utf8_lossy(&self.redis_cli(&args).stdout).into_owned();
+                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
                     break;
                 }
                 assert!(
@@ -369,11 +436,12 @@ impl RedisCluster {
         }
     }
 
-    /// The URLs of the three nodes (seeds for a cluster client).
+    /// The URLs of the three nodes (seeds for a cluster client), with the credentials of a
+    /// secure cluster.
     pub fn urls(&self) -> Vec<String> {
         self.ports()
             .into_iter()
-            .map(|port| format!("redis://127.0.0.1:{port}/"))
+            .map(|port| format!("{}127.0.0.1:{port}/", self.url_prefix))
             .collect()
     }
 
@@ -381,14 +449,16 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.port).collect()
     }
 
-    /// The port of the master that serves `key`'s slot.
+    /// The port of the master that serves `key`'s slot (plain clusters only).
     pub fn node_of(&self, key: &str) -> u16 {
-        let node = &self.nodes[0];
-        let slot: i64 = node
-            .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+        let slot: i64 = self
+            .query(
+                &self.nodes[0],
+                redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+            )
             .expect("CLUSTER KEYSLOT");
-        let slots: redis::Value = node
-            .query(redis::cmd("CLUSTER").arg("SLOTS"))
+        let slots: redis::Value = self
+            .query(&self.nodes[0], redis::cmd("CLUSTER").arg("SLOTS"))
             .expect("CLUSTER SLOTS");
         let redis::Value::Array(ranges) = slots else {
             panic!("unexpected CLUSTER SLOTS reply {slots:?}");
@@ -414,59 +484,64 @@ impl RedisCluster {
         panic!("no node serves slot {slot} of {key:?}");
     }
 
-    /// Empties every node's script cache, as a restart or a failover to a fresh node would.
+    /// Empties every node's script cache, as a restart or a failover to a fresh node would
+    /// (plain clusters only).
     pub fn flush_scripts(&self) {
         for node in &self.nodes {
-            node.query::<()>(redis::cmd("SCRIPT").arg("FLUSH"))
+            self.query::<()>(node, redis::cmd("SCRIPT").arg("FLUSH"))
                 .expect("SCRIPT FLUSH");
         }
     }
 
-    /// How many keys each node holds, in the order of [`ports`](Self::ports).
+    /// How many keys each node holds, in the order of [`ports`](Self::ports) (plain clusters
+    /// only).
     pub fn keys_per_node(&self) -> Vec<usize> {
         self.nodes
             .iter()
-            .map(|node| node.query(&redis::cmd("DBSIZE")).expect("DBSIZE"))
+            .map(|node| self.query(node, &redis::cmd("DBSIZE")).expect("DBSIZE"))
             .collect()
+    }
+
+    fn query<T: redis::FromRedisValue>(
+        &self,
+        node: &ClusterNode,
+        command: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        assert!(
+            self.options.tls.is_none(),
+            "direct queries are for plain clusters"
+        );
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", node.port))?;
+        let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        command.query(&mut connection)
     }
 }
 
 impl ClusterNode {
-    fn start() -> Self {
+    fn start(options: &ServerOptions) -> Self {
         for _ in 0..20 {
             let (port, bus_port) = (free_port(), free_port());
             if port == bus_port {
                 continue;
             }
             let dir = TempDir::new("cluster");
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-port",
-                    &bus_port.to_string(),
-                ])
-                .arg("--cluster-config-file")
-                .arg(dir.path().join(format!("nodes-{port}.conf")))
-                .arg("--dir")
-                .arg(dir.path())
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh"
-                    )
-                });
+            let child = spawn(
+                options
+                    .command(port)
+                    .args(["--cluster-enabled", "yes"])
+                    .args(["--cluster-port", &bus_port.to_string()])
+                    .arg("--cluster-config-file")
+                    .arg(dir.path().join(format!("nodes-{port}.conf")))
+                    .arg("--dir")
+                    .arg(dir.path()),
+            );
             let mut node = ClusterNode { child, port, dir };
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(10) {
                 if let Ok(Some(_)) = node.child.try_wait() {
                     break;
                 }
-                if reply_to_ping(port).is_some_and(|reply| reply == b"+PONG\r\n") {
+                if options.is_up(port) {
                     return node;
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -474,12 +549,6 @@ impl ClusterNode {
             // Lost a port to another test: try others (the drop kills this one).
         }
         panic!("a cluster node did not start on any of 20 port pairs");
-    }
-
-    fn query<T: redis::FromRedisValue>(&self, command: &redis::Cmd) -> redis::RedisResult<T> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
-        let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
-        command.query(&mut connection)
     }
 }
 
