@@ -264,5 +264,19 @@ mod tls {
         assert!(!shown.contains(PASSWORD), "{shown}");
         assert!(shown.contains("rediss://***@127.0.0.1"), "{shown}");
         one_load_and_a_notified_follower(leader, follower).await;
+
+        let wrong: Vec<String> = cluster
+            .urls()
+            .iter()
+            .map(|url| url.replace(PASSWORD, "hunter2-wrong"))
+            .collect();
+        let error = RedisStore::cluster_builder(wrong)
+            .tls_root_certificates(ca.clone())
+            .connect()
+            .await
+            .unwrap_err();
+        let shown = format!("{error} {error:?}");
+        assert!(!shown.contains("hunter2-wrong"), "{shown}");
+        assert!(shown.contains("rediss://***@127.0.0.1"), "{shown}");
     }
 }

@@ -139,7 +139,7 @@ return {v, redis.call('PTTL', KEYS[1])}
 ///
 /// # Redis Cluster
 ///
-/// With the `cluster` feature, [`RedisStore::connect_cluster`] (or `RedisStore::cluster_builder`)
+/// With the `cluster` feature, `RedisStore::connect_cluster` (or `RedisStore::cluster_builder`)
 /// takes the URLs of some of the cluster's nodes (seeds: one that answers is enough) and
 /// discovers the rest. Every [`Store`] method works as on one server. Fill notifications use
 /// classic pub/sub, which a cluster broadcasts to all its nodes: the store's subscriber listens
