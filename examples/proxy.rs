@@ -21,7 +21,15 @@
 //! curl -i http://127.0.0.1:8081/some/page
 //! ```
 //!
-//! Without `--redis`, the proxy caches in an embedded, in-process store.
+//! On a Redis Cluster, give some of its nodes instead (built with the `cluster` feature):
+//!
+//! ```sh
+//! cargo run --release --features cluster --example proxy -- --listen 127.0.0.1:8081 \
+//!     --origin http://127.0.0.1:8080 \
+//!     --redis-cluster redis://10.0.0.1:6379/,redis://10.0.0.2:6379/,redis://10.0.0.3:6379/
+//! ```
+//!
+//! Without `--redis` or `--redis-cluster`, the proxy caches in an embedded, in-process store.
 //!
 //! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
 //! client sent: every proxy in front of one origin shares one entry per URL. Hop-by-hop headers
@@ -70,6 +78,8 @@ required:
 options:
   --redis URL            share the cache through Redis, e.g. redis://127.0.0.1:6379/
                          (default: an embedded in-process store)
+  --redis-cluster URLS   share the cache through a Redis Cluster: some of its nodes' URLs,
+                         comma-separated (needs the `cluster` feature; not with --redis)
   --ttl-secs S           freshness when the origin sends no max-age (default: 60)
   --stale-secs S         how long past its freshness a response may be served (x-cache:
                          STALE) while one request refreshes it, or when the refresh fails
@@ -108,7 +118,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 struct Args {
     listen: SocketAddr,
     origin: Origin,
-    redis: Option<String>,
+    store: SharedStore,
     ttl: Duration,
     stale: Option<Duration>,
     early_refresh_beta: Option<f64>,
@@ -117,6 +127,17 @@ struct Args {
     namespace: String,
     max_body_bytes: Option<usize>,
     metrics: Option<SocketAddr>,
+}
+
+/// Where the cache is shared.
+#[derive(Debug)]
+enum SharedStore {
+    /// This process only: the embedded `MemoryStore`.
+    Embedded,
+    /// One Redis server's URL.
+    Redis(String),
+    /// Seed nodes' URLs of a Redis Cluster.
+    RedisCluster(Vec<String>),
 }
 
 /// A usage error: printed with a pointer to `--help`, exit code 2.
@@ -137,6 +158,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
     let mut listen = None;
     let mut origin = None;
     let mut redis = None;
+    let mut redis_cluster = None;
     let mut ttl = None;
     let mut stale = None;
     let mut early_refresh_beta = None;
@@ -175,6 +197,10 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
                     )));
                 }
                 set(&mut redis, &flag, url)?;
+            }
+            "--redis-cluster" => {
+                let urls = parse_cluster_urls(&value()?)?;
+                set(&mut redis_cluster, &flag, urls)?;
             }
             "--ttl-secs" => {
                 let seconds = parse_positive(&flag, &value()?)?;
@@ -230,10 +256,21 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, Us
         }
     }
 
+    let store = match (redis, redis_cluster) {
+        (None, None) => SharedStore::Embedded,
+        (Some(url), None) => SharedStore::Redis(url),
+        (None, Some(urls)) => SharedStore::RedisCluster(urls),
+        (Some(_), Some(_)) => {
+            return Err(usage_error(
+                "--redis and --redis-cluster are mutually exclusive: give one server or the \
+                 cluster's nodes",
+            ))
+        }
+    };
     Ok(Some(Args {
         listen: listen.ok_or_else(|| usage_error("--listen ADDR is required"))?,
         origin: origin.ok_or_else(|| usage_error("--origin URL is required"))?,
-        redis,
+        store,
         ttl: ttl.unwrap_or(Duration::from_secs(60)),
         stale,
         early_refresh_beta,
@@ -250,6 +287,27 @@ fn set<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), UsageError> 
         return Err(usage_error(format!("{flag} is given more than once")));
     }
     Ok(())
+}
+
+/// `URL,URL,...`: at least one, each a URL.
+fn parse_cluster_urls(text: &str) -> Result<Vec<String>, UsageError> {
+    let urls: Vec<String> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if urls.is_empty() {
+        return Err(usage_error(
+            "--redis-cluster needs at least one URL (e.g. redis://10.0.0.1:6379/,redis://10.0.0.2:6379/)",
+        ));
+    }
+    if let Some(bad) = urls.iter().find(|url| !url.contains("://")) {
+        return Err(usage_error(format!(
+            "--redis-cluster: {bad:?} is not a URL (expected e.g. redis://10.0.0.1:6379/)"
+        )));
+    }
+    Ok(urls)
 }
 
 fn parse_positive(flag: &str, text: &str) -> Result<u64, UsageError> {
@@ -403,9 +461,10 @@ fn to_origin_uri(origin: &Origin, mut request: Request<Incoming>) -> Request<Inc
 }
 
 async fn build_cache(args: &Args) -> Result<Cache, String> {
-    let builder = match &args.redis {
-        None => Cache::builder(MemoryStore::new()),
-        Some(url) => Cache::builder(connect_redis(url).await?),
+    let builder = match &args.store {
+        SharedStore::Embedded => Cache::builder(MemoryStore::new()),
+        SharedStore::Redis(url) => Cache::builder(connect_redis(url).await?),
+        SharedStore::RedisCluster(urls) => Cache::builder(connect_redis_cluster(urls).await?),
     };
     let mut builder = builder.namespace(&args.namespace).ttl(args.ttl);
     if let Some(stale) = args.stale {
@@ -474,6 +533,24 @@ async fn connect_redis(url: &str) -> Result<tower_stampede::store::RedisStore, S
 #[cfg(not(feature = "redis"))]
 async fn connect_redis(_url: &str) -> Result<MemoryStore, String> {
     Err("--redis needs the `redis` feature of tower-stampede".to_owned())
+}
+
+#[cfg(feature = "cluster")]
+async fn connect_redis_cluster(
+    urls: &[String],
+) -> Result<tower_stampede::store::RedisStore, String> {
+    tower_stampede::store::RedisStore::connect_cluster(urls.iter().cloned())
+        .await
+        .map_err(|e| format!("cannot use the Redis Cluster: {e}"))
+}
+
+#[cfg(not(feature = "cluster"))]
+async fn connect_redis_cluster(_urls: &[String]) -> Result<MemoryStore, String> {
+    Err(
+        "--redis-cluster needs the `cluster` feature of tower-stampede \
+         (cargo run --features cluster --example proxy -- ...)"
+            .to_owned(),
+    )
 }
 
 #[tokio::main]

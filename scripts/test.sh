@@ -1,29 +1,39 @@
 #!/usr/bin/env bash
-# Installs what the tests need (redis-server), then runs formatting, lints and the whole suite.
+# Installs what the tests need (redis-server and redis-cli; openssl for the TLS tests), then runs
+# formatting, lints and the whole suite.
 # Usage: ./scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_redis() { ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; }
+missing() {
+  local packages=()
+  if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    packages+=(redis-server redis-tools)
+  fi
+  command -v openssl >/dev/null 2>&1 || packages+=(openssl)
+  echo "${packages[@]}"
+}
 
-if need_redis; then
-  echo "==> installing redis-server (Debian package)"
+packages="$(missing)"
+if [ -n "$packages" ]; then
+  echo "==> installing $packages (Debian packages)"
   sudo=""
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
-      echo "error: redis-server is missing and I cannot install it (not root, no sudo)." >&2
-      echo "       install it yourself, e.g. 'apt-get install redis-server', and re-run." >&2
+      echo "error: $packages missing and I cannot install them (not root, no sudo)." >&2
+      echo "       install them yourself, e.g. 'apt-get install $packages', and re-run." >&2
       exit 1
     fi
   fi
-  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools; } >/tmp/tower-stampede-apt.log 2>&1; then
-    echo "error: could not install redis-server with apt-get; see /tmp/tower-stampede-apt.log" >&2
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $packages; } >/tmp/tower-stampede-apt.log 2>&1; then
+    echo "error: could not install $packages with apt-get; see /tmp/tower-stampede-apt.log" >&2
     tail -n 20 /tmp/tower-stampede-apt.log >&2 || true
     exit 1
   fi
 fi
 # The tests start their own servers on free ports; a distribution's service is not needed.
 echo "==> $(redis-server --version)"
+echo "==> $(openssl version)"
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -7,7 +7,8 @@
 //! - [`cache`]: the engine, [`Cache::get_or_load`], for any hot key;
 //! - [`http`]: the tower middleware, [`StampedeLayer`], for HTTP services (axum, hyper);
 //! - [`store`]: where values and reload locks are shared: [`MemoryStore`](store::MemoryStore)
-//!   (embedded default) and `RedisStore` (feature `redis`).
+//!   (embedded default) and `RedisStore` (feature `redis`; Redis Cluster with feature
+//!   `cluster`, `rediss://` with feature `tls`).
 #![forbid(unsafe_code)]
 #![deny(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -16,7 +16,7 @@
 //!
 //! Two implementations ship with the crate: [`MemoryStore`], the embedded default (one process,
 //! no server), and `RedisStore` (feature `redis`, on by default), shared by every process that
-//! points at the same Redis.
+//! points at the same Redis or Redis Cluster (feature `cluster`).
 //!
 //! Stores hold opaque bytes; the [`cache`](crate::cache) engine decides what they mean, so a
 //! store never needs to parse a value.

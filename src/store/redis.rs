@@ -1,4 +1,5 @@
-//! `RedisStore`: the shared store on Redis, one Lua script per call.
+//! `RedisStore`: the shared store on Redis (one server or a Redis Cluster), one Lua script per
+//! call.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -7,7 +8,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value};
+#[cfg(feature = "cluster")]
+use redis::cluster::ClusterClientBuilder;
+#[cfg(feature = "cluster")]
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    ConnectionInfo, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
+    RedisResult, Script, ScriptInvocation, Value,
+};
 use tracing::{debug, warn};
 
 use super::{
@@ -109,13 +117,16 @@ return {v, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// The shared store on Redis (feature `redis`, on by default).
+/// The shared store on Redis (feature `redis`, on by default): one server, or a Redis Cluster
+/// (feature `cluster`).
 ///
-/// Every [`Store`] call is one `EVALSHA` of a Lua script (re-sent as `EVAL` if the server lost
-/// its script cache), over a [`ConnectionManager`] that reconnects by itself. The value and
-/// lock keys of one logical key share a hash tag, so each script touches one Redis Cluster slot.
+/// Every [`Store`] call is one `EVALSHA` of a Lua script (re-sent after a `SCRIPT LOAD` if the
+/// server lost its script cache), over a connection that reconnects by itself. The value and
+/// lock keys of one logical key share a hash tag, so each script touches one Redis Cluster slot
+/// and, on a cluster, goes to the node that serves it.
 ///
-/// `Debug` shows the server's address without user name or password.
+/// `Debug`, [`address`](Self::address) and error messages show the server's address without
+/// user name or password.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), tower_stampede::store::StoreError> {
@@ -125,18 +136,112 @@ return {v, redis.call('PTTL', KEYS[1])}
 /// let cache = Cache::builder(store).namespace("my-app").build();
 /// # let _ = cache; Ok(()) }
 /// ```
+///
+/// # Redis Cluster
+///
+/// With the `cluster` feature, `RedisStore::connect_cluster` (or `RedisStore::cluster_builder`)
+/// takes the URLs of some of the cluster's nodes (seeds: one that answers is enough) and
+/// discovers the rest. Every [`Store`] method works as on one server. Fill notifications use
+/// classic pub/sub, which a cluster broadcasts to all its nodes: the store's subscriber listens
+/// on the node that serves the channel's slot (and moves with that slot), and hears the fills of
+/// keys on every node.
+///
+/// ```no_run
+/// # #[cfg(feature = "cluster")]
+/// # async fn run() -> Result<(), tower_stampede::store::StoreError> {
+/// use tower_stampede::{store::RedisStore, Cache};
+///
+/// let store = RedisStore::connect_cluster([
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "redis://10.0.0.3:6379/",
+/// ])
+/// .await?;
+/// let cache = Cache::builder(store).namespace("my-app").build();
+/// # let _ = cache; Ok(()) }
+/// ```
+///
+/// # Secure connections
+///
+/// A user name and password in the URL (`redis://user:password@host:6379/` for an ACL user,
+/// `redis://:password@host:6379/` for `requirepass`) authenticate every connection, the
+/// subscriber's included. With the `tls` feature, `rediss://` URLs connect over TLS (rustls),
+/// trusting the system's root certificates, or the ones given to
+/// `RedisStoreBuilder::tls_root_certificates`.
 #[derive(Clone)]
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     address: String,
     notifications: Option<Notifications>,
+}
+
+/// A connection to one server or to a cluster; cheap to clone, never locked.
+#[derive(Clone)]
+enum Connection {
+    /// One server, reconnecting by itself.
+    Server(ConnectionManager),
+    /// A Redis Cluster: each command goes to the node that serves its first key's slot
+    /// (following `MOVED` and `ASK`); the connections to the nodes reconnect by themselves.
+    #[cfg(feature = "cluster")]
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Runs a script. A `NOSCRIPT` reply loads it (on a cluster: on every node, as `SCRIPT LOAD`
+    /// is routed to all of them) and runs it again.
+    async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<T> {
+        match self {
+            Connection::Server(connection) => {
+                invocation.invoke_async(&mut connection.clone()).await
+            }
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => {
+                invocation.invoke_async(&mut connection.clone()).await
+            }
+        }
+    }
+
+    /// Subscribes to a channel (on a connection that speaks RESP3 and has a push sender).
+    async fn subscribe(&self, channel: String) -> RedisResult<()> {
+        match self {
+            Connection::Server(connection) => connection.clone().subscribe(channel).await,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => connection.clone().subscribe(channel).await,
+        }
+    }
+}
+
+/// Where a store connects, as the user gave it (credentials included: never print it).
+#[derive(Clone)]
+enum Target {
+    /// One server's URL.
+    Server(String),
+    /// URLs of some of a cluster's nodes.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    fn urls(&self) -> &[String] {
+        match self {
+            Target::Server(url) => std::slice::from_ref(url),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => urls,
+        }
+    }
+
+    /// The URLs without credentials, comma-separated.
+    fn address(&self) -> String {
+        let urls: Vec<String> = self.urls().iter().map(|url| redact(url)).collect();
+        urls.join(",")
+    }
 }
 
 /// The process's one subscriber connection (RESP3, resubscribing by itself after a
 /// reconnect) and the followers it wakes.
 #[derive(Clone)]
 struct Notifications {
-    subscriber: ConnectionManager,
+    subscriber: Connection,
     notifier: Notifier,
     /// Namespaces whose channel is subscribed (or being subscribed).
     channels: Arc<Mutex<HashSet<Arc<str>>>>,
@@ -148,35 +253,60 @@ fn channel(namespace: &str) -> String {
 }
 
 impl Notifications {
-    async fn connect(url: &str, config: ConnectionManagerConfig) -> redis::RedisResult<Self> {
-        let info = url.into_connection_info()?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = redis::Client::open(info.set_redis_settings(settings))?;
+    async fn connect(builder: &RedisStoreBuilder, infos: &[ConnectionInfo]) -> RedisResult<Self> {
         let notifier = Notifier::new();
         let channels: Arc<Mutex<HashSet<Arc<str>>>> = Arc::default();
         let (wake, forget) = (notifier.clone(), Arc::clone(&channels));
-        let config = config
-            .set_push_sender(move |push: PushInfo| {
-                if push.kind == PushKind::Disconnection {
-                    // The connection resubscribes when it reconnects, but it reconnects only
-                    // when it is used: forget the channels, so the next watch subscribes again
-                    // (and so reconnects). Meanwhile, followers poll.
-                    forget
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clear();
-                } else {
-                    wake_followers(&wake, push);
-                }
-                Ok::<(), std::convert::Infallible>(())
-            })
-            .set_automatic_resubscription();
-        // Keep trying to reconnect the subscriber through an outage of any length.
-        let config = config.set_number_of_retries(usize::MAX);
-        let subscriber = ConnectionManager::new_with_config(client, config).await?;
+        let on_push = move |push: PushInfo| {
+            if push.kind == PushKind::Disconnection {
+                // The connection resubscribes when it reconnects, but a single server's
+                // reconnects only when it is used, and a cluster's may have to find the
+                // channel's slot on another node: forget the channels, so the next watch
+                // subscribes again (and so reconnects). Meanwhile, followers poll.
+                forget
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clear();
+            } else {
+                wake_followers(&wake, push);
+            }
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let subscriber = match &builder.target {
+            Target::Server(_) => {
+                let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
+                let config = builder
+                    .manager_config()
+                    .set_push_sender(on_push)
+                    .set_automatic_resubscription()
+                    // Keep trying to reconnect the subscriber through an outage of any length.
+                    .set_number_of_retries(usize::MAX);
+                let client = builder.client(info)?;
+                // The manager retries without end, its first connection too: try once first,
+                // so that a server that refuses RESP3 or these credentials means no
+                // notifications (and a warning) instead of a `connect` that never returns.
+                let probe = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(builder.connection_timeout))
+                    .set_response_timeout(Some(builder.response_timeout));
+                drop(
+                    client
+                        .get_multiplexed_async_connection_with_config(&probe)
+                        .await?,
+                );
+                // Lazy: it connects on the first subscription.
+                Connection::Server(ConnectionManager::new_lazy_with_config(client, config)?)
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(_) => {
+                let infos = infos.iter().cloned().map(resp3);
+                let client = builder
+                    .cluster_client(infos)
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(on_push)
+                    .build()?;
+                Connection::Cluster(client.get_async_connection().await?)
+            }
+        };
         Ok(Notifications {
             subscriber,
             notifier,
@@ -193,7 +323,7 @@ impl Notifications {
         }
         let namespace: Arc<str> = Arc::from(namespace);
         channels.insert(Arc::clone(&namespace));
-        let (mut subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
+        let (subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
         tokio::spawn(async move {
             if let Err(error) = subscriber.subscribe(channel(&namespace)).await {
                 warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
@@ -205,6 +335,19 @@ impl Notifications {
             }
         });
     }
+}
+
+/// The same connection settings, speaking RESP3 (which carries pub/sub messages as pushes).
+fn resp3(info: ConnectionInfo) -> ConnectionInfo {
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    info.set_redis_settings(settings)
+}
+
+fn no_url() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no URL given"))
 }
 
 /// A pub/sub message `[channel, digest]` wakes the followers of that key in this process.
@@ -228,27 +371,56 @@ fn wake_followers(notifier: &Notifier, push: PushInfo) {
     }
 }
 
-/// Builds a [`RedisStore`]; see [`RedisStore::builder`].
+/// Builds a [`RedisStore`]; see [`RedisStore::builder`] (one server) and
+/// `RedisStore::cluster_builder` (a Redis Cluster, feature `cluster`).
 #[must_use]
 pub struct RedisStoreBuilder {
-    url: String,
+    target: Target,
     connection_timeout: Duration,
     response_timeout: Duration,
     notifications: bool,
+    /// PEM root certificates to trust instead of the system's.
+    #[cfg(feature = "tls")]
+    root_certificates: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("url", &redact(&self.url))
+        let mut debug = f.debug_struct("RedisStoreBuilder");
+        match &self.target {
+            Target::Server(_) => debug.field("url", &self.target.address()),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(_) => debug.field("cluster", &self.target.address()),
+        };
+        debug
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
-            .field("notifications", &self.notifications)
-            .finish()
+            .field("notifications", &self.notifications);
+        #[cfg(feature = "tls")]
+        debug.field(
+            "tls_root_certificates",
+            &if self.root_certificates.is_some() {
+                "set"
+            } else {
+                "not set"
+            },
+        );
+        debug.finish()
     }
 }
 
 impl RedisStoreBuilder {
+    fn new(target: Target) -> Self {
+        RedisStoreBuilder {
+            target,
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            notifications: true,
+            #[cfg(feature = "tls")]
+            root_certificates: None,
+        }
+    }
+
     /// How long one attempt to connect may take. Default: 1 s.
     pub fn connection_timeout(mut self, timeout: Duration) -> Self {
         self.connection_timeout = timeout;
@@ -256,6 +428,7 @@ impl RedisStoreBuilder {
     }
 
     /// How long the connection waits for one reply before it gives up on it. Default: 1 s.
+    /// On a cluster, this bounds a call with its redirections and retries.
     ///
     /// This is a backstop: the engine bounds every store call with its own, shorter timeout
     /// ([`CacheBuilder::store_timeout`](crate::CacheBuilder::store_timeout)).
@@ -271,24 +444,58 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects to Redis; fails if the URL is invalid or the server cannot be reached.
+    /// Trusts these root certificates (PEM, one or more) for `rediss://` connections, instead
+    /// of the system's: for a server whose certificate a private CA signed. Feature `tls`.
+    ///
+    /// The server's certificate must name the host of the URL (a DNS name or an IP address).
+    /// Connecting fails if a URL is not `rediss://`, or if the PEM holds no certificate.
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls_root_certificates(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificates = Some(pem.into());
+        self
+    }
+
+    /// Connects to Redis; fails if a URL is invalid or no server can be reached.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        let address = redact(&self.url);
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| StoreError::new(format_args!("invalid Redis URL {address}: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.connection_timeout))
-            .set_response_timeout(Some(self.response_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_secs(1));
-        let connection = ConnectionManager::new_with_config(client, config.clone())
-            .await
-            .map_err(|e| StoreError::new(format_args!("cannot connect to {address}: {e}")))?;
+        let address = self.target.address();
+        let infos = self.connection_infos()?;
+        let connection = match &self.target {
+            Target::Server(_) => {
+                let info = infos.first().cloned().ok_or_else(no_url);
+                let client = info.and_then(|info| self.client(info)).map_err(|e| {
+                    StoreError::new(format_args!("invalid Redis settings for {address}: {e}"))
+                })?;
+                let connection = ConnectionManager::new_with_config(client, self.manager_config())
+                    .await
+                    .map_err(|e| {
+                        StoreError::new(format_args!("cannot connect to {address}: {e}"))
+                    })?;
+                Connection::Server(connection)
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(_) => {
+                let client = self
+                    .cluster_client(infos.iter().cloned())
+                    .build()
+                    .map_err(|e| {
+                        StoreError::new(format_args!(
+                            "invalid Redis Cluster settings for {address}: {e}"
+                        ))
+                    })?;
+                let connection = client.get_async_connection().await.map_err(|e| {
+                    StoreError::new(format_args!(
+                        "cannot connect to the Redis Cluster at {address}: {e}"
+                    ))
+                })?;
+                Connection::Cluster(connection)
+            }
+        };
         let notifications = if self.notifications {
-            match Notifications::connect(&self.url, config).await {
+            match Notifications::connect(&self, &infos).await {
                 Ok(notifications) => Some(notifications),
                 Err(error) => {
-                    warn!(%error, %address, "no fill notifications (needs RESP3, Redis 6+); followers poll");
+                    warn!(%error, %address, "no fill notifications (the subscriber needs RESP3: Redis 6+); followers poll");
                     None
                 }
             }
@@ -301,17 +508,109 @@ impl RedisStoreBuilder {
             notifications,
         })
     }
+
+    /// Parses the URLs, and checks that TLS is available where they ask for it.
+    fn connection_infos(&self) -> Result<Vec<ConnectionInfo>, StoreError> {
+        let mut infos = Vec::with_capacity(self.target.urls().len());
+        for url in self.target.urls() {
+            let address = redact(url);
+            let info = url.as_str().into_connection_info().map_err(|e| {
+                if cfg!(not(feature = "tls")) && address.starts_with("rediss://") {
+                    StoreError::new(format_args!(
+                        "invalid Redis URL {address}: rediss:// (TLS) needs the `tls` feature of tower-stampede"
+                    ))
+                } else {
+                    StoreError::new(format_args!("invalid Redis URL {address}: {e}"))
+                }
+            })?;
+            #[cfg(feature = "tls")]
+            self.prepare_tls(&info, &address)?;
+            infos.push(info);
+        }
+        if infos.is_empty() {
+            return Err(StoreError::new("no Redis URL given"));
+        }
+        Ok(infos)
+    }
+
+    /// Readies rustls for a `rediss://` URL; refuses a plain one when root certificates are
+    /// set (they would be silently unused).
+    #[cfg(feature = "tls")]
+    fn prepare_tls(&self, info: &ConnectionInfo, address: &str) -> Result<(), StoreError> {
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            install_crypto_provider();
+        } else if self.root_certificates.is_some() {
+            return Err(StoreError::new(format_args!(
+                "invalid Redis URL {address}: TLS root certificates are set, so it must be rediss://"
+            )));
+        }
+        if let Some(pem) = &self.root_certificates {
+            use rustls::pki_types::{pem::PemObject, CertificateDer};
+            if !CertificateDer::pem_slice_iter(pem).any(|cert| cert.is_ok()) {
+                return Err(StoreError::new(
+                    "the TLS root certificates hold no PEM certificate",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1))
+    }
+
+    /// A client for one server, trusting the configured root certificates.
+    fn client(&self, info: ConnectionInfo) -> RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(root_cert) = &self.root_certificates {
+            return redis::Client::build_with_tls(info, self.certificates(root_cert));
+        }
+        redis::Client::open(info)
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&self, root_cert: &[u8]) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert.to_vec()),
+        }
+    }
+
+    /// A cluster client builder for these nodes, with this builder's settings.
+    #[cfg(feature = "cluster")]
+    fn cluster_client(
+        &self,
+        infos: impl IntoIterator<Item = ConnectionInfo>,
+    ) -> ClusterClientBuilder {
+        let builder = ClusterClientBuilder::new(infos)
+            .connection_timeout(self.connection_timeout)
+            .response_timeout(self.response_timeout);
+        #[cfg(feature = "tls")]
+        if let Some(root_cert) = &self.root_certificates {
+            return builder.certs(self.certificates(root_cert));
+        }
+        builder
+    }
+}
+
+/// rustls needs a process-wide crypto provider; install ring's unless the application has
+/// installed one (or another crate did). Either will do, so losing a race is fine.
+#[cfg(feature = "tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 impl RedisStore {
-    /// A builder for a store at `url` (`redis://[user:password@]host:port[/db]`).
+    /// A builder for a store on one server at `url`
+    /// (`redis[s]://[[user]:password@]host[:port][/db]`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder {
-            url: url.into(),
-            connection_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(1),
-            notifications: true,
-        }
+        RedisStoreBuilder::new(Target::Server(url.into()))
     }
 
     /// Connects to the Redis at `url` with default settings.
@@ -319,12 +618,47 @@ impl RedisStore {
         RedisStore::builder(url).connect().await
     }
 
-    /// The server's address, without user name, password or query.
+    /// A builder for a store on a Redis Cluster, given the URLs of some of its nodes (seeds,
+    /// `redis[s]://[[user]:password@]host[:port]`; one that answers is enough, the others are
+    /// discovered). Every seed must carry the same credentials and scheme. Feature `cluster`.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_builder<I>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStoreBuilder::new(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// Connects to the Redis Cluster whose seed nodes are at `urls`, with default settings;
+    /// see [`cluster_builder`](Self::cluster_builder). Feature `cluster`.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub async fn connect_cluster<I>(urls: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStore::cluster_builder(urls).connect().await
+    }
+
+    /// The server's address (a cluster's: its seeds' addresses, comma-separated), without user
+    /// name, password or query.
     pub fn address(&self) -> &str {
         &self.address
     }
 
-    async fn run<T: redis::FromRedisValue>(
+    /// Whether the store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        match self.connection {
+            Connection::Server(_) => false,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(_) => true,
+        }
+    }
+
+    async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
         keys: &[String],
@@ -337,9 +671,8 @@ impl RedisStore {
         for arg in args {
             invocation.arg(*arg);
         }
-        let mut connection = self.connection.clone();
-        invocation
-            .invoke_async(&mut connection)
+        self.connection
+            .invoke(&invocation)
             .await
             .map_err(|e| StoreError::new(format_args!("Redis at {}: {e}", self.address)))
     }
@@ -349,6 +682,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("address", &self.address)
+            .field("cluster", &self.is_cluster())
             .field("notifications", &self.notifications.is_some())
             .finish()
     }
