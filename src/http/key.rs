@@ -8,7 +8,10 @@
 //! request's values of it (every field line trimmed, joined by `,`; an absent field differs
 //! from an empty one). The primary key then holds a small **vary marker**, the list of
 //! names, so the next request can compute its own variant key. A hit costs two lookups (each
-//! an L1 hit or one store round trip); a miss loads once and fills both.
+//! an L1 hit or one store round trip); a miss loads once and fills both. Marker and variants
+//! are refreshed like any entry, each by one load: a refresh of the marker re-learns `Vary`
+//! from the origin, and a variant is stored only under a key that names every field its
+//! response varies on.
 //!
 //! Requests with `Authorization` are keyed apart from requests without it, whatever the
 //! [`MakeKey`]: an anonymous request never gets a response stored for a request with

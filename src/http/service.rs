@@ -11,7 +11,7 @@ use http::header::{AGE, CONTENT_LENGTH, IF_MODIFIED_SINCE, IF_NONE_MATCH};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
@@ -137,10 +137,14 @@ struct Pending<B> {
     request: Option<Request<B>>,
     /// The request's headers, left here by the loader that took it (to key a variant).
     sent_headers: Option<HeaderMap>,
-    /// Set when the caller follows a vary marker to its variant: the request is then kept for
-    /// the variant's loader, and a later run of the primary key's loader (an early refresh, or
-    /// the refresh of a stale marker) stores this marker again instead of loading.
+    /// Set when the caller follows a vary marker to its variant: the request then goes to the
+    /// variant's loader first. A later run of the URL's loader (an early refresh, or the
+    /// refresh of a stale marker) waits until the variant is done with the request, then
+    /// refreshes the marker with it, or, if the variant's loader sent it, stores this marker
+    /// again for what it had left.
     following: Option<VaryMarker>,
+    /// Turns true (or its sender goes away) once the variant's step is done with the request.
+    variant_done: Option<watch::Receiver<bool>>,
 }
 
 type Slot<B> = Arc<Mutex<Pending<B>>>;
@@ -154,11 +158,16 @@ fn lock<B>(slot: &Slot<B>) -> MutexGuard<'_, Pending<B>> {
 // Made once per load and moved once, through a oneshot: boxing would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 enum Own<B: Body, E> {
-    /// A response passed through (not stored), or the inner service's error.
-    Passed(Result<Response<ResponseBody<B>>, E>),
-    /// The response it stored under the caller's variant key, the primary key now holding
-    /// the vary marker.
-    Stored(Bytes),
+    /// A response passed through (not stored), or the inner service's error; `failed` if the
+    /// load failed (an error, a server error, a body that failed), so that a stale response
+    /// may stand in for it.
+    Passed {
+        answer: Result<Response<ResponseBody<B>>, E>,
+        failed: bool,
+    },
+    /// The response under the caller's variant key, the primary key now holding the vary
+    /// marker: the one it loaded, or (if a fresh one was there already) that one.
+    Stored(Bytes, Outcome),
 }
 
 /// The key a loader loads for.
@@ -194,6 +203,7 @@ where
         request: Some(request),
         sent_headers: None,
         following: None,
+        variant_done: None,
     }));
     let cache = loading.cache.clone();
 
@@ -209,42 +219,59 @@ where
     let (marker, outcome) = match entry(&fetched) {
         Some((Entry::Response(cached), outcome)) => return Ok(answer(cached, outcome, &asked)),
         Some((Entry::Vary(marker), outcome)) => (marker, outcome),
-        None => return settle(fetched, from_loader, &slot, loading.inner, &asked).await,
+        None => return settle(fetched, from_loader, &slot, loading.inner, &asked, None).await,
     };
-    // A marker. This request's own load may have answered it already.
-    let mut own_failure = None;
-    match from_loader.try_recv() {
-        Ok(Own::Stored(entry)) => return Ok(own_entry(&entry, &asked)),
-        // A stale marker stands in for this request's failed load: look for a stale variant.
-        Ok(Own::Passed(passed)) if outcome == Outcome::Stale => own_failure = Some(passed),
-        Ok(Own::Passed(passed)) => return without_body(passed, &asked),
-        Err(_) => {}
-    }
+    // A marker. This request's own load of the URL may have answered already, or may hold the
+    // request: it then loads (a refresh of the marker, started as the marker was served) and
+    // its answer is this request's answer.
+    let mut own = from_loader.try_recv().ok();
+    let variant = if own.is_none() {
+        let mut pending = lock(&slot);
+        match &pending.request {
+            Some(request) => {
+                let variant = key::variant(&primary, &marker.names, request.headers());
+                // The request is kept for the variant's loader from now on.
+                let (done, variant_done) = watch::channel(false);
+                pending.following = Some(marker.clone());
+                pending.variant_done = Some(variant_done);
+                Some((variant, done))
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
+    let (variant, done) = match variant {
+        Some(variant) => variant,
+        None => {
+            if own.is_none() {
+                own = from_loader.await.ok();
+            }
+            let fallback = match own {
+                Some(Own::Stored(entry, outcome)) => return Ok(own_entry(&entry, outcome, &asked)),
+                Some(Own::Passed { answer, failed }) if !failed => {
+                    return without_body(answer, &asked)
+                }
+                Some(Own::Passed { answer, .. }) => Some(answer),
+                None => None,
+            };
+            // The load failed: a variant may still be there (stale or fresh) to stand in for
+            // it. Its key comes from the request as it was sent.
+            let sent = lock(&slot)
+                .sent_headers
+                .as_ref()
+                .map(|h| key::variant(&primary, &marker.names, h));
+            match (sent, fallback) {
+                (Some(variant), fallback) => {
+                    return stand_in(&cache, &variant, &asked, outcome, fallback).await
+                }
+                (None, Some(answer)) => return without_body(answer, &asked),
+                (None, None) => return Ok(synthesized(StatusCode::BAD_GATEWAY)),
+            }
+        }
+    };
 
     // Step two: the variant's key.
-    let variant = {
-        let mut pending = lock(&slot);
-        let headers = match &pending.request {
-            Some(request) => Some(request.headers()),
-            // The request went to this request's own load; key the variant as it was sent.
-            None if own_failure.is_some() => pending.sent_headers.as_ref(),
-            None => None,
-        };
-        let variant = headers.map(|h| key::variant(&primary, &marker.names, h));
-        if variant.is_some() {
-            pending.following = Some(marker.clone());
-        }
-        variant
-    };
-    let Some(variant) = variant else {
-        // A refresh of the marker (started as it was served) took the request: its answer is
-        // this request's answer.
-        return match from_loader.await {
-            Ok(Own::Stored(entry)) => Ok(own_entry(&entry, &asked)),
-            Ok(Own::Passed(passed)) => without_body(passed, &asked),
-            Err(_) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
-        };
-    };
     let (to_leader, from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), Arc::clone(&slot));
@@ -254,10 +281,52 @@ where
     let fetched = cache
         .fetch_accepting(&variant, codec::accepts_variant, loader)
         .await;
-    match (entry(&fetched), own_failure) {
-        (Some((Entry::Response(cached), outcome)), _) => Ok(answer(cached, outcome, &asked)),
-        (_, Some(passed)) => without_body(passed, &asked),
-        _ => settle(fetched, from_loader, &slot, loading.inner, &asked).await,
+    match entry(&fetched) {
+        Some((Entry::Response(cached), outcome)) => Ok(answer(cached, outcome, &asked)),
+        _ => {
+            settle(
+                fetched,
+                from_loader,
+                &slot,
+                loading.inner,
+                &asked,
+                Some(done),
+            )
+            .await
+        }
+    }
+}
+
+/// After this request's own load of a marked URL failed: the variant, if the store still has
+/// one to stand in for the failure, else the failure itself (or a gateway error). Nothing
+/// loads: the variant's loader has no request, so a variant that must be loaded fails too.
+async fn stand_in<B, E>(
+    cache: &Cache,
+    variant: &str,
+    asked: &Asked,
+    outcome: Outcome,
+    failure: Option<Answer<B, E>>,
+) -> Answer<B, E>
+where
+    B: Body<Data = Bytes>,
+{
+    let fetched = cache
+        .fetch_accepting(variant, codec::accepts_variant, || async {
+            Err::<Loaded, _>("the request went to the failed load of its URL")
+        })
+        .await;
+    match (entry(&fetched), failure) {
+        (Some((Entry::Response(cached), found)), _) => {
+            // Stale if either the marker or the variant was.
+            let outcome = if outcome == Outcome::Stale {
+                outcome
+            } else {
+                found
+            };
+            Ok(answer(cached, outcome, asked))
+        }
+        (_, Some(failure)) => without_body(failure, asked),
+        (_, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
     }
 }
 
@@ -283,14 +352,15 @@ async fn settle<S, ReqBody, ResBody>(
     slot: &Slot<ReqBody>,
     inner: S,
     asked: &Asked,
+    done: Option<watch::Sender<bool>>,
 ) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
 {
     match from_loader.try_recv() {
-        Ok(Own::Passed(passed)) => return without_body(passed, asked),
-        Ok(Own::Stored(entry)) => return Ok(own_entry(&entry, asked)),
+        Ok(Own::Passed { answer, .. }) => return without_body(answer, asked),
+        Ok(Own::Stored(entry, outcome)) => return Ok(own_entry(&entry, outcome, asked)),
         Err(_) => {}
     }
     // A failed load (this request's or another's, here or in another process) is answered
@@ -307,6 +377,8 @@ where
         }
     };
     let request = lock(slot).request.take();
+    // Done with the request: a refresh of the URL's marker waiting for it may go on.
+    drop(done);
     match (failed, request) {
         (None, Some(request)) => {
             let mut response = Oneshot::new(inner, request).await?.map(ResponseBody::inner);
@@ -327,18 +399,30 @@ enum Claim<B> {
     Gone,
 }
 
-fn claim<B>(slot: &Slot<B>, step: &Step) -> Claim<B> {
-    let mut pending = lock(slot);
-    if let (Step::Primary, Some(marker)) = (step, &pending.following) {
-        return Claim::Restore(marker.clone());
-    }
-    match pending.request.take() {
-        Some(request) => {
-            pending.sent_headers = Some(request.headers().clone());
-            Claim::Request(request)
+async fn claim<B>(slot: &Slot<B>, step: &Step) -> Claim<B> {
+    let following = {
+        let mut pending = lock(slot);
+        match (step, &pending.following) {
+            (Step::Primary, Some(marker)) => Some((marker.clone(), pending.variant_done.clone())),
+            _ => return take_request(&mut pending).map_or(Claim::Gone, Claim::Request),
         }
-        None => Claim::Gone,
+    };
+    // The caller follows the marker to its variant: once the variant is done with the request
+    // (answered from the cache, or loaded), this loader may take it and refresh the marker.
+    let Some((marker, done)) = following else {
+        return Claim::Gone;
+    };
+    if let Some(mut done) = done {
+        // An error only means the caller is gone, which is done as well.
+        let _ = done.wait_for(|done| *done).await;
     }
+    take_request(&mut lock(slot)).map_or(Claim::Restore(marker), Claim::Request)
+}
+
+fn take_request<B>(pending: &mut Pending<B>) -> Option<Request<B>> {
+    let request = pending.request.take()?;
+    pending.sent_headers = Some(request.headers().clone());
+    Some(request)
 }
 
 /// The loader of a cacheable request: calls the inner service (a `GET`, without the
@@ -355,7 +439,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
 {
-    let request = match claim(&slot, &step) {
+    let request = match claim(&slot, &step).await {
         Claim::Request(request) => request,
         Claim::Restore(marker) => return restore(&marker),
         Claim::Gone => return Err("the request was already sent".into()),
@@ -368,25 +452,31 @@ where
     let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(error) => {
-            let _ = to_leader.send(Own::Passed(Err(error)));
+            let _ = to_leader.send(Own::Passed {
+                answer: Err(error),
+                failed: true,
+            });
             return Err("the inner service failed".into());
         }
     };
     let (parts, body) = response.into_parts();
-    let passed = |body: ResponseBody<ResBody>| {
+    let passed = |body: ResponseBody<ResBody>, failed: bool| {
         let mut response = Response::from_parts(parts.clone(), body);
         response.headers_mut().insert(X_CACHE.clone(), BYPASS);
-        Own::Passed(Ok(response))
+        Own::Passed {
+            answer: Ok(response),
+            failed,
+        }
     };
     let ttl = match loading.config.policy.decide(&asked, &parts) {
         Decision::Store(ttl) if !ttl.is_zero() => ttl,
         Decision::Fail => {
             // A failed load: a stale response, if there is one, is served in its place.
-            let _ = to_leader.send(passed(ResponseBody::inner(body)));
+            let _ = to_leader.send(passed(ResponseBody::inner(body), true));
             return Err(format!("the inner service answered {}", parts.status).into());
         }
         _ => {
-            let _ = to_leader.send(passed(ResponseBody::inner(body)));
+            let _ = to_leader.send(passed(ResponseBody::inner(body), false));
             return Ok(Loaded::pass());
         }
     };
@@ -399,7 +489,7 @@ where
         }
         (Vary::Names(names), Step::Primary) => names,
         (Vary::Names(_) | Vary::Unkeyable, _) => {
-            let _ = to_leader.send(passed(ResponseBody::inner(body)));
+            let _ = to_leader.send(passed(ResponseBody::inner(body), false));
             return Ok(Loaded::pass());
         }
     };
@@ -413,7 +503,7 @@ where
         } => {
             let failed = error.is_some();
             let body = ResponseBody::replay(read, trailers, error, rest);
-            let _ = to_leader.send(passed(body));
+            let _ = to_leader.send(passed(body, failed));
             return if failed {
                 Err("the response body failed".into())
             } else {
@@ -433,7 +523,7 @@ where
         .collect();
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks) else {
         let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body));
+        let _ = to_leader.send(passed(body, false));
         return Ok(Loaded::pass());
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
@@ -448,25 +538,40 @@ where
         names,
     };
     let Some(marker_entry) = codec::encode_vary(&marker) else {
-        let _ = to_leader.send(Own::Stored(entry));
+        let _ = to_leader.send(Own::Stored(entry, Outcome::Uncached));
         return Ok(Loaded::pass());
     };
     let variant = key::variant(&primary, &marker.names, &asked.headers);
-    let _ = to_leader.send(Own::Stored(entry.clone()));
+    let loaded = entry.clone();
     let filled = loading
         .cache
         .fetch_accepting(variant, codec::accepts_variant, move || async move {
-            Ok::<_, Infallible>(Loaded::value_with_ttl(entry, ttl))
+            Ok::<_, Infallible>(Loaded::value_with_ttl(loaded, ttl))
         })
         .await;
-    if let Err(error) = filled {
-        debug!(%error, "the variant was not stored");
-    }
+    // A fresh variant already there (refreshed on its own) is kept, and is the answer: the
+    // caller never sees an older response after a newer one. A stale one is being replaced
+    // by this load.
+    let own = match filled {
+        Ok(fetched) => match (fetched.outcome(), fetched.into_value()) {
+            (Outcome::L1Hit | Outcome::L2Hit | Outcome::Follower, Some(value))
+                if value != entry =>
+            {
+                Own::Stored(value, Outcome::L1Hit)
+            }
+            _ => Own::Stored(entry, Outcome::Leader),
+        },
+        Err(error) => {
+            debug!(%error, "the variant was not stored");
+            Own::Stored(entry, Outcome::Uncached)
+        }
+    };
+    let _ = to_leader.send(own);
     Ok(Loaded::value_with_ttl(marker_entry, ttl))
 }
 
-/// A run of the URL's loader while its caller follows the marker to a variant: the marker is
-/// stored again for what it had left (at least a second), instead of a load without a request.
+/// A run of the URL's loader whose request went to the variant's loader: the marker is stored
+/// again for what it had left (at least a second), instead of a load without a request.
 fn restore(marker: &VaryMarker) -> Result<Loaded, BoxError> {
     let entry = codec::encode_vary(marker).ok_or("the vary marker cannot be encoded")?;
     let left = marker
@@ -540,23 +645,35 @@ where
     }
 }
 
-/// The answer from an entry this request's own load stored (always a response).
-fn own_entry<B: Body>(entry: &Bytes, asked: &Asked) -> Response<ResponseBody<B>> {
+/// The answer from the variant entry this request's own load of the URL left (a response).
+fn own_entry<B: Body>(entry: &Bytes, outcome: Outcome, asked: &Asked) -> Response<ResponseBody<B>> {
     match codec::decode(entry) {
-        Ok(Entry::Response(cached)) => answer(cached, Outcome::Leader, asked),
+        Ok(Entry::Response(cached)) => answer(cached, outcome, asked),
         _ => synthesized(StatusCode::BAD_GATEWAY),
     }
 }
 
 /// A response passed through to this request, without its body if the request was a `HEAD`
-/// (its load was a `GET`).
-fn without_body<B: Body, E>(passed: Answer<B, E>, asked: &Asked) -> Answer<B, E> {
-    let response = passed?;
-    Ok(if asked.head {
-        response.map(|_| ResponseBody::empty())
-    } else {
-        response
-    })
+/// (its load was a `GET`), but with the length the body has, when it is known.
+fn without_body<B, E>(passed: Answer<B, E>, asked: &Asked) -> Answer<B, E>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut response = passed?;
+    if !asked.head {
+        return Ok(response);
+    }
+    if let Some(length) = response.body().size_hint().exact() {
+        if !response.headers().contains_key(CONTENT_LENGTH)
+            && response.status() != StatusCode::NOT_MODIFIED
+            && has_content(response.status())
+        {
+            response
+                .headers_mut()
+                .insert(CONTENT_LENGTH, HeaderValue::from(length));
+        }
+    }
+    Ok(response.map(|_| ResponseBody::empty()))
 }
 
 /// The answer from a cached response: the response (without its body for a `HEAD`), or
@@ -581,11 +698,13 @@ fn answer<B: Body>(
         .conditions
         .as_ref()
         .is_some_and(|c| c.not_modified(&cached, now));
+    // A HEAD or a 304 has no body to measure: say the length of the 200's.
+    let length = HeaderValue::from(cached.body.len());
     let mut response = if not_modified {
         let mut response = Response::new(ResponseBody::empty());
         *response.status_mut() = StatusCode::NOT_MODIFIED;
-        for name in NOT_MODIFIED_FIELDS {
-            for value in cached.headers.get_all(&name) {
+        for name in NOT_MODIFIED_FIELDS.iter().chain([&CONTENT_LENGTH]) {
+            for value in cached.headers.get_all(name) {
                 response.headers_mut().append(name.clone(), value.clone());
             }
         }
@@ -601,9 +720,17 @@ fn answer<B: Body>(
         *response.headers_mut() = cached.headers;
         response
     };
+    if !response.headers().contains_key(CONTENT_LENGTH) && has_content(cached.status) {
+        response.headers_mut().insert(CONTENT_LENGTH, length);
+    }
     response.headers_mut().insert(AGE, HeaderValue::from(age));
     response.headers_mut().insert(X_CACHE.clone(), mark);
     response
+}
+
+/// Whether a response with this status may say its length (RFC 9110 §8.6: never 1xx, 204).
+fn has_content(status: StatusCode) -> bool {
+    !status.is_informational() && status != StatusCode::NO_CONTENT
 }
 
 /// A response the layer makes itself when there is neither a cached response nor a way to
