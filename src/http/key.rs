@@ -194,4 +194,30 @@ mod tests {
             variant("q", &names, &HeaderMap::new())
         );
     }
+
+    /// Any byte a header value may hold.
+    fn value_byte() -> impl proptest::strategy::Strategy<Value = u8> {
+        proptest::prop_oneof![proptest::strategy::Just(b'\t'), 0x20u8..0x7f, 0x80u8..=0xff]
+    }
+
+    proptest::proptest! {
+        /// Any request bytes make a key without a panic, and two requests whose values of the
+        /// varied field differ (after trimming) never share a variant key.
+        #[test]
+        fn variant_keys_tell_values_apart(
+            a in proptest::collection::vec(value_byte(), 0..40),
+            b in proptest::collection::vec(value_byte(), 0..40),
+        ) {
+            let names = [HeaderName::from_static("accept-encoding")];
+            let key = |bytes: &[u8]| {
+                let mut headers = HeaderMap::new();
+                let value = HeaderValue::from_bytes(bytes).ok()?;
+                headers.insert("accept-encoding", value);
+                Some(variant("p", &names, &headers))
+            };
+            if let (Some(ka), Some(kb)) = (key(&a), key(&b)) {
+                proptest::prop_assert_eq!(ka == kb, a.trim_ascii() == b.trim_ascii());
+            }
+        }
+    }
 }
