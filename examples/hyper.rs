@@ -17,14 +17,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use tower::{service_fn, ServiceBuilder};
+use tower_stampede::http::RfcPolicy;
 use tower_stampede::store::MemoryStore;
 use tower_stampede::{Cache, StampedeLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cache = Cache::builder(MemoryStore::new()).build();
+    // The pages below say nothing about their freshness: keep them for 30 s.
+    let policy = RfcPolicy::new().default_ttl(Duration::from_secs(30));
     let service = ServiceBuilder::new()
-        .layer(StampedeLayer::new(cache))
+        .layer(StampedeLayer::new(cache).policy(policy))
         .service(service_fn(
             |request: Request<hyper::body::Incoming>| async move {
                 tokio::time::sleep(Duration::from_millis(200)).await;

@@ -1,9 +1,10 @@
 //! A caching reverse proxy: one origin behind a [`StampedeLayer`].
 //!
 //! Every request is forwarded to the origin (`--origin http://host:port`). Cacheable `GET`
-//! responses (status 200, no `no-store`/`private`/`Set-Cookie`/`Vary`, ...) are shared through
-//! the cache: fresh for the origin's `Cache-Control: s-maxage`/`max-age`, or `--ttl-secs` when
-//! it gives none. Each response says how it was served in `x-cache` (`HIT`, `MISS`, `STALE` or
+//! and `HEAD` responses (by the shared-cache rules of RFC 9111, see the `http` module of the
+//! crate: no `no-store`/`private`/`Set-Cookie`, one entry per variant for `Vary`, ...) are
+//! shared through the cache: fresh for the origin's `s-maxage`, `max-age` or `Expires`, or,
+//! for statuses cacheable by default (200, 404, ...), `--ttl-secs` when it gives none. Each response says how it was served in `x-cache` (`HIT`, `MISS`, `STALE` or
 //! `BYPASS`; other methods than `GET` pass through without it). With `--stale-secs S`, a
 //! response up to S seconds past its freshness is served at once while one request refreshes
 //! it, and in place of a failed refresh; hot responses are refreshed shortly before they
@@ -63,6 +64,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::{service_fn, ServiceBuilder};
+use tower_stampede::http::RfcPolicy;
 use tower_stampede::store::MemoryStore;
 use tower_stampede::{Cache, StampedeLayer};
 
@@ -80,7 +82,8 @@ options:
                          (default: an embedded in-process store)
   --redis-cluster URLS   share the cache through a Redis Cluster: some of its nodes' URLs,
                          comma-separated (needs the `cluster` feature; not with --redis)
-  --ttl-secs S           freshness when the origin sends no max-age (default: 60)
+  --ttl-secs S           freshness when the origin gives none, for statuses cacheable
+                         by default (200, 404, ...) (default: 60)
   --stale-secs S         how long past its freshness a response may be served (x-cache:
                          STALE) while one request refreshes it, or when the refresh fails
                          (default: 0)
@@ -466,7 +469,7 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
         SharedStore::Redis(url) => Cache::builder(connect_redis(url).await?),
         SharedStore::RedisCluster(urls) => Cache::builder(connect_redis_cluster(urls).await?),
     };
-    let mut builder = builder.namespace(&args.namespace).ttl(args.ttl);
+    let mut builder = builder.namespace(&args.namespace);
     if let Some(stale) = args.stale {
         builder = builder.stale(stale);
     }
@@ -586,7 +589,9 @@ async fn run(args: Args) -> Result<(), String> {
         println!("metrics on {bound}");
     }
     let cache = build_cache(&args).await?;
-    let mut layer = StampedeLayer::new(cache);
+    // Responses without explicit freshness, with a status cacheable by default, are kept for
+    // --ttl-secs.
+    let mut layer = StampedeLayer::new(cache).policy(RfcPolicy::new().default_ttl(args.ttl));
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
     }

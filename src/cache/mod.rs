@@ -221,7 +221,35 @@ struct Counters {
 /// refreshes due (the store's clock is read a round trip away).
 const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
 
-type BoxLoader = Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
+/// A flight's loader, and which payloads its caller can read: a stored value whose payload it
+/// cannot read is treated as a corrupt entry (a miss, counted and overwritten).
+struct BoxLoader {
+    run: Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>,
+    accepts: fn(&Bytes) -> bool,
+}
+
+impl BoxLoader {
+    fn new<F, Fut, E>(accepts: fn(&Bytes) -> bool, loader: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        BoxLoader {
+            run: Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) })),
+            accepts,
+        }
+    }
+
+    /// Decodes a store entry; a value this loader's caller cannot read is corrupt.
+    fn decode(&self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
+        match entry::decode(bytes)? {
+            Entry::Value { payload, .. } if !(self.accepts)(&payload) => Err(entry::Corrupt),
+            entry => Ok(entry),
+        }
+    }
+}
+
 type FlightResult = Result<Fetched, Error>;
 
 /// One flight in progress: its id (so only it removes itself) and where its result appears.
@@ -400,6 +428,23 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
+        self.fetch_accepting(key, |_| true, loader).await
+    }
+
+    /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
+    /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
+    /// overwritten by this load).
+    pub(crate) async fn fetch_accepting<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        accepts: fn(&Bytes) -> bool,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         let digest = KeyDigest::of(key.as_ref());
         let span = debug_span!(
             "stampede.fetch",
@@ -409,7 +454,7 @@ impl Cache {
         );
         let started = Instant::now();
         let answer = self
-            .fetch_digest(digest, loader)
+            .fetch_digest(digest, accepts, loader)
             .instrument(span.clone())
             .await;
         match &answer {
@@ -428,7 +473,12 @@ impl Cache {
         answer
     }
 
-    async fn fetch_digest<F, Fut, E>(&self, digest: KeyDigest, loader: F) -> Result<Fetched, Error>
+    async fn fetch_digest<F, Fut, E>(
+        &self,
+        digest: KeyDigest,
+        accepts: fn(&Bytes) -> bool,
+        loader: F,
+    ) -> Result<Fetched, Error>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
@@ -442,9 +492,7 @@ impl Cache {
                         .inner
                         .early_refresh_due(entry.fresh_until, entry.load_time)
                     {
-                        let loader: BoxLoader = Box::new(move || {
-                            Box::pin(async move { loader().await.map_err(Into::into) })
-                        });
+                        let loader = BoxLoader::new(accepts, loader);
                         self.inner.refresh_early(digest, loader, entry.fresh_until);
                     }
                     return Ok(Fetched {
@@ -468,8 +516,7 @@ impl Cache {
                 l1_checked_twice = true;
                 continue;
             }
-            let loader: BoxLoader =
-                Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) }));
+            let loader = BoxLoader::new(accepts, loader);
             let id = self.inner.next_flight.fetch_add(1, Ordering::Relaxed);
             let (tx, rx) = watch::channel(None);
             flights.insert(
@@ -832,7 +879,7 @@ impl Inner {
             };
             let entry = lookup
                 .value
-                .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
+                .map(|stored| (loader.decode(&stored.bytes), stored.ttl));
             match (lookup.lock, entry) {
                 (LockState::Acquired, _) => {
                     telemetry::lock(LockEvent::Acquired);
@@ -944,7 +991,7 @@ impl Inner {
             let entry = lookup
                 .value
                 .as_ref()
-                .map(|stored| (entry::decode(&stored.bytes), stored.ttl));
+                .map(|stored| (loader.decode(&stored.bytes), stored.ttl));
             let mut lock = lookup.lock;
             if refresh_below == Duration::MAX && lock == LockState::Acquired {
                 // The lock was taken to overwrite a corrupt entry; if another leader has
@@ -1079,7 +1126,7 @@ impl Inner {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
         let started = Instant::now();
-        let mut task = tokio::spawn(loader());
+        let mut task = tokio::spawn((loader.run)());
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));

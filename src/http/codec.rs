@@ -1,32 +1,73 @@
-//! The one encoder of responses into cache bytes, and its decoder.
+//! The one encoder of the layer's cache entries, and its decoder. An entry is a response, or
+//! the "vary marker" a response with `Vary` leaves under its URL's key (see [`key`](super::key)):
 //!
 //! ```text
-//! version (1) | status (u16) | header count (u16) | { name len (u16) | name | value len (u32) | value }* | body
+//! response: version (1) | 0 | stored at (u64) | status (u16) | header count (u16)
+//!           | { name len (u16) | name | value len (u32) | value }* | body
+//! vary:     version (1) | 1 | stored at (u64) | ttl (u64) | name count (u16) | { name len (u16) | name }*
 //! ```
 //!
-//! All integers are big-endian. The body is the rest of the entry, so a decoded body shares the
-//! entry's buffer instead of copying it. Anything malformed decodes to [`Malformed`].
+//! Integers are big-endian; times are milliseconds (since the Unix epoch for "stored at"). The
+//! body is the rest of the entry, so a decoded body shares the entry's buffer instead of
+//! copying it. Anything malformed, including entries of another version of this codec,
+//! decodes to [`Malformed`]: the engine then treats the entry as a miss and overwrites it.
+
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-const VERSION: u8 = 1;
+use super::parse::MAX_VARY_NAMES;
+
+const VERSION: u8 = 2;
+const KIND_RESPONSE: u8 = 0;
+const KIND_VARY: u8 = 1;
+
+/// A decoded entry.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Entry {
+    Response(CachedResponse),
+    Vary(VaryMarker),
+}
 
 /// A response as the cache keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct CachedResponse {
+    /// When the response was generated, as far as the cache knows: when it was stored, less
+    /// the `Age` it arrived with. `Age` is counted from here.
+    pub(crate) stored_at: SystemTime,
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
 }
 
-/// The bytes are not a response encoded by this version of the codec.
+/// What the entry under a URL's key says when its response has `Vary`: the request header
+/// fields that select a variant, and how long the marker was stored for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct VaryMarker {
+    pub(crate) stored_at: SystemTime,
+    pub(crate) ttl: Duration,
+    /// Lowercase, sorted, distinct; at most [`MAX_VARY_NAMES`].
+    pub(crate) names: Vec<HeaderName>,
+}
+
+impl VaryMarker {
+    /// How long the marker has left, from its own stored-at time and TTL.
+    pub(crate) fn remaining(&self, now: SystemTime) -> Duration {
+        let age = now.duration_since(self.stored_at).unwrap_or_default();
+        self.ttl.saturating_sub(age)
+    }
+}
+
+/// The bytes are not an entry encoded by this version of the codec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Malformed;
 
-/// Encodes a status, the headers `store` keeps, and the body chunks, in one buffer.
-/// Returns `None` if a header is too long to encode (over 4 GiB) or there are over 65535.
-pub(crate) fn encode(
+/// Encodes a response: when it was stored, its status, the headers to keep and the body
+/// chunks, in one buffer. Returns `None` if a header is too long to encode (over 4 GiB) or
+/// there are over 65535.
+pub(crate) fn encode_response(
+    stored_at: SystemTime,
     status: StatusCode,
     headers: &[(&HeaderName, &HeaderValue)],
     body: &[Bytes],
@@ -37,8 +78,10 @@ pub(crate) fn encode(
         .map(|(n, v)| 6 + n.as_str().len() + v.len())
         .sum();
     let body_len: usize = body.iter().map(Bytes::len).sum();
-    let mut buf = BytesMut::with_capacity(5 + header_len + body_len);
+    let mut buf = BytesMut::with_capacity(14 + header_len + body_len);
     buf.put_u8(VERSION);
+    buf.put_u8(KIND_RESPONSE);
+    buf.put_u64(millis_since_epoch(stored_at));
     buf.put_u16(status.as_u16());
     buf.put_u16(count);
     for (name, value) in headers {
@@ -54,10 +97,44 @@ pub(crate) fn encode(
     Some(buf.freeze())
 }
 
-/// Decodes an entry written by [`encode`].
-pub(crate) fn decode(entry: &Bytes) -> Result<CachedResponse, Malformed> {
+/// Encodes a vary marker; `None` if it names more than [`MAX_VARY_NAMES`] fields.
+pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
+    if marker.names.len() > MAX_VARY_NAMES {
+        return None;
+    }
+    let names_len: usize = marker.names.iter().map(|n| 2 + n.as_str().len()).sum();
+    let mut buf = BytesMut::with_capacity(20 + names_len);
+    buf.put_u8(VERSION);
+    buf.put_u8(KIND_VARY);
+    buf.put_u64(millis_since_epoch(marker.stored_at));
+    buf.put_u64(u64::try_from(marker.ttl.as_millis()).unwrap_or(u64::MAX));
+    buf.put_u16(u16::try_from(marker.names.len()).ok()?);
+    for name in &marker.names {
+        buf.put_u16(u16::try_from(name.as_str().len()).ok()?);
+        buf.put_slice(name.as_str().as_bytes());
+    }
+    Some(buf.freeze())
+}
+
+/// Decodes an entry written by [`encode_response`] or [`encode_vary`].
+pub(crate) fn decode(entry: &Bytes) -> Result<Entry, Malformed> {
     let mut buf = entry.clone();
-    if buf.remaining() < 5 || buf.get_u8() != VERSION {
+    if buf.remaining() < 10 || buf.get_u8() != VERSION {
+        return Err(Malformed);
+    }
+    let kind = buf.get_u8();
+    let stored_at = SystemTime::UNIX_EPOCH
+        .checked_add(Duration::from_millis(buf.get_u64()))
+        .ok_or(Malformed)?;
+    match kind {
+        KIND_RESPONSE => decode_response(stored_at, buf).map(Entry::Response),
+        KIND_VARY => decode_vary(stored_at, buf).map(Entry::Vary),
+        _ => Err(Malformed),
+    }
+}
+
+fn decode_response(stored_at: SystemTime, mut buf: Bytes) -> Result<CachedResponse, Malformed> {
+    if buf.remaining() < 4 {
         return Err(Malformed);
     }
     let status = StatusCode::from_u16(buf.get_u16()).map_err(|_| Malformed)?;
@@ -74,10 +151,53 @@ pub(crate) fn decode(entry: &Bytes) -> Result<CachedResponse, Malformed> {
         headers.try_append(name, value).map_err(|_| Malformed)?;
     }
     Ok(CachedResponse {
+        stored_at,
         status,
         headers,
         body: buf,
     })
+}
+
+fn decode_vary(stored_at: SystemTime, mut buf: Bytes) -> Result<VaryMarker, Malformed> {
+    if buf.remaining() < 10 {
+        return Err(Malformed);
+    }
+    let ttl = Duration::from_millis(buf.get_u64());
+    let count = usize::from(buf.get_u16());
+    if count == 0 || count > MAX_VARY_NAMES {
+        return Err(Malformed);
+    }
+    let mut names = Vec::with_capacity(count);
+    for _ in 0..count {
+        let name = take(&mut buf, 2)?;
+        names.push(HeaderName::from_bytes(&name).map_err(|_| Malformed)?);
+    }
+    if buf.has_remaining() {
+        return Err(Malformed);
+    }
+    Ok(VaryMarker {
+        stored_at,
+        ttl,
+        names,
+    })
+}
+
+/// Whether the engine may hand these bytes to the layer as the entry under a URL's key: a
+/// response or a vary marker. Anything else is a corrupt entry to the engine.
+pub(crate) fn accepts_primary(entry: &Bytes) -> bool {
+    decode(entry).is_ok()
+}
+
+/// Whether the engine may hand these bytes to the layer as the entry under a variant's key:
+/// a response only.
+pub(crate) fn accepts_variant(entry: &Bytes) -> bool {
+    matches!(decode(entry), Ok(Entry::Response(_)))
+}
+
+/// Milliseconds since the Unix epoch; 0 before it.
+pub(crate) fn millis_since_epoch(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Takes a length-prefixed field (`len_bytes` of big-endian length, then the field).
@@ -99,6 +219,11 @@ fn take(buf: &mut Bytes, len_bytes: usize) -> Result<Bytes, Malformed> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn at(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
+    }
 
     fn sample() -> (StatusCode, HeaderMap, Vec<Bytes>) {
         let mut headers = HeaderMap::new();
@@ -110,11 +235,24 @@ mod tests {
         (StatusCode::NOT_FOUND, headers, body)
     }
 
+    fn encode_sample() -> Bytes {
+        let (status, headers, body) = sample();
+        encode_response(
+            at(1_700_000_000_123),
+            status,
+            &headers.iter().collect::<Vec<_>>(),
+            &body,
+        )
+        .unwrap()
+    }
+
     #[test]
     fn round_trips_status_headers_and_body() {
-        let (status, headers, body) = sample();
-        let entry = encode(status, &headers.iter().collect::<Vec<_>>(), &body).unwrap();
-        let decoded = decode(&entry).unwrap();
+        let (status, headers, _) = sample();
+        let Ok(Entry::Response(decoded)) = decode(&encode_sample()) else {
+            panic!("not a response")
+        };
+        assert_eq!(decoded.stored_at, at(1_700_000_000_123));
         assert_eq!(decoded.status, status);
         assert_eq!(decoded.headers, headers);
         let values: Vec<_> = decoded.headers.get_all("x-multi").iter().collect();
@@ -123,9 +261,29 @@ mod tests {
     }
 
     #[test]
+    fn round_trips_a_vary_marker() {
+        let marker = VaryMarker {
+            stored_at: at(42),
+            ttl: Duration::from_secs(60),
+            names: vec![
+                HeaderName::from_static("accept-encoding"),
+                HeaderName::from_static("x-tenant"),
+            ],
+        };
+        let entry = encode_vary(&marker).unwrap();
+        assert_eq!(decode(&entry), Ok(Entry::Vary(marker.clone())));
+        assert!(accepts_primary(&entry) && !accepts_variant(&entry));
+        assert_eq!(marker.remaining(at(42 + 10_000)), Duration::from_secs(50));
+        assert_eq!(marker.remaining(at(0)), Duration::from_secs(60));
+        assert_eq!(marker.remaining(at(1 << 50)), Duration::ZERO);
+        let mut longer = entry.to_vec();
+        longer.push(0);
+        assert_eq!(decode(&Bytes::from(longer)), Err(Malformed));
+    }
+
+    #[test]
     fn every_truncation_is_malformed_not_a_panic() {
-        let (status, headers, body) = sample();
-        let entry = encode(status, &headers.iter().collect::<Vec<_>>(), &body).unwrap();
+        let entry = encode_sample();
         let body_start = entry.len() - "hello world".len();
         for cut in 0..body_start {
             assert_eq!(decode(&entry.slice(..cut)), Err(Malformed), "cut at {cut}");
@@ -141,33 +299,133 @@ mod tests {
             .collect();
         let value = HeaderValue::from_static("v");
         let many: Vec<_> = names.iter().map(|name| (name, &value)).collect();
-        let entry = encode(status, &many, &body).unwrap();
+        let entry = encode_response(at(0), status, &many, &body).unwrap();
         assert!(decode(&entry).is_err(), "too many headers");
         // A count that promises more than the entry holds.
-        let mut lying = entry[..5].to_vec();
-        lying[3..5].copy_from_slice(&u16::MAX.to_be_bytes());
+        let mut lying = entry[..14].to_vec();
+        lying[12..14].copy_from_slice(&u16::MAX.to_be_bytes());
         assert!(decode(&Bytes::from(lying)).is_err(), "a lying count");
     }
 
     #[test]
     fn invalid_fields_are_malformed() {
+        let head = |kind: u8| {
+            let mut v = vec![VERSION, kind];
+            v.extend_from_slice(&0u64.to_be_bytes());
+            v
+        };
+        let response = |rest: &[u8]| Bytes::from([&head(KIND_RESPONSE)[..], rest].concat());
+        // The version this codec wrote before.
         assert_eq!(
-            decode(&Bytes::from_static(b"\x02\x00\xc8\x00\x00")),
+            decode(&Bytes::from_static(b"\x01\x00\xc8\x00\x00")),
             Err(Malformed)
         );
+        assert_eq!(decode(&Bytes::from(head(7))), Err(Malformed), "kind 7");
         assert_eq!(
-            decode(&Bytes::from_static(b"\x01\x00\x05\x00\x00")),
+            decode(&response(b"\x00\x05\x00\x00")),
             Err(Malformed),
             "status 5"
         );
         // A header name with a space.
-        let bad = b"\x01\x00\xc8\x00\x01\x00\x03a b\x00\x00\x00\x01v";
-        assert_eq!(decode(&Bytes::from_static(bad)), Err(Malformed));
+        let bad = response(b"\x00\xc8\x00\x01\x00\x03a b\x00\x00\x00\x01v");
+        assert_eq!(decode(&bad), Err(Malformed));
         // A header value with a newline.
-        let bad = b"\x01\x00\xc8\x00\x01\x00\x01a\x00\x00\x00\x02\r\n";
-        assert_eq!(decode(&Bytes::from_static(bad)), Err(Malformed));
+        let bad = response(b"\x00\xc8\x00\x01\x00\x01a\x00\x00\x00\x02\r\n");
+        assert_eq!(decode(&bad), Err(Malformed));
         // A length far past the end.
-        let bad = b"\x01\x00\xc8\x00\x01\x00\x01a\xff\xff\xff\xffv";
-        assert_eq!(decode(&Bytes::from_static(bad)), Err(Malformed));
+        let bad = response(b"\x00\xc8\x00\x01\x00\x01a\xff\xff\xff\xffv");
+        assert_eq!(decode(&bad), Err(Malformed));
+        // A stored-at time past what `SystemTime` holds is not a panic.
+        let mut far = vec![VERSION, KIND_RESPONSE];
+        far.extend_from_slice(&u64::MAX.to_be_bytes());
+        far.extend_from_slice(b"\x00\xc8\x00\x00");
+        let _ = decode(&Bytes::from(far));
+        // Vary markers: no names, too many names, a bad name.
+        let vary = |rest: &[u8]| {
+            let mut v = head(KIND_VARY);
+            v.extend_from_slice(&1000u64.to_be_bytes());
+            v.extend_from_slice(rest);
+            Bytes::from(v)
+        };
+        assert_eq!(decode(&vary(b"\x00\x00")), Err(Malformed));
+        assert_eq!(decode(&vary(b"\xff\xff\x00\x01a")), Err(Malformed));
+        assert_eq!(decode(&vary(b"\x00\x01\x00\x01 ")), Err(Malformed));
+        assert!(matches!(
+            decode(&vary(b"\x00\x01\x00\x01a")),
+            Ok(Entry::Vary(_))
+        ));
+    }
+
+    fn header_name() -> impl Strategy<Value = HeaderName> {
+        proptest::string::string_regex("[a-zA-Z0-9!#$%&'*+.^_`|~-]{1,40}")
+            .expect("a valid regex")
+            .prop_map(|s| HeaderName::from_bytes(s.as_bytes()).expect("a token is a name"))
+    }
+
+    fn header_value() -> impl Strategy<Value = HeaderValue> {
+        proptest::collection::vec(any::<u8>(), 0..64).prop_map(|mut bytes| {
+            // Every byte but the controls `http` refuses.
+            bytes.retain(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f));
+            HeaderValue::from_bytes(&bytes).expect("no refused bytes")
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_decode_or_fail_without_panic(
+            bytes in proptest::collection::vec(any::<u8>(), 0..512),
+            kind in 0u8..3,
+            prefixed in any::<bool>(),
+        ) {
+            let mut entry = Vec::new();
+            if prefixed {
+                // Reach past the version check most of the time.
+                entry.extend_from_slice(&[VERSION, kind]);
+            }
+            entry.extend_from_slice(&bytes);
+            let entry = Bytes::from(entry);
+            let decoded = decode(&entry);
+            prop_assert_eq!(accepts_primary(&entry), decoded.is_ok());
+            prop_assert_eq!(accepts_variant(&entry), matches!(decoded, Ok(Entry::Response(_))));
+        }
+
+        #[test]
+        fn responses_round_trip(
+            status in 100u16..1000,
+            stored_at in 0u64..(1 << 45),
+            headers in proptest::collection::vec((header_name(), header_value()), 0..20),
+            body in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..100), 0..5),
+        ) {
+            let status = StatusCode::from_u16(status).unwrap();
+            let pairs: Vec<_> = headers.iter().map(|(n, v)| (n, v)).collect();
+            let chunks: Vec<Bytes> = body.iter().cloned().map(Bytes::from).collect();
+            let entry = encode_response(at(stored_at), status, &pairs, &chunks).unwrap();
+            let Ok(Entry::Response(decoded)) = decode(&entry) else {
+                return Err(TestCaseError::fail("not a response"));
+            };
+            prop_assert_eq!(decoded.stored_at, at(stored_at));
+            prop_assert_eq!(decoded.status, status);
+            let mut want = HeaderMap::new();
+            for (name, value) in &headers {
+                want.append(name.clone(), value.clone());
+            }
+            prop_assert_eq!(decoded.headers, want);
+            prop_assert_eq!(decoded.body, body.concat());
+        }
+
+        #[test]
+        fn vary_markers_round_trip(
+            names in proptest::collection::btree_set("[a-z0-9-]{1,20}", 1..=MAX_VARY_NAMES),
+            stored_at in 0u64..(1 << 45),
+            ttl in 0u64..(1 << 40),
+        ) {
+            let marker = VaryMarker {
+                stored_at: at(stored_at),
+                ttl: Duration::from_millis(ttl),
+                names: names.iter().map(|n| HeaderName::from_bytes(n.as_bytes()).unwrap()).collect(),
+            };
+            let entry = encode_vary(&marker).unwrap();
+            prop_assert_eq!(decode(&entry), Ok(Entry::Vary(marker)));
+        }
     }
 }

@@ -1,9 +1,12 @@
-//! The tower middleware: a stampede guard in front of any HTTP service.
+//! The tower middleware: a stampede guard in front of any HTTP service, that a shared cache
+//! may be trusted with.
 //!
 //! [`StampedeLayer`] wraps a service (an axum `Router`, a hyper client, any
 //! `Service<http::Request<B>>`) so that cacheable `GET` responses are shared through a
-//! [`Cache`](crate::Cache): when a thousand requests for one cold URL arrive across many processes, the inner
-//! service is called once and everyone else is answered from the cache.
+//! [`Cache`](crate::Cache): when a thousand requests for one cold URL arrive across many
+//! processes, the inner service is called once and everyone else is answered from the cache.
+//! What may be shared follows the shared-cache rules of RFC 9111 (a subset, below); keys and
+//! the storing rules can be replaced in code ([`MakeKey`], [`Policy`]).
 //!
 //! Every response the layer handles carries `x-cache`:
 //!
@@ -14,20 +17,82 @@
 //! | `STALE` | a stale response, served while another request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `BYPASS` | passed to the inner service: not cacheable (request or response) |
 //!
-//! Requests with other methods than `GET` pass through untouched, without `x-cache`.
+//! Requests with other methods than `GET` and `HEAD` pass through untouched, without
+//! `x-cache`. Every response from a cache entry (`HIT`, `MISS`, `STALE`) carries `Age`.
 //!
 //! # What is cached
 //!
-//! `GET` requests without `Authorization` or `Cache-Control: no-store`, keyed by scheme,
-//! authority (or `Host`) and path with query. Responses with status 200 and no `no-store`,
-//! `private`, `no-cache`, `Set-Cookie` or `Vary`, whose body fits
-//! [`max_body_bytes`](StampedeLayer::max_body_bytes) and has no trailers. The TTL is the
-//! response's `s-maxage` or `max-age`, else the cache's default [`ttl`](crate::CacheBuilder::ttl).
-//! Status, headers (but hop-by-hop ones) and body are kept byte for byte.
+//! | request or response | cached? | why |
+//! | --- | --- | --- |
+//! | `GET` | yes | the method caches are for |
+//! | `HEAD` | from the `GET` entry, without a body | a `HEAD` miss loads with a `GET` (as nginx and Varnish do), so `HEAD`s are coalesced and fill the entry for `GET`s |
+//! | other methods | no, untouched | not cacheable, or unsafe |
+//! | request `Cache-Control: no-store` | no (`BYPASS`) | the client asks that nothing be stored |
+//! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
+//! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
+//! | request with `If-None-Match` / `If-Modified-Since` | yes | answered `304` from an entry with a matching `ETag` / `Last-Modified` |
+//! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without it | RFC 9111 §3.5; credentials never decide what anonymous requests get |
+//! | [`MakeKey`] returns `None` | no (`BYPASS`) | the key cannot describe the request |
+//! | response 200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501 | with explicit freshness, or with a [`default_ttl`](RfcPolicy::default_ttl) | cacheable by default, but a cache that invents freshness must be told to |
+//! | other statuses (but 206, 304, 1xx, 5xx) | only with explicit freshness | RFC 9111 §3 |
+//! | response 5xx (but 501) | no: a failed load | a stale response may stand in for it; followers get 502 for the [`failure_ttl`](crate::CacheBuilder::failure_ttl) |
+//! | response `no-store`, `private`, `Set-Cookie` | no (`BYPASS`) | private to one client |
+//! | response `no-cache` | no (`BYPASS`) | may never be served without a reload, and the layer does not revalidate: storing it would only cost |
+//! | response `Vary: *`, or `Vary` naming more than 16 fields, or unreadable | no (`BYPASS`) | no later request can be matched to it |
+//! | response `Vary: a, b` | yes, per variant | keyed by the request's `a` and `b`, below |
+//! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes), with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
+//!
+//! Freshness comes from `s-maxage`, then `max-age`, then `Expires` less `Date`, then the
+//! policy's default TTL, less the `Age` the response arrived with; a freshness of 0 is not
+//! stored. Status, headers and body are stored byte for byte, but for hop-by-hop headers
+//! (and those `Connection` names), `Age` (recomputed when served) and `x-cache`.
 //!
 //! A response that is not cacheable streams to the request that loaded it untouched (a body
-//! over the limit is replayed from what was read, then streamed on), and a short "pass" marker
-//! sends the requests waiting for it to the inner service directly.
+//! over the limit is replayed from what was read, then streamed on), and a short "pass"
+//! marker sends the requests waiting for it to the inner service directly.
+//!
+//! # Keys
+//!
+//! [`MakeKey`] names a request's URL: [`DefaultKey`] (method, scheme, authority or `Host`,
+//! path and query) unless replaced with [`StampedeLayer::make_key`], which shows how to add a
+//! tenant or a locale. A response with `Vary` is stored under a variant key: the URL's key and
+//! the request's values of each field `Vary` names (names lowercase; each field line trimmed,
+//! lines joined by `,`; absent and empty fields differ), so `Accept-Encoding: gzip` and
+//! `identity` never get each other's body. The URL's key then holds a small vary marker with
+//! the field names: a hit is two lookups (each an L1 hit or one store round trip), and a miss
+//! loads once for both keys, one flight per key as for any other.
+//!
+//! Keys are hashed before they reach the store: a 64 KB URL or a thousand header values never
+//! make a long store key.
+//!
+//! # Conditional requests
+//!
+//! A `GET` or `HEAD` with `If-None-Match` (weak comparison, `*` included) or, without it,
+//! `If-Modified-Since`, is looked up like any other (a miss still loads once, without the
+//! preconditions, so the full response can be stored) and answered `304 Not Modified` when
+//! the cached `200` matches, with the entry's `Cache-Control`, `Content-Location`, `Date`,
+//! `ETag`, `Expires`, `Vary` and `Last-Modified`; otherwise with the full cached response.
+//!
+//! # Not done (parts of RFC 9111 left out)
+//!
+//! - **Revalidation**: an entry past its freshness is reloaded, never revalidated with the
+//!   origin (no conditional request to it, no merging of a `304` into the entry).
+//! - **Stale responses against `must-revalidate`, `proxy-revalidate` and `s-maxage`**: stale
+//!   answers are served only when the operator turns on the cache's
+//!   [`stale`](crate::CacheBuilder::stale) or [`stale_if_error`](crate::CacheBuilder::stale_if_error)
+//!   window (off by default); that setting applies to every entry, as Varnish's grace and
+//!   nginx's `proxy_cache_use_stale` do. The response directives `stale-while-revalidate` and
+//!   `stale-if-error` are not read.
+//! - **Client freshness directives** other than `no-store`, `no-cache` and `max-age=0`
+//!   (`max-stale`, `min-fresh`, `max-age=N`, `only-if-cached`): ignored, as shared caches
+//!   usually do.
+//! - **Field-qualified `no-cache="f"` and `private="f"`**: treated as the unqualified forms
+//!   (not stored), rather than stored without the named fields.
+//! - **Range requests**: passed through; a `206` is never stored or built from an entry.
+//! - **Invalidation by unsafe methods** (a `POST` to a URL does not evict its entry): entries
+//!   live out their freshness.
+//! - **The apparent age** (`now - Date`): `Age` counts from when the response arrived less the
+//!   `Age` it carried, so a skewed origin clock never shortens or lengthens freshness.
 //!
 //! # Backpressure
 //!
@@ -56,29 +121,44 @@
 //! let mut service = ServiceBuilder::new()
 //!     .layer(StampedeLayer::new(cache))
 //!     .service(service_fn(|_req: Request<()>| async {
-//!         Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("hello"))))
+//!         Response::builder()
+//!             .header("cache-control", "max-age=60")
+//!             .body(Full::new(Bytes::from("hello")))
 //!     }));
 //!
 //! let first = service.ready().await?.call(Request::get("http://example.com/").body(())?).await?;
 //! assert_eq!(first.headers()["x-cache"], "MISS");
 //! let second = service.ready().await?.call(Request::get("http://example.com/").body(())?).await?;
 //! assert_eq!(second.headers()["x-cache"], "HIT");
+//! assert!(second.headers().contains_key("age"), "seconds since it was stored");
 //! assert_eq!(second.into_body().collect().await?.to_bytes(), "hello");
+//!
+//! // A HEAD is answered from the GET entry, without the body.
+//! let head = service.ready().await?.call(Request::head("http://example.com/").body(())?).await?;
+//! assert_eq!(head.headers()["x-cache"], "HIT");
+//! assert!(head.into_body().collect().await?.to_bytes().is_empty());
 //! # Ok(()) }
 //! ```
 
 mod body;
 pub(crate) mod codec;
+mod conditional;
 mod future;
+mod key;
 mod layer;
+mod parse;
 mod policy;
 mod service;
+
+use std::sync::Arc;
 
 use http::{HeaderName, HeaderValue};
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
+pub use key::{DefaultKey, MakeKey};
 pub use layer::StampedeLayer;
+pub use policy::{Decision, Policy, RfcPolicy};
 pub use service::Stampede;
 
 /// The header that tells how the layer answered.
@@ -89,15 +169,30 @@ pub(crate) const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
 pub(crate) const STALE: HeaderValue = HeaderValue::from_static("STALE");
 
 /// The layer's settings, shared by every service it makes.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct HttpConfig {
     pub(crate) max_body_bytes: usize,
+    pub(crate) make_key: Arc<dyn MakeKey>,
+    pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) honor_client_no_cache: bool,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             max_body_bytes: 1024 * 1024,
+            make_key: Arc::new(DefaultKey),
+            policy: Arc::new(RfcPolicy::new()),
+            honor_client_no_cache: false,
         }
+    }
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("honor_client_no_cache", &self.honor_client_no_cache)
+            .finish_non_exhaustive()
     }
 }

@@ -1,162 +1,240 @@
-//! The one place that decides what is cached: cache keys, request rules, response rules, TTLs.
+//! The one place that decides what is cached: request rules, the replaceable response
+//! [`Policy`] and its default, [`RfcPolicy`], and which headers are stored.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::header::{
-    AUTHORIZATION, CACHE_CONTROL, HOST, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
-    IF_UNMODIFIED_SINCE, RANGE, SET_COOKIE, VARY,
+    AGE, AUTHORIZATION, CACHE_CONTROL, DATE, EXPIRES, IF_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE,
+    PRAGMA, RANGE, SET_COOKIE,
 };
-use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
+use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
+
+use super::parse::{self, Directive};
 
 /// What the layer does with a request.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum RequestRule {
-    /// Look it up under this key.
-    Cache(String),
+    /// Look it up (a `GET`, or a `HEAD` answered from the `GET` entry).
+    Cache,
     /// A method the cache has nothing to do with: pass it on untouched.
     Ignore,
-    /// A cacheable method that must not be shared (credentials, `no-store`): pass it on,
-    /// marked `x-cache: BYPASS`.
+    /// A cacheable method that must not be answered from the cache (`no-store`, a range, a
+    /// precondition other than `If-None-Match` / `If-Modified-Since`, or a reload the layer
+    /// honours): pass it on, marked `x-cache: BYPASS`.
     Bypass,
 }
 
-/// Decides what to do with a request.
-pub(crate) fn request_rule<B>(request: &Request<B>) -> RequestRule {
-    if request.method() != Method::GET {
+/// Decides what to do with a request, before its key is made.
+pub(crate) fn request_rule<B>(request: &Request<B>, honor_client_no_cache: bool) -> RequestRule {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
         return RequestRule::Ignore;
     }
     let headers = request.headers();
-    // Credentials are never shared. Conditional and range requests get answers for this
-    // request only (304, 206): they must not become the entry, nor a "pass" for everyone.
-    const PRIVATE_TO_THIS_REQUEST: [HeaderName; 7] = [
-        AUTHORIZATION,
-        RANGE,
-        IF_NONE_MATCH,
-        IF_MODIFIED_SINCE,
-        IF_MATCH,
-        IF_UNMODIFIED_SINCE,
-        IF_RANGE,
-    ];
-    if PRIVATE_TO_THIS_REQUEST
+    // Ranges and these preconditions get answers for this request only (206, 412) that the
+    // layer does not compute from an entry.
+    const ANSWERED_BY_THE_ORIGIN: [HeaderName; 4] =
+        [RANGE, IF_MATCH, IF_UNMODIFIED_SINCE, IF_RANGE];
+    if ANSWERED_BY_THE_ORIGIN
         .iter()
         .any(|h| headers.contains_key(h))
-        || directives(headers).any(|(d, _)| d == "no-store")
     {
         return RequestRule::Bypass;
     }
-    RequestRule::Cache(key(request))
-}
-
-/// The default key: scheme, authority and path with query. Parts are separated by NUL, which no
-/// URI or header value can hold, so two requests share a key only if all their parts match.
-fn key<B>(request: &Request<B>) -> String {
-    let uri = request.uri();
-    let scheme = uri.scheme_str().unwrap_or("http");
-    let authority = match uri.authority() {
-        Some(authority) => authority.as_str().as_bytes(),
-        None => request
-            .headers()
-            .get(HOST)
-            .map(|h| h.as_bytes())
-            .unwrap_or_default(),
-    };
-    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let mut key = String::with_capacity(8 + scheme.len() + authority.len() + path.len());
-    key.push_str("http\0GET\0");
-    key.push_str(scheme);
-    key.push('\0');
-    // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is enough.
-    key.extend(authority.escape_ascii().map(char::from));
-    key.push('\0');
-    key.push_str(path);
-    key
-}
-
-/// What the cache does with a response.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ResponseRule {
-    /// Store it, fresh for this long (`None`: the cache's default TTL).
-    Store(Option<Duration>),
-    /// Pass it on and store nothing.
-    Pass,
-    /// A server error: a failed load, for which a stale response may be served instead.
-    Failure,
-}
-
-/// Decides whether a response may be stored and for how long: status 200; no `no-store`,
-/// `private`, `no-cache`, `Set-Cookie` or `Vary`; TTL from `s-maxage`, then `max-age`.
-pub(crate) fn response_rule(status: StatusCode, headers: &HeaderMap) -> ResponseRule {
-    if status.is_server_error() {
-        return ResponseRule::Failure;
-    }
-    if status != StatusCode::OK || headers.contains_key(SET_COOKIE) || headers.contains_key(VARY) {
-        return ResponseRule::Pass;
-    }
-    let mut max_age = None;
-    let mut s_maxage = None;
-    for (directive, argument) in directives(headers) {
-        match directive.as_str() {
-            "no-store" | "private" | "no-cache" => return ResponseRule::Pass,
-            "max-age" | "s-maxage" => {
-                let Some(seconds) = argument.as_deref().and_then(delta_seconds) else {
-                    // An unreadable lifetime is no permission to store.
-                    return ResponseRule::Pass;
-                };
-                let slot = if directive == "max-age" {
-                    &mut max_age
-                } else {
-                    &mut s_maxage
-                };
-                slot.get_or_insert(seconds);
+    let mut reload = false;
+    for Directive { name, argument } in parse::directives(headers) {
+        match name.as_str() {
+            "no-store" => return RequestRule::Bypass,
+            "no-cache" => reload = true,
+            "max-age" => {
+                reload |= argument.as_deref().and_then(parse::delta_seconds) == Some(Duration::ZERO)
             }
             _ => {}
         }
     }
-    match s_maxage.or(max_age) {
-        Some(0) => ResponseRule::Pass,
-        Some(seconds) => ResponseRule::Store(Some(Duration::from_secs(seconds))),
-        None => ResponseRule::Store(None),
+    // RFC 9111 §5.4: `Pragma: no-cache` counts only without `Cache-Control`.
+    reload |= !headers.contains_key(CACHE_CONTROL)
+        && headers
+            .get_all(PRAGMA)
+            .iter()
+            .any(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"no-cache"));
+    if reload && honor_client_no_cache {
+        return RequestRule::Bypass;
+    }
+    RequestRule::Cache
+}
+
+/// What the layer does with a response from the inner service; see [`Policy`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// Store the response, fresh for this long from now (0 is the same as [`Pass`](Self::Pass)).
+    Store(Duration),
+    /// Hand the response to the request that loaded it and store nothing; the requests
+    /// waiting for it go to the inner service themselves (a short "pass" marker tells
+    /// them, see [`pass_ttl`](crate::CacheBuilder::pass_ttl)).
+    Pass,
+    /// A failed load (a server error): hand the response to the request that loaded it, store
+    /// nothing, and answer the requests waiting for it with a stale response if there is one
+    /// (see [`stale_if_error`](crate::CacheBuilder::stale_if_error)), else `502 Bad Gateway`,
+    /// for the [`failure_ttl`](crate::CacheBuilder::failure_ttl).
+    Fail,
+}
+
+/// Decides whether a response may be stored, and for how long; see
+/// [`StampedeLayer::policy`](super::StampedeLayer::policy).
+///
+/// `request` is the request as the client sent it (a `HEAD` loads with `GET`, and the
+/// layer's `If-None-Match` / `If-Modified-Since` are not sent on); `response` is the inner
+/// service's answer to it, before its body is read. Whatever the policy says, the layer passes
+/// a response whose `Vary` it cannot key (`*`, or more than 16 fields), whose body is over
+/// [`max_body_bytes`](super::StampedeLayer::max_body_bytes) or ends with trailers or an error.
+///
+/// Closures `Fn(&request::Parts, &response::Parts) -> Decision` implement it.
+pub trait Policy: Send + Sync + 'static {
+    /// What to do with `response`.
+    fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision;
+}
+
+impl<F> Policy for F
+where
+    F: Fn(&request::Parts, &response::Parts) -> Decision + Send + Sync + 'static,
+{
+    fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
+        self(request, response)
     }
 }
 
-/// RFC 9111 delta-seconds: digits only; values past 2^31 are taken as 2^31.
-fn delta_seconds(text: &str) -> Option<u64> {
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some(text.parse::<u64>().unwrap_or(u64::MAX).min(1 << 31))
+/// The default [`Policy`]: the shared-cache rules of RFC 9111.
+///
+/// In order, a response is:
+///
+/// 1. a failure ([`Decision::Fail`]) if its status is a server error other than `501`;
+/// 2. passed if its status is `206` or `304` (answers to one request) or informational;
+/// 3. passed if it has `Set-Cookie`, or `Cache-Control` with `no-store`, `private` or
+///    `no-cache` (with or without field names), or a `max-age` / `s-maxage` that is not a
+///    number;
+/// 4. passed if the request had `Authorization`, unless the response says `public`,
+///    `s-maxage` or `must-revalidate`, or [`share_authorized`](Self::share_authorized) is on;
+/// 5. stored for its explicit freshness, if it has one: `s-maxage`, else `max-age`, else
+///    `Expires` less `Date` (an `Expires` that is not a date is in the past), less the `Age`
+///    it arrived with;
+/// 6. without explicit freshness, stored for the [`default_ttl`](Self::default_ttl) (less its
+///    `Age`) if one is set and its status is cacheable by default (200, 203, 204, 300, 301,
+///    308, 404, 405, 410, 414, 501); otherwise passed.
+///
+/// A freshness of 0 or less passes.
+#[derive(Clone, Debug, Default)]
+pub struct RfcPolicy {
+    default_ttl: Option<Duration>,
+    share_authorized: bool,
 }
 
-/// The `Cache-Control` directives of every `Cache-Control` field: lowercase names and their
-/// arguments (unquoted). Fields that are not visible ASCII are skipped.
-fn directives(headers: &HeaderMap) -> impl Iterator<Item = (String, Option<String>)> + '_ {
-    headers
-        .get_all(CACHE_CONTROL)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(','))
-        .filter_map(|part| {
-            let part = part.trim();
-            if part.is_empty() {
-                return None;
-            }
-            let (name, argument) = match part.split_once('=') {
-                Some((name, argument)) => {
-                    let argument = argument.trim();
-                    let argument = argument
-                        .strip_prefix('"')
-                        .and_then(|a| a.strip_suffix('"'))
-                        .unwrap_or(argument);
-                    (name.trim(), Some(argument.to_owned()))
+impl RfcPolicy {
+    /// The policy with no default TTL: only responses with explicit freshness are stored.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The freshness of a response with a status cacheable by default and no explicit
+    /// freshness (RFC 9111's heuristic freshness). Default: none, so such responses are
+    /// not stored.
+    #[must_use]
+    pub fn default_ttl(mut self, ttl: Duration) -> Self {
+        self.default_ttl = Some(ttl);
+        self
+    }
+
+    /// Whether responses to requests with `Authorization` are stored under the same rules as
+    /// the others, without `public`, `s-maxage` or `must-revalidate`: only for services whose
+    /// responses do not depend on who asks (every request with credentials then shares one
+    /// entry per URL; requests without credentials never see it). Default: off.
+    #[must_use]
+    pub fn share_authorized(mut self, on: bool) -> Self {
+        self.share_authorized = on;
+        self
+    }
+}
+
+impl Policy for RfcPolicy {
+    fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
+        let (status, headers) = (response.status, &response.headers);
+        if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED {
+            return Decision::Fail;
+        }
+        if status.is_informational()
+            || status == StatusCode::PARTIAL_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+            || headers.contains_key(SET_COOKIE)
+        {
+            return Decision::Pass;
+        }
+        let (mut max_age, mut s_maxage) = (None, None);
+        let mut allows_authorized = self.share_authorized;
+        for Directive { name, argument } in parse::directives(headers) {
+            match name.as_str() {
+                "no-store" | "private" | "no-cache" => return Decision::Pass,
+                "public" | "must-revalidate" => allows_authorized = true,
+                "max-age" | "s-maxage" => {
+                    let Some(seconds) = argument.as_deref().and_then(parse::delta_seconds) else {
+                        // An unreadable lifetime is no permission to store.
+                        return Decision::Pass;
+                    };
+                    if name == "s-maxage" {
+                        allows_authorized = true;
+                        s_maxage.get_or_insert(seconds);
+                    } else {
+                        max_age.get_or_insert(seconds);
+                    }
                 }
-                None => (part, None),
-            };
-            Some((name.to_ascii_lowercase(), argument))
-        })
+                _ => {}
+            }
+        }
+        if request.headers.contains_key(AUTHORIZATION) && !allows_authorized {
+            return Decision::Pass;
+        }
+        let lifetime = s_maxage
+            .or(max_age)
+            .or_else(|| expires_lifetime(headers))
+            .or_else(|| self.default_ttl.filter(|_| cacheable_by_default(status)));
+        match lifetime.map(|l| l.saturating_sub(age(headers))) {
+            Some(ttl) if !ttl.is_zero() => Decision::Store(ttl),
+            _ => Decision::Pass,
+        }
+    }
 }
 
-/// Whether a header is hop-by-hop (never stored): the fixed list of RFC 9110 and whatever the
-/// response's `Connection` header names; also `x-cache`, which the layer sets itself.
+/// `Expires` less `Date` (or less now, without a valid `Date`); `None` without `Expires`.
+/// An `Expires` that is not a valid date means "already expired" (RFC 9111 §5.3).
+fn expires_lifetime(headers: &HeaderMap) -> Option<Duration> {
+    let expires = parse::date_field(headers, &EXPIRES)?;
+    let date = parse::date_field(headers, &DATE)
+        .flatten()
+        .unwrap_or_else(SystemTime::now);
+    Some(expires.map_or(Duration::ZERO, |expires| {
+        expires.duration_since(date).unwrap_or_default()
+    }))
+}
+
+/// RFC 9110's statuses that are heuristically cacheable.
+fn cacheable_by_default(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
+    )
+}
+
+/// The `Age` a response arrived with (0 if none or not a number).
+pub(crate) fn age(headers: &HeaderMap) -> Duration {
+    headers
+        .get(AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| parse::delta_seconds(v.trim()))
+        .unwrap_or_default()
+}
+
+/// Whether a response header is stored: not hop-by-hop (the fixed list of RFC 9110 and
+/// whatever the response's `Connection` names), not `Age` (recomputed when served), not
+/// `x-cache` (set by the layer).
 pub(crate) fn is_stored_header(name: &HeaderName, headers: &HeaderMap) -> bool {
     const HOP_BY_HOP: [&str; 9] = [
         "connection",
@@ -170,7 +248,7 @@ pub(crate) fn is_stored_header(name: &HeaderName, headers: &HeaderMap) -> bool {
         "upgrade",
     ];
     let name = name.as_str();
-    if HOP_BY_HOP.contains(&name) || name == super::X_CACHE.as_str() {
+    if HOP_BY_HOP.contains(&name) || name == super::X_CACHE.as_str() || name == AGE.as_str() {
         return false;
     }
     !headers
@@ -184,139 +262,312 @@ pub(crate) fn is_stored_header(name: &HeaderName, headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderValue, Response};
 
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut map = HeaderMap::new();
-        for (name, value) in pairs {
-            map.append(*name, HeaderValue::from_static(value));
+    fn request(headers: &[(&'static str, &'static str)]) -> request::Parts {
+        let mut request = Request::get("/").body(()).unwrap();
+        for (name, value) in headers {
+            request
+                .headers_mut()
+                .append(*name, HeaderValue::from_static(value));
         }
-        map
+        request.into_parts().0
+    }
+
+    fn response(status: u16, headers: &[(&'static str, String)]) -> response::Parts {
+        let mut response = Response::new(());
+        *response.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (name, value) in headers {
+            response
+                .headers_mut()
+                .append(*name, HeaderValue::from_str(value).unwrap());
+        }
+        response.into_parts().0
+    }
+
+    fn decide(policy: &RfcPolicy, status: u16, headers: &[(&'static str, &str)]) -> Decision {
+        let headers: Vec<_> = headers.iter().map(|(n, v)| (*n, (*v).to_owned())).collect();
+        policy.decide(&request(&[]), &response(status, &headers))
+    }
+
+    fn secs(s: u64) -> Decision {
+        Decision::Store(Duration::from_secs(s))
     }
 
     #[test]
-    fn ttl_comes_from_s_maxage_then_max_age() {
-        let ok = StatusCode::OK;
-        assert_eq!(response_rule(ok, &headers(&[])), ResponseRule::Store(None));
+    fn ttl_comes_from_s_maxage_then_max_age_then_expires() {
+        let p = RfcPolicy::new();
+        let cc = "cache-control";
+        assert_eq!(decide(&p, 200, &[(cc, "public, max-age=30")]), secs(30));
         assert_eq!(
-            response_rule(ok, &headers(&[("cache-control", "public, max-age=30")])),
-            ResponseRule::Store(Some(Duration::from_secs(30)))
+            decide(&p, 200, &[(cc, "max-age=30, S-MAXAGE=\"7\"")]),
+            secs(7)
         );
         assert_eq!(
-            response_rule(
-                ok,
-                &headers(&[("cache-control", "max-age=30, S-MAXAGE=\"7\"")])
+            decide(&p, 200, &[(cc, "max-age=99999999999999999999999")]),
+            secs(1 << 31)
+        );
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let expires = "Sun, 06 Nov 1994 08:51:37 GMT";
+        assert_eq!(
+            decide(&p, 200, &[("date", date), ("expires", expires)]),
+            secs(120)
+        );
+        assert_eq!(
+            decide(
+                &p,
+                200,
+                &[("date", date), ("expires", expires), (cc, "max-age=5")]
             ),
-            ResponseRule::Store(Some(Duration::from_secs(7)))
+            secs(5),
+            "max-age wins over Expires"
         );
         assert_eq!(
-            response_rule(
-                ok,
-                &headers(&[("cache-control", "max-age=99999999999999999999999")])
-            ),
-            ResponseRule::Store(Some(Duration::from_secs(1 << 31)))
+            decide(&p, 200, &[("date", expires), ("expires", date)]),
+            Decision::Pass,
+            "already expired"
         );
+        assert_eq!(
+            decide(&p, 200, &[("expires", "0")]),
+            Decision::Pass,
+            "an invalid Expires is in the past"
+        );
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600));
+        let Decision::Store(ttl) = decide(&p, 200, &[("expires", &later)]) else {
+            panic!("not stored")
+        };
+        assert!(
+            ttl > Duration::from_secs(3000),
+            "{ttl:?}: Expires less now without Date"
+        );
+        assert_eq!(
+            decide(&p, 200, &[(cc, "max-age=60"), ("age", "45")]),
+            secs(15),
+            "less the Age it arrived with"
+        );
+        assert_eq!(
+            decide(&p, 200, &[(cc, "max-age=60"), ("age", "60")]),
+            Decision::Pass
+        );
+    }
+
+    #[test]
+    fn statuses_and_the_default_ttl() {
+        let strict = RfcPolicy::new();
+        let heuristic = RfcPolicy::new().default_ttl(Duration::from_secs(9));
+        for status in [200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501] {
+            assert_eq!(decide(&strict, status, &[]), Decision::Pass, "{status}");
+            assert_eq!(decide(&heuristic, status, &[]), secs(9), "{status}");
+            assert_eq!(
+                decide(&strict, status, &[("cache-control", "max-age=3")]),
+                secs(3),
+                "{status}"
+            );
+        }
+        for status in [302, 307, 400, 403] {
+            assert_eq!(decide(&heuristic, status, &[]), Decision::Pass, "{status}");
+            assert_eq!(
+                decide(&strict, status, &[("cache-control", "max-age=3")]),
+                secs(3),
+                "{status}: explicit freshness"
+            );
+        }
+        for status in [100, 206, 304] {
+            assert_eq!(
+                decide(&heuristic, status, &[("cache-control", "max-age=3")]),
+                Decision::Pass,
+                "{status}"
+            );
+        }
+        for status in [500, 502, 503, 504] {
+            assert_eq!(
+                decide(&heuristic, status, &[("cache-control", "max-age=3")]),
+                Decision::Fail,
+                "{status}"
+            );
+        }
     }
 
     #[test]
     fn what_is_never_stored() {
-        let ok = StatusCode::OK;
+        let p = RfcPolicy::new().default_ttl(Duration::from_secs(60));
         for pairs in [
             &[("cache-control", "no-store")][..],
             &[
                 ("cache-control", "max-age=60"),
                 ("cache-control", "Private"),
             ],
+            &[("cache-control", "private=\"x-user\", max-age=60")],
             &[("cache-control", "no-cache")],
+            &[("cache-control", "no-cache=\"set-cookie\", max-age=60")],
             &[("cache-control", "max-age=0")],
             &[("cache-control", "max-age=-1")],
             &[("cache-control", "max-age=abc")],
             &[("cache-control", "max-age")],
-            &[("set-cookie", "a=b")],
-            &[("vary", "accept-encoding")],
+            &[
+                ("set-cookie", "a=b"),
+                ("cache-control", "public, max-age=60"),
+            ],
         ] {
-            assert_eq!(
-                response_rule(ok, &headers(pairs)),
-                ResponseRule::Pass,
-                "{pairs:?}"
-            );
+            assert_eq!(decide(&p, 200, pairs), Decision::Pass, "{pairs:?}");
         }
-        assert_eq!(
-            response_rule(StatusCode::NOT_FOUND, &headers(&[])),
-            ResponseRule::Pass
-        );
-        assert_eq!(
-            response_rule(StatusCode::INTERNAL_SERVER_ERROR, &headers(&[])),
-            ResponseRule::Failure
-        );
     }
 
     #[test]
-    fn requests() {
-        let get = |uri: &str| Request::get(uri).body(()).unwrap();
+    fn authorized_requests_need_the_response_to_allow_it() {
+        let authorized = request(&[("authorization", "Bearer a")]);
+        let ok = |cc: &str| response(200, &[("cache-control", cc.to_owned())]);
+        let p = RfcPolicy::new();
+        assert_eq!(p.decide(&authorized, &ok("max-age=60")), Decision::Pass);
+        for allowed in [
+            "public, max-age=60",
+            "s-maxage=60",
+            "must-revalidate, max-age=60",
+        ] {
+            assert_eq!(p.decide(&authorized, &ok(allowed)), secs(60), "{allowed}");
+        }
         assert_eq!(
-            request_rule(&Request::post("/").body(()).unwrap()),
+            p.decide(&authorized, &ok("public, private, max-age=60")),
+            Decision::Pass
+        );
+        let shared = RfcPolicy::new().share_authorized(true);
+        assert_eq!(shared.decide(&authorized, &ok("max-age=60")), secs(60));
+    }
+
+    #[test]
+    fn request_rules() {
+        let with = |method: Method, headers: &[(&'static str, &'static str)]| {
+            let mut request = Request::builder().method(method).uri("/").body(()).unwrap();
+            for (name, value) in headers {
+                request
+                    .headers_mut()
+                    .append(*name, HeaderValue::from_static(value));
+            }
+            request
+        };
+        assert_eq!(
+            request_rule(&with(Method::POST, &[]), false),
             RequestRule::Ignore
         );
         assert_eq!(
-            request_rule(&Request::head("/").body(()).unwrap()),
-            RequestRule::Ignore
+            request_rule(&with(Method::GET, &[]), false),
+            RequestRule::Cache
         );
-        let mut authed = get("/");
-        authed
-            .headers_mut()
-            .insert(AUTHORIZATION, HeaderValue::from_static("Bearer x"));
-        assert_eq!(request_rule(&authed), RequestRule::Bypass);
+        assert_eq!(
+            request_rule(&with(Method::HEAD, &[]), false),
+            RequestRule::Cache
+        );
         for (name, value) in [
             ("range", "bytes=0-10"),
+            ("if-match", "\"v1\""),
+            ("if-unmodified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
+            ("if-range", "\"v1\""),
+            ("cache-control", "no-store"),
+        ] {
+            let request = with(Method::GET, &[(name, value)]);
+            assert_eq!(request_rule(&request, false), RequestRule::Bypass, "{name}");
+        }
+        for (name, value) in [
             ("if-none-match", "\"v1\""),
             ("if-modified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
+            ("authorization", "Bearer a"),
         ] {
-            let mut conditional = get("/");
-            conditional
-                .headers_mut()
-                .insert(name, HeaderValue::from_static(value));
-            assert_eq!(request_rule(&conditional), RequestRule::Bypass, "{name}");
+            let request = with(Method::GET, &[(name, value)]);
+            assert_eq!(request_rule(&request, false), RequestRule::Cache, "{name}");
         }
-        let mut no_store = get("/");
-        no_store
-            .headers_mut()
-            .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        assert_eq!(request_rule(&no_store), RequestRule::Bypass);
+        for reload in [
+            &[("cache-control", "no-cache")][..],
+            &[("cache-control", "max-age=0")],
+            &[("pragma", "no-cache")],
+        ] {
+            let request = with(Method::GET, reload);
+            assert_eq!(
+                request_rule(&request, false),
+                RequestRule::Cache,
+                "{reload:?}"
+            );
+            assert_eq!(
+                request_rule(&request, true),
+                RequestRule::Bypass,
+                "{reload:?}"
+            );
+        }
+        let request = with(
+            Method::GET,
+            &[("pragma", "no-cache"), ("cache-control", "max-age=5")],
+        );
+        assert_eq!(request_rule(&request, true), RequestRule::Cache);
+    }
 
-        let RequestRule::Cache(a) = request_rule(&get("http://a.example/x?y=1")) else {
-            panic!()
-        };
-        let mut hosted = get("/x?y=1");
-        hosted
-            .headers_mut()
-            .insert(HOST, HeaderValue::from_static("a.example"));
-        let RequestRule::Cache(b) = request_rule(&hosted) else {
-            panic!()
-        };
-        assert_eq!(a, b, "absolute-form and Host give one key");
-        let RequestRule::Cache(c) = request_rule(&get("http://a.example/x?y=2")) else {
-            panic!()
-        };
-        assert_ne!(a, c, "the query is part of the key");
-        let RequestRule::Cache(d) = request_rule(&get("http://b.example/x?y=1")) else {
-            panic!()
-        };
-        assert_ne!(a, d, "the host is part of the key");
+    use proptest::strategy::Strategy;
+
+    proptest::proptest! {
+        /// Whatever bytes the response's deciding fields hold, the policy decides, and never
+        /// for longer than the longest lifetime a header can give.
+        #[test]
+        fn any_response_headers_get_a_decision(
+            fields in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "cache-control", "expires", "date", "age", "vary", "set-cookie",
+                    ]),
+                    proptest::prop_oneof![
+                        // Any bytes a value may hold.
+                        proptest::collection::vec(
+                            proptest::prop_oneof![0x20u8..0x7f, 0x80u8..=0xff],
+                            0..60,
+                        ),
+                        // Or something close to what these fields hold.
+                        proptest::string::string_regex(
+                            "(public|private|no-cache|no-store|s-maxage=[0-9]{0,12}|max-age=\"?[0-9]{0,25}\"?|[0-9]{1,12}|Sun, 06 Nov 1994 08:49:37 GMT|accept|\\*|[ ,=\"])*"
+                        )
+                        .expect("a valid regex")
+                        .prop_map(String::into_bytes),
+                    ],
+                ),
+                0..8,
+            ),
+            status in 100u16..600,
+            authorized in proptest::bool::ANY,
+        ) {
+            let mut response = Response::new(());
+            *response.status_mut() = StatusCode::from_u16(status).unwrap();
+            for (name, bytes) in fields {
+                if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+                    response.headers_mut().append(name, value);
+                }
+            }
+            let (response, ()) = response.into_parts();
+            let request = if authorized {
+                request(&[("authorization", "Bearer a")])
+            } else {
+                request(&[])
+            };
+            let policy = RfcPolicy::new().default_ttl(Duration::from_secs(60));
+            if let Decision::Store(ttl) = policy.decide(&request, &response) {
+                proptest::prop_assert!(!ttl.is_zero() && ttl <= Duration::from_secs(1 << 31));
+            }
+            let _ = age(&response.headers);
+        }
     }
 
     #[test]
-    fn hop_by_hop_headers_are_not_stored() {
-        let map = headers(&[("connection", "close, X-Secret"), ("x-secret", "1")]);
-        assert!(!is_stored_header(
-            &HeaderName::from_static("transfer-encoding"),
-            &map
-        ));
-        assert!(!is_stored_header(
-            &HeaderName::from_static("x-secret"),
-            &map
-        ));
-        assert!(!is_stored_header(&HeaderName::from_static("x-cache"), &map));
+    fn hop_by_hop_headers_and_age_are_not_stored() {
+        let mut map = HeaderMap::new();
+        map.append("connection", HeaderValue::from_static("close, X-Secret"));
+        map.append("x-secret", HeaderValue::from_static("1"));
+        for name in [
+            "transfer-encoding",
+            "x-secret",
+            "x-cache",
+            "age",
+            "keep-alive",
+        ] {
+            assert!(
+                !is_stored_header(&HeaderName::from_static(name), &map),
+                "{name}"
+            );
+        }
         assert!(is_stored_header(
             &HeaderName::from_static("content-type"),
             &map

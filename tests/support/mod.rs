@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tower_stampede::store::{MemoryStore, RedisStore, Store};
+use tower_stampede::Cache;
+
 /// A `redis-server` on a free loopback port, killed when dropped.
 pub struct RedisServer {
     child: Child,
@@ -589,5 +592,39 @@ impl Counter {
 
     pub fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A store shared by the apps of one test, and its Redis server if there is one.
+pub struct Shared {
+    pub name: &'static str,
+    pub store: Arc<dyn Store>,
+    _redis: Option<RedisServer>,
+}
+
+/// The embedded store, and a store on a fresh `redis-server`: every HTTP rule is tested on both.
+pub async fn both() -> [Shared; 2] {
+    let server = RedisServer::start();
+    let redis = RedisStore::connect(server.url()).await.unwrap();
+    [
+        Shared {
+            name: "memory",
+            store: Arc::new(MemoryStore::new()),
+            _redis: None,
+        },
+        Shared {
+            name: "redis",
+            store: Arc::new(redis),
+            _redis: Some(server),
+        },
+    ]
+}
+
+impl Shared {
+    /// A cache of its own (so its own L1) over the shared store.
+    pub fn cache(&self) -> Cache {
+        Cache::builder_shared(Arc::clone(&self.store))
+            .namespace("http-test")
+            .build()
     }
 }

@@ -1,0 +1,223 @@
+//! Cache keys: the [`MakeKey`] a user may replace, and the keys the layer derives from it.
+//!
+//! # Keys, in two steps when a response has `Vary`
+//!
+//! [`MakeKey`] names the request's URL (the **primary key**; [`DefaultKey`] unless replaced).
+//! A response without `Vary` is stored under it. A response with `Vary` is stored under a
+//! **variant key** instead: the primary key, then each field `Vary` names (lowercase) with the
+//! request's values of it (every field line trimmed, joined by `,`; an absent field differs
+//! from an empty one). The primary key then holds a small **vary marker**, the list of
+//! names, so the next request can compute its own variant key. A hit costs two lookups (each
+//! an L1 hit or one store round trip); a miss loads once and fills both. Marker and variants
+//! are refreshed like any entry, each by one load: a refresh of the marker re-learns `Vary`
+//! from the origin, and a variant is stored only under a key that names every field its
+//! response varies on.
+//!
+//! Requests with `Authorization` are keyed apart from requests without it, whatever the
+//! [`MakeKey`]: an anonymous request never gets a response stored for a request with
+//! credentials, nor the other way round.
+//!
+//! Every key is hashed before it reaches the store, so neither a 64 KB URL nor a thousand
+//! header values make a long store key, and no request byte reaches Redis raw.
+
+use http::header::{AUTHORIZATION, HOST};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName};
+
+/// Makes the cache key of a request; see [`StampedeLayer::make_key`](super::StampedeLayer::make_key).
+///
+/// Two requests share a cached response only if their keys are equal (and, for a response
+/// with `Vary`, the request fields it names match). Returning `None` sends the request to the
+/// inner service without the cache (`x-cache: BYPASS`).
+///
+/// `HEAD` requests are answered from the `GET` entry, so the key is made for them with
+/// [`Parts::method`] set to `GET`. Requests with `Authorization` get a key apart from the
+/// one returned here (see the [module docs](super#keys)).
+///
+/// Closures `Fn(&http::request::Parts) -> Option<String>` implement it. To add a request
+/// header to the key (a tenant, a locale), extend the [`DefaultKey`]; see
+/// [`StampedeLayer::make_key`](super::StampedeLayer::make_key) for an example.
+pub trait MakeKey: Send + Sync + 'static {
+    /// The key of `request`, or `None` to bypass the cache.
+    fn make_key(&self, request: &Parts) -> Option<String>;
+}
+
+impl<F> MakeKey for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn make_key(&self, request: &Parts) -> Option<String> {
+        self(request)
+    }
+}
+
+/// The default key: method, scheme, authority (or `Host`) and path with query.
+///
+/// Parts are separated by NUL, which no URI or header value can hold, so two requests share
+/// a key only if all their parts match. A request in origin-form (`GET /path`, as servers
+/// receive them) is keyed with the `http` scheme and its `Host` header.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DefaultKey;
+
+impl DefaultKey {
+    /// The key of a request; never `None`.
+    pub fn key(&self, request: &Parts) -> String {
+        let uri = &request.uri;
+        let scheme = uri.scheme_str().unwrap_or("http");
+        let authority = match uri.authority() {
+            Some(authority) => authority.as_str().as_bytes(),
+            None => request
+                .headers
+                .get(HOST)
+                .map(|h| h.as_bytes())
+                .unwrap_or_default(),
+        };
+        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let method = request.method.as_str();
+        let mut key =
+            String::with_capacity(8 + method.len() + scheme.len() + authority.len() + path.len());
+        key.push_str("http\0");
+        key.push_str(method);
+        key.push('\0');
+        key.push_str(scheme);
+        key.push('\0');
+        // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is
+        // enough.
+        key.extend(authority.escape_ascii().map(char::from));
+        key.push('\0');
+        key.push_str(path);
+        key
+    }
+}
+
+impl MakeKey for DefaultKey {
+    fn make_key(&self, request: &Parts) -> Option<String> {
+        Some(self.key(request))
+    }
+}
+
+/// The primary key the layer uses for a request whose [`MakeKey`] said `key`: the same, or a
+/// key apart for requests with `Authorization`.
+pub(crate) fn primary(key: String, request: &HeaderMap) -> String {
+    if request.contains_key(AUTHORIZATION) {
+        // Length-prefixed, so no key of another shape can equal it.
+        format!("authorized\0{}\0{key}", key.len())
+    } else {
+        key
+    }
+}
+
+/// The variant key of a request under a primary key whose response varies on `names`.
+pub(crate) fn variant(primary: &str, names: &[HeaderName], request: &HeaderMap) -> String {
+    let mut key = format!("vary\0{}\0{primary}", primary.len());
+    for name in names {
+        key.push('\0');
+        key.push_str(name.as_str());
+        let mut values = request.get_all(name).iter().peekable();
+        if values.peek().is_none() {
+            // Absent: the name alone. Present, even empty: `name=values`. Names never hold
+            // `=` nor NUL, and escaped values never hold NUL, so the key is unambiguous.
+            continue;
+        }
+        key.push('=');
+        for (i, value) in values.enumerate() {
+            if i > 0 {
+                key.push(',');
+            }
+            key.extend(value.as_bytes().trim_ascii().escape_ascii().map(char::from));
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderValue, Request};
+
+    fn parts(uri: &str, headers: &[(&'static str, &'static str)]) -> Parts {
+        let mut request = Request::get(uri).body(()).unwrap();
+        for (name, value) in headers {
+            request
+                .headers_mut()
+                .append(*name, HeaderValue::from_static(value));
+        }
+        request.into_parts().0
+    }
+
+    #[test]
+    fn the_default_key() {
+        let a = DefaultKey.key(&parts("http://a.example/x?y=1", &[]));
+        assert_eq!(a, "http\0GET\0http\0a.example\0/x?y=1");
+        let hosted = DefaultKey.key(&parts("/x?y=1", &[("host", "a.example")]));
+        assert_eq!(a, hosted, "absolute-form and Host give one key");
+        assert_ne!(a, DefaultKey.key(&parts("http://a.example/x?y=2", &[])));
+        assert_ne!(a, DefaultKey.key(&parts("http://b.example/x?y=1", &[])));
+        assert_ne!(a, DefaultKey.key(&parts("https://a.example/x?y=1", &[])));
+        let odd = DefaultKey.key(&parts("/", &[]));
+        assert_eq!(odd, "http\0GET\0http\0\0/");
+    }
+
+    #[test]
+    fn authorized_requests_are_keyed_apart() {
+        let anonymous = HeaderMap::new();
+        let mut authorized = HeaderMap::new();
+        authorized.insert(AUTHORIZATION, HeaderValue::from_static("Bearer a"));
+        assert_eq!(primary("k".into(), &anonymous), "k");
+        assert_ne!(primary("k".into(), &authorized), "k");
+    }
+
+    #[test]
+    fn variant_keys_normalise_and_tell_absent_from_empty() {
+        let names = [
+            HeaderName::from_static("accept-encoding"),
+            HeaderName::from_static("x-tenant"),
+        ];
+        let key = |headers: &[(&'static str, &'static str)]| {
+            variant("p", &names, &parts("/", headers).headers)
+        };
+        let gzip = key(&[("Accept-Encoding", " gzip ")]);
+        assert_eq!(gzip, key(&[("accept-encoding", "gzip")]));
+        assert_ne!(gzip, key(&[("accept-encoding", "identity")]));
+        assert_ne!(key(&[]), key(&[("accept-encoding", "")]));
+        assert_eq!(
+            key(&[("accept-encoding", "gzip"), ("accept-encoding", " br")]),
+            key(&[("accept-encoding", "gzip,br")]),
+            "field lines combine"
+        );
+        assert_ne!(
+            key(&[("accept-encoding", "gzip"), ("x-tenant", "a")]),
+            key(&[("accept-encoding", "gzip"), ("x-tenant", "b")])
+        );
+        assert_ne!(
+            variant("p", &names, &HeaderMap::new()),
+            variant("q", &names, &HeaderMap::new())
+        );
+    }
+
+    /// Any byte a header value may hold.
+    fn value_byte() -> impl proptest::strategy::Strategy<Value = u8> {
+        proptest::prop_oneof![proptest::strategy::Just(b'\t'), 0x20u8..0x7f, 0x80u8..=0xff]
+    }
+
+    proptest::proptest! {
+        /// Any request bytes make a key without a panic, and two requests whose values of the
+        /// varied field differ (after trimming) never share a variant key.
+        #[test]
+        fn variant_keys_tell_values_apart(
+            a in proptest::collection::vec(value_byte(), 0..40),
+            b in proptest::collection::vec(value_byte(), 0..40),
+        ) {
+            let names = [HeaderName::from_static("accept-encoding")];
+            let key = |bytes: &[u8]| {
+                let mut headers = HeaderMap::new();
+                let value = HeaderValue::from_bytes(bytes).ok()?;
+                headers.insert("accept-encoding", value);
+                Some(variant("p", &names, &headers))
+            };
+            if let (Some(ka), Some(kb)) = (key(&a), key(&b)) {
+                proptest::prop_assert_eq!(ka == kb, a.trim_ascii() == b.trim_ascii());
+            }
+        }
+    }
+}

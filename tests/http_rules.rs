@@ -1,0 +1,1292 @@
+//! The shared-cache rules of the HTTP layer, one test per rule, each through the real
+//! middleware over `MemoryStore` and a real `redis-server`.
+//!
+//! The origin is programmable: `/any/path?status=404&h=cache-control:max-age%3D60&echo=accept`
+//! answers with that status and header, and a body naming the request and its origin call, so
+//! a test tells a cached answer (same call number) from a fresh one.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use support::{both, Counter, Shared};
+use tower::ServiceExt;
+use tower_stampede::http::{Decision, DefaultKey, Policy, RfcPolicy};
+use tower_stampede::{Cache, StampedeLayer};
+
+/// The origin: answers what each request's query asks for, and records what it received.
+#[derive(Clone, Default)]
+struct Origin {
+    calls: Counter,
+    seen: Arc<Mutex<Vec<(Method, HeaderMap)>>>,
+    /// While set, every answer is `503` with `no-store`.
+    failing: Arc<AtomicBool>,
+}
+
+impl Origin {
+    fn router(&self) -> Router {
+        let origin = self.clone();
+        Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap| {
+            let origin = origin.clone();
+            async move {
+                // `first-delay=MS`: the first call is that slow (a load time for early refresh).
+                let delay = query(&uri)
+                    .into_iter()
+                    .find(|(name, _)| name == "first-delay")
+                    .map(|(_, ms)| String::from_utf8(ms).unwrap().parse().unwrap());
+                if let (Some(ms), 0) = (delay, origin.calls()) {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                origin.answer(method, &uri, headers)
+            }
+        })
+    }
+
+    fn answer(&self, method: Method, uri: &Uri, headers: HeaderMap) -> Response<Body> {
+        let n = self.calls.hit();
+        self.seen
+            .lock()
+            .unwrap()
+            .push((method.clone(), headers.clone()));
+        if self.failing.load(Ordering::SeqCst) {
+            let mut response = Response::new(Body::from("down"));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+                .headers_mut()
+                .insert("cache-control", HeaderValue::from_static("no-store"));
+            return response;
+        }
+        let mut response = Response::new(Body::empty());
+        let mut body = format!("{} {} #{n}", method, uri.path()).into_bytes();
+        for (name, value) in query(uri) {
+            match name.as_str() {
+                "status" => {
+                    *response.status_mut() =
+                        StatusCode::from_bytes(&value).expect("a status in the query");
+                }
+                "h" => {
+                    let colon = value.iter().position(|&b| b == b':').expect("h=name:value");
+                    let name = HeaderName::from_bytes(&value[..colon]).expect("a header name");
+                    let value = HeaderValue::from_bytes(&value[colon + 1..]).expect("a value");
+                    response.headers_mut().append(name, value);
+                }
+                "echo" => {
+                    // The request's values of a header, so variants show.
+                    for v in headers.get_all(HeaderName::from_bytes(&value).unwrap()) {
+                        body.extend_from_slice(b" ");
+                        body.extend_from_slice(v.as_bytes());
+                    }
+                }
+                _ => {}
+            }
+        }
+        *response.body_mut() = Body::from(body);
+        response
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.get()
+    }
+
+    fn last_seen(&self) -> (Method, HeaderMap) {
+        self.seen.lock().unwrap().last().cloned().expect("a call")
+    }
+}
+
+/// The query's pairs, percent-decoded to bytes.
+fn query(uri: &Uri) -> Vec<(String, Vec<u8>)> {
+    let decode = |s: &str| {
+        let bytes = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' && i + 2 < bytes.len() {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        out
+    };
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (String::from_utf8(decode(name)).unwrap(), decode(value))
+        })
+        .collect()
+}
+
+/// A URL on the origin: `path`, then the query pairs, percent-encoded.
+fn url(path: &str, pairs: &[(&str, &[u8])]) -> String {
+    let mut url = format!("http://app.test{path}");
+    for (i, (name, value)) in pairs.iter().enumerate() {
+        url.push(if i == 0 { '?' } else { '&' });
+        url.push_str(name);
+        url.push('=');
+        for &b in *value {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                url.push(char::from(b));
+            } else {
+                url.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    url
+}
+
+/// A query pair, its value not yet encoded.
+type Pair = (&'static str, Vec<u8>);
+
+/// `h=name:value`, the query pair that makes the origin send a header.
+fn h(name: &str, value: &str) -> Vec<u8> {
+    format!("{name}:{value}").into_bytes()
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+
+    fn age(&self) -> Option<u64> {
+        let mut ages = self.headers.get_all("age").iter();
+        let age = ages.next()?.to_str().unwrap().parse().unwrap();
+        assert!(ages.next().is_none(), "one Age");
+        Some(age)
+    }
+
+    fn body(&self) -> &str {
+        std::str::from_utf8(&self.body).unwrap()
+    }
+}
+
+async fn send_raw(app: &Router, method: Method, uri: &str, headers: &[(&str, &[u8])]) -> Answer {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::empty())
+        .unwrap();
+    for (name, value) in headers {
+        request.headers_mut().append(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_bytes(value).unwrap(),
+        );
+    }
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+async fn send(app: &Router, method: Method, uri: &str, headers: &[(&str, &str)]) -> Answer {
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    send_raw(app, method, uri, &headers).await
+}
+
+async fn get(app: &Router, uri: &str) -> Answer {
+    send(app, Method::GET, uri, &[]).await
+}
+
+/// Two apps (two caches, so two L1s) over one store: the second app's hits come from the store.
+fn apps(shared: &Shared, origin: &Origin, layer: impl Fn(Cache) -> StampedeLayer) -> [Router; 2] {
+    [
+        origin.router().layer(layer(shared.cache())),
+        origin.router().layer(layer(shared.cache())),
+    ]
+}
+
+/// Sends `uri` three times (to the first app, then to both) and returns what `x-cache` said.
+async fn three_times(apps: &[Router; 2], uri: &str) -> [String; 3] {
+    let mut marks = Vec::new();
+    for app in [&apps[0], &apps[0], &apps[1]] {
+        marks.push(get(app, uri).await.x_cache().to_owned());
+    }
+    marks.try_into().unwrap()
+}
+
+const CACHED: [&str; 3] = ["MISS", "HIT", "HIT"];
+const PASSED: [&str; 3] = ["BYPASS", "BYPASS", "BYPASS"];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statuses_are_stored_with_explicit_freshness_or_a_default_ttl() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let strict = apps(&shared, &origin, StampedeLayer::new);
+        let heuristic = apps(&shared, &origin, |cache| {
+            StampedeLayer::new(cache).policy(RfcPolicy::new().default_ttl(Duration::from_secs(60)))
+        });
+        let fresh = h("cache-control", "max-age=60");
+        for status in [
+            "200", "203", "204", "300", "301", "308", "404", "405", "410", "414", "501",
+        ] {
+            let s = status.as_bytes();
+            let bare = url(&format!("/strict/{status}"), &[("status", s)]);
+            assert_eq!(
+                three_times(&strict, &bare).await,
+                PASSED,
+                "{}: {status}",
+                shared.name
+            );
+            let with = url(&format!("/fresh/{status}"), &[("status", s), ("h", &fresh)]);
+            assert_eq!(
+                three_times(&strict, &with).await,
+                CACHED,
+                "{}: {status}",
+                shared.name
+            );
+            let default = url(&format!("/default/{status}"), &[("status", s)]);
+            assert_eq!(
+                three_times(&heuristic, &default).await,
+                CACHED,
+                "{}: {status} with a default TTL",
+                shared.name
+            );
+        }
+        // Other statuses: only with explicit freshness, never by default.
+        for status in ["302", "307", "400", "403"] {
+            let s = status.as_bytes();
+            let default = url(&format!("/default/{status}"), &[("status", s)]);
+            assert_eq!(
+                three_times(&heuristic, &default).await,
+                PASSED,
+                "{}: {status}",
+                shared.name
+            );
+            let with = url(&format!("/fresh/{status}"), &[("status", s), ("h", &fresh)]);
+            assert_eq!(
+                three_times(&strict, &with).await,
+                CACHED,
+                "{}: {status}",
+                shared.name
+            );
+        }
+        // Never: answers for one request, and server errors (failed loads).
+        for status in ["206", "304"] {
+            let with = url(
+                &format!("/fresh/{status}"),
+                &[("status", status.as_bytes()), ("h", &fresh)],
+            );
+            assert_eq!(
+                three_times(&heuristic, &with).await,
+                PASSED,
+                "{}: {status}",
+                shared.name
+            );
+        }
+        let error = url("/fresh/503", &[("status", b"503"), ("h", &fresh)]);
+        let answer = get(&heuristic[0], &error).await;
+        assert_eq!(
+            (answer.status, answer.x_cache()),
+            (StatusCode::SERVICE_UNAVAILABLE, "BYPASS")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_comes_from_s_maxage_then_max_age_then_expires_then_the_default() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let cache = shared.cache();
+        let policy = RfcPolicy::new().default_ttl(Duration::from_secs(45));
+        let app = origin
+            .router()
+            .layer(StampedeLayer::new(cache.clone()).policy(policy));
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let in_an_hour = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600));
+        let cases: [(&str, Vec<Pair>, u64); 6] = [
+            (
+                "s-maxage",
+                vec![("h", h("cache-control", "max-age=600, s-maxage=300"))],
+                300,
+            ),
+            (
+                "max-age",
+                vec![("h", h("cache-control", "max-age=600"))],
+                600,
+            ),
+            (
+                "max-age over Expires",
+                vec![
+                    ("h", h("cache-control", "max-age=600")),
+                    ("h", h("expires", date)),
+                ],
+                600,
+            ),
+            // Expires less Date: 30 s, though both are long past by our clock.
+            (
+                "Expires - Date",
+                vec![
+                    ("h", h("date", date)),
+                    ("h", h("expires", "Sun, 06 Nov 1994 08:50:07 GMT")),
+                ],
+                30,
+            ),
+            (
+                "Expires - now",
+                vec![("h", h("expires", &in_an_hour))],
+                3600,
+            ),
+            ("default", vec![], 45),
+        ];
+        for (name, pairs, want) in cases {
+            let path = format!("/ttl/{}", name.replace(' ', "-"));
+            let pairs: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+            let uri = url(&path, &pairs);
+            assert_eq!(
+                get(&app, &uri).await.x_cache(),
+                "MISS",
+                "{}: {name}",
+                shared.name
+            );
+            let key = DefaultKey.key(&Request::get(&uri).body(()).unwrap().into_parts().0);
+            let stored = shared
+                .store
+                .get(&cache.store_key(key))
+                .await
+                .unwrap()
+                .expect("stored");
+            let ttl = stored.ttl.expect("a TTL").as_secs_f64();
+            let want = want as f64;
+            // The store rounds down; the test may take a few seconds on a busy machine.
+            assert!(
+                ttl <= want && ttl > want - 30.0,
+                "{}: {name}: {ttl} s, want {want} s",
+                shared.name
+            );
+        }
+        // An Expires that is not a date is in the past, and already expired is not stored.
+        for expires in ["0", date] {
+            let uri = url("/ttl/expired", &[("h", &h("expires", expires))]);
+            assert_eq!(
+                get(&app, &uri).await.x_cache(),
+                "BYPASS",
+                "{}: {expires}",
+                shared.name
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_never_stored() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let policy = RfcPolicy::new().default_ttl(Duration::from_secs(60));
+        let apps = apps(&shared, &origin, |cache| {
+            StampedeLayer::new(cache).policy(policy.clone())
+        });
+        for (i, header) in [
+            h("cache-control", "no-store, max-age=60"),
+            h("cache-control", "private, max-age=60"),
+            h("cache-control", "private=\"x-user\", max-age=60"),
+            h("cache-control", "no-cache, max-age=60"),
+            h("cache-control", "no-cache=\"set-cookie\", max-age=60"),
+            h("set-cookie", "session=secret"),
+            h("vary", "*"),
+            h("vary", "accept, *"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let uri = url(
+                &format!("/never/{i}"),
+                &[("h", header), ("h", &h("cache-control", "public"))],
+            );
+            let before = origin.calls();
+            assert_eq!(
+                three_times(&apps, &uri).await,
+                PASSED,
+                "{}: {}",
+                shared.name,
+                String::from_utf8_lossy(header)
+            );
+            assert_eq!(
+                origin.calls() - before,
+                3,
+                "{}: every request reaches the origin",
+                shared.name
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_needs_the_response_to_allow_it_and_is_keyed_apart() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let app = origin.router().layer(StampedeLayer::new(shared.cache()));
+        let as_ = |user: &'static str| [("authorization", user)];
+        // Not allowed by the response: every authorized request reaches the origin, and
+        // anonymous requests for the URL are cached all the same (not held up by a pass).
+        let private = url("/auth/plain", &[("h", &h("cache-control", "max-age=60"))]);
+        for _ in 0..2 {
+            let answer = send(&app, Method::GET, &private, &as_("Bearer a")).await;
+            assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
+        }
+        assert_eq!(
+            get(&app, &private).await.x_cache(),
+            "MISS",
+            "{}",
+            shared.name
+        );
+        assert_eq!(
+            get(&app, &private).await.x_cache(),
+            "HIT",
+            "{}",
+            shared.name
+        );
+        assert_eq!(origin.calls(), 3, "{}", shared.name);
+        // Allowed by `public`, `s-maxage` or `must-revalidate`: shared among authorized
+        // requests, never given to anonymous ones.
+        for cc in [
+            "public, max-age=60",
+            "s-maxage=60",
+            "must-revalidate, max-age=60",
+        ] {
+            let uri = url("/auth/allowed", &[("h", &h("cache-control", cc))]);
+            let first = send(&app, Method::GET, &uri, &as_("Bearer a")).await;
+            assert_eq!(first.x_cache(), "MISS", "{}: {cc}", shared.name);
+            let other = send(&app, Method::GET, &uri, &as_("Bearer b")).await;
+            assert_eq!(
+                (other.x_cache(), other.body()),
+                ("HIT", first.body()),
+                "{}: {cc}",
+                shared.name
+            );
+            let anonymous = get(&app, &uri).await;
+            assert_eq!(anonymous.x_cache(), "MISS", "{}: {cc}", shared.name);
+            assert_ne!(anonymous.body(), first.body(), "{}: {cc}", shared.name);
+        }
+        // Opted in: authorized responses are stored without the response's permission.
+        let shared_app = origin.router().layer(
+            StampedeLayer::new(shared.cache()).policy(RfcPolicy::new().share_authorized(true)),
+        );
+        let uri = url(
+            "/auth/opted-in",
+            &[("h", &h("cache-control", "max-age=60"))],
+        );
+        let first = send(&shared_app, Method::GET, &uri, &as_("Bearer a")).await;
+        let second = send(&shared_app, Method::GET, &uri, &as_("Bearer b")).await;
+        assert_eq!(
+            [first.x_cache(), second.x_cache()],
+            ["MISS", "HIT"],
+            "{}",
+            shared.name
+        );
+        assert_eq!(
+            get(&shared_app, &uri).await.x_cache(),
+            "MISS",
+            "{}",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_no_store_bypasses_and_client_no_cache_is_honoured_only_when_configured() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let uri = url("/client", &[("h", &h("cache-control", "max-age=60"))]);
+        let plain = origin.router().layer(StampedeLayer::new(shared.cache()));
+        let honouring = origin
+            .router()
+            .layer(StampedeLayer::new(shared.cache()).honor_client_no_cache(true));
+        assert_eq!(get(&plain, &uri).await.x_cache(), "MISS");
+        let no_store = send(&plain, Method::GET, &uri, &[("cache-control", "no-store")]).await;
+        assert_eq!(no_store.x_cache(), "BYPASS", "{}", shared.name);
+        for reload in [
+            [("cache-control", "no-cache")],
+            [("cache-control", "max-age=0")],
+            [("pragma", "no-cache")],
+        ] {
+            let ignored = send(&plain, Method::GET, &uri, &reload).await;
+            assert_eq!(
+                ignored.x_cache(),
+                "HIT",
+                "{}: {reload:?} ignored",
+                shared.name
+            );
+            let honoured = send(&honouring, Method::GET, &uri, &reload).await;
+            assert_eq!(
+                honoured.x_cache(),
+                "BYPASS",
+                "{}: {reload:?} honoured",
+                shared.name
+            );
+        }
+        // Honoured reloads went to the origin and left the entry alone.
+        assert_eq!(origin.calls(), 5, "{}", shared.name);
+        assert_eq!(
+            get(&honouring, &uri).await.x_cache(),
+            "HIT",
+            "{}",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_is_answered_from_the_get_entry_and_a_miss_loads_with_get() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let [a, b] = apps(&shared, &origin, StampedeLayer::new);
+        let uri = url("/head", &[("h", &h("cache-control", "max-age=60"))]);
+        let head = send(&a, Method::HEAD, &uri, &[]).await;
+        assert_eq!(
+            (head.status, head.x_cache()),
+            (StatusCode::OK, "MISS"),
+            "{}",
+            shared.name
+        );
+        assert!(head.body.is_empty(), "{}: no body", shared.name);
+        assert_eq!(
+            origin.last_seen().0,
+            Method::GET,
+            "{}: loaded with GET",
+            shared.name
+        );
+        let get_answer = get(&b, &uri).await;
+        assert_eq!(
+            get_answer.x_cache(),
+            "HIT",
+            "{}: the HEAD filled the GET entry",
+            shared.name
+        );
+        assert_eq!(get_answer.body(), "GET /head #1");
+        let without_marks = |mut headers: HeaderMap| {
+            headers.remove("x-cache");
+            headers.remove("age");
+            headers
+        };
+        assert_eq!(
+            without_marks(head.headers.clone()),
+            without_marks(get_answer.headers.clone()),
+            "{}: HEAD has the GET's headers",
+            shared.name
+        );
+        let again = send(&b, Method::HEAD, &uri, &[]).await;
+        assert_eq!(again.x_cache(), "HIT", "{}", shared.name);
+        assert!(again.body.is_empty());
+        assert_eq!(origin.calls(), 1, "{}", shared.name);
+        // A HEAD whose response is not stored: passed, still without a body.
+        let uncacheable = url("/head-private", &[("h", &h("cache-control", "private"))]);
+        let head = send(&a, Method::HEAD, &uncacheable, &[]).await;
+        assert_eq!(head.x_cache(), "BYPASS", "{}", shared.name);
+        assert!(head.body.is_empty(), "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_keys_variants_by_the_named_request_headers() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let [a, b] = apps(&shared, &origin, StampedeLayer::new);
+        let uri = url(
+            "/vary",
+            &[
+                ("h", &h("cache-control", "max-age=60")),
+                ("h", &h("vary", "Accept-Encoding")),
+                ("echo", b"accept-encoding"),
+            ],
+        );
+        let ask = |app: &Router, encoding: Option<&'static str>| {
+            let (app, uri) = (app.clone(), uri.clone());
+            async move {
+                let headers: Vec<(&str, &str)> = encoding
+                    .map(|e| ("accept-encoding", e))
+                    .into_iter()
+                    .collect();
+                let answer = send(&app, Method::GET, &uri, &headers).await;
+                (answer.x_cache().to_owned(), answer.body().to_owned())
+            }
+        };
+        let gzip = ("MISS".to_owned(), "GET /vary #1 gzip".to_owned());
+        assert_eq!(ask(&a, Some("gzip")).await, gzip, "{}", shared.name);
+        let identity = ask(&a, Some("identity")).await;
+        assert_eq!(
+            identity,
+            ("MISS".to_owned(), "GET /vary #2 identity".to_owned())
+        );
+        let hit = |(_, body): (String, String)| ("HIT".to_owned(), body);
+        for app in [&a, &b] {
+            assert_eq!(
+                ask(app, Some("gzip")).await,
+                hit(gzip.clone()),
+                "{}",
+                shared.name
+            );
+            assert_eq!(
+                ask(app, Some("  gzip ")).await,
+                hit(gzip.clone()),
+                "{}: trimmed",
+                shared.name
+            );
+            assert_eq!(
+                ask(app, Some("identity")).await,
+                hit(identity.clone()),
+                "{}",
+                shared.name
+            );
+        }
+        let none = ask(&b, None).await;
+        assert_eq!(
+            none,
+            ("MISS".to_owned(), "GET /vary #3".to_owned()),
+            "{}: absent",
+            shared.name
+        );
+        let empty = ask(&b, Some("")).await;
+        assert_eq!(
+            empty.0, "MISS",
+            "{}: empty differs from absent",
+            shared.name
+        );
+        assert_eq!(origin.calls(), 4, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stampede_on_a_varying_url_loads_once_per_variant() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let apps = apps(&shared, &origin, StampedeLayer::new);
+        let uri = url(
+            "/vary-stampede",
+            &[
+                ("h", &h("cache-control", "max-age=60")),
+                ("h", &h("vary", "accept-encoding")),
+                ("echo", b"accept-encoding"),
+            ],
+        );
+        let mut requests = Vec::new();
+        for i in 0..200 {
+            let (app, uri) = (apps[i % 2].clone(), uri.clone());
+            let encoding = if i % 3 == 0 { "gzip" } else { "identity" };
+            requests.push(tokio::spawn(async move {
+                let answer = send(&app, Method::GET, &uri, &[("accept-encoding", encoding)]).await;
+                (
+                    encoding,
+                    answer.x_cache().to_owned(),
+                    answer.body().to_owned(),
+                )
+            }));
+        }
+        for request in requests {
+            let (encoding, mark, body) = request.await.unwrap();
+            assert!(
+                matches!(mark.as_str(), "MISS" | "HIT"),
+                "{}: {mark}",
+                shared.name
+            );
+            assert!(
+                body.ends_with(&format!(" {encoding}")),
+                "{}: {body} for {encoding}",
+                shared.name
+            );
+        }
+        assert_eq!(origin.calls(), 2, "{}: one load per variant", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_vary_is_passed_and_thousands_of_request_values_are_keyed() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let apps = apps(&shared, &origin, StampedeLayer::new);
+        let fresh = h("cache-control", "max-age=60");
+        // Thousands of names in one field, and thousands of fields: not keyable, passed.
+        let names: Vec<String> = (0..3000).map(|i| format!("x-h{i}")).collect();
+        let one_field = url(
+            "/vary/many",
+            &[("h", &fresh), ("h", &h("vary", &names.join(",")))],
+        );
+        assert_eq!(
+            three_times(&apps, &one_field).await,
+            PASSED,
+            "{}",
+            shared.name
+        );
+        let fields: Vec<Vec<u8>> = names.iter().map(|n| h("vary", n)).collect();
+        let mut pairs: Vec<(&str, &[u8])> = vec![("h", &fresh)];
+        pairs.extend(fields.iter().map(|f| ("h", f.as_slice())));
+        let many_fields = url("/vary/fields", &pairs);
+        assert_eq!(
+            three_times(&apps, &many_fields).await,
+            PASSED,
+            "{}",
+            shared.name
+        );
+        // 17 names is one too many; 16 are keyed.
+        let seventeen = url(
+            "/vary/17",
+            &[("h", &fresh), ("h", &h("vary", &names[..17].join(",")))],
+        );
+        assert_eq!(
+            three_times(&apps, &seventeen).await,
+            PASSED,
+            "{}",
+            shared.name
+        );
+        let sixteen = url(
+            "/vary/16",
+            &[("h", &fresh), ("h", &h("vary", &names[..16].join(",")))],
+        );
+        assert_eq!(
+            three_times(&apps, &sixteen).await,
+            CACHED,
+            "{}",
+            shared.name
+        );
+        // A request with thousands of values of a varied field: one long key, hashed.
+        let uri = url(
+            "/vary/values",
+            &[("h", &fresh), ("h", &h("vary", "accept"))],
+        );
+        let values: Vec<String> = (0..5000).map(|i| format!("type/{i}")).collect();
+        let headers: Vec<(&str, &str)> = values.iter().map(|v| ("accept", v.as_str())).collect();
+        let first = send(&apps[0], Method::GET, &uri, &headers).await;
+        let second = send(&apps[1], Method::GET, &uri, &headers).await;
+        assert_eq!(
+            [first.x_cache(), second.x_cache()],
+            ["MISS", "HIT"],
+            "{}",
+            shared.name
+        );
+        let fewer = send(&apps[1], Method::GET, &uri, &headers[..4999]).await;
+        assert_eq!(fewer.x_cache(), "MISS", "{}: another variant", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_counts_from_generation_and_hop_by_hop_headers_are_not_stored() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let cache = shared.cache();
+        let [a, b] = [
+            origin.router().layer(StampedeLayer::new(cache.clone())),
+            origin.router().layer(StampedeLayer::new(shared.cache())),
+        ];
+        // Arrived 100 s old, fresh for 600 s from generation: 500 s left, Age from 100.
+        let uri = url(
+            "/age",
+            &[
+                ("h", &h("cache-control", "max-age=600")),
+                ("h", &h("age", "100")),
+                ("h", &h("connection", "x-secret")),
+                ("h", &h("x-secret", "1")),
+                ("h", &h("keep-alive", "timeout=5")),
+                ("h", &h("x-kept", "yes")),
+            ],
+        );
+        let first = get(&a, &uri).await;
+        assert_eq!(first.x_cache(), "MISS");
+        for (answer, source) in [
+            (first, "own load"),
+            (get(&a, &uri).await, "L1"),
+            (get(&b, &uri).await, "store"),
+        ] {
+            let age = answer.age().expect("Age");
+            // Lower bound exact; the upper one only says it is not counted from 0 or 600.
+            assert!(
+                (100..400).contains(&age),
+                "{}: {source}: Age {age}",
+                shared.name
+            );
+            for name in ["connection", "x-secret", "keep-alive"] {
+                assert!(
+                    !answer.headers.contains_key(name),
+                    "{}: {source}: {name} stored",
+                    shared.name
+                );
+            }
+            assert_eq!(answer.headers["x-kept"], "yes");
+        }
+        let key = DefaultKey.key(&Request::get(&uri).body(()).unwrap().into_parts().0);
+        let ttl = shared
+            .store
+            .get(&cache.store_key(key))
+            .await
+            .unwrap()
+            .unwrap()
+            .ttl
+            .unwrap();
+        assert!(ttl <= Duration::from_secs(500), "{}: {ttl:?}", shared.name);
+        // Every answer from an entry carries Age; answers passed through do not get one.
+        let plain = url("/age/plain", &[("h", &h("cache-control", "max-age=60"))]);
+        assert!(get(&a, &plain).await.age().is_some());
+        assert!(get(&b, &plain).await.age().is_some());
+        let passed = url("/age/passed", &[("h", &h("cache-control", "no-store"))]);
+        assert_eq!(get(&a, &passed).await.age(), None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn make_key_and_policy_are_replaceable() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let by_tenant = |request: &axum::http::request::Parts| {
+            let tenant = request.headers.get("x-tenant")?.to_str().ok()?;
+            Some(format!("{}\0tenant={tenant}", DefaultKey.key(request)))
+        };
+        let app = origin
+            .router()
+            .layer(StampedeLayer::new(shared.cache()).make_key(by_tenant));
+        let uri = url("/tenant", &[("h", &h("cache-control", "max-age=60"))]);
+        let tenant = |t: &'static str| [("x-tenant", t)];
+        let a = send(&app, Method::GET, &uri, &tenant("a")).await;
+        let b = send(&app, Method::GET, &uri, &tenant("b")).await;
+        let a2 = send(&app, Method::GET, &uri, &tenant("a")).await;
+        assert_eq!(
+            [a.x_cache(), b.x_cache(), a2.x_cache()],
+            ["MISS", "MISS", "HIT"]
+        );
+        assert_eq!(a2.body(), a.body(), "{}", shared.name);
+        // No tenant: the key says None, the request bypasses.
+        assert_eq!(get(&app, &uri).await.x_cache(), "BYPASS", "{}", shared.name);
+
+        // A policy that stores temporary redirects, and defers to the RFC otherwise.
+        let rfc = RfcPolicy::new();
+        let policy = move |request: &axum::http::request::Parts,
+                           response: &axum::http::response::Parts| {
+            if response.status == StatusCode::FOUND {
+                Decision::Store(Duration::from_secs(30))
+            } else {
+                rfc.decide(request, response)
+            }
+        };
+        let apps = apps(&shared, &origin, |cache| {
+            StampedeLayer::new(cache).policy(policy.clone())
+        });
+        let redirect = url(
+            "/redirect",
+            &[("status", b"302"), ("h", &h("location", "/elsewhere"))],
+        );
+        assert_eq!(
+            three_times(&apps, &redirect).await,
+            CACHED,
+            "{}",
+            shared.name
+        );
+        let plain = url("/no-freshness", &[]);
+        assert_eq!(three_times(&apps, &plain).await, PASSED, "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_requests_are_answered_304_from_the_entry() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let [a, b] = apps(&shared, &origin, StampedeLayer::new);
+        let modified = "Wed, 21 Oct 2015 07:28:00 GMT";
+        let uri = url(
+            "/conditional",
+            &[
+                ("h", &h("cache-control", "max-age=60")),
+                ("h", &h("etag", "W/\"v1\"")),
+                ("h", &h("last-modified", modified)),
+            ],
+        );
+        // A cold conditional request loads the full response (without its precondition),
+        // stores it, and is answered 304.
+        let first = send(&a, Method::GET, &uri, &[("if-none-match", "\"v1\"")]).await;
+        assert_eq!(
+            (first.status, first.x_cache()),
+            (StatusCode::NOT_MODIFIED, "MISS"),
+            "{}",
+            shared.name
+        );
+        assert!(first.body.is_empty());
+        assert_eq!(first.headers["etag"], "W/\"v1\"");
+        assert_eq!(first.headers["cache-control"], "max-age=60");
+        assert!(first.age().is_some());
+        // The length the 200 has, as RFC 9110 §8.6 allows in a 304.
+        assert_eq!(
+            first.headers["content-length"],
+            "GET /conditional #1".len().to_string()
+        );
+        let (_, sent) = origin.last_seen();
+        assert!(
+            !sent.contains_key("if-none-match"),
+            "{}: the origin got no precondition",
+            shared.name
+        );
+        let cases: [(&[(&str, &str)], StatusCode); 8] = [
+            (&[("if-none-match", "W/\"v1\"")], StatusCode::NOT_MODIFIED),
+            (
+                &[("if-none-match", "\"v0\", \"v1\"")],
+                StatusCode::NOT_MODIFIED,
+            ),
+            (&[("if-none-match", "*")], StatusCode::NOT_MODIFIED),
+            (&[("if-none-match", "\"v2\"")], StatusCode::OK),
+            (&[("if-none-match", "v1")], StatusCode::OK),
+            (&[("if-modified-since", modified)], StatusCode::NOT_MODIFIED),
+            (
+                &[("if-modified-since", "Tue, 20 Oct 2015 07:28:00 GMT")],
+                StatusCode::OK,
+            ),
+            (
+                &[("if-none-match", "\"v2\""), ("if-modified-since", modified)],
+                StatusCode::OK,
+            ),
+        ];
+        for (headers, want) in cases {
+            for app in [&a, &b] {
+                let answer = send(app, Method::GET, &uri, headers).await;
+                assert_eq!(
+                    (answer.status, answer.x_cache()),
+                    (want, "HIT"),
+                    "{}: {headers:?}",
+                    shared.name
+                );
+                if want == StatusCode::OK {
+                    assert_eq!(answer.body(), "GET /conditional #1");
+                }
+            }
+        }
+        let head = send(&b, Method::HEAD, &uri, &[("if-none-match", "\"v1\"")]).await;
+        assert_eq!(head.status, StatusCode::NOT_MODIFIED);
+        assert_eq!(origin.calls(), 1, "{}", shared.name);
+        // Ranges are the origin's to answer.
+        let range = send(&a, Method::GET, &uri, &[("range", "bytes=0-3")]).await;
+        assert_eq!(range.x_cache(), "BYPASS", "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_entries_are_a_counted_miss_and_overwritten() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let entries: [(&str, &[u8]); 4] = [
+            ("foreign", b"hello, I am not yours"),
+            // The engine's own framing around bytes that are not an HTTP entry.
+            ("not-http", b"TS\x01\x00\x00\x00\x00\x07garbage"),
+            // An entry of the codec's first version (status 200, no headers, no body).
+            (
+                "old-version",
+                b"TS\x01\x00\x00\x00\x00\x07\x01\x00\xc8\x00\x00",
+            ),
+            // A truncated HTTP entry.
+            ("truncated", b"TS\x01\x00\x00\x00\x00\x07\x02\x00\x00\x00"),
+        ];
+        for (name, bytes) in entries {
+            let cache = shared.cache();
+            let app = origin.router().layer(StampedeLayer::new(cache.clone()));
+            let other = origin.router().layer(StampedeLayer::new(shared.cache()));
+            let uri = url(
+                &format!("/corrupt/{name}"),
+                &[("h", &h("cache-control", "max-age=60"))],
+            );
+            let key = cache
+                .store_key(DefaultKey.key(&Request::get(&uri).body(()).unwrap().into_parts().0));
+            shared
+                .store
+                .put(&key, Bytes::from_static(bytes), Duration::from_secs(60))
+                .await
+                .unwrap();
+            let before = origin.calls();
+            let answer = get(&app, &uri).await;
+            assert_eq!(
+                (answer.status, answer.x_cache()),
+                (StatusCode::OK, "MISS"),
+                "{}: {name}",
+                shared.name
+            );
+            assert_eq!(
+                cache.stats().corrupt_entries,
+                1,
+                "{}: {name}: counted",
+                shared.name
+            );
+            assert_eq!(origin.calls() - before, 1, "{}: {name}", shared.name);
+            // Overwritten: another process reads the new entry from the store.
+            let again = get(&other, &uri).await;
+            assert_eq!(
+                (again.x_cache(), again.body()),
+                ("HIT", answer.body()),
+                "{}: {name}",
+                shared.name
+            );
+            let stored = shared.store.get(&key).await.unwrap().unwrap();
+            assert_ne!(
+                stored.bytes,
+                Bytes::from_static(bytes),
+                "{}: {name}",
+                shared.name
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_urls_and_invalid_header_bytes_have_a_clear_outcome() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let apps = apps(&shared, &origin, StampedeLayer::new);
+        let fresh = h("cache-control", "max-age=60");
+        // The longest URL `http` holds (64 KB) is cached like any other.
+        let long = format!(
+            "{}&pad={}",
+            url("/long", &[("h", &fresh)]),
+            "x".repeat(66_000)
+        );
+        let long = &long[..65_534];
+        assert_eq!(three_times(&apps, long).await, CACHED, "{}", shared.name);
+
+        // Request bytes that are not ASCII: a varied field, `Host`, `Cache-Control` and
+        // `If-None-Match` are read as bytes or ignored, never a panic.
+        let varied = url(
+            "/bytes/vary",
+            &[("h", &fresh), ("h", &h("vary", "accept-language"))],
+        );
+        let odd: &[u8] = b"fr\xff\x80";
+        let first = send_raw(&apps[0], Method::GET, &varied, &[("accept-language", odd)]).await;
+        let second = send_raw(&apps[1], Method::GET, &varied, &[("accept-language", odd)]).await;
+        let plain = send_raw(
+            &apps[1],
+            Method::GET,
+            &varied,
+            &[("accept-language", b"fr")],
+        )
+        .await;
+        assert_eq!(
+            [first.x_cache(), second.x_cache(), plain.x_cache()],
+            ["MISS", "HIT", "MISS"]
+        );
+        let origin_form = "/bytes/host?h=cache-control%3Amax-age%3D60";
+        for (i, app) in [&apps[0], &apps[1]].into_iter().enumerate() {
+            let answer = send_raw(app, Method::GET, origin_form, &[("host", b"h\xffst")]).await;
+            assert_eq!(
+                answer.x_cache(),
+                ["MISS", "HIT"][i],
+                "{}: Host",
+                shared.name
+            );
+        }
+        let cc = send_raw(
+            &apps[0],
+            Method::GET,
+            long,
+            &[("cache-control", b"no-store\xff")],
+        )
+        .await;
+        assert_eq!(
+            cc.x_cache(),
+            "HIT",
+            "{}: an unreadable Cache-Control is ignored",
+            shared.name
+        );
+        let inm = send_raw(
+            &apps[0],
+            Method::GET,
+            long,
+            &[("if-none-match", b"\"\xff\"")],
+        )
+        .await;
+        assert_eq!(
+            (inm.status, inm.x_cache()),
+            (StatusCode::OK, "HIT"),
+            "{}",
+            shared.name
+        );
+
+        // Response bytes that are not ASCII in the fields that decide: not stored.
+        let unreadable_cc = h("cache-control", "max-age=60, x=\u{ff}");
+        let unreadable_vary = b"vary:accept\xff".to_vec();
+        let not_a_date = h("expires", "the day after tomorrow");
+        for (i, pairs) in [
+            vec![("h", unreadable_cc.as_slice())],
+            vec![("h", fresh.as_slice()), ("h", unreadable_vary.as_slice())],
+            vec![("h", not_a_date.as_slice())],
+        ]
+        .iter()
+        .enumerate()
+        {
+            let uri = url(&format!("/bytes/response/{i}"), pairs);
+            assert_eq!(
+                three_times(&apps, &uri).await,
+                PASSED,
+                "{}: {i}",
+                shared.name
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_kb_url_is_refused_by_the_server_before_the_layer() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for shared in both().await {
+        let origin = Origin::default();
+        let app = origin.router().layer(StampedeLayer::new(shared.cache()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let exchange = |path: String| async move {
+            let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let request =
+                format!("GET {path} HTTP/1.1\r\nHost: app.test\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut response = Vec::new();
+            stream.read_to_end(&mut response).await.unwrap();
+            String::from_utf8_lossy(&response).into_owned()
+        };
+        let long = format!("/long?pad={}", "x".repeat(100_000));
+        let refused = exchange(long).await;
+        assert!(
+            refused.starts_with("HTTP/1.1 414"),
+            "{}: {}",
+            shared.name,
+            &refused[..refused.len().min(80)]
+        );
+        assert_eq!(origin.calls(), 0, "{}", shared.name);
+        // The server and the layer go on serving.
+        let ok = exchange("/after?h=cache-control%3Amax-age%3D60".to_owned()).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{}: {ok}", shared.name);
+        assert!(
+            ok.to_ascii_lowercase().contains("x-cache: miss"),
+            "{}: {ok}",
+            shared.name
+        );
+        server.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_variants_are_served_while_refreshing_and_in_place_of_errors() {
+    for shared in both().await {
+        let origin = Origin::default();
+        let cache = Cache::builder_shared(Arc::clone(&shared.store))
+            .namespace("http-stale-vary")
+            .stale(Duration::from_secs(60))
+            .early_refresh(0.0)
+            .build();
+        let app = origin.router().layer(StampedeLayer::new(cache));
+        let uri = url(
+            "/stale-vary",
+            &[
+                ("h", &h("cache-control", "max-age=1")),
+                ("h", &h("vary", "accept-encoding")),
+                ("echo", b"accept-encoding"),
+            ],
+        );
+        let gzip = [("accept-encoding", "gzip")];
+        let first = send(&app, Method::GET, &uri, &gzip).await;
+        assert_eq!(
+            (first.x_cache(), first.body()),
+            ("MISS", "GET /stale-vary #1 gzip")
+        );
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        // Stale at once, or (if the marker's refresh took this request) the refreshed one.
+        let stale = send(&app, Method::GET, &uri, &gzip).await;
+        assert!(
+            matches!(
+                (stale.x_cache(), stale.body()),
+                ("STALE", "GET /stale-vary #1 gzip") | ("MISS", "GET /stale-vary #2 gzip")
+            ),
+            "{}: {} {}",
+            shared.name,
+            stale.x_cache(),
+            stale.body()
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let refreshed = loop {
+            let answer = send(&app, Method::GET, &uri, &gzip).await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", shared.name);
+            // Refreshed: a later load's variant, from the cache (under a slow machine, its
+            // one second of freshness may pass before this loop looks, and bring a third).
+            if answer.body() != "GET /stale-vary #1 gzip" && answer.x_cache() == "HIT" {
+                break answer.body().to_owned();
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: never refreshed",
+                shared.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // The origin fails: the stale variant stands in for it, never the 503.
+        origin.failing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        for _ in 0..3 {
+            let answer = send(&app, Method::GET, &uri, &gzip).await;
+            assert_eq!(
+                (answer.status, answer.x_cache(), answer.body()),
+                (StatusCode::OK, "STALE", refreshed.as_str()),
+                "{}",
+                shared.name
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_varying_hot_page_is_refreshed_early_and_always_answered() {
+    for shared in both().await {
+        let origin = Origin::default();
+        // A slow first load (300 ms) and beta 3: refreshes come well before the second of
+        // freshness ends, for the marker and for the variant.
+        let cache = Cache::builder_shared(Arc::clone(&shared.store))
+            .namespace("http-early-vary")
+            .early_refresh(3.0)
+            .build();
+        let app = origin.router().layer(StampedeLayer::new(cache));
+        let uri = url(
+            "/early-vary",
+            &[
+                ("h", &h("cache-control", "max-age=1")),
+                ("h", &h("vary", "accept-encoding")),
+                ("echo", b"accept-encoding"),
+                ("first-delay", b"300"),
+            ],
+        );
+        let gzip = [("accept-encoding", "gzip")];
+        let mut last = 0;
+        // Past two freshness lifetimes of the first response.
+        let until = tokio::time::Instant::now() + Duration::from_millis(2500);
+        while tokio::time::Instant::now() < until {
+            let answer = send(&app, Method::GET, &uri, &gzip).await;
+            assert_eq!(answer.status, StatusCode::OK, "{}", shared.name);
+            assert!(
+                matches!(answer.x_cache(), "MISS" | "HIT"),
+                "{}: {}",
+                shared.name,
+                answer.x_cache()
+            );
+            let body = answer.body();
+            assert!(body.ends_with(" gzip"), "{}: {body}", shared.name);
+            let n: usize = body
+                .trim_start_matches("GET /early-vary #")
+                .trim_end_matches(" gzip")
+                .parse()
+                .unwrap();
+            assert!(n >= last, "{}: went back from #{last} to #{n}", shared.name);
+            last = n;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(last >= 2, "{}: refreshed", shared.name);
+    }
+}
