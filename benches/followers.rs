@@ -45,7 +45,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use tokio::sync::Barrier;
-use tower_stampede::store::{RedisStore, Store};
+use tower_stampede::store::Store;
 use tower_stampede::{Cache, Loaded, Outcome};
 
 /// Simulated app instances, each with its own `RedisStore`.
@@ -287,13 +287,7 @@ fn rounds() -> usize {
 }
 
 async fn run(server: &support::RedisServer, rounds: usize) {
-    let mut stores: Vec<Arc<dyn Store>> = Vec::with_capacity(INSTANCES);
-    for _ in 0..INSTANCES {
-        let store = RedisStore::connect(server.url())
-            .await
-            .unwrap_or_else(|e| panic!("cannot connect to the bench's redis-server: {e}"));
-        stores.push(Arc::new(store));
-    }
+    let stores = server.stores(INSTANCES).await;
     // Namespaces of this run's own, so every key starts cold.
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)

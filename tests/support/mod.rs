@@ -146,6 +146,22 @@ impl RedisServer {
         redis::Client::open(self.url()).expect("valid url")
     }
 
+    /// `n` stores over this server, each a `RedisStore` of its own (its own connections and
+    /// pub/sub subscriber), as `n` app instances would have.
+    pub async fn stores(&self, n: usize) -> Vec<Arc<dyn Store>> {
+        let mut stores: Vec<Arc<dyn Store>> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let store = RedisStore::connect(self.url()).await.unwrap_or_else(|e| {
+                panic!(
+                    "cannot connect to the redis-server on port {}: {e}",
+                    self.port
+                )
+            });
+            stores.push(Arc::new(store));
+        }
+        stores
+    }
+
     /// Kills the server and starts a new, empty one on the same port.
     pub fn restart(&mut self) {
         self.kill();
