@@ -34,7 +34,10 @@ fn hit_path(c: &mut Criterion) {
     let page = page();
     let bare = service_fn(move |_request: Request<Full<Bytes>>| {
         let page = page.clone();
-        async move { Ok::<_, Infallible>(Response::new(Full::new(page))) }
+        let response = Response::builder()
+            .header("cache-control", "max-age=60")
+            .body(Full::new(page));
+        async move { Ok::<_, Infallible>(response.expect("a response")) }
     });
     let layered = ServiceBuilder::new()
         .layer(StampedeLayer::new(
