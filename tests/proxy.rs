@@ -97,6 +97,25 @@ fn unique_namespace(test: &str) -> String {
     format!("test-{test}-{}-{nanos}", std::process::id())
 }
 
+/// A proxy's arguments: listen on any free port, in front of `origin`, in a namespace of its
+/// own for `test`, then `extra`.
+fn proxy_args(
+    origin: SocketAddr,
+    test: &str,
+    extra: impl IntoIterator<Item = String>,
+) -> Vec<String> {
+    let mut args = vec![
+        "--listen".to_owned(),
+        "127.0.0.1:0".to_owned(),
+        "--origin".to_owned(),
+        format!("http://{origin}"),
+        "--namespace".to_owned(),
+        unique_namespace(test),
+    ];
+    args.extend(extra);
+    args
+}
+
 /// The `proxy` example's binary, built (or brought up to date) once per test run, with the
 /// profile this test was built with.
 fn proxy_binary() -> &'static Path {
@@ -361,21 +380,19 @@ async fn a_stampede_over_three_proxies_loads_the_origin_once() {
     let redis = RedisServer::start();
     let origin_loads = Counter::default();
     let origin = start_origin(origin_loads.clone()).await;
-    let args = vec![
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--origin".to_owned(),
-        format!("http://{origin}"),
-        "--redis".to_owned(),
-        redis.url(),
-        "--namespace".to_owned(),
-        unique_namespace("stampede"),
-        // 1000 connections on a 2-core machine can starve a proxy's runtime for longer than
-        // the 50 ms default; a store call that times out falls back to in-process protection,
-        // which is right in production but would make this count flaky.
-        "--store-timeout-ms".to_owned(),
-        "2000".to_owned(),
-    ];
+    let args = proxy_args(
+        origin,
+        "stampede",
+        [
+            "--redis".to_owned(),
+            redis.url(),
+            // 1000 connections on a 2-core machine can starve a proxy's runtime for longer than
+            // the 50 ms default; a store call that times out falls back to in-process protection,
+            // which is right in production but would make this count flaky.
+            "--store-timeout-ms".to_owned(),
+            "2000".to_owned(),
+        ],
+    );
     let proxies = start_proxies(3, args).await;
 
     let client = client(REQUESTS);
@@ -463,16 +480,11 @@ async fn a_stampede_over_three_proxies_loads_the_origin_once() {
 async fn posts_reach_the_origin_and_large_bodies_stream_through() {
     let origin_requests = Counter::default();
     let origin = start_origin(origin_requests.clone()).await;
-    let args = vec![
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--origin".to_owned(),
-        format!("http://{origin}"),
-        "--namespace".to_owned(),
-        unique_namespace("bypass"),
-        "--max-body-bytes".to_owned(),
-        "1000".to_owned(),
-    ];
+    let args = proxy_args(
+        origin,
+        "bypass",
+        ["--max-body-bytes".to_owned(), "1000".to_owned()],
+    );
     let proxy = start_proxies(1, args).await.remove(0);
     let client = client(4);
 
@@ -514,22 +526,20 @@ async fn stale_responses_are_served_while_one_proxy_refreshes() {
     let redis = RedisServer::start();
     let origin_requests = Counter::default();
     let origin = start_origin(origin_requests.clone()).await;
-    let args = vec![
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--origin".to_owned(),
-        format!("http://{origin}"),
-        "--redis".to_owned(),
-        redis.url(),
-        "--namespace".to_owned(),
-        unique_namespace("stale"),
-        "--stale-secs".to_owned(),
-        "60".to_owned(),
-        "--early-refresh-beta".to_owned(),
-        "0".to_owned(),
-        "--store-timeout-ms".to_owned(),
-        "2000".to_owned(),
-    ];
+    let args = proxy_args(
+        origin,
+        "stale",
+        [
+            "--redis".to_owned(),
+            redis.url(),
+            "--stale-secs".to_owned(),
+            "60".to_owned(),
+            "--early-refresh-beta".to_owned(),
+            "0".to_owned(),
+            "--store-timeout-ms".to_owned(),
+            "2000".to_owned(),
+        ],
+    );
     let proxies = start_proxies(2, args).await;
     let client = client(64);
 
@@ -589,16 +599,11 @@ fn bad_refresh_settings_are_usage_errors() {
 async fn the_proxy_serves_prometheus_metrics() {
     let origin_requests = Counter::default();
     let origin = start_origin(origin_requests.clone()).await;
-    let args = vec![
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--origin".to_owned(),
-        format!("http://{origin}"),
-        "--namespace".to_owned(),
-        unique_namespace("metrics"),
-        "--metrics".to_owned(),
-        "127.0.0.1:0".to_owned(),
-    ];
+    let args = proxy_args(
+        origin,
+        "metrics",
+        ["--metrics".to_owned(), "127.0.0.1:0".to_owned()],
+    );
     let proxy = start_proxies(1, args).await.remove(0);
     let client = client(4);
     let miss = send(&client, get(&proxy.url("/page"))).await.unwrap();
@@ -652,20 +657,18 @@ async fn a_stampede_over_two_proxies_on_a_redis_cluster_loads_the_origin_once() 
     let cluster = RedisCluster::start();
     let origin_loads = Counter::default();
     let origin = start_origin(origin_loads.clone()).await;
-    let args = vec![
-        "--listen".to_owned(),
-        "127.0.0.1:0".to_owned(),
-        "--origin".to_owned(),
-        format!("http://{origin}"),
-        "--redis-cluster".to_owned(),
-        cluster.urls().join(","),
-        "--namespace".to_owned(),
-        unique_namespace("cluster"),
-        // As in the stampede over one Redis: a timed-out store call would degrade to
-        // in-process protection and make the count flaky.
-        "--store-timeout-ms".to_owned(),
-        "2000".to_owned(),
-    ];
+    let args = proxy_args(
+        origin,
+        "cluster",
+        [
+            "--redis-cluster".to_owned(),
+            cluster.urls().join(","),
+            // As in the stampede over one Redis: a timed-out store call would degrade to
+            // in-process protection and make the count flaky.
+            "--store-timeout-ms".to_owned(),
+            "2000".to_owned(),
+        ],
+    );
     let proxies = start_proxies(2, args).await;
 
     let client = client(REQUESTS);
