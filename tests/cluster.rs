@@ -5,12 +5,10 @@
 mod support;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{Counter, RedisCluster};
-use tokio::sync::Notify;
+use support::{start_leader, Counter, RedisCluster};
 use tower_stampede::store::{LockState, LockToken, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
 
@@ -172,7 +170,7 @@ async fn followers_on_a_cluster_are_woken_by_fills_on_any_node() {
     // The subscriber listens on one node; the fills happen on each of the three.
     for key in keys_on_each_node(&cluster, &leader) {
         let loads = Counter::default();
-        let leading = start_leader(&leader, &key, &loads).await;
+        let leading = start_leader(&leader, &key, &loads, "filled").await;
         let mut followers = Vec::new();
         for _ in 0..10 {
             let (follower, key) = (follower.clone(), key.clone());
@@ -193,33 +191,4 @@ async fn followers_on_a_cluster_are_woken_by_fills_on_any_node() {
         assert_eq!(leading.await.unwrap().unwrap(), "filled");
         assert_eq!(loads.get(), 1, "{key}");
     }
-}
-
-/// Starts a leader whose load takes 300 ms; returns once the load has begun.
-async fn start_leader(
-    cache: &Cache,
-    key: &str,
-    loads: &Counter,
-) -> tokio::task::JoinHandle<Result<Bytes, tower_stampede::Error>> {
-    let started = Arc::new(Notify::new());
-    let leader = tokio::spawn({
-        let (cache, key, loads, started) = (
-            cache.clone(),
-            key.to_owned(),
-            loads.clone(),
-            started.clone(),
-        );
-        async move {
-            cache
-                .get_or_load(key, move || async move {
-                    loads.hit();
-                    started.notify_one();
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    Ok::<_, std::io::Error>(Bytes::from_static(b"filled"))
-                })
-                .await
-        }
-    });
-    started.notified().await;
-    leader
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::AsyncCommands;
-use support::{Counter, RedisServer};
+use support::{start_leader, Counter, RedisServer};
 use tokio::sync::Notify;
 use tower_stampede::store::{
     BoxFuture, LockState, LockToken, Lookup, MemoryStore, RedisStore, Store, StoreError, StoreKey,
@@ -854,36 +854,6 @@ impl Shared {
             None => Arc::clone(&self.store),
         }
     }
-}
-
-/// Starts a leader whose load takes 300 ms; returns once the load has begun.
-async fn start_leader(
-    cache: &Cache,
-    key: &str,
-    loads: &Counter,
-    value: &'static str,
-) -> tokio::task::JoinHandle<Result<Bytes, tower_stampede::Error>> {
-    let started = Arc::new(Notify::new());
-    let leader = tokio::spawn({
-        let (cache, key, loads, started) = (
-            cache.clone(),
-            key.to_owned(),
-            loads.clone(),
-            started.clone(),
-        );
-        async move {
-            cache
-                .get_or_load(key, move || async move {
-                    loads.hit();
-                    started.notify_one();
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    Ok::<_, std::io::Error>(Bytes::from_static(value.as_bytes()))
-                })
-                .await
-        }
-    });
-    started.notified().await;
-    leader
 }
 
 /// Followers whose polls would take a minute: only a notification can wake them in time.

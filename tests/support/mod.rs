@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use tokio::sync::Notify;
 use tower_stampede::store::{MemoryStore, RedisStore, Store};
 use tower_stampede::Cache;
 
@@ -643,4 +645,34 @@ impl Shared {
             .namespace("http-test")
             .build()
     }
+}
+
+/// Starts a leader whose load takes 300 ms; returns once the load has begun.
+pub async fn start_leader(
+    cache: &Cache,
+    key: &str,
+    loads: &Counter,
+    value: &'static str,
+) -> tokio::task::JoinHandle<Result<Bytes, tower_stampede::Error>> {
+    let started = Arc::new(Notify::new());
+    let leader = tokio::spawn({
+        let (cache, key, loads, started) = (
+            cache.clone(),
+            key.to_owned(),
+            loads.clone(),
+            started.clone(),
+        );
+        async move {
+            cache
+                .get_or_load(key, move || async move {
+                    loads.hit();
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok::<_, std::io::Error>(Bytes::from_static(value.as_bytes()))
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    leader
 }
