@@ -452,7 +452,8 @@ impl Cache {
             outcome = tracing::field::Empty,
             wait_ms = tracing::field::Empty,
         );
-        let started = Instant::now();
+        // The wait is only measured for a span that records it.
+        let started = (!span.is_disabled()).then(Instant::now);
         let answer = self
             .fetch_digest(digest, accepts, loader)
             .instrument(span.clone())
@@ -467,7 +468,10 @@ impl Cache {
                 debug!(parent: &span, %error, "no value");
             }
         }
-        if !matches!(&answer, Ok(f) if f.outcome == Outcome::L1Hit) {
+        if let (Some(started), false) = (
+            started,
+            matches!(&answer, Ok(f) if f.outcome == Outcome::L1Hit),
+        ) {
             span.record("wait_ms", started.elapsed().as_secs_f64() * 1000.0);
         }
         answer

@@ -117,6 +117,11 @@ pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
 }
 
 /// Decodes an entry written by [`encode_response`] or [`encode_vary`].
+/// Fields an answer from the cache adds to the stored ones (`Age`, `x-cache`, and
+/// `Content-Length` when missing): room is made for them when an entry is decoded, so the
+/// answer does not grow the map again.
+const ANSWER_FIELDS: usize = 3;
+
 pub(crate) fn decode(entry: &Bytes) -> Result<Entry, Malformed> {
     let mut buf = entry.clone();
     if buf.remaining() < 10 || buf.get_u8() != VERSION {
@@ -141,8 +146,8 @@ fn decode_response(stored_at: SystemTime, mut buf: Bytes) -> Result<CachedRespon
     let count = buf.get_u16();
     // The count comes from the entry: reserve little up front, and let `try_append` refuse a
     // map larger than `http` allows instead of panicking.
-    let mut headers =
-        HeaderMap::try_with_capacity(usize::from(count).min(64)).map_err(|_| Malformed)?;
+    let mut headers = HeaderMap::try_with_capacity(usize::from(count).min(64) + ANSWER_FIELDS)
+        .map_err(|_| Malformed)?;
     for _ in 0..count {
         let name = take(&mut buf, 2)?;
         let name = HeaderName::from_bytes(&name).map_err(|_| Malformed)?;

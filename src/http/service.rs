@@ -221,7 +221,19 @@ where
     let (marker, outcome) = match entry(&fetched) {
         Some((Entry::Response(cached), outcome)) => return Ok(answer(cached, outcome, &asked)),
         Some((Entry::Vary(marker), outcome)) => (marker, outcome),
-        None => return settle(fetched, from_loader, &slot, loading.inner, &asked, None).await,
+        // The colder paths are boxed, so the future of every request (a hit's included) stays
+        // small to build and move.
+        None => {
+            return Box::pin(settle(
+                fetched,
+                from_loader,
+                &slot,
+                loading.inner,
+                &asked,
+                None,
+            ))
+            .await
+        }
     };
     // A marker. This request's own load of the URL may have answered already, or may hold the
     // request: it then loads (a refresh of the marker, started as the marker was served) and
@@ -265,7 +277,7 @@ where
                 .map(|h| key::variant(&primary, &marker.names, h));
             match (sent, fallback) {
                 (Some(variant), fallback) => {
-                    return stand_in(&cache, &variant, &asked, outcome, fallback).await
+                    return Box::pin(stand_in(&cache, &variant, &asked, outcome, fallback)).await
                 }
                 (None, Some(answer)) => return without_body(answer, &asked),
                 (None, None) => return Ok(synthesized(StatusCode::BAD_GATEWAY)),
@@ -280,20 +292,18 @@ where
         let names = marker.names.clone();
         move || load(loading, primary, Step::Variant(names), slot, to_leader)
     };
-    let fetched = cache
-        .fetch_accepting(&variant, codec::accepts_variant, loader)
-        .await;
+    let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match entry(&fetched) {
         Some((Entry::Response(cached), outcome)) => Ok(answer(cached, outcome, &asked)),
         _ => {
-            settle(
+            Box::pin(settle(
                 fetched,
                 from_loader,
                 &slot,
                 loading.inner,
                 &asked,
                 Some(done),
-            )
+            ))
             .await
         }
     }
