@@ -372,6 +372,31 @@ fn get(url: &str) -> Request<Full<Bytes>> {
     Request::get(url).body(Full::default()).expect("a request")
 }
 
+/// `requests` concurrent GETs of `path`, spread round robin over `proxies` and released
+/// together; each answer, or why there is none, in the order they were sent.
+async fn burst(proxies: &[Proxy], requests: usize, path: &str) -> Vec<Result<Answer, String>> {
+    let client = client(requests);
+    let barrier = Arc::new(Barrier::new(requests));
+    let tasks: Vec<_> = (0..requests)
+        .map(|i| {
+            let (client, barrier) = (client.clone(), Arc::clone(&barrier));
+            let url = proxies[i % proxies.len()].url(path);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                send(&client, get(&url)).await
+            })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(requests);
+    for task in tasks {
+        answers.push(
+            task.await
+                .unwrap_or_else(|panicked| Err(format!("task failed: {panicked}"))),
+        );
+    }
+    answers
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stampede_over_three_proxies_loads_the_origin_once() {
     const REQUESTS: usize = 1000;
@@ -395,26 +420,13 @@ async fn a_stampede_over_three_proxies_loads_the_origin_once() {
     );
     let proxies = start_proxies(3, args).await;
 
-    let client = client(REQUESTS);
-    let barrier = Arc::new(Barrier::new(REQUESTS));
     let started = Instant::now();
-    let tasks: Vec<_> = (0..REQUESTS)
-        .map(|i| {
-            let (client, barrier) = (client.clone(), Arc::clone(&barrier));
-            let url = proxies[i % proxies.len()].url(PATH);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                send(&client, get(&url)).await
-            })
-        })
-        .collect();
     let mut answers = Vec::with_capacity(REQUESTS);
     let mut errors = Vec::new();
-    for task in tasks {
-        match task.await {
-            Ok(Ok(answer)) => answers.push(answer),
-            Ok(Err(error)) => errors.push(error),
-            Err(panicked) => errors.push(format!("task failed: {panicked}")),
+    for answer in burst(&proxies, REQUESTS, PATH).await {
+        match answer {
+            Ok(answer) => answers.push(answer),
+            Err(error) => errors.push(error),
         }
     }
     let elapsed = started.elapsed();
@@ -671,22 +683,10 @@ async fn a_stampede_over_two_proxies_on_a_redis_cluster_loads_the_origin_once() 
     );
     let proxies = start_proxies(2, args).await;
 
-    let client = client(REQUESTS);
-    let barrier = Arc::new(Barrier::new(REQUESTS));
-    let tasks: Vec<_> = (0..REQUESTS)
-        .map(|i| {
-            let (client, barrier) = (client.clone(), Arc::clone(&barrier));
-            let url = proxies[i % proxies.len()].url(PATH);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                send(&client, get(&url)).await
-            })
-        })
-        .collect();
     let expected = origin_body(PATH);
     let mut misses = 0;
-    for task in tasks {
-        let answer = task.await.expect("no panic").expect("an answer");
+    for answer in burst(&proxies, REQUESTS, PATH).await {
+        let answer = answer.expect("an answer");
         assert_eq!(
             answer.status,
             StatusCode::OK,
