@@ -982,14 +982,14 @@ impl Inner {
                 Ok(lookup) => lookup,
                 Err(error) if error.skipped() => {
                     debug!(key = ?digest, "circuit open; loading with in-process protection only");
-                    return self.load_alone(digest, loader, Outcome::Degraded).await;
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
                 }
                 Err(error) => {
                     warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
                     // A lookup that timed out may still have taken the lock: free it, or every
                     // other process would wait for its TTL.
                     self.release_in_background(&key, token);
-                    return self.load_alone(digest, loader, Outcome::Degraded).await;
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
                 }
             };
             let entry = lookup
@@ -1028,7 +1028,7 @@ impl Inner {
             }
             match (lock, entry) {
                 (LockState::Acquired, _) => {
-                    return self.lead(key, token, loader, stale, Some(early)).await;
+                    return Box::pin(self.lead(key, token, loader, stale, Some(early))).await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {
                     return Ok(Fetched {
@@ -1090,7 +1090,7 @@ impl Inner {
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
                     warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
-                    return self.load_alone(digest, loader, Outcome::Degraded).await;
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
                 }
             }
             // A follower: another leader holds the lock.
@@ -1102,9 +1102,11 @@ impl Inner {
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 return match config.on_wait_timeout {
                     WaitTimeoutPolicy::LoadUncached => {
-                        self.load_alone(digest, loader, Outcome::Uncached).await
+                        Box::pin(self.load_alone(digest, loader, Outcome::Uncached)).await
                     }
-                    WaitTimeoutPolicy::LoadAndCache => self.load_and_put(&key, loader).await,
+                    WaitTimeoutPolicy::LoadAndCache => {
+                        Box::pin(self.load_and_put(&key, loader)).await
+                    }
                     WaitTimeoutPolicy::ServeStale => match last_stale {
                         Some(stale) if self.serves_on_error(&stale) => Ok(Fetched {
                             value: Some(stale.payload),

@@ -42,6 +42,11 @@ impl KeyDigest {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// The digest as 64 lowercase hex digits, without an allocation.
+    pub(crate) fn hex_bytes(&self) -> [u8; 64] {
+        hex_array(&self.0)
+    }
 }
 
 impl fmt::Debug for KeyDigest {
@@ -85,12 +90,24 @@ impl StoreKey {
 
     /// The name of the value key: `{namespace}:{{digest}}:v`.
     pub fn value_name(&self) -> String {
-        format!("{}:{{{}}}:v", self.namespace, self.digest)
+        self.name('v')
     }
 
     /// The name of the lock key: `{namespace}:{{digest}}:l`.
     pub fn lock_name(&self) -> String {
-        format!("{}:{{{}}}:l", self.namespace, self.digest)
+        self.name('l')
+    }
+
+    /// `{namespace}:{{digest}}:{suffix}`, written straight into one allocation (key names are
+    /// built on every store call).
+    fn name(&self, suffix: char) -> String {
+        let mut name = String::with_capacity(self.namespace.len() + 70);
+        name.push_str(&self.namespace);
+        name.push_str(":{");
+        name.push_str(ascii(&self.digest.hex_bytes()));
+        name.push_str("}:");
+        name.push(suffix);
+        name
     }
 }
 
@@ -130,6 +147,11 @@ impl LockToken {
     pub fn to_hex(&self) -> String {
         hex(&self.0.to_be_bytes())
     }
+
+    /// The token as 32 lowercase hex digits, without an allocation.
+    pub(crate) fn hex_bytes(&self) -> [u8; 32] {
+        hex_array(&self.0.to_be_bytes())
+    }
 }
 
 impl fmt::Debug for LockToken {
@@ -139,13 +161,30 @@ impl fmt::Debug for LockToken {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+        out.push_str(ascii(&hex_pair(*b)));
     }
     out
+}
+
+/// `N` bytes as `2 * N = M` lowercase hex digits.
+fn hex_array<const N: usize, const M: usize>(bytes: &[u8; N]) -> [u8; M] {
+    let mut out = [0u8; M];
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&hex_pair(*b));
+    }
+    out
+}
+
+fn hex_pair(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]
+}
+
+/// Hex digits as a `&str` (they are ASCII, so this never falls back to the empty string).
+fn ascii(digits: &[u8]) -> &str {
+    std::str::from_utf8(digits).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -194,5 +233,16 @@ mod tests {
     fn tokens_differ() {
         assert_ne!(LockToken::random(), LockToken::random());
         assert_eq!(LockToken::random().to_hex().len(), 32);
+    }
+
+    #[test]
+    fn hex_without_allocation_matches_hex() {
+        let token = LockToken::random();
+        assert_eq!(&token.hex_bytes()[..], token.to_hex().as_bytes());
+        let digest = KeyDigest::of(b"key");
+        assert_eq!(&digest.hex_bytes()[..], digest.to_hex().as_bytes());
+        let key = StoreKey::new(Arc::from("ns"), digest);
+        assert_eq!(key.value_name(), format!("ns:{{{}}}:v", digest.to_hex()));
+        assert_eq!(key.lock_name(), format!("ns:{{{}}}:l", digest.to_hex()));
     }
 }

@@ -1,6 +1,7 @@
 //! Fill notifications fanned out to the followers of this process.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::watch;
@@ -13,9 +14,37 @@ use super::StoreKey;
 /// of (its own writes for [`MemoryStore`](super::MemoryStore), pub/sub messages for
 /// `RedisStore`); followers [`watch`](Self::watch) the key they wait for. Keys nobody watches
 /// cost nothing: a notification for them is dropped at once.
+///
+/// A watch costs nothing until its follower waits: watching reads one counter (the count of
+/// notifications for the key's bucket of keys), and only the first wait registers the key.
+/// A notification sent between the watch and that registration moved the counter, so the
+/// wait ends at once instead of missing it. Lookups that find their value, the common case,
+/// never register anything.
 #[derive(Clone, Default)]
 pub struct Notifier {
     watched: Arc<Mutex<HashMap<StoreKey, watch::Sender<u64>>>>,
+    sent: Arc<Buckets>,
+}
+
+/// How many buckets of keys count their notifications. A notification for another key of the
+/// same bucket can wake a follower that is not yet registered; that costs it one early read.
+const BUCKETS: usize = 1024;
+
+/// Notification counts by bucket of keys.
+struct Buckets([AtomicU64; BUCKETS]);
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Buckets(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Buckets {
+    fn of(&self, key: &StoreKey) -> &AtomicU64 {
+        let digest = key.digest().as_bytes();
+        let index = usize::from(u16::from_le_bytes([digest[0], digest[1]])) % BUCKETS;
+        &self.0[index]
+    }
 }
 
 impl std::fmt::Debug for Notifier {
@@ -39,24 +68,32 @@ impl Notifier {
 
     /// Starts watching `key`: the returned [`FillWatch`] wakes on every later notification.
     pub fn watch(&self, key: &StoreKey) -> FillWatch {
+        FillWatch {
+            notifier: self.clone(),
+            key: key.clone(),
+            seen: self.sent.of(key).load(Ordering::SeqCst),
+            receiver: None,
+        }
+    }
+
+    /// Registers a waiting follower of `key`.
+    fn register(&self, key: &StoreKey) -> watch::Receiver<u64> {
         let mut watched = self.watched();
-        let receiver = match watched.get(key) {
+        match watched.get(key) {
             Some(sender) => sender.subscribe(),
             None => {
                 let (sender, receiver) = watch::channel(0);
                 watched.insert(key.clone(), sender);
                 receiver
             }
-        };
-        FillWatch {
-            notifier: self.clone(),
-            key: key.clone(),
-            receiver,
         }
     }
 
     /// Wakes every watcher of `key`.
     pub fn notify(&self, key: &StoreKey) {
+        // Count first, then wake the registered: a follower that registers after the count
+        // sees it moved, one that registered before is woken.
+        self.sent.of(key).fetch_add(1, Ordering::SeqCst);
         if let Some(sender) = self.watched().get(key) {
             sender.send_modify(|generation| *generation = generation.wrapping_add(1));
         }
@@ -75,18 +112,39 @@ impl Notifier {
 pub struct FillWatch {
     notifier: Notifier,
     key: StoreKey,
-    receiver: watch::Receiver<u64>,
+    /// The key's bucket count when last marked seen.
+    seen: u64,
+    /// Set by the first wait.
+    receiver: Option<watch::Receiver<u64>>,
 }
 
 impl FillWatch {
     /// Forgets every notification so far.
     pub fn mark_seen(&mut self) {
-        self.receiver.borrow_and_update();
+        match self.receiver.as_mut() {
+            Some(receiver) => {
+                receiver.borrow_and_update();
+            }
+            None => self.seen = self.notifier.sent.of(&self.key).load(Ordering::SeqCst),
+        }
     }
 
     /// Waits for a notification sent since the last [`mark_seen`](Self::mark_seen).
     pub async fn changed(&mut self) {
-        if self.receiver.changed().await.is_err() {
+        let receiver = match self.receiver.as_mut() {
+            Some(receiver) => receiver,
+            None => {
+                let receiver = self.receiver.insert(self.notifier.register(&self.key));
+                let sent = self.notifier.sent.of(&self.key).load(Ordering::SeqCst);
+                if sent != self.seen {
+                    // Something of this key's bucket was notified since the mark, perhaps
+                    // this key: wake now rather than risk a lost notification.
+                    return;
+                }
+                receiver
+            }
+        };
+        if receiver.changed().await.is_err() {
             // The sender is gone only once this watch is dropped; never wake spuriously.
             std::future::pending::<()>().await;
         }
@@ -95,6 +153,10 @@ impl FillWatch {
 
 impl Drop for FillWatch {
     fn drop(&mut self) {
+        if self.receiver.is_none() {
+            // Never registered.
+            return;
+        }
         let mut watched = self.notifier.watched();
         // This watch's receiver still counts: remove the key when it is the last one.
         if watched
@@ -140,12 +202,40 @@ mod tests {
         );
     }
 
-    #[test]
-    fn keys_are_forgotten_with_their_last_watch() {
+    #[tokio::test]
+    async fn a_notification_before_the_first_wait_is_not_lost() {
         let notifier = Notifier::new();
-        let first = notifier.watch(&key("a"));
-        let second = notifier.watch(&key("a"));
+        let mut watch = notifier.watch(&key("a"));
+        watch.mark_seen();
+        // Sent while the follower was reading the store, before it registered by waiting.
+        notifier.notify(&key("a"));
+        assert_eq!(
+            notifier.watched_keys(),
+            0,
+            "nothing registered before a wait"
+        );
+        tokio::time::timeout(Duration::from_secs(5), watch.changed())
+            .await
+            .expect("woken");
+        watch.mark_seen();
+        let waited = tokio::time::timeout(Duration::from_millis(20), watch.changed()).await;
+        assert!(
+            waited.is_err(),
+            "no second wake without a second notification"
+        );
+    }
+
+    #[tokio::test]
+    async fn keys_are_forgotten_with_their_last_watch() {
+        let notifier = Notifier::new();
+        let mut first = notifier.watch(&key("a"));
+        let mut second = notifier.watch(&key("a"));
+        let unregistered = notifier.watch(&key("a"));
+        for watch in [&mut first, &mut second] {
+            let _ = tokio::time::timeout(Duration::from_millis(1), watch.changed()).await;
+        }
         assert_eq!(notifier.watched_keys(), 1);
+        drop(unregistered);
         drop(first);
         assert_eq!(notifier.watched_keys(), 1);
         drop(second);

@@ -7,14 +7,15 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
+use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 #[cfg(feature = "cluster")]
 use redis::cluster::ClusterClientBuilder;
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    ConnectionInfo, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
-    RedisResult, Script, ScriptInvocation, Value,
+    Cmd, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo,
+    PushKind, RedisResult, Script, ServerErrorKind, Value,
 };
 use tracing::{debug, warn};
 
@@ -187,17 +188,13 @@ enum Connection {
 }
 
 impl Connection {
-    /// Runs a script. A `NOSCRIPT` reply loads it (on a cluster: on every node, as `SCRIPT LOAD`
-    /// is routed to all of them) and runs it again.
-    async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<T> {
+    /// Runs `call`, an `EVALSHA` of `script`. A `NOSCRIPT` reply loads the script (on a
+    /// cluster: on every node, as `SCRIPT LOAD` is routed to all of them) and runs it again.
+    async fn invoke<T: FromRedisValue>(&self, script: &Script, call: &Cmd) -> RedisResult<T> {
         match self {
-            Connection::Server(connection) => {
-                invocation.invoke_async(&mut connection.clone()).await
-            }
+            Connection::Server(connection) => evalsha(script, call, &mut connection.clone()).await,
             #[cfg(feature = "cluster")]
-            Connection::Cluster(connection) => {
-                invocation.invoke_async(&mut connection.clone()).await
-            }
+            Connection::Cluster(connection) => evalsha(script, call, &mut connection.clone()).await,
         }
     }
 
@@ -209,6 +206,33 @@ impl Connection {
             Connection::Cluster(connection) => connection.clone().subscribe(channel).await,
         }
     }
+}
+
+async fn evalsha<T: FromRedisValue>(
+    script: &Script,
+    call: &Cmd,
+    connection: &mut impl ConnectionLike,
+) -> RedisResult<T> {
+    match call.query_async(connection).await {
+        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(connection).await?;
+            call.query_async(connection).await
+        }
+        answer => answer,
+    }
+}
+
+/// An `EVALSHA` of `script` on `keys`; the caller adds the arguments. Keys and arguments are
+/// written straight into the command's one buffer.
+fn script_call(script: &Script, keys: &[&str]) -> Cmd {
+    // Room for the hash, the keys and a few small arguments without regrowing; a value
+    // written into the call grows it once.
+    let mut call = Cmd::with_capacity(8, 256);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        call.arg(*key);
+    }
+    call
 }
 
 /// Where a store connects, as the user gave it (credentials included: never print it).
@@ -658,21 +682,9 @@ impl RedisStore {
         }
     }
 
-    async fn run<T: FromRedisValue>(
-        &self,
-        script: &Script,
-        keys: &[String],
-        args: &[&[u8]],
-    ) -> Result<T, StoreError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key.as_str());
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
+    async fn run<T: FromRedisValue>(&self, script: &Script, call: &Cmd) -> Result<T, StoreError> {
         self.connection
-            .invoke(&invocation)
+            .invoke(script, call)
             .await
             .map_err(|e| StoreError::new(format_args!("Redis at {}: {e}", self.address)))
     }
@@ -704,24 +716,12 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         refresh_below: Duration,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let keys = [key.value_name(), key.lock_name()];
-        let token = token.to_hex();
-        let lock_ttl = millis(lock_ttl).to_string();
-        let refresh_below = u64::try_from(refresh_below.as_millis())
-            .unwrap_or(u64::MAX)
-            .to_string();
+        let mut call = script_call(&LOOKUP, &[&key.value_name(), &key.lock_name()]);
+        call.arg(&token.hex_bytes()[..])
+            .arg(millis(lock_ttl))
+            .arg(u64::try_from(refresh_below.as_millis()).unwrap_or(u64::MAX));
         Box::pin(async move {
-            let (value, pttl, state): (Vec<u8>, i64, i64) = self
-                .run(
-                    &LOOKUP,
-                    &keys,
-                    &[
-                        token.as_bytes(),
-                        lock_ttl.as_bytes(),
-                        refresh_below.as_bytes(),
-                    ],
-                )
-                .await?;
+            let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
             let lock = match state {
                 0 => LockState::NotRequested,
                 1 => LockState::Acquired,
@@ -748,30 +748,25 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let keys = [key.value_name(), key.lock_name()];
-        let token = token.to_hex();
-        let ttl = millis(ttl).to_string();
-        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
+        let mut call = script_call(&FILL, &[&key.value_name(), &key.lock_name()]);
+        call.arg(&token.hex_bytes()[..])
+            .arg(value.as_ref())
+            .arg(millis(ttl))
+            .arg(channel(key.namespace()))
+            .arg(&key.digest().hex_bytes()[..]);
         Box::pin(async move {
-            let args: [&[u8]; 5] = [
-                token.as_bytes(),
-                &value,
-                ttl.as_bytes(),
-                channel.as_bytes(),
-                digest.as_bytes(),
-            ];
-            let filled: i64 = self.run(&FILL, &keys, &args).await?;
+            let filled: i64 = self.run(&FILL, &call).await?;
             Ok(filled == 1)
         })
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let keys = [key.lock_name()];
-        let token = token.to_hex();
-        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
+        let mut call = script_call(&RELEASE, &[&key.lock_name()]);
+        call.arg(&token.hex_bytes()[..])
+            .arg(channel(key.namespace()))
+            .arg(&key.digest().hex_bytes()[..]);
         Box::pin(async move {
-            let args: [&[u8]; 3] = [token.as_bytes(), channel.as_bytes(), digest.as_bytes()];
-            let released: i64 = self.run(&RELEASE, &keys, &args).await?;
+            let released: i64 = self.run(&RELEASE, &call).await?;
             Ok(released == 1)
         })
     }
@@ -782,13 +777,10 @@ impl Store for RedisStore {
         token: LockToken,
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let keys = [key.lock_name()];
-        let token = token.to_hex();
-        let lock_ttl = millis(lock_ttl).to_string();
+        let mut call = script_call(&EXTEND, &[&key.lock_name()]);
+        call.arg(&token.hex_bytes()[..]).arg(millis(lock_ttl));
         Box::pin(async move {
-            let extended: i64 = self
-                .run(&EXTEND, &keys, &[token.as_bytes(), lock_ttl.as_bytes()])
-                .await?;
+            let extended: i64 = self.run(&EXTEND, &call).await?;
             Ok(extended == 1)
         })
     }
@@ -799,25 +791,21 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let keys = [key.value_name()];
-        let ttl = millis(ttl).to_string();
-        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
+        let mut call = script_call(&PUT, &[&key.value_name()]);
+        call.arg(value.as_ref())
+            .arg(millis(ttl))
+            .arg(channel(key.namespace()))
+            .arg(&key.digest().hex_bytes()[..]);
         Box::pin(async move {
-            let args: [&[u8]; 4] = [
-                &value,
-                ttl.as_bytes(),
-                channel.as_bytes(),
-                digest.as_bytes(),
-            ];
-            let _: i64 = self.run(&PUT, &keys, &args).await?;
+            let _: i64 = self.run(&PUT, &call).await?;
             Ok(())
         })
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        let keys = [key.value_name()];
+        let call = script_call(&GET, &[&key.value_name()]);
         Box::pin(async move {
-            let (value, pttl): (Vec<u8>, i64) = self.run(&GET, &keys, &[]).await?;
+            let (value, pttl): (Vec<u8>, i64) = self.run(&GET, &call).await?;
             Ok(stored(value, pttl))
         })
     }
@@ -828,18 +816,13 @@ impl Store for RedisStore {
         token: LockToken,
         failure_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let keys = [key.lock_name()];
-        let token = token.to_hex();
-        let failure_ttl = millis(failure_ttl).to_string();
-        let (channel, digest) = (channel(key.namespace()), key.digest().to_hex());
+        let mut call = script_call(&FAIL, &[&key.lock_name()]);
+        call.arg(&token.hex_bytes()[..])
+            .arg(millis(failure_ttl))
+            .arg(channel(key.namespace()))
+            .arg(&key.digest().hex_bytes()[..]);
         Box::pin(async move {
-            let args: [&[u8]; 4] = [
-                token.as_bytes(),
-                failure_ttl.as_bytes(),
-                channel.as_bytes(),
-                digest.as_bytes(),
-            ];
-            let failed: i64 = self.run(&FAIL, &keys, &args).await?;
+            let failed: i64 = self.run(&FAIL, &call).await?;
             Ok(failed == 1)
         })
     }
