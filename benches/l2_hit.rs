@@ -1,7 +1,7 @@
 //! An L2 hit (the value from Redis, L1 off) against a plain `GET` of a value of the same size
 //! with the redis crate, both over loopback to a `redis-server` this bench starts: the
-//! engine's L2 hit is one round trip (a script that reads the value and its TTL), so it
-//! should cost about what a `GET` costs.
+//! engine's L2 hit is one round trip (`SET lock NX GET`, refused by the value's `fresh`
+//! marker, then `GET` and `PTTL`, pipelined), so it should cost about what a `GET` costs.
 //!
 //! ```sh
 //! cargo bench --bench l2_hit

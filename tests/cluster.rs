@@ -79,9 +79,14 @@ async fn keys_spread_over_every_node_and_each_is_shared() {
         assert_eq!(fetched.outcome(), Outcome::L2Hit, "{key}");
         assert_eq!(fetched.value().unwrap(), format!("value of {key}").as_str());
     }
-    // One value key per logical key (the fills dropped the locks), on every node.
+    // Two keys per logical key (the value, and the `fresh` marker that replaced the lock),
+    // on every node.
     let per_node = cluster.keys_per_node();
-    assert_eq!(per_node.iter().sum::<usize>(), keys.len(), "{per_node:?}");
+    assert_eq!(
+        per_node.iter().sum::<usize>(),
+        2 * keys.len(),
+        "{per_node:?}"
+    );
     assert!(per_node.iter().all(|&n| n > 0), "{per_node:?}");
 
     // Every node forgets its scripts: the next calls load them again (NOSCRIPT) and work.

@@ -1549,42 +1549,40 @@ async fn early_refresh_keeps_a_hot_key_fresh_at_about_one_load_per_ttl() {
 /// Commands clients sent since the last `CONFIG RESETSTAT`, by name: the test's own `INFO` and
 /// `CONFIG`, and the commands the store's scripts run inside Redis (which `INFO
 /// commandstats` counts too), left out.
-async fn commands_run(server: &RedisServer) -> std::collections::BTreeMap<String, u64> {
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+/// What the server ran since the last [`reset_stats`]: commands by name (the test's own
+/// `INFO` and `CONFIG` left out; commands run by scripts included), and round trips: the
+/// reads of client requests it processed, less the `INFO` that asks.
+async fn server_work(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> (std::collections::BTreeMap<String, u64>, u64) {
     let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
+        .arg("everything")
+        .query_async(conn)
         .await
         .unwrap();
-    info.lines()
+    let field = |line: &str, name: &str| -> Option<u64> {
+        line.strip_prefix(name)?.split(',').next()?.parse().ok()
+    };
+    let commands = info
+        .lines()
         .filter_map(|line| {
             let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats
-                .strip_prefix("calls=")?
-                .split(',')
-                .next()?
-                .parse()
-                .ok()?;
+            let calls = field(stats, "calls=")?;
             let by_test = name == "info" || name.starts_with("config");
-            let in_script = matches!(name, "get" | "pttl" | "set" | "del" | "publish" | "pexpire");
-            (!by_test && !in_script).then(|| (name.to_owned(), calls))
+            (!by_test).then(|| (name.to_owned(), calls))
         })
-        .collect()
+        .collect();
+    let reads = info
+        .lines()
+        .find_map(|line| field(line, "total_reads_processed:"))
+        .unwrap();
+    (commands, reads - 1)
 }
 
-async fn reset_stats(server: &RedisServer) {
-    let mut conn = server
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+async fn reset_stats(conn: &mut redis::aio::MultiplexedConnection) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .unwrap();
 }
@@ -1609,18 +1607,25 @@ async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
         .await
         .unwrap();
 
-    reset_stats(server).await;
+    let mut stats = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+
+    reset_stats(&mut stats).await;
     let hit = reader.fetch("hot", never_called).await.unwrap();
     assert_eq!(hit.outcome(), Outcome::L2Hit);
-    let after_hit = commands_run(server).await;
-    assert_eq!(
-        after_hit.values().sum::<u64>(),
-        1,
-        "an L2 hit is one command: {after_hit:?}"
-    );
-    assert_eq!(after_hit.get("evalsha"), Some(&1), "{after_hit:?}");
+    let (commands, round_trips) = server_work(&mut stats).await;
+    // Three plain commands in one pipeline: `SET lock NX GET` (refused by the `fresh` marker
+    // the fill left), `GET` and `PTTL` of the value; no script.
+    let expected: std::collections::BTreeMap<String, u64> = [("get", 1), ("pttl", 1), ("set", 1)]
+        .map(|(name, calls)| (name.to_owned(), calls))
+        .into();
+    assert_eq!(commands, expected, "an L2 hit");
+    assert_eq!(round_trips, 1, "an L2 hit is one round trip: {commands:?}");
 
-    reset_stats(server).await;
+    reset_stats(&mut stats).await;
     let fetched = reader
         .fetch("cold", || async {
             Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"c")))
@@ -1628,11 +1633,140 @@ async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
         .await
         .unwrap();
     assert_eq!(fetched.outcome(), Outcome::Leader);
-    let after_miss = commands_run(server).await;
-    // The miss decision (value or lock) is one lookup; the fill is the second and last.
+    let (commands, round_trips) = server_work(&mut stats).await;
+    // The miss decision (value or lock) is one round trip, the fill the second and last.
     assert_eq!(
-        after_miss.values().sum::<u64>(),
-        2,
-        "a miss is a lookup and a fill: {after_miss:?}"
+        round_trips, 2,
+        "a miss is a lookup and a fill: {commands:?}"
     );
+    assert_eq!(commands.get("evalsha"), Some(&1), "the fill: {commands:?}");
+}
+
+/// The lock key of a filled value holds the `fresh` marker for as long as the value is fresh,
+/// so a plain `SET lock NX` cannot take it; the pipelined lookup depends on it. What breaks
+/// the marker's agreement with the value (an evicted value, a deleted marker, a lock key of a
+/// foreign type) costs at most one more round trip, never a wrong answer or a second load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fresh_marker_follows_the_value_and_heals() {
+    let shared = Shared::redis().await;
+    let mut conn = shared
+        .redis
+        .as_ref()
+        .unwrap()
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let builder = || {
+        shared
+            .cache()
+            .ttl(Duration::from_secs(60))
+            .stale(Duration::from_secs(30))
+    };
+    let cache = builder().build();
+    let loads = Counter::default();
+    let key = cache.store_key("marked");
+    let (value_name, lock_name) = (key.value_name(), key.lock_name());
+    cache
+        .get_or_load("marked", slow_value(&loads, Duration::ZERO, "v1"))
+        .await
+        .unwrap();
+    let marker: Option<String> = conn.get(&lock_name).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"));
+    let (marker_ttl, value_ttl): (i64, i64) = (
+        conn.pttl(&lock_name).await.unwrap(),
+        conn.pttl(&value_name).await.unwrap(),
+    );
+    assert!((59_000..=60_000).contains(&marker_ttl), "{marker_ttl}");
+    assert!((89_000..=90_000).contains(&value_ttl), "{value_ttl}");
+
+    // The marker deleted behind the engine's back: the next lookup is still a hit, and it
+    // puts the marker back for the value's remaining freshness.
+    let _: () = conn.del(&lock_name).await.unwrap();
+    let hit = builder()
+        .build()
+        .fetch("marked", never_called)
+        .await
+        .unwrap();
+    assert_eq!(hit.outcome(), Outcome::L2Hit);
+    let marker: Option<String> = conn.get(&lock_name).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"), "the marker is back");
+    let marker_ttl: i64 = conn.pttl(&lock_name).await.unwrap();
+    assert!((58_000..=60_000).contains(&marker_ttl), "{marker_ttl}");
+
+    // The value evicted while its marker stands: the next lookup takes the lock anyway, and
+    // one load refills it.
+    let _: () = conn.del(&value_name).await.unwrap();
+    let refilled = builder()
+        .build()
+        .fetch("marked", || async {
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v2")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(refilled.outcome(), Outcome::Leader);
+    assert_eq!(refilled.value().unwrap(), "v2");
+
+    // A lock key of a foreign type counts as free: one load, and the marker replaces it.
+    let _: () = conn.del(&value_name).await.unwrap();
+    let _: () = conn.del(&lock_name).await.unwrap();
+    let _: () = conn.hset(&lock_name, "field", "value").await.unwrap();
+    let loaded = builder()
+        .build()
+        .fetch("marked", || async {
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v3")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(loaded.outcome(), Outcome::Leader);
+    let marker: Option<String> = conn.get(&lock_name).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"));
+    assert_eq!(loads.get(), 1, "only the first load used this counter");
+}
+
+/// Past its freshness, the marker is gone while the stale value stays: exactly one lookup
+/// takes the lock (`SET NX`) and one load refreshes the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_value_has_no_marker_and_one_lookup_takes_the_lock() {
+    let shared = Shared::redis().await;
+    let build = || {
+        shared
+            .cache()
+            .ttl(Duration::from_secs(1))
+            .stale(Duration::from_secs(30))
+            .l1_capacity(0)
+            .build()
+    };
+    let first = build();
+    first
+        .get_or_load("stale-one", || async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"old"))
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let loads = Counter::default();
+    let mut lookups = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (cache, loads) = (build(), loads.clone());
+        lookups.spawn(async move {
+            cache
+                .fetch("stale-one", move || async move {
+                    loads.hit();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
+                })
+                .await
+                .unwrap()
+                .outcome()
+        });
+    }
+    let outcomes = lookups.join_all().await;
+    // The leader serves the stale value too, while its load refreshes it.
+    assert_eq!(outcomes, [Outcome::Stale; 4]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(loads.get(), 1);
+    let fresh = build().fetch("stale-one", never_called).await.unwrap();
+    assert_eq!(fresh.outcome(), Outcome::L2Hit);
+    assert_eq!(fresh.value().unwrap(), "new");
 }

@@ -149,6 +149,7 @@ impl LockToken {
     }
 
     /// The token as 32 lowercase hex digits, without an allocation.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn hex_bytes(&self) -> [u8; 32] {
         hex_array(&self.0.to_be_bytes())
     }

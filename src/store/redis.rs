@@ -1,8 +1,9 @@
-//! `RedisStore`: the shared store on Redis (one server or a Redis Cluster), one Lua script per
-//! call.
+//! `RedisStore`: the shared store on Redis (one server or a Redis Cluster), one round trip per
+//! call: pipelined plain commands for lookups and reads, Lua scripts for fenced writes.
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -14,8 +15,8 @@ use redis::cluster::ClusterClientBuilder;
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{
-    Cmd, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo,
-    PushKind, RedisResult, Script, ServerErrorKind, Value,
+    Cmd, ConnectionInfo, ErrorKind, FromRedisValue, IntoConnectionInfo, Pipeline, ProtocolVersion,
+    PushInfo, PushKind, RedisResult, Script, ServerErrorKind, Value,
 };
 use tracing::{debug, warn};
 
@@ -24,10 +25,21 @@ use super::{
     StoreError, StoreKey, Stored,
 };
 
-/// Get the value; if absent or about to expire, try to take the lock. A value of a foreign type
-/// (`WRONGTYPE`) counts as absent, so the fill overwrites it. Reply: `{value, pttl, state}` with
-/// `pttl = -2` when absent and state 0 = not requested, 1 = acquired, 2 = held elsewhere,
-/// 3 = held by the marker of a failed load.
+// The lock key of a value holds one of:
+// - nothing: the value is stale or absent, and nobody reloads it: a lookup may take the lock;
+// - `fresh`: the value is fresh (the marker expires when its freshness ends), so the lock is not
+//   to be taken; this lets a plain `SET lock token NX GET` take the lock only when it should;
+// - `<token>:<refresh below, ms>`: a leader's lock. The second part is the remaining life
+//   below which a value counts as stale, which the fill uses to set the `fresh` marker;
+// - `failed`: the last load failed (followers fail at once instead of each retrying).
+
+/// Get the value; if absent or about to expire, try to take the lock (a `fresh` marker does not
+/// stop it: this script also serves the lookups that take the lock before the value is stale).
+/// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
+/// lock key of a foreign type counts as free. A lock that already holds `ARGV[1]` is ours: the
+/// pipelined lookup took it before a `GET` of a foreign type failed. Reply: `{value, pttl, state}` with `pttl = -2`
+/// when absent and state 0 = not requested, 1 = acquired, 2 = held elsewhere, 3 = held by the
+/// marker of a failed load.
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -40,50 +52,80 @@ if v then
 else
   v = ''
 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {v, ttl, 1} end
-if redis.call('GET', KEYS[2]) == 'failed' then return {v, ttl, 3} end
+local l = redis.pcall('GET', KEYS[2])
+if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  return {v, ttl, 1}
+end
+if l == 'failed' then return {v, ttl, 3} end
 return {v, ttl, 2}
 ",
     )
 });
 
-/// Fenced write: store the value only while the lock holds our token, then drop the lock and
-/// publish "filled" (`ARGV[4]` is the channel, `ARGV[5]` the key's digest).
+/// Whether the lock (`KEYS[2]` in `FILL`, `RELEASE`; `KEYS[1]` in the others) is held by the
+/// token `ARGV[1]`, as `<token>:<refresh below>`.
+const OWNS: &str = r"
+local function owns(lock)
+  local l = redis.call('GET', lock)
+  return l and string.sub(l, 1, 33) == ARGV[1] .. ':', l
+end
+";
+
+/// Fenced write: store the value only while the lock holds our token, then replace the lock
+/// by the `fresh` marker for as long as the value is fresh, and publish "filled" (`ARGV[4]` is
+/// the channel, `ARGV[5]` the key's digest).
 static FILL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{OWNS}{}",
         r"
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+local held, l = owns(KEYS[2])
+if not held then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-redis.call('DEL', KEYS[2])
+local fresh = tonumber(ARGV[3]) - (tonumber(string.sub(l, 34)) or math.huge)
+if fresh >= 1 then
+  redis.call('SET', KEYS[2], 'fresh', 'PX', fresh)
+else
+  redis.call('DEL', KEYS[2])
+end
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
-",
-    )
+"
+    ))
 });
 
-/// Compare-and-delete of the lock, then publish "filled" so followers retry at once.
+/// Compare-and-release of the lock: the `fresh` marker takes its place if the value is still
+/// fresh, else the lock is deleted; then publish "filled" so followers retry at once.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{OWNS}{}",
         r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+local fresh = redis.call('PTTL', KEYS[1]) - (tonumber(string.sub(l, 34)) or math.huge)
+if fresh >= 1 then
+  redis.call('SET', KEYS[2], 'fresh', 'PX', fresh)
+else
+  redis.call('DEL', KEYS[2])
+end
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
-",
-    )
+"
+    ))
 });
 
-/// Compare-and-replace of the lock by the failure marker (`failed`, which no token equals: tokens
-/// are hex), then publish so followers fail at once.
+/// Compare-and-replace of the lock by the failure marker (`failed`, which no lock equals),
+/// then publish so followers fail at once.
 static FAIL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{OWNS}{}",
         r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if not owns(KEYS[1]) then return 0 end
 redis.call('SET', KEYS[1], 'failed', 'PX', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
-",
-    )
+"
+    ))
 });
 
 /// Unfenced write of the value, then publish "filled".
@@ -99,32 +141,29 @@ return 1
 
 /// Compare-and-PEXPIRE of the lock.
 static EXTEND: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(&format!(
+        "{OWNS}{}",
         r"
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if not owns(KEYS[1]) then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-",
-    )
-});
-
-/// The value and its remaining life, in one round trip. Reply: `{value, pttl}`.
-static GET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-local v = redis.pcall('GET', KEYS[1])
-if type(v) ~= 'string' then return {'', -2} end
-return {v, redis.call('PTTL', KEYS[1])}
-",
-    )
+"
+    ))
 });
 
 /// The shared store on Redis (feature `redis`, on by default): one server, or a Redis Cluster
 /// (feature `cluster`).
 ///
-/// Every [`Store`] call is one `EVALSHA` of a Lua script (re-sent after a `SCRIPT LOAD` if the
-/// server lost its script cache), over a connection that reconnects by itself. The value and
-/// lock keys of one logical key share a hash tag, so each script touches one Redis Cluster slot
-/// and, on a cluster, goes to the node that serves it.
+/// Every [`Store`] call is one round trip, over a connection that reconnects by itself.
+/// Lookups and reads are pipelines of plain commands: a lookup sends `SET lock token NX PX …
+/// GET`, `GET value` and `PTTL value` together. A filled value leaves a `fresh` marker in its
+/// lock key for as long as it is fresh, so the `SET … NX` takes the lock only where the value
+/// is stale or absent, and a hit costs the server about what a `GET` costs (a Lua script costs
+/// several times more, and copies the value twice). Writes that must check the lock's owner
+/// (fill, release, extend, fail) are Lua scripts, `EVALSHA`, re-sent after a `SCRIPT LOAD` if
+/// the server lost its script cache; so are the rare lookups that take the lock from the marker
+/// (early refresh, an evicted value), and every lookup on a server before Redis 7.0, which
+/// lacks `SET … NX GET`. The value and lock keys of one logical key share a hash tag, so each
+/// call touches one Redis Cluster slot and, on a cluster, goes to the node that serves it.
 ///
 /// `Debug`, [`address`](Self::address) and error messages show the server's address without
 /// user name or password.
@@ -174,6 +213,9 @@ pub struct RedisStore {
     connection: Connection,
     address: String,
     notifications: Option<Notifications>,
+    /// Whether lookups pipeline plain commands (`SET … NX GET` needs Redis 7.0); cleared for
+    /// good, in favour of the lookup script, when the server rejects it.
+    pipelined: Arc<AtomicBool>,
 }
 
 /// A connection to one server or to a cluster; cheap to clone, never locked.
@@ -195,6 +237,15 @@ impl Connection {
             Connection::Server(connection) => evalsha(script, call, &mut connection.clone()).await,
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => evalsha(script, call, &mut connection.clone()).await,
+        }
+    }
+
+    /// Runs a pipeline: its commands go out in one write and their replies come back together.
+    async fn pipeline<T: FromRedisValue>(&self, pipeline: &Pipeline) -> RedisResult<T> {
+        match self {
+            Connection::Server(connection) => pipeline.query_async(&mut connection.clone()).await,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => pipeline.query_async(&mut connection.clone()).await,
         }
     }
 
@@ -530,6 +581,7 @@ impl RedisStoreBuilder {
             connection,
             address,
             notifications,
+            pipelined: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -686,7 +738,49 @@ impl RedisStore {
         self.connection
             .invoke(script, call)
             .await
-            .map_err(|e| StoreError::new(format_args!("Redis at {}: {e}", self.address)))
+            .map_err(|e| self.error(&e))
+    }
+
+    fn error(&self, error: &redis::RedisError) -> StoreError {
+        StoreError::new(format_args!("Redis at {}: {error}", self.address))
+    }
+
+    /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`
+    /// marker, and for servers before Redis 7.0.
+    async fn lookup_by_script(&self, call: Cmd) -> Result<Lookup, StoreError> {
+        let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
+        let lock = match state {
+            0 => LockState::NotRequested,
+            1 => LockState::Acquired,
+            2 => LockState::HeldElsewhere,
+            3 => LockState::Failed,
+            other => {
+                return Err(StoreError::new(format_args!(
+                    "unexpected lock state {other} from Redis at {}",
+                    self.address
+                )))
+            }
+        };
+        Ok(Lookup {
+            value: stored(value, pttl),
+            lock,
+        })
+    }
+
+    /// Whether a pipelined command's error sends the call to its script: a server that does not
+    /// know `SET … NX GET` (before Redis 7.0) gets the script from now on, and a key of a
+    /// foreign type gets it for this call.
+    fn pipeline_refused(&self, error: &redis::RedisError) -> bool {
+        match error.code() {
+            Some("WRONGTYPE") => true,
+            Some("ERR") if error.to_string().contains("syntax error") => {
+                if self.pipelined.swap(false, Ordering::Relaxed) {
+                    warn!(address = %self.address, "the server does not take SET NX GET (Redis before 7.0); lookups use a script");
+                }
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -708,6 +802,31 @@ fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
     })
 }
 
+/// A command on a key with room for `args` arguments (name and key included) without regrowing.
+fn command(args: usize, name: &str, key: &str) -> Cmd {
+    let mut command = Cmd::with_capacity(args, 96 + key.len());
+    command.arg(name).arg(key);
+    command
+}
+
+/// A leader's lock value: its token, then the remaining life (ms) below which the value it
+/// loads counts as stale, so the fill knows how long the value stays fresh.
+fn lock_value(token: LockToken, refresh_below: u64) -> Vec<u8> {
+    let mut lock = Vec::with_capacity(54);
+    lock.extend_from_slice(&token.hex_bytes());
+    lock.push(b':');
+    lock.extend_from_slice(itoa::Buffer::new().format(refresh_below).as_bytes());
+    lock
+}
+
+fn release_call(key: &StoreKey, token: LockToken) -> Cmd {
+    let mut call = script_call(&RELEASE, &[&key.value_name(), &key.lock_name()]);
+    call.arg(&token.hex_bytes()[..])
+        .arg(channel(key.namespace()))
+        .arg(&key.digest().hex_bytes()[..]);
+    call
+}
+
 impl Store for RedisStore {
     fn lookup(
         &self,
@@ -716,28 +835,78 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         refresh_below: Duration,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let mut call = script_call(&LOOKUP, &[&key.value_name(), &key.lock_name()]);
-        call.arg(&token.hex_bytes()[..])
-            .arg(millis(lock_ttl))
-            .arg(u64::try_from(refresh_below.as_millis()).unwrap_or(u64::MAX));
+        let (value_name, lock_name) = (key.value_name(), key.lock_name());
+        let below = u64::try_from(refresh_below.as_millis()).unwrap_or(u64::MAX);
+        let lock = lock_value(token, below);
+        let lock_ms = millis(lock_ttl);
+        let script = move |value_name: &str, lock_name: &str, lock: &[u8]| {
+            let mut call = script_call(&LOOKUP, &[value_name, lock_name]);
+            call.arg(lock).arg(lock_ms).arg(below);
+            call
+        };
+        if refresh_below == Duration::MAX || !self.pipelined.load(Ordering::Relaxed) {
+            return Box::pin(self.lookup_by_script(script(&value_name, &lock_name, &lock)));
+        }
+        // One round trip of three plain commands: the lock is taken only where no `fresh`
+        // marker stands, which is where the value is stale or absent.
+        let mut pipeline = Pipeline::with_capacity(3);
+        let mut take = command(7, "SET", &lock_name);
+        take.arg(&lock[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(lock_ms)
+            .arg("GET");
+        pipeline
+            .add_command(take)
+            .add_command(command(2, "GET", &value_name))
+            .add_command(command(2, "PTTL", &value_name))
+            .ignore_errors();
+        let key = key.clone();
         Box::pin(async move {
-            let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
-            let lock = match state {
-                0 => LockState::NotRequested,
-                1 => LockState::Acquired,
-                2 => LockState::HeldElsewhere,
-                3 => LockState::Failed,
-                other => {
-                    return Err(StoreError::new(format_args!(
-                        "unexpected lock state {other} from Redis at {}",
-                        self.address
-                    )))
+            type Reply = (
+                RedisResult<Option<Vec<u8>>>,
+                RedisResult<Option<Vec<u8>>>,
+                RedisResult<i64>,
+            );
+            let (held, value, pttl): Reply = self
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| self.error(&error))?;
+            let held = match held {
+                Ok(held) => held,
+                Err(error) if self.pipeline_refused(&error) => {
+                    // A server before Redis 7.0, or a lock key of a foreign type: the script
+                    // decides (and counts a foreign lock key as free).
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
                 }
+                Err(error) => return Err(self.error(&error)),
             };
-            Ok(Lookup {
-                value: stored(value, pttl),
-                lock,
-            })
+            // A value of a foreign type (`WRONGTYPE`) counts as absent: the fill overwrites it.
+            let (value, pttl) = (value.ok().flatten(), pttl.map_err(|e| self.error(&e))?);
+            let value = value.and_then(|value| stored(value, pttl));
+            let fresh = value.is_some() && u64::try_from(pttl).is_ok_and(|pttl| pttl > below);
+            let lock = match held.as_deref() {
+                _ if fresh && held.is_none() => {
+                    // We took the lock of a fresh value whose marker is gone (a failure marker
+                    // expired, or the value was written by a put): put the marker back before
+                    // answering, so that this flight's next lookup finds no lock of its own.
+                    let _: i64 = self.run(&RELEASE, &release_call(&key, token)).await?;
+                    LockState::NotRequested
+                }
+                _ if fresh => LockState::NotRequested,
+                None => LockState::Acquired,
+                Some(b"fresh") => {
+                    // The value is gone or stale but its marker still stands (the value was
+                    // evicted, or this lookup wants to refresh early): the script decides.
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
+                Some(b"failed") => LockState::Failed,
+                Some(_) => LockState::HeldElsewhere,
+            };
+            Ok(Lookup { value, lock })
         })
     }
 
@@ -761,10 +930,7 @@ impl Store for RedisStore {
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&RELEASE, &[&key.lock_name()]);
-        call.arg(&token.hex_bytes()[..])
-            .arg(channel(key.namespace()))
-            .arg(&key.digest().hex_bytes()[..]);
+        let call = release_call(key, token);
         Box::pin(async move {
             let released: i64 = self.run(&RELEASE, &call).await?;
             Ok(released == 1)
@@ -803,10 +969,22 @@ impl Store for RedisStore {
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        let call = script_call(&GET, &[&key.value_name()]);
+        let value_name = key.value_name();
+        let mut pipeline = Pipeline::with_capacity(2);
+        pipeline
+            .add_command(command(2, "GET", &value_name))
+            .add_command(command(2, "PTTL", &value_name))
+            .ignore_errors();
         Box::pin(async move {
-            let (value, pttl): (Vec<u8>, i64) = self.run(&GET, &call).await?;
-            Ok(stored(value, pttl))
+            type Reply = (RedisResult<Option<Vec<u8>>>, RedisResult<i64>);
+            let (value, pttl): Reply = self
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| self.error(&error))?;
+            // A value of a foreign type (`WRONGTYPE`) counts as absent.
+            let pttl = pttl.map_err(|error| self.error(&error))?;
+            Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
         })
     }
 
