@@ -23,63 +23,59 @@ fn l2_hit(c: &mut Criterion) {
         .enable_all()
         .build()
         .expect("a runtime");
-    let value = Bytes::from(vec![b'v'; 2048]);
-    let (cache, mut plain) = runtime.block_on(async {
+    let (cache, plain) = runtime.block_on(async {
         let store = RedisStore::connect(server.url())
             .await
             .expect("connect the store");
-        let cache = Cache::builder(store).l1_capacity(0).build();
-        let value = value.clone();
-        cache
-            .get_or_load(
-                "page",
-                move || async move { Ok::<_, std::io::Error>(value) },
-            )
-            .await
-            .expect("the first load");
         let plain = server
             .client()
             .get_connection_manager()
             .await
             .expect("a plain connection");
-        (cache, plain)
+        (Cache::builder(store).l1_capacity(0).build(), plain)
     });
-    runtime.block_on(async {
-        let _: () = plain
-            .set("plain-page", value.as_ref())
-            .await
-            .expect("SET the plain value");
-        let fetched = cache
-            .fetch("page", || async {
-                Err::<tower_stampede::Loaded, _>(std::io::Error::other("not called"))
-            })
-            .await
-            .expect("an L2 hit");
-        assert_eq!(fetched.outcome(), Outcome::L2Hit);
-    });
-
-    let mut group = c.benchmark_group("l2_hit");
-    group.bench_function("plain GET (redis crate)", |b| {
-        b.to_async(&runtime).iter(|| {
-            let mut plain = plain.clone();
-            async move {
-                let bytes: Vec<u8> = plain.get("plain-page").await.expect("GET");
-                bytes.len()
-            }
-        });
-    });
-    group.bench_function("tower-stampede L2 hit", |b| {
-        b.to_async(&runtime).iter(|| async {
-            let fetched = cache
-                .fetch("page", || async {
-                    Err::<tower_stampede::Loaded, _>(std::io::Error::other("not called"))
-                })
+    // A small value (a database row, a fragment) and a page-sized one.
+    for (label, size) in [("2 KiB", 2048), ("64 KiB", 64 * 1024)] {
+        let value = Bytes::from(vec![b'v'; size]);
+        let (key, plain_key) = (format!("page-{size}"), format!("plain-page-{size}"));
+        runtime.block_on(async {
+            let loaded = value.clone();
+            cache
+                .get_or_load(&key, move || async move { Ok::<_, std::io::Error>(loaded) })
                 .await
-                .expect("an L2 hit");
-            fetched.value().map_or(0, Bytes::len)
+                .expect("the first load");
+            let _: () = plain
+                .clone()
+                .set(&plain_key, value.as_ref())
+                .await
+                .expect("SET the plain value");
+            let fetched = cache.fetch(&key, not_called).await.expect("an L2 hit");
+            assert_eq!(fetched.outcome(), Outcome::L2Hit);
+            assert_eq!(fetched.value(), Some(&value));
         });
-    });
-    group.finish();
+
+        let mut group = c.benchmark_group(format!("l2_hit/{label}"));
+        group.bench_function("plain GET (redis crate)", |b| {
+            b.to_async(&runtime).iter(|| {
+                let (mut plain, plain_key) = (plain.clone(), &plain_key);
+                async move {
+                    let bytes: Vec<u8> = plain.get(plain_key).await.expect("GET");
+                    bytes.len()
+                }
+            });
+        });
+        group.bench_function("tower-stampede L2 hit", |b| {
+            b.to_async(&runtime).iter(|| async {
+                let fetched = cache.fetch(&key, not_called).await.expect("an L2 hit");
+                fetched.value().map_or(0, Bytes::len)
+            });
+        });
+        group.finish();
+    }
+}
+
+async fn not_called() -> Result<tower_stampede::Loaded, std::io::Error> {
+    Err(std::io::Error::other("not called"))
 }
 
 criterion_group!(benches, l2_hit);
