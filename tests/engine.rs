@@ -383,14 +383,7 @@ async fn a_value_of_a_foreign_redis_type_is_a_miss() {
     let shared = Shared::redis().await;
     let cache = shared.cache().build();
     let name = cache.store_key("typed").value_name();
-    let mut conn = shared
-        .redis
-        .as_ref()
-        .unwrap()
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = shared.connection().await;
     let _: () = conn.hset(&name, "field", "value").await.unwrap();
     let loads = Counter::default();
     let value = cache
@@ -846,6 +839,17 @@ async fn a_dead_redis_degrades_to_in_process_protection() {
 }
 
 impl Shared {
+    /// A plain connection to the Redis server, to look behind the engine's back.
+    async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        self.redis
+            .as_ref()
+            .expect("a Redis-backed store")
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
     /// Another process's view of the same store: for Redis a store with connections of its
     /// own (its own subscriber), for memory the same store.
     async fn other_process(&self) -> Arc<dyn Store> {
@@ -1649,14 +1653,7 @@ async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fresh_marker_follows_the_value_and_heals() {
     let shared = Shared::redis().await;
-    let mut conn = shared
-        .redis
-        .as_ref()
-        .unwrap()
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = shared.connection().await;
     let builder = || {
         shared
             .cache()
