@@ -37,9 +37,9 @@ use super::{
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
 /// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
 /// lock key of a foreign type counts as free. A lock that already holds `ARGV[1]` is ours: the
-/// pipelined lookup took it before a `GET` of a foreign type failed. Reply: `{value, pttl, state}` with `pttl = -2`
-/// when absent and state 0 = not requested, 1 = acquired, 2 = held elsewhere, 3 = held by the
-/// marker of a failed load.
+/// pipelined lookup took it before a `GET` of a foreign type failed. Reply:
+/// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
+/// 1 = acquired, 2 = held elsewhere, 3 = held by the marker of a failed load.
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -63,12 +63,22 @@ return {v, ttl, 2}
     )
 });
 
-/// Whether the lock (`KEYS[2]` in `FILL`, `RELEASE`; `KEYS[1]` in the others) is held by the
-/// token `ARGV[1]`, as `<token>:<refresh below>`.
+/// `owns(lock)`: whether the lock (`KEYS[2]` in `FILL`, `RELEASE`; `KEYS[1]` in the others) is
+/// held by the token `ARGV[1]`, as `<token>:<refresh below>`, and the lock's value.
+/// `settle(lock, l, life)`: replaces the held lock `l` by the `fresh` marker for as long as a
+/// value with `life` ms left stays fresh (above the lock's refresh bound), or deletes it.
 const OWNS: &str = r"
 local function owns(lock)
   local l = redis.call('GET', lock)
   return l and string.sub(l, 1, 33) == ARGV[1] .. ':', l
+end
+local function settle(lock, l, life)
+  local fresh = life - (tonumber(string.sub(l, 34)) or math.huge)
+  if fresh >= 1 then
+    redis.call('SET', lock, 'fresh', 'PX', fresh)
+  else
+    redis.call('DEL', lock)
+  end
 end
 ";
 
@@ -82,12 +92,7 @@ static FILL: LazyLock<Script> = LazyLock::new(|| {
 local held, l = owns(KEYS[2])
 if not held then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-local fresh = tonumber(ARGV[3]) - (tonumber(string.sub(l, 34)) or math.huge)
-if fresh >= 1 then
-  redis.call('SET', KEYS[2], 'fresh', 'PX', fresh)
-else
-  redis.call('DEL', KEYS[2])
-end
+settle(KEYS[2], l, tonumber(ARGV[3]))
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 "
@@ -102,12 +107,7 @@ static RELEASE: LazyLock<Script> = LazyLock::new(|| {
         r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
-local fresh = redis.call('PTTL', KEYS[1]) - (tonumber(string.sub(l, 34)) or math.huge)
-if fresh >= 1 then
-  redis.call('SET', KEYS[2], 'fresh', 'PX', fresh)
-else
-  redis.call('DEL', KEYS[2])
-end
+settle(KEYS[2], l, redis.call('PTTL', KEYS[1]))
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 "
@@ -767,6 +767,17 @@ impl RedisStore {
         })
     }
 
+    /// The value from the replies to a pipelined `GET` and `PTTL` of it; a value of a foreign
+    /// type (`WRONGTYPE` to the `GET`) counts as absent.
+    fn read(
+        &self,
+        value: RedisResult<Option<Vec<u8>>>,
+        pttl: RedisResult<i64>,
+    ) -> Result<Option<Stored>, StoreError> {
+        let pttl = pttl.map_err(|error| self.error(&error))?;
+        Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
+    }
+
     /// Whether a pipelined command's error sends the call to its script: a server that does not
     /// know `SET … NX GET` (before Redis 7.0) gets the script from now on, and a key of a
     /// foreign type gets it for this call.
@@ -883,10 +894,12 @@ impl Store for RedisStore {
                 }
                 Err(error) => return Err(self.error(&error)),
             };
-            // A value of a foreign type (`WRONGTYPE`) counts as absent: the fill overwrites it.
-            let (value, pttl) = (value.ok().flatten(), pttl.map_err(|e| self.error(&e))?);
-            let value = value.and_then(|value| stored(value, pttl));
-            let fresh = value.is_some() && u64::try_from(pttl).is_ok_and(|pttl| pttl > below);
+            // A value of a foreign type counts as absent: the fill overwrites it.
+            let value = self.read(value, pttl)?;
+            let fresh = value
+                .as_ref()
+                .and_then(|value| value.ttl)
+                .is_some_and(|ttl| ttl > Duration::from_millis(below));
             let lock = match held.as_deref() {
                 _ if fresh && held.is_none() => {
                     // We took the lock of a fresh value whose marker is gone (a failure marker
@@ -982,9 +995,7 @@ impl Store for RedisStore {
                 .pipeline(&pipeline)
                 .await
                 .map_err(|error| self.error(&error))?;
-            // A value of a foreign type (`WRONGTYPE`) counts as absent.
-            let pttl = pttl.map_err(|error| self.error(&error))?;
-            Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
+            self.read(value, pttl)
         })
     }
 
