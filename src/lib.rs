@@ -16,6 +16,7 @@
 pub mod cache;
 pub mod http;
 pub mod store;
+mod sync;
 
 pub use cache::{
     BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Loaded, Outcome, Stats,

@@ -7,7 +7,7 @@
 //! and protection across processes resumes; if not, it stays open for another `open_for`.
 //! Each change of state is logged once.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -51,7 +51,7 @@ impl Breaker {
 
     fn state(&self) -> MutexGuard<'_, State> {
         // No code path panics while holding the lock, and every state is valid.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     /// Whether the store is believed to answer (the breaker is closed).

@@ -64,7 +64,7 @@ pub(crate) mod telemetry;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -706,7 +706,7 @@ impl Backoff {
 impl Inner {
     fn flights(&self) -> MutexGuard<'_, HashMap<KeyDigest, FlightHandle>> {
         // Nothing panics while the map is locked; a poisoned map is still consistent.
-        self.flights.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.flights)
     }
 
     fn release_in_background(&self, key: &StoreKey, token: LockToken) {
@@ -821,12 +821,7 @@ impl Inner {
     /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
     /// the background, unless one is running in this process.
     fn refresh_early(self: &Arc<Self>, digest: KeyDigest, loader: BoxLoader, fresh_until: Instant) {
-        if !self
-            .refreshing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(digest)
-        {
+        if !crate::sync::lock(&self.refreshing).insert(digest) {
             return;
         }
         self.counters
@@ -1346,10 +1341,6 @@ struct Refreshing {
 
 impl Drop for Refreshing {
     fn drop(&mut self) {
-        self.inner
-            .refreshing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&self.digest);
+        crate::sync::lock(&self.inner.refreshing).remove(&self.digest);
     }
 }

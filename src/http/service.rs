@@ -2,7 +2,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -153,7 +153,7 @@ type Slot<B> = Arc<Mutex<Pending<B>>>;
 
 fn lock<B>(slot: &Slot<B>) -> MutexGuard<'_, Pending<B>> {
     // Nothing panics while the slot is locked; a poisoned slot is still consistent.
-    slot.lock().unwrap_or_else(PoisonError::into_inner)
+    crate::sync::lock(slot)
 }
 
 /// What a loader hands straight to its own caller.

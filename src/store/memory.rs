@@ -1,7 +1,7 @@
 //! `MemoryStore`: the embedded store, with the semantics of the Redis scripts.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -99,7 +99,7 @@ impl MemoryStore {
     fn state(&self) -> MutexGuard<'_, State> {
         // No code path panics while holding the lock, and every write leaves the maps
         // consistent, so a poisoned lock still guards valid state.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     fn lookup_now(

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
@@ -63,7 +63,7 @@ impl Notifier {
 
     fn watched(&self) -> MutexGuard<'_, HashMap<StoreKey, watch::Sender<u64>>> {
         // Nothing panics while the map is locked; a poisoned map is still consistent.
-        self.watched.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.watched)
     }
 
     /// Starts watching `key`: the returned [`FillWatch`] wakes on every later notification.

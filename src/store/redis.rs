@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -338,10 +338,7 @@ impl Notifications {
                 // reconnects only when it is used, and a cluster's may have to find the
                 // channel's slot on another node: forget the channels, so the next watch
                 // subscribes again (and so reconnects). Meanwhile, followers poll.
-                forget
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .clear();
+                crate::sync::lock(&forget).clear();
             } else {
                 wake_followers(&wake, push);
             }
@@ -392,7 +389,7 @@ impl Notifications {
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
     /// the subscription is in place, followers of that namespace poll.
     fn ensure_subscribed(&self, namespace: &str) {
-        let mut channels = self.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut channels = crate::sync::lock(&self.channels);
         if channels.contains(namespace) {
             return;
         }
@@ -403,10 +400,7 @@ impl Notifications {
             if let Err(error) = subscriber.subscribe(channel(&namespace)).await {
                 warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
                 // Forget it, so the next watch tries again.
-                channels
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&namespace);
+                crate::sync::lock(&channels).remove(&namespace);
             }
         });
     }
