@@ -6,14 +6,20 @@
 //! the background by whoever notices first) asks the store: if it answers, the breaker closes
 //! and protection across processes resumes; if not, it stays open for another `open_for`.
 //! Each change of state is logged once.
+//!
+//! Every store call of the engine goes through [`Inner::store_call`], which bounds it by the
+//! store timeout, counts its failures, and asks the breaker first.
 
-use std::sync::{Mutex, MutexGuard};
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::telemetry;
+use super::{telemetry, Inner};
+use crate::store::{KeyDigest, StoreError, StoreKey};
 
 /// What the breaker lets a store call do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +124,59 @@ impl Breaker {
                 probing: false,
             };
         }
+    }
+}
+
+impl Inner {
+    /// One store call, bounded by the store timeout, counted if it fails, and not made at all
+    /// while the circuit breaker is open.
+    pub(super) async fn store_call<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match self.breaker.admit() {
+            Admit::Call => {}
+            admit => {
+                self.counters
+                    .store_calls_skipped
+                    .fetch_add(1, Ordering::Relaxed);
+                if admit == Admit::Probe {
+                    self.probe();
+                }
+                return Err(StoreError::circuit_open());
+            }
+        }
+        let timeout = self.config.store_timeout;
+        let result = match tokio::time::timeout(timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::timeout(timeout)),
+        };
+        if result.is_err() {
+            self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+            telemetry::store_error();
+        }
+        if self.breaker.record(result.is_ok()) {
+            self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Asks the store, in the background, whether it answers again: a read of a probe key,
+    /// bounded by the store timeout. Its answer closes the breaker or keeps it open.
+    fn probe(&self) {
+        let (store, breaker) = (Arc::clone(&self.store), Arc::clone(&self.breaker));
+        let key = StoreKey::new(
+            Arc::clone(&self.config.namespace),
+            KeyDigest::of(b"tower-stampede:probe"),
+        );
+        let timeout = self.config.store_timeout;
+        tokio::spawn(async move {
+            let answered = matches!(
+                tokio::time::timeout(timeout, store.get(&key)).await,
+                Ok(Ok(_))
+            );
+            breaker.probed(answered);
+        });
     }
 }
 

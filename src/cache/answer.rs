@@ -1,0 +1,160 @@
+//! What a lookup answers: what a loader produced ([`Loaded`]), how a call was served
+//! ([`Outcome`], [`Fetched`]), and what the cache has counted ([`Stats`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+/// What a loader passed to [`Cache::fetch`] produced.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub(super) kind: LoadedKind,
+}
+
+/// A loader's result, as the engine reads it.
+#[derive(Clone, Debug)]
+pub(super) enum LoadedKind {
+    Value { bytes: Bytes, ttl: Option<Duration> },
+    Pass,
+}
+
+impl Loaded {
+    /// A value to store for the cache's default [`ttl`](CacheBuilder::ttl).
+    pub fn value(bytes: Bytes) -> Self {
+        Loaded {
+            kind: LoadedKind::Value { bytes, ttl: None },
+        }
+    }
+
+    /// A value to store for `ttl`.
+    pub fn value_with_ttl(bytes: Bytes, ttl: Duration) -> Self {
+        Loaded {
+            kind: LoadedKind::Value {
+                bytes,
+                ttl: Some(ttl),
+            },
+        }
+    }
+
+    /// Nothing to store: the load's result is not cacheable. A short "pass" marker tells
+    /// followers to stop waiting and go to the backend directly.
+    pub fn pass() -> Self {
+        Loaded {
+            kind: LoadedKind::Pass,
+        }
+    }
+}
+
+/// How a [`Cache::fetch`] was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// From this process's L1.
+    L1Hit,
+    /// From the shared store, fresh.
+    L2Hit,
+    /// This call's own loader ran and its value was filled.
+    Leader,
+    /// Another call's load (in this process or another) answered this one.
+    Follower,
+    /// The key is marked "pass": nothing is cached, go to the backend. If this call's own
+    /// loader ran, the load was not cacheable.
+    Pass,
+    /// This call's own loader ran after the wait timed out; its value was not stored.
+    Uncached,
+    /// A stale value (past its freshness, within the stale window), served while a leader
+    /// refreshes it, or because the refresh failed.
+    Stale,
+    /// The store failed, so this call's own loader ran with in-process protection only.
+    Degraded,
+}
+
+impl Outcome {
+    /// A short name for logs and metrics: `hit-l1`, `hit-l2`, `miss-leader`, `follower`,
+    /// `pass`, `uncached`, `stale`, `degraded`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::L1Hit => "hit-l1",
+            Outcome::L2Hit => "hit-l2",
+            Outcome::Leader => "miss-leader",
+            Outcome::Follower => "follower",
+            Outcome::Pass => "pass",
+            Outcome::Uncached => "uncached",
+            Outcome::Stale => "stale",
+            Outcome::Degraded => "degraded",
+        }
+    }
+}
+
+/// The answer of [`Cache::fetch`].
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    pub(super) value: Option<Bytes>,
+    pub(super) outcome: Outcome,
+}
+
+impl Fetched {
+    /// The value; `None` only when the outcome is [`Outcome::Pass`].
+    pub fn value(&self) -> Option<&Bytes> {
+        self.value.as_ref()
+    }
+
+    /// The value, taken out.
+    pub fn into_value(self) -> Option<Bytes> {
+        self.value
+    }
+
+    /// How the call was answered.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+}
+
+/// Counters of what the cache has seen since it was built.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Loads started (this process's loader calls).
+    pub loads: u64,
+    /// Store entries that were not this engine's (corrupt or foreign): treated as a miss.
+    pub corrupt_entries: u64,
+    /// Store calls that failed or timed out.
+    pub store_errors: u64,
+    /// Store calls not made because the circuit breaker was open.
+    pub store_calls_skipped: u64,
+    /// Times the circuit breaker opened.
+    pub breaker_opened: u64,
+    /// Bytes held by L1 (values plus a per-entry overhead); entries that expired are taken
+    /// off when L1 sweeps them.
+    pub l1_bytes: u64,
+    /// Early refreshes started by this process (see
+    /// [`early_refresh`](CacheBuilder::early_refresh)); each one that takes the lock loads.
+    pub early_refreshes: u64,
+}
+
+/// The counters behind [`Stats`], bumped as things happen.
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) loads: AtomicU64,
+    pub(super) corrupt_entries: AtomicU64,
+    pub(super) store_errors: AtomicU64,
+    pub(super) store_calls_skipped: AtomicU64,
+    pub(super) breaker_opened: AtomicU64,
+    pub(super) early_refreshes: AtomicU64,
+}
+
+impl Counters {
+    /// A snapshot of the counters, with L1's current weight.
+    pub(super) fn stats(&self, l1_bytes: u64) -> Stats {
+        Stats {
+            loads: self.loads.load(Ordering::Relaxed),
+            corrupt_entries: self.corrupt_entries.load(Ordering::Relaxed),
+            store_errors: self.store_errors.load(Ordering::Relaxed),
+            store_calls_skipped: self.store_calls_skipped.load(Ordering::Relaxed),
+            l1_bytes,
+            breaker_opened: self.breaker_opened.load(Ordering::Relaxed),
+            early_refreshes: self.early_refreshes.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Flights: concurrent misses of one key in this process share one flight, a task of its own
+//! that resolves the key once (one store round trip, at most one load) and hands every caller
+//! the same answer. The task runs to the end even if every caller goes away, and leaves the
+//! map of flights however it ends ([`Landing`]).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::entry::{self, Entry};
+use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
+use crate::store::{BoxFuture, KeyDigest};
+
+/// The answer a flight hands to each of its callers.
+pub(super) type FlightResult = Result<Fetched, Error>;
+
+/// Which stored payloads a flight's caller can read: a stored value whose payload it cannot
+/// read is treated as a corrupt entry (a miss, counted and overwritten).
+#[derive(Clone, Copy)]
+pub(super) struct Reader(fn(&Bytes) -> bool);
+
+impl Reader {
+    /// Decodes a store entry; a value this reader's caller cannot read is corrupt.
+    pub(super) fn decode(self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
+        match entry::decode(bytes)? {
+            Entry::Value { payload, .. } if !(self.0)(&payload) => Err(entry::Corrupt),
+            entry => Ok(entry),
+        }
+    }
+}
+
+/// A flight's loader, and what its caller can read.
+pub(super) struct BoxLoader {
+    pub(super) run: Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>,
+    pub(super) reader: Reader,
+}
+
+impl BoxLoader {
+    fn new<F, Fut, E>(accepts: fn(&Bytes) -> bool, loader: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        BoxLoader {
+            run: Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) })),
+            reader: Reader(accepts),
+        }
+    }
+}
+
+/// One flight in progress: its id (so only it removes itself) and where its result appears.
+pub(super) struct FlightHandle {
+    id: u64,
+    result: watch::Receiver<Option<FlightResult>>,
+}
+
+impl Inner {
+    /// Answers from L1, or joins this process's flight for the key, or starts one.
+    pub(super) async fn fetch_digest<F, Fut, E>(
+        self: &Arc<Self>,
+        digest: KeyDigest,
+        accepts: fn(&Bytes) -> bool,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let mut l1_checked_twice = false;
+        let (mut result, created) = loop {
+            if let Some(l1) = &self.l1 {
+                if let Some(entry) = l1.get(&digest).await {
+                    if self.early_refresh_due(entry.fresh_until, entry.load_time) {
+                        let loader = BoxLoader::new(accepts, loader);
+                        self.refresh_early(digest, loader, entry.fresh_until);
+                    }
+                    return Ok(Fetched {
+                        value: Some(entry.value),
+                        outcome: Outcome::L1Hit,
+                    });
+                }
+            }
+            let mut flights = self.flights();
+            if let Some(flight) = flights.get(&digest) {
+                break (flight.result.clone(), false);
+            }
+            // A flight may have filled L1 and landed since the look above: look once more
+            // rather than pay a store round trip.
+            let in_l1 = self.l1.as_ref().is_some_and(|l1| l1.contains_key(&digest));
+            if in_l1 && !l1_checked_twice {
+                l1_checked_twice = true;
+                continue;
+            }
+            let loader = BoxLoader::new(accepts, loader);
+            let id = self.next_flight.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = watch::channel(None);
+            flights.insert(
+                digest,
+                FlightHandle {
+                    id,
+                    result: rx.clone(),
+                },
+            );
+            let landing = Landing {
+                inner: Arc::clone(self),
+                digest,
+                id,
+            };
+            tokio::spawn(fly(landing, tx, loader));
+            break (rx, true);
+        };
+        let answer = match result.wait_for(Option::is_some).await {
+            Ok(answer) => answer
+                .clone()
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::LoadPanicked))),
+            // The flight's task ended without an answer: it panicked or its runtime shut down.
+            Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+        };
+        answer.map(|mut fetched| {
+            // Only the caller that started the flight gave it its loader.
+            if !created
+                && matches!(
+                    fetched.outcome,
+                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded
+                )
+            {
+                fetched.outcome = Outcome::Follower;
+            }
+            fetched
+        })
+    }
+
+    /// The map of flights in progress, by key.
+    pub(super) fn flights(&self) -> MutexGuard<'_, HashMap<KeyDigest, FlightHandle>> {
+        // Nothing panics while the map is locked; a poisoned map is still consistent.
+        crate::sync::lock(&self.flights)
+    }
+}
+
+/// Removes a flight from the map when its task ends, whichever way it ends (even if the task
+/// is dropped before it first runs, as when its runtime shuts down).
+struct Landing {
+    inner: Arc<Inner>,
+    digest: KeyDigest,
+    id: u64,
+}
+
+impl Drop for Landing {
+    fn drop(&mut self) {
+        let mut flights = self.inner.flights();
+        if flights.get(&self.digest).is_some_and(|f| f.id == self.id) {
+            flights.remove(&self.digest);
+        }
+    }
+}
+
+/// A flight's task: resolve the key, then land (leave the map) and publish the answer.
+async fn fly(landing: Landing, result: watch::Sender<Option<FlightResult>>, loader: BoxLoader) {
+    let inner = Arc::clone(&landing.inner);
+    let answer = inner.resolve(landing.digest, loader, &result).await;
+    drop(landing);
+    result.send_replace(Some(answer));
+}

@@ -1,0 +1,386 @@
+//! The leader/follower protocol of one flight: one lookup that finds a fresh value or takes
+//! the lock (then this flight leads, see [`leader`](super::leader)); otherwise this flight
+//! follows: it answers stale at once where the stale window allows, or waits, woken by the
+//! store's "filled" notification or by a jittered backoff poll, and reads again until the
+//! value is there, the lock is free (then it leads), or the wait times out
+//! ([`WaitTimeoutPolicy`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::entry::{Corrupt, Entry};
+use super::flight::{BoxLoader, FlightResult, Reader};
+use super::leader::spawn_release;
+use super::telemetry::{self, LockEvent, WaitEnd};
+use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
+use crate::store::{FillWatch, KeyDigest, LockState, LockToken, StoreError, StoreKey};
+
+/// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
+/// with its remaining life in the store.
+pub(super) struct Found {
+    pub(super) lock: LockState,
+    pub(super) entry: Option<(Result<Entry, Corrupt>, Option<Duration>)>,
+}
+
+/// A value past its freshness that the store still keeps, and how far past it was when read.
+pub(super) struct StaleValue {
+    pub(super) payload: Bytes,
+    staleness: Duration,
+    read_at: Instant,
+}
+
+impl StaleValue {
+    /// The value of an entry that a lookup did not call fresh, if the store keeps values past
+    /// their freshness (`keep` is not zero): it is past its freshness by `keep` less its
+    /// remaining life.
+    fn of(found: &Found, keep: Duration) -> Option<Self> {
+        match &found.entry {
+            Some((Ok(Entry::Value { payload, .. }), ttl))
+                if found.lock != LockState::NotRequested && !keep.is_zero() =>
+            {
+                Some(StaleValue {
+                    payload: payload.clone(),
+                    staleness: keep.saturating_sub(ttl.unwrap_or_default()),
+                    read_at: Instant::now(),
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn staleness(&self) -> Duration {
+        self.staleness.saturating_add(self.read_at.elapsed())
+    }
+
+    /// The stale value as a flight's answer.
+    pub(super) fn answer(self) -> Fetched {
+        Fetched {
+            value: Some(self.payload),
+            outcome: Outcome::Stale,
+        }
+    }
+}
+
+/// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
+pub(super) async fn wait_for_fill(filled: &mut Option<FillWatch>, pause: Duration) -> WaitEnd {
+    let pause = tokio::time::sleep(pause);
+    match filled {
+        Some(filled) => {
+            tokio::select! {
+                () = pause => WaitEnd::Polled,
+                () = filled.changed() => WaitEnd::Notified,
+            }
+        }
+        None => {
+            pause.await;
+            WaitEnd::Polled
+        }
+    }
+}
+
+/// How a flight waited for other leaders, for the follower-wait metric.
+#[derive(Default)]
+struct Waiting {
+    since: Option<Instant>,
+    ended: Option<WaitEnd>,
+}
+
+/// Pauses between a follower's re-reads: exponential, capped, jittered.
+pub(super) struct Backoff {
+    next: Duration,
+    multiplier: f64,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(super) fn new(config: &Config) -> Self {
+        Backoff {
+            next: config.backoff_initial,
+            multiplier: config.backoff_multiplier,
+            max: config.backoff_max,
+        }
+    }
+
+    /// The next pause: between half and all of the current step, then the step grows.
+    pub(super) fn pause(&mut self) -> Duration {
+        self.pause_with(rand::random::<f64>())
+    }
+
+    /// The next pause for a draw `jitter` in [0, 1).
+    fn pause_with(&mut self, jitter: f64) -> Duration {
+        let step = self.next;
+        self.next = Duration::try_from_secs_f64(step.as_secs_f64() * self.multiplier)
+            .unwrap_or(self.max)
+            .min(self.max);
+        let half = step / 2;
+        half + half.mul_f64(jitter)
+    }
+}
+
+impl Inner {
+    /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
+    /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
+    /// the fallback for lost notifications.
+    pub(super) fn watch_fills(&self, key: &StoreKey) -> Option<FillWatch> {
+        if self.config.notifications {
+            self.store.subscribe(key)
+        } else {
+            None
+        }
+    }
+
+    /// One lookup: "the value, or the lock" in one store call, with what it found decoded
+    /// for the flight's caller. The watch is marked seen first, so only a fill after this
+    /// read wakes the next wait.
+    pub(super) async fn look_up(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        refresh_below: Duration,
+        reader: Reader,
+        filled: &mut Option<FillWatch>,
+    ) -> Result<Found, StoreError> {
+        if let Some(filled) = filled.as_mut() {
+            filled.mark_seen();
+        }
+        let lookup = self
+            .store_call(
+                self.store
+                    .lookup(key, token, self.config.lock_ttl, refresh_below),
+            )
+            .await?;
+        Ok(Found {
+            lock: lookup.lock,
+            entry: lookup
+                .value
+                .map(|stored| (reader.decode(&stored.bytes), stored.ttl)),
+        })
+    }
+
+    /// Whether a stale value may be served at once while another leader refreshes it.
+    pub(super) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
+        !self.config.stale.is_zero() && stale.staleness() <= self.config.stale
+    }
+
+    /// Whether a stale value may stand in for a failed or too slow load.
+    pub(super) fn serves_on_error(&self, stale: &StaleValue) -> bool {
+        let max = self.config.stale_if_error();
+        !max.is_zero() && stale.staleness() <= max
+    }
+
+    /// The leader/follower protocol for one key: ends with a value, a pass, or an error.
+    ///
+    /// `early` takes an answer before the flight ends: the stale value a leader serves while
+    /// it refreshes in the background.
+    pub(super) async fn resolve(
+        self: &Arc<Self>,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        early: &watch::Sender<Option<FlightResult>>,
+    ) -> FlightResult {
+        let mut waiting = Waiting::default();
+        let answer = self.resolve_key(digest, loader, early, &mut waiting).await;
+        if let (Some(since), Some(ended)) = (waiting.since, waiting.ended) {
+            let waited = since.elapsed();
+            debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
+            telemetry::follower_wait(waited, ended);
+        }
+        answer
+    }
+
+    async fn resolve_key(
+        self: &Arc<Self>,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        early: &watch::Sender<Option<FlightResult>>,
+        waiting: &mut Waiting,
+    ) -> FlightResult {
+        let config = &self.config;
+        let keep = config.keep();
+        let key = StoreKey::new(Arc::clone(&config.namespace), digest);
+        let token = LockToken::random();
+        let started = Instant::now();
+        let mut backoff = Backoff::new(config);
+        // Set when a corrupt entry is seen: the next lookup (only) counts every value as
+        // stale, so it takes the lock to overwrite the entry.
+        let mut overwrite = false;
+        // Whether this flight has waited for another leader.
+        let mut followed = false;
+        // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
+        let mut last_stale = None;
+        let mut filled = self.watch_fills(&key);
+        loop {
+            let overwriting = std::mem::take(&mut overwrite);
+            let refresh_below = if overwriting { Duration::MAX } else { keep };
+            let mut found = match self
+                .look_up(&key, token, refresh_below, loader.reader, &mut filled)
+                .await
+            {
+                Ok(found) => found,
+                Err(error) if error.skipped() => {
+                    debug!(key = ?digest, "circuit open; loading with in-process protection only");
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
+                }
+                Err(error) => {
+                    warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
+                    // A lookup that timed out may still have taken the lock: free it, or every
+                    // other process would wait for its TTL.
+                    spawn_release(&self.store, &key, token);
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
+                }
+            };
+            if overwriting && found.lock == LockState::Acquired {
+                // The lock was taken to overwrite a corrupt entry; if another leader has
+                // overwritten it since, use its value instead of loading again.
+                if let Some((Ok(Entry::Value { .. }), Some(ttl))) = &found.entry {
+                    if *ttl > keep {
+                        spawn_release(&self.store, &key, token);
+                        found.lock = LockState::NotRequested;
+                    }
+                }
+            }
+            match found.lock {
+                LockState::Acquired => telemetry::lock(LockEvent::Acquired),
+                LockState::HeldElsewhere => telemetry::lock(LockEvent::Contended),
+                _ => {}
+            }
+            let mut stale = StaleValue::of(&found, keep);
+            let serve_stale = stale.as_ref().is_some_and(|stale| match found.lock {
+                // Serve-while-updating: another leader refreshes it.
+                LockState::HeldElsewhere => self.serves_while_updating(stale),
+                // Stale-if-error: the last refresh failed a moment ago.
+                LockState::Failed => self.serves_on_error(stale),
+                _ => false,
+            });
+            if let Some(stale) = stale.take_if(|_| serve_stale) {
+                return Ok(stale.answer());
+            }
+            match (found.lock, found.entry) {
+                (LockState::Acquired, _) => {
+                    return Box::pin(self.lead(key, token, loader, stale, Some(early))).await;
+                }
+                (_, Some((Ok(Entry::Pass), _))) => {
+                    return Ok(Fetched {
+                        value: None,
+                        outcome: Outcome::Pass,
+                    })
+                }
+                (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
+                    let fresh_for = ttl.unwrap_or_default().saturating_sub(keep);
+                    self.l1_insert(digest, payload.clone(), fresh_for, load_time)
+                        .await;
+                    let fresh_until = Instant::now() + fresh_for;
+                    if self.early_refresh_due(fresh_until, load_time) {
+                        self.refresh_early(digest, loader, fresh_until);
+                    }
+                    return Ok(Fetched {
+                        value: Some(payload),
+                        outcome: if followed {
+                            Outcome::Follower
+                        } else {
+                            Outcome::L2Hit
+                        },
+                    });
+                }
+                (_, Some((Err(Corrupt), _))) if !overwriting => {
+                    self.counters
+                        .corrupt_entries
+                        .fetch_add(1, Ordering::Relaxed);
+                    warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                    overwrite = true;
+                    continue;
+                }
+                (LockState::Failed, _) => return Err(Error::new(ErrorKind::RecentFailure)),
+                (LockState::HeldElsewhere, _) => {
+                    if stale.is_some() {
+                        last_stale = stale;
+                    }
+                }
+                (state, _) => {
+                    // Only a store that breaks the lookup contract gets here.
+                    warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
+                }
+            }
+            // A follower: another leader holds the lock.
+            followed = true;
+            waiting.since.get_or_insert_with(Instant::now);
+            let waited = started.elapsed();
+            if waited >= config.wait_timeout {
+                waiting.ended = Some(WaitEnd::TimedOut);
+                debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
+                return self.after_wait_timeout(&key, loader, last_stale).await;
+            }
+            let pause = backoff.pause().min(config.wait_timeout - waited);
+            waiting.ended = Some(wait_for_fill(&mut filled, pause).await);
+        }
+    }
+
+    /// What a follower does once it has waited `wait_timeout`: the configured policy.
+    async fn after_wait_timeout(
+        &self,
+        key: &StoreKey,
+        loader: BoxLoader,
+        last_stale: Option<StaleValue>,
+    ) -> FlightResult {
+        match self.config.on_wait_timeout {
+            WaitTimeoutPolicy::LoadUncached => {
+                Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached)).await
+            }
+            WaitTimeoutPolicy::LoadAndCache => Box::pin(self.load_and_put(key, loader)).await,
+            WaitTimeoutPolicy::ServeStale => match last_stale {
+                Some(stale) if self.serves_on_error(&stale) => Ok(stale.answer()),
+                _ => Err(Error::new(ErrorKind::WaitTimeout)),
+            },
+            WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backoff(initial_ms: u64, multiplier: f64, max_ms: u64) -> Backoff {
+        Backoff {
+            next: Duration::from_millis(initial_ms),
+            multiplier,
+            max: Duration::from_millis(max_ms),
+        }
+    }
+
+    #[test]
+    fn backoff_pauses_between_half_and_all_of_a_growing_capped_step() {
+        let mut low = backoff(10, 2.0, 50);
+        let lows: Vec<_> = (0..5).map(|_| low.pause_with(0.0)).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(lows, [ms(5), ms(10), ms(20), ms(25), ms(25)]);
+        let mut high = backoff(10, 2.0, 50);
+        let highs: Vec<_> = (0..5).map(|_| high.pause_with(0.999_999)).collect();
+        for (pause, step) in highs.iter().zip([10, 20, 40, 50, 50]) {
+            assert!(
+                *pause <= ms(step) && *pause > ms(step) * 99 / 100,
+                "{pause:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn backoff_survives_hostile_settings() {
+        // A multiplier that overflows a Duration stops at the cap; a zero step stays zero.
+        let mut huge = backoff(1000, f64::MAX, 2000);
+        huge.pause_with(0.5);
+        assert_eq!(huge.next, Duration::from_millis(2000));
+        let mut nan = backoff(1000, f64::NAN, 2000);
+        nan.pause_with(0.5);
+        assert_eq!(nan.next, Duration::from_millis(2000));
+        let mut zero = backoff(0, 2.0, 0);
+        assert_eq!(zero.pause_with(0.5), Duration::ZERO);
+    }
+}

@@ -1,0 +1,293 @@
+//! Loading: the leader's load under the reload lock (renewed by a watchdog while it runs),
+//! its fenced fill, and the release of the lock on every path (the fill itself, an explicit
+//! token-checked release or failure marker, the [`LockGuard`] drop guard, the lock's TTL);
+//! and the loads made without the lock (after a wait timeout, or while the store fails).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::answer::LoadedKind;
+use super::entry;
+use super::flight::{BoxLoader, FlightResult};
+use super::follower::StaleValue;
+use super::telemetry::{self, LockEvent};
+use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
+use crate::store::{KeyDigest, LockToken, Store, StoreKey};
+
+/// The leader's lock, released when dropped unless the fill or an explicit release took it.
+pub(super) struct LockGuard {
+    store: Arc<dyn Store>,
+    key: StoreKey,
+    token: LockToken,
+    armed: bool,
+}
+
+impl LockGuard {
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            // The backstop for a flight torn down mid-load.
+            spawn_release(&self.store, &self.key, self.token);
+        }
+    }
+}
+
+/// A best-effort, token-checked release in a task of its own; without a runtime, the lock's
+/// TTL frees it.
+pub(super) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let (store, key) = (Arc::clone(store), key.clone());
+        runtime.spawn(async move {
+            let _ = store.release(&key, token).await;
+        });
+    }
+}
+
+/// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
+/// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
+struct ReadyValue {
+    encoded: Bytes,
+    value: Bytes,
+    fresh_for: Duration,
+    store_ttl: Duration,
+}
+
+impl Inner {
+    /// Encodes a loaded value with its load time, fresh for `ttl` (or the default TTL).
+    fn ready_to_store(
+        &self,
+        bytes: &[u8],
+        ttl: Option<Duration>,
+        load_time: Duration,
+    ) -> ReadyValue {
+        let fresh_for = ttl.unwrap_or(self.config.ttl);
+        let encoded = entry::encode_value(bytes, load_time);
+        ReadyValue {
+            value: encoded.slice(entry::HEADER_LEN..),
+            encoded,
+            fresh_for,
+            store_ttl: fresh_for.saturating_add(self.config.keep()),
+        }
+    }
+
+    /// Runs a loader in a task of its own, bounded by the load timeout; while it runs, renews
+    /// the lock named by `lock` (the watchdog).
+    pub(super) async fn load(
+        &self,
+        loader: BoxLoader,
+        lock: Option<(&StoreKey, LockToken)>,
+    ) -> Result<Loaded, Error> {
+        self.counters.loads.fetch_add(1, Ordering::Relaxed);
+        let config = &self.config;
+        let started = Instant::now();
+        let mut task = tokio::spawn((loader.run)());
+        let deadline = tokio::time::sleep(config.load_timeout);
+        tokio::pin!(deadline);
+        let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
+        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                joined = &mut task => {
+                    telemetry::load(started.elapsed());
+                    return match joined {
+                        Ok(Ok(loaded)) => Ok(loaded),
+                        Ok(Err(error)) => Err(Error::load(error)),
+                        Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+                    };
+                }
+                () = &mut deadline => {
+                    telemetry::load(started.elapsed());
+                    task.abort();
+                    return Err(Error::load_timeout(config.load_timeout));
+                }
+                _ = renew.tick(), if lock.is_some() => {
+                    if let Some((key, token)) = lock {
+                        match self.store_call(self.store.extend(key, token, config.lock_ttl)).await {
+                            Ok(true) => {
+                                telemetry::lock(LockEvent::Extended);
+                                debug!(?key, "lock extended");
+                            }
+                            Ok(false) => {
+                                telemetry::lock(LockEvent::Lost);
+                                warn!(?key, "lock lost during the load; its fill will be refused");
+                            }
+                            Err(error) => debug!(?key, %error, "lock extension failed"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The leader: load, fill (fenced), and make sure the lock goes on every path. With a
+    /// `stale` value, the flight's callers get it at once (through `early`) when refreshes run
+    /// in the background, and in place of an error if the load fails (stale-if-error).
+    pub(super) async fn lead(
+        &self,
+        key: StoreKey,
+        token: LockToken,
+        loader: BoxLoader,
+        stale: Option<StaleValue>,
+        early: Option<&watch::Sender<Option<FlightResult>>>,
+    ) -> FlightResult {
+        if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
+        {
+            if self.serves_while_updating(stale) {
+                early.send_replace(Some(Ok(Fetched {
+                    value: Some(stale.payload.clone()),
+                    outcome: Outcome::Stale,
+                })));
+            }
+        }
+        let mut guard = LockGuard {
+            store: Arc::clone(&self.store),
+            key,
+            token,
+            armed: true,
+        };
+        let started = Instant::now();
+        let loaded = self.load(loader, Some((&guard.key, token))).await;
+        let load_time = started.elapsed();
+        let loaded = match loaded {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                // Tell every follower, here and elsewhere, instead of letting each of them
+                // take the lock and call the failing backend in turn.
+                let told = if self.config.failure_ttl.is_zero() {
+                    self.store_call(self.store.release(&guard.key, token)).await
+                } else {
+                    self.store_call(self.store.fail(&guard.key, token, self.config.failure_ttl))
+                        .await
+                };
+                if told.is_ok() {
+                    guard.disarm();
+                }
+                return match stale {
+                    Some(stale) if self.serves_on_error(&stale) => {
+                        warn!(key = ?guard.key, %error, "load failed; serving the stale value");
+                        Ok(Fetched {
+                            value: Some(stale.payload),
+                            outcome: Outcome::Stale,
+                        })
+                    }
+                    _ => Err(error),
+                };
+            }
+        };
+        let digest = *guard.key.digest();
+        match loaded.kind {
+            LoadedKind::Value { bytes, ttl } => {
+                let fill = self.ready_to_store(&bytes, ttl, load_time);
+                match self
+                    .store_call(
+                        self.store
+                            .fill(&guard.key, token, fill.encoded, fill.store_ttl),
+                    )
+                    .await
+                {
+                    Ok(filled) => {
+                        // The fill dropped the lock, or the lock was no longer ours.
+                        guard.disarm();
+                        if filled {
+                            self.l1_insert(digest, fill.value.clone(), fill.fresh_for, load_time)
+                                .await;
+                        } else {
+                            telemetry::lock(LockEvent::Lost);
+                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                        }
+                    }
+                    Err(error) => {
+                        warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                        self.l1_insert(digest, fill.value.clone(), fill.fresh_for, load_time)
+                            .await;
+                    }
+                }
+                Ok(Fetched {
+                    value: Some(fill.value),
+                    outcome: Outcome::Leader,
+                })
+            }
+            LoadedKind::Pass => {
+                let pass = entry::encode_pass();
+                if let Ok(true | false) = self
+                    .store_call(
+                        self.store
+                            .fill(&guard.key, token, pass, self.config.pass_ttl),
+                    )
+                    .await
+                {
+                    guard.disarm();
+                }
+                Ok(Fetched {
+                    value: None,
+                    outcome: Outcome::Pass,
+                })
+            }
+        }
+    }
+
+    /// Loads without the store's lock: after a wait timeout, or while the store is failing.
+    pub(super) async fn load_alone(
+        &self,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        outcome: Outcome,
+    ) -> FlightResult {
+        let started = Instant::now();
+        match self.load(loader, None).await?.kind {
+            LoadedKind::Value { bytes, ttl } => {
+                if outcome == Outcome::Degraded {
+                    // Keep this process from reloading while the store is down.
+                    let ttl = ttl.unwrap_or(self.config.ttl);
+                    self.l1_insert(digest, bytes.clone(), ttl, started.elapsed())
+                        .await;
+                }
+                Ok(Fetched {
+                    value: Some(bytes),
+                    outcome,
+                })
+            }
+            LoadedKind::Pass => Ok(Fetched {
+                value: None,
+                outcome: Outcome::Pass,
+            }),
+        }
+    }
+
+    /// Loads without the store's lock after a wait timeout, and stores the value anyway
+    /// ([`WaitTimeoutPolicy::LoadAndCache`](super::WaitTimeoutPolicy::LoadAndCache)).
+    pub(super) async fn load_and_put(&self, key: &StoreKey, loader: BoxLoader) -> FlightResult {
+        let started = Instant::now();
+        let LoadedKind::Value { bytes, ttl } = self.load(loader, None).await?.kind else {
+            return Ok(Fetched {
+                value: None,
+                outcome: Outcome::Pass,
+            });
+        };
+        let load_time = started.elapsed();
+        let fill = self.ready_to_store(&bytes, ttl, load_time);
+        if let Err(error) = self
+            .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
+            .await
+        {
+            warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
+        }
+        self.l1_insert(*key.digest(), fill.value.clone(), fill.fresh_for, load_time)
+            .await;
+        Ok(Fetched {
+            value: Some(fill.value),
+            outcome: Outcome::Leader,
+        })
+    }
+}
