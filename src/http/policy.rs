@@ -9,6 +9,7 @@ use http::header::{
 };
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
+use super::answer::X_CACHE;
 use super::parse::{self, Directive};
 
 /// What the layer does with a request.
@@ -248,7 +249,7 @@ pub(crate) fn is_stored_header(name: &HeaderName, headers: &HeaderMap) -> bool {
         "upgrade",
     ];
     let name = name.as_str();
-    if HOP_BY_HOP.contains(&name) || name == super::X_CACHE.as_str() || name == AGE.as_str() {
+    if HOP_BY_HOP.contains(&name) || name == X_CACHE.as_str() || name == AGE.as_str() {
         return false;
     }
     !headers
