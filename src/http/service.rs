@@ -60,6 +60,19 @@ impl<S> Stampede<S> {
     pub fn into_inner(self) -> S {
         self.inner
     }
+
+    /// The request's key under the [`MakeKey`](super::MakeKey), made apart for requests with
+    /// `Authorization` (see [`key::primary`]); `None` if it cannot describe the request.
+    fn primary_key<B>(&self, request: Request<B>) -> (Request<B>, Option<String>) {
+        // A HEAD is answered from the GET entry, so its key is the GET's.
+        let (mut parts, body) = request.into_parts();
+        let method = std::mem::replace(&mut parts.method, Method::GET);
+        let key = self.config.make_key.make_key(&parts);
+        parts.method = method;
+        let request = Request::from_parts(parts, body);
+        let primary = key.map(|key| key::primary(key, request.headers()));
+        (request, primary)
+    }
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Stampede<S>
@@ -75,8 +88,7 @@ where
     type Error = S::Error;
     type Future = ResponseFuture<Oneshot<S, Request<ReqBody>>, ResBody, S::Error>;
 
-    /// Always ready: hits and waiting followers never touch the inner service, so they must not
-    /// hold its readiness. Every call to the inner service waits for its readiness itself.
+    /// Always ready; see [Backpressure](Stampede#backpressure).
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
@@ -84,31 +96,25 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         // A clone is only ever called through `Oneshot`, which polls it ready first.
         let inner = self.inner.clone();
-        match policy::request_rule(&request, self.config.honor_client_no_cache) {
-            RequestRule::Ignore => ResponseFuture::inner(Oneshot::new(inner, request), None),
-            RequestRule::Bypass => {
-                crate::cache::telemetry::lookup("bypass");
-                ResponseFuture::inner(Oneshot::new(inner, request), Some(BYPASS))
+        let bypassed = match policy::request_rule(&request, self.config.honor_client_no_cache) {
+            RequestRule::Ignore => {
+                return ResponseFuture::inner(Oneshot::new(inner, request), None)
             }
-            RequestRule::Cache => {
-                // A HEAD is answered from the GET entry, so its key is the GET's.
-                let (mut parts, body) = request.into_parts();
-                let method = std::mem::replace(&mut parts.method, Method::GET);
-                let key = self.config.make_key.make_key(&parts);
-                parts.method = method;
-                let request = Request::from_parts(parts, body);
-                let Some(key) = key else {
-                    crate::cache::telemetry::lookup("bypass");
-                    return ResponseFuture::inner(Oneshot::new(inner, request), Some(BYPASS));
-                };
-                let primary = key::primary(key, request.headers());
-                let loading = Loading {
-                    inner,
-                    cache: self.cache.clone(),
-                    config: Arc::clone(&self.config),
-                };
-                ResponseFuture::cached(Box::pin(serve(loading, primary, request)))
-            }
-        }
+            RequestRule::Bypass => request,
+            RequestRule::Cache => match self.primary_key(request) {
+                (request, Some(primary)) => {
+                    let loading = Loading {
+                        inner,
+                        cache: self.cache.clone(),
+                        config: Arc::clone(&self.config),
+                    };
+                    return ResponseFuture::cached(Box::pin(serve(loading, primary, request)));
+                }
+                // The key cannot describe the request.
+                (request, None) => request,
+            },
+        };
+        crate::cache::telemetry::lookup("bypass");
+        ResponseFuture::inner(Oneshot::new(inner, bypassed), Some(BYPASS))
     }
 }
