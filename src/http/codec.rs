@@ -23,9 +23,9 @@ const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;
 const KIND_VARY: u8 = 1;
 
-/// A decoded entry.
+/// What a decoded entry holds: a stored response, or the vary marker under a URL's key.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Entry {
+pub(crate) enum Stored {
     Response(CachedResponse),
     Vary(VaryMarker),
 }
@@ -116,13 +116,13 @@ pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
     Some(buf.freeze())
 }
 
-/// Decodes an entry written by [`encode_response`] or [`encode_vary`].
 /// Fields an answer from the cache adds to the stored ones (`Age`, `x-cache`, and
 /// `Content-Length` when missing): room is made for them when an entry is decoded, so the
 /// answer does not grow the map again.
 const ANSWER_FIELDS: usize = 3;
 
-pub(crate) fn decode(entry: &Bytes) -> Result<Entry, Malformed> {
+/// Decodes an entry written by [`encode_response`] or [`encode_vary`].
+pub(crate) fn decode(entry: &Bytes) -> Result<Stored, Malformed> {
     let mut buf = entry.clone();
     if buf.remaining() < 10 || buf.get_u8() != VERSION {
         return Err(Malformed);
@@ -132,8 +132,8 @@ pub(crate) fn decode(entry: &Bytes) -> Result<Entry, Malformed> {
         .checked_add(Duration::from_millis(buf.get_u64()))
         .ok_or(Malformed)?;
     match kind {
-        KIND_RESPONSE => decode_response(stored_at, buf).map(Entry::Response),
-        KIND_VARY => decode_vary(stored_at, buf).map(Entry::Vary),
+        KIND_RESPONSE => decode_response(stored_at, buf).map(Stored::Response),
+        KIND_VARY => decode_vary(stored_at, buf).map(Stored::Vary),
         _ => Err(Malformed),
     }
 }
@@ -196,7 +196,7 @@ pub(crate) fn accepts_primary(entry: &Bytes) -> bool {
 /// Whether the engine may hand these bytes to the layer as the entry under a variant's key:
 /// a response only.
 pub(crate) fn accepts_variant(entry: &Bytes) -> bool {
-    matches!(decode(entry), Ok(Entry::Response(_)))
+    matches!(decode(entry), Ok(Stored::Response(_)))
 }
 
 /// Milliseconds since the Unix epoch; 0 before it.
@@ -254,7 +254,7 @@ mod tests {
     #[test]
     fn round_trips_status_headers_and_body() {
         let (status, headers, _) = sample();
-        let Ok(Entry::Response(decoded)) = decode(&encode_sample()) else {
+        let Ok(Stored::Response(decoded)) = decode(&encode_sample()) else {
             panic!("not a response")
         };
         assert_eq!(decoded.stored_at, at(1_700_000_000_123));
@@ -276,7 +276,7 @@ mod tests {
             ],
         };
         let entry = encode_vary(&marker).unwrap();
-        assert_eq!(decode(&entry), Ok(Entry::Vary(marker.clone())));
+        assert_eq!(decode(&entry), Ok(Stored::Vary(marker.clone())));
         assert!(accepts_primary(&entry) && !accepts_variant(&entry));
         assert_eq!(marker.remaining(at(42 + 10_000)), Duration::from_secs(50));
         assert_eq!(marker.remaining(at(0)), Duration::from_secs(60));
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(decode(&vary(b"\x00\x01\x00\x01 ")), Err(Malformed));
         assert!(matches!(
             decode(&vary(b"\x00\x01\x00\x01a")),
-            Ok(Entry::Vary(_))
+            Ok(Stored::Vary(_))
         ));
     }
 
@@ -391,7 +391,7 @@ mod tests {
             let entry = Bytes::from(entry);
             let decoded = decode(&entry);
             prop_assert_eq!(accepts_primary(&entry), decoded.is_ok());
-            prop_assert_eq!(accepts_variant(&entry), matches!(decoded, Ok(Entry::Response(_))));
+            prop_assert_eq!(accepts_variant(&entry), matches!(decoded, Ok(Stored::Response(_))));
         }
 
         #[test]
@@ -405,7 +405,7 @@ mod tests {
             let pairs: Vec<_> = headers.iter().map(|(n, v)| (n, v)).collect();
             let chunks: Vec<Bytes> = body.iter().cloned().map(Bytes::from).collect();
             let entry = encode_response(at(stored_at), status, &pairs, &chunks).unwrap();
-            let Ok(Entry::Response(decoded)) = decode(&entry) else {
+            let Ok(Stored::Response(decoded)) = decode(&entry) else {
                 return Err(TestCaseError::fail("not a response"));
             };
             prop_assert_eq!(decoded.stored_at, at(stored_at));
@@ -430,7 +430,7 @@ mod tests {
                 names: names.iter().map(|n| HeaderName::from_bytes(n.as_bytes()).unwrap()).collect(),
             };
             let entry = encode_vary(&marker).unwrap();
-            prop_assert_eq!(decode(&entry), Ok(Entry::Vary(marker)));
+            prop_assert_eq!(decode(&entry), Ok(Stored::Vary(marker)));
         }
     }
 }

@@ -8,8 +8,8 @@ use http::{HeaderValue, Response};
 use http_body::Body;
 use pin_project::pin_project;
 
+use super::answer::marked;
 use super::body::ResponseBody;
-use super::X_CACHE;
 use crate::store::BoxFuture;
 
 /// The response future of [`Stampede`](super::Stampede).
@@ -57,11 +57,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Inner { future, mark } => {
-                let mut response = ready!(future.poll(cx))?.map(ResponseBody::inner);
-                if let Some(mark) = mark.take() {
-                    response.headers_mut().insert(X_CACHE.clone(), mark);
-                }
-                Poll::Ready(Ok(response))
+                let response = ready!(future.poll(cx))?.map(ResponseBody::inner);
+                Poll::Ready(Ok(match mark.take() {
+                    Some(mark) => marked(response, mark),
+                    None => response,
+                }))
             }
             KindProj::Cached { future } => future.as_mut().poll(cx),
         }

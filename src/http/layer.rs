@@ -1,10 +1,10 @@
-//! The layer: configuration only.
+//! The layer: configuration only, and the settings it shares with every service it makes.
 
 use std::sync::Arc;
 
 use tower::Layer;
 
-use super::{HttpConfig, MakeKey, Policy, Stampede};
+use super::{DefaultKey, MakeKey, Policy, RfcPolicy, Stampede};
 use crate::cache::Cache;
 
 /// Wraps services in a [`Stampede`] guard over one [`Cache`]; see the [module docs](super).
@@ -18,8 +18,8 @@ pub struct StampedeLayer {
 }
 
 impl StampedeLayer {
-    /// A layer that caches through `cache`, with the [`DefaultKey`](super::DefaultKey) and
-    /// the [`RfcPolicy`](super::RfcPolicy) without a default TTL.
+    /// A layer that caches through `cache`, with the [`DefaultKey`] and
+    /// the [`RfcPolicy`] without a default TTL.
     pub fn new(cache: Cache) -> Self {
         StampedeLayer {
             cache,
@@ -34,7 +34,7 @@ impl StampedeLayer {
         self
     }
 
-    /// How requests are keyed. Default: [`DefaultKey`](super::DefaultKey) (method, scheme,
+    /// How requests are keyed. Default: [`DefaultKey`] (method, scheme,
     /// authority and path with query).
     ///
     /// Two requests that must not share a response must not share a key. When responses
@@ -124,5 +124,34 @@ impl<S> Layer<S> for StampedeLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Stampede::new(inner, self.cache.clone(), Arc::clone(&self.config))
+    }
+}
+
+/// The layer's settings, shared by every service it makes.
+#[derive(Clone)]
+pub(crate) struct HttpConfig {
+    pub(crate) max_body_bytes: usize,
+    pub(crate) make_key: Arc<dyn MakeKey>,
+    pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) honor_client_no_cache: bool,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 1024 * 1024,
+            make_key: Arc::new(DefaultKey),
+            policy: Arc::new(RfcPolicy::new()),
+            honor_client_no_cache: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("honor_client_no_cache", &self.honor_client_no_cache)
+            .finish_non_exhaustive()
     }
 }

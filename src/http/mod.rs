@@ -96,11 +96,8 @@
 //!
 //! # Backpressure
 //!
-//! [`Stampede`] is always ready: cache hits and followers waiting for another request's load
-//! never call the inner service, so they must not hold its readiness. Each call that does reach
-//! the inner service (a load, a pass, another method) drives a clone of it to readiness first,
-//! inside the response future. Put a concurrency limit *inside* the layer to bound the load on
-//! the backend, or *outside* it to bound requests in flight.
+//! [`Stampede`] is always ready: hits and waiting followers never hold the inner service's
+//! readiness; see [its docs](Stampede#backpressure) for where a concurrency limit goes.
 //!
 //! The inner service, its futures, errors and bodies must be `Send + 'static`: a load runs in a
 //! task of its own, so it completes and fills the cache even if the request that started it
@@ -140,19 +137,19 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
 mod body;
-pub(crate) mod codec;
+mod codec;
 mod conditional;
+mod flow;
 mod future;
 mod key;
 mod layer;
+mod load;
 mod parse;
 mod policy;
 mod service;
-
-use std::sync::Arc;
-
-use http::{HeaderName, HeaderValue};
+mod slot;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
@@ -160,39 +157,3 @@ pub use key::{DefaultKey, MakeKey};
 pub use layer::StampedeLayer;
 pub use policy::{Decision, Policy, RfcPolicy};
 pub use service::Stampede;
-
-/// The header that tells how the layer answered.
-pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
-pub(crate) const HIT: HeaderValue = HeaderValue::from_static("HIT");
-pub(crate) const MISS: HeaderValue = HeaderValue::from_static("MISS");
-pub(crate) const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
-pub(crate) const STALE: HeaderValue = HeaderValue::from_static("STALE");
-
-/// The layer's settings, shared by every service it makes.
-#[derive(Clone)]
-pub(crate) struct HttpConfig {
-    pub(crate) max_body_bytes: usize,
-    pub(crate) make_key: Arc<dyn MakeKey>,
-    pub(crate) policy: Arc<dyn Policy>,
-    pub(crate) honor_client_no_cache: bool,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            max_body_bytes: 1024 * 1024,
-            make_key: Arc::new(DefaultKey),
-            policy: Arc::new(RfcPolicy::new()),
-            honor_client_no_cache: false,
-        }
-    }
-}
-
-impl std::fmt::Debug for HttpConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HttpConfig")
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("honor_client_no_cache", &self.honor_client_no_cache)
-            .finish_non_exhaustive()
-    }
-}

@@ -1,5 +1,8 @@
 //! The one place that decides what is cached: request rules, the replaceable response
 //! [`Policy`] and its default, [`RfcPolicy`], and which headers are stored.
+//!
+//! Past 500 lines because of its tests: the rules are about 260 lines, and the tests of every
+//! rule stay beside it, so that one file shows what is cached and the proof of it.
 
 use std::time::{Duration, SystemTime};
 
@@ -9,6 +12,7 @@ use http::header::{
 };
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
+use super::answer::X_CACHE;
 use super::parse::{self, Directive};
 
 /// What the layer does with a request.
@@ -248,7 +252,7 @@ pub(crate) fn is_stored_header(name: &HeaderName, headers: &HeaderMap) -> bool {
         "upgrade",
     ];
     let name = name.as_str();
-    if HOP_BY_HOP.contains(&name) || name == super::X_CACHE.as_str() || name == AGE.as_str() {
+    if HOP_BY_HOP.contains(&name) || name == X_CACHE.as_str() || name == AGE.as_str() {
         return false;
     }
     !headers

@@ -1,0 +1,152 @@
+//! Building the responses the layer returns: from a stored response (with `Age`, and `304 Not
+//! Modified` where the request's preconditions say so), from a response passed through, or
+//! made by the layer itself; and the `x-cache` field that says how each was answered.
+
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::header::{AGE, CONTENT_LENGTH};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+
+use super::body::ResponseBody;
+use super::codec::{self, CachedResponse, Stored};
+use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
+use crate::cache::Outcome;
+
+/// The header that tells how the layer answered.
+pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+/// `x-cache`: from the cache (L1, the shared store, or another request's load).
+pub(crate) const HIT: HeaderValue = HeaderValue::from_static("HIT");
+/// `x-cache`: this request's own load filled the cache (or the layer made the response).
+pub(crate) const MISS: HeaderValue = HeaderValue::from_static("MISS");
+/// `x-cache`: passed to the inner service, not cacheable.
+pub(crate) const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
+/// `x-cache`: a stale response.
+pub(crate) const STALE: HeaderValue = HeaderValue::from_static("STALE");
+
+/// A response to a cacheable request, or the inner service's error.
+pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+/// `response` with `x-cache: mark`.
+pub(crate) fn marked<B>(mut response: Response<B>, mark: HeaderValue) -> Response<B> {
+    response.headers_mut().insert(X_CACHE.clone(), mark);
+    response
+}
+
+/// What a request asked for besides its key, kept apart from the request, which a load takes.
+pub(crate) struct Asked {
+    head: bool,
+    conditions: Option<Conditions>,
+}
+
+impl Asked {
+    pub(crate) fn of<B>(request: &Request<B>) -> Self {
+        Asked {
+            head: request.method() == Method::HEAD,
+            conditions: Conditions::of(request.headers()),
+        }
+    }
+}
+
+/// The answer from the variant entry this request's own load of the URL left (a response).
+pub(crate) fn own_entry<B: Body>(
+    entry: &Bytes,
+    outcome: Outcome,
+    asked: &Asked,
+) -> Response<ResponseBody<B>> {
+    match codec::decode(entry) {
+        Ok(Stored::Response(cached)) => answer(cached, outcome, asked),
+        _ => synthesized(StatusCode::BAD_GATEWAY),
+    }
+}
+
+/// A response passed through to this request, without its body if the request was a `HEAD`
+/// (its load was a `GET`), but with the length the body has, when it is known.
+pub(crate) fn without_body<B, E>(passed: Answer<B, E>, asked: &Asked) -> Answer<B, E>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut response = passed?;
+    if !asked.head {
+        return Ok(response);
+    }
+    if let Some(length) = response.body().size_hint().exact() {
+        if !response.headers().contains_key(CONTENT_LENGTH)
+            && response.status() != StatusCode::NOT_MODIFIED
+            && has_content(response.status())
+        {
+            response
+                .headers_mut()
+                .insert(CONTENT_LENGTH, HeaderValue::from(length));
+        }
+    }
+    Ok(response.map(|_| ResponseBody::empty()))
+}
+
+/// The answer from a cached response: the response (without its body for a `HEAD`), or
+/// `304 Not Modified` if the request's preconditions say so; with `Age` and `x-cache`.
+pub(crate) fn answer<B: Body>(
+    cached: CachedResponse,
+    outcome: Outcome,
+    asked: &Asked,
+) -> Response<ResponseBody<B>> {
+    let mark = match outcome {
+        Outcome::Leader | Outcome::Uncached | Outcome::Degraded => MISS,
+        Outcome::Stale => STALE,
+        _ => HIT,
+    };
+    let now = SystemTime::now();
+    let age = now
+        .duration_since(cached.stored_at)
+        .unwrap_or_default()
+        .as_secs()
+        .min(1 << 31);
+    let not_modified = asked
+        .conditions
+        .as_ref()
+        .is_some_and(|c| c.not_modified(&cached, now));
+    // A HEAD or a 304 has no body to measure: say the length of the 200's.
+    let length = HeaderValue::from(cached.body.len());
+    let mut response = if not_modified {
+        let mut response = Response::new(ResponseBody::empty());
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
+        for name in NOT_MODIFIED_FIELDS.iter().chain([&CONTENT_LENGTH]) {
+            for value in cached.headers.get_all(name) {
+                response.headers_mut().append(name.clone(), value.clone());
+            }
+        }
+        response
+    } else {
+        let body = if asked.head {
+            ResponseBody::empty()
+        } else {
+            ResponseBody::cached(cached.body)
+        };
+        let mut response = Response::new(body);
+        *response.status_mut() = cached.status;
+        *response.headers_mut() = cached.headers;
+        response
+    };
+    if !response.headers().contains_key(CONTENT_LENGTH) && has_content(cached.status) {
+        response.headers_mut().insert(CONTENT_LENGTH, length);
+    }
+    response.headers_mut().insert(AGE, HeaderValue::from(age));
+    marked(response, mark)
+}
+
+/// Whether a response with this status may say its length (RFC 9110 §8.6: never 1xx, 204).
+fn has_content(status: StatusCode) -> bool {
+    !status.is_informational() && status != StatusCode::NO_CONTENT
+}
+
+/// A response the layer makes itself when there is neither a cached response nor a way to
+/// reach the inner service for this request.
+pub(crate) fn synthesized<B: Body>(status: StatusCode) -> Response<ResponseBody<B>> {
+    let mut response = marked(Response::new(ResponseBody::empty()), MISS);
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+    response
+}

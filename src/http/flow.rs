@@ -1,0 +1,215 @@
+//! The path of one cacheable request through the cache: a fetch of the URL's key and, when it
+//! holds a vary marker, a second fetch of the request's variant key (the two-step `Vary`
+//! protocol of [`key`](super::key)). Each fetch is one flight of the engine, whose leader runs
+//! [`load`](super::load); the request itself waits in its [`Slot`] for whichever loader or
+//! fallback sends it.
+//!
+//! A request is answered from the cache, by its own load, by the inner service directly (for a
+//! pass), or with a gateway error (for a load that failed here or elsewhere).
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use tokio::sync::{oneshot, watch};
+use tower::util::Oneshot;
+use tower::Service;
+use tracing::{debug, warn};
+
+use super::answer::{answer, marked, own_entry, synthesized, without_body, Answer, Asked, BYPASS};
+use super::body::ResponseBody;
+use super::codec::{self, Stored};
+use super::load::{load, Loading, Own, Step};
+use super::slot::Slot;
+use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
+
+/// A cacheable request under the URL's key `primary`: served from the cache, by this
+/// request's own load, or (for a pass or a failed load elsewhere) by the inner service directly.
+pub(crate) async fn serve<S, ReqBody, ResBody>(
+    loading: Loading<S>,
+    primary: String,
+    request: Request<ReqBody>,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    let asked = Asked::of(&request);
+    let slot = Slot::new(request);
+    let cache = loading.cache.clone();
+
+    // Step one: the URL's key.
+    let (to_leader, mut from_loader) = oneshot::channel();
+    let loader = {
+        let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
+        move || load(loading, primary, Step::Primary, slot, to_leader)
+    };
+    let fetched = cache
+        .fetch_accepting(&primary, codec::accepts_primary, loader)
+        .await;
+    let (marker, outcome) = match decoded(&fetched) {
+        Some((Stored::Response(cached), outcome)) => return Ok(answer(cached, outcome, &asked)),
+        Some((Stored::Vary(marker), outcome)) => (marker, outcome),
+        // The colder paths are boxed, so the future of every request (a hit's included) stays
+        // small to build and move.
+        None => {
+            return Box::pin(answer_without_entry(
+                fetched,
+                from_loader,
+                &slot,
+                loading.inner,
+                &asked,
+                None,
+            ))
+            .await
+        }
+    };
+    // A marker. This request's own load of the URL may have answered already, or may hold the
+    // request: it then loads (a refresh of the marker, started as the marker was served) and
+    // its answer is this request's answer.
+    let mut own = from_loader.try_recv().ok();
+    let variant = match own {
+        None => slot.follow(&primary, &marker),
+        Some(_) => None,
+    };
+    let Some((variant, done)) = variant else {
+        if own.is_none() {
+            own = from_loader.await.ok();
+        }
+        let fallback = match own {
+            Some(Own::Variant(entry, outcome)) => return Ok(own_entry(&entry, outcome, &asked)),
+            Some(Own::Passed { answer, failed }) if !failed => return without_body(answer, &asked),
+            Some(Own::Passed { answer, .. }) => Some(answer),
+            None => None,
+        };
+        // The load failed: a variant may still be there (stale or fresh) to stand in for it.
+        // Its key comes from the request as it was sent.
+        return match (slot.sent_variant(&primary, &marker.names), fallback) {
+            (Some(variant), fallback) => {
+                Box::pin(stand_in(&cache, &variant, &asked, outcome, fallback)).await
+            }
+            (None, Some(answer)) => without_body(answer, &asked),
+            (None, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
+        };
+    };
+
+    // Step two: the variant's key.
+    let (to_leader, from_loader) = oneshot::channel();
+    let loader = {
+        let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
+        let names = marker.names.clone();
+        move || load(loading, primary, Step::Variant(names), slot, to_leader)
+    };
+    let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
+    match decoded(&fetched) {
+        Some((Stored::Response(cached), outcome)) => Ok(answer(cached, outcome, &asked)),
+        _ => {
+            Box::pin(answer_without_entry(
+                fetched,
+                from_loader,
+                &slot,
+                loading.inner,
+                &asked,
+                Some(done),
+            ))
+            .await
+        }
+    }
+}
+
+/// After this request's own load of a marked URL failed: the variant, if the store still has
+/// one to stand in for the failure, else the failure itself (or a gateway error). Nothing
+/// loads: the variant's loader has no request, so a variant that must be loaded fails too.
+async fn stand_in<B, E>(
+    cache: &Cache,
+    variant: &str,
+    asked: &Asked,
+    outcome: Outcome,
+    failure: Option<Answer<B, E>>,
+) -> Answer<B, E>
+where
+    B: Body<Data = Bytes>,
+{
+    let fetched = cache
+        .fetch_accepting(variant, codec::accepts_variant, || async {
+            Err::<Loaded, _>("the request went to the failed load of its URL")
+        })
+        .await;
+    match (decoded(&fetched), failure) {
+        (Some((Stored::Response(cached), found)), _) => {
+            // Stale if either the marker or the variant was.
+            let outcome = if outcome == Outcome::Stale {
+                outcome
+            } else {
+                found
+            };
+            Ok(answer(cached, outcome, asked))
+        }
+        (_, Some(failure)) => without_body(failure, asked),
+        (_, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
+    }
+}
+
+/// The entry a fetch found, decoded, and how it was found.
+fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Outcome)> {
+    let fetched = fetched.as_ref().ok()?;
+    let value = fetched.value()?;
+    match codec::decode(value) {
+        Ok(stored) => Some((stored, fetched.outcome())),
+        Err(codec::Malformed) => {
+            // The engine only hands over entries the codec accepts: a bug, not bad bytes.
+            warn!("cached entry is not a response; passing the request through");
+            None
+        }
+    }
+}
+
+/// The answer when a fetch found no response: this request's own load's answer, a gateway
+/// error for a failed load, or the inner service directly for a pass. `done` is dropped once
+/// this request is done with the slot (see [`Slot::follow`]).
+async fn answer_without_entry<S, ReqBody, ResBody>(
+    fetched: Result<Fetched, crate::Error>,
+    mut from_loader: oneshot::Receiver<Own<ResBody, S::Error>>,
+    slot: &Slot<ReqBody>,
+    inner: S,
+    asked: &Asked,
+    done: Option<watch::Sender<bool>>,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    match from_loader.try_recv() {
+        Ok(Own::Passed { answer, .. }) => return without_body(answer, asked),
+        Ok(Own::Variant(entry, outcome)) => return Ok(own_entry(&entry, outcome, asked)),
+        Err(_) => {}
+    }
+    // A failed load (this request's or another's, here or in another process) is answered
+    // with a gateway error rather than by calling the failing inner service again; a pass
+    // goes to the inner service directly.
+    let failed = match fetched {
+        Ok(_) => None,
+        Err(error) => {
+            debug!(%error, "no cached response");
+            Some(match error.kind() {
+                ErrorKind::WaitTimeout | ErrorKind::LoadTimeout => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::BAD_GATEWAY,
+            })
+        }
+    };
+    let request = slot.take_back();
+    // Done with the request: a refresh of the URL's marker waiting for it may go on.
+    drop(done);
+    match (failed, request) {
+        (None, Some(request)) => {
+            let response = Oneshot::new(inner, request).await?;
+            Ok(marked(response.map(ResponseBody::inner), BYPASS))
+        }
+        (Some(status), _) => Ok(synthesized(status)),
+        // This request's own load took the request and ended without an answer for it.
+        (None, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
+    }
+}

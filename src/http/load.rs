@@ -1,0 +1,285 @@
+//! The loader of a cacheable request: calls the inner service (a `GET`, without the
+//! preconditions the layer answers itself), asks the [`Policy`](super::Policy) whether the
+//! response may be stored, reads its body up to the size limit, and encodes it for the cache.
+//! Whatever cannot be stored goes, intact, to this request's own caller.
+//!
+//! A response with `Vary` loaded for the URL's key is stored under the request's variant key,
+//! and the URL's key gets the vary marker (see [`key`]).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{IF_MODIFIED_SINCE, IF_NONE_MATCH};
+use http::{HeaderMap, HeaderName, Method, Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::sync::oneshot;
+use tower::util::Oneshot;
+use tower::Service;
+use tracing::debug;
+
+use super::answer::{marked, Answer, BYPASS};
+use super::body::ResponseBody;
+use super::codec::{self, VaryMarker};
+use super::key;
+use super::layer::HttpConfig;
+use super::parse::{self, Vary};
+use super::policy::{self, Decision};
+use super::slot::{Claim, Slot};
+use crate::cache::{BoxError, Cache, Loaded, Outcome};
+
+/// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a
+/// second key) and the settings.
+pub(crate) struct Loading<S> {
+    pub(crate) inner: S,
+    pub(crate) cache: Cache,
+    pub(crate) config: Arc<HttpConfig>,
+}
+
+impl<S: Clone> Clone for Loading<S> {
+    fn clone(&self) -> Self {
+        Loading {
+            inner: self.inner.clone(),
+            cache: self.cache.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// The key a loader loads for.
+pub(crate) enum Step {
+    /// The URL's key: a response without `Vary`, or a vary marker.
+    Primary,
+    /// A variant's key, under a marker naming these fields.
+    Variant(Vec<HeaderName>),
+}
+
+/// What a loader hands straight to its own caller.
+// Made once per load and moved once, through a oneshot: boxing would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Own<B: Body, E> {
+    /// A response passed through (not stored), or the inner service's error; `failed` if the
+    /// load failed (an error, a server error, a body that failed), so that a stale response
+    /// may stand in for it.
+    Passed { answer: Answer<B, E>, failed: bool },
+    /// The response under the caller's variant key, the primary key now holding the vary
+    /// marker: the one it loaded, or (if a fresh one was there already) that one.
+    Variant(Bytes, Outcome),
+}
+
+/// Loads for `step` of the request in `slot`; see the [module docs](self).
+pub(crate) async fn load<S, ReqBody, ResBody>(
+    loading: Loading<S>,
+    primary: String,
+    step: Step,
+    slot: Slot<ReqBody>,
+    to_leader: oneshot::Sender<Own<ResBody, S::Error>>,
+) -> Result<Loaded, BoxError>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    let request = match slot.claim(&step).await {
+        Claim::Request(request) => request,
+        Claim::Restore(marker) => return restore(&marker),
+        Claim::Gone => return Err("the request was already sent".into()),
+    };
+    let (mut parts, body) = request.into_parts();
+    let asked = parts.clone();
+    parts.method = Method::GET;
+    parts.headers.remove(IF_NONE_MATCH);
+    parts.headers.remove(IF_MODIFIED_SINCE);
+    let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
+        Ok(response) => response,
+        Err(error) => {
+            let _ = to_leader.send(Own::Passed {
+                answer: Err(error),
+                failed: true,
+            });
+            return Err("the inner service failed".into());
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let passed = |body: ResponseBody<ResBody>, failed: bool| Own::Passed {
+        answer: Ok(marked(Response::from_parts(parts.clone(), body), BYPASS)),
+        failed,
+    };
+    let ttl = match loading.config.policy.decide(&asked, &parts) {
+        Decision::Store(ttl) if !ttl.is_zero() => ttl,
+        Decision::Fail => {
+            // A failed load: a stale response, if there is one, is served in its place.
+            let _ = to_leader.send(passed(ResponseBody::inner(body), true));
+            return Err(format!("the inner service answered {}", parts.status).into());
+        }
+        _ => {
+            let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+            return Ok(Loaded::pass());
+        }
+    };
+    let names = match (parse::vary(&parts.headers), &step) {
+        (Vary::None, _) => Vec::new(),
+        // A variant may be stored under a key that names more fields than it varies on, never
+        // fewer.
+        (Vary::Names(names), Step::Variant(keyed)) if names.iter().all(|n| keyed.contains(n)) => {
+            names
+        }
+        (Vary::Names(names), Step::Primary) => names,
+        (Vary::Names(_) | Vary::Unkeyable, _) => {
+            let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+            return Ok(Loaded::pass());
+        }
+    };
+    let chunks = match read_body(Box::pin(body), loading.config.max_body_bytes).await {
+        Read::Complete(chunks) => chunks,
+        Read::Stopped {
+            read,
+            trailers,
+            error,
+            rest,
+        } => {
+            let failed = error.is_some();
+            let body = ResponseBody::replay(read, trailers, error, rest);
+            let _ = to_leader.send(passed(body, failed));
+            return if failed {
+                Err("the response body failed".into())
+            } else {
+                Ok(Loaded::pass())
+            };
+        }
+    };
+    let now = SystemTime::now();
+    // `Age` is counted from when the response was generated, as far as the cache knows.
+    let stored_at = now
+        .checked_sub(policy::age(&parts.headers))
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let stored: Vec<_> = parts
+        .headers
+        .iter()
+        .filter(|(name, _)| policy::is_stored_header(name, &parts.headers))
+        .collect();
+    let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks) else {
+        let body = ResponseBody::replay(chunks, None, None, None);
+        let _ = to_leader.send(passed(body, false));
+        return Ok(Loaded::pass());
+    };
+    if names.is_empty() || matches!(step, Step::Variant(_)) {
+        return Ok(Loaded::value_with_ttl(entry, ttl));
+    }
+    // A response with `Vary`, loaded for the URL's key: the response goes under this request's
+    // variant key, and a marker naming the fields under the URL's key. The variant is filled
+    // before the marker, so a request that finds the marker finds the variant.
+    let marker = VaryMarker {
+        stored_at: now,
+        ttl,
+        names,
+    };
+    let Some(marker_entry) = codec::encode_vary(&marker) else {
+        let _ = to_leader.send(Own::Variant(entry, Outcome::Uncached));
+        return Ok(Loaded::pass());
+    };
+    let variant = key::variant(&primary, &marker.names, &asked.headers);
+    let loaded = entry.clone();
+    let filled = loading
+        .cache
+        .fetch_accepting(variant, codec::accepts_variant, move || async move {
+            Ok::<_, Infallible>(Loaded::value_with_ttl(loaded, ttl))
+        })
+        .await;
+    // A fresh variant already there (refreshed on its own) is kept, and is the answer: the
+    // caller never sees an older response after a newer one. A stale one is being replaced
+    // by this load.
+    let own = match filled {
+        Ok(fetched) => match (fetched.outcome(), fetched.into_value()) {
+            (Outcome::L1Hit | Outcome::L2Hit | Outcome::Follower, Some(value))
+                if value != entry =>
+            {
+                Own::Variant(value, Outcome::L1Hit)
+            }
+            _ => Own::Variant(entry, Outcome::Leader),
+        },
+        Err(error) => {
+            debug!(%error, "the variant was not stored");
+            Own::Variant(entry, Outcome::Uncached)
+        }
+    };
+    let _ = to_leader.send(own);
+    Ok(Loaded::value_with_ttl(marker_entry, ttl))
+}
+
+/// A run of the URL's loader whose request went to the variant's loader: the marker is stored
+/// again for what it had left (at least a second), instead of a load without a request.
+fn restore(marker: &VaryMarker) -> Result<Loaded, BoxError> {
+    let entry = codec::encode_vary(marker).ok_or("the vary marker cannot be encoded")?;
+    let left = marker
+        .remaining(SystemTime::now())
+        .max(Duration::from_secs(1));
+    Ok(Loaded::value_with_ttl(entry, left))
+}
+
+/// How reading a body for the cache ended.
+enum Read<B: Body> {
+    /// All of it, within the limit, with no trailers.
+    Complete(Vec<Bytes>),
+    /// Not storable: over the limit, with trailers, or failed. Holds what was read, then what
+    /// stopped the read, then the unread rest.
+    Stopped {
+        read: Vec<Bytes>,
+        trailers: Option<HeaderMap>,
+        error: Option<B::Error>,
+        rest: Option<Pin<Box<B>>>,
+    },
+}
+
+async fn read_body<B>(mut body: Pin<Box<B>>, limit: usize) -> Read<B>
+where
+    B: Body<Data = Bytes>,
+{
+    let mut read = Vec::new();
+    if body.size_hint().lower() > limit as u64 {
+        return Read::Stopped {
+            read,
+            trailers: None,
+            error: None,
+            rest: Some(body),
+        };
+    }
+    let mut len = 0usize;
+    loop {
+        match body.frame().await {
+            None => return Read::Complete(read),
+            Some(Err(error)) => {
+                return Read::Stopped {
+                    read,
+                    trailers: None,
+                    error: Some(error),
+                    rest: None,
+                }
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(chunk) => {
+                    len = len.saturating_add(chunk.len());
+                    read.push(chunk);
+                    if len > limit {
+                        return Read::Stopped {
+                            read,
+                            trailers: None,
+                            error: None,
+                            rest: Some(body),
+                        };
+                    }
+                }
+                Err(frame) => {
+                    return Read::Stopped {
+                        read,
+                        trailers: frame.into_trailers().ok(),
+                        error: None,
+                        rest: Some(body),
+                    }
+                }
+            },
+        }
+    }
+}

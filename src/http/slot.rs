@@ -1,0 +1,123 @@
+//! The request slot: a cacheable request waiting to be sent, shared between its caller and
+//! its loaders. A loader takes the request if it runs; otherwise the caller still has it if it
+//! must go to the inner service itself.
+//!
+//! A response with `Vary` makes two steps (see [`key`]): the URL's key, then the
+//! variant's. When the caller follows a vary marker to its variant, the request is kept for the
+//! variant's loader first; a later run of the URL's loader (an early refresh, or the refresh of
+//! a stale marker) waits until the variant is done with the request, then refreshes the marker
+//! with it, or, if the variant's loader sent it, stores the marker again for what it had left.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use http::{HeaderMap, HeaderName, Request};
+use tokio::sync::watch;
+
+use super::codec::VaryMarker;
+use super::key;
+use super::load::Step;
+
+/// The slot of one request; clones share it.
+pub(crate) struct Slot<B>(Arc<Mutex<Pending<B>>>);
+
+impl<B> Clone for Slot<B> {
+    fn clone(&self) -> Self {
+        Slot(Arc::clone(&self.0))
+    }
+}
+
+struct Pending<B> {
+    request: Option<Request<B>>,
+    /// The request's headers, left here by the loader that took it (to key a variant).
+    sent_headers: Option<HeaderMap>,
+    /// Set when the caller follows a vary marker to its variant.
+    following: Option<VaryMarker>,
+    /// Turns true (or its sender goes away) once the variant's step is done with the request.
+    variant_done: Option<watch::Receiver<bool>>,
+}
+
+/// What a loader found in the slot.
+pub(crate) enum Claim<B> {
+    Request(Request<B>),
+    /// The caller follows this marker to a variant: store it again instead of loading.
+    Restore(VaryMarker),
+    Gone,
+}
+
+impl<B> Slot<B> {
+    pub(crate) fn new(request: Request<B>) -> Self {
+        Slot(Arc::new(Mutex::new(Pending {
+            request: Some(request),
+            sent_headers: None,
+            following: None,
+            variant_done: None,
+        })))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Pending<B>> {
+        // Nothing panics while the slot is locked; a poisoned slot is still consistent.
+        crate::sync::lock(&self.0)
+    }
+
+    /// The caller follows `marker`, found under `primary`: if the request is still here, it is
+    /// kept for the variant's loader from now on. Returns the variant's key and the sender that
+    /// tells a waiting loader of the URL when the variant's step is done with the request
+    /// (when it turns true or goes away).
+    pub(crate) fn follow(
+        &self,
+        primary: &str,
+        marker: &VaryMarker,
+    ) -> Option<(String, watch::Sender<bool>)> {
+        let mut pending = self.lock();
+        let request = pending.request.as_ref()?;
+        let variant = key::variant(primary, &marker.names, request.headers());
+        let (done, variant_done) = watch::channel(false);
+        pending.following = Some(marker.clone());
+        pending.variant_done = Some(variant_done);
+        Some((variant, done))
+    }
+
+    /// The variant key under `primary` for `names` of the request as a loader sent it, if one
+    /// did.
+    pub(crate) fn sent_variant(&self, primary: &str, names: &[HeaderName]) -> Option<String> {
+        let pending = self.lock();
+        let sent = pending.sent_headers.as_ref()?;
+        Some(key::variant(primary, names, sent))
+    }
+
+    /// The request, taken back by its caller to send it itself; `None` if a loader took it.
+    pub(crate) fn take_back(&self) -> Option<Request<B>> {
+        self.lock().request.take()
+    }
+
+    /// The request for a loader of `step`; see the [module docs](self).
+    pub(crate) async fn claim(&self, step: &Step) -> Claim<B> {
+        let following = {
+            let mut pending = self.lock();
+            match (step, &pending.following) {
+                (Step::Primary, Some(marker)) => (marker.clone(), pending.variant_done.clone()),
+                _ => return pending.take().map_or(Claim::Gone, Claim::Request),
+            }
+        };
+        // The caller follows the marker to its variant: once the variant is done with the
+        // request (answered from the cache, or loaded), this loader may take it and refresh
+        // the marker.
+        let (marker, done) = following;
+        if let Some(mut done) = done {
+            // An error only means the caller is gone, which is done as well.
+            let _ = done.wait_for(|done| *done).await;
+        }
+        self.lock()
+            .take()
+            .map_or(Claim::Restore(marker), Claim::Request)
+    }
+}
+
+impl<B> Pending<B> {
+    /// The request, for a loader: its headers stay here, to key a variant.
+    fn take(&mut self) -> Option<Request<B>> {
+        let request = self.request.take()?;
+        self.sent_headers = Some(request.headers().clone());
+        Some(request)
+    }
+}
