@@ -153,7 +153,7 @@ fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache) -> Vec<String> {
     let mut keys = Vec::new();
     for i in 0.. {
         let key = format!("key-{i}");
-        if nodes.insert(cluster.node_of(&cache.store_key(&key).value_name())) {
+        if nodes.insert(cluster.node_of(&RedisStore::value_name(&cache.store_key(&key)))) {
             keys.push(key);
         }
         if nodes.len() == 3 {

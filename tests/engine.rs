@@ -65,7 +65,7 @@ impl Shared {
                     .await
                     .unwrap();
                 let _: () = conn
-                    .set_ex(store_key.value_name(), bytes, 60)
+                    .set_ex(RedisStore::value_name(&store_key), bytes, 60)
                     .await
                     .unwrap();
             }
@@ -382,7 +382,7 @@ async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten() {
 async fn a_value_of_a_foreign_redis_type_is_a_miss() {
     let shared = Shared::redis().await;
     let cache = shared.cache().build();
-    let name = cache.store_key("typed").value_name();
+    let name = RedisStore::value_name(&cache.store_key("typed"));
     let mut conn = shared.connection().await;
     let _: () = conn.hset(&name, "field", "value").await.unwrap();
     let loads = Counter::default();
@@ -1663,7 +1663,7 @@ async fn the_fresh_marker_follows_the_value_and_heals() {
     let cache = builder().build();
     let loads = Counter::default();
     let key = cache.store_key("marked");
-    let (value_name, lock_name) = (key.value_name(), key.lock_name());
+    let (value_name, lock_name) = (RedisStore::value_name(&key), RedisStore::lock_name(&key));
     cache
         .get_or_load("marked", slow_value(&loads, Duration::ZERO, "v1"))
         .await

@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | `mod.rs` | `RedisStore`, its constructors and accessors |
 //! | `builder.rs` | `RedisStoreBuilder`: URLs, timeouts, TLS, redacted addresses |
+//! | `names.rs` | the names of a key's value and lock in Redis, and of the fill channels |
 //! | `connection.rs` | the connection to a server or a cluster; running scripts; errors |
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
@@ -20,6 +21,7 @@
 
 mod builder;
 mod connection;
+mod names;
 mod notifications;
 mod scripts;
 mod store;

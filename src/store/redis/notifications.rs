@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 
 use super::builder::{no_url, RedisStoreBuilder, Target};
 use super::connection::Connection;
+use super::names::{channel, namespace_of};
 use crate::store::{KeyDigest, Notifier, StoreKey};
 
 /// The process's one subscriber connection (RESP3, resubscribing by itself after a
@@ -23,11 +24,6 @@ pub(super) struct Notifications {
     pub(super) notifier: Notifier,
     /// Namespaces whose channel is subscribed (or being subscribed).
     channels: Arc<Mutex<HashSet<Arc<str>>>>,
-}
-
-/// The channel on which fills and releases of a namespace's keys are published.
-pub(super) fn channel(namespace: &str) -> String {
-    format!("{namespace}:filled")
 }
 
 impl Notifications {
@@ -131,9 +127,7 @@ fn wake_followers(notifier: &Notifier, push: PushInfo) {
     let [Value::BulkString(channel), Value::BulkString(digest)] = push.data.as_slice() else {
         return;
     };
-    let namespace = std::str::from_utf8(channel)
-        .ok()
-        .and_then(|c| c.strip_suffix(":filled"));
+    let namespace = std::str::from_utf8(channel).ok().and_then(namespace_of);
     let digest = std::str::from_utf8(digest)
         .ok()
         .and_then(KeyDigest::from_hex);

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult};
 use tracing::warn;
 
-use super::notifications::channel;
+use super::names::channel;
 use super::scripts::{command, lock_value, script_call, EXTEND, FAIL, FILL, LOOKUP, PUT, RELEASE};
 use super::RedisStore;
 use crate::store::{
@@ -75,7 +75,10 @@ fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
 }
 
 fn release_call(key: &StoreKey, token: LockToken) -> Cmd {
-    let mut call = script_call(&RELEASE, &[&key.value_name(), &key.lock_name()]);
+    let mut call = script_call(
+        &RELEASE,
+        &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+    );
     call.arg(&token.hex_bytes()[..])
         .arg(channel(key.namespace()))
         .arg(&key.digest().hex_bytes()[..]);
@@ -90,7 +93,7 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         refresh_below: Duration,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let (value_name, lock_name) = (key.value_name(), key.lock_name());
+        let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
         let below = u64::try_from(refresh_below.as_millis()).unwrap_or(u64::MAX);
         let lock = lock_value(token, below);
         let lock_ms = millis(lock_ttl);
@@ -174,7 +177,10 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&FILL, &[&key.value_name(), &key.lock_name()]);
+        let mut call = script_call(
+            &FILL,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
         call.arg(&token.hex_bytes()[..])
             .arg(value.as_ref())
             .arg(millis(ttl))
@@ -200,7 +206,7 @@ impl Store for RedisStore {
         token: LockToken,
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&EXTEND, &[&key.lock_name()]);
+        let mut call = script_call(&EXTEND, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(lock_ttl));
         Box::pin(async move {
             let extended: i64 = self.run(&EXTEND, &call).await?;
@@ -214,7 +220,7 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(&PUT, &[&key.value_name()]);
+        let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
         call.arg(value.as_ref())
             .arg(millis(ttl))
             .arg(channel(key.namespace()))
@@ -226,7 +232,7 @@ impl Store for RedisStore {
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        let value_name = key.value_name();
+        let value_name = RedisStore::value_name(key);
         let mut pipeline = Pipeline::with_capacity(2);
         pipeline
             .add_command(command(2, "GET", &value_name))
@@ -249,7 +255,7 @@ impl Store for RedisStore {
         token: LockToken,
         failure_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&FAIL, &[&key.lock_name()]);
+        let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..])
             .arg(millis(failure_ttl))
             .arg(channel(key.namespace()))
