@@ -72,7 +72,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, warn, Instrument};
 
-use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, Store, StoreError, StoreKey};
+use crate::store::{
+    BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Store, StoreError, StoreKey,
+};
 use breaker::{Admit, Breaker};
 use entry::Entry;
 use telemetry::{LockEvent, WaitEnd};
@@ -864,7 +866,12 @@ impl Inner {
                 filled.mark_seen();
             }
             let lookup = match self
-                .store_call(self.store.lookup(&key, token, config.lock_ttl, below))
+                .store_call(self.store.lookup(
+                    &key,
+                    token,
+                    config.lock_ttl,
+                    LockWhen::LifeAtMost(below),
+                ))
                 .await
             {
                 Ok(lookup) => lookup,
@@ -962,16 +969,13 @@ impl Inner {
             if let Some(filled) = filled.as_mut() {
                 filled.mark_seen();
             }
-            let refresh_below = if std::mem::take(&mut overwrite) {
-                Duration::MAX
+            let lock_when = if std::mem::take(&mut overwrite) {
+                LockWhen::Always
             } else {
-                keep
+                LockWhen::LifeAtMost(keep)
             };
             let lookup = match self
-                .store_call(
-                    self.store
-                        .lookup(&key, token, config.lock_ttl, refresh_below),
-                )
+                .store_call(self.store.lookup(&key, token, config.lock_ttl, lock_when))
                 .await
             {
                 Ok(lookup) => lookup,
@@ -992,7 +996,7 @@ impl Inner {
                 .as_ref()
                 .map(|stored| (loader.decode(&stored.bytes), stored.ttl));
             let mut lock = lookup.lock;
-            if refresh_below == Duration::MAX && lock == LockState::Acquired {
+            if lock_when == LockWhen::Always && lock == LockState::Acquired {
                 // The lock was taken to overwrite a corrupt entry; if another leader has
                 // overwritten it since, use its value instead of loading again.
                 if let Some((Ok(Entry::Value { .. }), Some(ttl))) = &entry {
@@ -1048,7 +1052,7 @@ impl Inner {
                         },
                     });
                 }
-                (_, Some((Err(entry::Corrupt), _))) if refresh_below != Duration::MAX => {
+                (_, Some((Err(entry::Corrupt), _))) if lock_when != LockWhen::Always => {
                     self.counters
                         .corrupt_entries
                         .fetch_add(1, Ordering::Relaxed);

@@ -5,7 +5,7 @@
 //!
 //! | call | what it does |
 //! | --- | --- |
-//! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire, try `SET lock NX PX` |
+//! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire (see [`LockWhen`]), try `SET lock NX PX` |
 //! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
@@ -65,6 +65,20 @@ pub enum LockState {
     /// The last load failed a moment ago (see [`Store::fail`]): nobody may reload until the
     /// failure marker expires, and followers fail (or serve stale) at once.
     Failed,
+}
+
+/// When a [`Store::lookup`] asks for the reload lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockWhen {
+    /// When the value is absent, or its remaining life in the store is at most this (a value
+    /// without expiry counts as stale). The engine passes how long a value is kept in the store
+    /// past its freshness, so the lock is asked for exactly when the value is stale.
+    LifeAtMost(Duration),
+    /// Whatever the value's remaining life: for a value that must be replaced, fresh or not
+    /// (the engine overwrites a corrupt entry this way). The lock is still only taken where
+    /// nobody holds it.
+    Always,
 }
 
 /// The answer of a [`Store::lookup`].
@@ -140,17 +154,19 @@ impl std::error::Error for StoreError {}
 /// Durations are rounded down to whole milliseconds, with a floor of one millisecond and a
 /// ceiling of about 34 years.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
-    /// Reads the value of `key`; if it is absent, or its remaining life is at most
-    /// `refresh_below`, also tries to take the lock with `token` for `lock_ttl`.
+    /// Reads the value of `key` and, when `lock_when` says so, also tries to take its lock
+    /// with `token` for `lock_ttl`.
     ///
-    /// A value whose remaining life is more than `refresh_below` is returned with
-    /// [`LockState::NotRequested`]. A value without expiry is never fresh.
+    /// With [`LockWhen::LifeAtMost`], a value whose remaining life is more than the bound is
+    /// fresh: it is returned with [`LockState::NotRequested`]. An absent value, or one with
+    /// less life left, or one without expiry, is stale: the lookup asks for the lock. With
+    /// [`LockWhen::Always`] it asks for the lock whatever it finds.
     fn lookup(
         &self,
         key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-        refresh_below: Duration,
+        lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>>;
 
     /// Fenced write: if the lock of `key` still holds `token`, stores `value` for `ttl`, deletes

@@ -12,7 +12,8 @@ use super::names::channel;
 use super::scripts::{command, lock_value, script_call, EXTEND, FAIL, FILL, LOOKUP, PUT, RELEASE};
 use super::RedisStore;
 use crate::store::{
-    millis, BoxFuture, FillWatch, LockState, LockToken, Lookup, Store, StoreError, StoreKey, Stored,
+    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError,
+    StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -91,10 +92,18 @@ impl Store for RedisStore {
         key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-        refresh_below: Duration,
+        lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
         let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
-        let below = u64::try_from(refresh_below.as_millis()).unwrap_or(u64::MAX);
+        // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
+        // no remaining life exceeds (a fill under that lock then leaves no marker: the next
+        // lookup takes the lock of a fresh value and puts the marker back).
+        let (below, by_script) = match lock_when {
+            LockWhen::LifeAtMost(life) => {
+                (u64::try_from(life.as_millis()).unwrap_or(u64::MAX), false)
+            }
+            LockWhen::Always => (u64::MAX, true),
+        };
         let lock = lock_value(token, below);
         let lock_ms = millis(lock_ttl);
         let script = move |value_name: &str, lock_name: &str, lock: &[u8]| {
@@ -102,7 +111,7 @@ impl Store for RedisStore {
             call.arg(lock).arg(lock_ms).arg(below);
             call
         };
-        if refresh_below == Duration::MAX || !self.pipelined.load(Ordering::Relaxed) {
+        if by_script || !self.pipelined.load(Ordering::Relaxed) {
             return Box::pin(self.lookup_by_script(script(&value_name, &lock_name, &lock)));
         }
         // One round trip of three plain commands: the lock is taken only where no `fresh`
