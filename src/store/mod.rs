@@ -21,6 +21,7 @@
 //! Stores hold opaque bytes; the [`cache`](crate::cache) engine decides what they mean, so a
 //! store never needs to parse a value.
 
+mod error;
 pub(crate) mod key;
 mod memory;
 mod notify;
@@ -34,6 +35,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use error::{StoreError, StoreErrorKind};
 pub use key::{KeyDigest, LockToken, StoreKey};
 pub use memory::MemoryStore;
 pub use notify::{FillWatch, Notifier};
@@ -89,60 +91,6 @@ pub struct Lookup {
     /// Whether the lock was asked for and who holds it.
     pub lock: LockState,
 }
-
-/// An error from a store: the store could not be reached or answered something unexpected.
-///
-/// The engine treats every store error the same way: it falls back to protection within this
-/// process, so a store error is never an outage.
-#[derive(Clone)]
-pub struct StoreError {
-    message: std::sync::Arc<str>,
-    /// The call was not made: the engine's circuit breaker is open.
-    skipped: bool,
-}
-
-impl StoreError {
-    /// A store error with a message (used by store implementations).
-    pub fn new(message: impl fmt::Display) -> Self {
-        StoreError {
-            message: message.to_string().into(),
-            skipped: false,
-        }
-    }
-
-    pub(crate) fn timeout(after: Duration) -> Self {
-        StoreError::new(format_args!("store call timed out after {after:?}"))
-    }
-
-    pub(crate) fn circuit_open() -> Self {
-        StoreError {
-            message: "store call skipped: the circuit breaker is open".into(),
-            skipped: true,
-        }
-    }
-
-    /// Whether the call was never made, because the circuit breaker was open (so it cannot
-    /// have taken a lock).
-    pub(crate) fn skipped(&self) -> bool {
-        self.skipped
-    }
-}
-
-impl fmt::Debug for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreError")
-            .field("message", &self.message)
-            .finish()
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for StoreError {}
 
 /// A shared store of values and reload locks.
 ///

@@ -12,10 +12,10 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisResult};
 use tracing::warn;
 
-use super::connection::Connection;
+use super::connection::{store_error, Connection};
 use super::notifications::Notifications;
 use super::RedisStore;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// Where a store connects, as the user gave it (credentials included: never print it).
 #[derive(Clone)]
@@ -141,13 +141,15 @@ impl RedisStoreBuilder {
             Target::Server(_) => {
                 let info = infos.first().cloned().ok_or_else(no_url);
                 let client = info.and_then(|info| self.client(info)).map_err(|e| {
-                    StoreError::new(format_args!("invalid Redis settings for {address}: {e}"))
+                    StoreError::with_source(
+                        StoreErrorKind::Configuration,
+                        format_args!("invalid Redis settings for {address}"),
+                        e,
+                    )
                 })?;
                 let connection = ConnectionManager::new_with_config(client, self.manager_config())
                     .await
-                    .map_err(|e| {
-                        StoreError::new(format_args!("cannot connect to {address}: {e}"))
-                    })?;
+                    .map_err(|e| store_error(format_args!("cannot connect to {address}"), e))?;
                 Connection::Server(connection)
             }
             #[cfg(feature = "cluster")]
@@ -156,14 +158,17 @@ impl RedisStoreBuilder {
                     .cluster_client(infos.iter().cloned())
                     .build()
                     .map_err(|e| {
-                        StoreError::new(format_args!(
-                            "invalid Redis Cluster settings for {address}: {e}"
-                        ))
+                        StoreError::with_source(
+                            StoreErrorKind::Configuration,
+                            format_args!("invalid Redis Cluster settings for {address}"),
+                            e,
+                        )
                     })?;
                 let connection = client.get_async_connection().await.map_err(|e| {
-                    StoreError::new(format_args!(
-                        "cannot connect to the Redis Cluster at {address}: {e}"
-                    ))
+                    store_error(
+                        format_args!("cannot connect to the Redis Cluster at {address}"),
+                        e,
+                    )
                 })?;
                 Connection::Cluster(connection)
             }
@@ -194,11 +199,18 @@ impl RedisStoreBuilder {
             let address = redact(url);
             let info = url.as_str().into_connection_info().map_err(|e| {
                 if cfg!(not(feature = "tls")) && address.starts_with("rediss://") {
-                    StoreError::new(format_args!(
-                        "invalid Redis URL {address}: rediss:// (TLS) needs the `tls` feature of tower-stampede"
-                    ))
+                    StoreError::of_kind(
+                        StoreErrorKind::Configuration,
+                        format_args!(
+                            "invalid Redis URL {address}: rediss:// (TLS) needs the `tls` feature of tower-stampede"
+                        ),
+                    )
                 } else {
-                    StoreError::new(format_args!("invalid Redis URL {address}: {e}"))
+                    StoreError::with_source(
+                        StoreErrorKind::Configuration,
+                        format_args!("invalid Redis URL {address}"),
+                        e,
+                    )
                 }
             })?;
             #[cfg(feature = "tls")]
@@ -206,7 +218,10 @@ impl RedisStoreBuilder {
             infos.push(info);
         }
         if infos.is_empty() {
-            return Err(StoreError::new("no Redis URL given"));
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                "no Redis URL given",
+            ));
         }
         Ok(infos)
     }
@@ -218,14 +233,18 @@ impl RedisStoreBuilder {
         if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
             install_crypto_provider();
         } else if self.root_certificates.is_some() {
-            return Err(StoreError::new(format_args!(
-                "invalid Redis URL {address}: TLS root certificates are set, so it must be rediss://"
-            )));
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                format_args!(
+                    "invalid Redis URL {address}: TLS root certificates are set, so it must be rediss://"
+                ),
+            ));
         }
         if let Some(pem) = &self.root_certificates {
             use rustls::pki_types::{pem::PemObject, CertificateDer};
             if !CertificateDer::pem_slice_iter(pem).any(|cert| cert.is_ok()) {
-                return Err(StoreError::new(
+                return Err(StoreError::of_kind(
+                    StoreErrorKind::Configuration,
                     "the TLS root certificates hold no PEM certificate",
                 ));
             }

@@ -5,10 +5,14 @@
 use redis::aio::{ConnectionLike, ConnectionManager};
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisResult, Script, ServerErrorKind};
+use std::fmt;
+
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisResult, Script, ServerErrorKind,
+};
 
 use super::RedisStore;
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 
 /// A connection to one server or to a cluster; cheap to clone, never locked.
 #[derive(Clone)]
@@ -79,11 +83,98 @@ impl RedisStore {
         self.connection
             .invoke(script, call)
             .await
-            .map_err(|e| self.error(&e))
+            .map_err(|error| self.error(error))
     }
 
     /// A Redis error as a store error, with the server's address (never its credentials).
-    pub(super) fn error(&self, error: &redis::RedisError) -> StoreError {
-        StoreError::new(format_args!("Redis at {}: {error}", self.address))
+    pub(super) fn error(&self, error: RedisError) -> StoreError {
+        store_error(format_args!("Redis at {}", self.address), error)
+    }
+}
+
+/// A Redis error as the source of a store error, with `message` saying what failed.
+pub(super) fn store_error(message: impl fmt::Display, error: RedisError) -> StoreError {
+    StoreError::with_source(kind_of(&error), message, error)
+}
+
+/// What a Redis error means for a store call.
+fn kind_of(error: &RedisError) -> StoreErrorKind {
+    if error.is_timeout() {
+        return StoreErrorKind::Timeout;
+    }
+    if error.is_io_error() || error.is_connection_dropped() {
+        return StoreErrorKind::Connection;
+    }
+    match error.kind() {
+        ErrorKind::InvalidClientConfig => StoreErrorKind::Configuration,
+        ErrorKind::AuthenticationFailed
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::RESP3NotSupported
+        | ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::BusyLoading,
+        ) => StoreErrorKind::Connection,
+        // Refused credentials, as a reply to the handshake or to a command.
+        _ if matches!(error.code(), Some("NOAUTH" | "WRONGPASS")) => StoreErrorKind::Connection,
+        _ => StoreErrorKind::Protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply_error(reply: &[u8]) -> RedisError {
+        match redis::parse_redis_value(reply).and_then(redis::Value::extract_error) {
+            Err(error) => error,
+            Ok(value) => panic!("not an error reply: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn redis_errors_have_the_kind_of_what_went_wrong() {
+        let io = |kind| RedisError::from(std::io::Error::from(kind));
+        assert_eq!(
+            kind_of(&io(std::io::ErrorKind::TimedOut)),
+            StoreErrorKind::Timeout
+        );
+        assert_eq!(
+            kind_of(&io(std::io::ErrorKind::ConnectionRefused)),
+            StoreErrorKind::Connection
+        );
+        assert_eq!(
+            kind_of(&RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "bad URL"
+            ))),
+            StoreErrorKind::Configuration
+        );
+        assert_eq!(
+            kind_of(&reply_error(b"-NOAUTH Authentication required.\r\n")),
+            StoreErrorKind::Connection
+        );
+        assert_eq!(
+            kind_of(&reply_error(b"-CLUSTERDOWN The cluster is down\r\n")),
+            StoreErrorKind::Connection
+        );
+        assert_eq!(
+            kind_of(&reply_error(b"-ERR syntax error\r\n")),
+            StoreErrorKind::Protocol
+        );
+        assert_eq!(
+            kind_of(&reply_error(b"-WRONGTYPE Operation against a key\r\n")),
+            StoreErrorKind::Protocol
+        );
+    }
+
+    #[test]
+    fn the_redis_error_is_the_source() {
+        let error = store_error("Redis at redis://h:1/", reply_error(b"-ERR boom\r\n"));
+        assert_eq!(error.kind(), StoreErrorKind::Protocol);
+        assert!(error.to_string().starts_with("Redis at redis://h:1/: "));
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert!(source.is_some_and(|source| source.contains("boom")));
     }
 }

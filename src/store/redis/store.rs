@@ -13,7 +13,7 @@ use super::scripts::{command, lock_value, script_call, EXTEND, FAIL, FILL, LOOKU
 use super::RedisStore;
 use crate::store::{
     millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError,
-    StoreKey, Stored,
+    StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -27,10 +27,13 @@ impl RedisStore {
             2 => LockState::HeldElsewhere,
             3 => LockState::Failed,
             other => {
-                return Err(StoreError::new(format_args!(
-                    "unexpected lock state {other} from Redis at {}",
-                    self.address
-                )))
+                return Err(StoreError::of_kind(
+                    StoreErrorKind::Protocol,
+                    format_args!(
+                        "unexpected lock state {other} from Redis at {}",
+                        self.address
+                    ),
+                ))
             }
         };
         Ok(Lookup {
@@ -46,7 +49,7 @@ impl RedisStore {
         value: RedisResult<Option<Vec<u8>>>,
         pttl: RedisResult<i64>,
     ) -> Result<Option<Stored>, StoreError> {
-        let pttl = pttl.map_err(|error| self.error(&error))?;
+        let pttl = pttl.map_err(|error| self.error(error))?;
         Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
     }
 
@@ -139,7 +142,7 @@ impl Store for RedisStore {
                 .connection
                 .pipeline(&pipeline)
                 .await
-                .map_err(|error| self.error(&error))?;
+                .map_err(|error| self.error(error))?;
             let held = match held {
                 Ok(held) => held,
                 Err(error) if self.pipeline_refused(&error) => {
@@ -148,7 +151,7 @@ impl Store for RedisStore {
                     let script = script(&value_name, &lock_name, &lock);
                     return self.lookup_by_script(script).await;
                 }
-                Err(error) => return Err(self.error(&error)),
+                Err(error) => return Err(self.error(error)),
             };
             // A value of a foreign type counts as absent: the fill overwrites it.
             let value = self.read(value, pttl)?;
@@ -253,7 +256,7 @@ impl Store for RedisStore {
                 .connection
                 .pipeline(&pipeline)
                 .await
-                .map_err(|error| self.error(&error))?;
+                .map_err(|error| self.error(error))?;
             self.read(value, pttl)
         })
     }
