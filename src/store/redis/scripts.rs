@@ -8,7 +8,8 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Script};
 
-use crate::store::LockToken;
+use super::names::channel;
+use crate::store::{LockToken, StoreKey};
 
 /// Get the value; if absent or about to expire, try to take the lock (a `fresh` marker does not
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
@@ -40,16 +41,19 @@ return {v, ttl, 2}
     )
 });
 
+/// The lock functions the fenced scripts share.
+///
 /// `owns(lock)`: whether the lock (`KEYS[2]` in `FILL`, `RELEASE`; `KEYS[1]` in the others) is
 /// held by the token `ARGV[1]`, as `<token>:<refresh below>`, and the lock's value.
-/// `settle(lock, l, life)`: replaces the held lock `l` by the `fresh` marker for as long as a
-/// value with `life` ms left stays fresh (above the lock's refresh bound), or deletes it.
-const OWNS: &str = r"
+/// `unlock(lock, l, life)`: frees the held lock `l`, leaving the `fresh` marker in its place for
+/// as long as a value with `life` ms left stays fresh (above the lock's refresh bound), or
+/// nothing once it is not.
+const LOCK_FUNCTIONS: &str = r"
 local function owns(lock)
   local l = redis.call('GET', lock)
   return l and string.sub(l, 1, 33) == ARGV[1] .. ':', l
 end
-local function settle(lock, l, life)
+local function unlock(lock, l, life)
   local fresh = life - (tonumber(string.sub(l, 34)) or math.huge)
   if fresh >= 1 then
     redis.call('SET', lock, 'fresh', 'PX', fresh)
@@ -64,12 +68,12 @@ end
 /// the channel, `ARGV[5]` the key's digest).
 pub(super) static FILL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{OWNS}{}",
+        "{LOCK_FUNCTIONS}{}",
         r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-settle(KEYS[2], l, tonumber(ARGV[3]))
+unlock(KEYS[2], l, tonumber(ARGV[3]))
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 "
@@ -80,11 +84,11 @@ return 1
 /// fresh, else the lock is deleted; then publish "filled" so followers retry at once.
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{OWNS}{}",
+        "{LOCK_FUNCTIONS}{}",
         r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
-settle(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 "
@@ -95,7 +99,7 @@ return 1
 /// then publish so followers fail at once.
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{OWNS}{}",
+        "{LOCK_FUNCTIONS}{}",
         r"
 if not owns(KEYS[1]) then return 0 end
 redis.call('SET', KEYS[1], 'failed', 'PX', ARGV[2])
@@ -119,7 +123,7 @@ return 1
 /// Compare-and-PEXPIRE of the lock.
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        "{OWNS}{}",
+        "{LOCK_FUNCTIONS}{}",
         r"
 if not owns(KEYS[1]) then return 0 end
 return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -145,6 +149,13 @@ pub(super) fn command(args: usize, name: &str, key: &str) -> Cmd {
     let mut command = Cmd::with_capacity(args, 96 + key.len());
     command.arg(name).arg(key);
     command
+}
+
+/// Adds the arguments with which a script publishes "filled" for `key`: its namespace's
+/// channel and its digest.
+pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey) {
+    call.arg(channel(key.namespace()))
+        .arg(&key.digest().hex_bytes()[..]);
 }
 
 /// A leader's lock value: its token, then the remaining life (ms) below which the value it

@@ -8,8 +8,9 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult};
 use tracing::warn;
 
-use super::names::channel;
-use super::scripts::{command, lock_value, script_call, EXTEND, FAIL, FILL, LOOKUP, PUT, RELEASE};
+use super::scripts::{
+    command, lock_value, publish_filled, script_call, EXTEND, FAIL, FILL, LOOKUP, PUT, RELEASE,
+};
 use super::RedisStore;
 use crate::store::{
     millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError,
@@ -83,9 +84,8 @@ fn release_call(key: &StoreKey, token: LockToken) -> Cmd {
         &RELEASE,
         &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
     );
-    call.arg(&token.hex_bytes()[..])
-        .arg(channel(key.namespace()))
-        .arg(&key.digest().hex_bytes()[..]);
+    call.arg(&token.hex_bytes()[..]);
+    publish_filled(&mut call, key);
     call
 }
 
@@ -195,9 +195,8 @@ impl Store for RedisStore {
         );
         call.arg(&token.hex_bytes()[..])
             .arg(value.as_ref())
-            .arg(millis(ttl))
-            .arg(channel(key.namespace()))
-            .arg(&key.digest().hex_bytes()[..]);
+            .arg(millis(ttl));
+        publish_filled(&mut call, key);
         Box::pin(async move {
             let filled: i64 = self.run(&FILL, &call).await?;
             Ok(filled == 1)
@@ -233,10 +232,8 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
-        call.arg(value.as_ref())
-            .arg(millis(ttl))
-            .arg(channel(key.namespace()))
-            .arg(&key.digest().hex_bytes()[..]);
+        call.arg(value.as_ref()).arg(millis(ttl));
+        publish_filled(&mut call, key);
         Box::pin(async move {
             let _: i64 = self.run(&PUT, &call).await?;
             Ok(())
@@ -268,10 +265,8 @@ impl Store for RedisStore {
         failure_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
-        call.arg(&token.hex_bytes()[..])
-            .arg(millis(failure_ttl))
-            .arg(channel(key.namespace()))
-            .arg(&key.digest().hex_bytes()[..]);
+        call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
+        publish_filled(&mut call, key);
         Box::pin(async move {
             let failed: i64 = self.run(&FAIL, &call).await?;
             Ok(failed == 1)
