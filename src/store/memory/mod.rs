@@ -278,3 +278,6 @@ impl Store for MemoryStore {
         Some(self.notifier.watch(key))
     }
 }
+
+#[cfg(test)]
+mod tests;
