@@ -20,6 +20,10 @@
 //!
 //! Stores hold opaque bytes; the [`cache`](crate::cache) engine decides what they mean, so a
 //! store never needs to parse a value.
+//!
+//! A failed call is a [`StoreError`]: its [`kind`](StoreError::kind) says what went wrong, its
+//! `source()` the client's own error. The engine answers every kind the same way, by falling
+//! back to protection within this process.
 
 mod error;
 pub(crate) mod key;
