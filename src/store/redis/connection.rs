@@ -136,37 +136,36 @@ mod tests {
     #[test]
     fn redis_errors_have_the_kind_of_what_went_wrong() {
         let io = |kind| RedisError::from(std::io::Error::from(kind));
-        assert_eq!(
-            kind_of(&io(std::io::ErrorKind::TimedOut)),
-            StoreErrorKind::Timeout
-        );
-        assert_eq!(
-            kind_of(&io(std::io::ErrorKind::ConnectionRefused)),
-            StoreErrorKind::Connection
-        );
-        assert_eq!(
-            kind_of(&RedisError::from((
-                ErrorKind::InvalidClientConfig,
-                "bad URL"
-            ))),
-            StoreErrorKind::Configuration
-        );
-        assert_eq!(
-            kind_of(&reply_error(b"-NOAUTH Authentication required.\r\n")),
-            StoreErrorKind::Connection
-        );
-        assert_eq!(
-            kind_of(&reply_error(b"-CLUSTERDOWN The cluster is down\r\n")),
-            StoreErrorKind::Connection
-        );
-        assert_eq!(
-            kind_of(&reply_error(b"-ERR syntax error\r\n")),
-            StoreErrorKind::Protocol
-        );
-        assert_eq!(
-            kind_of(&reply_error(b"-WRONGTYPE Operation against a key\r\n")),
-            StoreErrorKind::Protocol
-        );
+        let cases = [
+            (io(std::io::ErrorKind::TimedOut), StoreErrorKind::Timeout),
+            (
+                io(std::io::ErrorKind::ConnectionRefused),
+                StoreErrorKind::Connection,
+            ),
+            (
+                RedisError::from((ErrorKind::InvalidClientConfig, "bad URL")),
+                StoreErrorKind::Configuration,
+            ),
+            (
+                reply_error(b"-NOAUTH Authentication required.\r\n"),
+                StoreErrorKind::Connection,
+            ),
+            (
+                reply_error(b"-CLUSTERDOWN The cluster is down\r\n"),
+                StoreErrorKind::Connection,
+            ),
+            (
+                reply_error(b"-ERR syntax error\r\n"),
+                StoreErrorKind::Protocol,
+            ),
+            (
+                reply_error(b"-WRONGTYPE Operation against a key\r\n"),
+                StoreErrorKind::Protocol,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(kind_of(&error), kind, "{error}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::{Cmd, Pipeline, RedisResult};
+use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::warn;
 
 use super::scripts::{
@@ -41,6 +41,13 @@ impl RedisStore {
             value: stored(value, pttl),
             lock,
         })
+    }
+
+    /// Runs a script fenced by the lock's token: it answers 1 if the lock held the token (and
+    /// the script did its work), 0 if not.
+    async fn run_fenced(&self, script: &Script, call: Cmd) -> Result<bool, StoreError> {
+        let done: i64 = self.run(script, &call).await?;
+        Ok(done == 1)
     }
 
     /// The value from the replies to a pipelined `GET` and `PTTL` of it; a value of a foreign
@@ -197,18 +204,12 @@ impl Store for RedisStore {
             .arg(value.as_ref())
             .arg(millis(ttl));
         publish_filled(&mut call, key);
-        Box::pin(async move {
-            let filled: i64 = self.run(&FILL, &call).await?;
-            Ok(filled == 1)
-        })
+        Box::pin(self.run_fenced(&FILL, call))
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
         let call = release_call(key, token);
-        Box::pin(async move {
-            let released: i64 = self.run(&RELEASE, &call).await?;
-            Ok(released == 1)
-        })
+        Box::pin(self.run_fenced(&RELEASE, call))
     }
 
     fn extend(
@@ -219,10 +220,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&EXTEND, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(lock_ttl));
-        Box::pin(async move {
-            let extended: i64 = self.run(&EXTEND, &call).await?;
-            Ok(extended == 1)
-        })
+        Box::pin(self.run_fenced(&EXTEND, call))
     }
 
     fn put(
@@ -267,10 +265,7 @@ impl Store for RedisStore {
         let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
         publish_filled(&mut call, key);
-        Box::pin(async move {
-            let failed: i64 = self.run(&FAIL, &call).await?;
-            Ok(failed == 1)
-        })
+        Box::pin(self.run_fenced(&FAIL, call))
     }
 
     fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
