@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::{start_leader, Counter, RedisCluster};
-use tower_stampede::store::{LockState, LockToken, RedisStore, Store};
+use tower_stampede::store::{LockState, LockToken, LockWhen, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
 
 /// A process's view of the cluster: a store with connections (and a subscriber) of its own.
@@ -117,12 +117,12 @@ async fn every_store_call_works_on_every_node() {
         let key = cache.store_key(key);
         let (token, other) = (LockToken::random(), LockToken::random());
         let lookup = store
-            .lookup(&key, token, ttl, Duration::ZERO)
+            .lookup(&key, token, ttl, LockWhen::LifeAtMost(Duration::ZERO))
             .await
             .unwrap();
         assert_eq!((lookup.value, lookup.lock), (None, LockState::Acquired));
         let lookup = store
-            .lookup(&key, other, ttl, Duration::ZERO)
+            .lookup(&key, other, ttl, LockWhen::LifeAtMost(Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(lookup.lock, LockState::HeldElsewhere);
@@ -137,11 +137,17 @@ async fn every_store_call_works_on_every_node() {
         store.put(&key, "put".into(), ttl).await.unwrap();
         assert_eq!(store.get(&key).await.unwrap().unwrap().bytes, "put");
         // Nobody holds the lock now: a stale-enough value lets a lookup take it again.
-        let lookup = store.lookup(&key, token, ttl, ttl).await.unwrap();
+        let lookup = store
+            .lookup(&key, token, ttl, LockWhen::LifeAtMost(ttl))
+            .await
+            .unwrap();
         assert_eq!(lookup.lock, LockState::Acquired);
         assert_eq!(lookup.value.unwrap().bytes, "put");
         assert!(store.fail(&key, token, ttl).await.unwrap());
-        let lookup = store.lookup(&key, other, ttl, ttl).await.unwrap();
+        let lookup = store
+            .lookup(&key, other, ttl, LockWhen::LifeAtMost(ttl))
+            .await
+            .unwrap();
         assert_eq!(lookup.lock, LockState::Failed);
         assert!(!store.release(&key, token).await.unwrap());
     }
@@ -153,7 +159,7 @@ fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache) -> Vec<String> {
     let mut keys = Vec::new();
     for i in 0.. {
         let key = format!("key-{i}");
-        if nodes.insert(cluster.node_of(&cache.store_key(&key).value_name())) {
+        if nodes.insert(cluster.node_of(&RedisStore::value_name(&cache.store_key(&key)))) {
             keys.push(key);
         }
         if nodes.len() == 3 {

@@ -11,8 +11,8 @@ use redis::AsyncCommands;
 use support::{start_leader, Counter, RedisServer};
 use tokio::sync::Notify;
 use tower_stampede::store::{
-    BoxFuture, LockState, LockToken, Lookup, MemoryStore, RedisStore, Store, StoreError, StoreKey,
-    Stored,
+    BoxFuture, LockState, LockToken, LockWhen, Lookup, MemoryStore, RedisStore, Store, StoreError,
+    StoreKey, Stored,
 };
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
@@ -65,7 +65,7 @@ impl Shared {
                     .await
                     .unwrap();
                 let _: () = conn
-                    .set_ex(store_key.value_name(), bytes, 60)
+                    .set_ex(RedisStore::value_name(&store_key), bytes, 60)
                     .await
                     .unwrap();
             }
@@ -206,7 +206,12 @@ async fn a_follower_takes_over_from_a_leader_that_died_holding_the_lock() {
         let dead = LockToken::random();
         let lookup = shared
             .store
-            .lookup(&key, dead, Duration::from_millis(300), Duration::ZERO)
+            .lookup(
+                &key,
+                dead,
+                Duration::from_millis(300),
+                LockWhen::LifeAtMost(Duration::ZERO),
+            )
             .await
             .unwrap();
         assert_eq!(lookup.lock, LockState::Acquired);
@@ -243,12 +248,12 @@ async fn locks_are_released_and_extended_only_by_their_owner() {
         let (owner, intruder) = (LockToken::random(), LockToken::random());
         let ttl = Duration::from_secs(10);
         let first = store
-            .lookup(&key, owner, ttl, Duration::ZERO)
+            .lookup(&key, owner, ttl, LockWhen::LifeAtMost(Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(first.lock, LockState::Acquired, "{}", shared.name);
         let second = store
-            .lookup(&key, intruder, ttl, Duration::ZERO)
+            .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(second.lock, LockState::HeldElsewhere, "{}", shared.name);
@@ -274,7 +279,7 @@ async fn locks_are_released_and_extended_only_by_their_owner() {
         );
         // Still the owner's lock.
         let third = store
-            .lookup(&key, intruder, ttl, Duration::ZERO)
+            .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(third.lock, LockState::HeldElsewhere, "{}", shared.name);
@@ -290,7 +295,7 @@ async fn locks_are_released_and_extended_only_by_their_owner() {
             shared.name
         );
         let fourth = store
-            .lookup(&key, intruder, ttl, Duration::ZERO)
+            .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
             .await
             .unwrap();
         assert_eq!(
@@ -314,7 +319,7 @@ async fn a_late_fill_cannot_overwrite_a_newer_value() {
         let lock_ttl = Duration::from_millis(50);
         assert_eq!(
             store
-                .lookup(&key, late, lock_ttl, Duration::ZERO)
+                .lookup(&key, late, lock_ttl, LockWhen::LifeAtMost(Duration::ZERO))
                 .await
                 .unwrap()
                 .lock,
@@ -324,7 +329,7 @@ async fn a_late_fill_cannot_overwrite_a_newer_value() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(
             store
-                .lookup(&key, newer, lock_ttl, Duration::ZERO)
+                .lookup(&key, newer, lock_ttl, LockWhen::LifeAtMost(Duration::ZERO))
                 .await
                 .unwrap()
                 .lock,
@@ -382,7 +387,7 @@ async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten() {
 async fn a_value_of_a_foreign_redis_type_is_a_miss() {
     let shared = Shared::redis().await;
     let cache = shared.cache().build();
-    let name = cache.store_key("typed").value_name();
+    let name = RedisStore::value_name(&cache.store_key("typed"));
     let mut conn = shared.connection().await;
     let _: () = conn.hset(&name, "field", "value").await.unwrap();
     let loads = Counter::default();
@@ -420,7 +425,10 @@ async fn a_failed_load_is_shared_and_releases_the_lock() {
         for caller in callers {
             let error = caller.await.unwrap().unwrap_err();
             assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
-            assert!(error.to_string().contains("backend down"));
+            // The loader's own error is the source, and `Display` does not repeat it.
+            let source = std::error::Error::source(&error).expect("the loader's error");
+            assert!(source.to_string().contains("backend down"));
+            assert!(!error.to_string().contains("backend down"), "{error}");
         }
         assert_eq!(loads.get(), 1, "{}", shared.name);
         // The lock became a failure marker: nobody reloads until it expires (1 s by default).
@@ -430,7 +438,7 @@ async fn a_failed_load_is_shared_and_releases_the_lock() {
                 &cache.store_key("failing"),
                 LockToken::random(),
                 Duration::from_secs(5),
-                Duration::ZERO,
+                LockWhen::LifeAtMost(Duration::ZERO),
             )
             .await
             .unwrap();
@@ -450,7 +458,7 @@ async fn a_failed_load_is_shared_and_releases_the_lock() {
                 &cache.store_key("failing-again"),
                 LockToken::random(),
                 Duration::from_secs(5),
-                Duration::ZERO,
+                LockWhen::LifeAtMost(Duration::ZERO),
             )
             .await
             .unwrap();
@@ -490,7 +498,7 @@ async fn hold_lock(shared: &Shared, cache: &Cache, key: &str) -> LockToken {
             &cache.store_key(key),
             token,
             Duration::from_secs(60),
-            Duration::MAX,
+            LockWhen::Always,
         )
         .await
         .unwrap();
@@ -960,16 +968,13 @@ impl Store for Observed {
         key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-        refresh_below: Duration,
+        lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
         self.lookups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let key = key.clone();
         Box::pin(async move {
-            let answer = self
-                .inner
-                .lookup(&key, token, lock_ttl, refresh_below)
-                .await;
+            let answer = self.inner.lookup(&key, token, lock_ttl, lock_when).await;
             tokio::time::sleep(self.lookup_delay).await;
             answer
         })
@@ -1663,7 +1668,7 @@ async fn the_fresh_marker_follows_the_value_and_heals() {
     let cache = builder().build();
     let loads = Counter::default();
     let key = cache.store_key("marked");
-    let (value_name, lock_name) = (key.value_name(), key.lock_name());
+    let (value_name, lock_name) = (RedisStore::value_name(&key), RedisStore::lock_name(&key));
     cache
         .get_or_load("marked", slow_value(&loads, Duration::ZERO, "v1"))
         .await

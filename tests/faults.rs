@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use support::{Counter, RedisServer};
-use tower_stampede::store::{LockState, LockToken, RedisStore};
+use tower_stampede::store::{LockState, LockToken, LockWhen, RedisStore};
 use tower_stampede::{Cache, Loaded, Outcome};
 
 /// The failure guard on anything that waits: far beyond what a healthy run needs.
@@ -218,7 +218,7 @@ async fn redis_restarted_empty_leaves_no_lock_behind() {
             &held,
             LockToken::random(),
             Duration::from_secs(60),
-            Duration::MAX,
+            LockWhen::Always,
         )
         .await
         .unwrap();

@@ -76,19 +76,17 @@ impl fmt::Debug for Error {
 }
 
 impl fmt::Display for Error {
+    /// What went wrong, without the cause: [`source`](StdError::source) returns that, so
+    /// reporters that walk the chain do not print it twice.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
+        f.write_str(match self.kind {
             ErrorKind::Load => "the load failed",
             ErrorKind::LoadTimeout => "the load timed out",
             ErrorKind::LoadPanicked => "the load panicked",
             ErrorKind::WaitTimeout => "timed out waiting for another load",
             ErrorKind::RecentFailure => "another load of this key failed a moment ago",
             ErrorKind::Pass => "the key is marked pass",
-        };
-        match &self.source {
-            Some(source) => write!(f, "{what}: {source}"),
-            None => f.write_str(what),
-        }
+        })
     }
 }
 

@@ -19,7 +19,7 @@ use super::flight::{BoxLoader, FlightResult, Reader};
 use super::leader::spawn_release;
 use super::telemetry::{self, LockEvent, WaitEnd};
 use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
-use crate::store::{FillWatch, KeyDigest, LockState, LockToken, StoreError, StoreKey};
+use crate::store::{FillWatch, KeyDigest, LockState, LockToken, LockWhen, StoreError, StoreKey};
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
@@ -142,7 +142,7 @@ impl Inner {
         &self,
         key: &StoreKey,
         token: LockToken,
-        refresh_below: Duration,
+        lock_when: LockWhen,
         reader: Reader,
         filled: &mut Option<FillWatch>,
     ) -> Result<Found, StoreError> {
@@ -152,7 +152,7 @@ impl Inner {
         let lookup = self
             .store_call(
                 self.store
-                    .lookup(key, token, self.config.lock_ttl, refresh_below),
+                    .lookup(key, token, self.config.lock_ttl, lock_when),
             )
             .await?;
         Ok(Found {
@@ -217,9 +217,13 @@ impl Inner {
         let mut filled = self.watch_fills(&key);
         loop {
             let overwriting = std::mem::take(&mut overwrite);
-            let refresh_below = if overwriting { Duration::MAX } else { keep };
+            let lock_when = if overwriting {
+                LockWhen::Always
+            } else {
+                LockWhen::LifeAtMost(keep)
+            };
             let mut found = match self
-                .look_up(&key, token, refresh_below, loader.reader, &mut filled)
+                .look_up(&key, token, lock_when, loader.reader, &mut filled)
                 .await
             {
                 Ok(found) => found,

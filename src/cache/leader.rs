@@ -175,7 +175,7 @@ impl Inner {
                 }
                 return match stale {
                     Some(stale) if self.serves_on_error(&stale) => {
-                        warn!(key = ?guard.key, %error, "load failed; serving the stale value");
+                        warn!(key = ?guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
                         Ok(Fetched {
                             value: Some(stale.payload),
                             outcome: Outcome::Stale,

@@ -221,7 +221,7 @@ impl Cache {
             }
             Err(error) => {
                 span.record("outcome", "error");
-                debug!(parent: &span, %error, "no value");
+                debug!(parent: &span, error = error as &dyn std::error::Error, "no value");
             }
         }
         if let (Some(started), false) = (

@@ -16,7 +16,7 @@ use super::follower::{wait_for_fill, Backoff};
 use super::leader::spawn_release;
 use super::telemetry::{self, LockEvent};
 use super::Inner;
-use crate::store::{KeyDigest, LockState, LockToken, StoreKey};
+use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
 
 /// How much later than this process reckons the store may still call the value it early
 /// refreshes due (the store's clock is read a round trip away).
@@ -109,7 +109,13 @@ impl Inner {
         let mut fresh_until = None;
         loop {
             let found = match self
-                .look_up(&key, token, below, loader.reader, &mut filled)
+                .look_up(
+                    &key,
+                    token,
+                    LockWhen::LifeAtMost(below),
+                    loader.reader,
+                    &mut filled,
+                )
                 .await
             {
                 Ok(found) => found,
@@ -126,7 +132,7 @@ impl Inner {
                     telemetry::lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
                     if let Err(error) = self.lead(key, token, loader, None, None).await {
-                        warn!(key = ?digest, %error, "early refresh failed");
+                        warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }
                     return;
                 }

@@ -193,7 +193,10 @@ where
     let failed = match fetched {
         Ok(_) => None,
         Err(error) => {
-            debug!(%error, "no cached response");
+            debug!(
+                error = &error as &dyn std::error::Error,
+                "no cached response"
+            );
             Some(match error.kind() {
                 ErrorKind::WaitTimeout | ErrorKind::LoadTimeout => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::BAD_GATEWAY,

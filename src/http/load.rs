@@ -201,7 +201,10 @@ where
             _ => Own::Variant(entry, Outcome::Leader),
         },
         Err(error) => {
-            debug!(%error, "the variant was not stored");
+            debug!(
+                error = &error as &dyn std::error::Error,
+                "the variant was not stored"
+            );
             Own::Variant(entry, Outcome::Uncached)
         }
     };

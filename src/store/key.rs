@@ -44,6 +44,7 @@ impl KeyDigest {
     }
 
     /// The digest as 64 lowercase hex digits, without an allocation.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn hex_bytes(&self) -> [u8; 64] {
         hex_array(&self.0)
     }
@@ -64,8 +65,7 @@ impl fmt::Display for KeyDigest {
 
 /// A key as a store sees it: a namespace and the digest of the logical key.
 ///
-/// Stores derive their own key names from it; `RedisStore` uses `{namespace}:{{digest}}:v` for
-/// the value and `{namespace}:{{digest}}:l` for the lock, so both share a Redis Cluster slot.
+/// Stores derive their own key names from it (see `RedisStore::value_name`).
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct StoreKey {
     namespace: Arc<str>,
@@ -74,11 +74,21 @@ pub struct StoreKey {
 
 impl StoreKey {
     /// A store key from a namespace and a digest.
+    ///
+    /// The namespace is sanitised as [`CacheBuilder::namespace`](crate::CacheBuilder::namespace)
+    /// sanitises it: braces (which would break Redis Cluster hash tags) become `_`, and an empty
+    /// namespace becomes `stampede`. A cache's namespace is already sanitised, so its keys keep
+    /// their namespace as it is.
     pub fn new(namespace: Arc<str>, digest: KeyDigest) -> Self {
+        let namespace = if is_sanitized(&namespace) {
+            namespace
+        } else {
+            sanitize_namespace(&namespace)
+        };
         StoreKey { namespace, digest }
     }
 
-    /// The namespace (never contains `{` or `}`).
+    /// The namespace (never empty, never contains `{` or `}`).
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
@@ -86,28 +96,6 @@ impl StoreKey {
     /// The digest of the logical key.
     pub fn digest(&self) -> &KeyDigest {
         &self.digest
-    }
-
-    /// The name of the value key: `{namespace}:{{digest}}:v`.
-    pub fn value_name(&self) -> String {
-        self.name('v')
-    }
-
-    /// The name of the lock key: `{namespace}:{{digest}}:l`.
-    pub fn lock_name(&self) -> String {
-        self.name('l')
-    }
-
-    /// `{namespace}:{{digest}}:{suffix}`, written straight into one allocation (key names are
-    /// built on every store call).
-    fn name(&self, suffix: char) -> String {
-        let mut name = String::with_capacity(self.namespace.len() + 70);
-        name.push_str(&self.namespace);
-        name.push_str(":{");
-        name.push_str(ascii(&self.digest.hex_bytes()));
-        name.push_str("}:");
-        name.push(suffix);
-        name
     }
 }
 
@@ -128,6 +116,11 @@ pub(crate) fn sanitize_namespace(namespace: &str) -> Arc<str> {
         .map(|c| if c == '{' || c == '}' { '_' } else { c })
         .collect::<String>()
         .into()
+}
+
+/// Whether [`sanitize_namespace`] would leave `namespace` as it is.
+fn is_sanitized(namespace: &str) -> bool {
+    !namespace.is_empty() && !namespace.contains(['{', '}'])
 }
 
 /// The random token that names the owner of a lock.
@@ -164,7 +157,7 @@ impl fmt::Debug for LockToken {
 fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        out.push_str(ascii(&hex_pair(*b)));
+        out.extend(hex_pair(*b).map(char::from));
     }
     out
 }
@@ -183,30 +176,26 @@ fn hex_pair(b: u8) -> [u8; 2] {
     [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]
 }
 
-/// Hex digits as a `&str` (they are ASCII, so this never falls back to the empty string).
-fn ascii(digits: &[u8]) -> &str {
-    std::str::from_utf8(digits).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn names_share_a_hash_tag_and_have_fixed_length() {
-        let long = vec![b'x'; 100_000];
-        let key = StoreKey::new(sanitize_namespace("app"), KeyDigest::of(&long));
-        let v = key.value_name();
-        let l = key.lock_name();
-        assert_eq!(v.len(), "app:{}:v".len() + 64);
-        assert_eq!(v[..v.len() - 1], l[..l.len() - 1]);
-        assert!(v.starts_with("app:{") && v.ends_with("}:v"));
-    }
-
-    #[test]
     fn namespace_cannot_break_the_hash_tag() {
         assert_eq!(&*sanitize_namespace("a{b}c"), "a_b_c");
         assert_eq!(&*sanitize_namespace(""), "stampede");
+        let digest = KeyDigest::of(b"key");
+        assert_eq!(
+            StoreKey::new(Arc::from("a{b}c"), digest).namespace(),
+            "a_b_c"
+        );
+        assert_eq!(StoreKey::new(Arc::from(""), digest).namespace(), "stampede");
+        let clean: Arc<str> = Arc::from("app");
+        let key = StoreKey::new(Arc::clone(&clean), digest);
+        assert!(
+            std::ptr::eq(key.namespace(), &*clean),
+            "a clean namespace is kept as it is"
+        );
     }
 
     #[test]
@@ -242,8 +231,5 @@ mod tests {
         assert_eq!(&token.hex_bytes()[..], token.to_hex().as_bytes());
         let digest = KeyDigest::of(b"key");
         assert_eq!(&digest.hex_bytes()[..], digest.to_hex().as_bytes());
-        let key = StoreKey::new(Arc::from("ns"), digest);
-        assert_eq!(key.value_name(), format!("ns:{{{}}}:v", digest.to_hex()));
-        assert_eq!(key.lock_name(), format!("ns:{{{}}}:l", digest.to_hex()));
     }
 }

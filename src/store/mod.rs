@@ -5,7 +5,7 @@
 //!
 //! | call | what it does |
 //! | --- | --- |
-//! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire, try `SET lock NX PX` |
+//! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire (see [`LockWhen`]), try `SET lock NX PX` |
 //! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
@@ -20,7 +20,12 @@
 //!
 //! Stores hold opaque bytes; the [`cache`](crate::cache) engine decides what they mean, so a
 //! store never needs to parse a value.
+//!
+//! A failed call is a [`StoreError`]: its [`kind`](StoreError::kind) says what went wrong, its
+//! `source()` the client's own error. The engine answers every kind the same way, by falling
+//! back to protection within this process.
 
+mod error;
 pub(crate) mod key;
 mod memory;
 mod notify;
@@ -34,6 +39,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use error::{StoreError, StoreErrorKind};
 pub use key::{KeyDigest, LockToken, StoreKey};
 pub use memory::MemoryStore;
 pub use notify::{FillWatch, Notifier};
@@ -67,6 +73,20 @@ pub enum LockState {
     Failed,
 }
 
+/// When a [`Store::lookup`] asks for the reload lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockWhen {
+    /// When the value is absent, or its remaining life in the store is at most this (a value
+    /// without expiry counts as stale). The engine passes how long a value is kept in the store
+    /// past its freshness, so the lock is asked for exactly when the value is stale.
+    LifeAtMost(Duration),
+    /// Whatever the value's remaining life: for a value that must be replaced, fresh or not
+    /// (the engine overwrites a corrupt entry this way). The lock is still only taken where
+    /// nobody holds it.
+    Always,
+}
+
 /// The answer of a [`Store::lookup`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {
@@ -75,60 +95,6 @@ pub struct Lookup {
     /// Whether the lock was asked for and who holds it.
     pub lock: LockState,
 }
-
-/// An error from a store: the store could not be reached or answered something unexpected.
-///
-/// The engine treats every store error the same way: it falls back to protection within this
-/// process, so a store error is never an outage.
-#[derive(Clone)]
-pub struct StoreError {
-    message: std::sync::Arc<str>,
-    /// The call was not made: the engine's circuit breaker is open.
-    skipped: bool,
-}
-
-impl StoreError {
-    /// A store error with a message (used by store implementations).
-    pub fn new(message: impl fmt::Display) -> Self {
-        StoreError {
-            message: message.to_string().into(),
-            skipped: false,
-        }
-    }
-
-    pub(crate) fn timeout(after: Duration) -> Self {
-        StoreError::new(format_args!("store call timed out after {after:?}"))
-    }
-
-    pub(crate) fn circuit_open() -> Self {
-        StoreError {
-            message: "store call skipped: the circuit breaker is open".into(),
-            skipped: true,
-        }
-    }
-
-    /// Whether the call was never made, because the circuit breaker was open (so it cannot
-    /// have taken a lock).
-    pub(crate) fn skipped(&self) -> bool {
-        self.skipped
-    }
-}
-
-impl fmt::Debug for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoreError")
-            .field("message", &self.message)
-            .finish()
-    }
-}
-
-impl fmt::Display for StoreError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for StoreError {}
 
 /// A shared store of values and reload locks.
 ///
@@ -140,17 +106,19 @@ impl std::error::Error for StoreError {}
 /// Durations are rounded down to whole milliseconds, with a floor of one millisecond and a
 /// ceiling of about 34 years.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
-    /// Reads the value of `key`; if it is absent, or its remaining life is at most
-    /// `refresh_below`, also tries to take the lock with `token` for `lock_ttl`.
+    /// Reads the value of `key` and, when `lock_when` says so, also tries to take its lock
+    /// with `token` for `lock_ttl`.
     ///
-    /// A value whose remaining life is more than `refresh_below` is returned with
-    /// [`LockState::NotRequested`]. A value without expiry is never fresh.
+    /// With [`LockWhen::LifeAtMost`], a value whose remaining life is more than the bound is
+    /// fresh: it is returned with [`LockState::NotRequested`]. An absent value, or one with
+    /// less life left, or one without expiry, is stale: the lookup asks for the lock. With
+    /// [`LockWhen::Always`] it asks for the lock whatever it finds.
     fn lookup(
         &self,
         key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-        refresh_below: Duration,
+        lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>>;
 
     /// Fenced write: if the lock of `key` still holds `token`, stores `value` for `ttl`, deletes

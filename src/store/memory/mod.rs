@@ -8,8 +8,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{
-    millis, BoxFuture, FillWatch, LockState, LockToken, Lookup, Notifier, Store, StoreError,
-    StoreKey, Stored,
+    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Notifier, Store,
+    StoreError, StoreKey, Stored,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -107,13 +107,15 @@ impl MemoryStore {
         key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-        refresh_below: Duration,
+        lock_when: LockWhen,
     ) -> Lookup {
         let now = Instant::now();
         let mut state = self.state();
         let value = state.live_value(key, now);
-        if let Some(Stored { ttl: Some(ttl), .. }) = &value {
-            if *ttl > refresh_below {
+        if let (Some(Stored { ttl: Some(ttl), .. }), LockWhen::LifeAtMost(bound)) =
+            (&value, lock_when)
+        {
+            if *ttl > bound {
                 return Lookup {
                     value,
                     lock: LockState::NotRequested,
@@ -215,9 +217,9 @@ impl Store for MemoryStore {
         key: &StoreKey,
         token: LockToken,
         lock_ttl: Duration,
-        refresh_below: Duration,
+        lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let result = self.lookup_now(key, token, lock_ttl, refresh_below);
+        let result = self.lookup_now(key, token, lock_ttl, lock_when);
         Box::pin(async move { Ok(result) })
     }
 
@@ -276,3 +278,6 @@ impl Store for MemoryStore {
         Some(self.notifier.watch(key))
     }
 }
+
+#[cfg(test)]
+mod tests;

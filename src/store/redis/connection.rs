@@ -1,0 +1,179 @@
+//! The connection of a `RedisStore`: one server or a Redis Cluster, cheap to clone and never
+//! locked; how a script runs on it (`EVALSHA`, reloaded on `NOSCRIPT`) and how its errors
+//! become store errors.
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+#[cfg(feature = "cluster")]
+use redis::cluster_async::ClusterConnection;
+use std::fmt;
+
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisResult, Script, ServerErrorKind,
+};
+
+use super::RedisStore;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// A connection to one server or to a cluster; cheap to clone, never locked.
+#[derive(Clone)]
+pub(super) enum Connection {
+    /// One server, reconnecting by itself.
+    Server(ConnectionManager),
+    /// A Redis Cluster: each command goes to the node that serves its first key's slot
+    /// (following `MOVED` and `ASK`); the connections to the nodes reconnect by themselves.
+    #[cfg(feature = "cluster")]
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Runs `call`, an `EVALSHA` of `script`. A `NOSCRIPT` reply loads the script (on a
+    /// cluster: on every node, as `SCRIPT LOAD` is routed to all of them) and runs it again.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        call: &Cmd,
+    ) -> RedisResult<T> {
+        match self {
+            Connection::Server(connection) => evalsha(script, call, &mut connection.clone()).await,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => evalsha(script, call, &mut connection.clone()).await,
+        }
+    }
+
+    /// Runs a pipeline: its commands go out in one write and their replies come back together.
+    pub(super) async fn pipeline<T: FromRedisValue>(&self, pipeline: &Pipeline) -> RedisResult<T> {
+        match self {
+            Connection::Server(connection) => pipeline.query_async(&mut connection.clone()).await,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => pipeline.query_async(&mut connection.clone()).await,
+        }
+    }
+
+    /// Subscribes to a channel (on a connection that speaks RESP3 and has a push sender).
+    pub(super) async fn subscribe(&self, channel: String) -> RedisResult<()> {
+        match self {
+            Connection::Server(connection) => connection.clone().subscribe(channel).await,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => connection.clone().subscribe(channel).await,
+        }
+    }
+}
+
+async fn evalsha<T: FromRedisValue>(
+    script: &Script,
+    call: &Cmd,
+    connection: &mut impl ConnectionLike,
+) -> RedisResult<T> {
+    match call.query_async(connection).await {
+        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(connection).await?;
+            call.query_async(connection).await
+        }
+        answer => answer,
+    }
+}
+
+impl RedisStore {
+    /// Runs a script call; a Redis error becomes a store error.
+    pub(super) async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        call: &Cmd,
+    ) -> Result<T, StoreError> {
+        self.connection
+            .invoke(script, call)
+            .await
+            .map_err(|error| self.error(error))
+    }
+
+    /// A Redis error as a store error, with the server's address (never its credentials).
+    pub(super) fn error(&self, error: RedisError) -> StoreError {
+        store_error(format_args!("Redis at {}", self.address), error)
+    }
+}
+
+/// A Redis error as the source of a store error, with `message` saying what failed.
+pub(super) fn store_error(message: impl fmt::Display, error: RedisError) -> StoreError {
+    StoreError::with_source(kind_of(&error), message, error)
+}
+
+/// What a Redis error means for a store call.
+fn kind_of(error: &RedisError) -> StoreErrorKind {
+    if error.is_timeout() {
+        return StoreErrorKind::Timeout;
+    }
+    if error.is_io_error() || error.is_connection_dropped() {
+        return StoreErrorKind::Connection;
+    }
+    match error.kind() {
+        ErrorKind::InvalidClientConfig => StoreErrorKind::Configuration,
+        ErrorKind::AuthenticationFailed
+        | ErrorKind::ClusterConnectionNotFound
+        | ErrorKind::RESP3NotSupported
+        | ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::BusyLoading,
+        ) => StoreErrorKind::Connection,
+        // Refused credentials, as a reply to the handshake or to a command.
+        _ if matches!(error.code(), Some("NOAUTH" | "WRONGPASS")) => StoreErrorKind::Connection,
+        _ => StoreErrorKind::Protocol,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply_error(reply: &[u8]) -> RedisError {
+        match redis::parse_redis_value(reply).and_then(redis::Value::extract_error) {
+            Err(error) => error,
+            Ok(value) => panic!("not an error reply: {value:?}"),
+        }
+    }
+
+    #[test]
+    fn redis_errors_have_the_kind_of_what_went_wrong() {
+        let io = |kind| RedisError::from(std::io::Error::from(kind));
+        let cases = [
+            (io(std::io::ErrorKind::TimedOut), StoreErrorKind::Timeout),
+            (
+                io(std::io::ErrorKind::ConnectionRefused),
+                StoreErrorKind::Connection,
+            ),
+            (
+                RedisError::from((ErrorKind::InvalidClientConfig, "bad URL")),
+                StoreErrorKind::Configuration,
+            ),
+            (
+                reply_error(b"-NOAUTH Authentication required.\r\n"),
+                StoreErrorKind::Connection,
+            ),
+            (
+                reply_error(b"-CLUSTERDOWN The cluster is down\r\n"),
+                StoreErrorKind::Connection,
+            ),
+            (
+                reply_error(b"-ERR syntax error\r\n"),
+                StoreErrorKind::Protocol,
+            ),
+            (
+                reply_error(b"-WRONGTYPE Operation against a key\r\n"),
+                StoreErrorKind::Protocol,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(kind_of(&error), kind, "{error}");
+        }
+    }
+
+    #[test]
+    fn the_redis_error_is_the_source() {
+        let error = store_error("Redis at redis://h:1/", reply_error(b"-ERR boom\r\n"));
+        assert_eq!(error.kind(), StoreErrorKind::Protocol);
+        assert!(error.to_string().starts_with("Redis at redis://h:1/: "));
+        let source = std::error::Error::source(&error).map(ToString::to_string);
+        assert!(source.is_some_and(|source| source.contains("boom")));
+    }
+}

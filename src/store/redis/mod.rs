@@ -1,0 +1,168 @@
+//! `RedisStore`: the shared store on Redis (one server or a Redis Cluster), one round trip per
+//! call: pipelined plain commands for lookups and reads, Lua scripts for fenced writes.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `mod.rs` | `RedisStore`, its constructors and accessors |
+//! | `builder.rs` | `RedisStoreBuilder`: URLs, timeouts, TLS, redacted addresses |
+//! | `names.rs` | the names of a key's value and lock in Redis, and of the fill channels |
+//! | `connection.rs` | the connection to a server or a cluster; running scripts; errors |
+//! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
+//! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
+//! | `store.rs` | `impl Store for RedisStore`, and reading the replies |
+//!
+//! The lock key of a value holds one of:
+//! - nothing: the value is stale or absent, and nobody reloads it: a lookup may take the lock;
+//! - `fresh`: the value is fresh (the marker expires when its freshness ends), so the lock is not
+//!   to be taken; this lets a plain `SET lock token NX GET` take the lock only when it should;
+//! - `<token>:<refresh below, ms>`: a leader's lock. The second part is the remaining life
+//!   below which a value counts as stale, which the fill uses to set the `fresh` marker;
+//! - `failed`: the last load failed (followers fail at once instead of each retrying).
+
+mod builder;
+mod connection;
+mod names;
+mod notifications;
+mod scripts;
+mod store;
+
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use super::StoreError;
+pub use builder::RedisStoreBuilder;
+use builder::Target;
+use connection::Connection;
+use notifications::Notifications;
+
+/// The shared store on Redis (feature `redis`, on by default): one server, or a Redis Cluster
+/// (feature `cluster`).
+///
+/// Every [`Store`](super::Store) call is one round trip, over a connection that reconnects by
+/// itself. Lookups and reads are pipelines of plain commands: a lookup sends `SET lock token NX PX
+/// … GET`, `GET value` and `PTTL value` together. A filled value leaves a `fresh` marker in its
+/// lock key for as long as it is fresh, so the `SET … NX` takes the lock only where the value is
+/// stale or absent, and a hit costs the server about what a `GET` costs (a Lua script costs several
+/// times more, and copies the value twice). Writes that must check the lock's owner (fill, release,
+/// extend, fail) are Lua scripts, `EVALSHA`, re-sent after a `SCRIPT LOAD` if the server lost its
+/// script cache; so are the rare lookups that take the lock from the marker (early refresh, an
+/// evicted value), and every lookup on a server before Redis 7.0, which lacks `SET … NX GET`. The
+/// value and lock keys of one logical key share a hash tag, so each call touches one Redis Cluster
+/// slot and, on a cluster, goes to the node that serves it.
+///
+/// `Debug`, [`address`](Self::address) and error messages show the server's address without
+/// user name or password.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_stampede::store::StoreError> {
+/// use tower_stampede::{store::RedisStore, Cache};
+///
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+/// let cache = Cache::builder(store).namespace("my-app").build();
+/// # let _ = cache; Ok(()) }
+/// ```
+///
+/// # Redis Cluster
+///
+/// With the `cluster` feature, `RedisStore::connect_cluster` (or `RedisStore::cluster_builder`)
+/// takes the URLs of some of the cluster's nodes (seeds: one that answers is enough) and
+/// discovers the rest. Every [`Store`](super::Store) method works as on one server. Fill
+/// notifications use classic pub/sub, which a cluster broadcasts to all its nodes: the store's
+/// subscriber listens on the node that serves the channel's slot (and moves with that slot),
+/// and hears the fills of keys on every node.
+///
+/// ```no_run
+/// # #[cfg(feature = "cluster")]
+/// # async fn run() -> Result<(), tower_stampede::store::StoreError> {
+/// use tower_stampede::{store::RedisStore, Cache};
+///
+/// let store = RedisStore::connect_cluster([
+///     "redis://10.0.0.1:6379/",
+///     "redis://10.0.0.2:6379/",
+///     "redis://10.0.0.3:6379/",
+/// ])
+/// .await?;
+/// let cache = Cache::builder(store).namespace("my-app").build();
+/// # let _ = cache; Ok(()) }
+/// ```
+///
+/// # Secure connections
+///
+/// A user name and password in the URL (`redis://user:password@host:6379/` for an ACL user,
+/// `redis://:password@host:6379/` for `requirepass`) authenticate every connection, the
+/// subscriber's included. With the `tls` feature, `rediss://` URLs connect over TLS (rustls),
+/// trusting the system's root certificates, or the ones given to
+/// `RedisStoreBuilder::tls_root_certificates`.
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    address: String,
+    notifications: Option<Notifications>,
+    /// Whether lookups pipeline plain commands (`SET … NX GET` needs Redis 7.0); cleared for
+    /// good, in favour of the lookup script, when the server rejects it.
+    pipelined: Arc<AtomicBool>,
+}
+
+impl RedisStore {
+    /// A builder for a store on one server at `url`
+    /// (`redis[s]://[[user]:password@]host[:port][/db]`).
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Server(url.into()))
+    }
+
+    /// Connects to the Redis at `url` with default settings.
+    pub async fn connect(url: impl Into<String>) -> Result<RedisStore, StoreError> {
+        RedisStore::builder(url).connect().await
+    }
+
+    /// A builder for a store on a Redis Cluster, given the URLs of some of its nodes (seeds,
+    /// `redis[s]://[[user]:password@]host[:port]`; one that answers is enough, the others are
+    /// discovered). Every seed must carry the same credentials and scheme. Feature `cluster`.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_builder<I>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStoreBuilder::new(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+    }
+
+    /// Connects to the Redis Cluster whose seed nodes are at `urls`, with default settings;
+    /// see [`cluster_builder`](Self::cluster_builder). Feature `cluster`.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub async fn connect_cluster<I>(urls: I) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStore::cluster_builder(urls).connect().await
+    }
+
+    /// The server's address (a cluster's: its seeds' addresses, comma-separated), without user
+    /// name, password or query.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Whether the store is on a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        match self.connection {
+            Connection::Server(_) => false,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(_) => true,
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("address", &self.address)
+            .field("cluster", &self.is_cluster())
+            .field("notifications", &self.notifications.is_some())
+            .finish()
+    }
+}

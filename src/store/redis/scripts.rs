@@ -1,0 +1,169 @@
+//! The Lua scripts of `RedisStore` (one `static` [`Script`] each, run by `EVALSHA`), and how
+//! the commands and script calls of a store call are built.
+//!
+//! What the lock key of a value holds, which every script and the pipelined lookup rely on, is
+//! described in the [module docs](super).
+
+use std::sync::LazyLock;
+
+use redis::{Cmd, Script};
+
+use super::names::channel;
+use crate::store::{LockToken, StoreKey};
+
+/// Get the value; if absent or about to expire, try to take the lock (a `fresh` marker does not
+/// stop it: this script also serves the lookups that take the lock before the value is stale).
+/// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
+/// lock key of a foreign type counts as free. A lock that already holds `ARGV[1]` is ours: the
+/// pipelined lookup took it before a `GET` of a foreign type failed. Reply:
+/// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
+/// 1 = acquired, 2 = held elsewhere, 3 = held by the marker of a failed load.
+pub(super) static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' then v = false end
+local ttl = -2
+if v then
+  ttl = redis.call('PTTL', KEYS[1])
+  if ttl > tonumber(ARGV[3]) then return {v, ttl, 0} end
+else
+  v = ''
+end
+local l = redis.pcall('GET', KEYS[2])
+if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  return {v, ttl, 1}
+end
+if l == 'failed' then return {v, ttl, 3} end
+return {v, ttl, 2}
+",
+    )
+});
+
+/// The lock functions the fenced scripts share.
+///
+/// `owns(lock)`: whether the lock (`KEYS[2]` in `FILL`, `RELEASE`; `KEYS[1]` in the others) is
+/// held by the token `ARGV[1]`, as `<token>:<refresh below>`, and the lock's value.
+/// `unlock(lock, l, life)`: frees the held lock `l`, leaving the `fresh` marker in its place for
+/// as long as a value with `life` ms left stays fresh (above the lock's refresh bound), or
+/// nothing once it is not.
+const LOCK_FUNCTIONS: &str = r"
+local function owns(lock)
+  local l = redis.call('GET', lock)
+  return l and string.sub(l, 1, 33) == ARGV[1] .. ':', l
+end
+local function unlock(lock, l, life)
+  local fresh = life - (tonumber(string.sub(l, 34)) or math.huge)
+  if fresh >= 1 then
+    redis.call('SET', lock, 'fresh', 'PX', fresh)
+  else
+    redis.call('DEL', lock)
+  end
+end
+";
+
+/// Fenced write: store the value only while the lock holds our token, then replace the lock
+/// by the `fresh` marker for as long as the value is fresh, and publish "filled" (`ARGV[4]` is
+/// the channel, `ARGV[5]` the key's digest).
+pub(super) static FILL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LOCK_FUNCTIONS}{}",
+        r"
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+unlock(KEYS[2], l, tonumber(ARGV[3]))
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"
+    ))
+});
+
+/// Compare-and-release of the lock: the `fresh` marker takes its place if the value is still
+/// fresh, else the lock is deleted; then publish "filled" so followers retry at once.
+pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LOCK_FUNCTIONS}{}",
+        r"
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+"
+    ))
+});
+
+/// Compare-and-replace of the lock by the failure marker (`failed`, which no lock equals),
+/// then publish so followers fail at once.
+pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LOCK_FUNCTIONS}{}",
+        r"
+if not owns(KEYS[1]) then return 0 end
+redis.call('SET', KEYS[1], 'failed', 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"
+    ))
+});
+
+/// Unfenced write of the value, then publish "filled".
+pub(super) static PUT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+",
+    )
+});
+
+/// Compare-and-PEXPIRE of the lock.
+pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LOCK_FUNCTIONS}{}",
+        r"
+if not owns(KEYS[1]) then return 0 end
+return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+"
+    ))
+});
+
+/// An `EVALSHA` of `script` on `keys`; the caller adds the arguments. Keys and arguments are
+/// written straight into the command's one buffer.
+pub(super) fn script_call(script: &Script, keys: &[&str]) -> Cmd {
+    // Room for the hash, the keys and a few small arguments without regrowing; a value
+    // written into the call grows it once.
+    let mut call = Cmd::with_capacity(8, 256);
+    call.arg("EVALSHA").arg(script.get_hash()).arg(keys.len());
+    for key in keys {
+        call.arg(*key);
+    }
+    call
+}
+
+/// A command on a key with room for `args` arguments (name and key included) without regrowing.
+pub(super) fn command(args: usize, name: &str, key: &str) -> Cmd {
+    let mut command = Cmd::with_capacity(args, 96 + key.len());
+    command.arg(name).arg(key);
+    command
+}
+
+/// Adds the arguments with which a script publishes "filled" for `key`: its namespace's
+/// channel and its digest.
+pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey) {
+    call.arg(channel(key.namespace()))
+        .arg(&key.digest().hex_bytes()[..]);
+}
+
+/// A leader's lock value: its token, then the remaining life (ms) below which the value it
+/// loads counts as stale, so the fill knows how long the value stays fresh.
+pub(super) fn lock_value(token: LockToken, refresh_below: u64) -> Vec<u8> {
+    let mut lock = Vec::with_capacity(54);
+    lock.extend_from_slice(&token.hex_bytes());
+    lock.push(b':');
+    lock.extend_from_slice(itoa::Buffer::new().format(refresh_below).as_bytes());
+    lock
+}

@@ -1,0 +1,291 @@
+//! `impl Store for RedisStore`: each call one round trip (a pipeline of plain commands, or a
+//! script), and how the replies are read.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::{Cmd, Pipeline, RedisResult, Script};
+use tracing::warn;
+
+use super::scripts::{
+    command, lock_value, publish_filled, script_call, EXTEND, FAIL, FILL, LOOKUP, PUT, RELEASE,
+};
+use super::RedisStore;
+use crate::store::{
+    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError,
+    StoreErrorKind, StoreKey, Stored,
+};
+
+impl RedisStore {
+    /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`
+    /// marker, and for servers before Redis 7.0.
+    pub(super) async fn lookup_by_script(&self, call: Cmd) -> Result<Lookup, StoreError> {
+        let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
+        let lock = match state {
+            0 => LockState::NotRequested,
+            1 => LockState::Acquired,
+            2 => LockState::HeldElsewhere,
+            3 => LockState::Failed,
+            other => {
+                return Err(StoreError::of_kind(
+                    StoreErrorKind::Protocol,
+                    format_args!(
+                        "unexpected lock state {other} from Redis at {}",
+                        self.address
+                    ),
+                ))
+            }
+        };
+        Ok(Lookup {
+            value: stored(value, pttl),
+            lock,
+        })
+    }
+
+    /// Runs a script fenced by the lock's token: it answers 1 if the lock held the token (and
+    /// the script did its work), 0 if not.
+    async fn run_fenced(&self, script: &Script, call: Cmd) -> Result<bool, StoreError> {
+        let done: i64 = self.run(script, &call).await?;
+        Ok(done == 1)
+    }
+
+    /// The value from the replies to a pipelined `GET` and `PTTL` of it; a value of a foreign
+    /// type (`WRONGTYPE` to the `GET`) counts as absent.
+    fn read(
+        &self,
+        value: RedisResult<Option<Vec<u8>>>,
+        pttl: RedisResult<i64>,
+    ) -> Result<Option<Stored>, StoreError> {
+        let pttl = pttl.map_err(|error| self.error(error))?;
+        Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
+    }
+
+    /// Whether a pipelined command's error sends the call to its script: a server that does not
+    /// know `SET … NX GET` (before Redis 7.0) gets the script from now on, and a key of a
+    /// foreign type gets it for this call.
+    fn pipeline_refused(&self, error: &redis::RedisError) -> bool {
+        match error.code() {
+            Some("WRONGTYPE") => true,
+            Some("ERR") if error.to_string().contains("syntax error") => {
+                if self.pipelined.swap(false, Ordering::Relaxed) {
+                    warn!(address = %self.address, "the server does not take SET NX GET (Redis before 7.0); lookups use a script");
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
+fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
+    (pttl != -2).then(|| Stored {
+        bytes: Bytes::from(value),
+        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+    })
+}
+
+fn release_call(key: &StoreKey, token: LockToken) -> Cmd {
+    let mut call = script_call(
+        &RELEASE,
+        &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+    );
+    call.arg(&token.hex_bytes()[..]);
+    publish_filled(&mut call, key);
+    call
+}
+
+impl Store for RedisStore {
+    fn lookup(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
+        let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
+        // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
+        // no remaining life exceeds (a fill under that lock then leaves no marker: the next
+        // lookup takes the lock of a fresh value and puts the marker back).
+        let (below, by_script) = match lock_when {
+            LockWhen::LifeAtMost(life) => {
+                (u64::try_from(life.as_millis()).unwrap_or(u64::MAX), false)
+            }
+            LockWhen::Always => (u64::MAX, true),
+        };
+        let lock = lock_value(token, below);
+        let lock_ms = millis(lock_ttl);
+        let script = move |value_name: &str, lock_name: &str, lock: &[u8]| {
+            let mut call = script_call(&LOOKUP, &[value_name, lock_name]);
+            call.arg(lock).arg(lock_ms).arg(below);
+            call
+        };
+        if by_script || !self.pipelined.load(Ordering::Relaxed) {
+            return Box::pin(self.lookup_by_script(script(&value_name, &lock_name, &lock)));
+        }
+        // One round trip of three plain commands: the lock is taken only where no `fresh`
+        // marker stands, which is where the value is stale or absent.
+        let mut pipeline = Pipeline::with_capacity(3);
+        let mut take = command(7, "SET", &lock_name);
+        take.arg(&lock[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(lock_ms)
+            .arg("GET");
+        pipeline
+            .add_command(take)
+            .add_command(command(2, "GET", &value_name))
+            .add_command(command(2, "PTTL", &value_name))
+            .ignore_errors();
+        let key = key.clone();
+        Box::pin(async move {
+            type Reply = (
+                RedisResult<Option<Vec<u8>>>,
+                RedisResult<Option<Vec<u8>>>,
+                RedisResult<i64>,
+            );
+            let (held, value, pttl): Reply = self
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| self.error(error))?;
+            let held = match held {
+                Ok(held) => held,
+                Err(error) if self.pipeline_refused(&error) => {
+                    // A server before Redis 7.0, or a lock key of a foreign type: the script
+                    // decides (and counts a foreign lock key as free).
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
+                Err(error) => return Err(self.error(error)),
+            };
+            // A value of a foreign type counts as absent: the fill overwrites it.
+            let value = self.read(value, pttl)?;
+            let fresh = value
+                .as_ref()
+                .and_then(|value| value.ttl)
+                .is_some_and(|ttl| ttl > Duration::from_millis(below));
+            let lock = match held.as_deref() {
+                _ if fresh && held.is_none() => {
+                    // We took the lock of a fresh value whose marker is gone (a failure marker
+                    // expired, or the value was written by a put): put the marker back before
+                    // answering, so that this flight's next lookup finds no lock of its own.
+                    let _: i64 = self.run(&RELEASE, &release_call(&key, token)).await?;
+                    LockState::NotRequested
+                }
+                _ if fresh => LockState::NotRequested,
+                None => LockState::Acquired,
+                Some(b"fresh") => {
+                    // The value is gone or stale but its marker still stands (the value was
+                    // evicted, or this lookup wants to refresh early): the script decides.
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
+                Some(b"failed") => LockState::Failed,
+                Some(_) => LockState::HeldElsewhere,
+            };
+            Ok(Lookup { value, lock })
+        })
+    }
+
+    fn fill(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let mut call = script_call(
+            &FILL,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        call.arg(&token.hex_bytes()[..])
+            .arg(value.as_ref())
+            .arg(millis(ttl));
+        publish_filled(&mut call, key);
+        Box::pin(self.run_fenced(&FILL, call))
+    }
+
+    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let call = release_call(key, token);
+        Box::pin(self.run_fenced(&RELEASE, call))
+    }
+
+    fn extend(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let mut call = script_call(&EXTEND, &[&RedisStore::lock_name(key)]);
+        call.arg(&token.hex_bytes()[..]).arg(millis(lock_ttl));
+        Box::pin(self.run_fenced(&EXTEND, call))
+    }
+
+    fn put(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
+        call.arg(value.as_ref()).arg(millis(ttl));
+        publish_filled(&mut call, key);
+        Box::pin(async move {
+            let _: i64 = self.run(&PUT, &call).await?;
+            Ok(())
+        })
+    }
+
+    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        let value_name = RedisStore::value_name(key);
+        let mut pipeline = Pipeline::with_capacity(2);
+        pipeline
+            .add_command(command(2, "GET", &value_name))
+            .add_command(command(2, "PTTL", &value_name))
+            .ignore_errors();
+        Box::pin(async move {
+            type Reply = (RedisResult<Option<Vec<u8>>>, RedisResult<i64>);
+            let (value, pttl): Reply = self
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| self.error(error))?;
+            self.read(value, pttl)
+        })
+    }
+
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        failure_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
+        call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
+        publish_filled(&mut call, key);
+        Box::pin(self.run_fenced(&FAIL, call))
+    }
+
+    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+        let notifications = self.notifications.as_ref()?;
+        notifications.ensure_subscribed(key.namespace());
+        Some(notifications.notifier.watch(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_and_unexpiring_values() {
+        assert_eq!(stored(Vec::new(), -2), None);
+        assert_eq!(stored(b"x".to_vec(), -1).and_then(|s| s.ttl), None);
+        assert_eq!(
+            stored(b"x".to_vec(), 1500).and_then(|s| s.ttl),
+            Some(Duration::from_millis(1500))
+        );
+    }
+}
