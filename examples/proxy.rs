@@ -4,11 +4,12 @@
 //! and `HEAD` responses (by the shared-cache rules of RFC 9111, see the `http` module of the
 //! crate: no `no-store`/`private`/`Set-Cookie`, one entry per variant for `Vary`, ...) are
 //! shared through the cache: fresh for the origin's `s-maxage`, `max-age` or `Expires`, or,
-//! for statuses cacheable by default (200, 404, ...), `--ttl-secs` when it gives none. Each response says how it was served in `x-cache` (`HIT`, `MISS`, `STALE` or
-//! `BYPASS`; other methods than `GET` pass through without it). With `--stale-secs S`, a
-//! response up to S seconds past its freshness is served at once while one request refreshes
-//! it, and in place of a failed refresh; hot responses are refreshed shortly before they
-//! expire (`--early-refresh-beta`, on by default).
+//! for statuses cacheable by default (200, 404, ...), `--ttl-secs` when it gives none. Each
+//! response says how it was served in `x-cache` (`HIT`, `MISS`, `STALE` or `BYPASS`; other
+//! methods than `GET` pass through without it). With `--stale-secs S`, a response up to S
+//! seconds past its freshness is served at once while one request refreshes it, and in place
+//! of a failed refresh; hot responses are refreshed shortly before they expire
+//! (`--early-refresh-beta`, on by default).
 //!
 //! Run several proxies over one Redis and a stampede on a cold URL reaches the origin once in
 //! all, whichever proxies the requests land on:
@@ -40,16 +41,17 @@
 //! After binding, the proxy prints `listening on ADDR` (the bound address, so `--listen
 //! 127.0.0.1:0` works) on stdout. Ctrl-C shuts it down: it stops accepting, lets requests in
 //! flight finish (for up to 5 s) and exits with code 0. Exit codes: 1 when Redis cannot be
-//! reached or the address cannot be bound, 2 for bad arguments.
+//! reached or the address cannot be bound, 2 for bad arguments. `--help` lists every option.
 
 use std::convert::Infallible;
-use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 use http::header::{HeaderName, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
@@ -65,41 +67,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tower::{service_fn, ServiceBuilder};
 use tower_stampede::http::RfcPolicy;
-use tower_stampede::store::MemoryStore;
+use tower_stampede::store::{MemoryStore, RedisStore};
 use tower_stampede::{Cache, StampedeLayer};
-
-const USAGE: &str = "\
-usage: proxy --listen ADDR --origin URL [OPTIONS]
-
-A caching reverse proxy with cache-stampede protection (tower-stampede).
-
-required:
-  --listen ADDR          address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port)
-  --origin URL           the origin server, http://host:port
-
-options:
-  --redis URL            share the cache through Redis, e.g. redis://127.0.0.1:6379/
-                         (default: an embedded in-process store)
-  --redis-cluster URLS   share the cache through a Redis Cluster: some of its nodes' URLs,
-                         comma-separated (needs the `cluster` feature; not with --redis)
-  --ttl-secs S           freshness when the origin gives none, for statuses cacheable
-                         by default (200, 404, ...) (default: 60)
-  --stale-secs S         how long past its freshness a response may be served (x-cache:
-                         STALE) while one request refreshes it, or when the refresh fails
-                         (default: 0)
-  --early-refresh-beta B refresh hot responses shortly before they expire (XFetch); larger
-                         B refreshes earlier, 0 turns it off (default: 1)
-  --lock-ttl-ms MS       lifetime of the reload lock if its holder dies (default: 5000)
-  --store-timeout-ms MS  bound on each Redis call; slower calls fall back to in-process
-                         protection (default: 50)
-  --namespace NS         prefix of the cache's keys in the store (default: proxy)
-  --max-body-bytes N     largest response body that is cached (default: 1048576)
-  --metrics ADDR         serve Prometheus metrics on http://ADDR/metrics (needs the
-                         `metrics` feature; prints `metrics on ADDR` once bound)
-  --help                 print this help and exit
-
-Prints `listening on ADDR` once bound. Exit codes: 0 after Ctrl-C, 1 when Redis cannot be
-reached or the address cannot be bound, 2 for bad arguments.";
 
 /// Hop-by-hop headers, never forwarded (RFC 9110 section 7.6.1), besides those `Connection`
 /// names.
@@ -116,184 +85,107 @@ const HOP_BY_HOP: [&str; 7] = [
 /// How long in-flight requests may run on after Ctrl-C.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// The command line, parsed.
-#[derive(Debug)]
+/// A caching reverse proxy with cache-stampede protection (tower-stampede).
+#[derive(Debug, Parser)]
+#[command(
+    name = "proxy",
+    max_term_width = 100,
+    after_help = "Prints `listening on ADDR` once bound. Exit codes: 0 after Ctrl-C, 1 when \
+                  Redis cannot be reached or the address cannot be bound, 2 for bad arguments."
+)]
 struct Args {
+    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port)
+    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     listen: SocketAddr,
+
+    /// The origin server, http://host:port
+    #[arg(long, value_name = "URL", value_parser = Origin::parse)]
     origin: Origin,
-    store: SharedStore,
+
+    /// Share the cache through Redis, e.g. redis://127.0.0.1:6379/ (default: an embedded
+    /// in-process store)
+    #[arg(long, value_name = "URL", value_parser = redis_url)]
+    redis: Option<String>,
+
+    /// Share the cache through a Redis Cluster: some of its nodes' URLs, comma-separated
+    /// (needs the `cluster` feature; not with --redis)
+    #[arg(long, value_name = "URLS", value_parser = cluster_urls)]
+    redis_cluster: Option<ClusterUrls>,
+
+    /// Freshness when the origin gives none, for statuses cacheable by default (200, 404,
+    /// ...)
+    #[arg(
+        long = "ttl-secs",
+        value_name = "S",
+        value_parser = positive_secs,
+        default_value = "60"
+    )]
     ttl: Duration,
+
+    /// How long past its freshness a response may be served (x-cache: STALE) while one
+    /// request refreshes it, or when the refresh fails (default: 0)
+    #[arg(long = "stale-secs", value_name = "S", value_parser = secs)]
     stale: Option<Duration>,
+
+    /// Refresh hot responses shortly before they expire (XFetch); larger B refreshes earlier,
+    /// 0 turns it off (default: 1)
+    #[arg(long, value_name = "B", value_parser = beta, allow_negative_numbers = true)]
     early_refresh_beta: Option<f64>,
+
+    /// Lifetime of the reload lock if its holder dies (default: 5000)
+    #[arg(long = "lock-ttl-ms", value_name = "MS", value_parser = positive_millis)]
     lock_ttl: Option<Duration>,
+
+    /// Bound on each Redis call; slower calls fall back to in-process protection (default: 50)
+    #[arg(long = "store-timeout-ms", value_name = "MS", value_parser = positive_millis)]
     store_timeout: Option<Duration>,
+
+    /// Prefix of the cache's keys in the store
+    #[arg(long, value_name = "NS", value_parser = namespace, default_value = "proxy")]
     namespace: String,
+
+    /// Largest response body that is cached (default: 1048576)
+    #[arg(long, value_name = "N", value_parser = byte_count)]
     max_body_bytes: Option<usize>,
+
+    /// Serve Prometheus metrics on http://ADDR/metrics (needs the `metrics` feature; prints
+    /// `metrics on ADDR` once bound)
+    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     metrics: Option<SocketAddr>,
 }
 
-/// Where the cache is shared.
-#[derive(Debug)]
-enum SharedStore {
-    /// This process only: the embedded `MemoryStore`.
-    Embedded,
-    /// One Redis server's URL.
-    Redis(String),
-    /// Seed nodes' URLs of a Redis Cluster.
-    RedisCluster(Vec<String>),
-}
-
-/// A usage error: printed with a pointer to `--help`, exit code 2.
-struct UsageError(String);
-
-impl fmt::Display for UsageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl Args {
+    /// The command line; on a usage error, prints it and exits with code 2 (after `--help`,
+    /// prints the help and exits with code 0).
+    fn parse_or_exit() -> Args {
+        let args = Args::parse();
+        if args.redis.is_some() && args.redis_cluster.is_some() {
+            Args::command()
+                .error(
+                    ErrorKind::ArgumentConflict,
+                    "--redis and --redis-cluster are mutually exclusive: give one server or the \
+                     cluster's nodes",
+                )
+                .exit();
+        }
+        args
     }
 }
 
-fn usage_error(message: impl Into<String>) -> UsageError {
-    UsageError(message.into())
-}
+/// The seed nodes' URLs of a Redis Cluster.
+#[derive(Clone, Debug)]
+struct ClusterUrls(Vec<String>);
 
-/// The arguments, or `None` for `--help`.
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, UsageError> {
-    let mut listen = None;
-    let mut origin = None;
-    let mut redis = None;
-    let mut redis_cluster = None;
-    let mut ttl = None;
-    let mut stale = None;
-    let mut early_refresh_beta = None;
-    let mut lock_ttl = None;
-    let mut store_timeout = None;
-    let mut namespace = None;
-    let mut max_body_bytes = None;
-    let mut metrics = None;
-
-    while let Some(arg) = args.next() {
-        if arg == "--help" || arg == "-h" {
-            return Ok(None);
-        }
-        // Both `--flag value` and `--flag=value`.
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_owned(), Some(value.to_owned()))
-            }
-            _ => (arg, None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| args.next())
-                .ok_or_else(|| usage_error(format!("{flag} needs a value")))
-        };
-        match flag.as_str() {
-            "--listen" => set(&mut listen, &flag, parse_listen(&value()?)?)?,
-            "--metrics" => set(&mut metrics, &flag, parse_listen(&value()?)?)?,
-            "--origin" => set(&mut origin, &flag, Origin::parse(&value()?)?)?,
-            "--redis" => {
-                let url = value()?;
-                if !url.contains("://") {
-                    return Err(usage_error(format!(
-                        "--redis: {url:?} is not a URL (expected e.g. redis://127.0.0.1:6379/)"
-                    )));
-                }
-                set(&mut redis, &flag, url)?;
-            }
-            "--redis-cluster" => {
-                let urls = parse_cluster_urls(&value()?)?;
-                set(&mut redis_cluster, &flag, urls)?;
-            }
-            "--ttl-secs" => {
-                let seconds = parse_positive(&flag, &value()?)?;
-                set(&mut ttl, &flag, Duration::from_secs(seconds))?;
-            }
-            "--stale-secs" => {
-                let text = value()?;
-                let seconds = text.parse::<u64>().map_err(|_| {
-                    usage_error(format!("--stale-secs: {text:?} is not a number of seconds"))
-                })?;
-                set(&mut stale, &flag, Duration::from_secs(seconds))?;
-            }
-            "--early-refresh-beta" => {
-                let text = value()?;
-                let beta = match text.parse::<f64>() {
-                    Ok(beta) if beta.is_finite() && beta >= 0.0 => beta,
-                    _ => {
-                        return Err(usage_error(format!(
-                            "--early-refresh-beta: {text:?} is not a number >= 0"
-                        )))
-                    }
-                };
-                set(&mut early_refresh_beta, &flag, beta)?;
-            }
-            "--lock-ttl-ms" => {
-                let millis = parse_positive(&flag, &value()?)?;
-                set(&mut lock_ttl, &flag, Duration::from_millis(millis))?;
-            }
-            "--store-timeout-ms" => {
-                let millis = parse_positive(&flag, &value()?)?;
-                set(&mut store_timeout, &flag, Duration::from_millis(millis))?;
-            }
-            "--namespace" => {
-                let ns = value()?;
-                if ns.is_empty() {
-                    return Err(usage_error("--namespace must not be empty"));
-                }
-                set(&mut namespace, &flag, ns)?;
-            }
-            "--max-body-bytes" => {
-                let text = value()?;
-                let bytes = text.parse::<usize>().map_err(|_| {
-                    usage_error(format!(
-                        "--max-body-bytes: {text:?} is not a number of bytes"
-                    ))
-                })?;
-                set(&mut max_body_bytes, &flag, bytes)?;
-            }
-            other if other.starts_with('-') => {
-                return Err(usage_error(format!("unknown option {other}")));
-            }
-            other => return Err(usage_error(format!("unexpected argument {other:?}"))),
-        }
+/// A URL of a Redis server.
+fn redis_url(text: &str) -> Result<String, String> {
+    if !text.contains("://") {
+        return Err("not a URL (expected e.g. redis://127.0.0.1:6379/)".to_owned());
     }
-
-    let store = match (redis, redis_cluster) {
-        (None, None) => SharedStore::Embedded,
-        (Some(url), None) => SharedStore::Redis(url),
-        (None, Some(urls)) => SharedStore::RedisCluster(urls),
-        (Some(_), Some(_)) => {
-            return Err(usage_error(
-                "--redis and --redis-cluster are mutually exclusive: give one server or the \
-                 cluster's nodes",
-            ))
-        }
-    };
-    Ok(Some(Args {
-        listen: listen.ok_or_else(|| usage_error("--listen ADDR is required"))?,
-        origin: origin.ok_or_else(|| usage_error("--origin URL is required"))?,
-        store,
-        ttl: ttl.unwrap_or(Duration::from_secs(60)),
-        stale,
-        early_refresh_beta,
-        lock_ttl,
-        store_timeout,
-        namespace: namespace.unwrap_or_else(|| "proxy".to_owned()),
-        max_body_bytes,
-        metrics,
-    }))
-}
-
-fn set<T>(slot: &mut Option<T>, flag: &str, value: T) -> Result<(), UsageError> {
-    if slot.replace(value).is_some() {
-        return Err(usage_error(format!("{flag} is given more than once")));
-    }
-    Ok(())
+    Ok(text.to_owned())
 }
 
 /// `URL,URL,...`: at least one, each a URL.
-fn parse_cluster_urls(text: &str) -> Result<Vec<String>, UsageError> {
+fn cluster_urls(text: &str) -> Result<ClusterUrls, String> {
     let urls: Vec<String> = text
         .split(',')
         .map(str::trim)
@@ -301,40 +193,68 @@ fn parse_cluster_urls(text: &str) -> Result<Vec<String>, UsageError> {
         .map(str::to_owned)
         .collect();
     if urls.is_empty() {
-        return Err(usage_error(
-            "--redis-cluster needs at least one URL (e.g. redis://10.0.0.1:6379/,redis://10.0.0.2:6379/)",
-        ));
+        return Err(
+            "needs at least one URL (e.g. redis://10.0.0.1:6379/,redis://10.0.0.2:6379/)"
+                .to_owned(),
+        );
     }
     if let Some(bad) = urls.iter().find(|url| !url.contains("://")) {
-        return Err(usage_error(format!(
-            "--redis-cluster: {bad:?} is not a URL (expected e.g. redis://10.0.0.1:6379/)"
-        )));
+        return Err(format!(
+            "{bad:?} is not a URL (expected e.g. redis://10.0.0.1:6379/)"
+        ));
     }
-    Ok(urls)
+    Ok(ClusterUrls(urls))
 }
 
-fn parse_positive(flag: &str, text: &str) -> Result<u64, UsageError> {
+fn positive(text: &str) -> Result<u64, String> {
     match text.parse::<u64>() {
         Ok(n) if n > 0 => Ok(n),
-        _ => Err(usage_error(format!(
-            "{flag}: {text:?} is not a positive whole number"
-        ))),
+        _ => Err("not a positive whole number".to_owned()),
     }
+}
+
+fn positive_secs(text: &str) -> Result<Duration, String> {
+    positive(text).map(Duration::from_secs)
+}
+
+fn positive_millis(text: &str) -> Result<Duration, String> {
+    positive(text).map(Duration::from_millis)
+}
+
+fn secs(text: &str) -> Result<Duration, String> {
+    text.parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|_| "not a number of seconds".to_owned())
+}
+
+fn beta(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(beta) if beta.is_finite() && beta >= 0.0 => Ok(beta),
+        _ => Err("not a number >= 0".to_owned()),
+    }
+}
+
+fn byte_count(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .map_err(|_| "not a number of bytes".to_owned())
+}
+
+fn namespace(text: &str) -> Result<String, String> {
+    if text.is_empty() {
+        return Err("must not be empty".to_owned());
+    }
+    Ok(text.to_owned())
 }
 
 /// An IP address and port, or a host name that resolves to one (`localhost:8080`).
-fn parse_listen(text: &str) -> Result<SocketAddr, UsageError> {
+fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = text.parse() {
         return Ok(addr);
     }
     text.to_socket_addrs()
         .ok()
         .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| {
-            usage_error(format!(
-                "--listen: {text:?} is not an address (expected e.g. 127.0.0.1:8080)"
-            ))
-        })
+        .ok_or_else(|| "not an address (expected e.g. 127.0.0.1:8080)".to_owned())
 }
 
 /// The origin: where every request goes.
@@ -346,17 +266,13 @@ struct Origin {
 }
 
 impl Origin {
-    fn parse(text: &str) -> Result<Origin, UsageError> {
-        let bad = |why: &str| {
-            usage_error(format!(
-                "--origin: {text:?} {why} (expected http://host:port)"
-            ))
-        };
-        let uri: Uri = text.parse().map_err(|_| bad("is not a URL"))?;
+    fn parse(text: &str) -> Result<Origin, String> {
+        let bad = |why: &str| format!("{why} (expected http://host:port)");
+        let uri: Uri = text.parse().map_err(|_| bad("not a URL"))?;
         match uri.scheme_str() {
             Some("http") => {}
             Some("https") => return Err(bad("uses https, which this proxy does not speak")),
-            _ => return Err(bad("is not an http:// URL")),
+            _ => return Err(bad("not an http:// URL")),
         }
         let authority = uri.authority().cloned().ok_or_else(|| bad("has no host"))?;
         if authority.host().is_empty() {
@@ -464,10 +380,10 @@ fn to_origin_uri(origin: &Origin, mut request: Request<Incoming>) -> Request<Inc
 }
 
 async fn build_cache(args: &Args) -> Result<Cache, String> {
-    let builder = match &args.store {
-        SharedStore::Embedded => Cache::builder(MemoryStore::new()),
-        SharedStore::Redis(url) => Cache::builder(connect_redis(url).await?),
-        SharedStore::RedisCluster(urls) => Cache::builder(connect_redis_cluster(urls).await?),
+    let builder = match (&args.redis, &args.redis_cluster) {
+        (Some(url), _) => Cache::builder(connect_redis(url).await?),
+        (None, Some(urls)) => Cache::builder(connect_redis_cluster(&urls.0).await?),
+        (None, None) => Cache::builder(MemoryStore::new()),
     };
     let mut builder = builder.namespace(&args.namespace);
     if let Some(stale) = args.stale {
@@ -526,29 +442,21 @@ async fn serve_metrics(_addr: SocketAddr) -> Result<SocketAddr, String> {
         .to_owned())
 }
 
-#[cfg(feature = "redis")]
-async fn connect_redis(url: &str) -> Result<tower_stampede::store::RedisStore, String> {
-    tower_stampede::store::RedisStore::connect(url)
+async fn connect_redis(url: &str) -> Result<RedisStore, String> {
+    RedisStore::connect(url)
         .await
         .map_err(|e| format!("cannot use Redis: {e}"))
 }
 
-#[cfg(not(feature = "redis"))]
-async fn connect_redis(_url: &str) -> Result<MemoryStore, String> {
-    Err("--redis needs the `redis` feature of tower-stampede".to_owned())
-}
-
 #[cfg(feature = "cluster")]
-async fn connect_redis_cluster(
-    urls: &[String],
-) -> Result<tower_stampede::store::RedisStore, String> {
-    tower_stampede::store::RedisStore::connect_cluster(urls.iter().cloned())
+async fn connect_redis_cluster(urls: &[String]) -> Result<RedisStore, String> {
+    RedisStore::connect_cluster(urls.iter().cloned())
         .await
         .map_err(|e| format!("cannot use the Redis Cluster: {e}"))
 }
 
 #[cfg(not(feature = "cluster"))]
-async fn connect_redis_cluster(_urls: &[String]) -> Result<MemoryStore, String> {
+async fn connect_redis_cluster(_urls: &[String]) -> Result<RedisStore, String> {
     Err(
         "--redis-cluster needs the `cluster` feature of tower-stampede \
          (cargo run --features cluster --example proxy -- ...)"
@@ -563,17 +471,7 @@ async fn main() -> ExitCode {
         .with_max_level(tracing::Level::WARN)
         .with_writer(std::io::stderr)
         .init();
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("proxy: {error}\nrun `proxy --help` for usage");
-            return ExitCode::from(2);
-        }
-    };
+    let args = Args::parse_or_exit();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

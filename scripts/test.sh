@@ -46,3 +46,6 @@ cargo clippy --all-targets --no-default-features -- -D warnings
 
 echo "==> cargo test (library, integration, examples' build, doctests)"
 cargo test --all-features
+
+echo "==> cargo test (no default features: the tests over the embedded store, without Redis)"
+cargo test --no-default-features

@@ -9,6 +9,44 @@
 //! - [`store`]: where values and reload locks are shared: [`MemoryStore`](store::MemoryStore)
 //!   (embedded default) and `RedisStore` (feature `redis`; Redis Cluster with feature
 //!   `cluster`, `rediss://` with feature `tls`).
+//!
+//! # Example
+//!
+//! Two concurrent lookups of one cold key cost one load; the second caller is answered with
+//! the value the first one loaded.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//!
+//! use bytes::Bytes;
+//! use tower_stampede::{store::MemoryStore, Cache};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_stampede::Error> {
+//! let cache = Cache::builder(MemoryStore::new()).build();
+//! let loads = Arc::new(AtomicUsize::new(0));
+//! let load = || {
+//!     let loads = Arc::clone(&loads);
+//!     move || async move {
+//!         // The slow part: a database query, a render.
+//!         loads.fetch_add(1, Ordering::SeqCst);
+//!         Ok::<_, std::io::Error>(Bytes::from_static(b"Ada Lovelace"))
+//!     }
+//! };
+//! let (first, second) = tokio::join!(
+//!     cache.get_or_load("user:42", load()),
+//!     cache.get_or_load("user:42", load()),
+//! );
+//! assert_eq!(first?, "Ada Lovelace");
+//! assert_eq!(second?, "Ada Lovelace");
+//! assert_eq!(loads.load(Ordering::SeqCst), 1);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! With a `RedisStore` shared by several processes instead, the lookups of all of them cost
+//! one load.
 #![forbid(unsafe_code)]
 #![deny(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -23,3 +61,9 @@ pub use cache::{
     WaitTimeoutPolicy,
 };
 pub use http::{Stampede, StampedeLayer};
+
+/// The README's examples, compiled as doctests. They use every feature (`RedisStore` on a
+/// Redis Cluster and over TLS), so they build with `--all-features`, as `scripts/test.sh` runs.
+#[cfg(all(doctest, feature = "cluster", feature = "tls"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

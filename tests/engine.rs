@@ -1,5 +1,6 @@
-//! The engine end to end, over both stores: the embedded `MemoryStore` and a real `redis-server`.
-#![cfg(feature = "redis")]
+//! The engine end to end, over both stores: the embedded `MemoryStore` and (feature `redis`) a
+//! real `redis-server`. Tests that depend on timing run over `MemoryStore` on paused tokio
+//! time (`timed_test!`); Redis keeps its own clock, so its runs take real time.
 
 mod support;
 
@@ -7,58 +8,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+#[cfg(feature = "redis")]
 use redis::AsyncCommands;
-use support::{start_leader, Counter, RedisServer};
+use support::{start_leader, Backing, Counter, Shared};
 use tokio::sync::Notify;
+#[cfg(feature = "redis")]
+use tower_stampede::store::RedisStore;
 use tower_stampede::store::{
-    BoxFuture, LockState, LockToken, LockWhen, Lookup, MemoryStore, RedisStore, Store, StoreError,
-    StoreKey, Stored,
+    BoxFuture, LockState, LockToken, LockWhen, Lookup, MemoryStore, Store, StoreError, StoreKey,
+    Stored,
 };
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
-/// A shared store, and the Redis server behind it if there is one.
-struct Shared {
-    name: &'static str,
-    store: Arc<dyn Store>,
-    memory: Option<MemoryStore>,
-    redis: Option<RedisServer>,
-}
-
 impl Shared {
-    async fn memory() -> Self {
-        let memory = MemoryStore::new();
-        Shared {
-            name: "memory",
-            store: Arc::new(memory.clone()),
-            memory: Some(memory),
-            redis: None,
-        }
-    }
-
-    async fn redis() -> Self {
-        let server = RedisServer::start();
-        let store = RedisStore::connect(server.url()).await.unwrap();
-        Shared {
-            name: "redis",
-            store: Arc::new(store),
-            memory: None,
-            redis: Some(server),
-        }
-    }
-
-    async fn both() -> [Self; 2] {
-        [Self::memory().await, Self::redis().await]
-    }
-
-    fn cache(&self) -> tower_stampede::CacheBuilder {
-        Cache::builder_shared(Arc::clone(&self.store)).namespace("test")
-    }
-
     /// Writes raw bytes under a key's value name, behind the engine's back.
     async fn write_raw(&self, cache: &Cache, key: &str, bytes: &[u8]) {
         let store_key = cache.store_key(key);
-        match (&self.redis, &self.memory) {
-            (Some(server), _) => {
+        match &self.backing {
+            #[cfg(feature = "redis")]
+            Backing::Redis(server) => {
                 let mut conn = server
                     .client()
                     .get_multiplexed_async_connection()
@@ -69,7 +37,7 @@ impl Shared {
                     .await
                     .unwrap();
             }
-            (None, Some(memory)) => memory
+            Backing::Memory(memory) => memory
                 .put(
                     &store_key,
                     Bytes::copy_from_slice(bytes),
@@ -77,7 +45,6 @@ impl Shared {
                 )
                 .await
                 .unwrap(),
-            (None, None) => unreachable!("every shared store is memory or redis"),
         }
     }
 }
@@ -102,6 +69,31 @@ mod futures_ready {
     use std::pin::Pin;
 
     pub type Load = Pin<Box<dyn Future<Output = Result<bytes::Bytes, std::io::Error>> + Send>>;
+}
+
+/// `timed_test!(name)` runs `async fn name(stores: Vec<Shared>)`, a test that depends on
+/// timing, twice: as `name::memory` over `MemoryStore` on paused tokio time, which the store's
+/// expiries and the engine's timers follow, so the run is instant and its timing exact; and,
+/// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
+/// expiry follows moka's own clock, which paused time does not move: a test that waits for an
+/// L1 entry to expire is not a `timed_test!`.)
+macro_rules! timed_test {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(start_paused = true)]
+            async fn memory() {
+                super::$name(vec![Shared::memory()]).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(vec![Shared::redis().await]).await;
+            }
+        }
+    };
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,9 +189,9 @@ async fn a_dropped_leader_still_fills_the_cache() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_takes_over_from_a_leader_that_died_holding_the_lock() {
-    for shared in Shared::both().await {
+timed_test!(a_follower_takes_over_from_a_leader_that_died_holding_the_lock);
+async fn a_follower_takes_over_from_a_leader_that_died_holding_the_lock(stores: Vec<Shared>) {
+    for shared in stores {
         let cache = shared.cache().lock_ttl(Duration::from_millis(300)).build();
         let key = cache.store_key("orphan");
         // A leader in a process that then crashed: it took the lock and never came back.
@@ -307,9 +299,9 @@ async fn locks_are_released_and_extended_only_by_their_owner() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_fill_cannot_overwrite_a_newer_value() {
-    for shared in Shared::both().await {
+timed_test!(a_late_fill_cannot_overwrite_a_newer_value);
+async fn a_late_fill_cannot_overwrite_a_newer_value(stores: Vec<Shared>) {
+    for shared in stores {
         let store = &shared.store;
         let key = Cache::builder_shared(store.clone())
             .build()
@@ -383,6 +375,7 @@ async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten() {
     }
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_of_a_foreign_redis_type_is_a_miss() {
     let shared = Shared::redis().await;
@@ -404,9 +397,9 @@ async fn a_value_of_a_foreign_redis_type_is_a_miss() {
     assert_eq!(kind, "string");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_load_is_shared_and_releases_the_lock() {
-    for shared in Shared::both().await {
+timed_test!(a_failed_load_is_shared_and_releases_the_lock);
+async fn a_failed_load_is_shared_and_releases_the_lock(stores: Vec<Shared>) {
+    for shared in stores {
         let cache = shared.cache().build();
         let loads = Counter::default();
         let mut callers = Vec::new();
@@ -506,9 +499,9 @@ async fn hold_lock(shared: &Shared, cache: &Cache, key: &str) -> LockToken {
     token
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wait_timeout_policies() {
-    for shared in Shared::both().await {
+timed_test!(wait_timeout_policies);
+async fn wait_timeout_policies(stores: Vec<Shared>) {
+    for shared in stores {
         let uncached = shared
             .cache()
             .wait_timeout(Duration::from_millis(200))
@@ -591,9 +584,9 @@ async fn wait_timeout_policies() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_stale_after_a_wait_timeout() {
-    for shared in Shared::both().await {
+timed_test!(serve_stale_after_a_wait_timeout);
+async fn serve_stale_after_a_wait_timeout(stores: Vec<Shared>) {
+    for shared in stores {
         // No serve-while-updating, but stale data is welcome when the leader is too slow.
         let cache = shared
             .cache()
@@ -620,9 +613,9 @@ async fn serve_stale_after_a_wait_timeout() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_if_error_has_a_maximum_staleness() {
-    for shared in Shared::both().await {
+timed_test!(stale_if_error_has_a_maximum_staleness);
+async fn stale_if_error_has_a_maximum_staleness(stores: Vec<Shared>) {
+    for shared in stores {
         // The entry is about 200 ms stale: too old for 100 ms, fine for 60 s.
         stale_entry(&shared, "aging", "old").await;
         let failing = || async { Err::<Bytes, _>(std::io::Error::other("backend down")) };
@@ -650,11 +643,11 @@ async fn stale_if_error_has_a_maximum_staleness() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_six_second_load_under_default_settings_is_one_load() {
+timed_test!(a_six_second_load_under_default_settings_is_one_load);
+async fn a_six_second_load_under_default_settings_is_one_load(stores: Vec<Shared>) {
     // nginx's defaults (a 5 s lock timeout) would send every waiting client to the origin;
     // here followers wait as long as the leader's watchdog keeps its lock alive.
-    async fn stampede(shared: Shared) {
+    for shared in stores {
         let instances: Vec<Cache> = (0..4).map(|_| shared.cache().build()).collect();
         let loads = Counter::default();
         let mut callers = Vec::new();
@@ -670,13 +663,11 @@ async fn a_six_second_load_under_default_settings_is_one_load() {
         }
         assert_eq!(loads.get(), 1, "{}", shared.name);
     }
-    let [memory, redis] = Shared::both().await;
-    tokio::join!(stampede(memory), stampede(redis));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again() {
-    for shared in Shared::both().await {
+timed_test!(a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again);
+async fn a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again(stores: Vec<Shared>) {
+    for shared in stores {
         let fast = shared.cache().build();
         // This instance's first lookup answers late, after the other has overwritten the entry.
         let late = Cache::builder_shared(Observed::new(&shared.store, Duration::from_millis(300)))
@@ -705,9 +696,9 @@ async fn a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_longer_than_the_lock_ttl_is_still_one_load() {
-    for shared in Shared::both().await {
+timed_test!(a_load_longer_than_the_lock_ttl_is_still_one_load);
+async fn a_load_longer_than_the_lock_ttl_is_still_one_load(stores: Vec<Shared>) {
+    for shared in stores {
         let instances: Vec<Cache> = (0..3)
             .map(|_| shared.cache().lock_ttl(Duration::from_millis(150)).build())
             .collect();
@@ -732,9 +723,9 @@ async fn a_load_longer_than_the_lock_ttl_is_still_one_load() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked() {
-    for shared in Shared::both().await {
+timed_test!(a_load_over_the_load_timeout_is_abandoned_and_unlocked);
+async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked(stores: Vec<Shared>) {
+    for shared in stores {
         let cache = shared
             .cache()
             .load_timeout(Duration::from_millis(100))
@@ -779,6 +770,7 @@ async fn a_pass_tells_followers_not_to_wait() {
     }
 }
 
+// Real time over both stores: the test waits for L1 to expire, and L1 follows moka's clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_loader_sets_the_ttl_and_l1_never_outlives_it() {
     for shared in Shared::both().await {
@@ -821,11 +813,12 @@ async fn a_loader_sets_the_ttl_and_l1_never_outlives_it() {
     }
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_redis_degrades_to_in_process_protection() {
     let mut shared = Shared::redis().await;
     let instances: Vec<Cache> = (0..2).map(|_| shared.cache().build()).collect();
-    shared.redis.as_mut().unwrap().kill();
+    shared.server_mut().kill();
     let loads = Counter::default();
     let mut callers = Vec::new();
     for i in 0..200 {
@@ -846,28 +839,6 @@ async fn a_dead_redis_degrades_to_in_process_protection() {
     assert!(instances[0].stats().store_errors >= 1);
 }
 
-impl Shared {
-    /// A plain connection to the Redis server, to look behind the engine's back.
-    async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        self.redis
-            .as_ref()
-            .expect("a Redis-backed store")
-            .client()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
-    }
-
-    /// Another process's view of the same store: for Redis a store with connections of its
-    /// own (its own subscriber), for memory the same store.
-    async fn other_process(&self) -> Arc<dyn Store> {
-        match &self.redis {
-            Some(server) => Arc::new(RedisStore::connect(server.url()).await.unwrap()),
-            None => Arc::clone(&self.store),
-        }
-    }
-}
-
 /// Followers whose polls would take a minute: only a notification can wake them in time.
 fn deaf_to_polls(store: Arc<dyn Store>) -> tower_stampede::CacheBuilder {
     Cache::builder_shared(store)
@@ -876,9 +847,9 @@ fn deaf_to_polls(store: Arc<dyn Store>) -> tower_stampede::CacheBuilder {
         .wait_timeout(Duration::from_secs(120))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn followers_are_woken_by_the_fill_not_by_their_polls() {
-    for shared in Shared::both().await {
+timed_test!(followers_are_woken_by_the_fill_not_by_their_polls);
+async fn followers_are_woken_by_the_fill_not_by_their_polls(stores: Vec<Shared>) {
+    for shared in stores {
         let leader = shared.cache().build();
         let follower = deaf_to_polls(shared.other_process().await).build();
         let loads = Counter::default();
@@ -905,9 +876,9 @@ async fn followers_are_woken_by_the_fill_not_by_their_polls() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_leader_wakes_its_followers_to_take_over() {
-    for shared in Shared::both().await {
+timed_test!(a_failed_leader_wakes_its_followers_to_take_over);
+async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
+    for shared in stores {
         let leader = shared.cache().failure_ttl(Duration::ZERO).build();
         let follower = deaf_to_polls(shared.other_process().await).build();
         let started = Arc::new(Notify::new());
@@ -1073,9 +1044,9 @@ async fn eventually(cache: &Cache, key: &str, want: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_values_are_served_while_one_leader_refreshes() {
-    for shared in Shared::both().await {
+timed_test!(stale_values_are_served_while_one_leader_refreshes);
+async fn stale_values_are_served_while_one_leader_refreshes(stores: Vec<Shared>) {
+    for shared in stores {
         stale_entry(&shared, "swr", "old").await;
         let instances: Vec<Cache> = (0..2)
             .map(|_| {
@@ -1115,9 +1086,9 @@ async fn stale_values_are_served_while_one_leader_refreshes() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_foreground_refresh_waits_for_its_leader_only() {
-    for shared in Shared::both().await {
+timed_test!(a_foreground_refresh_waits_for_its_leader_only);
+async fn a_foreground_refresh_waits_for_its_leader_only(stores: Vec<Shared>) {
+    for shared in stores {
         stale_entry(&shared, "fg", "old").await;
         let leader = shared
             .cache()
@@ -1157,9 +1128,9 @@ async fn a_foreground_refresh_waits_for_its_leader_only() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_refresh_serves_the_stale_value() {
-    for shared in Shared::both().await {
+timed_test!(a_failed_refresh_serves_the_stale_value);
+async fn a_failed_refresh_serves_the_stale_value(stores: Vec<Shared>) {
+    for shared in stores {
         stale_entry(&shared, "sie", "old but good").await;
         let cache = shared
             .cache()
@@ -1209,9 +1180,9 @@ async fn a_corrupt_entry_is_overwritten_by_one_load() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timed_out_lookup_does_not_leave_its_lock_behind() {
-    for shared in Shared::both().await {
+timed_test!(a_timed_out_lookup_does_not_leave_its_lock_behind);
+async fn a_timed_out_lookup_does_not_leave_its_lock_behind(stores: Vec<Shared>) {
+    for shared in stores {
         let late = Cache::builder_shared(Observed::new(&shared.store, Duration::from_secs(5)))
             .namespace("test")
             .store_timeout(Duration::from_millis(50))
@@ -1285,6 +1256,7 @@ async fn futures_poll_once<F: std::future::Future>(future: F) {
     .await;
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_resume_after_redis_restarts() {
     let mut shared = Shared::redis().await;
@@ -1302,7 +1274,7 @@ async fn notifications_resume_after_redis_restarts() {
         assert_eq!(fetched.value().unwrap(), "filled", "{round}");
         leading.await.unwrap().unwrap();
         if round == "before" {
-            shared.redis.as_mut().unwrap().restart();
+            shared.server_mut().restart();
             // Both stores reconnect on their next use; give the first use a moment to happen.
             let _ = leader.store().get(&leader.store_key("warm-up")).await;
             let _ = follower.store().get(&follower.store_key("warm-up")).await;
@@ -1310,9 +1282,9 @@ async fn notifications_resume_after_redis_restarts() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_backend_is_called_once_per_failure_window() {
-    for shared in Shared::both().await {
+timed_test!(a_failing_backend_is_called_once_per_failure_window);
+async fn a_failing_backend_is_called_once_per_failure_window(stores: Vec<Shared>) {
+    for shared in stores {
         let instances: Vec<Cache> = (0..4)
             .map(|_| {
                 shared
@@ -1370,9 +1342,9 @@ async fn a_failing_backend_is_called_once_per_failure_window() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_recent_failure_serves_the_stale_value_everywhere() {
-    for shared in Shared::both().await {
+timed_test!(a_recent_failure_serves_the_stale_value_everywhere);
+async fn a_recent_failure_serves_the_stale_value_everywhere(stores: Vec<Shared>) {
+    for shared in stores {
         stale_entry(&shared, "stale-down", "last good").await;
         let calls = Counter::default();
         for i in 0..3 {
@@ -1423,9 +1395,9 @@ fn first_slow_then_quick(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits() {
-    for shared in Shared::both().await {
+timed_test!(a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits);
+async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits(stores: Vec<Shared>) {
+    for shared in stores {
         // δ = 300 ms and β = 3: a hit 1 s before expiry refreshes with probability
         // e^(−1/0.9) ≈ 1/3, so a few hits suffice, long before the value expires.
         let builder = || {
@@ -1555,12 +1527,10 @@ async fn early_refresh_keeps_a_hot_key_fresh_at_about_one_load_per_ttl() {
     assert!((10..=13).contains(&loads), "{loads} loads in 10 s");
 }
 
-/// Commands clients sent since the last `CONFIG RESETSTAT`, by name: the test's own `INFO` and
-/// `CONFIG`, and the commands the store's scripts run inside Redis (which `INFO
-/// commandstats` counts too), left out.
 /// What the server ran since the last [`reset_stats`]: commands by name (the test's own
 /// `INFO` and `CONFIG` left out; commands run by scripts included), and round trips: the
 /// reads of client requests it processed, less the `INFO` that asks.
+#[cfg(feature = "redis")]
 async fn server_work(
     conn: &mut redis::aio::MultiplexedConnection,
 ) -> (std::collections::BTreeMap<String, u64>, u64) {
@@ -1588,6 +1558,7 @@ async fn server_work(
     (commands, reads - 1)
 }
 
+#[cfg(feature = "redis")]
 async fn reset_stats(conn: &mut redis::aio::MultiplexedConnection) {
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -1596,10 +1567,11 @@ async fn reset_stats(conn: &mut redis::aio::MultiplexedConnection) {
         .unwrap();
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
     let shared = Shared::redis().await;
-    let server = shared.redis.as_ref().unwrap();
+    let server = shared.server();
     let leader = shared.cache().build();
     let reader = deaf_to_polls(shared.other_process().await).build();
     let loads = Counter::default();
@@ -1655,6 +1627,7 @@ async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
 /// so a plain `SET lock NX` cannot take it; the pipelined lookup depends on it. What breaks
 /// the marker's agreement with the value (an evicted value, a deleted marker, a lock key of a
 /// foreign type) costs at most one more round trip, never a wrong answer or a second load.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fresh_marker_follows_the_value_and_heals() {
     let shared = Shared::redis().await;
@@ -1728,6 +1701,7 @@ async fn the_fresh_marker_follows_the_value_and_heals() {
 
 /// Past its freshness, the marker is gone while the stale value stays: exactly one lookup
 /// takes the lock (`SET NX`) and one load refreshes the value.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_value_has_no_marker_and_one_lookup_takes_the_lock() {
     let shared = Shared::redis().await;

@@ -1,5 +1,6 @@
-//! The HTTP layer over axum, with the engine on a real `redis-server` and on `MemoryStore`.
-#![cfg(feature = "redis")]
+//! The HTTP layer over axum, with the engine on `MemoryStore` and (feature `redis`) on a real
+//! `redis-server`. On real time for both: the layer reads the clock (`Age`, freshness) from
+//! the system, which paused tokio time does not move.
 
 mod support;
 
@@ -17,14 +18,14 @@ use axum::Router;
 use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::BodyExt;
-use support::{both, Counter, Shared};
+use support::{Counter, Shared};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_stampede::{Cache, StampedeLayer};
 
 impl Shared {
     /// An axum app (its own `Cache`, so its own L1) over the shared store.
     fn app(&self, origin: &Counter) -> Router {
-        app(origin).layer(StampedeLayer::new(self.cache()))
+        app(origin).layer(StampedeLayer::new(self.cache().build()))
     }
 }
 
@@ -131,7 +132,7 @@ fn x_cache(headers: &HeaderMap) -> Option<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_miss_then_hits_byte_for_byte() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         let bare = app(&Counter::default());
         let (a, b) = (shared.app(&origin), shared.app(&origin));
@@ -188,7 +189,7 @@ async fn a_miss_then_hits_byte_for_byte() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_requests_over_four_apps_reach_the_origin_once() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         let apps: Vec<Router> = (0..4).map(|_| shared.app(&origin)).collect();
         let mut requests = Vec::new();
@@ -213,7 +214,7 @@ async fn thousand_requests_over_four_apps_reach_the_origin_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_methods_pass_through_untouched() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         let app = shared.app(&origin);
         for _ in 0..2 {
@@ -233,7 +234,7 @@ async fn other_methods_pass_through_untouched() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncacheable_responses_and_requests_are_bypassed() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         for path in ["/no-store", "/private", "/cookie"] {
             let origin = Counter::default();
             let (a, b) = (shared.app(&origin), shared.app(&origin));
@@ -274,9 +275,9 @@ async fn uncacheable_responses_and_requests_are_bypassed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_age_sets_the_ttl() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
-        let cache = shared.cache();
+        let cache = shared.cache().build();
         let app = app(&origin).layer(StampedeLayer::new(cache.clone()));
         let (_, headers, _) = send(&app, "GET", "http://app.test/short").await;
         assert_eq!(x_cache(&headers), Some("MISS"));
@@ -341,10 +342,10 @@ fn sha256(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_over_the_limit_streams_through_intact_and_is_not_stored() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         for path in ["/huge", "/huge-chunked"] {
             let origin = Counter::default();
-            let cache = shared.cache();
+            let cache = shared.cache().build();
             let layer = StampedeLayer::new(cache.clone()).max_body_bytes(64 * 1024);
             let chunked = {
                 let origin = origin.clone();
@@ -420,7 +421,7 @@ impl http_body::Body for FailingBody {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_fails_halfway_reaches_the_caller_and_is_not_cached() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         let inner = {
             let origin = origin.clone();
@@ -483,7 +484,7 @@ async fn a_body_that_fails_halfway_reaches_the_caller_and_is_not_cached() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_responses_while_refreshing_and_in_place_of_errors() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         let failing = Arc::new(AtomicBool::new(false));
         // The background refresh (version 2) waits for the test, so the stale answer is seen.
@@ -565,7 +566,7 @@ async fn stale_responses_while_refreshing_and_in_place_of_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_origin_is_called_once_and_followers_get_a_gateway_error() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         let apps: Vec<Router> = (0..2).map(|_| shared.app(&origin)).collect();
         let bare = send(&app(&Counter::default()), "GET", "/error").await;
@@ -602,7 +603,7 @@ async fn a_failing_origin_is_called_once_and_followers_get_a_gateway_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Counter::default();
         // The first load is slow (δ = 300 ms), so with β = 3 the refresh comes well before the
         // page's one second of freshness ends.

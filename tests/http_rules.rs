@@ -1,10 +1,9 @@
 //! The shared-cache rules of the HTTP layer, one test per rule, each through the real
-//! middleware over `MemoryStore` and a real `redis-server`.
+//! middleware over `MemoryStore` and (feature `redis`) a real `redis-server`.
 //!
 //! The origin is programmable: `/any/path?status=404&h=cache-control:max-age%3D60&echo=accept`
 //! answers with that status and header, and a body naming the request and its origin call, so
 //! a test tells a cached answer (same call number) from a fresh one.
-#![cfg(feature = "redis")]
 
 mod support;
 
@@ -17,7 +16,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, 
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use support::{both, Counter, Shared};
+use support::{Counter, Shared};
 use tower::ServiceExt;
 use tower_stampede::http::{Decision, DefaultKey, Policy, RfcPolicy};
 use tower_stampede::{Cache, StampedeLayer};
@@ -214,8 +213,8 @@ async fn get(app: &Router, uri: &str) -> Answer {
 /// Two apps (two caches, so two L1s) over one store: the second app's hits come from the store.
 fn apps(shared: &Shared, origin: &Origin, layer: impl Fn(Cache) -> StampedeLayer) -> [Router; 2] {
     [
-        origin.router().layer(layer(shared.cache())),
-        origin.router().layer(layer(shared.cache())),
+        origin.router().layer(layer(shared.cache().build())),
+        origin.router().layer(layer(shared.cache().build())),
     ]
 }
 
@@ -233,7 +232,7 @@ const PASSED: [&str; 3] = ["BYPASS", "BYPASS", "BYPASS"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statuses_are_stored_with_explicit_freshness_or_a_default_ttl() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let strict = apps(&shared, &origin, StampedeLayer::new);
         let heuristic = apps(&shared, &origin, |cache| {
@@ -308,9 +307,9 @@ async fn statuses_are_stored_with_explicit_freshness_or_a_default_ttl() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_comes_from_s_maxage_then_max_age_then_expires_then_the_default() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
-        let cache = shared.cache();
+        let cache = shared.cache().build();
         let policy = RfcPolicy::new().default_ttl(Duration::from_secs(45));
         let app = origin
             .router()
@@ -393,7 +392,7 @@ async fn ttl_comes_from_s_maxage_then_max_age_then_expires_then_the_default() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_is_never_stored() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let policy = RfcPolicy::new().default_ttl(Duration::from_secs(60));
         let apps = apps(&shared, &origin, |cache| {
@@ -436,9 +435,11 @@ async fn what_is_never_stored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authorization_needs_the_response_to_allow_it_and_is_keyed_apart() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
-        let app = origin.router().layer(StampedeLayer::new(shared.cache()));
+        let app = origin
+            .router()
+            .layer(StampedeLayer::new(shared.cache().build()));
         let as_ = |user: &'static str| [("authorization", user)];
         // Not allowed by the response: every authorized request reaches the origin, and
         // anonymous requests for the URL are cached all the same (not held up by a pass).
@@ -483,7 +484,8 @@ async fn authorization_needs_the_response_to_allow_it_and_is_keyed_apart() {
         }
         // Opted in: authorized responses are stored without the response's permission.
         let shared_app = origin.router().layer(
-            StampedeLayer::new(shared.cache()).policy(RfcPolicy::new().share_authorized(true)),
+            StampedeLayer::new(shared.cache().build())
+                .policy(RfcPolicy::new().share_authorized(true)),
         );
         let uri = url(
             "/auth/opted-in",
@@ -508,13 +510,15 @@ async fn authorization_needs_the_response_to_allow_it_and_is_keyed_apart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_no_store_bypasses_and_client_no_cache_is_honoured_only_when_configured() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let uri = url("/client", &[("h", &h("cache-control", "max-age=60"))]);
-        let plain = origin.router().layer(StampedeLayer::new(shared.cache()));
+        let plain = origin
+            .router()
+            .layer(StampedeLayer::new(shared.cache().build()));
         let honouring = origin
             .router()
-            .layer(StampedeLayer::new(shared.cache()).honor_client_no_cache(true));
+            .layer(StampedeLayer::new(shared.cache().build()).honor_client_no_cache(true));
         assert_eq!(get(&plain, &uri).await.x_cache(), "MISS");
         let no_store = send(&plain, Method::GET, &uri, &[("cache-control", "no-store")]).await;
         assert_eq!(no_store.x_cache(), "BYPASS", "{}", shared.name);
@@ -551,7 +555,7 @@ async fn request_no_store_bypasses_and_client_no_cache_is_honoured_only_when_con
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn head_is_answered_from_the_get_entry_and_a_miss_loads_with_get() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let [a, b] = apps(&shared, &origin, StampedeLayer::new);
         let uri = url("/head", &[("h", &h("cache-control", "max-age=60"))]);
@@ -602,7 +606,7 @@ async fn head_is_answered_from_the_get_entry_and_a_miss_loads_with_get() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vary_keys_variants_by_the_named_request_headers() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let [a, b] = apps(&shared, &origin, StampedeLayer::new);
         let uri = url(
@@ -671,7 +675,7 @@ async fn vary_keys_variants_by_the_named_request_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stampede_on_a_varying_url_loads_once_per_variant() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let apps = apps(&shared, &origin, StampedeLayer::new);
         let uri = url(
@@ -714,7 +718,7 @@ async fn a_stampede_on_a_varying_url_loads_once_per_variant() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_vary_is_passed_and_thousands_of_request_values_are_keyed() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let apps = apps(&shared, &origin, StampedeLayer::new);
         let fresh = h("cache-control", "max-age=60");
@@ -783,12 +787,14 @@ async fn hostile_vary_is_passed_and_thousands_of_request_values_are_keyed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn age_counts_from_generation_and_hop_by_hop_headers_are_not_stored() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
-        let cache = shared.cache();
+        let cache = shared.cache().build();
         let [a, b] = [
             origin.router().layer(StampedeLayer::new(cache.clone())),
-            origin.router().layer(StampedeLayer::new(shared.cache())),
+            origin
+                .router()
+                .layer(StampedeLayer::new(shared.cache().build())),
         ];
         // Arrived 100 s old, fresh for 600 s from generation: 500 s left, Age from 100.
         let uri = url(
@@ -846,7 +852,7 @@ async fn age_counts_from_generation_and_hop_by_hop_headers_are_not_stored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn make_key_and_policy_are_replaceable() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let by_tenant = |request: &axum::http::request::Parts| {
             let tenant = request.headers.get("x-tenant")?.to_str().ok()?;
@@ -854,7 +860,7 @@ async fn make_key_and_policy_are_replaceable() {
         };
         let app = origin
             .router()
-            .layer(StampedeLayer::new(shared.cache()).make_key(by_tenant));
+            .layer(StampedeLayer::new(shared.cache().build()).make_key(by_tenant));
         let uri = url("/tenant", &[("h", &h("cache-control", "max-age=60"))]);
         let tenant = |t: &'static str| [("x-tenant", t)];
         let a = send(&app, Method::GET, &uri, &tenant("a")).await;
@@ -898,7 +904,7 @@ async fn make_key_and_policy_are_replaceable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_requests_are_answered_304_from_the_entry() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let [a, b] = apps(&shared, &origin, StampedeLayer::new);
         let modified = "Wed, 21 Oct 2015 07:28:00 GMT";
@@ -978,7 +984,7 @@ async fn conditional_requests_are_answered_304_from_the_entry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_entries_are_a_counted_miss_and_overwritten() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let entries: [(&str, &[u8]); 4] = [
             ("foreign", b"hello, I am not yours"),
@@ -993,9 +999,11 @@ async fn corrupt_entries_are_a_counted_miss_and_overwritten() {
             ("truncated", b"TS\x01\x00\x00\x00\x00\x07\x02\x00\x00\x00"),
         ];
         for (name, bytes) in entries {
-            let cache = shared.cache();
+            let cache = shared.cache().build();
             let app = origin.router().layer(StampedeLayer::new(cache.clone()));
-            let other = origin.router().layer(StampedeLayer::new(shared.cache()));
+            let other = origin
+                .router()
+                .layer(StampedeLayer::new(shared.cache().build()));
             let uri = url(
                 &format!("/corrupt/{name}"),
                 &[("h", &h("cache-control", "max-age=60"))],
@@ -1043,7 +1051,7 @@ async fn corrupt_entries_are_a_counted_miss_and_overwritten() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_urls_and_invalid_header_bytes_have_a_clear_outcome() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let apps = apps(&shared, &origin, StampedeLayer::new);
         let fresh = h("cache-control", "max-age=60");
@@ -1139,9 +1147,11 @@ async fn long_urls_and_invalid_header_bytes_have_a_clear_outcome() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_100_kb_url_is_refused_by_the_server_before_the_layer() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
-        let app = origin.router().layer(StampedeLayer::new(shared.cache()));
+        let app = origin
+            .router()
+            .layer(StampedeLayer::new(shared.cache().build()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move { axum::serve(listener, app).await });
@@ -1177,7 +1187,7 @@ async fn a_100_kb_url_is_refused_by_the_server_before_the_layer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_variants_are_served_while_refreshing_and_in_place_of_errors() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         let cache = Cache::builder_shared(Arc::clone(&shared.store))
             .namespace("http-stale-vary")
@@ -1245,7 +1255,7 @@ async fn stale_variants_are_served_while_refreshing_and_in_place_of_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_varying_hot_page_is_refreshed_early_and_always_answered() {
-    for shared in both().await {
+    for shared in Shared::both().await {
         let origin = Origin::default();
         // A slow first load (300 ms) and beta 3: refreshes come well before the second of
         // freshness ends, for the marker and for the variant.

@@ -42,9 +42,17 @@ async fn never_called() -> Result<Loaded, std::io::Error> {
 /// Two instances, the follower deaf to polls: one load, and the follower answered by the fill's
 /// notification, which only an authenticated (and, for TLS, verified) subscriber can receive.
 async fn one_load_and_a_notified_follower(leader: RedisStore, follower: RedisStore) {
-    let leader = Cache::builder(leader).namespace("secure").build();
+    // A TLS handshake on a loaded machine can outlast the default 50 ms store timeout, which
+    // would make a call degrade (and run the loader that must not run): what is tested here
+    // is who may connect, not how fast.
+    let patient = Duration::from_secs(5);
+    let leader = Cache::builder(leader)
+        .namespace("secure")
+        .store_timeout(patient)
+        .build();
     let follower = Cache::builder(follower)
         .namespace("secure")
+        .store_timeout(patient)
         .backoff(Duration::from_secs(60), Duration::from_secs(60))
         .wait_timeout(Duration::from_secs(120))
         .build();

@@ -1,0 +1,251 @@
+//! A three-master Redis Cluster on free loopback ports.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, spawn, ServerOptions, TempDir, TlsFiles};
+
+/// A Redis Cluster of three masters (no replicas) on free loopback ports, each node in a
+/// temporary directory of its own; every node is killed, and its directory removed, on drop.
+pub struct RedisCluster {
+    nodes: Vec<ClusterNode>,
+    /// How the nodes are started, besides their ports and cluster settings.
+    options: ServerOptions,
+    /// `redis-cli` arguments that reach a node (TLS, credentials).
+    cli: Vec<String>,
+    /// What precedes `host:port` in a node's URL: scheme and credentials.
+    url_prefix: String,
+}
+
+struct ClusterNode {
+    child: Child,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Drop for ClusterNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RedisCluster {
+    /// Starts three `redis-server --cluster-enabled yes`, joins them with
+    /// `redis-cli --cluster create`, and waits until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        Self::start_with(ServerOptions::default(), Vec::new(), "redis://".to_owned())
+    }
+
+    /// Like [`start`](Self::start), but every node speaks TLS only (the cluster bus too), with
+    /// the certificate of `tls`, and knows only the ACL user `user` (`default` is off).
+    pub fn start_secure(tls: &TlsFiles, user: &str, password: &str) -> Self {
+        let acl = ["--user", "default", "off", "--user", user, "on"];
+        let mut extra: Vec<String> = acl.iter().map(|s| (*s).to_owned()).collect();
+        extra.extend([
+            format!(">{password}"),
+            "~*".into(),
+            "&*".into(),
+            "+@all".into(),
+        ]);
+        extra.extend(["--tls-cluster".into(), "yes".into()]);
+        let cli = vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            tls.ca_cert.display().to_string(),
+            "--user".to_owned(),
+            user.to_owned(),
+            "--pass".to_owned(),
+            password.to_owned(),
+            "--no-auth-warning".to_owned(),
+        ];
+        let options = ServerOptions {
+            extra,
+            tls: Some(tls.clone()),
+        };
+        Self::start_with(options, cli, format!("rediss://{user}:{password}@"))
+    }
+
+    fn start_with(options: ServerOptions, cli: Vec<String>, url_prefix: String) -> Self {
+        let nodes = (0..3).map(|_| ClusterNode::start(&options)).collect();
+        let cluster = RedisCluster {
+            nodes,
+            options,
+            cli,
+            url_prefix,
+        };
+        let addresses = cluster
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port));
+        let output = cluster.redis_cli(
+            &["--cluster", "create"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(addresses)
+                .chain(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned))
+                .collect::<Vec<_>>(),
+        );
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        cluster.wait_ok(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Runs `redis-cli` with the arguments that reach the nodes, then `args`.
+    fn redis_cli(&self, args: &[String]) -> std::process::Output {
+        Command::new("redis-cli")
+            .args(&self.cli)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run redis-cli ({e}); install redis-tools, e.g. with ./scripts/test.sh"
+                )
+            })
+    }
+
+    fn wait_ok(&self, limit: Duration) {
+        let started = Instant::now();
+        for node in &self.nodes {
+            let args = [
+                "-p".to_owned(),
+                node.port.to_string(),
+                "CLUSTER".into(),
+                "INFO".into(),
+            ];
+            loop {
+                let info = String::from_utf8_lossy(&self.redis_cli(&args).stdout).into_owned();
+                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < limit,
+                    "the cluster is not ok after {limit:?}: node {} says {info:?}",
+                    node.port
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The URLs of the three nodes (seeds for a cluster client), with the credentials of a
+    /// secure cluster.
+    pub fn urls(&self) -> Vec<String> {
+        self.ports()
+            .into_iter()
+            .map(|port| format!("{}127.0.0.1:{port}/", self.url_prefix))
+            .collect()
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// The port of the master that serves `key`'s slot (plain clusters only).
+    pub fn node_of(&self, key: &str) -> u16 {
+        let slot: i64 = self
+            .query(
+                &self.nodes[0],
+                redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
+            )
+            .expect("CLUSTER KEYSLOT");
+        let slots: redis::Value = self
+            .query(&self.nodes[0], redis::cmd("CLUSTER").arg("SLOTS"))
+            .expect("CLUSTER SLOTS");
+        let redis::Value::Array(ranges) = slots else {
+            panic!("unexpected CLUSTER SLOTS reply {slots:?}");
+        };
+        for range in ranges {
+            let redis::Value::Array(range) = range else {
+                continue;
+            };
+            let (
+                Some(redis::Value::Int(first)),
+                Some(redis::Value::Int(last)),
+                Some(redis::Value::Array(master)),
+            ) = (range.first(), range.get(1), range.get(2))
+            else {
+                continue;
+            };
+            if (*first..=*last).contains(&slot) {
+                if let Some(redis::Value::Int(port)) = master.get(1) {
+                    return u16::try_from(*port).expect("a port");
+                }
+            }
+        }
+        panic!("no node serves slot {slot} of {key:?}");
+    }
+
+    /// Empties every node's script cache, as a restart or a failover to a fresh node would
+    /// (plain clusters only).
+    pub fn flush_scripts(&self) {
+        for node in &self.nodes {
+            self.query::<()>(node, redis::cmd("SCRIPT").arg("FLUSH"))
+                .expect("SCRIPT FLUSH");
+        }
+    }
+
+    /// How many keys each node holds, in the order of [`ports`](Self::ports) (plain clusters
+    /// only).
+    pub fn keys_per_node(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .map(|node| self.query(node, &redis::cmd("DBSIZE")).expect("DBSIZE"))
+            .collect()
+    }
+
+    fn query<T: redis::FromRedisValue>(
+        &self,
+        node: &ClusterNode,
+        command: &redis::Cmd,
+    ) -> redis::RedisResult<T> {
+        assert!(
+            self.options.tls.is_none(),
+            "direct queries are for plain clusters"
+        );
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", node.port))?;
+        let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        command.query(&mut connection)
+    }
+}
+
+impl ClusterNode {
+    fn start(options: &ServerOptions) -> Self {
+        for _ in 0..20 {
+            let (port, bus_port) = (free_port(), free_port());
+            if port == bus_port {
+                continue;
+            }
+            let dir = TempDir::new("cluster");
+            let child = spawn(
+                options
+                    .command(port)
+                    .args(["--cluster-enabled", "yes"])
+                    .args(["--cluster-port", &bus_port.to_string()])
+                    .arg("--cluster-config-file")
+                    .arg(dir.path().join(format!("nodes-{port}.conf")))
+                    .arg("--dir")
+                    .arg(dir.path()),
+            );
+            let mut node = ClusterNode { child, port, dir };
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = node.child.try_wait() {
+                    break;
+                }
+                if options.is_up(port) {
+                    return node;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            // Lost a port to another test: try others (the drop kills this one).
+        }
+        panic!("a cluster node did not start on any of 20 port pairs");
+    }
+}
