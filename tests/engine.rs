@@ -986,6 +986,24 @@ impl Store for Observed {
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         self.inner.get(key)
     }
+
+    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.invalidate(key)
+    }
+
+    fn set(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        fresh_for: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.set(key, value, fresh_for, ttl)
+    }
+
+    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.expire(key, keep)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,6 +37,11 @@ pub enum ErrorKind {
     /// The key is marked "pass" (its last load was not cacheable), so there is no value to
     /// share; the caller should go to its backend directly.
     Pass,
+    /// A change of the cache ([`Cache::invalidate`](crate::Cache::invalidate),
+    /// [`set`](crate::Cache::set), [`expire`](crate::Cache::expire), ...) did not reach the
+    /// store; [`Error::source`](StdError::source) is the
+    /// [`StoreError`](crate::store::StoreError). This process's L1 was changed all the same.
+    Store,
 }
 
 impl Error {
@@ -57,6 +62,13 @@ impl Error {
             source: Some(Arc::from(BoxError::from(format!(
                 "load abandoned after {after:?}"
             )))),
+        }
+    }
+
+    pub(crate) fn store(source: crate::store::StoreError) -> Self {
+        Error {
+            kind: ErrorKind::Store,
+            source: Some(Arc::new(source)),
         }
     }
 
@@ -86,6 +98,7 @@ impl fmt::Display for Error {
             ErrorKind::WaitTimeout => "timed out waiting for another load",
             ErrorKind::RecentFailure => "another load of this key failed a moment ago",
             ErrorKind::Pass => "the key is marked pass",
+            ErrorKind::Store => "the change did not reach the store",
         })
     }
 }

@@ -74,17 +74,15 @@ impl Inner {
     {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
-            if let Some(l1) = &self.l1 {
-                if let Some(entry) = l1.get(&digest).await {
-                    if self.early_refresh_due(entry.fresh_until, entry.load_time) {
-                        let loader = BoxLoader::new(accepts, loader);
-                        self.refresh_early(digest, loader, entry.fresh_until);
-                    }
-                    return Ok(Fetched {
-                        value: Some(entry.value),
-                        outcome: Outcome::L1Hit,
-                    });
+            if let Some(entry) = self.l1_get(&digest).await {
+                if self.early_refresh_due(entry.fresh_until, entry.load_time) {
+                    let loader = BoxLoader::new(accepts, loader);
+                    self.refresh_early(digest, loader, entry.fresh_until);
                 }
+                return Ok(Fetched {
+                    value: Some(entry.value),
+                    outcome: Outcome::L1Hit,
+                });
             }
             let mut flights = self.flights();
             if let Some(flight) = flights.get(&digest) {

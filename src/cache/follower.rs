@@ -19,7 +19,9 @@ use super::flight::{BoxLoader, FlightResult, Reader};
 use super::leader::spawn_release;
 use super::telemetry::{self, LockEvent, WaitEnd};
 use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
-use crate::store::{FillWatch, KeyDigest, LockState, LockToken, LockWhen, StoreError, StoreKey};
+use crate::store::{
+    FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
+};
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
@@ -217,6 +219,8 @@ impl Inner {
         let mut filled = self.watch_fills(&key);
         loop {
             let overwriting = std::mem::take(&mut overwrite);
+            // Taken before the read, so that a change heard after it keeps the value out of L1.
+            let stamp = self.stamp(&digest);
             let lock_when = if overwriting {
                 LockWhen::Always
             } else {
@@ -267,7 +271,8 @@ impl Inner {
             }
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    return Box::pin(self.lead(key, token, loader, stale, Some(early))).await;
+                    return Box::pin(self.lead(stamp, key, token, loader, stale, Some(early)))
+                        .await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {
                     return Ok(Fetched {
@@ -277,7 +282,7 @@ impl Inner {
                 }
                 (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(keep);
-                    self.l1_insert(digest, payload.clone(), fresh_for, load_time)
+                    self.l1_insert(stamp, digest, payload.clone(), fresh_for, load_time)
                         .await;
                     let fresh_until = Instant::now() + fresh_for;
                     if self.early_refresh_due(fresh_until, load_time) {
@@ -319,7 +324,10 @@ impl Inner {
             if waited >= config.wait_timeout {
                 waiting.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
-                return self.after_wait_timeout(&key, loader, last_stale).await;
+                let stamp = self.stamp(&digest);
+                return self
+                    .after_wait_timeout(stamp, &key, loader, last_stale)
+                    .await;
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
             waiting.ended = Some(wait_for_fill(&mut filled, pause).await);
@@ -329,6 +337,7 @@ impl Inner {
     /// What a follower does once it has waited `wait_timeout`: the configured policy.
     async fn after_wait_timeout(
         &self,
+        stamp: Option<Stamp>,
         key: &StoreKey,
         loader: BoxLoader,
         last_stale: Option<StaleValue>,
@@ -337,7 +346,9 @@ impl Inner {
             WaitTimeoutPolicy::LoadUncached => {
                 Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached)).await
             }
-            WaitTimeoutPolicy::LoadAndCache => Box::pin(self.load_and_put(key, loader)).await,
+            WaitTimeoutPolicy::LoadAndCache => {
+                Box::pin(self.load_and_put(stamp, key, loader)).await
+            }
             WaitTimeoutPolicy::ServeStale => match last_stale {
                 Some(stale) if self.serves_on_error(&stale) => Ok(stale.answer()),
                 _ => Err(Error::new(ErrorKind::WaitTimeout)),

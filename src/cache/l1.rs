@@ -1,5 +1,11 @@
 //! L1: the in-process moka cache in front of the store, bounded in bytes, whose entries never
 //! outlive their freshness in the store (nor [`l1_ttl_cap`](super::CacheBuilder::l1_ttl_cap)).
+//!
+//! L1 is kept in step with the other processes through the store's notifications: each entry
+//! carries the [`Stamp`] of what this process had heard of its key before the value was read,
+//! and is trusted only while that is still all it has heard. A fill, set, expiry or
+//! invalidation of the key anywhere (or a lost subscription) moves the stamp on, and the next
+//! call reads the store again. While notifications are not received, nothing enters L1.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,7 +15,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{telemetry, Config, Inner};
-use crate::store::KeyDigest;
+use crate::store::{KeyDigest, Stamp};
 
 /// The moka cache that holds L1.
 pub(super) type L1 = moka::future::Cache<KeyDigest, L1Entry>;
@@ -23,6 +29,11 @@ pub(super) struct L1Entry {
     pub(super) fresh_until: Instant,
     /// How long its load took (XFetch's δ).
     pub(super) load_time: Duration,
+    /// What this process had heard of the key before the value was read.
+    stamp: Stamp,
+    /// When the entry leaves L1, on tokio's clock (moka keeps a clock of its own, which
+    /// paused test time does not move, and sweeps lazily).
+    until: Instant,
 }
 
 impl L1Entry {
@@ -80,21 +91,58 @@ pub(super) fn build(config: &Config, bytes: &Arc<AtomicU64>) -> Option<L1> {
 }
 
 impl Inner {
-    /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap).
+    /// What this process has heard of the key so far, to stamp a value about to be read;
+    /// `None` while notifications are not received (nothing read now may enter L1). Without
+    /// notifications, entries live out their L1 TTL.
+    pub(super) fn stamp(&self, digest: &KeyDigest) -> Option<Stamp> {
+        match self.notifier() {
+            Some(notifier) => notifier.stamp(digest),
+            None => Some(Stamp::UNTRACKED),
+        }
+    }
+
+    /// A stamp even while notifications are lost, for values loaded while the store fails;
+    /// they go out of date when notifications are received again.
+    pub(super) fn stamp_anyway(&self, digest: &KeyDigest) -> Stamp {
+        match self.notifier() {
+            Some(notifier) => notifier.stamp_anyway(digest),
+            None => Stamp::UNTRACKED,
+        }
+    }
+
+    /// The L1 entry of a key, if it is there and nothing has been heard of the key since it
+    /// was read; an entry that is no longer trusted is dropped.
+    pub(super) async fn l1_get(&self, digest: &KeyDigest) -> Option<L1Entry> {
+        let l1 = self.l1.as_ref()?;
+        let entry = l1.get(digest).await?;
+        if self.stamp(digest) == Some(entry.stamp) && Instant::now() < entry.until {
+            return Some(entry);
+        }
+        l1.invalidate(digest).await;
+        None
+    }
+
+    /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap),
+    /// if `stamp` (taken before the value was read) is still current.
     pub(super) async fn l1_insert(
         &self,
+        stamp: Option<Stamp>,
         digest: KeyDigest,
         value: Bytes,
         fresh_for: Duration,
         load_time: Duration,
     ) {
         let ttl = fresh_for.min(self.config.l1_ttl_cap);
+        let Some(stamp) = stamp else { return };
         if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
+            let now = Instant::now();
             let entry = L1Entry {
                 value,
                 ttl,
-                fresh_until: Instant::now() + fresh_for,
+                fresh_until: now + fresh_for,
                 load_time,
+                stamp,
+                until: now + ttl,
             };
             // Counted before the insert, so the listener never takes off what was not added.
             let weight = u64::from(entry.weight());

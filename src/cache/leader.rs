@@ -18,7 +18,7 @@ use super::flight::{BoxLoader, FlightResult};
 use super::follower::StaleValue;
 use super::telemetry::{self, LockEvent};
 use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
-use crate::store::{KeyDigest, LockToken, Store, StoreKey};
+use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(super) struct LockGuard {
@@ -135,6 +135,7 @@ impl Inner {
     /// in the background, and in place of an error if the load fails (stale-if-error).
     pub(super) async fn lead(
         &self,
+        stamp: Option<Stamp>,
         key: StoreKey,
         token: LockToken,
         loader: BoxLoader,
@@ -200,8 +201,15 @@ impl Inner {
                         // The fill dropped the lock, or the lock was no longer ours.
                         guard.disarm();
                         if filled {
-                            self.l1_insert(digest, fill.value.clone(), fill.fresh_for, load_time)
-                                .await;
+                            // The fill's own notification moved the stamp on once.
+                            self.l1_insert(
+                                stamp.map(Stamp::after_own_change),
+                                digest,
+                                fill.value.clone(),
+                                fill.fresh_for,
+                                load_time,
+                            )
+                            .await;
                         } else {
                             telemetry::lock(LockEvent::Lost);
                             warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
@@ -209,8 +217,14 @@ impl Inner {
                     }
                     Err(error) => {
                         warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                        self.l1_insert(digest, fill.value.clone(), fill.fresh_for, load_time)
-                            .await;
+                        self.l1_insert(
+                            stamp,
+                            digest,
+                            fill.value.clone(),
+                            fill.fresh_for,
+                            load_time,
+                        )
+                        .await;
                     }
                 }
                 Ok(Fetched {
@@ -245,12 +259,15 @@ impl Inner {
         outcome: Outcome,
     ) -> FlightResult {
         let started = Instant::now();
+        // Kept in L1 even while notifications are lost (the store is failing): until they
+        // are back, which moves every stamp on.
+        let stamp = Some(self.stamp_anyway(&digest));
         match self.load(loader, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
                     let ttl = ttl.unwrap_or(self.config.ttl);
-                    self.l1_insert(digest, bytes.clone(), ttl, started.elapsed())
+                    self.l1_insert(stamp, digest, bytes.clone(), ttl, started.elapsed())
                         .await;
                 }
                 Ok(Fetched {
@@ -267,7 +284,12 @@ impl Inner {
 
     /// Loads without the store's lock after a wait timeout, and stores the value anyway
     /// ([`WaitTimeoutPolicy::LoadAndCache`](super::WaitTimeoutPolicy::LoadAndCache)).
-    pub(super) async fn load_and_put(&self, key: &StoreKey, loader: BoxLoader) -> FlightResult {
+    pub(super) async fn load_and_put(
+        &self,
+        stamp: Option<Stamp>,
+        key: &StoreKey,
+        loader: BoxLoader,
+    ) -> FlightResult {
         let started = Instant::now();
         let LoadedKind::Value { bytes, ttl } = self.load(loader, None).await?.kind else {
             return Ok(Fetched {
@@ -277,14 +299,24 @@ impl Inner {
         };
         let load_time = started.elapsed();
         let fill = self.ready_to_store(&bytes, ttl, load_time);
-        if let Err(error) = self
+        let stamp = match self
             .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
             .await
         {
-            warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
-        }
-        self.l1_insert(*key.digest(), fill.value.clone(), fill.fresh_for, load_time)
-            .await;
+            Ok(()) => stamp.map(Stamp::after_own_change),
+            Err(error) => {
+                warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
+                stamp
+            }
+        };
+        self.l1_insert(
+            stamp,
+            *key.digest(),
+            fill.value.clone(),
+            fill.fresh_for,
+            load_time,
+        )
+        .await;
         Ok(Fetched {
             value: Some(fill.value),
             outcome: Outcome::Leader,

@@ -58,6 +58,7 @@
 mod answer;
 mod breaker;
 mod config;
+mod correct;
 pub(crate) mod entry;
 mod error;
 mod flight;

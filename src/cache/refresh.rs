@@ -108,6 +108,7 @@ impl Inner {
         let mut backoff = Backoff::new(config);
         let mut fresh_until = None;
         loop {
+            let stamp = self.stamp(&digest);
             let found = match self
                 .look_up(
                     &key,
@@ -131,7 +132,7 @@ impl Inner {
                 (LockState::Acquired, _) => {
                     telemetry::lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
-                    if let Err(error) = self.lead(key, token, loader, None, None).await {
+                    if let Err(error) = self.lead(stamp, key, token, loader, None, None).await {
                         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }
                     return;
@@ -139,7 +140,8 @@ impl Inner {
                 (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
                     // Refreshed by another process: take its value.
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(config.keep());
-                    self.l1_insert(digest, payload, fresh_for, load_time).await;
+                    self.l1_insert(stamp, digest, payload, fresh_for, load_time)
+                        .await;
                     return;
                 }
                 (LockState::HeldElsewhere, Some((_, ttl))) => {

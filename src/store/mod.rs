@@ -42,7 +42,7 @@ use bytes::Bytes;
 pub use error::{StoreError, StoreErrorKind};
 pub use key::{KeyDigest, LockToken, StoreKey};
 pub use memory::MemoryStore;
-pub use notify::{FillWatch, Notifier};
+pub use notify::{FillWatch, Notifier, Stamp};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 
@@ -178,6 +178,39 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// of latency only. The default has no notifications: followers only poll.
     fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
         let _ = key;
+        None
+    }
+
+    /// Removes the value of `key` and voids its lock, whoever holds it (a leader, a failure
+    /// marker, the `fresh` marker): a leader whose load started before cannot fill any more,
+    /// and the next lookup takes the lock. Then notifies every process, as a fill does (its
+    /// followers wake, its L1 drops the key). Removing what is not there is not an error.
+    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Writes `value` for `ttl`, fresh for `fresh_for` (at most `ttl`), and voids the lock of
+    /// `key` as [`invalidate`](Self::invalidate) does, so a load that started before cannot
+    /// overwrite it; then notifies every process.
+    fn set(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        fresh_for: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Ends the freshness of the value of `key` without removing it: it is kept `keep` longer
+    /// at most (a stale window may still serve it), or removed if `keep` is zero. Voids the
+    /// lock as [`invalidate`](Self::invalidate) does, then notifies every process.
+    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// The notifier this store feeds, if it has notifications: the engine stamps L1 entries
+    /// with it ([`Notifier::stamp`]), so that what one process changes, every process's L1
+    /// forgets. Without one, L1 entries live out their (capped) TTL.
+    ///
+    /// A store with a notifier notifies it of each change it makes (a fill, release, failure
+    /// marker, put, invalidation, set or expiry that took effect) exactly once, before the call
+    /// returns, and of every change made elsewhere once it hears of it.
+    fn notifier(&self) -> Option<&Notifier> {
         None
     }
 }

@@ -1,12 +1,14 @@
-//! Fill notifications fanned out to the followers of this process.
+//! Notifications fanned out in this process: to the followers waiting for a key, and to L1,
+//! whose entries are stamped with what this process had heard of their key when they were
+//! read ([`Stamp`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::watch;
 
-use super::StoreKey;
+use super::{KeyDigest, StoreKey};
 
 /// Wakes this process's followers of a key when the key is filled or its lock released.
 ///
@@ -20,15 +22,66 @@ use super::StoreKey;
 /// A notification sent between the watch and that registration moved the counter, so the
 /// wait ends at once instead of missing it. Lookups that find their value, the common case,
 /// never register anything.
-#[derive(Clone, Default)]
+///
+/// The same counts stamp L1 entries: an entry read before a notification of its key's
+/// bucket is no longer trusted ([`stamp`](Self::stamp)), and neither is any entry read before
+/// notifications were [lost](Self::lost).
+#[derive(Clone)]
 pub struct Notifier {
     watched: Arc<Mutex<HashMap<StoreKey, watch::Sender<u64>>>>,
     sent: Arc<Buckets>,
+    /// Counts the times notifications may have been lost (and came back).
+    epoch: Arc<AtomicU64>,
+    /// Whether notifications are being received, so that what L1 holds can be kept in step.
+    live: Arc<AtomicBool>,
+}
+
+impl Default for Notifier {
+    fn default() -> Self {
+        Notifier {
+            watched: Arc::default(),
+            sent: Arc::default(),
+            epoch: Arc::default(),
+            live: Arc::new(AtomicBool::new(true)),
+        }
+    }
+}
+
+/// What this process had heard of a key's changes when its value was read: equal stamps mean
+/// that no notification of the key (or of another key of its bucket) arrived in between, and
+/// that none can have been lost. See [`Notifier::stamp`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    epoch: u64,
+    bucket: u64,
+}
+
+impl Stamp {
+    /// The stamp of a store that sends no notifications: always current, so an L1 entry lives
+    /// until its TTL (at most the engine's `l1_ttl_cap`).
+    pub const UNTRACKED: Stamp = Stamp {
+        epoch: u64::MAX,
+        bucket: u64::MAX,
+    };
+
+    /// The stamp a key has once its own change (this process's fill or write) is notified, if
+    /// nothing else is heard meanwhile: a store notifies its own changes exactly once, in this
+    /// process, before the call returns.
+    pub fn after_own_change(self) -> Stamp {
+        if self == Stamp::UNTRACKED {
+            return self;
+        }
+        Stamp {
+            epoch: self.epoch,
+            bucket: self.bucket.wrapping_add(1),
+        }
+    }
 }
 
 /// How many buckets of keys count their notifications. A notification for another key of the
-/// same bucket can wake a follower that is not yet registered; that costs it one early read.
-const BUCKETS: usize = 1024;
+/// same bucket can wake a follower that is not yet registered (one early read), or make an L1
+/// entry of the bucket untrusted (one store read).
+const BUCKETS: usize = 8192;
 
 /// Notification counts by bucket of keys.
 struct Buckets([AtomicU64; BUCKETS]);
@@ -41,7 +94,11 @@ impl Default for Buckets {
 
 impl Buckets {
     fn of(&self, key: &StoreKey) -> &AtomicU64 {
-        let digest = key.digest().as_bytes();
+        self.of_digest(key.digest())
+    }
+
+    fn of_digest(&self, digest: &KeyDigest) -> &AtomicU64 {
+        let digest = digest.as_bytes();
         let index = usize::from(u16::from_le_bytes([digest[0], digest[1]])) % BUCKETS;
         &self.0[index]
     }
@@ -89,13 +146,47 @@ impl Notifier {
         }
     }
 
-    /// Wakes every watcher of `key`.
+    /// Wakes every watcher of `key`, and moves the stamp of its bucket on.
     pub fn notify(&self, key: &StoreKey) {
         // Count first, then wake the registered: a follower that registers after the count
         // sees it moved, one that registered before is woken.
         self.sent.of(key).fetch_add(1, Ordering::SeqCst);
         if let Some(sender) = self.watched().get(key) {
             sender.send_modify(|generation| *generation = generation.wrapping_add(1));
+        }
+    }
+
+    /// What this process has heard of the key `digest` so far, or `None` while notifications
+    /// are not being received (then nothing read now may be kept in L1).
+    pub fn stamp(&self, digest: &KeyDigest) -> Option<Stamp> {
+        // Epoch first: a loss after this read moves it, so the stamp goes out of date.
+        let stamp = self.stamp_anyway(digest);
+        self.live.load(Ordering::SeqCst).then_some(stamp)
+    }
+
+    /// What this process has heard of the key `digest` so far, even while notifications are
+    /// lost: such a stamp goes out of date when they are [`restored`](Self::restored).
+    pub fn stamp_anyway(&self, digest: &KeyDigest) -> Stamp {
+        Stamp {
+            epoch: self.epoch.load(Ordering::SeqCst),
+            bucket: self.sent.of_digest(digest).load(Ordering::SeqCst),
+        }
+    }
+
+    /// Notifications may be lost from now on (the subscription dropped, or is not in place
+    /// yet): every stamp taken so far goes out of date, and none is given until
+    /// [`restored`](Self::restored).
+    pub fn lost(&self) {
+        self.live.store(false, Ordering::SeqCst);
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Notifications are received again, if they were [lost](Self::lost): what was read
+    /// meanwhile goes out of date too.
+    pub fn restored(&self) {
+        if !self.live.load(Ordering::SeqCst) {
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+            self.live.store(true, Ordering::SeqCst);
         }
     }
 

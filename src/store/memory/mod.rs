@@ -183,6 +183,28 @@ impl MemoryStore {
         replaced
     }
 
+    /// Applies a change of `key` that voids its lock, then notifies. `value` says what becomes
+    /// of the value: `None` removes it, `Some(f)` maps (bytes, expiry) to what is kept.
+    fn change(
+        &self,
+        key: &StoreKey,
+        value: impl FnOnce(Option<(Bytes, Instant)>, Instant) -> Option<(Bytes, Instant)>,
+    ) {
+        let now = Instant::now();
+        let mut state = self.state();
+        let old = state
+            .values
+            .remove(key)
+            .filter(|(_, expires)| *expires > now);
+        if let Some(new) = value(old, now) {
+            state.values.insert(key.clone(), new);
+        }
+        state.locks.remove(key);
+        state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
+    }
+
     /// If the lock of `key` holds `token`, gives it to `holder` for `ttl`.
     fn replace_lock(
         &self,
@@ -276,6 +298,36 @@ impl Store for MemoryStore {
 
     fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
         Some(self.notifier.watch(key))
+    }
+
+    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.change(key, |_, _| None);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn set(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        _fresh_for: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        // Freshness is judged by each lookup from the remaining life; no marker to set.
+        self.change(key, |_, now| Some((value, expiry(now, ttl))));
+        Box::pin(async { Ok(()) })
+    }
+
+    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.change(key, |old, now| {
+            let (bytes, expires) = old?;
+            let kept = (!keep.is_zero()).then(|| expiry(now, keep))?;
+            Some((bytes, expires.min(kept)))
+        });
+        Box::pin(async { Ok(()) })
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        Some(&self.notifier)
     }
 }
 

@@ -22,8 +22,27 @@ use crate::store::{KeyDigest, Notifier, StoreKey};
 pub(super) struct Notifications {
     subscriber: Connection,
     pub(super) notifier: Notifier,
-    /// Namespaces whose channel is subscribed (or being subscribed).
-    channels: Arc<Mutex<HashSet<Arc<str>>>>,
+    channels: Arc<Mutex<Channels>>,
+    /// What this store's messages say after the digest (`:` and 16 random hex digits), so its
+    /// subscriber knows its own: the store told its notifier when the change was made.
+    pub(super) origin: Arc<[u8; 17]>,
+}
+
+/// A random origin tag, `:` and 16 hex digits.
+fn new_origin() -> [u8; 17] {
+    let mut origin = [b':'; 17];
+    let hex = format!("{:016x}", rand::random::<u64>());
+    origin[1..].copy_from_slice(hex.as_bytes());
+    origin
+}
+
+/// The namespaces whose channel is subscribed (or being subscribed), and how many
+/// subscriptions are still on their way: until none is, notifications may be missed, and the
+/// notifier says so (nothing read meanwhile enters L1).
+#[derive(Default)]
+struct Channels {
+    names: HashSet<Arc<str>>,
+    pending: usize,
 }
 
 impl Notifications {
@@ -34,17 +53,20 @@ impl Notifications {
         infos: &[ConnectionInfo],
     ) -> RedisResult<Self> {
         let notifier = Notifier::new();
-        let channels: Arc<Mutex<HashSet<Arc<str>>>> = Arc::default();
-        let (wake, forget) = (notifier.clone(), Arc::clone(&channels));
+        let channels: Arc<Mutex<Channels>> = Arc::default();
+        let origin = Arc::new(new_origin());
+        let (wake, forget, own) = (notifier.clone(), Arc::clone(&channels), Arc::clone(&origin));
         let on_push = move |push: PushInfo| {
             if push.kind == PushKind::Disconnection {
                 // The connection resubscribes when it reconnects, but a single server's
                 // reconnects only when it is used, and a cluster's may have to find the
                 // channel's slot on another node: forget the channels, so the next watch
-                // subscribes again (and so reconnects). Meanwhile, followers poll.
-                crate::sync::lock(&forget).clear();
+                // subscribes again (and so reconnects). Meanwhile, followers poll, and L1
+                // trusts nothing it held (messages may be lost while the link is down).
+                crate::sync::lock(&forget).names.clear();
+                wake.lost();
             } else {
-                wake_followers(&wake, push);
+                wake_followers(&wake, &own[..], push);
             }
             Ok::<(), std::convert::Infallible>(())
         };
@@ -87,24 +109,42 @@ impl Notifications {
             subscriber,
             notifier,
             channels,
+            origin,
         })
     }
 
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
     /// the subscription is in place, followers of that namespace poll.
+    ///
+    /// After a dropped connection, the notifier counts notifications as lost until every
+    /// subscription asked for is in place again, so that L1 trusts nothing read meanwhile. A
+    /// first subscription is not waited for: a message sent before it is in place is lost,
+    /// which costs at most `l1_ttl_cap` of an old value in L1, as any lost message does.
     pub(super) fn ensure_subscribed(&self, namespace: &str) {
         let mut channels = crate::sync::lock(&self.channels);
-        if channels.contains(namespace) {
+        if channels.names.contains(namespace) {
             return;
         }
         let namespace: Arc<str> = Arc::from(namespace);
-        channels.insert(Arc::clone(&namespace));
+        channels.names.insert(Arc::clone(&namespace));
+        channels.pending += 1;
+        drop(channels);
         let (subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
+        let notifier = self.notifier.clone();
         tokio::spawn(async move {
-            if let Err(error) = subscriber.subscribe(channel(&namespace)).await {
-                warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
-                // Forget it, so the next watch tries again.
-                crate::sync::lock(&channels).remove(&namespace);
+            let subscribed = subscriber.subscribe(channel(&namespace)).await;
+            let mut channels = crate::sync::lock(&channels);
+            channels.pending = channels.pending.saturating_sub(1);
+            match subscribed {
+                Ok(()) if channels.pending == 0 && channels.names.contains(&namespace) => {
+                    notifier.restored();
+                }
+                Ok(()) => {}
+                Err(error) => {
+                    warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
+                    // Forget it, so the next watch tries again.
+                    channels.names.remove(&namespace);
+                }
             }
         });
     }
@@ -120,13 +160,22 @@ fn resp3(info: ConnectionInfo) -> ConnectionInfo {
 }
 
 /// A pub/sub message `[channel, digest]` wakes the followers of that key in this process.
-fn wake_followers(notifier: &Notifier, push: PushInfo) {
+///
+/// A message is the key's digest, then (from this release on) its sender's origin tag: a
+/// message of this store's own is skipped, since the store told its notifier when it made the
+/// change (so the L1 entry a leader stamps after its own fill stays trusted). A message with
+/// no tag (an older release) counts as another process's.
+fn wake_followers(notifier: &Notifier, own: &[u8], push: PushInfo) {
     if push.kind != PushKind::Message {
         return;
     }
-    let [Value::BulkString(channel), Value::BulkString(digest)] = push.data.as_slice() else {
+    let [Value::BulkString(channel), Value::BulkString(message)] = push.data.as_slice() else {
         return;
     };
+    let (digest, origin) = message.split_at(message.len().min(64));
+    if origin == own {
+        return;
+    }
     let namespace = std::str::from_utf8(channel).ok().and_then(namespace_of);
     let digest = std::str::from_utf8(digest)
         .ok()

@@ -120,6 +120,58 @@ return 1
     )
 });
 
+/// Removes the value and voids whatever the lock key holds (a leader's lock, whose fill is
+/// then refused; a failure or `fresh` marker), then publishes, as a fill does. `KEYS[1]` is
+/// the value, `KEYS[2]` the lock; `ARGV[1]` and `ARGV[2]` the channel and digest.
+pub(super) static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+",
+    )
+});
+
+/// Writes the value (`ARGV[1]`) for `ARGV[2]` ms and voids the lock, leaving the `fresh`
+/// marker for the value's freshness (`ARGV[3]` ms, none if 0), then publishes (`ARGV[4]`,
+/// `ARGV[5]`).
+pub(super) static SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local fresh = tonumber(ARGV[3])
+if fresh >= 1 then
+  redis.call('SET', KEYS[2], 'fresh', 'PX', fresh)
+else
+  redis.call('DEL', KEYS[2])
+end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+",
+    )
+});
+
+/// Ends the value's freshness: keeps it at most `ARGV[1]` ms longer (removes it if 0) and voids
+/// the lock, then publishes (`ARGV[2]`, `ARGV[3]`). A value without expiry (a foreign write)
+/// gets one.
+pub(super) static EXPIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local keep = tonumber(ARGV[1])
+local life = redis.call('PTTL', KEYS[1])
+if keep < 1 then
+  redis.call('DEL', KEYS[1])
+elseif life == -1 or life > keep then
+  redis.call('PEXPIRE', KEYS[1], keep)
+end
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+",
+    )
+});
+
 /// Compare-and-PEXPIRE of the lock.
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
@@ -152,10 +204,13 @@ pub(super) fn command(args: usize, name: &str, key: &str) -> Cmd {
 }
 
 /// Adds the arguments with which a script publishes "filled" for `key`: its namespace's
-/// channel and its digest.
-pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey) {
-    call.arg(channel(key.namespace()))
-        .arg(&key.digest().hex_bytes()[..]);
+/// channel, and the message: the key's digest then the store's `origin` tag.
+pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey, origin: &[u8]) {
+    let mut message = [0u8; 64 + 17];
+    message[..64].copy_from_slice(&key.digest().hex_bytes());
+    let len = 64 + origin.len().min(17);
+    message[64..len].copy_from_slice(&origin[..len - 64]);
+    call.arg(channel(key.namespace())).arg(&message[..len]);
 }
 
 /// A leader's lock value: its token, then the remaining life (ms) below which the value it

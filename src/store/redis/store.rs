@@ -9,12 +9,13 @@ use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::warn;
 
 use super::scripts::{
-    command, lock_value, publish_filled, script_call, EXTEND, FAIL, FILL, LOOKUP, PUT, RELEASE,
+    command, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE,
+    LOOKUP, PUT, RELEASE, SET,
 };
 use super::RedisStore;
 use crate::store::{
-    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError,
-    StoreErrorKind, StoreKey, Stored,
+    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Notifier, Store,
+    StoreError, StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -86,14 +87,43 @@ fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
     })
 }
 
-fn release_call(key: &StoreKey, token: LockToken) -> Cmd {
-    let mut call = script_call(
-        &RELEASE,
-        &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-    );
-    call.arg(&token.hex_bytes()[..]);
-    publish_filled(&mut call, key);
-    call
+impl RedisStore {
+    fn release_call(&self, key: &StoreKey, token: LockToken) -> Cmd {
+        let mut call = script_call(
+            &RELEASE,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        call.arg(&token.hex_bytes()[..]);
+        publish_filled(&mut call, key, self.origin());
+        call
+    }
+
+    /// The tag this store's messages carry (none without notifications).
+    fn origin(&self) -> &[u8] {
+        self.notifications.as_ref().map_or(&[], |n| &n.origin[..])
+    }
+
+    /// Tells this process's notifier of a change this store made (its own message will be
+    /// skipped when it comes back).
+    fn changed_here(&self, key: &StoreKey) {
+        if let Some(notifications) = &self.notifications {
+            notifications.notifier.notify(key);
+        }
+    }
+
+    /// A fenced script that changes `key` when it answers 1.
+    async fn run_fenced_change(
+        &self,
+        script: &Script,
+        call: Cmd,
+        key: StoreKey,
+    ) -> Result<bool, StoreError> {
+        let done = self.run_fenced(script, call).await?;
+        if done {
+            self.changed_here(&key);
+        }
+        Ok(done)
+    }
 }
 
 impl Store for RedisStore {
@@ -171,7 +201,7 @@ impl Store for RedisStore {
                     // We took the lock of a fresh value whose marker is gone (a failure marker
                     // expired, or the value was written by a put): put the marker back before
                     // answering, so that this flight's next lookup finds no lock of its own.
-                    let _: i64 = self.run(&RELEASE, &release_call(&key, token)).await?;
+                    let _: i64 = self.run(&RELEASE, &self.release_call(&key, token)).await?;
                     LockState::NotRequested
                 }
                 _ if fresh => LockState::NotRequested,
@@ -203,13 +233,13 @@ impl Store for RedisStore {
         call.arg(&token.hex_bytes()[..])
             .arg(value.as_ref())
             .arg(millis(ttl));
-        publish_filled(&mut call, key);
-        Box::pin(self.run_fenced(&FILL, call))
+        publish_filled(&mut call, key, self.origin());
+        Box::pin(self.run_fenced_change(&FILL, call, key.clone()))
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let call = release_call(key, token);
-        Box::pin(self.run_fenced(&RELEASE, call))
+        let call = self.release_call(key, token);
+        Box::pin(self.run_fenced_change(&RELEASE, call, key.clone()))
     }
 
     fn extend(
@@ -231,9 +261,11 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
         call.arg(value.as_ref()).arg(millis(ttl));
-        publish_filled(&mut call, key);
+        publish_filled(&mut call, key, self.origin());
+        let key = key.clone();
         Box::pin(async move {
             let _: i64 = self.run(&PUT, &call).await?;
+            self.changed_here(&key);
             Ok(())
         })
     }
@@ -264,14 +296,75 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
-        publish_filled(&mut call, key);
-        Box::pin(self.run_fenced(&FAIL, call))
+        publish_filled(&mut call, key, self.origin());
+        Box::pin(self.run_fenced_change(&FAIL, call, key.clone()))
     }
 
     fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
         let notifications = self.notifications.as_ref()?;
         notifications.ensure_subscribed(key.namespace());
         Some(notifications.notifier.watch(key))
+    }
+
+    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
+        let mut call = script_call(
+            &INVALIDATE,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        publish_filled(&mut call, key, self.origin());
+        Box::pin(self.run_change(&INVALIDATE, call, key.clone()))
+    }
+
+    fn set(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        fresh_for: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let mut call = script_call(
+            &SET,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        // A freshness under 1 ms leaves no marker (0), as `millis` would round it up.
+        let fresh = if fresh_for.is_zero() {
+            0
+        } else {
+            millis(fresh_for.min(ttl))
+        };
+        call.arg(value.as_ref()).arg(millis(ttl)).arg(fresh);
+        publish_filled(&mut call, key, self.origin());
+        Box::pin(self.run_change(&SET, call, key.clone()))
+    }
+
+    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
+        let mut call = script_call(
+            &EXPIRE,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        call.arg(if keep.is_zero() { 0 } else { millis(keep) });
+        publish_filled(&mut call, key, self.origin());
+        Box::pin(self.run_change(&EXPIRE, call, key.clone()))
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        self.notifications.as_ref().map(|n| &n.notifier)
+    }
+}
+
+impl RedisStore {
+    /// Runs a script that changes `key` for every process, then tells this process's own
+    /// notifier at once (its pub/sub message may come later), whatever the answer.
+    async fn run_change(
+        &self,
+        script: &Script,
+        call: Cmd,
+        key: StoreKey,
+    ) -> Result<(), StoreError> {
+        let ran: Result<i64, StoreError> = self.run(script, &call).await;
+        // Whatever the answer: the change may have been made.
+        self.changed_here(&key);
+        ran.map(drop)
     }
 }
 

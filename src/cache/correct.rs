@@ -1,0 +1,120 @@
+//! Correcting the cache: [`Cache::invalidate`], [`Cache::set`] and [`Cache::expire`] change a
+//! key in the store and in every process's L1.
+//!
+//! Each is one store call that also voids the key's reload lock, so a load that started
+//! before the change cannot fill its (older) result after it: its fenced fill is refused,
+//! as Facebook's memcache leases refuse a fill after a delete. That load still answers its
+//! own callers; followers waiting for it are woken by the change and load again. The same
+//! notification that wakes followers drops the key from every other process's L1 (each L1
+//! entry is stamped with what its process had heard of the key; see the `l1` module): within
+//! milliseconds where pub/sub delivers it, and in no case later than
+//! [`l1_ttl_cap`](super::CacheBuilder::l1_ttl_cap).
+//!
+//! This process's L1 forgets the key before the call returns, even when the store fails, and
+//! a store that cannot be reached is an error: the caller must know that other processes may
+//! still hold the old value.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{entry, Cache, Error, Inner};
+use crate::store::{Notifier, StoreError, StoreKey};
+
+impl Cache {
+    /// Removes the value of `key` everywhere: from the store, from this process's L1, and
+    /// (through the store's notifications) from every other process's L1.
+    ///
+    /// A load of `key` in progress anywhere may still answer its own callers, but its fill
+    /// is refused: after `invalidate` returns `Ok`, the next read of `key` loads again.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Store`](super::ErrorKind::Store) if the store could not be reached (or
+    /// the circuit breaker is open): this process's L1 has forgotten the key, but the store
+    /// and other processes may still hold it.
+    pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let key = self.store_key(key);
+        let store = Arc::clone(&self.inner.store);
+        self.inner.correct(&key, store.invalidate(&key)).await
+    }
+
+    /// Writes `value` for `key`, fresh for `ttl`, through to the store, and drops the key
+    /// from every process's L1 (the next read there is one store round trip).
+    ///
+    /// The write voids the key's reload lock, as [`invalidate`](Self::invalidate) does: a
+    /// load that started before it cannot overwrite `value` with an older result.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Store`](super::ErrorKind::Store) as for [`invalidate`](Self::invalidate).
+    pub async fn set(
+        &self,
+        key: impl AsRef<[u8]>,
+        value: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> Result<(), Error> {
+        let key = self.store_key(key);
+        let value: Bytes = value.into();
+        let encoded = entry::encode_value(&value, Duration::ZERO);
+        let store_ttl = ttl.saturating_add(self.inner.config.keep());
+        let store = Arc::clone(&self.inner.store);
+        self.inner
+            .correct(&key, store.set(&key, encoded, ttl, store_ttl))
+            .await
+    }
+
+    /// Marks the value of `key` stale without removing it: the next read reloads it (one
+    /// load, as for any stale value), while the cache's
+    /// [`stale`](super::CacheBuilder::stale) and
+    /// [`stale_if_error`](super::CacheBuilder::stale_if_error) windows may still serve the
+    /// old value meanwhile, or in place of a failed reload. Without stale windows, the same
+    /// as [`invalidate`](Self::invalidate).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Store`](super::ErrorKind::Store) as for [`invalidate`](Self::invalidate).
+    pub async fn expire(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        let key = self.store_key(key);
+        let store = Arc::clone(&self.inner.store);
+        let keep = self.inner.config.keep();
+        self.inner.correct(&key, store.expire(&key, keep)).await
+    }
+}
+
+impl Inner {
+    /// The store's notifier, when this cache listens to notifications.
+    pub(super) fn notifier(&self) -> Option<&Notifier> {
+        if self.config.notifications {
+            self.store.notifier()
+        } else {
+            None
+        }
+    }
+
+    /// Runs a store call that changes `key`, and makes this process's L1 forget the key
+    /// whatever the store answers: before the call, and again after it, so that a flight
+    /// that read the old value meanwhile cannot keep it either.
+    async fn correct(
+        &self,
+        key: &StoreKey,
+        call: impl Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), Error> {
+        self.forget_here(key).await;
+        let result = self.store_call(call).await;
+        self.forget_here(key).await;
+        result.map_err(Error::store)
+    }
+
+    /// Drops `key` from this process's L1 and moves its stamp on.
+    async fn forget_here(&self, key: &StoreKey) {
+        if let Some(notifier) = self.notifier() {
+            notifier.notify(key);
+        }
+        if let Some(l1) = &self.l1 {
+            l1.invalidate(key.digest()).await;
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! Correcting the cache: `invalidate`, `set` and `expire`, over the embedded `MemoryStore` and
+//! (feature `redis`) a real `redis-server`, with several app instances, each a `Cache` of its
+//! own (its own L1) over its own store connections (its own subscriber).
+//!
+//! Tests that wait for a notification poll with a bounded deadline; none sleeps and hopes.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::{Counter, Shared};
+use tokio::sync::Notify;
+use tower_stampede::{Cache, CacheBuilder, Outcome};
+
+/// The failure guard on anything that waits for a notification: far beyond what it needs.
+const LIMIT: Duration = Duration::from_secs(5);
+
+/// A test "database": a row whose version the test moves on.
+#[derive(Clone, Default)]
+struct Database {
+    version: Arc<AtomicU32>,
+    loads: Counter,
+}
+
+impl Database {
+    fn at(version: u32) -> Self {
+        let db = Database::default();
+        db.version.store(version, Ordering::SeqCst);
+        db
+    }
+
+    fn move_to(&self, version: u32) {
+        self.version.store(version, Ordering::SeqCst);
+    }
+
+    /// Reads the row as `instance` would: one load.
+    async fn read(&self, cache: &Cache, key: &str) -> Bytes {
+        let db = self.clone();
+        cache
+            .get_or_load(key, move || async move {
+                db.loads.hit();
+                let version = db.version.load(Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Bytes::from(format!("v{version}")))
+            })
+            .await
+            .unwrap()
+    }
+}
+
+/// `count` app instances over the shared store, each with its own connections.
+async fn instances(
+    shared: &Shared,
+    count: usize,
+    tune: fn(CacheBuilder) -> CacheBuilder,
+) -> Vec<Cache> {
+    let mut instances = Vec::new();
+    for _ in 0..count {
+        let store = shared.other_process().await;
+        instances.push(tune(Cache::builder_shared(store).namespace("test")).build());
+    }
+    instances
+}
+
+/// L1 copies that would outlive every deadline of these tests, were they not kept in step.
+fn as_is(builder: CacheBuilder) -> CacheBuilder {
+    builder.l1_ttl_cap(Duration::from_secs(120))
+}
+
+/// Reads `key` on `cache` until it answers `want` (a notification has been delivered and
+/// acted on), within [`LIMIT`].
+async fn eventually(db: &Database, cache: &Cache, key: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        if db.read(cache, key).await == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never read {want} after the change"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// The race the fence is for: a loader reads version 1, the database moves to version 2 and
+/// `invalidate` is called while that load still runs. The load answers its own caller with
+/// version 1, but its fill is refused (the invalidation voided its lock), so afterwards every
+/// instance reads version 2. Without the fence, the late fill would put version 1 back for a
+/// whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_started_before_an_invalidation_cannot_fill() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        let db = Database::at(1);
+        let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let slow = tokio::spawn({
+            let (cache, db, started, finish) = (
+                caches[0].clone(),
+                db.clone(),
+                started.clone(),
+                finish.clone(),
+            );
+            async move {
+                cache
+                    .get_or_load("row", move || async move {
+                        db.loads.hit();
+                        let version = db.version.load(Ordering::SeqCst);
+                        started.notify_one();
+                        finish.notified().await;
+                        Ok::<_, std::io::Error>(Bytes::from(format!("v{version}")))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        db.move_to(2);
+        caches[1].invalidate("row").await.unwrap();
+        finish.notify_one();
+        assert_eq!(
+            slow.await.unwrap().unwrap(),
+            "v1",
+            "{}: its own caller",
+            shared.name
+        );
+        for cache in &caches {
+            assert_eq!(db.read(cache, "row").await, "v2", "{}", shared.name);
+        }
+        assert_eq!(
+            db.loads.get(),
+            2,
+            "{}: the refused load and one reload",
+            shared.name
+        );
+    }
+}
+
+/// Followers waiting on a load that an invalidation overtakes load again: they are woken by
+/// the invalidation, find the lock voided, and one of them leads with the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_of_an_overtaken_load_load_again() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let db = Database::at(1);
+        let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let slow = tokio::spawn({
+            let (cache, db, started, finish) = (
+                caches[0].clone(),
+                db.clone(),
+                started.clone(),
+                finish.clone(),
+            );
+            async move {
+                cache
+                    .get_or_load("row", move || async move {
+                        let version = db.version.load(Ordering::SeqCst);
+                        started.notify_one();
+                        finish.notified().await;
+                        Ok::<_, std::io::Error>(Bytes::from(format!("v{version}")))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        // A follower in the other instance, waiting for the slow load's fill.
+        let follower = tokio::spawn({
+            let (cache, db) = (caches[1].clone(), db.clone());
+            async move { db.read(&cache, "row").await }
+        });
+        db.move_to(2);
+        caches[0].invalidate("row").await.unwrap();
+        assert_eq!(
+            tokio::time::timeout(LIMIT, follower)
+                .await
+                .unwrap()
+                .unwrap(),
+            "v2",
+            "{}: the follower never receives the overtaken load's value",
+            shared.name
+        );
+        finish.notify_one();
+        assert_eq!(slow.await.unwrap().unwrap(), "v1");
+        assert_eq!(db.read(&caches[0], "row").await, "v2", "{}", shared.name);
+    }
+}
+
+/// `invalidate` in one instance: its own L1 forgets the key before the call returns, and every
+/// other instance, whose reads were all L1 hits, reads the new version once the notification is
+/// delivered: one load between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_reaches_every_instances_l1() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        let db = Database::at(1);
+        for cache in &caches {
+            assert_eq!(db.read(cache, "row").await, "v1");
+            // Wait until the value is held in L1 (the subscription confirmed).
+            let deadline = tokio::time::Instant::now() + LIMIT;
+            while cache.fetch("row", never_loads).await.unwrap().outcome() != Outcome::L1Hit {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{}: never in L1",
+                    shared.name
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        assert_eq!(db.loads.get(), 1);
+        db.move_to(2);
+        caches[0].invalidate("row").await.unwrap();
+        assert_eq!(
+            db.read(&caches[0], "row").await,
+            "v2",
+            "{}: at once",
+            shared.name
+        );
+        for cache in &caches[1..] {
+            eventually(&db, cache, "row", "v2").await;
+        }
+        assert_eq!(
+            db.loads.get(),
+            2,
+            "{}: one reload for everyone",
+            shared.name
+        );
+    }
+}
+
+async fn never_loads() -> Result<tower_stampede::Loaded, std::io::Error> {
+    panic!("this loader must not run")
+}
+
+/// `set` writes through: every instance reads the new value without a load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_writes_through_to_every_instance() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        let db = Database::at(1);
+        for cache in &caches {
+            assert_eq!(db.read(cache, "row").await, "v1");
+        }
+        caches[0]
+            .set("row", Bytes::from_static(b"v9"), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(
+            db.read(&caches[0], "row").await,
+            "v9",
+            "{}: at once",
+            shared.name
+        );
+        for cache in &caches[1..] {
+            eventually(&db, cache, "row", "v9").await;
+        }
+        assert_eq!(db.loads.get(), 1, "{}: no load after the set", shared.name);
+        let fetched = caches[2].fetch("row", never_loads).await.unwrap();
+        assert_eq!(fetched.value().unwrap(), "v9");
+    }
+}
+
+/// A `set` overtakes a load in flight: the load's fill is refused, so the set value stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_not_overwritten_by_a_load_in_flight() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let slow = tokio::spawn({
+            let (cache, started, finish) = (caches[0].clone(), started.clone(), finish.clone());
+            async move {
+                cache
+                    .get_or_load("row", move || async move {
+                        started.notify_one();
+                        finish.notified().await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"old"))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        caches[1]
+            .set("row", Bytes::from_static(b"new"), Duration::from_secs(60))
+            .await
+            .unwrap();
+        finish.notify_one();
+        assert_eq!(slow.await.unwrap().unwrap(), "old");
+        for cache in &caches {
+            let fetched = cache.fetch("row", never_loads).await.unwrap();
+            assert_eq!(fetched.value().unwrap(), "new", "{}", shared.name);
+        }
+    }
+}
+
+/// `expire` keeps the value for the stale window: the first read after it is answered with
+/// the old value at once while one load refreshes it, and then everyone reads the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expire_serves_stale_while_one_caller_reloads() {
+    fn stale(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder).stale(Duration::from_secs(30))
+    }
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, stale).await;
+        let db = Database::at(1);
+        for cache in &caches {
+            assert_eq!(db.read(cache, "row").await, "v1");
+        }
+        db.move_to(2);
+        caches[0].expire("row").await.unwrap();
+        // The refresh waits for the test, so the stale answer cannot be overtaken by it.
+        let (db2, finish) = (db.clone(), Arc::new(Notify::new()));
+        let release = Arc::clone(&finish);
+        let first = caches[0]
+            .fetch("row", move || async move {
+                db2.loads.hit();
+                release.notified().await;
+                Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(b"v2")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.outcome(), Outcome::Stale, "{}", shared.name);
+        assert_eq!(first.value().unwrap(), "v1");
+        finish.notify_one();
+        for cache in &caches {
+            eventually(&db, cache, "row", "v2").await;
+        }
+        assert_eq!(db.loads.get(), 2, "{}: one refresh", shared.name);
+    }
+}
+
+/// Without notifications, another instance's L1 keeps its copy until `l1_ttl_cap`, and no
+/// longer (paused time: the embedded store and L1 read tokio's clock).
+#[tokio::test(start_paused = true)]
+async fn without_notifications_l1_keeps_a_copy_no_longer_than_its_cap() {
+    fn deaf(builder: CacheBuilder) -> CacheBuilder {
+        builder
+            .notifications(false)
+            .l1_ttl_cap(Duration::from_secs(2))
+    }
+    let shared = Shared::memory();
+    let caches = instances(&shared, 2, deaf).await;
+    let db = Database::at(1);
+    for cache in &caches {
+        assert_eq!(db.read(cache, "row").await, "v1");
+    }
+    db.move_to(2);
+    caches[0].invalidate("row").await.unwrap();
+    assert_eq!(
+        db.read(&caches[0], "row").await,
+        "v2",
+        "its own L1 forgot at once"
+    );
+    assert_eq!(
+        db.read(&caches[1], "row").await,
+        "v1",
+        "the other's L1 is not told"
+    );
+    tokio::time::advance(Duration::from_millis(1900)).await;
+    assert_eq!(db.read(&caches[1], "row").await, "v1");
+    tokio::time::advance(Duration::from_millis(200)).await;
+    assert_eq!(db.read(&caches[1], "row").await, "v2", "gone at the cap");
+}
+
+/// A store that cannot be reached: `invalidate` and `set` are errors (the caller must know),
+/// and this process's L1 forgets the key all the same.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_makes_invalidate_an_error_and_still_clears_l1() {
+    let mut shared = Shared::redis().await;
+    let caches = instances(&shared, 1, as_is).await;
+    let cache = &caches[0];
+    let db = Database::at(1);
+    assert_eq!(db.read(cache, "row").await, "v1");
+    shared.server_mut().kill();
+    db.move_to(2);
+    let started = std::time::Instant::now();
+    let error = cache.invalidate("row").await.unwrap_err();
+    assert_eq!(error.kind(), tower_stampede::ErrorKind::Store);
+    assert!(std::error::Error::source(&error).is_some());
+    assert!(started.elapsed() < LIMIT, "no long wait");
+    let error = cache
+        .set("row", Bytes::from_static(b"v9"), Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), tower_stampede::ErrorKind::Store);
+    // Not an L1 hit of v1: the loader runs (with in-process protection only).
+    assert_eq!(db.read(cache, "row").await, "v2");
+}
+
+/// When the subscriber's connection drops, L1 trusts nothing it held: the next reads go to
+/// the store until the subscription is back, and then L1 serves again.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_subscription_stops_l1_hits_until_it_is_back() {
+    let shared = Shared::redis().await;
+    let caches = instances(&shared, 1, as_is).await;
+    let cache = &caches[0];
+    let db = Database::at(1);
+    assert_eq!(db.read(cache, "row").await, "v1");
+    let outcome = || async { cache.fetch("row", never_loads).await.unwrap().outcome() };
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while outcome().await != Outcome::L1Hit {
+        assert!(tokio::time::Instant::now() < deadline, "never in L1");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut conn = shared.connection().await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(killed >= 1, "a subscriber was connected");
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while outcome().await == Outcome::L1Hit {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "L1 still trusted after the drop"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // The next flights subscribe again; then the value enters L1 once more.
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while outcome().await != Outcome::L1Hit {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "L1 never trusted again"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(db.loads.get(), 1);
+}
