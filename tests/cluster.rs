@@ -232,7 +232,6 @@ async fn invalidation_on_a_cluster_reaches_every_instance() {
         }
     };
     let until = |cache: Cache, key: &'static str, want: &'static str| {
-        let read = read.clone();
         async move {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
             while read(&cache, key).await != want {
