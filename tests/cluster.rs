@@ -231,16 +231,14 @@ async fn invalidation_on_a_cluster_reaches_every_instance() {
                 .unwrap()
         }
     };
-    let until = |cache: Cache, key: &'static str, want: &'static str| {
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while read(&cache, key).await != want {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "{key}: never {want}"
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
+    let until = |cache: Cache, key: &'static str, want: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while read(&cache, key).await != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key}: never {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
     for key in ["one", "two"] {

@@ -293,7 +293,11 @@ impl Inner {
             let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    let seen = Seen { stamp, tagged };
+                    let seen = Seen {
+                        stamp,
+                        tagged,
+                        speculative: false,
+                    };
                     return Box::pin(self.lead(seen, key, token, loader, stale, Some(early))).await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {

@@ -61,6 +61,9 @@ pub(super) struct Seen {
     pub(super) stamp: Option<Stamp>,
     /// Whether the key's last value carried tags (or was outdated by them).
     pub(super) tagged: bool,
+    /// An early refresh: speculative, the value still fresh and nobody waiting for it, so a
+    /// failure is not shared (no failure marker: the lock is only released).
+    pub(super) speculative: bool,
 }
 
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
@@ -206,7 +209,7 @@ impl Inner {
             Err(error) => {
                 // Tell every follower, here and elsewhere, instead of letting each of them
                 // take the lock and call the failing backend in turn.
-                let told = if self.config.failure_ttl.is_zero() {
+                let told = if self.config.failure_ttl.is_zero() || seen.speculative {
                     self.store_call(self.store.release(&guard.key, token)).await
                 } else {
                     self.store_call(self.store.fail(&guard.key, token, self.config.failure_ttl))

@@ -133,7 +133,11 @@ impl Inner {
                 (LockState::Acquired, _) => {
                     telemetry::lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
-                    let seen = Seen { stamp, tagged };
+                    let seen = Seen {
+                        stamp,
+                        tagged,
+                        speculative: true,
+                    };
                     if let Err(error) = self.lead(seen, key, token, loader, None, None).await {
                         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }
