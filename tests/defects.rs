@@ -71,3 +71,42 @@ async fn a_failed_foreground_load_is_still_shared() {
     assert_eq!(error.kind(), ErrorKind::RecentFailure);
     assert_eq!(loads.get(), 1);
 }
+
+/// A full Redis under `noeviction` (its default policy) refuses `SET … NX … GET` with `OOM`
+/// even where it would write nothing. The lookup threw away the `GET` and `PTTL` replies,
+/// which did answer, so every lookup was a store error and every caller loaded (8 fresh
+/// instances: 8 `Degraded` loads of a value fresh for a minute). A fresh value is now a hit;
+/// only a miss, which needs the lock, is a store error.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_still_answers_fresh_hits() {
+    let shared = Shared::redis().await;
+    let loads = Counter::default();
+    let filler = shared.cache().build();
+    filler.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+    let mut conn = shared.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..8 {
+        let cache = tower_stampede::Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .build();
+        let fetched = cache
+            .fetch("k", loader(&loads, Ok("loaded")))
+            .await
+            .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::L2Hit);
+        assert_eq!(fetched.value().unwrap(), "v");
+        assert_eq!(cache.stats().store_errors, 0);
+    }
+    assert_eq!(loads.get(), 1, "no load but the first");
+    // A miss needs the lock, which a full server cannot give: in-process protection.
+    let cache = shared.cache().build();
+    let fetched = cache.fetch("other", loader(&loads, Ok("w"))).await.unwrap();
+    assert_eq!(fetched.outcome(), Outcome::Degraded);
+}

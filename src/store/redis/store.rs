@@ -80,6 +80,13 @@ impl RedisStore {
     }
 }
 
+/// Whether a value read with its remaining life is fresh: more than `below` ms left.
+fn is_fresh(value: Option<&Stored>, below: u64) -> bool {
+    value
+        .and_then(|value| value.ttl)
+        .is_some_and(|ttl| ttl > Duration::from_millis(below))
+}
+
 /// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
 fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
     (pttl != -2).then(|| Stored {
@@ -189,14 +196,24 @@ impl Store for RedisStore {
                     let script = script(&value_name, &lock_name, &lock);
                     return self.lookup_by_script(script).await;
                 }
+                Err(error) if error.code() == Some("OOM") => {
+                    // A full server under `noeviction` refuses the `SET` even where it would
+                    // write nothing, but the `GET` and `PTTL` did answer: a fresh value is a
+                    // hit; only a miss needs the lock, and that is a store error.
+                    let value = self.read(value, pttl)?;
+                    if is_fresh(value.as_ref(), below) {
+                        return Ok(Lookup {
+                            value,
+                            lock: LockState::NotRequested,
+                        });
+                    }
+                    return Err(self.error(error));
+                }
                 Err(error) => return Err(self.error(error)),
             };
             // A value of a foreign type counts as absent: the fill overwrites it.
             let value = self.read(value, pttl)?;
-            let fresh = value
-                .as_ref()
-                .and_then(|value| value.ttl)
-                .is_some_and(|ttl| ttl > Duration::from_millis(below));
+            let fresh = is_fresh(value.as_ref(), below);
             let lock = match held.as_deref() {
                 _ if fresh && held.is_none() => {
                     // We took the lock of a fresh value whose marker is gone (a failure marker
