@@ -110,3 +110,40 @@ async fn a_full_redis_still_answers_fresh_hits() {
     let fetched = cache.fetch("other", loader(&loads, Ok("w"))).await.unwrap();
     assert_eq!(fetched.outcome(), Outcome::Degraded);
 }
+
+/// In-process joiners got a stale value far past the `stale` window. A leader that finds a
+/// stale value within the window posts it as its flight's early answer, and every later
+/// caller in that process joined the flight and took it, unchecked, for as long as the load
+/// ran (ttl 100 ms, stale 300 ms, a load that hangs: 1550 ms past freshness a caller still got
+/// `Stale("old")`). The early answer now has a deadline: the end of the window.
+#[tokio::test(start_paused = true)]
+async fn joiners_get_no_stale_value_past_the_window() {
+    let shared = Shared::memory();
+    let cache = shared
+        .cache()
+        .ttl(Duration::from_millis(100))
+        .stale(Duration::from_millis(300))
+        .load_timeout(Duration::from_secs(5))
+        .build();
+    let loads = Counter::default();
+    cache.fetch("k", loader(&loads, Ok("old"))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let hangs = || async {
+        std::future::pending::<()>().await;
+        Ok::<Loaded, std::io::Error>(Loaded::pass())
+    };
+    let first = cache.fetch("k", hangs).await.unwrap();
+    assert_eq!(first.outcome(), Outcome::Stale, "within the window");
+    assert_eq!(first.value().unwrap(), "old");
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    // 1550 ms past freshness: the joiner waits for the load, which times out.
+    let late = cache.fetch("k", hangs).await;
+    match late {
+        Ok(fetched) => panic!(
+            "{:?} {:?}: stale past the window",
+            fetched.outcome(),
+            fetched.value()
+        ),
+        Err(error) => assert_eq!(error.kind(), ErrorKind::LoadTimeout),
+    }
+}

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::entry::{Corrupt, Entry};
-use super::flight::{BoxLoader, FlightResult, Reader};
+use super::flight::{BoxLoader, FlightResult, Posted, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
@@ -187,7 +187,14 @@ impl Inner {
 
     /// Whether a stale value may be served at once while another leader refreshes it.
     pub(super) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
-        !self.config.stale.is_zero() && stale.staleness() <= self.config.stale
+        self.stale_window_left(stale).is_some()
+    }
+
+    /// How long a stale value may still be served while a leader refreshes it, if it may.
+    pub(super) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
+        let window = self.config.stale;
+        let staleness = stale.staleness();
+        (!window.is_zero() && staleness <= window).then(|| window - staleness)
     }
 
     /// Whether a stale value may stand in for a failed or too slow load.
@@ -204,7 +211,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &watch::Sender<Option<FlightResult>>,
+        early: &watch::Sender<Posted>,
     ) -> FlightResult {
         let mut waiting = Waiting::default();
         let answer = self.resolve_key(digest, loader, early, &mut waiting).await;
@@ -220,7 +227,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &watch::Sender<Option<FlightResult>>,
+        early: &watch::Sender<Posted>,
         waiting: &mut Waiting,
     ) -> FlightResult {
         let config = &self.config;
