@@ -147,3 +147,52 @@ async fn joiners_get_no_stale_value_past_the_window() {
         Err(error) => assert_eq!(error.kind(), ErrorKind::LoadTimeout),
     }
 }
+
+/// An early refresh shortened the `fresh` marker. The refresh's lookup stored its own
+/// threshold (the life left when it ran, not the stale period) in the lock, and the fill
+/// measured the marker from it: the refreshed value's marker ended early (PTTL 1395 ms against
+/// the value's 1999 ms), and a hit in the gap took the lock, ran the release script and
+/// published to every process. The marker now lasts as long as the value is fresh.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_refresh_marks_the_value_fresh_for_all_its_freshness() {
+    use redis::AsyncCommands;
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let cache = shared
+        .cache()
+        .ttl(Duration::from_secs(2))
+        .early_refresh(1e6)
+        .build();
+    let loads = Counter::default();
+    cache.fetch("k", loader(&loads, Ok("v1"))).await.unwrap();
+    // An L1 hit refreshes at once (β this large); wait for its fill.
+    cache.fetch("k", loader(&loads, Ok("v2"))).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while loads.get() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no early refresh");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let key = cache.store_key("k");
+    let mut conn = shared.connection().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value: Option<Vec<u8>> = conn.get(RedisStore::value_name(&key)).await.unwrap();
+        if value.is_some_and(|v| v.ends_with(b"v2")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refresh never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let marker: Option<String> = conn.get(RedisStore::lock_name(&key)).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"));
+    let marker_ttl: i64 = conn.pttl(RedisStore::lock_name(&key)).await.unwrap();
+    let value_ttl: i64 = conn.pttl(RedisStore::value_name(&key)).await.unwrap();
+    assert!(
+        marker_ttl >= value_ttl - 100,
+        "marker {marker_ttl} ms, value {value_ttl} ms"
+    );
+}

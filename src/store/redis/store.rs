@@ -146,13 +146,15 @@ impl Store for RedisStore {
         // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
         // no remaining life exceeds (a fill under that lock then leaves no marker: the next
         // lookup takes the lock of a fresh value and puts the marker back).
-        let (below, by_script) = match lock_when {
-            LockWhen::LifeAtMost(life) => {
-                (u64::try_from(life.as_millis()).unwrap_or(u64::MAX), false)
-            }
-            LockWhen::Always => (u64::MAX, true),
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        // `below` decides whether to take the lock; `fresh_above`, which the lock value
+        // carries, is what the fill measures the `fresh` marker from.
+        let (below, fresh_above, by_script) = match lock_when {
+            LockWhen::LifeAtMost(life) => (ms(life), ms(life), false),
+            LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
+            LockWhen::Always => (u64::MAX, u64::MAX, true),
         };
-        let lock = lock_value(token, below);
+        let lock = lock_value(token, fresh_above);
         let lock_ms = millis(lock_ttl);
         let script = move |value_name: &str, lock_name: &str, lock: &[u8]| {
             let mut call = script_call(&LOOKUP, &[value_name, lock_name]);
