@@ -109,6 +109,9 @@ struct Waiting {
     ended: Option<WaitEnd>,
 }
 
+/// The shortest step between a follower's re-reads, whatever the settings.
+const MIN_PAUSE: Duration = Duration::from_millis(1);
+
 /// Pauses between a follower's re-reads: exponential, capped, jittered.
 pub(super) struct Backoff {
     next: Duration,
@@ -118,10 +121,12 @@ pub(super) struct Backoff {
 
 impl Backoff {
     pub(super) fn new(config: &Config) -> Self {
+        // A zero step would make followers spin on the store: at least a millisecond.
+        let initial = config.backoff_initial.max(MIN_PAUSE);
         Backoff {
-            next: config.backoff_initial,
+            next: initial,
             multiplier: config.backoff_multiplier,
-            max: config.backoff_max,
+            max: config.backoff_max.max(initial),
         }
     }
 
@@ -447,7 +452,15 @@ mod tests {
         let mut nan = backoff(1000, f64::NAN, 2000);
         nan.pause_with(0.5);
         assert_eq!(nan.next, Duration::from_millis(2000));
-        let mut zero = backoff(0, 2.0, 0);
-        assert_eq!(zero.pause_with(0.5), Duration::ZERO);
+        // `backoff(0, 0)`: steps of at least a millisecond, never a spin on the store.
+        let config = Config {
+            backoff_initial: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            ..Config::default()
+        };
+        let mut zero = Backoff::new(&config);
+        for _ in 0..5 {
+            assert!(zero.pause_with(1.0) >= Duration::from_micros(999));
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::names::{channel, tag_names};
 use super::scripts::{
@@ -60,7 +60,13 @@ impl RedisStore {
         pttl: RedisResult<i64>,
     ) -> Result<Option<Stored>, StoreError> {
         let pttl = pttl.map_err(|error| self.error(error))?;
-        Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
+        let value = match value {
+            Ok(value) => value,
+            // A key of a foreign type: absent, and overwritten by the next fill.
+            Err(error) if error.code() == Some("WRONGTYPE") => None,
+            Err(error) => return Err(self.error(error)),
+        };
+        Ok(value.and_then(|value| stored(value, pttl)))
     }
 
     /// Whether a pipelined command's error sends the call to its script: a server that does not
@@ -221,7 +227,13 @@ impl Store for RedisStore {
                     // We took the lock of a fresh value whose marker is gone (a failure marker
                     // expired, or the value was written by a put): put the marker back before
                     // answering, so that this flight's next lookup finds no lock of its own.
-                    let _: i64 = self.run(&RELEASE, &self.release_call(&key, token)).await?;
+                    // A repair that fails costs nothing but the marker (the lock of a fresh
+                    // value turns nobody away): the value in hand is still the answer.
+                    let repaired: Result<i64, StoreError> =
+                        self.run(&RELEASE, &self.release_call(&key, token)).await;
+                    if let Err(error) = repaired {
+                        debug!(%error, "could not put the fresh marker back; answering the hit");
+                    }
                     LockState::NotRequested
                 }
                 _ if fresh => LockState::NotRequested,
