@@ -196,3 +196,47 @@ async fn an_early_refresh_marks_the_value_fresh_for_all_its_freshness() {
         "marker {marker_ttl} ms, value {value_ttl} ms"
     );
 }
+
+/// Bytes this crate never wrote, in a lock key, stalled every request for the whole
+/// `wait_timeout` (30 s): a foreign string was taken for a live lock (issue 15). Such bytes
+/// now count as no lock: the lookup takes the lock in their place and loads at once.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_bytes_in_a_lock_key_never_make_anyone_wait() {
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let cache = shared.cache().build();
+    let mut conn = shared.connection().await;
+    let blob: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let foreign: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        b"hello".to_vec(),
+        b"fresh-ish".to_vec(),
+        vec![b'x'; 200],
+        [&[b'g'; 32][..], b":123"].concat(),
+        blob,
+    ];
+    let loads = Counter::default();
+    for (i, bytes) in foreign.iter().enumerate() {
+        let key = format!("k{i}");
+        let _: () = redis::cmd("SET")
+            .arg(RedisStore::lock_name(&cache.store_key(&key)))
+            .arg(bytes)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // A failure guard only: the defect waited the whole 30 s wait timeout.
+        let fetched = tokio::time::timeout(
+            Duration::from_secs(10),
+            cache.fetch(&key, loader(&loads, Ok("v"))),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("waited on foreign bytes {i}"))
+        .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Leader, "foreign bytes {i}");
+        assert_eq!(fetched.value().unwrap(), "v");
+    }
+    assert_eq!(loads.get(), foreign.len());
+}

@@ -10,8 +10,8 @@ use tracing::{debug, warn};
 
 use super::names::{channel, tag_names};
 use super::scripts::{
-    command, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE,
-    INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
+    command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
+    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
 };
 use super::RedisStore;
 use crate::store::{
@@ -245,7 +245,14 @@ impl Store for RedisStore {
                     return self.lookup_by_script(script).await;
                 }
                 Some(b"failed") => LockState::Failed,
-                Some(_) => LockState::HeldElsewhere,
+                Some(held) if is_lock(held) => LockState::HeldElsewhere,
+                Some(_) => {
+                    // Bytes this crate never wrote: no lock to wait for. The script takes the
+                    // lock in their place (one more round trip).
+                    warn!(key = ?key, "a lock key holds bytes that are no lock; replacing them");
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
             };
             Ok(Lookup { value, lock })
         })
