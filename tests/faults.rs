@@ -235,3 +235,42 @@ async fn redis_restarted_empty_leaves_no_lock_behind() {
         "nobody waited for the lost lock"
     );
 }
+
+/// The first stampede after Redis comes back is protected across processes, even when the
+/// processes stayed idle past `open_for` (issue 15): once `open_for` has passed, the next store
+/// call is a real trial (the flight that makes it keeps its answer), and a timer probes while
+/// the breaker is open. Before, the probe only started when a request found the breaker open,
+/// and that request (and its whole burst) skipped the store: one load per process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_stampede_after_redis_returns_is_one_load() {
+    let mut server = RedisServer::start();
+    let instances = instances(&server, 3).await;
+    server.kill();
+    // Enough failing calls to open every instance's breaker.
+    for (n, cache) in instances.iter().enumerate() {
+        let deadline = Instant::now() + LIMIT;
+        let mut attempt = 0;
+        while cache.store_available() {
+            attempt += 1;
+            let _ = cache
+                .fetch(format!("down-{n}-{attempt}"), || async {
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"x")))
+                })
+                .await;
+            assert!(Instant::now() < deadline, "the breaker never opened");
+        }
+    }
+    server.restart();
+    // Idle for longer than `open_for` (1 s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let seen = stampede(
+        &instances,
+        "after",
+        300,
+        Duration::from_millis(200),
+        async {},
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+}

@@ -2,10 +2,13 @@
 //!
 //! After `threshold` store calls in a row have failed (or timed out), the breaker opens: for
 //! `open_for`, no store call is made and every flight loads with in-process protection at
-//! once, instead of paying the store timeout. Then ONE probe (a read of a probe key, run in
-//! the background by whoever notices first) asks the store: if it answers, the breaker closes
-//! and protection across processes resumes; if not, it stays open for another `open_for`.
-//! Each change of state is logged once.
+//! once, instead of paying the store timeout. Then ONE trial asks the store (half-open): the
+//! next store call, made for real (the flight that makes it keeps its answer, so a lookup
+//! that takes the lock leads as usual), or a timer's read of a probe key, which runs every
+//! `open_for` while the breaker is open, with or without traffic. If the store answers, the
+//! breaker closes and protection across processes resumes; if not, it stays open for another
+//! `open_for`. So the first stampede after the store returns is protected across processes
+//! even if nothing was asked of it meanwhile. Each change of state is logged once.
 //!
 //! Every store call of the engine goes through [`Inner::store_call`], which bounds it by the
 //! store timeout, counts its failures, and asks the breaker first.
@@ -28,6 +31,8 @@ pub(crate) enum Admit {
     Call,
     /// Open: skip the call.
     Skip,
+    /// Open, and time for the trial: make the call, and report it with
+    /// [`probed`](Breaker::probed).
     /// Open, and time to probe: skip the call, and start the probe.
     Probe,
 }
@@ -134,18 +139,19 @@ impl Inner {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match self.breaker.admit() {
-            Admit::Call => {}
-            admit => {
+        let trial = match self.breaker.admit() {
+            Admit::Call => None,
+            Admit::Probe => Some(Trial {
+                breaker: &self.breaker,
+                reported: false,
+            }),
+            Admit::Skip => {
                 self.counters
                     .store_calls_skipped
                     .fetch_add(1, Ordering::Relaxed);
-                if admit == Admit::Probe {
-                    self.probe();
-                }
                 return Err(StoreError::circuit_open());
             }
-        }
+        };
         let timeout = self.config.store_timeout;
         let result = match tokio::time::timeout(timeout, call).await {
             Ok(result) => result,
@@ -155,28 +161,76 @@ impl Inner {
             self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
             telemetry::store_error();
         }
-        if self.breaker.record(result.is_ok()) {
-            self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+        match trial {
+            Some(mut trial) => trial.report(result.is_ok()),
+            None if self.breaker.record(result.is_ok()) => {
+                self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+                self.probe_while_open();
+            }
+            None => {}
         }
         result
     }
 
-    /// Asks the store, in the background, whether it answers again: a read of a probe key,
-    /// bounded by the store timeout. Its answer closes the breaker or keeps it open.
-    fn probe(&self) {
+    /// While the breaker is open, asks the store every `open_for` whether it answers again (a
+    /// read of a probe key, bounded by the store timeout), unless a call's trial is under way;
+    /// ends once the breaker is closed. Without a runtime, calls' trials alone close it.
+    fn probe_while_open(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let (store, breaker) = (Arc::clone(&self.store), Arc::clone(&self.breaker));
         let key = StoreKey::new(
             Arc::clone(&self.config.namespace),
             KeyDigest::of(b"tower-stampede:probe"),
         );
-        let timeout = self.config.store_timeout;
-        tokio::spawn(async move {
-            let answered = matches!(
-                tokio::time::timeout(timeout, store.get(&key)).await,
-                Ok(Ok(_))
-            );
-            breaker.probed(answered);
+        let (timeout, open_for) = (self.config.store_timeout, self.config.breaker_open_for);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(open_for).await;
+                match breaker.admit() {
+                    Admit::Call => return,
+                    Admit::Skip => continue,
+                    Admit::Probe => {
+                        let mut trial = Trial {
+                            breaker: &breaker,
+                            reported: false,
+                        };
+                        let answered = matches!(
+                            tokio::time::timeout(timeout, store.get(&key)).await,
+                            Ok(Ok(_))
+                        );
+                        trial.report(answered);
+                        if answered {
+                            return;
+                        }
+                    }
+                }
+            }
         });
+    }
+}
+
+/// A trial of the store while the breaker is half-open: its outcome closes or reopens the
+/// breaker, and a trial dropped unfinished (its task torn down) counts as failed, so the
+/// breaker never waits for a trial that will not report.
+struct Trial<'a> {
+    breaker: &'a Breaker,
+    reported: bool,
+}
+
+impl Trial<'_> {
+    fn report(&mut self, answered: bool) {
+        self.reported = true;
+        self.breaker.probed(answered);
+    }
+}
+
+impl Drop for Trial<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.breaker.probed(false);
+        }
     }
 }
 
