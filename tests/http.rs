@@ -605,8 +605,9 @@ async fn a_failing_origin_is_called_once_and_followers_get_a_gateway_error() {
 async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
     for shared in Shared::both().await {
         let origin = Counter::default();
-        // The first load is slow (δ = 300 ms), so with β = 3 the refresh comes well before the
-        // page's one second of freshness ends.
+        // The first load is slow (δ = 300 ms): its refresh point is drawn at least δ (and with
+        // β = 3, on average 4δ) before the page's one second of freshness ends, so hits for
+        // 850 ms reach it, and the 10 ms refresh ends well before the page does.
         let handler = {
             let origin = origin.clone();
             move || async move {
@@ -627,7 +628,8 @@ async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
         assert_eq!(x_cache(&headers), Some("MISS"), "{}", shared.name);
         assert_eq!(body, "version 1");
         let mut refreshed = false;
-        for _ in 0..40 {
+        let hitting = std::time::Instant::now();
+        while hitting.elapsed() < Duration::from_millis(850) {
             let (status, headers, body) = send(&app, "GET", "http://app.test/hot").await;
             assert_eq!(status, StatusCode::OK, "{}", shared.name);
             assert_eq!(x_cache(&headers), Some("HIT"), "{}", shared.name);

@@ -152,13 +152,16 @@ impl CacheBuilder {
         self
     }
 
-    /// Probabilistic early refresh ("XFetch", Vattani et al., VLDB 2015): a hit refreshes the
-    /// value in the background, before it expires, when `now + δ·β·(−ln u) ≥ expiry`, with
-    /// `δ` the value's last load time, `u` uniform in (0, 1] and `β` this setting. A hot key
-    /// is then refreshed by one caller, a little ahead of its expiry (more ahead for slow
-    /// loads), and nobody waits for it; a cold key is rarely refreshed early. The refresh takes
-    /// the store's lock as any reload does, so it is still one load across processes. Larger
-    /// `β` refreshes earlier; 0 (or a non-number) turns it off. Default: 1.0.
+    /// Probabilistic early refresh (after "XFetch", Vattani et al., VLDB 2015): the first hit
+    /// past a value's refresh point refreshes it in the background, before it expires. The
+    /// point is drawn once per value and process, when the value is read from the store:
+    /// `δ·(1 + β·(−ln u))` before its expiry, with `δ` the value's last load time, `u` uniform
+    /// in (0, 1] and `β` this setting. So the refresh starts at least one load time ahead (and
+    /// ends before the value does, nobody waiting for it), `β` spreads the processes' points
+    /// over a further `δ·β` on average, and how often the key is hit does not make it refresh
+    /// earlier: about one load per TTL at any request rate. A key not hit past its point is
+    /// not refreshed early. The refresh takes the store's lock as any reload does, so it is
+    /// still one load across processes. 0 (or a non-number) turns it off. Default: 1.0.
     pub fn early_refresh(mut self, beta: f64) -> Self {
         self.config.early_refresh_beta = if beta.is_finite() { beta.max(0.0) } else { 0.0 };
         self

@@ -90,7 +90,7 @@ impl Inner {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
             if let Some(entry) = self.l1_get(&digest).await {
-                if self.early_refresh_due(entry.fresh_until, entry.load_time) {
+                if entry.refresh_at.is_some_and(|at| Instant::now() >= at) {
                     let loader = BoxLoader::new(accepts, loader);
                     self.refresh_early(digest, loader, entry.fresh_until);
                 }

@@ -338,7 +338,8 @@ impl Inner {
                     )
                     .await;
                     let fresh_until = Instant::now() + fresh_for;
-                    if self.early_refresh_due(fresh_until, load_time) {
+                    let due = self.refresh_point(fresh_until, load_time);
+                    if due.is_some_and(|at| Instant::now() >= at) {
                         self.refresh_early(digest, loader, fresh_until);
                     }
                     return Ok(Fetched {

@@ -31,8 +31,9 @@ pub(super) struct L1Entry {
     ttl: Duration,
     /// When the value stops being fresh in the store.
     pub(super) fresh_until: Instant,
-    /// How long its load took (XFetch's δ).
-    pub(super) load_time: Duration,
+    /// When a hit refreshes it early: drawn once, as the value enters L1, so that how often
+    /// it is hit does not make its refresh more likely (one coin per hit did).
+    pub(super) refresh_at: Option<Instant>,
     /// What this process had heard of the key before the value was read.
     stamp: Stamp,
     /// What this process had heard of the value's tags before they were checked.
@@ -150,11 +151,12 @@ impl Inner {
         let Some(stamp) = stamp else { return };
         if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
             let now = Instant::now();
+            let fresh_until = now + fresh_for;
             let entry = L1Entry {
+                refresh_at: self.refresh_point(fresh_until, load_time),
                 value,
                 ttl,
-                fresh_until: now + fresh_for,
-                load_time,
+                fresh_until,
                 stamp,
                 tags,
                 until: now + ttl,

@@ -22,22 +22,19 @@ use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
 /// refreshes due (the store's clock is read a round trip away).
 const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
 
-/// XFetch's test: whether a value with `left` until its expiry, whose load took `load_time`,
-/// is refreshed now, with `β` = `beta` and `draw` giving a uniform number in [0, 1): when
-/// `δ·β·(−ln u) ≥ left`, with `δ` the load time (at least 1 ms) and `u` = 1 − the draw.
-fn xfetch_due(left: Duration, load_time: Duration, beta: f64, draw: impl FnOnce() -> f64) -> bool {
-    if beta <= 0.0 {
-        return false;
+/// How long before its expiry a value whose load took `load_time` (δ, at least 1 ms) is
+/// refreshed, for `β` = `beta` and `draw` a uniform number in [0, 1): `δ·(1 + β·(−ln u))` with
+/// `u` = 1 − the draw, or `None` when β is not positive (no early refresh). At least one load
+/// time ahead, so the refresh ends before the value does; `β` scales a random share of mean
+/// `δ·β` on top, which spreads refreshes (XFetch, Vattani et al., VLDB 2015, with one draw per
+/// value instead of one per request).
+fn lead_time(load_time: Duration, beta: f64, draw: impl FnOnce() -> f64) -> Option<Duration> {
+    if beta <= 0.0 || beta.is_nan() {
+        return None;
     }
-    let delta = load_time.max(Duration::from_millis(1)).as_secs_f64() * beta;
-    // −ln u is at most about 37 for a 53-bit u: far from expiry, skip the draw.
-    let longest = Duration::try_from_secs_f64(delta * 37.0).unwrap_or(Duration::MAX);
-    if longest < left {
-        return false;
-    }
+    let delta = load_time.max(Duration::from_millis(1)).as_secs_f64();
     let u = 1.0 - draw();
-    let gap = Duration::try_from_secs_f64(-delta * u.ln()).unwrap_or(Duration::MAX);
-    gap >= left
+    Some(Duration::try_from_secs_f64(delta * (1.0 - beta * u.ln())).unwrap_or(Duration::MAX))
 }
 
 /// Marks an early refresh of a key as over when dropped, however its task ends.
@@ -53,16 +50,20 @@ impl Drop for Refreshing {
 }
 
 impl Inner {
-    /// XFetch: whether a hit on a value fresh until `fresh_until`, whose load took
-    /// `load_time`, should refresh it early.
-    pub(super) fn early_refresh_due(&self, fresh_until: Instant, load_time: Duration) -> bool {
-        let left = fresh_until.saturating_duration_since(Instant::now());
-        xfetch_due(
-            left,
+    /// When a value fresh until `fresh_until`, whose load took `load_time`, is refreshed
+    /// early (see [`lead_time`]): drawn once per value and process, when the value is read from
+    /// the store, so the rate of hits does not change it. `None` without early refresh.
+    pub(super) fn refresh_point(
+        &self,
+        fresh_until: Instant,
+        load_time: Duration,
+    ) -> Option<Instant> {
+        let lead = lead_time(
             load_time,
             self.config.early_refresh_beta,
             rand::random::<f64>,
-        )
+        )?;
+        Some(fresh_until.checked_sub(lead).unwrap_or_else(Instant::now))
     }
 
     /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
@@ -197,40 +198,30 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_or_negative_beta_never_refreshes() {
-        assert!(!xfetch_due(Duration::ZERO, MS * 100, 0.0, never_drawn));
-        assert!(!xfetch_due(Duration::ZERO, MS * 100, -1.0, never_drawn));
+    fn a_zero_negative_or_nan_beta_never_refreshes() {
+        for beta in [0.0, -1.0, f64::NAN] {
+            assert_eq!(lead_time(MS * 100, beta, never_drawn), None);
+        }
     }
 
     #[test]
-    fn far_from_expiry_there_is_no_draw() {
-        // δ·β = 100 ms: no draw can reach 37 × 100 ms.
-        assert!(!xfetch_due(MS * 3800, MS * 100, 1.0, never_drawn));
-    }
-
-    #[test]
-    fn an_expired_value_is_always_due() {
-        assert!(xfetch_due(Duration::ZERO, MS * 100, 1.0, || 0.0));
-        assert!(xfetch_due(Duration::ZERO, Duration::ZERO, 1.0, || 0.999));
-    }
-
-    #[test]
-    fn the_draw_decides_near_expiry() {
-        // u = e^-1 gives a gap of exactly δ·β: due when δ·β is at least what is left.
+    fn at_least_one_load_time_ahead_and_beta_scales_the_rest() {
+        // u = 1 (a draw of 0): exactly one load time.
+        assert_eq!(lead_time(MS * 100, 1.0, || 0.0), Some(MS * 100));
+        // u = e^-1: one more load time times β.
         let draw = || 1.0 - (-1.0f64).exp();
-        assert!(xfetch_due(MS * 90, MS * 100, 1.0, draw));
-        assert!(!xfetch_due(MS * 110, MS * 100, 1.0, draw));
-        // β scales δ.
-        assert!(xfetch_due(MS * 190, MS * 100, 2.0, draw));
+        let near = |got: Option<Duration>, want: Duration| {
+            let got = got.unwrap();
+            assert!(
+                got.abs_diff(want) < Duration::from_micros(10),
+                "{got:?} {want:?}"
+            );
+        };
+        near(lead_time(MS * 100, 1.0, draw), MS * 200);
+        near(lead_time(MS * 100, 2.0, draw), MS * 300);
         // A load time under 1 ms counts as 1 ms.
-        assert!(xfetch_due(
-            Duration::from_micros(900),
-            Duration::ZERO,
-            1.0,
-            draw
-        ));
-        assert!(!xfetch_due(MS * 2, Duration::ZERO, 1.0, draw));
-        // u = 1 (a draw of 0) never comes early.
-        assert!(!xfetch_due(MS, MS * 100, 1.0, || 0.0));
+        near(lead_time(Duration::ZERO, 1.0, draw), MS * 2);
+        // The largest draw is bounded, never a panic.
+        assert!(lead_time(MS * 100, f64::MAX, || 0.999_999).is_some());
     }
 }
