@@ -87,7 +87,7 @@ where
         };
         // The load failed: a variant may still be there (stale or fresh) to stand in for it.
         // Its key comes from the request as it was sent.
-        return match (slot.sent_variant(&primary, &marker.names), fallback) {
+        return match (slot.sent_variant(&primary, &marker), fallback) {
             (Some(variant), fallback) => {
                 Box::pin(stand_in(&cache, &variant, &asked, outcome, fallback)).await
             }

@@ -174,13 +174,14 @@ where
     let marker = VaryMarker {
         stored_at: now,
         ttl,
+        generation: rand::random(),
         names,
     };
     let Some(marker_entry) = codec::encode_vary(&marker) else {
         let _ = to_leader.send(Own::Variant(entry, Outcome::Uncached));
         return Ok(Loaded::pass());
     };
-    let variant = key::variant(&primary, &marker.names, &asked.headers);
+    let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
     let loaded = entry.clone();
     let filled = loading
         .cache
@@ -214,8 +215,16 @@ where
 
 /// A run of the URL's loader whose request went to the variant's loader: the marker is stored
 /// again for what it had left (at least a second), instead of a load without a request.
+///
+/// Under a generation of its own: this run may have taken the lock after the URL was
+/// invalidated (an early refresh of a marker read before), and the old generation would make
+/// the variants from before the invalidation reachable again.
 fn restore(marker: &VaryMarker) -> Result<Loaded, BoxError> {
-    let entry = codec::encode_vary(marker).ok_or("the vary marker cannot be encoded")?;
+    let marker = VaryMarker {
+        generation: rand::random(),
+        ..marker.clone()
+    };
+    let entry = codec::encode_vary(&marker).ok_or("the vary marker cannot be encoded")?;
     let left = marker
         .remaining(SystemTime::now())
         .max(Duration::from_secs(1));
