@@ -112,11 +112,16 @@ impl MakeKey for DefaultKey {
 /// key apart for requests with `Authorization`.
 pub(crate) fn primary(key: String, request: &HeaderMap) -> String {
     if request.contains_key(AUTHORIZATION) {
-        // Length-prefixed, so no key of another shape can equal it.
-        format!("authorized\0{}\0{key}", key.len())
+        authorized(&key)
     } else {
         key
     }
+}
+
+/// The primary key of requests with `Authorization` whose [`MakeKey`] said `key`.
+pub(crate) fn authorized(key: &str) -> String {
+    // Length-prefixed, so no key of another shape can equal it.
+    format!("authorized\0{}\0{key}", key.len())
 }
 
 /// The variant key of a request under a primary key whose vary marker has `generation` and

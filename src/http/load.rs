@@ -102,7 +102,8 @@ where
             return Err("the inner service failed".into());
         }
     };
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    loading.config.strip_tags(&mut parts.headers);
     let passed = |body: ResponseBody<ResBody>, failed: bool| Own::Passed {
         answer: Ok(marked(Response::from_parts(parts.clone(), body), BYPASS)),
         failed,
