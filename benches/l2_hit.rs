@@ -3,6 +3,9 @@
 //! engine's L2 hit is one round trip (`SET lock NX GET`, refused by the value's `fresh`
 //! marker, then `GET` and `PTTL`, pipelined), so it should cost about what a `GET` costs.
 //!
+//! A tagged value's L2 hit also reads its tags' versions (one more round trip): the
+//! `tagged` case measures what that costs against the untagged hit.
+//!
 //! ```sh
 //! cargo bench --bench l2_hit
 //! ```
@@ -67,6 +70,27 @@ fn l2_hit(c: &mut Criterion) {
         group.bench_function("tower-stampede L2 hit", |b| {
             b.to_async(&runtime).iter(|| async {
                 let fetched = cache.fetch(&key, not_called).await.expect("an L2 hit");
+                fetched.value().map_or(0, Bytes::len)
+            });
+        });
+        let tagged_key = format!("tagged-{size}");
+        runtime.block_on(async {
+            let loaded = tower_stampede::Loaded::value(value.clone()).tags(["a", "b", "c"]);
+            cache
+                .fetch(&tagged_key, move || async move {
+                    Ok::<_, std::io::Error>(loaded)
+                })
+                .await
+                .expect("the first load");
+            let fetched = cache.fetch(&tagged_key, not_called).await.expect("a hit");
+            assert_eq!(fetched.outcome(), Outcome::L2Hit);
+        });
+        group.bench_function("tower-stampede L2 hit, tagged (3 tags)", |b| {
+            b.to_async(&runtime).iter(|| async {
+                let fetched = cache
+                    .fetch(&tagged_key, not_called)
+                    .await
+                    .expect("an L2 hit");
                 fetched.value().map_or(0, Bytes::len)
             });
         });

@@ -203,3 +203,57 @@ async fn followers_on_a_cluster_are_woken_by_fills_on_any_node() {
         assert_eq!(loads.get(), 1, "{key}");
     }
 }
+
+/// Invalidation on a cluster: `invalidate`, `set` and `invalidate_tag` (whose clock and
+/// versions share a slot of their own) reach another instance's L1 through the cluster's
+/// pub/sub, and a load overtaken by an invalidation cannot fill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidation_on_a_cluster_reaches_every_instance() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let cluster = RedisCluster::start();
+    let a = cache(instance(&cluster).await).build();
+    let b = cache(instance(&cluster).await).build();
+    let version = Arc::new(AtomicU32::new(1));
+    let read = |cache: &Cache, key: &'static str| {
+        let (cache, version) = (cache.clone(), Arc::clone(&version));
+        async move {
+            cache
+                .fetch(key, move || async move {
+                    let v = version.load(Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(
+                        Loaded::value(Bytes::from(format!("v{v}"))).tags(["group"]),
+                    )
+                })
+                .await
+                .unwrap()
+                .into_value()
+                .unwrap()
+        }
+    };
+    let until = |cache: Cache, key: &'static str, want: &'static str| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while read(&cache, key).await != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{key}: never {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    for key in ["one", "two"] {
+        assert_eq!(read(&a, key).await, "v1");
+        assert_eq!(read(&b, key).await, "v1");
+    }
+    version.store(2, Ordering::SeqCst);
+    a.invalidate("one").await.unwrap();
+    until(b.clone(), "one", "v2").await;
+    b.set("one", Bytes::from_static(b"set"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    until(a.clone(), "one", "set").await;
+    version.store(3, Ordering::SeqCst);
+    b.invalidate_tag("group").await.unwrap();
+    until(a.clone(), "two", "v3").await;
+    until(b.clone(), "two", "v3").await;
+}

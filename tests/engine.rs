@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
 use tower_stampede::store::{
-    BoxFuture, LockState, LockToken, LockWhen, Lookup, MemoryStore, Store, StoreError, StoreKey,
-    Stored,
+    BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Lookup, MemoryStore, Store, StoreError,
+    StoreKey, Stored,
 };
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
@@ -1003,6 +1003,26 @@ impl Store for Observed {
 
     fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.expire(key, keep)
+    }
+
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.inner.tag_clock(namespace)
+    }
+
+    fn tag_versions(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
+        self.inner.tag_versions(namespace, tags)
+    }
+
+    fn invalidate_tags(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.invalidate_tags(namespace, tags)
     }
 }
 

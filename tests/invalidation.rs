@@ -431,3 +431,151 @@ async fn a_dropped_subscription_stops_l1_hits_until_it_is_back() {
     }
     assert_eq!(db.loads.get(), 1);
 }
+
+impl Database {
+    /// Reads the row with `tags` attached to it.
+    async fn read_tagged(&self, cache: &Cache, key: &str, tags: &'static [&'static str]) -> Bytes {
+        let db = self.clone();
+        cache
+            .fetch(key, move || async move {
+                db.loads.hit();
+                let version = db.version.load(Ordering::SeqCst);
+                Ok::<_, std::io::Error>(
+                    tower_stampede::Loaded::value(Bytes::from(format!("v{version}"))).tags(tags),
+                )
+            })
+            .await
+            .unwrap()
+            .into_value()
+            .unwrap()
+    }
+}
+
+/// `invalidate_tag` makes every value carrying the tag a miss in every instance, L1 included,
+/// and leaves values without it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_tag_reaches_every_tagged_value_everywhere() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        let (tagged, untagged) = (Database::at(1), Database::at(1));
+        for cache in &caches {
+            assert_eq!(
+                tagged.read_tagged(cache, "a", &["users", "page:1"]).await,
+                "v1"
+            );
+            assert_eq!(tagged.read_tagged(cache, "b", &["users"]).await, "v1");
+            assert_eq!(untagged.read_tagged(cache, "c", &["other"]).await, "v1");
+        }
+        assert_eq!(tagged.loads.get(), 2);
+        tagged.move_to(2);
+        untagged.move_to(2);
+        caches[0].invalidate_tag("users").await.unwrap();
+        for cache in &caches {
+            let deadline = tokio::time::Instant::now() + LIMIT;
+            while tagged.read_tagged(cache, "a", &["users", "page:1"]).await != "v2"
+                || tagged.read_tagged(cache, "b", &["users"]).await != "v2"
+            {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{}: still v1",
+                    shared.name
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert_eq!(
+                untagged.read_tagged(cache, "c", &["other"]).await,
+                "v1",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(
+            tagged.loads.get(),
+            4,
+            "{}: one reload per value",
+            shared.name
+        );
+        assert_eq!(untagged.loads.get(), 1, "{}", shared.name);
+        // Invalidating a tag no value carries changes nothing.
+        caches[1].invalidate_tags(["nobody", "none"]).await.unwrap();
+        assert_eq!(tagged.read_tagged(&caches[2], "b", &["users"]).await, "v2");
+        assert_eq!(tagged.loads.get(), 4, "{}", shared.name);
+    }
+}
+
+/// A load that read its data before `invalidate_tag` and fills after it: its value is stored,
+/// but with a tag clock older than the invalidation, so it is a miss at once everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tagged_load_that_started_before_the_tag_invalidation_is_a_miss() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let db = Database::at(1);
+        let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let slow = tokio::spawn({
+            let (cache, db, started, finish) = (
+                caches[0].clone(),
+                db.clone(),
+                started.clone(),
+                finish.clone(),
+            );
+            async move {
+                cache
+                    .fetch("row", move || async move {
+                        let version = db.version.load(Ordering::SeqCst);
+                        started.notify_one();
+                        finish.notified().await;
+                        Ok::<_, std::io::Error>(
+                            tower_stampede::Loaded::value(Bytes::from(format!("v{version}")))
+                                .tags(["users"]),
+                        )
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        db.move_to(2);
+        caches[1].invalidate_tag("users").await.unwrap();
+        finish.notify_one();
+        let answer = slow.await.unwrap().unwrap();
+        assert_eq!(
+            answer.value().unwrap(),
+            "v1",
+            "{}: its own caller",
+            shared.name
+        );
+        for cache in &caches {
+            assert_eq!(
+                db.read_tagged(cache, "row", &["users"]).await,
+                "v2",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(db.loads.get(), 1, "{}: one reload", shared.name);
+    }
+}
+
+/// A value with more tags than an entry can carry is not stored: its callers get it, and the
+/// next read loads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_with_too_many_tags_is_not_stored() {
+    for shared in Shared::both().await {
+        let cache = instances(&shared, 1, as_is).await.remove(0);
+        let loads = Counter::default();
+        for _ in 0..2 {
+            let loads = loads.clone();
+            let fetched = cache
+                .fetch("many", move || async move {
+                    loads.hit();
+                    let tags: Vec<String> = (0..2000).map(|i| format!("t{i}")).collect();
+                    Ok::<_, std::io::Error>(
+                        tower_stampede::Loaded::value(Bytes::from_static(b"v")).tags(tags),
+                    )
+                })
+                .await
+                .unwrap();
+            assert_eq!(fetched.value().unwrap(), "v");
+        }
+        assert_eq!(loads.get(), 2, "{}", shared.name);
+    }
+}

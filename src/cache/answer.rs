@@ -6,10 +6,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::store::KeyDigest;
+
 /// What a loader passed to [`Cache::fetch`] produced.
 #[derive(Clone, Debug)]
 pub struct Loaded {
     pub(super) kind: LoadedKind,
+    /// The digests of the value's tags.
+    pub(super) tags: Vec<KeyDigest>,
 }
 
 /// A loader's result, as the engine reads it.
@@ -24,6 +28,7 @@ impl Loaded {
     pub fn value(bytes: Bytes) -> Self {
         Loaded {
             kind: LoadedKind::Value { bytes, ttl: None },
+            tags: Vec::new(),
         }
     }
 
@@ -34,6 +39,7 @@ impl Loaded {
                 bytes,
                 ttl: Some(ttl),
             },
+            tags: Vec::new(),
         }
     }
 
@@ -42,7 +48,31 @@ impl Loaded {
     pub fn pass() -> Self {
         Loaded {
             kind: LoadedKind::Pass,
+            tags: Vec::new(),
         }
+    }
+
+    /// Attaches tags to the value: [`Cache::invalidate_tag`](super::Cache::invalidate_tag)
+    /// of any of them makes it a miss, in every process. A value carries at most 1024 tags;
+    /// one with more is not stored (its callers still get it). Tags cost a tagged value's L2
+    /// hits one more store round trip (reading the tags' state); untagged values pay nothing.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use tower_stampede::Loaded;
+    /// let loaded = Loaded::value(Bytes::from_static(b"<li>Ada</li>")).tags(["user:42", "users"]);
+    /// ```
+    #[must_use]
+    pub fn tags<I, T>(mut self, tags: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<[u8]>,
+    {
+        self.tags
+            .extend(tags.into_iter().map(|tag| KeyDigest::of_tag(tag.as_ref())));
+        self.tags.sort_unstable();
+        self.tags.dedup();
+        self
     }
 }
 

@@ -58,7 +58,7 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
-        let encoded = entry::encode_value(&value, Duration::ZERO);
+        let (encoded, _) = entry::encode_value(&value, Duration::ZERO, None);
         let store_ttl = ttl.saturating_add(self.inner.config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner
@@ -102,9 +102,22 @@ impl Inner {
         key: &StoreKey,
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
-        self.forget_here(key).await;
+        self.correct_all(std::slice::from_ref(key), call).await
+    }
+
+    /// [`correct`](Self::correct) for a call that changes several keys (or tags).
+    pub(super) async fn correct_all(
+        &self,
+        keys: &[StoreKey],
+        call: impl Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), Error> {
+        for key in keys {
+            self.forget_here(key).await;
+        }
         let result = self.store_call(call).await;
-        self.forget_here(key).await;
+        for key in keys {
+            self.forget_here(key).await;
+        }
         result.map_err(Error::store)
     }
 

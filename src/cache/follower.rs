@@ -16,7 +16,8 @@ use tracing::{debug, warn};
 
 use super::entry::{Corrupt, Entry};
 use super::flight::{BoxLoader, FlightResult, Reader};
-use super::leader::spawn_release;
+use super::l1::TagStamps;
+use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
 use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
 use crate::store::{
@@ -28,6 +29,21 @@ use crate::store::{
 pub(super) struct Found {
     pub(super) lock: LockState,
     pub(super) entry: Option<(Result<Entry, Corrupt>, Option<Duration>)>,
+    /// The stamps of a valid tagged value's tags.
+    pub(super) tag_stamps: TagStamps,
+    /// The value was this engine's, but one of its tags was invalidated since its load.
+    pub(super) outdated: bool,
+}
+
+impl Found {
+    /// Whether the value found carried tags (or was outdated by them).
+    pub(super) fn tagged(&self) -> bool {
+        self.outdated
+            || matches!(
+                &self.entry,
+                Some((Ok(Entry::Value { tags: Some(_), .. }), _))
+            )
+    }
 }
 
 /// A value past its freshness that the store still keeps, and how far past it was when read.
@@ -157,12 +173,16 @@ impl Inner {
                     .lookup(key, token, self.config.lock_ttl, lock_when),
             )
             .await?;
-        Ok(Found {
+        let mut found = Found {
             lock: lookup.lock,
             entry: lookup
                 .value
                 .map(|stored| (reader.decode(&stored.bytes), stored.ttl)),
-        })
+            tag_stamps: TagStamps::default(),
+            outdated: false,
+        };
+        self.check_tags(&mut found).await?;
+        Ok(found)
     }
 
     /// Whether a stale value may be served at once while another leader refreshes it.
@@ -246,7 +266,8 @@ impl Inner {
             if overwriting && found.lock == LockState::Acquired {
                 // The lock was taken to overwrite a corrupt entry; if another leader has
                 // overwritten it since, use its value instead of loading again.
-                if let Some((Ok(Entry::Value { .. }), Some(ttl))) = &found.entry {
+                // (Not a tagged one: its tags would need checking; this flight reloads it.)
+                if let Some((Ok(Entry::Value { tags: None, .. }), Some(ttl))) = &found.entry {
                     if *ttl > keep {
                         spawn_release(&self.store, &key, token);
                         found.lock = LockState::NotRequested;
@@ -269,10 +290,15 @@ impl Inner {
             if let Some(stale) = stale.take_if(|_| serve_stale) {
                 return Ok(stale.answer());
             }
+            let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    return Box::pin(self.lead(stamp, key, token, loader, stale, Some(early)))
-                        .await;
+                    let seen = Seen {
+                        stamp,
+                        tagged,
+                        speculative: false,
+                    };
+                    return Box::pin(self.lead(seen, key, token, loader, stale, Some(early))).await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {
                     return Ok(Fetched {
@@ -280,10 +306,25 @@ impl Inner {
                         outcome: Outcome::Pass,
                     })
                 }
-                (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
+                (
+                    LockState::NotRequested,
+                    Some((
+                        Ok(Entry::Value {
+                            payload, load_time, ..
+                        }),
+                        ttl,
+                    )),
+                ) => {
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(keep);
-                    self.l1_insert(stamp, digest, payload.clone(), fresh_for, load_time)
-                        .await;
+                    self.l1_insert(
+                        stamp,
+                        found.tag_stamps,
+                        digest,
+                        payload.clone(),
+                        fresh_for,
+                        load_time,
+                    )
+                    .await;
                     let fresh_until = Instant::now() + fresh_for;
                     if self.early_refresh_due(fresh_until, load_time) {
                         self.refresh_early(digest, loader, fresh_until);
@@ -298,10 +339,14 @@ impl Inner {
                     });
                 }
                 (_, Some((Err(Corrupt), _))) if !overwriting => {
-                    self.counters
-                        .corrupt_entries
-                        .fetch_add(1, Ordering::Relaxed);
-                    warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                    if found.outdated {
+                        debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
+                    } else {
+                        self.counters
+                            .corrupt_entries
+                            .fetch_add(1, Ordering::Relaxed);
+                        warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                    }
                     overwrite = true;
                     continue;
                 }

@@ -17,6 +17,10 @@ use tokio::time::Instant;
 use super::{telemetry, Config, Inner};
 use crate::store::{KeyDigest, Stamp};
 
+/// What this process had heard of each tag of a value when it was read (empty for an
+/// untagged value).
+pub(super) type TagStamps = Box<[(KeyDigest, Stamp)]>;
+
 /// The moka cache that holds L1.
 pub(super) type L1 = moka::future::Cache<KeyDigest, L1Entry>;
 
@@ -31,16 +35,19 @@ pub(super) struct L1Entry {
     pub(super) load_time: Duration,
     /// What this process had heard of the key before the value was read.
     stamp: Stamp,
+    /// What this process had heard of the value's tags before they were checked.
+    tags: TagStamps,
     /// When the entry leaves L1, on tokio's clock (moka keeps a clock of its own, which
     /// paused test time does not move, and sweeps lazily).
     until: Instant,
 }
 
 impl L1Entry {
-    /// What the entry costs L1: its value, plus about what the digest and moka's own
-    /// bookkeeping cost per entry.
+    /// What the entry costs L1: its value and its tags' stamps, plus about what the digest
+    /// and moka's own bookkeeping cost per entry.
     fn weight(&self) -> u32 {
-        u32::try_from(self.value.len().saturating_add(96)).unwrap_or(u32::MAX)
+        let tags = self.tags.len().saturating_mul(48);
+        u32::try_from(self.value.len().saturating_add(tags).saturating_add(96)).unwrap_or(u32::MAX)
     }
 }
 
@@ -115,7 +122,13 @@ impl Inner {
     pub(super) async fn l1_get(&self, digest: &KeyDigest) -> Option<L1Entry> {
         let l1 = self.l1.as_ref()?;
         let entry = l1.get(digest).await?;
-        if self.stamp(digest) == Some(entry.stamp) && Instant::now() < entry.until {
+        if self.stamp(digest) == Some(entry.stamp)
+            && Instant::now() < entry.until
+            && entry
+                .tags
+                .iter()
+                .all(|(tag, stamp)| self.stamp_anyway(tag) == *stamp)
+        {
             return Some(entry);
         }
         l1.invalidate(digest).await;
@@ -127,6 +140,7 @@ impl Inner {
     pub(super) async fn l1_insert(
         &self,
         stamp: Option<Stamp>,
+        tags: TagStamps,
         digest: KeyDigest,
         value: Bytes,
         fresh_for: Duration,
@@ -142,6 +156,7 @@ impl Inner {
                 fresh_until: now + fresh_for,
                 load_time,
                 stamp,
+                tags,
                 until: now + ttl,
             };
             // Counted before the insert, so the listener never takes off what was not added.

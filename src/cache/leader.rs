@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
-use super::entry;
+use super::entry::{self, Tagged};
 use super::flight::{BoxLoader, FlightResult};
 use super::follower::StaleValue;
+use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
 use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
 use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreKey};
@@ -54,6 +55,17 @@ pub(super) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockT
     }
 }
 
+/// What a leader knows of its key from the lookup that made it leader.
+pub(super) struct Seen {
+    /// What this process had heard of the key before that lookup.
+    pub(super) stamp: Option<Stamp>,
+    /// Whether the key's last value carried tags (or was outdated by them).
+    pub(super) tagged: bool,
+    /// An early refresh: speculative, the value still fresh and nobody waiting for it, so a
+    /// failure is not shared (no failure marker: the lock is only released).
+    pub(super) speculative: bool,
+}
+
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
 /// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
 struct ReadyValue {
@@ -64,20 +76,42 @@ struct ReadyValue {
 }
 
 impl Inner {
-    /// Encodes a loaded value with its load time, fresh for `ttl` (or the default TTL).
+    /// Encodes a loaded value with its load time (and tags), fresh for `ttl` (or the default
+    /// TTL).
     fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
         load_time: Duration,
+        tagged: Option<&Tagged>,
     ) -> ReadyValue {
         let fresh_for = ttl.unwrap_or(self.config.ttl);
-        let encoded = entry::encode_value(bytes, load_time);
+        let (encoded, value) = entry::encode_value(bytes, load_time, tagged);
         ReadyValue {
-            value: encoded.slice(entry::HEADER_LEN..),
+            value,
             encoded,
             fresh_for,
             store_ttl: fresh_for.saturating_add(self.config.keep()),
+        }
+    }
+
+    /// The tags of a loaded value, with the tag clock read before its load: `Ok(None)` for an
+    /// untagged value, `Err(())` for a tagged one that cannot be stored (the clock was not
+    /// read, or it has too many tags).
+    fn tagged(tags: Vec<KeyDigest>, clock: Option<u64>) -> Result<Option<Tagged>, ()> {
+        match clock {
+            _ if tags.is_empty() => Ok(None),
+            Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged { clock, tags })),
+            _ => Err(()),
+        }
+    }
+
+    /// The stamps to keep a just stored tagged value in L1 under, if none of its tags was
+    /// invalidated since its clock (one round trip; none for an untagged value).
+    async fn tags_for_l1(&self, tagged: Option<&Tagged>) -> Option<TagStamps> {
+        match tagged {
+            None => Some(TagStamps::default()),
+            Some(tagged) => self.tags_valid(tagged).await.ok().flatten(),
         }
     }
 
@@ -135,7 +169,7 @@ impl Inner {
     /// in the background, and in place of an error if the load fails (stale-if-error).
     pub(super) async fn lead(
         &self,
-        stamp: Option<Stamp>,
+        seen: Seen,
         key: StoreKey,
         token: LockToken,
         loader: BoxLoader,
@@ -157,6 +191,16 @@ impl Inner {
             token,
             armed: true,
         };
+        let stamp = seen.stamp;
+        // Read before the load, where the key's last value had tags: a tag invalidation after
+        // this read outdates the value. Elsewhere (most keys have no tags) no round trip: a
+        // first tagged value gets clock 0, which any past invalidation of its tags outdates,
+        // and its reload then reads the clock.
+        let clock = if seen.tagged {
+            self.tag_clock().await
+        } else {
+            Some(0)
+        };
         let started = Instant::now();
         let loaded = self.load(loader, Some((&guard.key, token))).await;
         let load_time = started.elapsed();
@@ -165,7 +209,7 @@ impl Inner {
             Err(error) => {
                 // Tell every follower, here and elsewhere, instead of letting each of them
                 // take the lock and call the failing backend in turn.
-                let told = if self.config.failure_ttl.is_zero() {
+                let told = if self.config.failure_ttl.is_zero() || seen.speculative {
                     self.store_call(self.store.release(&guard.key, token)).await
                 } else {
                     self.store_call(self.store.fail(&guard.key, token, self.config.failure_ttl))
@@ -187,9 +231,24 @@ impl Inner {
             }
         };
         let digest = *guard.key.digest();
-        match loaded.kind {
-            LoadedKind::Value { bytes, ttl } => {
-                let fill = self.ready_to_store(&bytes, ttl, load_time);
+        let tagged = Self::tagged(loaded.tags, clock);
+        match (loaded.kind, tagged) {
+            (LoadedKind::Value { bytes, .. }, Err(())) => {
+                warn!(key = ?guard.key, "a tagged value without the tag clock, or with too many tags, is not stored");
+                if self
+                    .store_call(self.store.release(&guard.key, token))
+                    .await
+                    .is_ok()
+                {
+                    guard.disarm();
+                }
+                Ok(Fetched {
+                    value: Some(bytes),
+                    outcome: Outcome::Leader,
+                })
+            }
+            (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
+                let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
                 match self
                     .store_call(
                         self.store
@@ -200,25 +259,28 @@ impl Inner {
                     Ok(filled) => {
                         // The fill dropped the lock, or the lock was no longer ours.
                         guard.disarm();
-                        if filled {
+                        if !filled {
+                            telemetry::lock(LockEvent::Lost);
+                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                        } else if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
                             // The fill's own notification moved the stamp on once.
                             self.l1_insert(
                                 stamp.map(Stamp::after_own_change),
+                                tags,
                                 digest,
                                 fill.value.clone(),
                                 fill.fresh_for,
                                 load_time,
                             )
                             .await;
-                        } else {
-                            telemetry::lock(LockEvent::Lost);
-                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                         }
                     }
                     Err(error) => {
                         warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                        let tags = self.tag_stamps(tagged.as_ref().map_or(&[], |t| &t.tags[..]));
                         self.l1_insert(
                             stamp,
+                            tags,
                             digest,
                             fill.value.clone(),
                             fill.fresh_for,
@@ -232,7 +294,7 @@ impl Inner {
                     outcome: Outcome::Leader,
                 })
             }
-            LoadedKind::Pass => {
+            (LoadedKind::Pass, _) => {
                 let pass = entry::encode_pass();
                 if let Ok(true | false) = self
                     .store_call(
@@ -267,8 +329,15 @@ impl Inner {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
                     let ttl = ttl.unwrap_or(self.config.ttl);
-                    self.l1_insert(stamp, digest, bytes.clone(), ttl, started.elapsed())
-                        .await;
+                    self.l1_insert(
+                        stamp,
+                        TagStamps::default(),
+                        digest,
+                        bytes.clone(),
+                        ttl,
+                        started.elapsed(),
+                    )
+                    .await;
                 }
                 Ok(Fetched {
                     value: Some(bytes),
@@ -290,15 +359,27 @@ impl Inner {
         key: &StoreKey,
         loader: BoxLoader,
     ) -> FlightResult {
+        let clock = self.tag_clock().await;
         let started = Instant::now();
-        let LoadedKind::Value { bytes, ttl } = self.load(loader, None).await?.kind else {
+        let loaded = self.load(loader, None).await?;
+        let LoadedKind::Value { bytes, ttl } = loaded.kind else {
             return Ok(Fetched {
                 value: None,
                 outcome: Outcome::Pass,
             });
         };
+        let Ok(tagged) = Self::tagged(loaded.tags, clock) else {
+            warn!(
+                ?key,
+                "a tagged value without the tag clock, or with too many tags, is not stored"
+            );
+            return Ok(Fetched {
+                value: Some(bytes),
+                outcome: Outcome::Leader,
+            });
+        };
         let load_time = started.elapsed();
-        let fill = self.ready_to_store(&bytes, ttl, load_time);
+        let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
         let stamp = match self
             .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
             .await
@@ -309,14 +390,17 @@ impl Inner {
                 stamp
             }
         };
-        self.l1_insert(
-            stamp,
-            *key.digest(),
-            fill.value.clone(),
-            fill.fresh_for,
-            load_time,
-        )
-        .await;
+        if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
+            self.l1_insert(
+                stamp,
+                tags,
+                *key.digest(),
+                fill.value.clone(),
+                fill.fresh_for,
+                load_time,
+            )
+            .await;
+        }
         Ok(Fetched {
             value: Some(fill.value),
             outcome: Outcome::Leader,

@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use super::entry::Entry;
 use super::flight::BoxLoader;
 use super::follower::{wait_for_fill, Backoff};
-use super::leader::spawn_release;
+use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent};
 use super::Inner;
 use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
@@ -128,20 +128,41 @@ impl Inner {
                     return;
                 }
             };
+            let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
                     telemetry::lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
-                    if let Err(error) = self.lead(stamp, key, token, loader, None, None).await {
+                    let seen = Seen {
+                        stamp,
+                        tagged,
+                        speculative: true,
+                    };
+                    if let Err(error) = self.lead(seen, key, token, loader, None, None).await {
                         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }
                     return;
                 }
-                (LockState::NotRequested, Some((Ok(Entry::Value { payload, load_time }), ttl))) => {
+                (
+                    LockState::NotRequested,
+                    Some((
+                        Ok(Entry::Value {
+                            payload, load_time, ..
+                        }),
+                        ttl,
+                    )),
+                ) => {
                     // Refreshed by another process: take its value.
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(config.keep());
-                    self.l1_insert(stamp, digest, payload, fresh_for, load_time)
-                        .await;
+                    self.l1_insert(
+                        stamp,
+                        found.tag_stamps,
+                        digest,
+                        payload,
+                        fresh_for,
+                        load_time,
+                    )
+                    .await;
                     return;
                 }
                 (LockState::HeldElsewhere, Some((_, ttl))) => {

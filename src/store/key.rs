@@ -18,6 +18,20 @@ impl KeyDigest {
         KeyDigest(Sha256::digest(logical_key).into())
     }
 
+    /// A digest from its bytes (as stored by the engine).
+    pub(crate) fn from_bytes(bytes: [u8; 32]) -> Self {
+        KeyDigest(bytes)
+    }
+
+    /// The digest of a tag: apart from every logical key's (a tag named like a key is not
+    /// that key).
+    pub fn of_tag(tag: &[u8]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"tower-stampede tag\0");
+        hasher.update(tag);
+        KeyDigest(hasher.finalize().into())
+    }
+
     /// The digest's bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0

@@ -203,6 +203,30 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// lock as [`invalidate`](Self::invalidate) does, then notifies every process.
     fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>>;
 
+    /// The tag clock of `namespace`: a counter that every [`invalidate_tags`](Self::invalidate_tags)
+    /// moves on (0 before the first). The engine reads it before a load, and stores it with
+    /// the value's tags.
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>>;
+
+    /// The clock at which each of `tags` (digests) was last invalidated in `namespace`, in
+    /// order; 0 for a tag never invalidated. One round trip whatever the number of tags.
+    fn tag_versions(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>>;
+
+    /// Invalidates `tags` in `namespace`: moves the tag clock on and records its new value for
+    /// each tag, so that every value loaded before (whose stored clock is lower) is a miss;
+    /// then notifies every process of each tag (as of a key with the tag's digest), so that
+    /// their L1 entries carrying it are dropped. A constant number of store calls, however
+    /// many values carry the tags. A tag's record is kept for good: a value may live long.
+    fn invalidate_tags(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
     /// The notifier this store feeds, if it has notifications: the engine stamps L1 entries
     /// with it ([`Notifier::stamp`]), so that what one process changes, every process's L1
     /// forgets. Without one, L1 entries live out their (capped) TTL.

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{
-    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Notifier, Store,
-    StoreError, StoreKey, Stored,
+    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
+    Store, StoreError, StoreKey, Stored,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -39,6 +39,9 @@ struct State {
     values: HashMap<StoreKey, (Bytes, Instant)>,
     locks: HashMap<StoreKey, (Holder, Instant)>,
     writes_since_sweep: usize,
+    /// Tag clocks by namespace, and the clock at which each tag was last invalidated.
+    tag_clocks: HashMap<String, u64>,
+    tag_versions: HashMap<StoreKey, u64>,
 }
 
 impl State {
@@ -328,6 +331,53 @@ impl Store for MemoryStore {
 
     fn notifier(&self) -> Option<&Notifier> {
         Some(&self.notifier)
+    }
+
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let clock = self.state().tag_clocks.get(namespace).copied().unwrap_or(0);
+        Box::pin(async move { Ok(clock) })
+    }
+
+    fn tag_versions(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
+        let namespace: Arc<str> = Arc::from(namespace);
+        let state = self.state();
+        let versions = tags
+            .iter()
+            .map(|tag| {
+                let key = StoreKey::new(Arc::clone(&namespace), *tag);
+                state.tag_versions.get(&key).copied().unwrap_or(0)
+            })
+            .collect();
+        Box::pin(async move { Ok(versions) })
+    }
+
+    fn invalidate_tags(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let keys: Vec<StoreKey> = {
+            let mut state = self.state();
+            let clock = state.tag_clocks.entry(namespace.to_owned()).or_insert(0);
+            *clock += 1;
+            let clock = *clock;
+            let namespace: Arc<str> = Arc::from(namespace);
+            tags.iter()
+                .map(|tag| {
+                    let key = StoreKey::new(Arc::clone(&namespace), *tag);
+                    state.tag_versions.insert(key.clone(), clock);
+                    key
+                })
+                .collect()
+        };
+        for key in &keys {
+            self.notifier.notify(key);
+        }
+        Box::pin(async { Ok(()) })
     }
 }
 

@@ -49,6 +49,15 @@ impl Connection {
         }
     }
 
+    /// Runs one plain command.
+    pub(super) async fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
+        match self {
+            Connection::Server(connection) => command.query_async(&mut connection.clone()).await,
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => command.query_async(&mut connection.clone()).await,
+        }
+    }
+
     /// Subscribes to a channel (on a connection that speaks RESP3 and has a push sender).
     pub(super) async fn subscribe(&self, channel: String) -> RedisResult<()> {
         match self {

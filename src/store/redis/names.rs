@@ -35,6 +35,16 @@ fn name(key: &StoreKey, suffix: char) -> String {
     name
 }
 
+/// The names of a namespace's tag clock and of the hash of its tags' versions:
+/// `{namespace}:{tags}:c` and `{namespace}:{tags}:h`, in one Redis Cluster slot.
+pub(super) fn tag_names(namespace: &str) -> (String, String) {
+    let namespace = crate::store::key::sanitize_namespace(namespace);
+    (
+        format!("{namespace}:{{tags}}:c"),
+        format!("{namespace}:{{tags}}:h"),
+    )
+}
+
 /// What follows the namespace in the name of its fill channel.
 const CHANNEL_SUFFIX: &str = ":filled";
 

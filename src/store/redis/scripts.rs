@@ -172,6 +172,22 @@ return 1
     )
 });
 
+/// Invalidates tags: moves the namespace's tag clock (`KEYS[1]`) on, records the new clock
+/// for each tag (`ARGV[3..]`, hex digests) in the versions hash (`KEYS[2]`), and publishes each
+/// tag on the channel `ARGV[1]`, tagged with the origin `ARGV[2]`.
+pub(super) static INVALIDATE_TAGS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local clock = redis.call('INCR', KEYS[1])
+for i = 3, #ARGV do
+  redis.call('HSET', KEYS[2], ARGV[i], clock)
+  redis.call('PUBLISH', ARGV[1], ARGV[i] .. ARGV[2])
+end
+return clock
+",
+    )
+});
+
 /// Compare-and-PEXPIRE of the lock.
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(

@@ -8,14 +8,15 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::warn;
 
+use super::names::{channel, tag_names};
 use super::scripts::{
     command, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE,
-    LOOKUP, PUT, RELEASE, SET,
+    INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
 };
 use super::RedisStore;
 use crate::store::{
-    millis, BoxFuture, FillWatch, LockState, LockToken, LockWhen, Lookup, Notifier, Store,
-    StoreError, StoreErrorKind, StoreKey, Stored,
+    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
+    Store, StoreError, StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -77,6 +78,13 @@ impl RedisStore {
             _ => false,
         }
     }
+}
+
+/// Whether a value read with its remaining life is fresh: more than `below` ms left.
+fn is_fresh(value: Option<&Stored>, below: u64) -> bool {
+    value
+        .and_then(|value| value.ttl)
+        .is_some_and(|ttl| ttl > Duration::from_millis(below))
 }
 
 /// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
@@ -188,14 +196,24 @@ impl Store for RedisStore {
                     let script = script(&value_name, &lock_name, &lock);
                     return self.lookup_by_script(script).await;
                 }
+                Err(error) if error.code() == Some("OOM") => {
+                    // A full server under `noeviction` refuses the `SET` even where it would
+                    // write nothing, but the `GET` and `PTTL` did answer: a fresh value is a
+                    // hit; only a miss needs the lock, and that is a store error.
+                    let value = self.read(value, pttl)?;
+                    if is_fresh(value.as_ref(), below) {
+                        return Ok(Lookup {
+                            value,
+                            lock: LockState::NotRequested,
+                        });
+                    }
+                    return Err(self.error(error));
+                }
                 Err(error) => return Err(self.error(error)),
             };
             // A value of a foreign type counts as absent: the fill overwrites it.
             let value = self.read(value, pttl)?;
-            let fresh = value
-                .as_ref()
-                .and_then(|value| value.ttl)
-                .is_some_and(|ttl| ttl > Duration::from_millis(below));
+            let fresh = is_fresh(value.as_ref(), below);
             let lock = match held.as_deref() {
                 _ if fresh && held.is_none() => {
                     // We took the lock of a fresh value whose marker is gone (a failure marker
@@ -350,6 +368,81 @@ impl Store for RedisStore {
     fn notifier(&self) -> Option<&Notifier> {
         self.notifications.as_ref().map(|n| &n.notifier)
     }
+
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
+        let (clock, _) = tag_names(namespace);
+        Box::pin(async move {
+            let clock: Option<Vec<u8>> = self
+                .connection
+                .query(&command(2, "GET", &clock))
+                .await
+                .map_err(|error| self.error(error))?;
+            match clock {
+                None => Ok(0),
+                Some(bytes) => counter(&bytes).ok_or_else(|| {
+                    StoreError::of_kind(
+                        StoreErrorKind::Protocol,
+                        "a tag clock that is not a number",
+                    )
+                }),
+            }
+        })
+    }
+
+    fn tag_versions(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
+        let (_, versions) = tag_names(namespace);
+        let mut call = command(2 + tags.len(), "HMGET", &versions);
+        for tag in tags {
+            call.arg(&tag.hex_bytes()[..]);
+        }
+        Box::pin(async move {
+            let versions: Vec<Option<Vec<u8>>> = self
+                .connection
+                .query(&call)
+                .await
+                .map_err(|error| self.error(error))?;
+            // A version that is not a number was not written by this crate: the values of its
+            // tag count as invalidated (a miss, then reloaded), never as valid.
+            Ok(versions
+                .into_iter()
+                .map(|version| version.map_or(0, |bytes| counter(&bytes).unwrap_or(u64::MAX)))
+                .collect())
+        })
+    }
+
+    fn invalidate_tags(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (clock, versions) = tag_names(namespace);
+        let mut call = script_call(&INVALIDATE_TAGS, &[&clock, &versions]);
+        call.arg(channel(namespace)).arg(self.origin());
+        for tag in tags {
+            call.arg(&tag.hex_bytes()[..]);
+        }
+        let keys: Vec<StoreKey> = tags
+            .iter()
+            .map(|tag| StoreKey::new(std::sync::Arc::from(namespace), *tag))
+            .collect();
+        Box::pin(async move {
+            let ran: Result<i64, StoreError> = self.run(&INVALIDATE_TAGS, &call).await;
+            // Whatever the answer: the change may have been made.
+            for key in &keys {
+                self.changed_here(key);
+            }
+            ran.map(drop)
+        })
+    }
+}
+
+/// A counter as Redis writes it (decimal digits).
+fn counter(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
 impl RedisStore {

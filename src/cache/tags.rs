@@ -1,0 +1,123 @@
+//! Tags: a loader attaches tags to a value ([`Loaded::tags`](super::Loaded::tags)), and
+//! [`Cache::invalidate_tag`] makes every value carrying one of them a miss, in every process,
+//! with a constant number of store calls (never a scan of keys).
+//!
+//! The store keeps, per namespace, a tag clock that each tag invalidation moves on, and the
+//! clock at which each tag was last invalidated. A leader reads the clock before its load and
+//! stores it with the value's tags; a read of a tagged value asks for its tags' versions (one
+//! more round trip, for tagged values only) and treats the value as a miss if any tag was
+//! invalidated at a later clock: the value may have been loaded before the change that the
+//! invalidation announces. Untagged values never pay for tags but the leader's clock read.
+//!
+//! L1 entries of tagged values also carry the stamps of their tags: the invalidation's
+//! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
+
+use super::entry::{Corrupt, Entry, Tagged};
+use super::follower::Found;
+use super::l1::TagStamps;
+use super::{Cache, Error, Inner};
+use crate::store::{KeyDigest, LockState, StoreError, StoreKey};
+use std::sync::Arc;
+
+impl Cache {
+    /// Makes every value that carries `tag` a miss, in every process: see
+    /// [`invalidate_tags`](Self::invalidate_tags).
+    ///
+    /// # Errors
+    ///
+    /// As for [`invalidate`](Self::invalidate).
+    pub async fn invalidate_tag(&self, tag: impl AsRef<[u8]>) -> Result<(), Error> {
+        self.invalidate_tags([tag]).await
+    }
+
+    /// Makes every value that carries one of `tags` a miss, in every process: the next read
+    /// loads it again (one load per stampede, as for any miss). One store call, however many
+    /// values carry the tags. A load that started before and fills after still fills, but
+    /// its value counts as a miss at once, as its clock is older than the invalidation.
+    ///
+    /// # Errors
+    ///
+    /// As for [`invalidate`](Self::invalidate): this process's L1 has forgotten the tagged
+    /// values all the same.
+    pub async fn invalidate_tags<I, T>(&self, tags: I) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<[u8]>,
+    {
+        let inner = &self.inner;
+        let digests: Vec<KeyDigest> = tags
+            .into_iter()
+            .map(|tag| KeyDigest::of_tag(tag.as_ref()))
+            .collect();
+        let keys: Vec<StoreKey> = digests
+            .iter()
+            .map(|tag| StoreKey::new(Arc::clone(&inner.config.namespace), *tag))
+            .collect();
+        let store = Arc::clone(&inner.store);
+        inner
+            .correct_all(
+                &keys,
+                store.invalidate_tags(&inner.config.namespace, &digests),
+            )
+            .await
+    }
+}
+
+impl Inner {
+    /// The namespace's tag clock, read before a load; `None` if the store did not answer
+    /// (then a tagged value cannot be stored).
+    pub(super) async fn tag_clock(&self) -> Option<u64> {
+        self.store_call(self.store.tag_clock(&self.config.namespace))
+            .await
+            .ok()
+    }
+
+    /// The stamps of `tags`, taken before their versions are read.
+    pub(super) fn tag_stamps(&self, tags: &[KeyDigest]) -> TagStamps {
+        tags.iter()
+            .map(|tag| (*tag, self.stamp_anyway(tag)))
+            .collect()
+    }
+
+    /// Whether a value of `tagged` is still valid: none of its tags was invalidated since its
+    /// clock. The stamps of its tags, taken before the versions are read, go with a valid one.
+    pub(super) async fn tags_valid(
+        &self,
+        tagged: &Tagged,
+    ) -> Result<Option<TagStamps>, StoreError> {
+        let stamps = self.tag_stamps(&tagged.tags);
+        let versions = self
+            .store_call(
+                self.store
+                    .tag_versions(&self.config.namespace, &tagged.tags),
+            )
+            .await?;
+        Ok((!versions.iter().any(|version| *version > tagged.clock)).then_some(stamps))
+    }
+
+    /// Checks the tags of a tagged value a lookup found, unless the lookup took the lock (the
+    /// flight reloads it anyway): a value whose tags were invalidated since its load becomes a
+    /// miss that this flight overwrites (as a corrupt entry is, but not counted as one).
+    pub(super) async fn check_tags(&self, found: &mut Found) -> Result<(), StoreError> {
+        if found.lock == LockState::Acquired {
+            return Ok(());
+        }
+        let Some((
+            Ok(Entry::Value {
+                tags: Some(tagged), ..
+            }),
+            ttl,
+        )) = &found.entry
+        else {
+            return Ok(());
+        };
+        match self.tags_valid(tagged).await? {
+            Some(stamps) => found.tag_stamps = stamps,
+            None => {
+                found.entry = Some((Err(Corrupt), *ttl));
+                found.outdated = true;
+            }
+        }
+        Ok(())
+    }
+}
