@@ -568,3 +568,132 @@ async fn a_store_that_is_down_is_logged_answered_503_or_an_error() {
     assert_eq!(error.kind(), tower_stampede::ErrorKind::Store);
     assert!(started.elapsed() < LIMIT, "no long wait");
 }
+
+/// Response tags: a response tagged `Surrogate-Key: a b` is stored with both tags (the field
+/// is not sent to clients), and a purge of either removes it from every instance, with every
+/// `Vary` variant that carries it; responses without the tag stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_a_tag_removes_every_response_that_carries_it() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (a, layer) = instance(&shared, &origin, StampedeLayer::new).await;
+        let (b, _) = instance(&shared, &origin, StampedeLayer::new).await;
+        let apps = [a, b];
+        let tagged = url("/tagged?tags=a+b");
+        let varied = url("/tagged-vary?tags=b+c&vary=accept-encoding");
+        let other = url("/other?tags=a+c");
+        let gzip = [("accept-encoding", "gzip")];
+        cached_in_both(&apps, &tagged, &[]).await;
+        cached_in_both(&apps, &varied, &gzip).await;
+        cached_in_both(&apps, &varied, &[]).await;
+        cached_in_both(&apps, &other, &[]).await;
+        for app in &apps {
+            let answer = get(app, &tagged).await;
+            assert!(
+                !answer.headers.contains_key("surrogate-key"),
+                "{}: the tags stay between origin and layer",
+                shared.name
+            );
+        }
+        let version = origin.move_on();
+        layer.purger().purge_tags(["b"]).await.unwrap();
+        for app in &apps {
+            let reloaded = eventually(app, &tagged, &[], version).await;
+            assert!(!reloaded.headers.contains_key("surrogate-key"));
+            eventually(app, &varied, &gzip, version).await;
+            eventually(app, &varied, &[], version).await;
+            let kept = get(app, &other).await;
+            assert_eq!(kept.x_cache(), "HIT", "{}: not tagged b", shared.name);
+            assert!(at_version(&kept.body, "/other", 1), "{}", shared.name);
+        }
+    }
+}
+
+/// `Cache-Tag` (comma-separated) tags a response too; with `keep_tag_headers(true)` the tag
+/// fields reach clients, from the origin and from the cache alike. Tag fields are read from
+/// the configured fields only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_tag_is_read_and_tag_fields_may_be_kept() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let keep = |cache| StampedeLayer::new(cache).keep_tag_headers(true);
+        let (app, layer) = instance(&shared, &origin, keep).await;
+        let uri = url("/cache-tag?cache-tag=x,y");
+        for mark in ["MISS", "HIT"] {
+            let answer = get(&app, &uri).await;
+            assert_eq!(answer.x_cache(), mark, "{}", shared.name);
+            assert_eq!(answer.headers["cache-tag"], "x,y", "{}: kept", shared.name);
+        }
+        let version = origin.move_on();
+        layer.purger().purge_tags(["y"]).await.unwrap();
+        eventually(&app, &uri, &[], version).await;
+
+        // Only `Surrogate-Key` read: `Cache-Tag` is neither a tag nor removed.
+        let only = |cache| {
+            StampedeLayer::new(cache).tag_headers([HeaderName::from_static("surrogate-key")])
+        };
+        let (app, layer) = instance(&shared, &origin, only).await;
+        let uri = url("/only-surrogate?cache-tag=z");
+        let first = get(&app, &uri).await;
+        assert_eq!(first.headers["cache-tag"], "z", "{}", shared.name);
+        layer.purger().purge_tags(["z"]).await.unwrap();
+        assert_eq!(get(&app, &uri).await.x_cache(), "HIT", "{}", shared.name);
+    }
+}
+
+/// What is accepted is bounded: a response with more than 128 tags (or a tag over 256
+/// bytes) is passed through, not stored, since a purge could not reach it; a `PURGE` with
+/// that many is refused with a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_are_bounded() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (app, _) = instance(&shared, &origin, purging).await;
+        let many: Vec<String> = (0..129).map(|i| format!("t{i}")).collect();
+        let long = "x".repeat(257);
+        for tags in [many.join("+"), long.clone()] {
+            let uri = url(&format!("/many?tags={tags}"));
+            for _ in 0..2 {
+                let answer = get(&app, &uri).await;
+                assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
+                assert!(!answer.headers.contains_key("surrogate-key"));
+            }
+        }
+        let fine = url(&format!("/fine?tags={}", many[..128].join("+")));
+        assert_eq!(get(&app, &fine).await.x_cache(), "MISS", "{}", shared.name);
+        assert_eq!(get(&app, &fine).await.x_cache(), "HIT", "{}", shared.name);
+        let headers = [
+            ("authorization", "Bearer let-me"),
+            ("surrogate-key", &many.join(" ")),
+        ];
+        let refused = send(&app, "PURGE", &fine, &headers).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", shared.name);
+        assert_eq!(get(&app, &fine).await.x_cache(), "HIT", "{}", shared.name);
+    }
+}
+
+/// The `PURGE` endpoint with a `Surrogate-Key` field purges those tags instead of the URL
+/// (as Varnish's xkey does), and only when authorized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_endpoint_purges_tags_when_asked() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, purging).await;
+        let tagged = url("/tagged?tags=a+b");
+        let untagged = url("/untagged");
+        cached_in_both(&apps, &tagged, &[]).await;
+        cached_in_both(&apps, &untagged, &[]).await;
+        let version = origin.move_on();
+        let refused = send(&apps[0], "PURGE", &untagged, &[("surrogate-key", "b")]).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", shared.name);
+        assert_eq!(get(&apps[0], &tagged).await.x_cache(), "HIT");
+        let headers = [("authorization", "Bearer let-me"), ("surrogate-key", "x b")];
+        let purged = send(&apps[0], "PURGE", &untagged, &headers).await;
+        assert_eq!(purged.status, StatusCode::OK, "{}", shared.name);
+        for app in &apps {
+            eventually(app, &tagged, &[], version).await;
+            let kept = get(app, &untagged).await;
+            assert_eq!(kept.x_cache(), "HIT", "{}: tags, not the URL", shared.name);
+        }
+    }
+}

@@ -119,7 +119,20 @@ impl StampedeLayer {
         self
     }
 
-    /// Whether the tag header fields (`Surrogate-Key`, `Cache-Tag`) stay in the responses sent
+    /// The response header fields that tag a stored response: each holds tags separated by
+    /// spaces or commas, and [`Purger::purge_tags`] (or a `PURGE` with such a field, see
+    /// [`purge`](Self::purge)) of any of them removes the response everywhere. Default:
+    /// `Surrogate-Key` (space-separated, as Fastly and Varnish xkey write it) and `Cache-Tag`
+    /// (comma-separated, as Cloudflare does); none turns tags off.
+    ///
+    /// A response may carry at most 128 distinct tags of at most 256 bytes each; one with
+    /// more, or longer, is passed through and not stored (a purge could not reach it).
+    pub fn tag_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        Arc::make_mut(&mut self.config).tag_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Whether the [tag header fields](Self::tag_headers) stay in the responses sent
     /// to clients (and in the stored responses they come from). Default: off, so tags, which
     /// often name internal things (tables, users, templates), stay between the origin and
     /// the layer; on, for a cache further down that reads them too.
@@ -130,14 +143,16 @@ impl StampedeLayer {
 
     /// Turns on the purge endpoint, for the requests `authorize` allows: a `PURGE` of a URL
     /// removes its stored responses (every `Vary` variant, with and without
-    /// `Authorization`) in every process that shares the store. Off by default: then a
-    /// `PURGE` goes to the inner service like any other unsafe method.
+    /// `Authorization`), and a `PURGE` with a [tag header field](Self::tag_headers)
+    /// (`Surrogate-Key: t1 t2`) removes every response carrying one of those tags instead, in
+    /// every process that shares the store. Off by default: then a `PURGE` goes to the inner
+    /// service like any other unsafe method.
     ///
     /// The layer answers every `PURGE` itself (the inner service never sees one): `403
-    /// Forbidden` if `authorize` says no (nothing is removed), `200 OK` once removed, and
-    /// `503 Service Unavailable` if the store could not be reached (other processes may still
-    /// hold the responses; this one's memory has forgotten them). The layer's own answers say
-    /// so in their body.
+    /// Forbidden` if `authorize` says no (nothing is removed), `200 OK` once removed, `400 Bad
+    /// Request` for more tags than a response may carry, and `503 Service Unavailable` if the
+    /// store could not be reached (other processes may still hold the responses; this one's
+    /// memory has forgotten them). The layer's own answers say so in their body.
     ///
     /// `authorize` sees the request's head (method, URI, headers, extensions): check a token
     /// in constant time, a client certificate an outer layer put in the extensions, or the

@@ -80,8 +80,15 @@
 //! response afterwards (see [`Cache::invalidate`](crate::Cache::invalidate)). If the store
 //! cannot be reached, a warning is logged and the response is sent on unchanged.
 //!
-//! Application code purges through a [`Purger`] ([`StampedeLayer::purger`]); an HTTP
-//! `PURGE` endpoint, off by default, is turned on with an authorization check by
+//! **Tags**: a response's `Surrogate-Key` (space-separated, as Fastly and Varnish xkey write
+//! it) or `Cache-Tag` (comma-separated) names tags that are stored with it (the fields are
+//! configurable with [`StampedeLayer::tag_headers`], and removed from the responses sent to
+//! clients unless [`StampedeLayer::keep_tag_headers`] says otherwise); purging one tag
+//! removes every response that carries it, in one store call.
+//!
+//! Application code purges by URL or by tag through a [`Purger`]
+//! ([`StampedeLayer::purger`]); an HTTP `PURGE` endpoint (`PURGE /path`, or `PURGE` with
+//! `Surrogate-Key: t1 t2`), off by default, is turned on with an authorization check by
 //! [`StampedeLayer::purge`].
 //!
 //! # Conditional requests

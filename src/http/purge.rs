@@ -13,10 +13,11 @@ use tracing::warn;
 use super::body::ResponseBody;
 use super::invalidate::{invalidate_keys, url_keys};
 use super::layer::HttpConfig;
+use super::tags;
 use crate::cache::Cache;
 use crate::Error;
 
-/// Purges stored responses by URL, in every process that shares the store; from
+/// Purges stored responses by URL or by tag, in every process that shares the store; from
 /// [`StampedeLayer::purger`](super::StampedeLayer::purger).
 ///
 /// Cheap to clone. A purge returns once the store has removed the responses and this
@@ -112,6 +113,51 @@ impl Purger {
     }
 }
 
+impl Purger {
+    /// Removes every stored response that carries one of `tags` (from its
+    /// [tag header fields](super::StampedeLayer::tag_headers)), in one store call however many
+    /// there are.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use http::{Request, Response};
+    /// # use http_body_util::Full;
+    /// # use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+    /// # use tower_stampede::{store::MemoryStore, Cache, StampedeLayer};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// let layer = StampedeLayer::new(Cache::builder(MemoryStore::new()).build());
+    /// let purger = layer.purger();
+    /// let mut service = ServiceBuilder::new().layer(layer).service(service_fn(|_req: Request<()>| async {
+    ///     Response::builder()
+    ///         .header("cache-control", "max-age=3600")
+    ///         .header("surrogate-key", "user:42 users")
+    ///         .body(Full::new(Bytes::from("<li>Ada</li>")))
+    /// }));
+    /// let get = || Request::get("http://example.com/users/42").body(());
+    /// let first = service.ready().await?.call(get()?).await?;
+    /// assert_eq!(first.headers()["x-cache"], "MISS");
+    /// assert!(!first.headers().contains_key("surrogate-key"), "kept from clients");
+    /// assert_eq!(service.ready().await?.call(get()?).await?.headers()["x-cache"], "HIT");
+    ///
+    /// // User 42 changes: every page tagged with them is loaded again.
+    /// purger.purge_tags(["user:42"]).await?;
+    /// assert_eq!(service.ready().await?.call(get()?).await?.headers()["x-cache"], "MISS");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As for [`purge_url`](Self::purge_url).
+    pub async fn purge_tags<I, T>(&self, tags: I) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: AsRef<[u8]>,
+    {
+        self.cache.invalidate_tags(tags).await
+    }
+}
+
 impl std::fmt::Debug for Purger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Purger")
@@ -131,7 +177,19 @@ pub(crate) async fn endpoint<B: Body, E>(
     if !authorized {
         return Ok(made(StatusCode::FORBIDDEN, "purge not allowed\n"));
     }
-    let purged = purger.purge_request(&request).await;
+    let purged = if tags::present(&request.headers, &config.tag_headers) {
+        match tags::read(&request.headers, &config.tag_headers) {
+            Ok(tags) => purger.purge_tags(tags).await,
+            Err(tags::OverLimit) => {
+                return Ok(made(
+                    StatusCode::BAD_REQUEST,
+                    "purge refused: more than 128 tags, or a tag over 256 bytes\n",
+                ))
+            }
+        }
+    } else {
+        purger.purge_request(&request).await
+    };
     Ok(match purged {
         Ok(()) => made(StatusCode::OK, "purged\n"),
         Err(error) => {
