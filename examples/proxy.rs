@@ -33,6 +33,24 @@
 //!
 //! Without `--redis` or `--redis-cluster`, the proxy caches in an embedded, in-process store.
 //!
+//! A `POST`, `PUT`, `DELETE`, `PATCH` (or any other unsafe method) that the origin answers
+//! with a 2xx or 3xx removes the URL's cached responses (and those of a same-origin
+//! `Location` / `Content-Location`) from every proxy (RFC 9111 §4.4). Tags the origin gives in
+//! `Surrogate-Key` (or `Cache-Tag`) are stored with the response and not sent on to clients.
+//! With `--purge-token TOKEN`, the proxy answers `PURGE` itself, for requests with
+//! `Authorization: Bearer TOKEN` only (others get `403` and remove nothing): `PURGE /path`
+//! removes that URL's responses everywhere, and `PURGE` with `Surrogate-Key: t1 t2` the
+//! responses tagged `t1` or `t2`:
+//!
+//! ```sh
+//! curl -X PURGE -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8081/some/page
+//! curl -X PURGE -H "Authorization: Bearer $TOKEN" -H "Surrogate-Key: user:42" http://127.0.0.1:8081/
+//! ```
+//!
+//! Without `--purge-token`, a `PURGE` goes to the origin like any other method. The token is
+//! compared in constant time and never printed; being a command-line argument, it is visible
+//! to other users of the machine in its process list: give it on a machine of one's own.
+//!
 //! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
 //! client sent: every proxy in front of one origin shares one entry per URL. Hop-by-hop headers
 //! are dropped both ways; `Host` is set to the origin's authority. An origin that cannot be
@@ -52,7 +70,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
-use http::header::{HeaderName, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST};
+use http::header::{HeaderName, AUTHORIZATION, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
 use http_body_util::combinators::UnsyncBoxBody;
@@ -64,6 +82,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tower::{service_fn, ServiceBuilder};
 use tower_stampede::http::RfcPolicy;
@@ -152,6 +171,11 @@ struct Args {
     /// `metrics on ADDR` once bound)
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
     metrics: Option<SocketAddr>,
+
+    /// Answer PURGE (of a URL, or of the tags in its Surrogate-Key) for requests with
+    /// `Authorization: Bearer TOKEN` (default: PURGE goes to the origin)
+    #[arg(long, value_name = "TOKEN", value_parser = PurgeToken::parse)]
+    purge_token: Option<PurgeToken>,
 }
 
 impl Args {
@@ -165,6 +189,19 @@ impl Args {
                     ErrorKind::ArgumentConflict,
                     "--redis and --redis-cluster are mutually exclusive: give one server or the \
                      cluster's nodes",
+                )
+                .exit();
+        }
+        if args
+            .purge_token
+            .as_ref()
+            .is_some_and(|token| token.0.is_none())
+        {
+            Args::command()
+                .error(
+                    ErrorKind::InvalidValue,
+                    "--purge-token must be visible ASCII characters, without spaces (the value \
+                     given is not repeated here)",
                 )
                 .exit();
         }
@@ -244,6 +281,58 @@ fn namespace(text: &str) -> Result<String, String> {
         return Err("must not be empty".to_owned());
     }
     Ok(text.to_owned())
+}
+
+/// The purge token, kept as its SHA-256 digest only: the token itself is never held, so never
+/// printed (`Debug` says `set`). `None` for a token that cannot be sent in a header: refused
+/// once the command line is parsed (a value parser's error would quote it).
+#[derive(Clone)]
+struct PurgeToken(Option<[u8; 32]>);
+
+impl PurgeToken {
+    fn parse(text: &str) -> Result<PurgeToken, Infallible> {
+        let valid = !text.is_empty() && text.bytes().all(|b| b.is_ascii_graphic());
+        Ok(PurgeToken(
+            valid.then(|| Sha256::digest(text.as_bytes()).into()),
+        ))
+    }
+
+    /// Whether a request carries `Authorization: Bearer TOKEN`. The digests are compared in
+    /// constant time, so the time taken tells nothing of the token (its length included).
+    fn allows(&self, request: &http::request::Parts) -> bool {
+        let (Some(token), Some(presented)) = (
+            self.0.as_ref(),
+            request
+                .headers
+                .get(AUTHORIZATION)
+                .and_then(|value| bearer_token(value.as_bytes())),
+        ) else {
+            return false;
+        };
+        let digest: [u8; 32] = Sha256::digest(presented).into();
+        digest
+            .iter()
+            .zip(token)
+            .fold(0u8, |differ, (a, b)| differ | (a ^ b))
+            == 0
+    }
+}
+
+impl std::fmt::Debug for PurgeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PurgeToken(set)")
+    }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value (RFC 6750: the scheme's case does not
+/// matter, one or more spaces follow it).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(6)?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || !rest.starts_with(b" ") {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
 }
 
 /// An IP address and port, or a host name that resolves to one (`localhost:8080`).
@@ -492,6 +581,9 @@ async fn run(args: Args) -> Result<(), String> {
     let mut layer = StampedeLayer::new(cache).policy(RfcPolicy::new().default_ttl(args.ttl));
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
+    }
+    if let Some(token) = args.purge_token.clone() {
+        layer = layer.purge(move |request| token.allows(request));
     }
 
     let origin = Arc::new(args.origin.clone());
