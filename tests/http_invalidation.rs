@@ -643,7 +643,7 @@ async fn cache_tag_is_read_and_tag_fields_may_be_kept() {
 
 /// What is accepted is bounded: a response with more than 128 tags (or a tag over 256
 /// bytes) is passed through, not stored, since a purge could not reach it; a `PURGE` with
-/// that many is refused with a 400.
+/// that many, or with a tag field that names none, is refused with a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tags_are_bounded() {
     for shared in Shared::both().await {
@@ -668,6 +668,14 @@ async fn tags_are_bounded() {
         ];
         let refused = send(&app, "PURGE", &fine, &headers).await;
         assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", shared.name);
+        let none = [("authorization", "Bearer let-me"), ("surrogate-key", " ")];
+        let refused = send(&app, "PURGE", &fine, &none).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{}: no tag",
+            shared.name
+        );
         assert_eq!(get(&app, &fine).await.x_cache(), "HIT", "{}", shared.name);
     }
 }

@@ -150,9 +150,10 @@ impl StampedeLayer {
     ///
     /// The layer answers every `PURGE` itself (the inner service never sees one): `403
     /// Forbidden` if `authorize` says no (nothing is removed), `200 OK` once removed, `400 Bad
-    /// Request` for more tags than a response may carry, and `503 Service Unavailable` if the
-    /// store could not be reached (other processes may still hold the responses; this one's
-    /// memory has forgotten them). The layer's own answers say so in their body.
+    /// Request` for a tag field with no tag or more than a response may carry, and `503
+    /// Service Unavailable` if the store could not be reached (other processes may still hold
+    /// the responses; this one's memory has forgotten them). The layer's own answers say so
+    /// in their body.
     ///
     /// `authorize` sees the request's head (method, URI, headers, extensions): check a token
     /// in constant time, a client certificate an outer layer put in the extensions, or the

@@ -179,7 +179,13 @@ pub(crate) async fn endpoint<B: Body, E>(
     }
     let purged = if tags::present(&request.headers, &config.tag_headers) {
         match tags::read(&request.headers, &config.tag_headers) {
-            Ok(tags) => purger.purge_tags(tags).await,
+            Ok(tags) if !tags.is_empty() => purger.purge_tags(tags).await,
+            Ok(_) => {
+                return Ok(made(
+                    StatusCode::BAD_REQUEST,
+                    "purge refused: the tag field names no tag\n",
+                ))
+            }
             Err(tags::OverLimit) => {
                 return Ok(made(
                     StatusCode::BAD_REQUEST,
