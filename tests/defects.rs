@@ -110,3 +110,133 @@ async fn a_full_redis_still_answers_fresh_hits() {
     let fetched = cache.fetch("other", loader(&loads, Ok("w"))).await.unwrap();
     assert_eq!(fetched.outcome(), Outcome::Degraded);
 }
+
+/// In-process joiners got a stale value far past the `stale` window. A leader that finds a
+/// stale value within the window posts it as its flight's early answer, and every later
+/// caller in that process joined the flight and took it, unchecked, for as long as the load
+/// ran (ttl 100 ms, stale 300 ms, a load that hangs: 1550 ms past freshness a caller still got
+/// `Stale("old")`). The early answer now has a deadline: the end of the window.
+#[tokio::test(start_paused = true)]
+async fn joiners_get_no_stale_value_past_the_window() {
+    let shared = Shared::memory();
+    let cache = shared
+        .cache()
+        .ttl(Duration::from_millis(100))
+        .stale(Duration::from_millis(300))
+        .load_timeout(Duration::from_secs(5))
+        .build();
+    let loads = Counter::default();
+    cache.fetch("k", loader(&loads, Ok("old"))).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let hangs = || async {
+        std::future::pending::<()>().await;
+        Ok::<Loaded, std::io::Error>(Loaded::pass())
+    };
+    let first = cache.fetch("k", hangs).await.unwrap();
+    assert_eq!(first.outcome(), Outcome::Stale, "within the window");
+    assert_eq!(first.value().unwrap(), "old");
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    // 1550 ms past freshness: the joiner waits for the load, which times out.
+    let late = cache.fetch("k", hangs).await;
+    match late {
+        Ok(fetched) => panic!(
+            "{:?} {:?}: stale past the window",
+            fetched.outcome(),
+            fetched.value()
+        ),
+        Err(error) => assert_eq!(error.kind(), ErrorKind::LoadTimeout),
+    }
+}
+
+/// An early refresh shortened the `fresh` marker. The refresh's lookup stored its own
+/// threshold (the life left when it ran, not the stale period) in the lock, and the fill
+/// measured the marker from it: the refreshed value's marker ended early (PTTL 1395 ms against
+/// the value's 1999 ms), and a hit in the gap took the lock, ran the release script and
+/// published to every process. The marker now lasts as long as the value is fresh.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_refresh_marks_the_value_fresh_for_all_its_freshness() {
+    use redis::AsyncCommands;
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let cache = shared
+        .cache()
+        .ttl(Duration::from_secs(2))
+        .early_refresh(1e6)
+        .build();
+    let loads = Counter::default();
+    cache.fetch("k", loader(&loads, Ok("v1"))).await.unwrap();
+    // An L1 hit refreshes at once (β this large); wait for its fill.
+    cache.fetch("k", loader(&loads, Ok("v2"))).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while loads.get() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "no early refresh");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let key = cache.store_key("k");
+    let mut conn = shared.connection().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value: Option<Vec<u8>> = conn.get(RedisStore::value_name(&key)).await.unwrap();
+        if value.is_some_and(|v| v.ends_with(b"v2")) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the refresh never filled"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let marker: Option<String> = conn.get(RedisStore::lock_name(&key)).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"));
+    let marker_ttl: i64 = conn.pttl(RedisStore::lock_name(&key)).await.unwrap();
+    let value_ttl: i64 = conn.pttl(RedisStore::value_name(&key)).await.unwrap();
+    assert!(
+        marker_ttl >= value_ttl - 100,
+        "marker {marker_ttl} ms, value {value_ttl} ms"
+    );
+}
+
+/// Bytes this crate never wrote, in a lock key, stalled every request for the whole
+/// `wait_timeout` (30 s): a foreign string was taken for a live lock (issue 15). Such bytes
+/// now count as no lock: the lookup takes the lock in their place and loads at once.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_bytes_in_a_lock_key_never_make_anyone_wait() {
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let cache = shared.cache().build();
+    let mut conn = shared.connection().await;
+    let blob: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    let foreign: Vec<Vec<u8>> = vec![
+        Vec::new(),
+        b"hello".to_vec(),
+        b"fresh-ish".to_vec(),
+        vec![b'x'; 200],
+        [&[b'g'; 32][..], b":123"].concat(),
+        blob,
+    ];
+    let loads = Counter::default();
+    for (i, bytes) in foreign.iter().enumerate() {
+        let key = format!("k{i}");
+        let _: () = redis::cmd("SET")
+            .arg(RedisStore::lock_name(&cache.store_key(&key)))
+            .arg(bytes)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // A failure guard only: the defect waited the whole 30 s wait timeout.
+        let fetched = tokio::time::timeout(
+            Duration::from_secs(10),
+            cache.fetch(&key, loader(&loads, Ok("v"))),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("waited on foreign bytes {i}"))
+        .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Leader, "foreign bytes {i}");
+        assert_eq!(fetched.value().unwrap(), "v");
+    }
+    assert_eq!(loads.get(), foreign.len());
+}

@@ -10,6 +10,7 @@ use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use super::entry::{self, Entry};
 use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
@@ -17,6 +18,20 @@ use crate::store::{BoxFuture, KeyDigest};
 
 /// The answer a flight hands to each of its callers.
 pub(super) type FlightResult = Result<Fetched, Error>;
+
+/// What a flight has posted so far: nothing, its answer, or an early answer (the stale value
+/// a leader serves while it refreshes) with the moment it stops being servable, past which
+/// callers that join the flight wait for its answer instead.
+pub(super) type Posted = Option<(FlightResult, Option<Instant>)>;
+
+/// Whether a caller may take what a flight has posted.
+fn servable(posted: &Posted) -> bool {
+    match posted {
+        None => false,
+        Some((_, None)) => true,
+        Some((_, Some(until))) => Instant::now() < *until,
+    }
+}
 
 /// Which stored payloads a flight's caller can read: a stored value whose payload it cannot
 /// read is treated as a corrupt entry (a miss, counted and overwritten).
@@ -56,7 +71,7 @@ impl BoxLoader {
 /// One flight in progress: its id (so only it removes itself) and where its result appears.
 pub(super) struct FlightHandle {
     id: u64,
-    result: watch::Receiver<Option<FlightResult>>,
+    result: watch::Receiver<Posted>,
 }
 
 impl Inner {
@@ -113,10 +128,11 @@ impl Inner {
             tokio::spawn(fly(landing, tx, loader));
             break (rx, true);
         };
-        let answer = match result.wait_for(Option::is_some).await {
-            Ok(answer) => answer
-                .clone()
-                .unwrap_or_else(|| Err(Error::new(ErrorKind::LoadPanicked))),
+        let answer = match result.wait_for(servable).await {
+            Ok(answer) => answer.clone().map_or_else(
+                || Err(Error::new(ErrorKind::LoadPanicked)),
+                |(answer, _)| answer,
+            ),
             // The flight's task ended without an answer: it panicked or its runtime shut down.
             Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
         };
@@ -159,9 +175,9 @@ impl Drop for Landing {
 }
 
 /// A flight's task: resolve the key, then land (leave the map) and publish the answer.
-async fn fly(landing: Landing, result: watch::Sender<Option<FlightResult>>, loader: BoxLoader) {
+async fn fly(landing: Landing, result: watch::Sender<Posted>, loader: BoxLoader) {
     let inner = Arc::clone(&landing.inner);
     let answer = inner.resolve(landing.digest, loader, &result).await;
     drop(landing);
-    result.send_replace(Some(answer));
+    result.send_replace(Some((answer, None)));
 }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::entry::{Corrupt, Entry};
-use super::flight::{BoxLoader, FlightResult, Reader};
+use super::flight::{BoxLoader, FlightResult, Posted, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
@@ -109,6 +109,9 @@ struct Waiting {
     ended: Option<WaitEnd>,
 }
 
+/// The shortest step between a follower's re-reads, whatever the settings.
+const MIN_PAUSE: Duration = Duration::from_millis(1);
+
 /// Pauses between a follower's re-reads: exponential, capped, jittered.
 pub(super) struct Backoff {
     next: Duration,
@@ -118,10 +121,12 @@ pub(super) struct Backoff {
 
 impl Backoff {
     pub(super) fn new(config: &Config) -> Self {
+        // A zero step would make followers spin on the store: at least a millisecond.
+        let initial = config.backoff_initial.max(MIN_PAUSE);
         Backoff {
-            next: config.backoff_initial,
+            next: initial,
             multiplier: config.backoff_multiplier,
-            max: config.backoff_max,
+            max: config.backoff_max.max(initial),
         }
     }
 
@@ -187,7 +192,14 @@ impl Inner {
 
     /// Whether a stale value may be served at once while another leader refreshes it.
     pub(super) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
-        !self.config.stale.is_zero() && stale.staleness() <= self.config.stale
+        self.stale_window_left(stale).is_some()
+    }
+
+    /// How long a stale value may still be served while a leader refreshes it, if it may.
+    pub(super) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
+        let window = self.config.stale;
+        let staleness = stale.staleness();
+        (!window.is_zero() && staleness <= window).then(|| window - staleness)
     }
 
     /// Whether a stale value may stand in for a failed or too slow load.
@@ -204,7 +216,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &watch::Sender<Option<FlightResult>>,
+        early: &watch::Sender<Posted>,
     ) -> FlightResult {
         let mut waiting = Waiting::default();
         let answer = self.resolve_key(digest, loader, early, &mut waiting).await;
@@ -220,7 +232,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &watch::Sender<Option<FlightResult>>,
+        early: &watch::Sender<Posted>,
         waiting: &mut Waiting,
     ) -> FlightResult {
         let config = &self.config;
@@ -440,7 +452,15 @@ mod tests {
         let mut nan = backoff(1000, f64::NAN, 2000);
         nan.pause_with(0.5);
         assert_eq!(nan.next, Duration::from_millis(2000));
-        let mut zero = backoff(0, 2.0, 0);
-        assert_eq!(zero.pause_with(0.5), Duration::ZERO);
+        // `backoff(0, 0)`: steps of at least a millisecond, never a spin on the store.
+        let config = Config {
+            backoff_initial: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            ..Config::default()
+        };
+        let mut zero = Backoff::new(&config);
+        for _ in 0..5 {
+            assert!(zero.pause_with(1.0) >= Duration::from_micros(999));
+        }
     }
 }

@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
 use super::entry::{self, Tagged};
-use super::flight::{BoxLoader, FlightResult};
+use super::flight::{BoxLoader, FlightResult, Posted};
 use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
@@ -174,15 +174,21 @@ impl Inner {
         token: LockToken,
         loader: BoxLoader,
         stale: Option<StaleValue>,
-        early: Option<&watch::Sender<Option<FlightResult>>>,
+        early: Option<&watch::Sender<Posted>>,
     ) -> FlightResult {
         if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
         {
-            if self.serves_while_updating(stale) {
-                early.send_replace(Some(Ok(Fetched {
-                    value: Some(stale.payload.clone()),
-                    outcome: Outcome::Stale,
-                })));
+            if let Some(left) = self.stale_window_left(stale) {
+                // Servable to the callers that join this flight only while it is within the
+                // stale window; later joiners wait for the load's answer.
+                let until = Instant::now() + left;
+                early.send_replace(Some((
+                    Ok(Fetched {
+                        value: Some(stale.payload.clone()),
+                        outcome: Outcome::Stale,
+                    }),
+                    Some(until),
+                )));
             }
         }
         let mut guard = LockGuard {

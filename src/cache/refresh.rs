@@ -113,7 +113,10 @@ impl Inner {
                 .look_up(
                     &key,
                     token,
-                    LockWhen::LifeAtMost(below),
+                    LockWhen::Early {
+                        life: below,
+                        fresh_above: config.keep(),
+                    },
                     loader.reader,
                     &mut filled,
                 )

@@ -85,6 +85,16 @@ pub enum LockWhen {
     /// (the engine overwrites a corrupt entry this way). The lock is still only taken where
     /// nobody holds it.
     Always,
+    /// For an early refresh: when the remaining life is at most `life`, although the value
+    /// stays fresh while its remaining life is above `fresh_above` (the stale period). A store
+    /// that marks fresh values measures the mark the fill leaves from `fresh_above`, so the
+    /// refreshed value is marked fresh for all of its freshness.
+    Early {
+        /// Take the lock when the remaining life is at most this.
+        life: Duration,
+        /// The value is fresh while its remaining life is above this.
+        fresh_above: Duration,
+    },
 }
 
 /// The answer of a [`Store::lookup`].

@@ -115,9 +115,11 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.state();
         let value = state.live_value(key, now);
-        if let (Some(Stored { ttl: Some(ttl), .. }), LockWhen::LifeAtMost(bound)) =
-            (&value, lock_when)
-        {
+        let bound = match lock_when {
+            LockWhen::LifeAtMost(bound) | LockWhen::Early { life: bound, .. } => Some(bound),
+            LockWhen::Always => None,
+        };
+        if let (Some(Stored { ttl: Some(ttl), .. }), Some(bound)) = (&value, bound) {
             if *ttl > bound {
                 return Lookup {
                     value,

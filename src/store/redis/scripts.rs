@@ -14,7 +14,8 @@ use crate::store::{LockToken, StoreKey};
 /// Get the value; if absent or about to expire, try to take the lock (a `fresh` marker does not
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
 /// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
-/// lock key of a foreign type counts as free. A lock that already holds `ARGV[1]` is ours: the
+/// lock key of a foreign type, or holding a string that is no lock (see [`is_lock`]), counts
+/// as free. A lock that already holds `ARGV[1]` is ours: the
 /// pipelined lookup took it before a `GET` of a foreign type failed. Reply:
 /// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
 /// 1 = acquired, 2 = held elsewhere, 3 = held by the marker of a failed load.
@@ -31,11 +32,12 @@ else
   v = ''
 end
 local l = redis.pcall('GET', KEYS[2])
-if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1] then
+if l == 'failed' then return {v, ttl, 3} end
+if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1]
+    or not string.match(l, '^' .. string.rep('%x', 32) .. ':') then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {v, ttl, 1}
 end
-if l == 'failed' then return {v, ttl, 3} end
 return {v, ttl, 2}
 ",
     )
@@ -229,6 +231,14 @@ pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey, origin: &[u8]) {
     call.arg(channel(key.namespace())).arg(&message[..len]);
 }
 
+/// Whether a lock key's value is a leader's lock: 32 hex digits (its token) and `:`. What
+/// follows is this release's bound, and may grow fields in later releases, which therefore
+/// still read as locks here; anything else (but the `fresh` and `failed` markers) was not
+/// written by this crate, and counts as no lock at all, never as a lock to wait for.
+pub(super) fn is_lock(value: &[u8]) -> bool {
+    value.len() > 32 && value[32] == b':' && value[..32].iter().all(u8::is_ascii_hexdigit)
+}
+
 /// A leader's lock value: its token, then the remaining life (ms) below which the value it
 /// loads counts as stale, so the fill knows how long the value stays fresh.
 pub(super) fn lock_value(token: LockToken, refresh_below: u64) -> Vec<u8> {
@@ -237,4 +247,28 @@ pub(super) fn lock_value(token: LockToken, refresh_below: u64) -> Vec<u8> {
     lock.push(b':');
     lock.extend_from_slice(itoa::Buffer::new().format(refresh_below).as_bytes());
     lock
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_reads_as_a_lock() {
+        let token = LockToken::random();
+        assert!(is_lock(&lock_value(token, 0)));
+        assert!(is_lock(&lock_value(token, u64::MAX)));
+        // A later release may append fields: still a lock.
+        assert!(is_lock(&[&lock_value(token, 5)[..], b":more"].concat()));
+        for foreign in [
+            &b""[..],
+            b"fresh",
+            b"failed",
+            b"0123456789abcdef0123456789abcdef",
+            b"0123456789abcdef0123456789abcdeg:1",
+            b"0123456789abcdef0123456789abcde:1",
+        ] {
+            assert!(!is_lock(foreign), "{foreign:?}");
+        }
+    }
 }

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::names::{channel, tag_names};
 use super::scripts::{
-    command, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE,
-    INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
+    command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
+    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
 };
 use super::RedisStore;
 use crate::store::{
@@ -60,7 +60,13 @@ impl RedisStore {
         pttl: RedisResult<i64>,
     ) -> Result<Option<Stored>, StoreError> {
         let pttl = pttl.map_err(|error| self.error(error))?;
-        Ok(value.ok().flatten().and_then(|value| stored(value, pttl)))
+        let value = match value {
+            Ok(value) => value,
+            // A key of a foreign type: absent, and overwritten by the next fill.
+            Err(error) if error.code() == Some("WRONGTYPE") => None,
+            Err(error) => return Err(self.error(error)),
+        };
+        Ok(value.and_then(|value| stored(value, pttl)))
     }
 
     /// Whether a pipelined command's error sends the call to its script: a server that does not
@@ -146,13 +152,15 @@ impl Store for RedisStore {
         // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
         // no remaining life exceeds (a fill under that lock then leaves no marker: the next
         // lookup takes the lock of a fresh value and puts the marker back).
-        let (below, by_script) = match lock_when {
-            LockWhen::LifeAtMost(life) => {
-                (u64::try_from(life.as_millis()).unwrap_or(u64::MAX), false)
-            }
-            LockWhen::Always => (u64::MAX, true),
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        // `below` decides whether to take the lock; `fresh_above`, which the lock value
+        // carries, is what the fill measures the `fresh` marker from.
+        let (below, fresh_above, by_script) = match lock_when {
+            LockWhen::LifeAtMost(life) => (ms(life), ms(life), false),
+            LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
+            LockWhen::Always => (u64::MAX, u64::MAX, true),
         };
-        let lock = lock_value(token, below);
+        let lock = lock_value(token, fresh_above);
         let lock_ms = millis(lock_ttl);
         let script = move |value_name: &str, lock_name: &str, lock: &[u8]| {
             let mut call = script_call(&LOOKUP, &[value_name, lock_name]);
@@ -219,7 +227,13 @@ impl Store for RedisStore {
                     // We took the lock of a fresh value whose marker is gone (a failure marker
                     // expired, or the value was written by a put): put the marker back before
                     // answering, so that this flight's next lookup finds no lock of its own.
-                    let _: i64 = self.run(&RELEASE, &self.release_call(&key, token)).await?;
+                    // A repair that fails costs nothing but the marker (the lock of a fresh
+                    // value turns nobody away): the value in hand is still the answer.
+                    let repaired: Result<i64, StoreError> =
+                        self.run(&RELEASE, &self.release_call(&key, token)).await;
+                    if let Err(error) = repaired {
+                        debug!(%error, "could not put the fresh marker back; answering the hit");
+                    }
                     LockState::NotRequested
                 }
                 _ if fresh => LockState::NotRequested,
@@ -231,7 +245,14 @@ impl Store for RedisStore {
                     return self.lookup_by_script(script).await;
                 }
                 Some(b"failed") => LockState::Failed,
-                Some(_) => LockState::HeldElsewhere,
+                Some(held) if is_lock(held) => LockState::HeldElsewhere,
+                Some(_) => {
+                    // Bytes this crate never wrote: no lock to wait for. The script takes the
+                    // lock in their place (one more round trip).
+                    warn!(key = ?key, "a lock key holds bytes that are no lock; replacing them");
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
             };
             Ok(Lookup { value, lock })
         })
