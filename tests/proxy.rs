@@ -12,7 +12,8 @@ use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::http::{header, Method, Uri};
+use axum::http::{header, HeaderMap, Method, Uri};
+use axum::response::IntoResponse;
 use axum::Router;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, StatusCode};
@@ -64,7 +65,26 @@ async fn start_origin(counter: Counter) -> SocketAddr {
                         (header::CONTENT_TYPE, "text/plain"),
                     ],
                     format!("load {n}").into_bytes(),
-                );
+                )
+                    .into_response();
+            } else if uri.path() == "/counted" {
+                // Fresh for a minute; the body tells which origin request made it, and
+                // `?tags=a+b` tags it.
+                let mut response = (
+                    [
+                        (header::CACHE_CONTROL, "max-age=60"),
+                        (header::CONTENT_TYPE, "text/plain"),
+                    ],
+                    format!("load {n}").into_bytes(),
+                )
+                    .into_response();
+                if let Some(tags) = uri.query().and_then(|q| q.strip_prefix("tags=")) {
+                    let tags = tags.replace('+', " ");
+                    response
+                        .headers_mut()
+                        .insert("surrogate-key", tags.parse().expect("tags"));
+                }
+                return response;
             } else if uri.path() == "/big" {
                 big_body()
             } else {
@@ -77,6 +97,7 @@ async fn start_origin(counter: Counter) -> SocketAddr {
                 ],
                 body,
             )
+                .into_response()
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -331,6 +352,7 @@ fn client(in_flight: usize) -> Client<HttpConnector, Full<Bytes>> {
 struct Answer {
     status: StatusCode,
     x_cache: Option<String>,
+    headers: HeaderMap,
     body: Bytes,
     latency: Duration,
 }
@@ -350,6 +372,7 @@ async fn send(
             .headers()
             .get("x-cache")
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        let headers = response.headers().clone();
         let body = response
             .into_body()
             .collect()
@@ -359,6 +382,7 @@ async fn send(
         Ok(Answer {
             status,
             x_cache,
+            headers,
             body,
             latency: started.elapsed(),
         })
@@ -702,4 +726,218 @@ async fn a_stampede_over_two_proxies_on_a_redis_cluster_loads_the_origin_once() 
         "the origin was loaded more than once"
     );
     assert_eq!(misses, 1, "exactly one response is the load's own");
+}
+
+/// A request with `method`, `headers` and an empty body.
+fn request(method: &str, url: &str, headers: &[(&str, &str)]) -> Request<Full<Bytes>> {
+    let mut builder = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(Full::default()).expect("a request")
+}
+
+/// `GET`s `path` on `proxy` until the body is `want` (the change has reached that proxy),
+/// within [`LIMIT`]; returns that answer.
+async fn eventually(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    proxy: &Proxy,
+    path: &str,
+    want: &str,
+) -> Answer {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let answer = send(client, get(&proxy.url(path))).await.unwrap();
+        if answer.body == want {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path}: still {:?}, never {want:?}",
+            answer.body
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// `path` cached in every proxy's memory: loaded through the first, then read by each.
+async fn cached_everywhere(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    proxies: &[Proxy],
+    path: &str,
+) -> Bytes {
+    let first = send(client, get(&proxies[0].url(path))).await.unwrap();
+    assert_eq!(first.x_cache.as_deref(), Some("MISS"), "{path}");
+    for proxy in proxies.iter().chain(proxies) {
+        let hit = send(client, get(&proxy.url(path))).await.unwrap();
+        assert_eq!(hit.x_cache.as_deref(), Some("HIT"), "{path}");
+        assert_eq!(hit.body, first.body, "{path}");
+    }
+    first.body
+}
+
+/// Two proxies over one `redis-server`, with `extra` arguments.
+async fn two_proxies(
+    origin: SocketAddr,
+    test: &str,
+    redis: &RedisServer,
+    extra: &[&str],
+) -> Vec<Proxy> {
+    let mut args = vec![
+        "--redis".to_owned(),
+        redis.url(),
+        "--store-timeout-ms".to_owned(),
+        "2000".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    start_proxies(2, proxy_args(origin, test, args)).await
+}
+
+/// RFC 9111 §4.4 across processes: a `POST` through proxy A evicts the page that proxy B
+/// held in memory; the next `GET`s on both reach the origin once between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_post_through_one_proxy_evicts_the_page_from_the_others_memory() {
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let proxies = two_proxies(origin, "post-evicts", &redis, &[]).await;
+    let client = client(8);
+    let (a, b) = (&proxies[0], &proxies[1]);
+
+    assert_eq!(
+        cached_everywhere(&client, &proxies, "/counted").await,
+        "load 1"
+    );
+    let posted = send(&client, request("POST", &a.url("/counted"), &[]))
+        .await
+        .unwrap();
+    assert_eq!(posted.status, StatusCode::OK);
+    assert_eq!(posted.body, "posted:", "the origin's own answer");
+    assert_eq!(origin_requests.get(), 2);
+
+    let reloaded = eventually(&client, b, "/counted", "load 3").await;
+    assert_eq!(reloaded.x_cache.as_deref(), Some("MISS"));
+    let from_b = send(&client, get(&a.url("/counted"))).await.unwrap();
+    assert_eq!(
+        (from_b.x_cache.as_deref(), &from_b.body[..]),
+        (Some("HIT"), &b"load 3"[..])
+    );
+    assert_eq!(origin_requests.get(), 3, "one load between the two proxies");
+}
+
+/// `--purge-token`: a `PURGE` without `Authorization: Bearer TOKEN` (or with another token)
+/// gets 403, removes nothing and never reaches the origin; with it, 200, and the page is gone
+/// from both proxies. A `PURGE` with `Surrogate-Key` purges those tags; tags never reach
+/// clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn purge_needs_the_token_and_then_removes_the_page_everywhere() {
+    const TOKEN: &str = "s3cret-Token_1";
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let proxies = two_proxies(origin, "purge", &redis, &["--purge-token", TOKEN]).await;
+    let client = client(8);
+    let (a, b) = (&proxies[0], &proxies[1]);
+    let allowed = format!("Bearer {TOKEN}");
+
+    assert_eq!(
+        cached_everywhere(&client, &proxies, "/counted").await,
+        "load 1"
+    );
+    for headers in [
+        &[][..],
+        &[("authorization", "Bearer s3cret-Token_2")],
+        &[("authorization", "Basic czNjcmV0LVRva2VuXzE=")],
+        &[("authorization", TOKEN)],
+    ] {
+        let refused = send(&client, request("PURGE", &a.url("/counted"), headers))
+            .await
+            .unwrap();
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{headers:?}");
+    }
+    assert_eq!(origin_requests.get(), 1, "no PURGE reached the origin");
+    for proxy in &proxies {
+        let kept = send(&client, get(&proxy.url("/counted"))).await.unwrap();
+        assert_eq!(
+            (kept.x_cache.as_deref(), &kept.body[..]),
+            (Some("HIT"), &b"load 1"[..])
+        );
+    }
+
+    let purged = send(
+        &client,
+        request("PURGE", &b.url("/counted"), &[("authorization", &allowed)]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(purged.status, StatusCode::OK);
+    assert_eq!(
+        origin_requests.get(),
+        1,
+        "the PURGE never reached the origin"
+    );
+    let reloaded = eventually(&client, a, "/counted", "load 2").await;
+    assert_eq!(reloaded.x_cache.as_deref(), Some("MISS"));
+    eventually(&client, b, "/counted", "load 2").await;
+    assert_eq!(origin_requests.get(), 2, "one load between the two proxies");
+
+    // Tags: `a b` on the page, kept from clients; a purge of `b` removes it.
+    let tagged = cached_everywhere(&client, &proxies, "/counted?tags=a+b").await;
+    assert_eq!(tagged, "load 3");
+    let answer = send(&client, get(&b.url("/counted?tags=a+b")))
+        .await
+        .unwrap();
+    assert!(
+        !answer.headers.contains_key("surrogate-key"),
+        "kept from clients"
+    );
+    let headers = [("authorization", allowed.as_str()), ("surrogate-key", "b")];
+    let purged = send(&client, request("PURGE", &a.url("/"), &headers))
+        .await
+        .unwrap();
+    assert_eq!(purged.status, StatusCode::OK);
+    let reloaded = eventually(&client, b, "/counted?tags=a+b", "load 4").await;
+    assert!(!reloaded.headers.contains_key("surrogate-key"));
+    eventually(&client, a, "/counted?tags=a+b", "load 4").await;
+}
+
+/// Without `--purge-token`, a `PURGE` is passed to the origin like any unknown method, and,
+/// being unsafe, its non-error answer invalidates the URL (RFC 9111 §4.4).
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_token_purge_goes_to_the_origin() {
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let proxy = start_proxies(1, proxy_args(origin, "no-purge", [])).await;
+    let client = client(4);
+    assert_eq!(
+        cached_everywhere(&client, &proxy, "/counted").await,
+        "load 1"
+    );
+    let passed = send(&client, request("PURGE", &proxy[0].url("/counted"), &[]))
+        .await
+        .unwrap();
+    assert_eq!(passed.status, StatusCode::OK);
+    assert_eq!(passed.body, "load 2", "the origin's answer");
+    assert_eq!(origin_requests.get(), 2, "the PURGE reached the origin");
+    let reloaded = send(&client, get(&proxy[0].url("/counted"))).await.unwrap();
+    assert_eq!(reloaded.body, "load 3");
+}
+
+#[test]
+fn bad_purge_tokens_are_usage_errors() {
+    for token in ["", "two words", "tab\there"] {
+        let output = Command::new(proxy_binary())
+            .args(["--listen", "127.0.0.1:0", "--origin", "http://127.0.0.1:1"])
+            .args(["--purge-token", token])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the proxy example");
+        assert_eq!(output.status.code(), Some(2), "{token:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--purge-token"), "{token:?}: {stderr}");
+        assert!(
+            token.is_empty() || !stderr.contains(token),
+            "{token:?}: the token is not printed: {stderr}"
+        );
+    }
 }

@@ -4,13 +4,15 @@
 //! ```text
 //! response: version (1) | 0 | stored at (u64) | status (u16) | header count (u16)
 //!           | { name len (u16) | name | value len (u32) | value }* | body
-//! vary:     version (1) | 1 | stored at (u64) | ttl (u64) | name count (u16) | { name len (u16) | name }*
+//! vary:     version (1) | 2 | stored at (u64) | ttl (u64) | generation (u64)
+//!           | name count (u16) | { name len (u16) | name }*
 //! ```
 //!
 //! Integers are big-endian; times are milliseconds (since the Unix epoch for "stored at"). The
 //! body is the rest of the entry, so a decoded body shares the entry's buffer instead of
-//! copying it. Anything malformed, including entries of another version of this codec,
-//! decodes to [`Malformed`]: the engine then treats the entry as a miss and overwrites it.
+//! copying it. Anything malformed, including entries of another version of this codec and
+//! vary markers of kind 1 (from before markers had a generation), decodes to [`Malformed`]:
+//! the engine then treats the entry as a miss and overwrites it.
 
 use std::time::{Duration, SystemTime};
 
@@ -21,7 +23,8 @@ use super::parse::MAX_VARY_NAMES;
 
 const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;
-const KIND_VARY: u8 = 1;
+/// Kind 1 was the vary marker without a generation: no longer read.
+const KIND_VARY: u8 = 2;
 
 /// What a decoded entry holds: a stored response, or the vary marker under a URL's key.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,11 +45,15 @@ pub(crate) struct CachedResponse {
 }
 
 /// What the entry under a URL's key says when its response has `Vary`: the request header
-/// fields that select a variant, and how long the marker was stored for.
+/// fields that select a variant, how long the marker was stored for, and its generation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct VaryMarker {
     pub(crate) stored_at: SystemTime,
     pub(crate) ttl: Duration,
+    /// Drawn at random for every marker stored, and part of every variant key under it (see
+    /// [`key`](super::key#invalidating-a-url)): removing the marker makes its variants
+    /// unreachable.
+    pub(crate) generation: u64,
     /// Lowercase, sorted, distinct; at most [`MAX_VARY_NAMES`].
     pub(crate) names: Vec<HeaderName>,
 }
@@ -103,11 +110,12 @@ pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
         return None;
     }
     let names_len: usize = marker.names.iter().map(|n| 2 + n.as_str().len()).sum();
-    let mut buf = BytesMut::with_capacity(20 + names_len);
+    let mut buf = BytesMut::with_capacity(28 + names_len);
     buf.put_u8(VERSION);
     buf.put_u8(KIND_VARY);
     buf.put_u64(millis_since_epoch(marker.stored_at));
     buf.put_u64(u64::try_from(marker.ttl.as_millis()).unwrap_or(u64::MAX));
+    buf.put_u64(marker.generation);
     buf.put_u16(u16::try_from(marker.names.len()).ok()?);
     for name in &marker.names {
         buf.put_u16(u16::try_from(name.as_str().len()).ok()?);
@@ -164,10 +172,11 @@ fn decode_response(stored_at: SystemTime, mut buf: Bytes) -> Result<CachedRespon
 }
 
 fn decode_vary(stored_at: SystemTime, mut buf: Bytes) -> Result<VaryMarker, Malformed> {
-    if buf.remaining() < 10 {
+    if buf.remaining() < 18 {
         return Err(Malformed);
     }
     let ttl = Duration::from_millis(buf.get_u64());
+    let generation = buf.get_u64();
     let count = usize::from(buf.get_u16());
     if count == 0 || count > MAX_VARY_NAMES {
         return Err(Malformed);
@@ -183,6 +192,7 @@ fn decode_vary(stored_at: SystemTime, mut buf: Bytes) -> Result<VaryMarker, Malf
     Ok(VaryMarker {
         stored_at,
         ttl,
+        generation,
         names,
     })
 }
@@ -270,6 +280,7 @@ mod tests {
         let marker = VaryMarker {
             stored_at: at(42),
             ttl: Duration::from_secs(60),
+            generation: u64::MAX - 7,
             names: vec![
                 HeaderName::from_static("accept-encoding"),
                 HeaderName::from_static("x-tenant"),
@@ -349,9 +360,15 @@ mod tests {
         let vary = |rest: &[u8]| {
             let mut v = head(KIND_VARY);
             v.extend_from_slice(&1000u64.to_be_bytes());
+            v.extend_from_slice(&7u64.to_be_bytes());
             v.extend_from_slice(rest);
             Bytes::from(v)
         };
+        // A marker of kind 1, from before markers had a generation.
+        let mut old = head(1);
+        old.extend_from_slice(&1000u64.to_be_bytes());
+        old.extend_from_slice(b"\x00\x01\x00\x01a");
+        assert_eq!(decode(&Bytes::from(old)), Err(Malformed));
         assert_eq!(decode(&vary(b"\x00\x00")), Err(Malformed));
         assert_eq!(decode(&vary(b"\xff\xff\x00\x01a")), Err(Malformed));
         assert_eq!(decode(&vary(b"\x00\x01\x00\x01 ")), Err(Malformed));
@@ -423,10 +440,12 @@ mod tests {
             names in proptest::collection::btree_set("[a-z0-9-]{1,20}", 1..=MAX_VARY_NAMES),
             stored_at in 0u64..(1 << 45),
             ttl in 0u64..(1 << 40),
+            generation in any::<u64>(),
         ) {
             let marker = VaryMarker {
                 stored_at: at(stored_at),
                 ttl: Duration::from_millis(ttl),
+                generation,
                 names: names.iter().map(|n| HeaderName::from_bytes(n.as_bytes()).unwrap()).collect(),
             };
             let entry = encode_vary(&marker).unwrap();

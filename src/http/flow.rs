@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 use super::answer::{answer, marked, own_entry, synthesized, without_body, Answer, Asked, BYPASS};
 use super::body::ResponseBody;
 use super::codec::{self, Stored};
+use super::layer::HttpConfig;
 use super::load::{load, Loading, Own, Step};
 use super::slot::Slot;
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
@@ -61,6 +62,7 @@ where
                 from_loader,
                 &slot,
                 loading.inner,
+                &loading.config,
                 &asked,
                 None,
             ))
@@ -87,7 +89,7 @@ where
         };
         // The load failed: a variant may still be there (stale or fresh) to stand in for it.
         // Its key comes from the request as it was sent.
-        return match (slot.sent_variant(&primary, &marker.names), fallback) {
+        return match (slot.sent_variant(&primary, &marker), fallback) {
             (Some(variant), fallback) => {
                 Box::pin(stand_in(&cache, &variant, &asked, outcome, fallback)).await
             }
@@ -112,6 +114,7 @@ where
                 from_loader,
                 &slot,
                 loading.inner,
+                &loading.config,
                 &asked,
                 Some(done),
             ))
@@ -175,6 +178,7 @@ async fn answer_without_entry<S, ReqBody, ResBody>(
     mut from_loader: oneshot::Receiver<Own<ResBody, S::Error>>,
     slot: &Slot<ReqBody>,
     inner: S,
+    config: &HttpConfig,
     asked: &Asked,
     done: Option<watch::Sender<bool>>,
 ) -> Answer<ResBody, S::Error>
@@ -208,7 +212,8 @@ where
     drop(done);
     match (failed, request) {
         (None, Some(request)) => {
-            let response = Oneshot::new(inner, request).await?;
+            let mut response = Oneshot::new(inner, request).await?;
+            config.strip_tags(response.headers_mut());
             Ok(marked(response.map(ResponseBody::inner), BYPASS))
         }
         (Some(status), _) => Ok(synthesized(status)),

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
 use http::{HeaderValue, Response};
@@ -10,6 +11,7 @@ use pin_project::pin_project;
 
 use super::answer::marked;
 use super::body::ResponseBody;
+use super::layer::HttpConfig;
 use crate::store::BoxFuture;
 
 /// The response future of [`Stampede`](super::Stampede).
@@ -21,28 +23,35 @@ pub struct ResponseFuture<F, B: Body, E> {
 
 #[pin_project(project = KindProj)]
 enum Kind<F, B: Body, E> {
-    /// Straight to the inner service; the response is marked with `x-cache` if `mark` is set.
+    /// Straight to the inner service; the response is marked with `x-cache` if `mark` is set,
+    /// and loses its tag header fields unless `config` keeps them.
     Inner {
         #[pin]
         future: F,
         mark: Option<HeaderValue>,
+        config: Arc<HttpConfig>,
     },
-    /// Through the cache.
-    Cached {
+    /// Through the cache, through an invalidation (an unsafe method), or answered by the
+    /// layer (a purge).
+    Boxed {
         future: BoxFuture<'static, Result<Response<ResponseBody<B>>, E>>,
     },
 }
 
 impl<F, B: Body, E> ResponseFuture<F, B, E> {
-    pub(crate) fn inner(future: F, mark: Option<HeaderValue>) -> Self {
+    pub(crate) fn inner(future: F, mark: Option<HeaderValue>, config: Arc<HttpConfig>) -> Self {
         ResponseFuture {
-            kind: Kind::Inner { future, mark },
+            kind: Kind::Inner {
+                future,
+                mark,
+                config,
+            },
         }
     }
 
-    pub(crate) fn cached(future: BoxFuture<'static, Result<Response<ResponseBody<B>>, E>>) -> Self {
+    pub(crate) fn boxed(future: BoxFuture<'static, Result<Response<ResponseBody<B>>, E>>) -> Self {
         ResponseFuture {
-            kind: Kind::Cached { future },
+            kind: Kind::Boxed { future },
         }
     }
 }
@@ -56,14 +65,19 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
-            KindProj::Inner { future, mark } => {
-                let response = ready!(future.poll(cx))?.map(ResponseBody::inner);
+            KindProj::Inner {
+                future,
+                mark,
+                config,
+            } => {
+                let mut response = ready!(future.poll(cx))?.map(ResponseBody::inner);
+                config.strip_tags(response.headers_mut());
                 Poll::Ready(Ok(match mark.take() {
                     Some(mark) => marked(response, mark),
                     None => response,
                 }))
             }
-            KindProj::Cached { future } => future.as_mut().poll(cx),
+            KindProj::Boxed { future } => future.as_mut().poll(cx),
         }
     }
 }
@@ -72,7 +86,7 @@ impl<F, B: Body, E> std::fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "Inner",
-            Kind::Cached { .. } => "Cached",
+            Kind::Boxed { .. } => "Boxed",
         };
         f.debug_struct("ResponseFuture")
             .field("kind", &kind)

@@ -13,6 +13,18 @@
 //! from the origin, and a variant is stored only under a key that names every field its
 //! response varies on.
 //!
+//! # Invalidating a URL
+//!
+//! Variant keys cannot be listed, so a URL is invalidated (RFC 9111 §4.4, or a purge) by
+//! removing what is under its primary key only: every vary marker holds a **generation**,
+//! drawn at random whenever a marker is stored (by a load, or stored again for what it had
+//! left), and every variant key under it names that generation. Once the marker is gone, no
+//! request can compute the old variant keys again: their entries are never read, and expire
+//! on their own. The engine's fence covers the marker: a load of the URL that started before
+//! the invalidation cannot store its marker after it, so a variant it filled stays
+//! unreachable too. The price: when a marker is loaded again (it expired), the URL's other
+//! variants are loaded again as well, each once, even if they were still fresh.
+//!
 //! Requests with `Authorization` are keyed apart from requests without it, whatever the
 //! [`MakeKey`]: an anonymous request never gets a response stored for a request with
 //! credentials, nor the other way round.
@@ -100,16 +112,27 @@ impl MakeKey for DefaultKey {
 /// key apart for requests with `Authorization`.
 pub(crate) fn primary(key: String, request: &HeaderMap) -> String {
     if request.contains_key(AUTHORIZATION) {
-        // Length-prefixed, so no key of another shape can equal it.
-        format!("authorized\0{}\0{key}", key.len())
+        authorized(&key)
     } else {
         key
     }
 }
 
-/// The variant key of a request under a primary key whose response varies on `names`.
-pub(crate) fn variant(primary: &str, names: &[HeaderName], request: &HeaderMap) -> String {
-    let mut key = format!("vary\0{}\0{primary}", primary.len());
+/// The primary key of requests with `Authorization` whose [`MakeKey`] said `key`.
+pub(crate) fn authorized(key: &str) -> String {
+    // Length-prefixed, so no key of another shape can equal it.
+    format!("authorized\0{}\0{key}", key.len())
+}
+
+/// The variant key of a request under a primary key whose vary marker has `generation` and
+/// names `names`.
+pub(crate) fn variant(
+    primary: &str,
+    generation: u64,
+    names: &[HeaderName],
+    request: &HeaderMap,
+) -> String {
+    let mut key = format!("vary\0{}\0{primary}\0{generation:016x}", primary.len());
     for name in names {
         key.push('\0');
         key.push_str(name.as_str());
@@ -174,7 +197,7 @@ mod tests {
             HeaderName::from_static("x-tenant"),
         ];
         let key = |headers: &[(&'static str, &'static str)]| {
-            variant("p", &names, &parts("/", headers).headers)
+            variant("p", 1, &names, &parts("/", headers).headers)
         };
         let gzip = key(&[("Accept-Encoding", " gzip ")]);
         assert_eq!(gzip, key(&[("accept-encoding", "gzip")]));
@@ -190,8 +213,13 @@ mod tests {
             key(&[("accept-encoding", "gzip"), ("x-tenant", "b")])
         );
         assert_ne!(
-            variant("p", &names, &HeaderMap::new()),
-            variant("q", &names, &HeaderMap::new())
+            variant("p", 1, &names, &HeaderMap::new()),
+            variant("q", 1, &names, &HeaderMap::new())
+        );
+        assert_ne!(
+            variant("p", 1, &names, &HeaderMap::new()),
+            variant("p", 2, &names, &HeaderMap::new()),
+            "another generation"
         );
     }
 
@@ -213,7 +241,7 @@ mod tests {
                 let mut headers = HeaderMap::new();
                 let value = HeaderValue::from_bytes(bytes).ok()?;
                 headers.insert("accept-encoding", value);
-                Some(variant("p", &names, &headers))
+                Some(variant("p", 1, &names, &headers))
             };
             if let (Some(ka), Some(kb)) = (key(&a), key(&b)) {
                 proptest::prop_assert_eq!(ka == kb, a.trim_ascii() == b.trim_ascii());

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use http::{request, HeaderMap, HeaderName};
 use tower::Layer;
 
-use super::{DefaultKey, MakeKey, Policy, RfcPolicy, Stampede};
+use super::{tags, DefaultKey, MakeKey, Policy, Purger, RfcPolicy, Stampede};
 use crate::cache::Cache;
 
 /// Wraps services in a [`Stampede`] guard over one [`Cache`]; see the [module docs](super).
@@ -117,6 +118,95 @@ impl StampedeLayer {
         Arc::make_mut(&mut self.config).honor_client_no_cache = on;
         self
     }
+
+    /// The response header fields that tag a stored response: each holds tags separated by
+    /// spaces or commas, and [`Purger::purge_tags`] (or a `PURGE` with such a field, see
+    /// [`purge`](Self::purge)) of any of them removes the response everywhere. Default:
+    /// `Surrogate-Key` (space-separated, as Fastly and Varnish xkey write it) and `Cache-Tag`
+    /// (comma-separated, as Cloudflare does); none turns tags off.
+    ///
+    /// A response may carry at most 128 distinct tags of at most 256 bytes each; one with
+    /// more, or longer, is passed through and not stored (a purge could not reach it).
+    pub fn tag_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        Arc::make_mut(&mut self.config).tag_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Whether the [tag header fields](Self::tag_headers) stay in the responses sent
+    /// to clients (and in the stored responses they come from). Default: off, so tags, which
+    /// often name internal things (tables, users, templates), stay between the origin and
+    /// the layer; on, for a cache further down that reads them too.
+    pub fn keep_tag_headers(mut self, keep: bool) -> Self {
+        Arc::make_mut(&mut self.config).keep_tag_headers = keep;
+        self
+    }
+
+    /// Turns on the purge endpoint, for the requests `authorize` allows: a `PURGE` of a URL
+    /// removes its stored responses (every `Vary` variant, with and without
+    /// `Authorization`), and a `PURGE` with a [tag header field](Self::tag_headers)
+    /// (`Surrogate-Key: t1 t2`) removes every response carrying one of those tags instead, in
+    /// every process that shares the store. Off by default: then a `PURGE` goes to the inner
+    /// service like any other unsafe method.
+    ///
+    /// The layer answers every `PURGE` itself (the inner service never sees one): `403
+    /// Forbidden` if `authorize` says no (nothing is removed), `200 OK` once removed, `400 Bad
+    /// Request` for a tag field with no tag or more than a response may carry, and `503
+    /// Service Unavailable` if the store could not be reached (other processes may still hold
+    /// the responses; this one's memory has forgotten them). The layer's own answers say so
+    /// in their body.
+    ///
+    /// `authorize` sees the request's head (method, URI, headers, extensions): check a token
+    /// in constant time, a client certificate an outer layer put in the extensions, or the
+    /// peer's address.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{request::Parts, Request, Response, StatusCode};
+    /// use http_body_util::Full;
+    /// use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
+    /// use tower_stampede::{store::MemoryStore, Cache, StampedeLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// // Only requests from this host's own network (an outer layer put the peer in the
+    /// // extensions, as axum's `ConnectInfo` does).
+    /// #[derive(Clone, Copy)]
+    /// struct Peer(std::net::IpAddr);
+    /// fn from_loopback(request: &Parts) -> bool {
+    ///     request.extensions.get::<Peer>().is_some_and(|peer| peer.0.is_loopback())
+    /// }
+    ///
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let mut service = ServiceBuilder::new()
+    ///     .layer(StampedeLayer::new(cache).purge(from_loopback))
+    ///     .service(service_fn(|_req: Request<()>| async {
+    ///         Ok::<_, http::Error>(Response::new(Full::new(Bytes::from("hello"))))
+    ///     }));
+    ///
+    /// let purge = Request::builder().method("PURGE").uri("http://example.com/").body(())?;
+    /// let refused = service.ready().await?.call(purge).await?;
+    /// assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    ///
+    /// let mut purge = Request::builder().method("PURGE").uri("http://example.com/").body(())?;
+    /// purge.extensions_mut().insert(Peer([127, 0, 0, 1].into()));
+    /// let purged = service.ready().await?.call(purge).await?;
+    /// assert_eq!(purged.status(), StatusCode::OK);
+    /// # Ok(()) }
+    /// ```
+    pub fn purge(
+        mut self,
+        authorize: impl Fn(&request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).purge = Some(Arc::new(authorize));
+        self
+    }
+
+    /// A handle that purges stored responses by URL or by tag from application code, in
+    /// every process that shares the store; see [`Purger`]. It keys URLs as this layer does
+    /// now: take it once the layer is configured.
+    pub fn purger(&self) -> Purger {
+        Purger::new(self.cache.clone(), Arc::clone(&self.config))
+    }
 }
 
 impl<S> Layer<S> for StampedeLayer {
@@ -127,6 +217,9 @@ impl<S> Layer<S> for StampedeLayer {
     }
 }
 
+/// Decides whether a `PURGE` may remove anything; see [`StampedeLayer::purge`].
+pub(crate) type Authorize = Arc<dyn Fn(&request::Parts) -> bool + Send + Sync>;
+
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
 pub(crate) struct HttpConfig {
@@ -134,6 +227,20 @@ pub(crate) struct HttpConfig {
     pub(crate) make_key: Arc<dyn MakeKey>,
     pub(crate) policy: Arc<dyn Policy>,
     pub(crate) honor_client_no_cache: bool,
+    pub(crate) tag_headers: Vec<HeaderName>,
+    pub(crate) keep_tag_headers: bool,
+    /// The purge endpoint's authorization; `None` while the endpoint is off.
+    pub(crate) purge: Option<Authorize>,
+}
+
+impl HttpConfig {
+    /// Removes the tag header fields from a response on its way to a client (or into the
+    /// cache), unless they are kept.
+    pub(crate) fn strip_tags(&self, headers: &mut HeaderMap) {
+        if !self.keep_tag_headers {
+            tags::remove(headers, &self.tag_headers);
+        }
+    }
 }
 
 impl Default for HttpConfig {
@@ -143,6 +250,9 @@ impl Default for HttpConfig {
             make_key: Arc::new(DefaultKey),
             policy: Arc::new(RfcPolicy::new()),
             honor_client_no_cache: false,
+            tag_headers: tags::default_headers(),
+            keep_tag_headers: false,
+            purge: None,
         }
     }
 }
@@ -152,6 +262,9 @@ impl std::fmt::Debug for HttpConfig {
         f.debug_struct("HttpConfig")
             .field("max_body_bytes", &self.max_body_bytes)
             .field("honor_client_no_cache", &self.honor_client_no_cache)
+            .field("tag_headers", &self.tag_headers)
+            .field("keep_tag_headers", &self.keep_tag_headers)
+            .field("purge", &if self.purge.is_some() { "on" } else { "off" })
             .finish_non_exhaustive()
     }
 }

@@ -1,10 +1,13 @@
 //! The loader of a cacheable request: calls the inner service (a `GET`, without the
 //! preconditions the layer answers itself), asks the [`Policy`](super::Policy) whether the
 //! response may be stored, reads its body up to the size limit, and encodes it for the cache.
-//! Whatever cannot be stored goes, intact, to this request's own caller.
+//! Whatever cannot be stored goes, intact (but for its tag header fields), to this request's
+//! own caller.
 //!
 //! A response with `Vary` loaded for the URL's key is stored under the request's variant key,
-//! and the URL's key gets the vary marker (see [`key`]).
+//! and the URL's key gets the vary marker (see [`key`]). The tags in the response's tag header
+//! fields go with the stored response (not with the marker); the fields themselves do not,
+//! unless they are kept.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -29,6 +32,7 @@ use super::layer::HttpConfig;
 use super::parse::{self, Vary};
 use super::policy::{self, Decision};
 use super::slot::{Claim, Slot};
+use super::tags;
 use crate::cache::{BoxError, Cache, Loaded, Outcome};
 
 /// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a
@@ -102,7 +106,9 @@ where
             return Err("the inner service failed".into());
         }
     };
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    let tags = tags::read(&parts.headers, &loading.config.tag_headers);
+    loading.config.strip_tags(&mut parts.headers);
     let passed = |body: ResponseBody<ResBody>, failed: bool| Own::Passed {
         answer: Ok(marked(Response::from_parts(parts.clone(), body), BYPASS)),
         failed,
@@ -118,6 +124,12 @@ where
             let _ = to_leader.send(passed(ResponseBody::inner(body), false));
             return Ok(Loaded::pass());
         }
+    };
+    let Ok(tags) = tags else {
+        // A purge of its tags could not reach it.
+        debug!("more tags than a stored response may carry; passed");
+        let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+        return Ok(Loaded::pass());
     };
     let names = match (parse::vary(&parts.headers), &step) {
         (Vary::None, _) => Vec::new(),
@@ -166,7 +178,7 @@ where
         return Ok(Loaded::pass());
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
-        return Ok(Loaded::value_with_ttl(entry, ttl));
+        return Ok(Loaded::value_with_ttl(entry, ttl).tags(&tags));
     }
     // A response with `Vary`, loaded for the URL's key: the response goes under this request's
     // variant key, and a marker naming the fields under the URL's key. The variant is filled
@@ -174,18 +186,21 @@ where
     let marker = VaryMarker {
         stored_at: now,
         ttl,
+        generation: rand::random(),
         names,
     };
+    // The marker is not tagged: a purge of a tag removes the responses that carry it, and a
+    // request that follows the marker to one of them loads it again.
     let Some(marker_entry) = codec::encode_vary(&marker) else {
         let _ = to_leader.send(Own::Variant(entry, Outcome::Uncached));
         return Ok(Loaded::pass());
     };
-    let variant = key::variant(&primary, &marker.names, &asked.headers);
+    let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
     let loaded = entry.clone();
     let filled = loading
         .cache
         .fetch_accepting(variant, codec::accepts_variant, move || async move {
-            Ok::<_, Infallible>(Loaded::value_with_ttl(loaded, ttl))
+            Ok::<_, Infallible>(Loaded::value_with_ttl(loaded, ttl).tags(&tags))
         })
         .await;
     // A fresh variant already there (refreshed on its own) is kept, and is the answer: the
@@ -214,8 +229,16 @@ where
 
 /// A run of the URL's loader whose request went to the variant's loader: the marker is stored
 /// again for what it had left (at least a second), instead of a load without a request.
+///
+/// Under a generation of its own: this run may have taken the lock after the URL was
+/// invalidated (an early refresh of a marker read before), and the old generation would make
+/// the variants from before the invalidation reachable again.
 fn restore(marker: &VaryMarker) -> Result<Loaded, BoxError> {
-    let entry = codec::encode_vary(marker).ok_or("the vary marker cannot be encoded")?;
+    let marker = VaryMarker {
+        generation: rand::random(),
+        ..marker.clone()
+    };
+    let entry = codec::encode_vary(&marker).ok_or("the vary marker cannot be encoded")?;
     let left = marker
         .remaining(SystemTime::now())
         .max(Duration::from_secs(1));

@@ -17,8 +17,9 @@
 //! | `STALE` | a stale response, served while another request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `BYPASS` | passed to the inner service: not cacheable (request or response) |
 //!
-//! Requests with other methods than `GET` and `HEAD` pass through untouched, without
-//! `x-cache`. Every response from a cache entry (`HIT`, `MISS`, `STALE`) carries `Age`.
+//! Requests with other methods than `GET` and `HEAD` pass through without `x-cache`; those
+//! with an unsafe method invalidate their URL (below). Every response from a cache entry
+//! (`HIT`, `MISS`, `STALE`) carries `Age`.
 //!
 //! # What is cached
 //!
@@ -26,7 +27,8 @@
 //! | --- | --- | --- |
 //! | `GET` | yes | the method caches are for |
 //! | `HEAD` | from the `GET` entry, without a body | a `HEAD` miss loads with a `GET` (as nginx and Varnish do), so `HEAD`s are coalesced and fill the entry for `GET`s |
-//! | other methods | no, untouched | not cacheable, or unsafe |
+//! | `OPTIONS`, `TRACE`, `CONNECT` | no, untouched | not cacheable |
+//! | `POST`, `PUT`, `DELETE`, `PATCH`, any other method | no; a 2xx or 3xx response invalidates the URL | unsafe: RFC 9111 §4.4 (below) |
 //! | request `Cache-Control: no-store` | no (`BYPASS`) | the client asks that nothing be stored |
 //! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
 //! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
@@ -65,6 +67,30 @@
 //! Keys are hashed before they reach the store: a 64 KB URL or a thousand header values never
 //! make a long store key.
 //!
+//! # Invalidation
+//!
+//! A response that is not an error (2xx, 3xx) to an unsafe method (anything but `GET`,
+//! `HEAD`, `OPTIONS`, `TRACE` and `CONNECT`) invalidates the stored responses of its URL
+//! before it is sent on (RFC 9111 §4.4), so the client that changed a resource reads the
+//! change next: those under the key a `GET` of that URL (with the request's headers) would
+//! have, with and without `Authorization`, every `Vary` variant included, and likewise for
+//! the URLs in its `Location` and `Content-Location` when they are of the same origin
+//! (relative, or the same scheme and authority). The invalidation reaches every process
+//! that shares the store, and a load of the URL in progress anywhere cannot store its (older)
+//! response afterwards (see [`Cache::invalidate`](crate::Cache::invalidate)). If the store
+//! cannot be reached, a warning is logged and the response is sent on unchanged.
+//!
+//! **Tags**: a response's `Surrogate-Key` (space-separated, as Fastly and Varnish xkey write
+//! it) or `Cache-Tag` (comma-separated) names tags that are stored with it (the fields are
+//! configurable with [`StampedeLayer::tag_headers`], and removed from the responses sent to
+//! clients unless [`StampedeLayer::keep_tag_headers`] says otherwise); purging one tag
+//! removes every response that carries it, in one store call.
+//!
+//! Application code purges by URL or by tag through a [`Purger`]
+//! ([`StampedeLayer::purger`]); an HTTP `PURGE` endpoint (`PURGE /path`, or `PURGE` with
+//! `Surrogate-Key: t1 t2`), off by default, is turned on with an authorization check by
+//! [`StampedeLayer::purge`].
+//!
 //! # Conditional requests
 //!
 //! A `GET` or `HEAD` with `If-None-Match` (weak comparison, `*` included) or, without it,
@@ -89,8 +115,6 @@
 //! - **Field-qualified `no-cache="f"` and `private="f"`**: treated as the unqualified forms
 //!   (not stored), rather than stored without the named fields.
 //! - **Range requests**: passed through; a `206` is never stored or built from an entry.
-//! - **Invalidation by unsafe methods** (a `POST` to a URL does not evict its entry): entries
-//!   live out their freshness.
 //! - **The apparent age** (`now - Date`): `Age` counts from when the response arrived less the
 //!   `Age` it carried, so a skewed origin clock never shortens or lengthens freshness.
 //!
@@ -143,17 +167,21 @@ mod codec;
 mod conditional;
 mod flow;
 mod future;
+mod invalidate;
 mod key;
 mod layer;
 mod load;
 mod parse;
 mod policy;
+mod purge;
 mod service;
 mod slot;
+mod tags;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use key::{DefaultKey, MakeKey};
 pub use layer::StampedeLayer;
 pub use policy::{Decision, Policy, RfcPolicy};
+pub use purge::Purger;
 pub use service::Stampede;

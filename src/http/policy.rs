@@ -13,6 +13,7 @@ use http::header::{
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
 use super::answer::X_CACHE;
+use super::invalidate;
 use super::parse::{self, Directive};
 
 /// What the layer does with a request.
@@ -20,8 +21,12 @@ use super::parse::{self, Directive};
 pub(crate) enum RequestRule {
     /// Look it up (a `GET`, or a `HEAD` answered from the `GET` entry).
     Cache,
-    /// A method the cache has nothing to do with: pass it on untouched.
+    /// A safe method the cache has nothing to do with (`OPTIONS`, `TRACE`), or `CONNECT`:
+    /// pass it on untouched.
     Ignore,
+    /// An unsafe method (`POST`, `PUT`, `DELETE`, `PATCH`, or one the layer does not know):
+    /// pass it on, and invalidate its URL if the response is not an error (RFC 9111 §4.4).
+    Invalidate,
     /// A cacheable method that must not be answered from the cache (`no-store`, a range, a
     /// precondition other than `If-None-Match` / `If-Modified-Since`, or a reload the layer
     /// honours): pass it on, marked `x-cache: BYPASS`.
@@ -30,8 +35,13 @@ pub(crate) enum RequestRule {
 
 /// Decides what to do with a request, before its key is made.
 pub(crate) fn request_rule<B>(request: &Request<B>, honor_client_no_cache: bool) -> RequestRule {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return RequestRule::Ignore;
+    let method = request.method();
+    if method != Method::GET && method != Method::HEAD {
+        return if invalidate::is_safe(method) || method == Method::CONNECT {
+            RequestRule::Ignore
+        } else {
+            RequestRule::Invalidate
+        };
     }
     let headers = request.headers();
     // Ranges and these preconditions get answers for this request only (206, 412) that the
@@ -449,10 +459,21 @@ mod tests {
             }
             request
         };
-        assert_eq!(
-            request_rule(&with(Method::POST, &[]), false),
-            RequestRule::Ignore
-        );
+        for method in ["POST", "PUT", "DELETE", "PATCH", "PURGE", "FROB"] {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(
+                request_rule(&with(method.clone(), &[]), false),
+                RequestRule::Invalidate,
+                "{method}"
+            );
+        }
+        for method in [Method::OPTIONS, Method::TRACE, Method::CONNECT] {
+            assert_eq!(
+                request_rule(&with(method.clone(), &[]), false),
+                RequestRule::Ignore,
+                "{method}"
+            );
+        }
         assert_eq!(
             request_rule(&with(Method::GET, &[]), false),
             RequestRule::Cache

@@ -1,6 +1,6 @@
 //! The middleware service: [`Stampede`], its accessors, and the [`Service`] impl that sorts
-//! each request (ignored, bypassed, or cached) and hands a cacheable one to the
-//! [`flow`](super::flow).
+//! each request (a purge, ignored, an unsafe method that invalidates, bypassed, or cached) and
+//! hands a cacheable one to the [`flow`](super::flow).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,10 +15,11 @@ use super::answer::BYPASS;
 use super::body::ResponseBody;
 use super::flow::serve;
 use super::future::ResponseFuture;
-use super::key;
 use super::layer::HttpConfig;
 use super::load::Loading;
 use super::policy::{self, RequestRule};
+use super::purge::{self, Purger};
+use super::{invalidate, key};
 use crate::cache::Cache;
 
 /// The middleware service; see the [module docs](super) and [`StampedeLayer`](super::StampedeLayer).
@@ -94,11 +95,21 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let config = Arc::clone(&self.config);
+        if config.purge.is_some() && request.method().as_str() == "PURGE" {
+            let purger = Purger::new(self.cache.clone(), config);
+            let (parts, _body) = request.into_parts();
+            return ResponseFuture::boxed(Box::pin(purge::endpoint(purger, parts)));
+        }
         // A clone is only ever called through `Oneshot`, which polls it ready first.
         let inner = self.inner.clone();
-        let bypassed = match policy::request_rule(&request, self.config.honor_client_no_cache) {
+        let bypassed = match policy::request_rule(&request, config.honor_client_no_cache) {
             RequestRule::Ignore => {
-                return ResponseFuture::inner(Oneshot::new(inner, request), None)
+                return ResponseFuture::inner(Oneshot::new(inner, request), None, config)
+            }
+            RequestRule::Invalidate => {
+                let sent = invalidate::send_unsafe(inner, self.cache.clone(), config, request);
+                return ResponseFuture::boxed(Box::pin(sent));
             }
             RequestRule::Bypass => request,
             RequestRule::Cache => match self.primary_key(request) {
@@ -106,15 +117,15 @@ where
                     let loading = Loading {
                         inner,
                         cache: self.cache.clone(),
-                        config: Arc::clone(&self.config),
+                        config,
                     };
-                    return ResponseFuture::cached(Box::pin(serve(loading, primary, request)));
+                    return ResponseFuture::boxed(Box::pin(serve(loading, primary, request)));
                 }
                 // The key cannot describe the request.
                 (request, None) => request,
             },
         };
         crate::cache::telemetry::lookup("bypass");
-        ResponseFuture::inner(Oneshot::new(inner, bypassed), Some(BYPASS))
+        ResponseFuture::inner(Oneshot::new(inner, bypassed), Some(BYPASS), config)
     }
 }

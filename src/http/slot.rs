@@ -10,7 +10,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use http::{HeaderMap, HeaderName, Request};
+use http::{HeaderMap, Request};
 use tokio::sync::watch;
 
 use super::codec::VaryMarker;
@@ -70,19 +70,24 @@ impl<B> Slot<B> {
     ) -> Option<(String, watch::Sender<bool>)> {
         let mut pending = self.lock();
         let request = pending.request.as_ref()?;
-        let variant = key::variant(primary, &marker.names, request.headers());
+        let variant = key::variant(primary, marker.generation, &marker.names, request.headers());
         let (done, variant_done) = watch::channel(false);
         pending.following = Some(marker.clone());
         pending.variant_done = Some(variant_done);
         Some((variant, done))
     }
 
-    /// The variant key under `primary` for `names` of the request as a loader sent it, if one
-    /// did.
-    pub(crate) fn sent_variant(&self, primary: &str, names: &[HeaderName]) -> Option<String> {
+    /// The variant key under `primary` and `marker` of the request as a loader sent it, if
+    /// one did.
+    pub(crate) fn sent_variant(&self, primary: &str, marker: &VaryMarker) -> Option<String> {
         let pending = self.lock();
         let sent = pending.sent_headers.as_ref()?;
-        Some(key::variant(primary, names, sent))
+        Some(key::variant(
+            primary,
+            marker.generation,
+            &marker.names,
+            sent,
+        ))
     }
 
     /// The request, taken back by its caller to send it itself; `None` if a loader took it.

@@ -33,6 +33,24 @@
 //!
 //! Without `--redis` or `--redis-cluster`, the proxy caches in an embedded, in-process store.
 //!
+//! A `POST`, `PUT`, `DELETE`, `PATCH` (or any other unsafe method) that the origin answers
+//! with a 2xx or 3xx removes the URL's cached responses (and those of a same-origin
+//! `Location` / `Content-Location`) from every proxy (RFC 9111 §4.4). Tags the origin gives in
+//! `Surrogate-Key` (or `Cache-Tag`) are stored with the response and not sent on to clients.
+//! With `--purge-token TOKEN`, the proxy answers `PURGE` itself, for requests with
+//! `Authorization: Bearer TOKEN` only (others get `403` and remove nothing): `PURGE /path`
+//! removes that URL's responses everywhere, and `PURGE` with `Surrogate-Key: t1 t2` the
+//! responses tagged `t1` or `t2`:
+//!
+//! ```sh
+//! curl -X PURGE -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8081/some/page
+//! curl -X PURGE -H "Authorization: Bearer $TOKEN" -H "Surrogate-Key: user:42" http://127.0.0.1:8081/
+//! ```
+//!
+//! Without `--purge-token`, a `PURGE` goes to the origin like any other method. The token is
+//! compared in constant time and never printed; being a command-line argument, it is visible
+//! to other users of the machine in its process list: give it on a machine of one's own.
+//!
 //! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
 //! client sent: every proxy in front of one origin shares one entry per URL. Hop-by-hop headers
 //! are dropped both ways; `Host` is set to the origin's authority. An origin that cannot be
@@ -41,20 +59,21 @@
 //! After binding, the proxy prints `listening on ADDR` (the bound address, so `--listen
 //! 127.0.0.1:0` works) on stdout. Ctrl-C shuts it down: it stops accepting, lets requests in
 //! flight finish (for up to 5 s) and exits with code 0. Exit codes: 1 when Redis cannot be
-//! reached or the address cannot be bound, 2 for bad arguments. `--help` lists every option.
+//! reached or the address cannot be bound, 2 for bad arguments. `--help` lists every option;
+//! `args.rs` reads them.
+
+mod args;
 
 use std::convert::Infallible;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use args::{Args, Origin};
 use bytes::Bytes;
-use clap::error::ErrorKind;
-use clap::{CommandFactory, Parser};
 use http::header::{HeaderName, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HOST};
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Uri, Version};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -84,228 +103,6 @@ const HOP_BY_HOP: [&str; 7] = [
 
 /// How long in-flight requests may run on after Ctrl-C.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
-/// A caching reverse proxy with cache-stampede protection (tower-stampede).
-#[derive(Debug, Parser)]
-#[command(
-    name = "proxy",
-    max_term_width = 100,
-    after_help = "Prints `listening on ADDR` once bound. Exit codes: 0 after Ctrl-C, 1 when \
-                  Redis cannot be reached or the address cannot be bound, 2 for bad arguments."
-)]
-struct Args {
-    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port)
-    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
-    listen: SocketAddr,
-
-    /// The origin server, http://host:port
-    #[arg(long, value_name = "URL", value_parser = Origin::parse)]
-    origin: Origin,
-
-    /// Share the cache through Redis, e.g. redis://127.0.0.1:6379/ (default: an embedded
-    /// in-process store)
-    #[arg(long, value_name = "URL", value_parser = redis_url)]
-    redis: Option<String>,
-
-    /// Share the cache through a Redis Cluster: some of its nodes' URLs, comma-separated
-    /// (needs the `cluster` feature; not with --redis)
-    #[arg(long, value_name = "URLS", value_parser = cluster_urls)]
-    redis_cluster: Option<ClusterUrls>,
-
-    /// Freshness when the origin gives none, for statuses cacheable by default (200, 404,
-    /// ...)
-    #[arg(
-        long = "ttl-secs",
-        value_name = "S",
-        value_parser = positive_secs,
-        default_value = "60"
-    )]
-    ttl: Duration,
-
-    /// How long past its freshness a response may be served (x-cache: STALE) while one
-    /// request refreshes it, or when the refresh fails (default: 0)
-    #[arg(long = "stale-secs", value_name = "S", value_parser = secs)]
-    stale: Option<Duration>,
-
-    /// Refresh hot responses shortly before they expire (XFetch); larger B refreshes earlier,
-    /// 0 turns it off (default: 1)
-    #[arg(long, value_name = "B", value_parser = beta, allow_negative_numbers = true)]
-    early_refresh_beta: Option<f64>,
-
-    /// Lifetime of the reload lock if its holder dies (default: 5000)
-    #[arg(long = "lock-ttl-ms", value_name = "MS", value_parser = positive_millis)]
-    lock_ttl: Option<Duration>,
-
-    /// Bound on each Redis call; slower calls fall back to in-process protection (default: 50)
-    #[arg(long = "store-timeout-ms", value_name = "MS", value_parser = positive_millis)]
-    store_timeout: Option<Duration>,
-
-    /// Prefix of the cache's keys in the store
-    #[arg(long, value_name = "NS", value_parser = namespace, default_value = "proxy")]
-    namespace: String,
-
-    /// Largest response body that is cached (default: 1048576)
-    #[arg(long, value_name = "N", value_parser = byte_count)]
-    max_body_bytes: Option<usize>,
-
-    /// Serve Prometheus metrics on http://ADDR/metrics (needs the `metrics` feature; prints
-    /// `metrics on ADDR` once bound)
-    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
-    metrics: Option<SocketAddr>,
-}
-
-impl Args {
-    /// The command line; on a usage error, prints it and exits with code 2 (after `--help`,
-    /// prints the help and exits with code 0).
-    fn parse_or_exit() -> Args {
-        let args = Args::parse();
-        if args.redis.is_some() && args.redis_cluster.is_some() {
-            Args::command()
-                .error(
-                    ErrorKind::ArgumentConflict,
-                    "--redis and --redis-cluster are mutually exclusive: give one server or the \
-                     cluster's nodes",
-                )
-                .exit();
-        }
-        args
-    }
-}
-
-/// The seed nodes' URLs of a Redis Cluster.
-#[derive(Clone, Debug)]
-struct ClusterUrls(Vec<String>);
-
-/// A URL of a Redis server.
-fn redis_url(text: &str) -> Result<String, String> {
-    if !text.contains("://") {
-        return Err("not a URL (expected e.g. redis://127.0.0.1:6379/)".to_owned());
-    }
-    Ok(text.to_owned())
-}
-
-/// `URL,URL,...`: at least one, each a URL.
-fn cluster_urls(text: &str) -> Result<ClusterUrls, String> {
-    let urls: Vec<String> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|url| !url.is_empty())
-        .map(str::to_owned)
-        .collect();
-    if urls.is_empty() {
-        return Err(
-            "needs at least one URL (e.g. redis://10.0.0.1:6379/,redis://10.0.0.2:6379/)"
-                .to_owned(),
-        );
-    }
-    if let Some(bad) = urls.iter().find(|url| !url.contains("://")) {
-        return Err(format!(
-            "{bad:?} is not a URL (expected e.g. redis://10.0.0.1:6379/)"
-        ));
-    }
-    Ok(ClusterUrls(urls))
-}
-
-fn positive(text: &str) -> Result<u64, String> {
-    match text.parse::<u64>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err("not a positive whole number".to_owned()),
-    }
-}
-
-fn positive_secs(text: &str) -> Result<Duration, String> {
-    positive(text).map(Duration::from_secs)
-}
-
-fn positive_millis(text: &str) -> Result<Duration, String> {
-    positive(text).map(Duration::from_millis)
-}
-
-fn secs(text: &str) -> Result<Duration, String> {
-    text.parse::<u64>()
-        .map(Duration::from_secs)
-        .map_err(|_| "not a number of seconds".to_owned())
-}
-
-fn beta(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(beta) if beta.is_finite() && beta >= 0.0 => Ok(beta),
-        _ => Err("not a number >= 0".to_owned()),
-    }
-}
-
-fn byte_count(text: &str) -> Result<usize, String> {
-    text.parse::<usize>()
-        .map_err(|_| "not a number of bytes".to_owned())
-}
-
-fn namespace(text: &str) -> Result<String, String> {
-    if text.is_empty() {
-        return Err("must not be empty".to_owned());
-    }
-    Ok(text.to_owned())
-}
-
-/// An IP address and port, or a host name that resolves to one (`localhost:8080`).
-fn socket_addr(text: &str) -> Result<SocketAddr, String> {
-    if let Ok(addr) = text.parse() {
-        return Ok(addr);
-    }
-    text.to_socket_addrs()
-        .ok()
-        .and_then(|mut addrs| addrs.next())
-        .ok_or_else(|| "not an address (expected e.g. 127.0.0.1:8080)".to_owned())
-}
-
-/// The origin: where every request goes.
-#[derive(Clone, Debug)]
-struct Origin {
-    scheme: Scheme,
-    authority: Authority,
-    host: HeaderValue,
-}
-
-impl Origin {
-    fn parse(text: &str) -> Result<Origin, String> {
-        let bad = |why: &str| format!("{why} (expected http://host:port)");
-        let uri: Uri = text.parse().map_err(|_| bad("not a URL"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => return Err(bad("uses https, which this proxy does not speak")),
-            _ => return Err(bad("not an http:// URL")),
-        }
-        let authority = uri.authority().cloned().ok_or_else(|| bad("has no host"))?;
-        if authority.host().is_empty() {
-            return Err(bad("has no host"));
-        }
-        if authority.as_str().contains('@') {
-            return Err(bad("holds user info"));
-        }
-        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
-            return Err(bad("has a path or query"));
-        }
-        let host = HeaderValue::from_str(authority.as_str()).map_err(|_| bad("has a bad host"))?;
-        Ok(Origin {
-            scheme: Scheme::HTTP,
-            authority,
-            host,
-        })
-    }
-
-    /// The origin's URI for a request's path and query.
-    fn uri_for(&self, uri: &Uri) -> Uri {
-        let path = uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
-            .expect("scheme, authority and path and query make a URI")
-    }
-}
 
 /// Removes the hop-by-hop headers and those the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -492,6 +289,9 @@ async fn run(args: Args) -> Result<(), String> {
     let mut layer = StampedeLayer::new(cache).policy(RfcPolicy::new().default_ttl(args.ttl));
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
+    }
+    if let Some(token) = args.purge_token.clone() {
+        layer = layer.purge(move |request| token.allows(request));
     }
 
     let origin = Arc::new(args.origin.clone());

@@ -1,0 +1,707 @@
+//! Invalidation in the HTTP layer: unsafe methods (RFC 9111 §4.4), the [`Purger`] handle,
+//! the `PURGE` endpoint and response tags, each through the real middleware over the embedded
+//! `MemoryStore` and (feature `redis`) a real `redis-server`, with several app instances, each
+//! a cache of its own (its own L1) over store connections of its own (its own subscriber).
+//!
+//! The origin serves a "resource" whose version the test moves on: `GET /any/path` answers
+//! `/any/path v{version} #{call}` (and `?vary=NAME` varies it on that request header, echoed
+//! in the body; `?tags=a+b` tags it with `Surrogate-Key: a b`; `?slow=MS` reads the version,
+//! then takes that long). Any other method answers `changed` with the status, `Location` and
+//! `Content-Location` its query asks for. Tests that wait for another instance to hear of a
+//! change poll with a bounded deadline; none sleeps and hopes.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use axum::Router;
+use http_body_util::BodyExt;
+use support::{Counter, Shared};
+use tokio::sync::Notify;
+use tower::ServiceExt;
+use tower_stampede::{Cache, StampedeLayer};
+
+/// The failure guard on anything that waits for a notification: far beyond what it needs.
+const LIMIT: Duration = Duration::from_secs(5);
+
+/// The origin of every test: a resource whose version the test moves on.
+#[derive(Clone, Default)]
+struct Origin {
+    version: Arc<AtomicU32>,
+    calls: Counter,
+    /// Told when a slow `GET` has read the version.
+    read: Arc<Notify>,
+}
+
+impl Origin {
+    fn new() -> Self {
+        let origin = Origin::default();
+        origin.version.store(1, Ordering::SeqCst);
+        origin
+    }
+
+    fn move_on(&self) -> u32 {
+        self.version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn router(&self) -> Router {
+        let origin = self.clone();
+        Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap| {
+            let origin = origin.clone();
+            async move { origin.answer(method, uri, headers).await }
+        })
+    }
+
+    async fn answer(
+        &self,
+        method: Method,
+        uri: Uri,
+        headers: HeaderMap,
+    ) -> axum::response::Response {
+        let n = self.calls.hit();
+        let query = query(&uri);
+        let mut response = axum::response::Response::new(Body::empty());
+        let set = |response: &mut axum::response::Response, name: &str, value: &str| {
+            response.headers_mut().append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        };
+        if method != Method::GET && method != Method::HEAD {
+            for (name, value) in &query {
+                match name.as_str() {
+                    "status" => *response.status_mut() = value.parse().unwrap(),
+                    "location" | "content-location" => set(&mut response, name, value),
+                    _ => {}
+                }
+            }
+            *response.body_mut() = Body::from("changed");
+            return response;
+        }
+        let version = self.version.load(Ordering::SeqCst);
+        let mut body = format!("{} v{version} #{n}", uri.path());
+        set(&mut response, "cache-control", "public, max-age=60");
+        for (name, value) in &query {
+            match name.as_str() {
+                "slow" => {
+                    self.read.notify_one();
+                    tokio::time::sleep(Duration::from_millis(value.parse().unwrap())).await;
+                }
+                "vary" => {
+                    set(&mut response, "vary", value);
+                    for v in headers.get_all(value.as_str()) {
+                        body.push(' ');
+                        body.push_str(v.to_str().unwrap());
+                    }
+                }
+                "tags" => set(&mut response, "surrogate-key", &value.replace('+', " ")),
+                "cache-tag" => set(&mut response, "cache-tag", value),
+                _ => {}
+            }
+        }
+        *response.body_mut() = Body::from(body);
+        response
+    }
+}
+
+/// The query's pairs (no percent-decoding: the tests write plain values).
+fn query(uri: &Uri) -> Vec<(String, String)> {
+    uri.query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (name.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+/// One response, read to the end.
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Answer {
+    fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+}
+
+async fn send(app: &Router, method: &str, uri: &str, headers: &[(&str, &str)]) -> Answer {
+    let mut request = Request::builder()
+        .method(method)
+        .uri(uri)
+        .body(Body::empty())
+        .unwrap();
+    for (name, value) in headers {
+        request.headers_mut().append(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+    }
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap(),
+    }
+}
+
+async fn get(app: &Router, uri: &str) -> Answer {
+    send(app, "GET", uri, &[]).await
+}
+
+/// An app instance: a cache of its own over store connections of its own.
+async fn instance(
+    shared: &Shared,
+    origin: &Origin,
+    layer: impl Fn(Cache) -> StampedeLayer,
+) -> (Router, StampedeLayer) {
+    let store = shared.other_process().await;
+    let cache = Cache::builder_shared(store)
+        .namespace("http-inval")
+        // L1 copies that would outlive every deadline here, were they not kept in step.
+        .l1_ttl_cap(Duration::from_secs(120))
+        .build();
+    let layer = layer(cache);
+    (origin.router().layer(layer.clone()), layer)
+}
+
+/// Two app instances, `a` and `b`.
+async fn apps(
+    shared: &Shared,
+    origin: &Origin,
+    layer: impl Fn(Cache) -> StampedeLayer + Copy,
+) -> [Router; 2] {
+    [
+        instance(shared, origin, layer).await.0,
+        instance(shared, origin, layer).await.0,
+    ]
+}
+
+/// A URL of the test origin.
+fn url(path_and_query: &str) -> String {
+    format!("http://app.test{path_and_query}")
+}
+
+/// Whether `body` is the origin's `GET` answer for `path` at `version`.
+fn at_version(body: &str, path: &str, version: u32) -> bool {
+    body.starts_with(&format!("{path} v{version} #"))
+}
+
+/// `GET`s `uri` on `app` (with `headers`) until it answers `version` (the change has reached
+/// that instance), within [`LIMIT`].
+async fn eventually(app: &Router, uri: &str, headers: &[(&str, &str)], version: u32) -> Answer {
+    let path = uri
+        .trim_start_matches("http://app.test")
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let answer = send(app, "GET", uri, headers).await;
+        if at_version(&answer.body, &path, version) {
+            return answer;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{uri}: still {:?} ({}), not v{version}",
+            answer.body,
+            answer.x_cache()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Caches `uri` in both apps (a loads it, b reads it from the store, then both from L1).
+async fn cached_in_both(apps: &[Router; 2], uri: &str, headers: &[(&str, &str)]) -> String {
+    let first = send(&apps[0], "GET", uri, headers).await;
+    assert_eq!(first.x_cache(), "MISS", "{uri}: {}", first.body);
+    for app in [&apps[1], &apps[0], &apps[1]] {
+        let hit = send(app, "GET", uri, headers).await;
+        assert_eq!(
+            (hit.x_cache(), hit.body.as_str()),
+            ("HIT", first.body.as_str()),
+            "{uri}"
+        );
+    }
+    first.body
+}
+
+/// RFC 9111 §4.4: a non-error response to an unsafe method (`POST`, `PUT`, `DELETE`, `PATCH`,
+/// or one the layer does not know) invalidates the stored responses of its URL, in every
+/// instance: the one it went through answers the new version at once, the others as soon as
+/// the store's notification reaches them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_methods_invalidate_their_url_in_every_instance() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, StampedeLayer::new).await;
+        for method in ["POST", "PUT", "DELETE", "PATCH", "FROB"] {
+            let uri = url(&format!("/{method}"));
+            cached_in_both(&apps, &uri, &[]).await;
+            let version = origin.move_on();
+            let changed = send(&apps[0], method, &uri, &[]).await;
+            assert_eq!(changed.status, StatusCode::OK, "{}", shared.name);
+            assert_eq!(changed.body, "changed", "{}: the origin's own", shared.name);
+            assert_eq!(changed.x_cache(), "", "{}: not marked", shared.name);
+            let next = get(&apps[0], &uri).await;
+            assert_eq!(next.x_cache(), "MISS", "{}: {method}", shared.name);
+            assert!(at_version(&next.body, &format!("/{method}"), version));
+            let other = eventually(&apps[1], &uri, &[], version).await;
+            assert_eq!(other.x_cache(), "HIT", "{}: from a's load", shared.name);
+        }
+    }
+}
+
+/// RFC 9111 §4.4 asks for invalidation on non-error responses only, and to unsafe methods
+/// only: an error response, `OPTIONS` and `TRACE` leave the stored response as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_and_safe_methods_invalidate_nothing() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, StampedeLayer::new).await;
+        let uri = url("/kept");
+        let body = cached_in_both(&apps, &uri, &[]).await;
+        origin.move_on();
+        for (method, status) in [
+            ("POST", "400"),
+            ("DELETE", "404"),
+            ("PUT", "409"),
+            ("POST", "500"),
+            ("PATCH", "503"),
+        ] {
+            let changed = send(&apps[0], method, &format!("{uri}?status={status}"), &[]).await;
+            assert_eq!(changed.status.as_str(), status, "{}", shared.name);
+        }
+        for method in ["OPTIONS", "TRACE"] {
+            send(&apps[0], method, &uri, &[]).await;
+        }
+        // The store still has it: an instance with nothing in L1 reads it from there.
+        let (fresh, _) = instance(&shared, &origin, StampedeLayer::new).await;
+        for app in [&apps[0], &apps[1], &fresh] {
+            let answer = get(app, &uri).await;
+            assert_eq!(
+                (answer.x_cache(), answer.body.as_str()),
+                ("HIT", body.as_str()),
+                "{}",
+                shared.name
+            );
+        }
+    }
+}
+
+/// RFC 9111 §4.4: the URLs in `Location` and `Content-Location` are invalidated too, when
+/// they are of the same origin (relative, or the same scheme and authority), and never
+/// otherwise; a redirection is not an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn location_and_content_location_of_the_same_origin_are_invalidated() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, StampedeLayer::new).await;
+        let paths = ["/list", "/list/7", "/list/8", "/elsewhere"];
+        for path in paths {
+            cached_in_both(&apps, &url(path), &[]).await;
+        }
+        let version = origin.move_on();
+        let post = url("/list/?status=303&location=7&content-location=http://APP.test:80/list/8");
+        let changed = send(&apps[0], "POST", &post, &[]).await;
+        assert_eq!(changed.status, StatusCode::SEE_OTHER, "{}", shared.name);
+        for elsewhere in [
+            "/form?location=/list&content-location=http://other.test/elsewhere",
+            "/form?content-location=https://app.test/elsewhere",
+            "/form?location=//other.test/elsewhere",
+        ] {
+            let changed = send(&apps[0], "POST", &url(elsewhere), &[]).await;
+            assert_eq!(changed.status, StatusCode::OK, "{}", shared.name);
+        }
+        for path in ["/list", "/list/7", "/list/8"] {
+            for app in &apps {
+                eventually(app, &url(path), &[], version).await;
+            }
+        }
+        // `/list/` and `/form` were never stored; `/elsewhere` is of another origin each time.
+        let kept = get(&apps[1], &url("/elsewhere")).await;
+        assert_eq!(kept.x_cache(), "HIT", "{}", shared.name);
+        assert!(at_version(&kept.body, "/elsewhere", 1), "{}", shared.name);
+    }
+}
+
+/// RFC 9111 §4.4: every `Vary` variant of the URL is invalidated, in every instance, though
+/// the layer cannot list them: they hang off the URL's vary marker, which the change removes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_vary_variant_is_invalidated() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, StampedeLayer::new).await;
+        let uri = url("/varied?vary=accept-encoding");
+        let variants: [&[(&str, &str)]; 3] = [
+            &[("accept-encoding", "gzip")],
+            &[("accept-encoding", "br")],
+            &[],
+        ];
+        for headers in variants {
+            cached_in_both(&apps, &uri, headers).await;
+        }
+        let version = origin.move_on();
+        send(&apps[1], "POST", &uri, &[]).await;
+        for headers in variants {
+            for app in &apps {
+                let answer = eventually(app, &uri, headers, version).await;
+                let want = headers.first().map_or("", |(_, v)| *v);
+                assert!(
+                    answer.body.ends_with(want),
+                    "{}: {} for {want:?}",
+                    shared.name,
+                    answer.body
+                );
+            }
+        }
+        // One load per variant after the change.
+        assert_eq!(origin.calls.get(), 3 + 1 + 3, "{}", shared.name);
+    }
+}
+
+/// RFC 9111 §4.4: responses stored for requests with `Authorization` (keyed apart) are
+/// responses of the URL too, and go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_for_authorized_requests_are_invalidated_too() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, StampedeLayer::new).await;
+        let uri = url("/mine");
+        let bearer = [("authorization", "Bearer a")];
+        cached_in_both(&apps, &uri, &bearer).await;
+        cached_in_both(&apps, &uri, &[]).await;
+        let version = origin.move_on();
+        send(&apps[0], "DELETE", &uri, &[]).await;
+        for app in &apps {
+            eventually(app, &uri, &bearer, version).await;
+            eventually(app, &uri, &[], version).await;
+        }
+    }
+}
+
+/// The race (RFC 9111 §4.4 with a load in flight): a `GET` reads version 1, the resource
+/// moves to version 2 and a `POST` goes through while that load still runs. The load answers
+/// its own request with version 1, but cannot store it: every later `GET` reads version 2.
+/// With `Vary` too: the late load may store its variant, never the marker that leads to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_in_flight_when_its_url_changes_is_not_stored() {
+    for shared in Shared::both().await {
+        for path in [
+            "/raced?slow=300",
+            "/raced-vary?slow=300&vary=accept-encoding",
+        ] {
+            let origin = Origin::new();
+            let apps = apps(&shared, &origin, StampedeLayer::new).await;
+            let uri = url(path);
+            let read = origin.read.notified();
+            let slow = tokio::spawn({
+                let (app, uri) = (apps[0].clone(), uri.clone());
+                async move { get(&app, &uri).await }
+            });
+            read.await;
+            origin.move_on();
+            let changed = send(&apps[1], "POST", &uri, &[]).await;
+            assert_eq!(changed.status, StatusCode::OK);
+            let late = slow.await.unwrap();
+            assert!(late.body.contains(" v1 "), "{}: {}", shared.name, late.body);
+            let name = path.split('?').next().unwrap();
+            for app in &apps {
+                let answer = get(app, &uri).await;
+                assert!(
+                    at_version(&answer.body, name, 2),
+                    "{}: {path}: {} ({})",
+                    shared.name,
+                    answer.body,
+                    answer.x_cache()
+                );
+            }
+        }
+    }
+}
+
+/// A purge from application code, through the layer's [`Purger`]: the URL, every variant,
+/// is gone from every instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purger_purges_a_url_everywhere() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (a, layer) = instance(&shared, &origin, StampedeLayer::new).await;
+        let (b, _) = instance(&shared, &origin, StampedeLayer::new).await;
+        let apps = [a, b];
+        let purger = layer.purger();
+        let plain = url("/page");
+        let varied = url("/varied?vary=accept-encoding");
+        let gzip = [("accept-encoding", "gzip")];
+        cached_in_both(&apps, &plain, &[]).await;
+        cached_in_both(&apps, &varied, &gzip).await;
+        let version = origin.move_on();
+        purger.purge_url(&plain.parse().unwrap()).await.unwrap();
+        purger.purge_url(&varied.parse().unwrap()).await.unwrap();
+        for app in &apps {
+            eventually(app, &plain, &[], version).await;
+            eventually(app, &varied, &gzip, version).await;
+        }
+        // Keyed as the layer keys requests in origin-form, with their `Host`.
+        let host = [("host", "app.test")];
+        cached_in_both(&apps, "/hosted", &host).await;
+        let version = origin.move_on();
+        purger
+            .purge_url(&"http://app.test/hosted".parse().unwrap())
+            .await
+            .unwrap();
+        for app in &apps {
+            eventually(app, "/hosted", &host, version).await;
+        }
+        assert!(format!("{purger:?}").starts_with("Purger"));
+    }
+}
+
+/// Without [`StampedeLayer::purge`], a `PURGE` is an unsafe method like any other: it goes
+/// to the inner service, and its non-error response invalidates the URL (RFC 9111 §4.4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_endpoint_a_purge_goes_to_the_inner_service() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, StampedeLayer::new).await;
+        let uri = url("/page");
+        cached_in_both(&apps, &uri, &[]).await;
+        let version = origin.move_on();
+        let calls = origin.calls.get();
+        let purge = send(&apps[0], "PURGE", &uri, &[]).await;
+        assert_eq!(
+            purge.body, "changed",
+            "{}: the origin's answer",
+            shared.name
+        );
+        assert_eq!(origin.calls.get(), calls + 1, "{}", shared.name);
+        for app in &apps {
+            eventually(app, &uri, &[], version).await;
+        }
+    }
+}
+
+/// The layer for the endpoint tests: purges allowed with `Authorization: Bearer let-me`.
+fn purging(cache: Cache) -> StampedeLayer {
+    StampedeLayer::new(cache).purge(|request| {
+        request
+            .headers
+            .get("authorization")
+            .is_some_and(|v| v == "Bearer let-me")
+    })
+}
+
+/// The `PURGE` endpoint: refused without authorization (403, nothing removed, the inner
+/// service never called); allowed, it removes the URL (every variant) from every instance,
+/// and the inner service never sees it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_endpoint_removes_a_url_only_when_authorized() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, purging).await;
+        let uri = url("/varied?vary=accept-encoding");
+        let gzip = [("accept-encoding", "gzip")];
+        let body = cached_in_both(&apps, &uri, &gzip).await;
+        origin.move_on();
+        let calls = origin.calls.get();
+        for headers in [&[][..], &[("authorization", "Bearer guess")]] {
+            let refused = send(&apps[0], "PURGE", &uri, headers).await;
+            assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", shared.name);
+        }
+        assert_eq!(origin.calls.get(), calls, "{}: not called", shared.name);
+        for app in &apps {
+            let answer = send(app, "GET", &uri, &gzip).await;
+            assert_eq!(
+                (answer.x_cache(), answer.body.as_str()),
+                ("HIT", body.as_str())
+            );
+        }
+        let allowed = [("authorization", "Bearer let-me")];
+        let purged = send(&apps[1], "PURGE", &uri, &allowed).await;
+        assert_eq!(purged.status, StatusCode::OK, "{}", shared.name);
+        assert_eq!(purged.body, "purged\n");
+        assert_eq!(origin.calls.get(), calls, "{}: not called", shared.name);
+        for app in &apps {
+            eventually(app, &uri, &gzip, 2).await;
+        }
+    }
+}
+
+/// A store that cannot be reached: the unsafe method's response is still the origin's, a
+/// `PURGE` gets a 503 the layer says it made, and the purger's call is an error.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_is_logged_answered_503_or_an_error() {
+    let mut shared = Shared::redis().await;
+    let origin = Origin::new();
+    let (app, layer) = instance(&shared, &origin, purging).await;
+    let uri = url("/page");
+    assert_eq!(get(&app, &uri).await.x_cache(), "MISS");
+    shared.server_mut().kill();
+    let started = std::time::Instant::now();
+    let changed = send(&app, "POST", &format!("{uri}?status=201"), &[]).await;
+    assert_eq!(
+        (changed.status, changed.body.as_str()),
+        (StatusCode::CREATED, "changed")
+    );
+    let purge = send(&app, "PURGE", &uri, &[("authorization", "Bearer let-me")]).await;
+    assert_eq!(purge.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(purge.body.contains("not the origin"), "{}", purge.body);
+    let error = layer
+        .purger()
+        .purge_url(&uri.parse().unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), tower_stampede::ErrorKind::Store);
+    assert!(started.elapsed() < LIMIT, "no long wait");
+}
+
+/// Response tags: a response tagged `Surrogate-Key: a b` is stored with both tags (the field
+/// is not sent to clients), and a purge of either removes it from every instance, with every
+/// `Vary` variant that carries it; responses without the tag stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_a_tag_removes_every_response_that_carries_it() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (a, layer) = instance(&shared, &origin, StampedeLayer::new).await;
+        let (b, _) = instance(&shared, &origin, StampedeLayer::new).await;
+        let apps = [a, b];
+        let tagged = url("/tagged?tags=a+b");
+        let varied = url("/tagged-vary?tags=b+c&vary=accept-encoding");
+        let other = url("/other?tags=a+c");
+        let gzip = [("accept-encoding", "gzip")];
+        cached_in_both(&apps, &tagged, &[]).await;
+        cached_in_both(&apps, &varied, &gzip).await;
+        cached_in_both(&apps, &varied, &[]).await;
+        cached_in_both(&apps, &other, &[]).await;
+        for app in &apps {
+            let answer = get(app, &tagged).await;
+            assert!(
+                !answer.headers.contains_key("surrogate-key"),
+                "{}: the tags stay between origin and layer",
+                shared.name
+            );
+        }
+        let version = origin.move_on();
+        layer.purger().purge_tags(["b"]).await.unwrap();
+        for app in &apps {
+            let reloaded = eventually(app, &tagged, &[], version).await;
+            assert!(!reloaded.headers.contains_key("surrogate-key"));
+            eventually(app, &varied, &gzip, version).await;
+            eventually(app, &varied, &[], version).await;
+            let kept = get(app, &other).await;
+            assert_eq!(kept.x_cache(), "HIT", "{}: not tagged b", shared.name);
+            assert!(at_version(&kept.body, "/other", 1), "{}", shared.name);
+        }
+    }
+}
+
+/// `Cache-Tag` (comma-separated) tags a response too; with `keep_tag_headers(true)` the tag
+/// fields reach clients, from the origin and from the cache alike. Tag fields are read from
+/// the configured fields only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_tag_is_read_and_tag_fields_may_be_kept() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let keep = |cache| StampedeLayer::new(cache).keep_tag_headers(true);
+        let (app, layer) = instance(&shared, &origin, keep).await;
+        let uri = url("/cache-tag?cache-tag=x,y");
+        for mark in ["MISS", "HIT"] {
+            let answer = get(&app, &uri).await;
+            assert_eq!(answer.x_cache(), mark, "{}", shared.name);
+            assert_eq!(answer.headers["cache-tag"], "x,y", "{}: kept", shared.name);
+        }
+        let version = origin.move_on();
+        layer.purger().purge_tags(["y"]).await.unwrap();
+        eventually(&app, &uri, &[], version).await;
+
+        // Only `Surrogate-Key` read: `Cache-Tag` is neither a tag nor removed.
+        let only = |cache| {
+            StampedeLayer::new(cache).tag_headers([HeaderName::from_static("surrogate-key")])
+        };
+        let (app, layer) = instance(&shared, &origin, only).await;
+        let uri = url("/only-surrogate?cache-tag=z");
+        let first = get(&app, &uri).await;
+        assert_eq!(first.headers["cache-tag"], "z", "{}", shared.name);
+        layer.purger().purge_tags(["z"]).await.unwrap();
+        assert_eq!(get(&app, &uri).await.x_cache(), "HIT", "{}", shared.name);
+    }
+}
+
+/// What is accepted is bounded: a response with more than 128 tags (or a tag over 256
+/// bytes) is passed through, not stored, since a purge could not reach it; a `PURGE` with
+/// that many, or with a tag field that names none, is refused with a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tags_are_bounded() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (app, _) = instance(&shared, &origin, purging).await;
+        let many: Vec<String> = (0..129).map(|i| format!("t{i}")).collect();
+        let long = "x".repeat(257);
+        for tags in [many.join("+"), long.clone()] {
+            let uri = url(&format!("/many?tags={tags}"));
+            for _ in 0..2 {
+                let answer = get(&app, &uri).await;
+                assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
+                assert!(!answer.headers.contains_key("surrogate-key"));
+            }
+        }
+        let fine = url(&format!("/fine?tags={}", many[..128].join("+")));
+        assert_eq!(get(&app, &fine).await.x_cache(), "MISS", "{}", shared.name);
+        assert_eq!(get(&app, &fine).await.x_cache(), "HIT", "{}", shared.name);
+        let headers = [
+            ("authorization", "Bearer let-me"),
+            ("surrogate-key", &many.join(" ")),
+        ];
+        let refused = send(&app, "PURGE", &fine, &headers).await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", shared.name);
+        let none = [("authorization", "Bearer let-me"), ("surrogate-key", " ")];
+        let refused = send(&app, "PURGE", &fine, &none).await;
+        assert_eq!(
+            refused.status,
+            StatusCode::BAD_REQUEST,
+            "{}: no tag",
+            shared.name
+        );
+        assert_eq!(get(&app, &fine).await.x_cache(), "HIT", "{}", shared.name);
+    }
+}
+
+/// The `PURGE` endpoint with a `Surrogate-Key` field purges those tags instead of the URL
+/// (as Varnish's xkey does), and only when authorized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_endpoint_purges_tags_when_asked() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let apps = apps(&shared, &origin, purging).await;
+        let tagged = url("/tagged?tags=a+b");
+        let untagged = url("/untagged");
+        cached_in_both(&apps, &tagged, &[]).await;
+        cached_in_both(&apps, &untagged, &[]).await;
+        let version = origin.move_on();
+        let refused = send(&apps[0], "PURGE", &untagged, &[("surrogate-key", "b")]).await;
+        assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", shared.name);
+        assert_eq!(get(&apps[0], &tagged).await.x_cache(), "HIT");
+        let headers = [("authorization", "Bearer let-me"), ("surrogate-key", "x b")];
+        let purged = send(&apps[0], "PURGE", &untagged, &headers).await;
+        assert_eq!(purged.status, StatusCode::OK, "{}", shared.name);
+        for app in &apps {
+            eventually(app, &tagged, &[], version).await;
+            let kept = get(app, &untagged).await;
+            assert_eq!(kept.x_cache(), "HIT", "{}: tags, not the URL", shared.name);
+        }
+    }
+}
