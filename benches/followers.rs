@@ -35,6 +35,8 @@
 //! after the fill's round trip) or in another one (after the fill, the notification or poll,
 //! and a re-read).
 
+#[path = "shared/percentile.rs"]
+mod percentile;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -44,6 +46,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use percentile::percentile_ms;
 use tokio::sync::Barrier;
 use tower_stampede::store::Store;
 use tower_stampede::{Cache, Loaded, Outcome};
@@ -161,18 +164,6 @@ impl Bench {
             percentile_ms(remote, 99),
         )
     }
-}
-
-/// The nearest-rank percentile `p` (1..=100) of `samples`, in ms (0 if there are none).
-fn percentile_ms(samples: &[Duration], p: usize) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    let n = sorted.len();
-    if n == 0 {
-        return 0.0;
-    }
-    let rank = (p * n).div_ceil(100).clamp(1, n);
-    sorted[rank - 1].as_secs_f64() * 1000.0
 }
 
 /// What one round measured.
