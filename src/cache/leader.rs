@@ -198,11 +198,12 @@ impl Inner {
             armed: true,
         };
         let stamp = seen.stamp;
-        // Read before the load, where the key's last value had tags: a tag invalidation after
-        // this read outdates the value. Elsewhere (most keys have no tags) no round trip: a
-        // first tagged value gets clock 0, which any past invalidation of its tags outdates,
-        // and its reload then reads the clock.
-        let clock = if seen.tagged {
+        // Read before the load, where tags may come back (the key's last value had tags, or
+        // a loader of this process has returned tags): a tag invalidation after this read
+        // outdates the value. Elsewhere (an application without tags) no round trip: a first
+        // tagged value gets clock 0, which any past invalidation of its tags outdates, and
+        // its reload then reads the clock.
+        let clock = if seen.tagged || self.tags_seen.load(Ordering::Relaxed) {
             self.tag_clock().await
         } else {
             Some(0)
@@ -237,6 +238,9 @@ impl Inner {
             }
         };
         let digest = *guard.key.digest();
+        if !loaded.tags.is_empty() {
+            self.tags_seen.store(true, Ordering::Relaxed);
+        }
         let tagged = Self::tagged(loaded.tags, clock);
         match (loaded.kind, tagged) {
             (LoadedKind::Value { bytes, .. }, Err(())) => {

@@ -71,7 +71,7 @@ pub(crate) mod telemetry;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -106,6 +106,9 @@ struct Inner {
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
     /// Keys with an early refresh in progress in this process.
     refreshing: Mutex<HashSet<KeyDigest>>,
+    /// Whether a loader of this process has returned tags: from then on every leader reads
+    /// the tag clock before its load (see the `tags` module).
+    tags_seen: AtomicBool,
     next_flight: AtomicU64,
     counters: Counters,
 }
@@ -144,6 +147,7 @@ impl Cache {
                 config,
                 flights: Mutex::new(HashMap::new()),
                 refreshing: Mutex::new(HashSet::new()),
+                tags_seen: AtomicBool::new(false),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
