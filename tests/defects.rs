@@ -276,3 +276,24 @@ async fn early_refresh_is_about_one_load_per_ttl_at_any_rate() {
     assert!(per_ttl <= 1.4, "{per_ttl} loads per TTL");
     assert_eq!(waited, 0, "nobody waits for an early refresh");
 }
+
+/// Hostile settings: TTLs and windows of `Duration::MAX` must not overflow a clock and panic.
+#[tokio::test(start_paused = true)]
+async fn durations_of_any_size_never_panic() {
+    let shared = Shared::memory();
+    let cache = shared
+        .cache()
+        .ttl(Duration::MAX)
+        .stale(Duration::MAX)
+        .l1_ttl_cap(Duration::MAX)
+        .circuit_breaker(1, Duration::MAX)
+        .build();
+    let loads = Counter::default();
+    for _ in 0..3 {
+        let fetched = cache.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+        assert_eq!(fetched.value().unwrap(), "v");
+    }
+    cache.expire("k").await.unwrap();
+    let fetched = cache.fetch("k", loader(&loads, Ok("w"))).await.unwrap();
+    assert!(fetched.value().is_some());
+}

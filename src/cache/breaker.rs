@@ -105,7 +105,7 @@ impl Breaker {
                     "store failing: circuit open, loading with in-process protection only"
                 );
                 *state = State::Open {
-                    until: Instant::now() + self.open_for,
+                    until: crate::sync::later(Instant::now(), self.open_for),
                     probing: false,
                 };
                 telemetry::breaker_open(true);
@@ -125,7 +125,7 @@ impl Breaker {
             telemetry::breaker_open(false);
         } else {
             *state = State::Open {
-                until: Instant::now() + self.open_for,
+                until: crate::sync::later(Instant::now(), self.open_for),
                 probing: false,
             };
         }

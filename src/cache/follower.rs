@@ -337,7 +337,7 @@ impl Inner {
                         load_time,
                     )
                     .await;
-                    let fresh_until = Instant::now() + fresh_for;
+                    let fresh_until = crate::sync::later(Instant::now(), fresh_for);
                     let due = self.refresh_point(fresh_until, load_time);
                     if due.is_some_and(|at| Instant::now() >= at) {
                         self.refresh_early(digest, loader, fresh_until);

@@ -151,7 +151,7 @@ impl Inner {
         let Some(stamp) = stamp else { return };
         if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
             let now = Instant::now();
-            let fresh_until = now + fresh_for;
+            let fresh_until = crate::sync::later(now, fresh_for);
             let entry = L1Entry {
                 refresh_at: self.refresh_point(fresh_until, load_time),
                 value,
@@ -159,7 +159,7 @@ impl Inner {
                 fresh_until,
                 stamp,
                 tags,
-                until: now + ttl,
+                until: crate::sync::later(now, ttl),
             };
             // Counted before the insert, so the listener never takes off what was not added.
             let weight = u64::from(entry.weight());

@@ -129,7 +129,8 @@ impl Inner {
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
-        let mut renew = tokio::time::interval_at(Instant::now() + period, period);
+        let mut renew =
+            tokio::time::interval_at(crate::sync::later(Instant::now(), period), period);
         loop {
             tokio::select! {
                 joined = &mut task => {
@@ -181,7 +182,7 @@ impl Inner {
             if let Some(left) = self.stale_window_left(stale) {
                 // Servable to the callers that join this flight only while it is within the
                 // stale window; later joiners wait for the load's answer.
-                let until = Instant::now() + left;
+                let until = crate::sync::later(Instant::now(), left);
                 early.send_replace(Some((
                     Ok(Fetched {
                         value: Some(stale.payload.clone()),

@@ -172,7 +172,10 @@ impl Inner {
                 (LockState::HeldElsewhere, Some((_, ttl))) => {
                     // Being refreshed elsewhere: follow it while the value is fresh.
                     let until = *fresh_until.get_or_insert_with(|| {
-                        Instant::now() + ttl.unwrap_or_default().saturating_sub(config.keep())
+                        crate::sync::later(
+                            Instant::now(),
+                            ttl.unwrap_or_default().saturating_sub(config.keep()),
+                        )
                     });
                     let now = Instant::now();
                     if now >= until {
