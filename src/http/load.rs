@@ -88,7 +88,7 @@ where
 {
     let request = match slot.claim(&step).await {
         Claim::Request(request) => request,
-        Claim::Restore(marker) => return restore(&marker),
+        Claim::Restore(marker) => return restore(&loading.cache, &primary, &marker).await,
         Claim::Gone => return Err("the request was already sent".into()),
     };
     let (mut parts, body) = request.into_parts();
@@ -230,12 +230,27 @@ where
 /// A run of the URL's loader whose request went to the variant's loader: the marker is stored
 /// again for what it had left (at least a second), instead of a load without a request.
 ///
-/// Under a generation of its own: this run may have taken the lock after the URL was
-/// invalidated (an early refresh of a marker read before), and the old generation would make
-/// the variants from before the invalidation reachable again.
-fn restore(marker: &VaryMarker) -> Result<Loaded, BoxError> {
+/// It keeps its generation, so the URL's variants stay reachable (and a stale one can still
+/// stand in for a failed load), if the store still holds that very marker. Otherwise (the URL
+/// was invalidated since the request read the marker) it takes a generation of its own, or the
+/// variants from before the invalidation would be reachable again. This run holds the URL's
+/// lock, so an invalidation after this read voids it and its fill is refused: either way no
+/// old variant comes back. One store read, once per marker that goes stale.
+async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Loaded, BoxError> {
+    let stored = cache.store().get(&cache.store_key(primary)).await;
+    let still_there = stored.ok().flatten().is_some_and(|stored| {
+        matches!(
+            crate::cache::entry::decode(&stored.bytes),
+            Ok(crate::cache::entry::Entry::Value { payload, .. })
+                if matches!(codec::decode(&payload), Ok(codec::Stored::Vary(held)) if held.generation == marker.generation)
+        )
+    });
     let marker = VaryMarker {
-        generation: rand::random(),
+        generation: if still_there {
+            marker.generation
+        } else {
+            rand::random()
+        },
         ..marker.clone()
     };
     let entry = codec::encode_vary(&marker).ok_or("the vary marker cannot be encoded")?;
