@@ -21,11 +21,28 @@ use super::{
 ///
 /// Time is read from [`tokio::time::Instant`], so tests with paused time can drive it.
 /// Expired entries are swept as writes happen, at an amortised constant cost per write.
-#[derive(Clone, Default)]
+///
+/// Its values are bounded in bytes ([`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) unless
+/// [`with_capacity`](Self::with_capacity) says otherwise): past the bound, a write evicts the
+/// least recently used of a few sampled values, as Redis's `allkeys-lru` does, so distinct
+/// keys (a URL's every query string) cannot grow it without limit before their TTLs pass.
+#[derive(Clone)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
     notifier: Notifier,
 }
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::with_capacity(MemoryStore::DEFAULT_CAPACITY)
+    }
+}
+
+/// What a value costs the store besides its bytes: its key and the maps' bookkeeping, about.
+const VALUE_OVERHEAD: usize = 160;
+
+/// How many values an eviction compares (Redis's `maxmemory-samples` default).
+const EVICTION_SAMPLES: usize = 5;
 
 /// Who holds a lock: a leader, or the marker of a failed load (which no token opens).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -37,6 +54,12 @@ enum Holder {
 #[derive(Default)]
 struct State {
     values: HashMap<StoreKey, (Bytes, Instant)>,
+    /// When each value was last written or read, on a counter of accesses (for eviction).
+    used: HashMap<StoreKey, u64>,
+    accesses: u64,
+    /// The bytes the values cost, and the most they may.
+    bytes: usize,
+    capacity: usize,
     locks: HashMap<StoreKey, (Holder, Instant)>,
     writes_since_sweep: usize,
     /// Tag clocks by namespace, and the clock at which each tag was last invalidated.
@@ -45,14 +68,58 @@ struct State {
 }
 
 impl State {
-    fn live_value(&self, key: &StoreKey, now: Instant) -> Option<Stored> {
-        self.values
+    fn live_value(&mut self, key: &StoreKey, now: Instant) -> Option<Stored> {
+        let stored = self
+            .values
             .get(key)
             .filter(|(_, expires)| *expires > now)
             .map(|(bytes, expires)| Stored {
                 bytes: bytes.clone(),
                 ttl: Some(truncate_to_millis(*expires - now)),
-            })
+            });
+        if stored.is_some() {
+            self.touch(key);
+        }
+        stored
+    }
+
+    fn touch(&mut self, key: &StoreKey) {
+        self.accesses += 1;
+        if let Some(used) = self.used.get_mut(key) {
+            *used = self.accesses;
+        }
+    }
+
+    /// Stores a value, then evicts past the capacity.
+    fn insert_value(&mut self, key: &StoreKey, bytes: Bytes, expires: Instant) {
+        self.remove_value(key);
+        self.bytes += bytes.len() + VALUE_OVERHEAD;
+        self.values.insert(key.clone(), (bytes, expires));
+        self.accesses += 1;
+        self.used.insert(key.clone(), self.accesses);
+        while self.bytes > self.capacity && !self.values.is_empty() {
+            self.evict_one();
+        }
+    }
+
+    fn remove_value(&mut self, key: &StoreKey) -> Option<(Bytes, Instant)> {
+        let removed = self.values.remove(key)?;
+        self.used.remove(key);
+        self.bytes = self.bytes.saturating_sub(removed.0.len() + VALUE_OVERHEAD);
+        Some(removed)
+    }
+
+    /// Evicts the least recently used of a few sampled values.
+    fn evict_one(&mut self) {
+        let victim = self
+            .used
+            .iter()
+            .take(EVICTION_SAMPLES)
+            .min_by_key(|(_, used)| **used)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = victim {
+            self.remove_value(&key);
+        }
     }
 
     fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<Holder> {
@@ -67,7 +134,15 @@ impl State {
     fn wrote(&mut self, now: Instant) {
         self.writes_since_sweep += 1;
         if self.writes_since_sweep > self.values.len() + self.locks.len() {
-            self.values.retain(|_, (_, expires)| *expires > now);
+            let expired: Vec<StoreKey> = self
+                .values
+                .iter()
+                .filter(|(_, (_, expires))| *expires <= now)
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in &expired {
+                self.remove_value(key);
+            }
             self.locks.retain(|_, (_, expires)| *expires > now);
             self.writes_since_sweep = 0;
         }
@@ -84,9 +159,30 @@ fn expiry(now: Instant, ttl: Duration) -> Instant {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// The bound on a store's values unless [`with_capacity`](Self::with_capacity) gives
+    /// another: 256 MiB (values plus about 160 bytes each for their keys).
+    pub const DEFAULT_CAPACITY: usize = 256 << 20;
+
+    /// An empty store, its values bounded by [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY).
     pub fn new() -> Self {
         MemoryStore::default()
+    }
+
+    /// An empty store whose values cost at most `bytes` (each value counts its bytes and about
+    /// 160 more for its key); past it, writes evict the least recently used values.
+    pub fn with_capacity(bytes: usize) -> Self {
+        MemoryStore {
+            state: Arc::new(Mutex::new(State {
+                capacity: bytes,
+                ..State::default()
+            })),
+            notifier: Notifier::default(),
+        }
+    }
+
+    /// What the values held cost now, in bytes (see [`with_capacity`](Self::with_capacity)).
+    pub fn bytes(&self) -> usize {
+        self.state().bytes
     }
 
     /// How many values the store holds, expired ones that were not swept yet included.
@@ -147,7 +243,7 @@ impl MemoryStore {
         if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
             return false;
         }
-        state.values.insert(key.clone(), (value, expiry(now, ttl)));
+        state.insert_value(key, value, expiry(now, ttl));
         state.locks.remove(key);
         state.wrote(now);
         drop(state);
@@ -170,7 +266,7 @@ impl MemoryStore {
     fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) {
         let now = Instant::now();
         let mut state = self.state();
-        state.values.insert(key.clone(), (value, expiry(now, ttl)));
+        state.insert_value(key, value, expiry(now, ttl));
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);
@@ -198,11 +294,10 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.state();
         let old = state
-            .values
-            .remove(key)
+            .remove_value(key)
             .filter(|(_, expires)| *expires > now);
-        if let Some(new) = value(old, now) {
-            state.values.insert(key.clone(), new);
+        if let Some((bytes, expires)) = value(old, now) {
+            state.insert_value(key, bytes, expires);
         }
         state.locks.remove(key);
         state.wrote(now);

@@ -254,3 +254,47 @@ async fn fills_releases_puts_and_failures_wake_watchers() {
     let woken = tokio::time::timeout(SECOND, watch.changed()).await;
     assert!(woken.is_err(), "no notification, no wake");
 }
+
+/// A flood of distinct keys (a URL's every query string) stays under the store's capacity:
+/// writes past it evict the least recently used values (issue 16: the embedded default had no
+/// bound), and a value read all along is never the one evicted.
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_distinct_keys_stays_under_the_capacity() {
+    let capacity = 64 * 1024;
+    let store = MemoryStore::with_capacity(capacity);
+    let hot = key("hot");
+    store
+        .put(&hot, Bytes::from(vec![b'h'; 1024]), 60 * SECOND)
+        .await
+        .unwrap();
+    for i in 0..2000 {
+        let flood = key(&format!("flood-{i}"));
+        store
+            .put(&flood, Bytes::from(vec![b'x'; 1024]), 60 * SECOND)
+            .await
+            .unwrap();
+        assert!(
+            store.bytes() <= capacity,
+            "{} bytes after {i}",
+            store.bytes()
+        );
+        assert!(
+            store.get(&hot).await.unwrap().is_some(),
+            "the hot value evicted at {i}"
+        );
+    }
+    assert!(store.len() < 2000 / 10, "{} values kept", store.len());
+    // Values that expire or are removed give their bytes back.
+    store.invalidate(&hot).await.unwrap();
+    let before = store.bytes();
+    tokio::time::advance(61 * SECOND).await;
+    for i in 0..200 {
+        let fresh = key(&format!("later-{i}"));
+        store
+            .put(&fresh, Bytes::from_static(b"v"), SECOND)
+            .await
+            .unwrap();
+    }
+    assert!(store.bytes() < before, "{} then {}", before, store.bytes());
+    assert_eq!(MemoryStore::new().bytes(), 0);
+}
