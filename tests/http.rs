@@ -607,7 +607,7 @@ async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
         let origin = Counter::default();
         // The first load is slow (δ = 300 ms): its refresh point is drawn at least δ (and with
         // β = 3, on average 4δ) before the page's one second of freshness ends, so hits for
-        // 850 ms reach it, and the 10 ms refresh ends well before the page does.
+        // 800 ms reach it, and the 10 ms refresh ends well before the page does.
         let handler = {
             let origin = origin.clone();
             move || async move {
@@ -629,7 +629,7 @@ async fn a_hot_page_is_refreshed_early_while_every_request_hits() {
         assert_eq!(body, "version 1");
         let mut refreshed = false;
         let hitting = std::time::Instant::now();
-        while hitting.elapsed() < Duration::from_millis(850) {
+        while hitting.elapsed() < Duration::from_millis(800) {
             let (status, headers, body) = send(&app, "GET", "http://app.test/hot").await;
             assert_eq!(status, StatusCode::OK, "{}", shared.name);
             assert_eq!(x_cache(&headers), Some("HIT"), "{}", shared.name);
