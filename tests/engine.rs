@@ -1565,7 +1565,7 @@ async fn early_refresh_keeps_a_hot_key_fresh_at_about_one_load_per_ttl() {
         }
     }
     assert!(waited.is_empty(), "requests waited for a load: {waited:?}");
-    // Refreshes come a little (δ·(1 + β·(−ln u)), about 60 ms on average) before each expiry.
+    // Refreshes come a little (δ·(1.1 + β·(−ln u)), about 62 ms on average) before each expiry.
     let loads = loads.get();
     assert!((10..=13).contains(&loads), "{loads} loads in 10 s");
 }

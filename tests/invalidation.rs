@@ -50,7 +50,10 @@ impl Database {
     }
 }
 
-/// `count` app instances over the shared store, each with its own connections.
+/// `count` app instances over the shared store, each with its own connections, each
+/// subscribed to the namespace's notifications (a first flight subscribes; the instances wait
+/// until a change made by the first one reaches each of them, so no test races a subscription
+/// still on its way).
 async fn instances(
     shared: &Shared,
     count: usize,
@@ -60,6 +63,31 @@ async fn instances(
     for _ in 0..count {
         let store = shared.other_process().await;
         instances.push(tune(Cache::builder_shared(store).namespace("test")).build());
+    }
+    let probe = "subscription probe";
+    for cache in &instances {
+        let _ = cache
+            .get_or_load(probe, || async { Ok::<_, std::io::Error>(Bytes::new()) })
+            .await;
+    }
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    for cache in &instances {
+        let Some(notifier) = cache.store().notifier() else {
+            continue;
+        };
+        let digest = *cache.store_key(probe).digest();
+        loop {
+            let before = notifier.stamp_anyway(&digest);
+            instances[0].invalidate(probe).await.unwrap();
+            let heard = tokio::time::Instant::now() + Duration::from_millis(50);
+            while notifier.stamp_anyway(&digest) == before && tokio::time::Instant::now() < heard {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if notifier.stamp_anyway(&digest) != before {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never subscribed");
+        }
     }
     instances
 }

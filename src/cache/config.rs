@@ -155,9 +155,9 @@ impl CacheBuilder {
     /// Probabilistic early refresh (after "XFetch", Vattani et al., VLDB 2015): the first hit
     /// past a value's refresh point refreshes it in the background, before it expires. The
     /// point is drawn once per value and process, when the value is read from the store:
-    /// `δ·(1 + β·(−ln u))` before its expiry, with `δ` the value's last load time, `u` uniform
-    /// in (0, 1] and `β` this setting. So the refresh starts at least one load time ahead (and
-    /// ends before the value does, nobody waiting for it), `β` spreads the processes' points
+    /// `δ·(1.1 + β·(−ln u))` before its expiry, with `δ` the value's last load time, `u`
+    /// uniform in (0, 1] and `β` this setting. So the refresh starts more than one load time
+    /// ahead (and ends before the value does, nobody waiting for it), `β` spreads the processes' points
     /// over a further `δ·β` on average, and how often the key is hit does not make it refresh
     /// earlier: about one load per TTL at any request rate. A key not hit past its point is
     /// not refreshed early. The refresh takes the store's lock as any reload does, so it is

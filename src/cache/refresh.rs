@@ -22,11 +22,15 @@ use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
 /// refreshes due (the store's clock is read a round trip away).
 const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
 
+/// How many load times ahead of its expiry a refresh starts at the least.
+const MARGIN: f64 = 1.1;
+
 /// How long before its expiry a value whose load took `load_time` (δ, at least 1 ms) is
-/// refreshed, for `β` = `beta` and `draw` a uniform number in [0, 1): `δ·(1 + β·(−ln u))` with
-/// `u` = 1 − the draw, or `None` when β is not positive (no early refresh). At least one load
-/// time ahead, so the refresh ends before the value does; `β` scales a random share of mean
-/// `δ·β` on top, which spreads refreshes (XFetch, Vattani et al., VLDB 2015, with one draw per
+/// refreshed, for `β` = `beta` and `draw` a uniform number in [0, 1): `δ·(1.1 + β·(−ln u))`
+/// with `u` = 1 − the draw, or `None` when β is not positive (no early refresh). A tenth more
+/// than one load time ahead, so a refresh as long as the last load ends before the value does
+/// (exactly one load time would tie with it); `β` scales a random share of mean `δ·β` on top,
+/// which spreads refreshes (XFetch, Vattani et al., VLDB 2015, with one draw per
 /// value instead of one per request).
 fn lead_time(load_time: Duration, beta: f64, draw: impl FnOnce() -> f64) -> Option<Duration> {
     if beta <= 0.0 || beta.is_nan() {
@@ -34,7 +38,7 @@ fn lead_time(load_time: Duration, beta: f64, draw: impl FnOnce() -> f64) -> Opti
     }
     let delta = load_time.max(Duration::from_millis(1)).as_secs_f64();
     let u = 1.0 - draw();
-    Some(Duration::try_from_secs_f64(delta * (1.0 - beta * u.ln())).unwrap_or(Duration::MAX))
+    Some(Duration::try_from_secs_f64(delta * (MARGIN - beta * u.ln())).unwrap_or(Duration::MAX))
 }
 
 /// Marks an early refresh of a key as over when dropped, however its task ends.
@@ -208,11 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn at_least_one_load_time_ahead_and_beta_scales_the_rest() {
-        // u = 1 (a draw of 0): exactly one load time.
-        assert_eq!(lead_time(MS * 100, 1.0, || 0.0), Some(MS * 100));
-        // u = e^-1: one more load time times β.
-        let draw = || 1.0 - (-1.0f64).exp();
+    fn more_than_one_load_time_ahead_and_beta_scales_the_rest() {
         let near = |got: Option<Duration>, want: Duration| {
             let got = got.unwrap();
             assert!(
@@ -220,10 +220,17 @@ mod tests {
                 "{got:?} {want:?}"
             );
         };
-        near(lead_time(MS * 100, 1.0, draw), MS * 200);
-        near(lead_time(MS * 100, 2.0, draw), MS * 300);
+        // u = 1 (a draw of 0): a tenth more than one load time.
+        near(lead_time(MS * 100, 1.0, || 0.0), MS * 110);
+        // u = e^-1: one more load time times β.
+        let draw = || 1.0 - (-1.0f64).exp();
+        near(lead_time(MS * 100, 1.0, draw), MS * 210);
+        near(lead_time(MS * 100, 2.0, draw), MS * 310);
         // A load time under 1 ms counts as 1 ms.
-        near(lead_time(Duration::ZERO, 1.0, draw), MS * 2);
+        near(
+            lead_time(Duration::ZERO, 1.0, draw),
+            Duration::from_micros(2100),
+        );
         // The largest draw is bounded, never a panic.
         assert!(lead_time(MS * 100, f64::MAX, || 0.999_999).is_some());
     }
