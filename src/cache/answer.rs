@@ -21,6 +21,7 @@ pub struct Loaded {
 pub(super) enum LoadedKind {
     Value { bytes: Bytes, ttl: Option<Duration> },
     Pass,
+    ForWaiters { bytes: Bytes },
 }
 
 impl Loaded {
@@ -48,6 +49,23 @@ impl Loaded {
     pub fn pass() -> Self {
         Loaded {
             kind: LoadedKind::Pass,
+            tags: Vec::new(),
+        }
+    }
+
+    /// A result that is not kept, but that the calls waiting for this load get as well, in
+    /// this process and in every other that shares the store: not a failure they share (see
+    /// [`failure_ttl`](CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
+    /// of them to the backend. A call that starts after the load ended does not get it: it
+    /// loads again, one load at a time across processes, as for any miss.
+    ///
+    /// Where a stale value may stand in for a failed load (see
+    /// [`stale_if_error`](CacheBuilder::stale_if_error)), it does, and this result is treated
+    /// as a failure; an early refresh that gets it keeps the value it refreshes. The HTTP layer
+    /// answers this way for an origin's server error without explicit freshness.
+    pub fn for_waiters(bytes: Bytes) -> Self {
+        Loaded {
+            kind: LoadedKind::ForWaiters { bytes },
             tags: Vec::new(),
         }
     }

@@ -93,6 +93,16 @@ impl Config {
     pub(crate) fn keep(&self) -> Duration {
         self.stale.max(self.stale_if_error())
     }
+
+    /// How long a waiters' answer stays in the store: long enough for every follower to read
+    /// it (the longest pause between a follower's reads, twice, and a store call), at least a
+    /// second.
+    pub(crate) fn waiters_ttl(&self) -> Duration {
+        self.backoff_max
+            .saturating_mul(2)
+            .saturating_add(self.store_timeout)
+            .max(Duration::from_secs(1))
+    }
 }
 
 /// Builds a [`Cache`]; see [`Cache::builder`]. Every setter documents its default.
@@ -179,7 +189,9 @@ impl CacheBuilder {
     /// How long a failed load is remembered: until then, every process's callers of the key
     /// fail at once with [`ErrorKind::RecentFailure`](crate::ErrorKind::RecentFailure) (or get
     /// the stale value) instead of calling the failing backend again; one load per window
-    /// retries. 0 turns it off (each follower then retries in turn). Default: 1 s.
+    /// retries. 0 turns it off (each follower then retries in turn). Default: 1 s. A result
+    /// for the waiters ([`Loaded::for_waiters`](crate::Loaded::for_waiters)) is no failure:
+    /// it goes to the calls that waited, and nothing is remembered.
     pub fn failure_ttl(mut self, failure_ttl: Duration) -> Self {
         self.config.failure_ttl = failure_ttl;
         self

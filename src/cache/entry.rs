@@ -7,6 +7,9 @@
 //! A value with tags (kind 2) has, between the header and the payload, the tag clock read
 //! before its load (u64) and its tags (a u16 count, then each tag's 32-byte digest).
 //!
+//! A waiters' answer (kind 3) is the payload of a load whose result is not kept (see
+//! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it.
+//!
 //! The header tells values from "pass" markers and carries how long the load took, and its
 //! magic lets the engine tell its own entries from foreign or corrupt bytes, which are treated
 //! as a miss and overwritten.
@@ -22,6 +25,7 @@ const VERSION: u8 = 1;
 const KIND_VALUE: u8 = 0;
 const KIND_PASS: u8 = 1;
 const KIND_TAGGED: u8 = 2;
+const KIND_WAITERS: u8 = 3;
 /// The most tags a value may carry.
 pub(crate) const MAX_TAGS: usize = 1024;
 /// Length of the header in front of the payload.
@@ -38,6 +42,9 @@ pub(crate) enum Entry {
     },
     /// "Do not wait for this key, go to the backend": its last load was not cacheable.
     Pass,
+    /// The result of the last load, for the calls that waited for it only: a call that
+    /// started after it was written loads again.
+    ForWaiters { payload: Bytes },
 }
 
 /// The tags of a value: the namespace's tag clock read before the value was loaded, and the
@@ -78,6 +85,14 @@ pub(crate) fn encode_value(
     let encoded = buf.freeze();
     let payload = encoded.slice(start..);
     (encoded, payload)
+}
+
+/// Encodes a waiters' answer.
+pub(crate) fn encode_for_waiters(payload: &[u8], load_time: Duration) -> Bytes {
+    let mut buf = BytesMut::with_capacity(HEADER_LEN + payload.len());
+    put_header(&mut buf, KIND_WAITERS, load_time);
+    buf.put_slice(payload);
+    buf.freeze()
 }
 
 /// Encodes a pass marker.
@@ -132,6 +147,9 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
             })
         }
         KIND_PASS if bytes.len() == HEADER_LEN => Ok(Entry::Pass),
+        KIND_WAITERS => Ok(Entry::ForWaiters {
+            payload: bytes.slice(HEADER_LEN..),
+        }),
         _ => Err(Corrupt),
     }
 }
@@ -166,6 +184,12 @@ mod tests {
             })
         );
         assert_eq!(decode(&encode_pass()), Ok(Entry::Pass));
+        assert_eq!(
+            decode(&encode_for_waiters(b"503", Duration::ZERO)),
+            Ok(Entry::ForWaiters {
+                payload: Bytes::from_static(b"503")
+            })
+        );
         assert_eq!(
             decode(&encode_value(b"", Duration::MAX, None).0),
             Ok(Entry::Value {

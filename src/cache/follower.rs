@@ -302,6 +302,27 @@ impl Inner {
             if let Some(stale) = stale.take_if(|_| serve_stale) {
                 return Ok(stale.answer());
             }
+            if let Some((Ok(Entry::ForWaiters { payload }), ttl)) = &found.entry {
+                // The result of a load that kept nothing, for the calls that waited for it:
+                // this one did if it was written since this flight first read the key (its
+                // age, from the store's own clock, is less than this flight's wait).
+                let written_ago = config.waiters_ttl().saturating_sub(ttl.unwrap_or_default());
+                if followed && written_ago < started.elapsed() {
+                    if found.lock == LockState::Acquired {
+                        spawn_release(&self.store, &key, token);
+                    }
+                    return Ok(Fetched {
+                        value: Some(payload.clone()),
+                        outcome: Outcome::Follower,
+                    });
+                }
+                if found.lock == LockState::NotRequested && !overwriting {
+                    // An earlier load's result: this call loads (or follows the load that
+                    // does), although the store calls the key fresh.
+                    overwrite = true;
+                    continue;
+                }
+            }
             let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {

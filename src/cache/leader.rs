@@ -212,6 +212,23 @@ impl Inner {
         let started = Instant::now();
         let loaded = self.load(loader, Some((&guard.key, token))).await;
         let load_time = started.elapsed();
+        // A result for the waiters only is a failed load where a stale value stands in for
+        // it, and for an early refresh (nobody waits; the value it refreshes stays).
+        let loaded = match loaded {
+            Ok(Loaded {
+                kind: LoadedKind::ForWaiters { .. },
+                ..
+            }) if seen.speculative
+                || stale
+                    .as_ref()
+                    .is_some_and(|stale| self.serves_on_error(stale)) =>
+            {
+                Err(Error::load(
+                    "the load's result is for its waiters only".into(),
+                ))
+            }
+            loaded => loaded,
+        };
         let loaded = match loaded {
             Ok(loaded) => loaded,
             Err(error) => {
@@ -305,6 +322,24 @@ impl Inner {
                     outcome: Outcome::Leader,
                 })
             }
+            (LoadedKind::ForWaiters { bytes }, _) => {
+                // Kept for as long as the followers take to read it; never in L1.
+                let answer = entry::encode_for_waiters(&bytes, load_time);
+                let ttl = self.config.waiters_ttl();
+                if let Ok(filled) = self
+                    .store_call(self.store.fill(&guard.key, token, answer, ttl))
+                    .await
+                {
+                    guard.disarm();
+                    if !filled {
+                        telemetry::lock(LockEvent::Lost);
+                    }
+                }
+                Ok(Fetched {
+                    value: Some(bytes),
+                    outcome: Outcome::Leader,
+                })
+            }
             (LoadedKind::Pass, _) => {
                 let pass = entry::encode_pass();
                 if let Ok(true | false) = self
@@ -355,6 +390,10 @@ impl Inner {
                     outcome,
                 })
             }
+            LoadedKind::ForWaiters { bytes } => Ok(Fetched {
+                value: Some(bytes),
+                outcome,
+            }),
             LoadedKind::Pass => Ok(Fetched {
                 value: None,
                 outcome: Outcome::Pass,
@@ -373,11 +412,20 @@ impl Inner {
         let clock = self.tag_clock().await;
         let started = Instant::now();
         let loaded = self.load(loader, None).await?;
-        let LoadedKind::Value { bytes, ttl } = loaded.kind else {
-            return Ok(Fetched {
-                value: None,
-                outcome: Outcome::Pass,
-            });
+        let (bytes, ttl) = match loaded.kind {
+            LoadedKind::Value { bytes, ttl } => (bytes, ttl),
+            LoadedKind::ForWaiters { bytes } => {
+                return Ok(Fetched {
+                    value: Some(bytes),
+                    outcome: Outcome::Leader,
+                })
+            }
+            LoadedKind::Pass => {
+                return Ok(Fetched {
+                    value: None,
+                    outcome: Outcome::Pass,
+                })
+            }
         };
         let Ok(tagged) = Self::tagged(loaded.tags, clock) else {
             warn!(
