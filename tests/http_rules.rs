@@ -1300,3 +1300,155 @@ async fn a_varying_hot_page_is_refreshed_early_and_always_answered() {
         assert!(last >= 2, "{}: refreshed", shared.name);
     }
 }
+
+/// RFC 9213 §2.1: the first targeted field on the cache's list that is valid and not empty
+/// decides (the operator's own field, then `CDN-Cache-Control`), and `Cache-Control` and
+/// `Expires` are then ignored for this cache; §2.2: an invalid one is ignored itself. The
+/// targeted fields are forwarded downstream unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targeted_fields_outrank_cache_control_rfc_9213() {
+    for shared in Shared::both().await {
+        let origin = Origin::default();
+        let strict = apps(&shared, &origin, StampedeLayer::new);
+        let own = apps(&shared, &origin, |cache| {
+            StampedeLayer::new(cache).policy(
+                RfcPolicy::new().targeted_field(HeaderName::from_static("stampede-cache-control")),
+            )
+        });
+        let cdn = |value: &str| h("cdn-cache-control", value);
+        let cc = |value: &str| h("cache-control", value);
+        let cases: [(&str, Vec<Pair>, [&str; 3]); 5] = [
+            (
+                "/cdn-stores",
+                vec![("h", cdn("max-age=60")), ("h", cc("no-store"))],
+                CACHED,
+            ),
+            (
+                "/cdn-forbids",
+                vec![("h", cdn("no-store")), ("h", cc("max-age=60"))],
+                PASSED,
+            ),
+            (
+                "/cdn-invalid",
+                vec![("h", cdn("max-age=\"60")), ("h", cc("max-age=60"))],
+                CACHED,
+            ),
+            (
+                "/cdn-private",
+                vec![("h", cdn("private")), ("h", cc("public, max-age=60"))],
+                PASSED,
+            ),
+            (
+                "/cdn-ignores-expires",
+                vec![
+                    ("h", cdn("public")),
+                    (
+                        "h",
+                        h(
+                            "expires",
+                            &httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(600)),
+                        ),
+                    ),
+                ],
+                PASSED,
+            ),
+        ];
+        for (path, pairs, want) in &cases {
+            let pairs: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+            let uri = url(path, &pairs);
+            let calls = origin.calls();
+            assert_eq!(
+                three_times(&strict, &uri).await,
+                *want,
+                "{}: {path}",
+                shared.name
+            );
+            let loads = if *want == CACHED { 1 } else { 3 };
+            assert_eq!(origin.calls(), calls + loads, "{}: {path}", shared.name);
+        }
+        // The operator's own field outranks CDN-Cache-Control, for the caches told of it only.
+        let both = url(
+            "/own",
+            &[
+                ("h", &h("stampede-cache-control", "no-store")),
+                ("h", &cdn("max-age=60")),
+            ],
+        );
+        assert_eq!(three_times(&own, &both).await, PASSED, "{}", shared.name);
+        // (Another URL: the first one's key holds a "pass" marker now.)
+        let elsewhere = url(
+            "/own-not-listed",
+            &[
+                ("h", &h("stampede-cache-control", "no-store")),
+                ("h", &cdn("max-age=60")),
+            ],
+        );
+        let answer = get(&strict[0], &elsewhere).await;
+        assert_eq!(answer.x_cache(), "MISS", "{}: not on its list", shared.name);
+        assert_eq!(answer.headers["cdn-cache-control"], "max-age=60");
+        assert_eq!(answer.headers["stampede-cache-control"], "no-store");
+    }
+}
+
+/// RFC 9111 §5.1: of a list-based `Age` the first member counts, an invalid one is ignored;
+/// §5.3: an invalid `Expires` (`0`) is already expired; §4.2.1: several `Expires` that
+/// disagree make the response stale (this cache's choice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn age_and_expires_rfc_9111_5_1_and_5_3() {
+    for shared in Shared::both().await {
+        let origin = Origin::default();
+        let heuristic = apps(&shared, &origin, |cache| {
+            StampedeLayer::new(cache).policy(RfcPolicy::new().default_ttl(Duration::from_secs(60)))
+        });
+        let later = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(600));
+        let sooner = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(300));
+        for (path, pairs) in [
+            ("/expires-zero", vec![("h", h("expires", "0"))]),
+            ("/expires-junk", vec![("h", h("expires", "next week"))]),
+            (
+                "/expires-twice",
+                vec![("h", h("expires", &later)), ("h", h("expires", &sooner))],
+            ),
+        ] {
+            let pairs: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+            let uri = url(path, &pairs);
+            assert_eq!(
+                three_times(&heuristic, &uri).await,
+                PASSED,
+                "{}: {path}: already expired, no heuristic freshness",
+                shared.name
+            );
+        }
+        let same = url(
+            "/expires-same",
+            &[("h", &h("expires", &later)), ("h", &h("expires", &later))],
+        );
+        assert_eq!(
+            three_times(&heuristic, &same).await,
+            CACHED,
+            "{}",
+            shared.name
+        );
+
+        let fresh = h("cache-control", "max-age=60");
+        let listed = url("/age-list", &[("h", &fresh), ("h", &h("age", "30, 50"))]);
+        get(&heuristic[0], &listed).await;
+        let hit = get(&heuristic[1], &listed).await;
+        assert_eq!(hit.x_cache(), "HIT", "{}", shared.name);
+        let age = hit.age().unwrap();
+        assert!(
+            (30..45).contains(&age),
+            "{}: Age {age}: the first member",
+            shared.name
+        );
+        let invalid = url("/age-invalid", &[("h", &fresh), ("h", &h("age", "-5"))]);
+        get(&heuristic[0], &invalid).await;
+        let hit = get(&heuristic[1], &invalid).await;
+        assert_eq!(hit.x_cache(), "HIT", "{}", shared.name);
+        assert!(
+            hit.age().unwrap() < 15,
+            "{}: an invalid Age is ignored",
+            shared.name
+        );
+    }
+}

@@ -38,15 +38,19 @@
 //! | response 200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501 | with explicit freshness, or with a [`default_ttl`](RfcPolicy::default_ttl) | cacheable by default, but a cache that invents freshness must be told to |
 //! | other statuses (but 206, 304, 1xx, 5xx) | only with explicit freshness | RFC 9111 §3 |
 //! | response 5xx (but 501) | no: a failed load | a stale response may stand in for it; followers get 502 for the [`failure_ttl`](crate::CacheBuilder::failure_ttl) |
+//! | response `CDN-Cache-Control`, or a [`targeted_field`](RfcPolicy::targeted_field) of the operator's own | its directives decide for this cache, `Cache-Control` and `Expires` ignored; an invalid or empty one is ignored itself; forwarded downstream unchanged | RFC 9213 §2.1, §2.2 |
 //! | response `no-store`, `private`, `Set-Cookie` | no (`BYPASS`) | private to one client |
 //! | response `no-cache` | no (`BYPASS`) | may never be served without a reload, and the layer does not revalidate: storing it would only cost |
 //! | response `Vary: *`, or `Vary` naming more than 16 fields, or unreadable | no (`BYPASS`) | no later request can be matched to it |
 //! | response `Vary: a, b` | yes, per variant | keyed by the request's `a` and `b`, below |
 //! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes), with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
 //!
-//! Freshness comes from `s-maxage`, then `max-age`, then `Expires` less `Date`, then the
-//! policy's default TTL, less the `Age` the response arrived with; a freshness of 0 is not
-//! stored. Status, headers and body are stored byte for byte, but for hop-by-hop headers
+//! Freshness comes from `s-maxage`, then `max-age` (of the targeted field when there is one),
+//! then `Expires` less `Date`, then the policy's default TTL, less the `Age` the response
+//! arrived with; a freshness of 0 is not stored. An `Expires` that is not a date (`0`), or
+//! several that disagree, is in the past (RFC 9111 §5.3, §4.2.1); of several `Age` values the
+//! first counts, and one that is not a number is ignored (§5.1). Status, headers and body are
+//! stored byte for byte, but for hop-by-hop headers
 //! (and those `Connection` names), `Age` (recomputed when served) and `x-cache`.
 //!
 //! A response that is not cacheable streams to the request that loaded it untouched (a body
@@ -177,6 +181,7 @@ mod purge;
 mod service;
 mod slot;
 mod tags;
+mod targeted;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;

@@ -15,6 +15,7 @@ use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode
 use super::answer::X_CACHE;
 use super::invalidate;
 use super::parse::{self, Directive};
+use super::targeted;
 
 /// What the layer does with a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -130,17 +131,38 @@ where
 /// 4. passed if the request had `Authorization`, unless the response says `public`,
 ///    `s-maxage` or `must-revalidate`, or [`share_authorized`](Self::share_authorized) is on;
 /// 5. stored for its explicit freshness, if it has one: `s-maxage`, else `max-age`, else
-///    `Expires` less `Date` (an `Expires` that is not a date is in the past), less the `Age`
-///    it arrived with;
+///    `Expires` less `Date` (an `Expires` that is not a date, or several that disagree, is in
+///    the past: RFC 9111 §5.3, §4.2.1), less the `Age` it arrived with (its first member; an
+///    `Age` that is not a number is ignored: §5.1);
 /// 6. without explicit freshness, stored for the [`default_ttl`](Self::default_ttl) (less its
 ///    `Age`) if one is set and its status is cacheable by default (200, 203, 204, 300, 301,
 ///    308, 404, 405, 410, 414, 501); otherwise passed.
 ///
 /// A freshness of 0 or less passes.
-#[derive(Clone, Debug, Default)]
+///
+/// The directives of 3 to 5 come from the first *targeted field* (RFC 9213) that the response
+/// carries, valid and not empty: the fields given to [`targeted_field`](Self::targeted_field),
+/// then `CDN-Cache-Control`. Such a field is a Structured Field Dictionary
+/// (`max-age=60, must-revalidate`); when one is used, `Cache-Control` and `Expires` are
+/// ignored for this cache (RFC 9213 §2.1), and a field that does not parse is ignored itself
+/// (§2.2). Targeted fields are stored and forwarded downstream unchanged, as other fields are:
+/// a cache further down may be targeted by them too.
+#[derive(Clone, Debug)]
 pub struct RfcPolicy {
     default_ttl: Option<Duration>,
     share_authorized: bool,
+    /// The targeted fields this cache obeys, in order of precedence (RFC 9213 §2.1).
+    targets: Vec<HeaderName>,
+}
+
+impl Default for RfcPolicy {
+    fn default() -> Self {
+        RfcPolicy {
+            default_ttl: None,
+            share_authorized: false,
+            targets: vec![targeted::CDN_CACHE_CONTROL.clone()],
+        }
+    }
 }
 
 impl RfcPolicy {
@@ -167,6 +189,42 @@ impl RfcPolicy {
         self.share_authorized = on;
         self
     }
+
+    /// A targeted cache-control field of this cache's own (RFC 9213 §2), such as
+    /// `Stampede-Cache-Control`: an origin that sends it, valid and not empty, tells this
+    /// cache alone what to do, ahead of `CDN-Cache-Control`, `Cache-Control` and `Expires`.
+    /// Fields given by several calls are looked at in the order given, all before
+    /// `CDN-Cache-Control`. Default: none of the operator's own.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_stampede::http::RfcPolicy;
+    ///
+    /// let policy = RfcPolicy::new()
+    ///     .targeted_field(HeaderName::from_static("stampede-cache-control"));
+    /// ```
+    #[must_use]
+    pub fn targeted_field(mut self, name: HeaderName) -> Self {
+        if !self.targets.contains(&name) {
+            let cdn = self
+                .targets
+                .iter()
+                .position(|target| *target == targeted::CDN_CACHE_CONTROL)
+                .unwrap_or(self.targets.len());
+            self.targets.insert(cdn, name);
+        }
+        self
+    }
+
+    /// The cache directives of a response for this cache, and whether its `Expires` counts:
+    /// the first valid, non-empty targeted field's (and then `Expires` does not count, RFC
+    /// 9213 §2.1), else `Cache-Control`'s.
+    pub(crate) fn directives(&self, headers: &HeaderMap) -> (Vec<Directive>, bool) {
+        match targeted::directives(headers, &self.targets) {
+            Some(directives) => (directives, false),
+            None => (parse::directives(headers).collect(), true),
+        }
+    }
 }
 
 impl Policy for RfcPolicy {
@@ -184,7 +242,8 @@ impl Policy for RfcPolicy {
         }
         let (mut max_age, mut s_maxage) = (None, None);
         let mut allows_authorized = self.share_authorized;
-        for Directive { name, argument } in parse::directives(headers) {
+        let (directives, expires_counts) = self.directives(headers);
+        for Directive { name, argument } in directives {
             match name.as_str() {
                 "no-store" | "private" | "no-cache" => return Decision::Pass,
                 "public" | "must-revalidate" => allows_authorized = true,
@@ -206,10 +265,11 @@ impl Policy for RfcPolicy {
         if request.headers.contains_key(AUTHORIZATION) && !allows_authorized {
             return Decision::Pass;
         }
-        let lifetime = s_maxage
+        let explicit = s_maxage
             .or(max_age)
-            .or_else(|| expires_lifetime(headers))
-            .or_else(|| self.default_ttl.filter(|_| cacheable_by_default(status)));
+            .or_else(|| expires_lifetime(headers).filter(|_| expires_counts));
+        let lifetime =
+            explicit.or_else(|| self.default_ttl.filter(|_| cacheable_by_default(status)));
         match lifetime.map(|l| l.saturating_sub(age(headers))) {
             Some(ttl) if !ttl.is_zero() => Decision::Store(ttl),
             _ => Decision::Pass,
@@ -218,9 +278,16 @@ impl Policy for RfcPolicy {
 }
 
 /// `Expires` less `Date` (or less now, without a valid `Date`); `None` without `Expires`.
-/// An `Expires` that is not a valid date means "already expired" (RFC 9111 §5.3).
+/// An `Expires` that is not a valid date (`0` included) means "already expired" (RFC 9111
+/// §5.3), and so do several `Expires` lines that disagree: §4.2.1 lets a cache use the first
+/// or consider the response stale, and a shared cache takes the safe reading.
 fn expires_lifetime(headers: &HeaderMap) -> Option<Duration> {
-    let expires = parse::date_field(headers, &EXPIRES)?;
+    let mut lines = headers.get_all(EXPIRES).iter();
+    let first = lines.next()?;
+    if lines.any(|other| other != first) {
+        return Some(Duration::ZERO);
+    }
+    let expires = parse::http_date(first);
     let date = parse::date_field(headers, &DATE)
         .flatten()
         .unwrap_or_else(SystemTime::now);
@@ -237,11 +304,13 @@ fn cacheable_by_default(status: StatusCode) -> bool {
     )
 }
 
-/// The `Age` a response arrived with (0 if none or not a number).
+/// The `Age` a response arrived with: of several (field lines, or a list), the first; 0 if
+/// none, or if that one is not a non-negative integer (RFC 9111 §5.1: ignored).
 pub(crate) fn age(headers: &HeaderMap) -> Duration {
     headers
         .get(AGE)
         .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
         .and_then(|v| parse::delta_seconds(v.trim()))
         .unwrap_or_default()
 }
@@ -365,6 +434,142 @@ mod tests {
         );
     }
 
+    /// RFC 9111 §5.1: of a list-based `Age`, the first member counts; an invalid one is
+    /// ignored. §5.3: an invalid `Expires` (`0` included) is in the past; §4.2.1: several
+    /// `Expires` that disagree make the response stale, identical ones count once.
+    #[test]
+    fn age_and_expires_follow_rfc_9111_5_1_and_5_3() {
+        let p = RfcPolicy::new();
+        let cc = ("cache-control", "max-age=60");
+        assert_eq!(decide(&p, 200, &[cc, ("age", "10, 50")]), secs(50));
+        assert_eq!(
+            decide(&p, 200, &[cc, ("age", "10"), ("age", "50")]),
+            secs(50)
+        );
+        for invalid in ["-5", "ten", "1.5", ""] {
+            assert_eq!(
+                decide(&p, 200, &[cc, ("age", invalid)]),
+                secs(60),
+                "{invalid:?}"
+            );
+        }
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let later = "Sun, 06 Nov 1994 08:51:37 GMT";
+        let heuristic = RfcPolicy::new().default_ttl(Duration::from_secs(9));
+        for expires in ["0", "-1", "tomorrow"] {
+            assert_eq!(
+                decide(&heuristic, 200, &[("date", date), ("expires", expires)]),
+                Decision::Pass,
+                "Expires: {expires}: already expired, no heuristic freshness either"
+            );
+        }
+        assert_eq!(
+            decide(
+                &p,
+                200,
+                &[("date", date), ("expires", later), ("expires", later)]
+            ),
+            secs(120)
+        );
+        assert_eq!(
+            decide(
+                &p,
+                200,
+                &[("date", date), ("expires", later), ("expires", date)]
+            ),
+            Decision::Pass
+        );
+        assert_eq!(
+            decide(&p, 200, &[("date", "not a date"), ("expires", "0")]),
+            Decision::Pass
+        );
+    }
+
+    /// RFC 9213 §2.1: the first valid, non-empty targeted field decides, and `Cache-Control`
+    /// and `Expires` are then ignored; §2.2: an invalid or empty one is ignored itself.
+    #[test]
+    fn targeted_fields_outrank_cache_control_rfc_9213() {
+        let p = RfcPolicy::new();
+        let cdn = "cdn-cache-control";
+        let cc = "cache-control";
+        assert_eq!(
+            decide(&p, 200, &[(cdn, "max-age=30"), (cc, "max-age=5")]),
+            secs(30)
+        );
+        assert_eq!(
+            decide(&p, 200, &[(cdn, "max-age=30"), (cc, "no-store")]),
+            secs(30)
+        );
+        assert_eq!(
+            decide(&p, 200, &[(cdn, "no-store"), (cc, "max-age=60")]),
+            Decision::Pass
+        );
+        assert_eq!(
+            decide(&p, 200, &[(cdn, "private"), (cc, "max-age=60")]),
+            Decision::Pass
+        );
+        assert_eq!(
+            decide(
+                &p,
+                200,
+                &[(cdn, "max-age=30, s-maxage=10"), (cc, "s-maxage=99")]
+            ),
+            secs(10)
+        );
+        let expires = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600));
+        assert_eq!(
+            decide(&p, 200, &[(cdn, "public"), ("expires", &expires)]),
+            Decision::Pass,
+            "Expires is ignored with a targeted field"
+        );
+        for ignored in ["max-age=\"30", "Max-Age=30", "max-age=30,", ""] {
+            assert_eq!(
+                decide(&p, 200, &[(cdn, ignored), (cc, "max-age=5")]),
+                secs(5),
+                "{ignored:?}: Cache-Control decides"
+            );
+        }
+        assert_eq!(
+            decide(&p, 200, &[(cdn, "max-age=1.5"), (cc, "max-age=5")]),
+            Decision::Pass,
+            "a valid field whose max-age is no delta-seconds gives no permission"
+        );
+        let own =
+            RfcPolicy::new().targeted_field(HeaderName::from_static("stampede-cache-control"));
+        let fields = [
+            ("stampede-cache-control", "max-age=7"),
+            (cdn, "max-age=30"),
+            (cc, "max-age=5"),
+        ];
+        assert_eq!(decide(&own, 200, &fields), secs(7));
+        assert_eq!(
+            decide(&p, 200, &fields),
+            secs(30),
+            "not on this cache's target list"
+        );
+        assert_eq!(
+            decide(
+                &own,
+                200,
+                &[
+                    ("stampede-cache-control", "max-age=\"x"),
+                    (cdn, "max-age=30")
+                ]
+            ),
+            secs(30),
+            "an invalid field of its own is ignored"
+        );
+        assert_eq!(
+            decide(
+                &own,
+                200,
+                &[("stampede-cache-control", "max-age=x"), (cdn, "max-age=30")]
+            ),
+            Decision::Pass,
+            "a valid field with a max-age that is no number gives no permission"
+        );
+    }
+
     #[test]
     fn statuses_and_the_default_ttl() {
         let strict = RfcPolicy::new();
@@ -399,31 +604,6 @@ mod tests {
                 Decision::Fail,
                 "{status}"
             );
-        }
-    }
-
-    #[test]
-    fn what_is_never_stored() {
-        let p = RfcPolicy::new().default_ttl(Duration::from_secs(60));
-        for pairs in [
-            &[("cache-control", "no-store")][..],
-            &[
-                ("cache-control", "max-age=60"),
-                ("cache-control", "Private"),
-            ],
-            &[("cache-control", "private=\"x-user\", max-age=60")],
-            &[("cache-control", "no-cache")],
-            &[("cache-control", "no-cache=\"set-cookie\", max-age=60")],
-            &[("cache-control", "max-age=0")],
-            &[("cache-control", "max-age=-1")],
-            &[("cache-control", "max-age=abc")],
-            &[("cache-control", "max-age")],
-            &[
-                ("set-cookie", "a=b"),
-                ("cache-control", "public, max-age=60"),
-            ],
-        ] {
-            assert_eq!(decide(&p, 200, pairs), Decision::Pass, "{pairs:?}");
         }
     }
 
