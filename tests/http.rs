@@ -29,6 +29,22 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Two apps (each its own `Cache`, so its own L1 and flights, as two processes) that
+    /// serve `path` with `handler` behind the layer, over the shared store.
+    fn two_apps<H, T>(&self, path: &str, handler: H) -> [Router; 2]
+    where
+        H: axum::handler::Handler<T, ()> + Clone,
+        T: 'static,
+    {
+        [(); 2].map(|()| {
+            Router::new()
+                .route(path, get(handler.clone()))
+                .layer(StampedeLayer::new(self.cache().build()))
+        })
+    }
+}
+
 /// The origin: counts every request that reaches a handler.
 fn app(origin: &Counter) -> Router {
     let count = |origin: Counter| move || origin.hit();
@@ -157,6 +173,12 @@ async fn a_miss_then_hits_byte_for_byte() {
                 shared.name
             );
             hit_headers.remove("x-cache");
+            assert_eq!(
+                hit_headers.remove("cache-status").unwrap(),
+                "tower-stampede; hit",
+                "{}: RFC 9211 §2.1",
+                shared.name
+            );
             let age: u64 = hit_headers
                 .remove("age")
                 .expect("Age")
@@ -173,6 +195,12 @@ async fn a_miss_then_hits_byte_for_byte() {
         }
         assert_eq!(origin.get(), 1, "{}", shared.name);
         headers.remove("x-cache");
+        assert_eq!(
+            headers.remove("cache-status").unwrap(),
+            "tower-stampede; fwd=uri-miss; fwd-status=200; stored; ttl=60",
+            "{}: RFC 9211 §2.2, §2.3, §2.4, §2.5",
+            shared.name
+        );
         assert!(
             headers.remove("age").is_some(),
             "a MISS from the entry has Age"
@@ -243,6 +271,12 @@ async fn uncacheable_responses_and_requests_are_bypassed() {
                 let (status, mut headers, body) = send(app, "GET", path).await;
                 assert_eq!(x_cache(&headers), Some("BYPASS"), "{}: {path}", shared.name);
                 headers.remove("x-cache");
+                assert_eq!(
+                    headers.remove("cache-status").unwrap(),
+                    "tower-stampede; fwd=uri-miss; fwd-status=200",
+                    "{}: {path}",
+                    shared.name
+                );
                 assert_eq!(
                     (status, headers, body),
                     bare.clone(),
@@ -564,40 +598,121 @@ async fn stale_responses_while_refreshing_and_in_place_of_errors() {
     }
 }
 
+/// An origin's server error without explicit freshness (the layer's rule for RFC 9111 §4's
+/// collapsed requests): the requests that waited for its load, in both processes, get the
+/// origin's own answer (status, headers, body), never a `502` the layer makes up; a request
+/// that comes after the load ended goes to the origin again, one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_origin_is_called_once_and_followers_get_a_gateway_error() {
+async fn a_server_error_goes_to_its_waiters_and_later_requests_reach_the_origin() {
     for shared in Shared::both().await {
         let origin = Counter::default();
-        let apps: Vec<Router> = (0..2).map(|_| shared.app(&origin)).collect();
-        let bare = send(&app(&Counter::default()), "GET", "/error").await;
-        let mut requests = Vec::new();
-        for i in 0..200 {
-            let app = apps[i % 2].clone();
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most_in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let release = Arc::new(tokio::sync::Semaphore::new(0));
+        let failing = {
+            let (origin, release) = (origin.clone(), Arc::clone(&release));
+            let (in_flight, most) = (Arc::clone(&in_flight), Arc::clone(&most_in_flight));
+            move || async move {
+                let n = origin.hit();
+                let now = in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                if n == 1 {
+                    // The first load is held until the stampede waits for it.
+                    release.acquire().await.unwrap().forget();
+                }
+                in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("x-error", "1"), ("retry-after", "5")],
+                    format!("down #{n}"),
+                )
+            }
+        };
+        let apps = shared.two_apps("/error", failing);
+        let (mut requests, sent) = (Vec::new(), Counter::default());
+        for i in 0..100 {
+            let (app, sent) = (apps[i % 2].clone(), sent.clone());
             requests.push(tokio::spawn(async move {
+                sent.hit();
                 send(&app, "GET", "http://app.test/error").await
             }));
         }
-        let mut statuses = std::collections::BTreeMap::new();
+        // The first load is held until every request has been sent (a bounded wait, no
+        // timing).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while origin.get() == 0 || sent.get() < 100 {
+            assert!(tokio::time::Instant::now() < deadline, "{}", shared.name);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        release.add_permits(1);
+        let mut first = 0;
         for request in requests {
-            let (status, mut headers, body) = request.await.unwrap();
-            *statuses.entry(status.as_u16()).or_insert(0) += 1;
-            if status == StatusCode::INTERNAL_SERVER_ERROR {
-                // The loading request gets the origin's own answer.
-                assert_eq!(x_cache(&headers), Some("BYPASS"));
-                headers.remove("x-cache");
-                assert_eq!((status, headers, body), bare.clone(), "{}", shared.name);
+            let (status, headers, body) = request.await.unwrap();
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{}", shared.name);
+            assert_eq!(headers["x-error"], "1", "{}", shared.name);
+            assert_eq!(headers["retry-after"], "5", "{}", shared.name);
+            let cache_status = headers["cache-status"].to_str().unwrap();
+            assert!(
+                cache_status.starts_with("tower-stampede; fwd=uri-miss; fwd-status=503"),
+                "{}: {cache_status}",
+                shared.name
+            );
+            assert!(!cache_status.contains("stored"), "{}", shared.name);
+            if body == "down #1" {
+                first += 1;
             } else {
-                assert_eq!(status, StatusCode::BAD_GATEWAY, "{}", shared.name);
-                assert_eq!(x_cache(&headers), Some("MISS"));
+                assert!(body.starts_with(b"down #"), "{}: {body:?}", shared.name);
             }
         }
         assert_eq!(
-            origin.get(),
+            most_in_flight.load(std::sync::atomic::Ordering::SeqCst),
             1,
-            "{}: one call to the failing origin, {statuses:?}",
+            "{}: one load at a time",
             shared.name
         );
-        assert_eq!(statuses.get(&500), Some(&1), "{}", shared.name);
+        assert!(
+            first > 50,
+            "{}: most of the stampede waited for the first load ({first})",
+            shared.name
+        );
+        // After the load: not reused; the origin answers again, in either process.
+        for app in &apps {
+            let calls = origin.get();
+            let (status, headers, body) = send(app, "GET", "http://app.test/error").await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{}", shared.name);
+            assert_eq!(body, format!("down #{}", calls + 1), "{}", shared.name);
+            assert_eq!(x_cache(&headers), Some("MISS"), "{}", shared.name);
+            assert_eq!(origin.get(), calls + 1, "{}", shared.name);
+        }
+    }
+}
+
+/// A server error with explicit freshness is stored and served like any response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_with_explicit_freshness_is_stored() {
+    for shared in Shared::both().await {
+        let origin = Counter::default();
+        let handler = {
+            let origin = origin.clone();
+            move || async move {
+                let n = origin.hit();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("cache-control", "max-age=60")],
+                    format!("down #{n}"),
+                )
+            }
+        };
+        let apps = shared.two_apps("/error", handler);
+        for (app, mark) in [(&apps[0], "MISS"), (&apps[0], "HIT"), (&apps[1], "HIT")] {
+            let (status, headers, body) = send(app, "GET", "http://app.test/error").await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{}", shared.name);
+            assert_eq!(
+                (x_cache(&headers), &body[..]),
+                (Some(mark), &b"down #1"[..])
+            );
+        }
+        assert_eq!(origin.get(), 1, "{}", shared.name);
     }
 }
 

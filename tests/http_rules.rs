@@ -283,7 +283,7 @@ async fn statuses_are_stored_with_explicit_freshness_or_a_default_ttl() {
                 shared.name
             );
         }
-        // Never: answers for one request, and server errors (failed loads).
+        // Never: answers for one request.
         for status in ["206", "304"] {
             let with = url(
                 &format!("/fresh/{status}"),
@@ -296,11 +296,13 @@ async fn statuses_are_stored_with_explicit_freshness_or_a_default_ttl() {
                 shared.name
             );
         }
+        // A server error with explicit freshness is stored like any response.
         let error = url("/fresh/503", &[("status", b"503"), ("h", &fresh)]);
-        let answer = get(&heuristic[0], &error).await;
         assert_eq!(
-            (answer.status, answer.x_cache()),
-            (StatusCode::SERVICE_UNAVAILABLE, "BYPASS")
+            three_times(&strict, &error).await,
+            CACHED,
+            "{}: 503 with max-age",
+            shared.name
         );
     }
 }
@@ -583,6 +585,7 @@ async fn head_is_answered_from_the_get_entry_and_a_miss_loads_with_get() {
         assert_eq!(get_answer.body(), "GET /head #1");
         let without_marks = |mut headers: HeaderMap| {
             headers.remove("x-cache");
+            headers.remove("cache-status");
             headers.remove("age");
             headers
         };
@@ -1450,5 +1453,79 @@ async fn age_and_expires_rfc_9111_5_1_and_5_3() {
             "{}: an invalid Age is ignored",
             shared.name
         );
+    }
+}
+
+/// RFC 9211: every response the layer handles carries its `Cache-Status` member, after the
+/// origin's own (§2: the cache closest to the origin first), under a configurable name;
+/// `x-cache` can be turned off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_says_how_each_response_was_served_rfc_9211() {
+    for shared in Shared::both().await {
+        let origin = Origin::default();
+        let [a, b] = apps(&shared, &origin, StampedeLayer::new);
+        let cache_status = |answer: &Answer| -> Vec<String> {
+            answer
+                .headers
+                .get_all("cache-status")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect()
+        };
+        let fresh = url(
+            "/status",
+            &[
+                ("h", &h("cache-control", "max-age=60")),
+                ("h", &h("cache-status", "OriginCache; hit; ttl=30")),
+            ],
+        );
+        let miss = get(&a, &fresh).await;
+        assert_eq!(
+            cache_status(&miss),
+            [
+                "OriginCache; hit; ttl=30",
+                "tower-stampede; fwd=uri-miss; fwd-status=200; stored; ttl=60"
+            ],
+            "{}",
+            shared.name
+        );
+        for app in [&a, &b] {
+            assert_eq!(
+                cache_status(&get(app, &fresh).await),
+                ["OriginCache; hit; ttl=30", "tower-stampede; hit"],
+                "{}",
+                shared.name
+            );
+        }
+        let no_store = send(&a, Method::GET, &fresh, &[("cache-control", "no-store")]).await;
+        assert_eq!(
+            cache_status(&no_store).last().unwrap(),
+            "tower-stampede; fwd=request; fwd-status=200",
+            "{}",
+            shared.name
+        );
+        let private = url(
+            "/status-private",
+            &[("status", b"404"), ("h", &h("cache-control", "private"))],
+        );
+        assert_eq!(
+            cache_status(&get(&a, &private).await),
+            ["tower-stampede; fwd=uri-miss; fwd-status=404"],
+            "{}",
+            shared.name
+        );
+        let [named, _] = apps(&shared, &origin, |cache| {
+            StampedeLayer::new(cache)
+                .cache_status_name("edge-7")
+                .x_cache(false)
+        });
+        let hit = get(&named, &fresh).await;
+        assert_eq!(
+            cache_status(&hit),
+            ["OriginCache; hit; ttl=30", "edge-7; hit"],
+            "{}",
+            shared.name
+        );
+        assert!(!hit.headers.contains_key("x-cache"), "{}", shared.name);
     }
 }

@@ -85,6 +85,18 @@ async fn start_origin(counter: Counter) -> SocketAddr {
                         .insert("surrogate-key", tags.parse().expect("tags"));
                 }
                 return response;
+            } else if uri.path() == "/bare" {
+                // No explicit freshness at all.
+                return format!("bare #{n}").into_response();
+            } else if uri.path() == "/fail" {
+                // A server error without explicit freshness; the body tells which origin
+                // request made it.
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("x-origin-error", "1")],
+                    format!("down #{n}"),
+                )
+                    .into_response();
             } else if uri.path() == "/big" {
                 big_body()
             } else {
@@ -419,6 +431,57 @@ async fn burst(proxies: &[Proxy], requests: usize, path: &str) -> Vec<Result<Ans
         );
     }
     answers
+}
+
+/// The layer's rule for an origin's server error without explicit freshness, black-box: the
+/// requests of a stampede over two proxies that waited for a load get the origin's own `503`
+/// (status, headers, body; never a `502` the proxy makes up), loads go one at a time, and a
+/// request after the stampede reaches the origin again (the error is not reused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_error_reaches_its_waiters_and_is_not_reused() {
+    const REQUESTS: usize = 50;
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let args = proxy_args(
+        origin,
+        "server-error",
+        [
+            "--redis".to_owned(),
+            redis.url(),
+            "--store-timeout-ms".to_owned(),
+            "2000".to_owned(),
+        ],
+    );
+    let proxies = start_proxies(2, args).await;
+    let mut bodies = std::collections::BTreeSet::new();
+    for answer in burst(&proxies, REQUESTS, "/fail").await {
+        let answer = answer.expect("an answer");
+        assert_eq!(
+            answer.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{:?}",
+            answer.headers
+        );
+        assert_eq!(answer.headers["x-origin-error"], "1");
+        assert!(answer.body.starts_with(b"down #"), "{:?}", answer.body);
+        bodies.insert(answer.body);
+    }
+    // Each origin request's answer went to the requests that waited for it.
+    assert_eq!(bodies.len(), origin_requests.get());
+    assert!(
+        origin_requests.get() < REQUESTS / 2,
+        "{} origin requests for {REQUESTS}",
+        origin_requests.get()
+    );
+    let client = client(1);
+    for proxy in &proxies {
+        let before = origin_requests.get();
+        let answer = send(&client, get(&proxy.url("/fail"))).await.unwrap();
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.body, format!("down #{}", before + 1));
+        assert_eq!(origin_requests.get(), before + 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,37 +1,44 @@
 //! Building the responses the layer returns: from a stored response (with `Age`, and `304 Not
 //! Modified` where the request's preconditions say so), from a response passed through, or
-//! made by the layer itself; and the `x-cache` field that says how each was answered.
+//! made by the layer itself; each marked with how it was answered (see
+//! [`cache_status`](super::cache_status)).
 
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::header::{AGE, CONTENT_LENGTH};
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
+use super::cache_status::{CacheStatus, Detail, Served};
 use super::codec::{self, CachedResponse, Stored};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use crate::cache::Outcome;
 
-/// The header that tells how the layer answered.
-pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
-/// `x-cache`: from the cache (L1, the shared store, or another request's load).
-pub(crate) const HIT: HeaderValue = HeaderValue::from_static("HIT");
-/// `x-cache`: this request's own load filled the cache (or the layer made the response).
-pub(crate) const MISS: HeaderValue = HeaderValue::from_static("MISS");
-/// `x-cache`: passed to the inner service, not cacheable.
-pub(crate) const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
-/// `x-cache`: a stale response.
-pub(crate) const STALE: HeaderValue = HeaderValue::from_static("STALE");
-
 /// A response to a cacheable request, or the inner service's error.
 pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 
-/// `response` with `x-cache: mark`.
-pub(crate) fn marked<B>(mut response: Response<B>, mark: HeaderValue) -> Response<B> {
-    response.headers_mut().insert(X_CACHE.clone(), mark);
+/// `response`, marked as `served`.
+pub(crate) fn marked<B>(
+    mut response: Response<B>,
+    served: Served,
+    status: &CacheStatus,
+) -> Response<B> {
+    let code = response.status();
+    status.mark(code, response.headers_mut(), served);
     response
+}
+
+/// How an answer from an entry was served, by the fetch's outcome; `stored` is how long this
+/// request's own load stored it for, if it did.
+pub(crate) fn served(outcome: Outcome, stored: Option<std::time::Duration>) -> Served {
+    match outcome {
+        Outcome::Leader | Outcome::Uncached | Outcome::Degraded => Served::Loaded(stored),
+        Outcome::Stale => Served::Stale,
+        Outcome::Follower => Served::Collapsed,
+        _ => Served::Hit,
+    }
 }
 
 /// What a request asked for besides its key, kept apart from the request, which a load takes.
@@ -52,12 +59,13 @@ impl Asked {
 /// The answer from the variant entry this request's own load of the URL left (a response).
 pub(crate) fn own_entry<B: Body>(
     entry: &Bytes,
-    outcome: Outcome,
+    served: Served,
     asked: &Asked,
+    status: &CacheStatus,
 ) -> Response<ResponseBody<B>> {
     match codec::decode(entry) {
-        Ok(Stored::Response(cached)) => answer(cached, outcome, asked),
-        _ => synthesized(StatusCode::BAD_GATEWAY),
+        Ok(Stored::Response(cached)) => answer(cached, served, asked, status),
+        _ => synthesized(StatusCode::BAD_GATEWAY, Detail::NoOriginResponse, status),
     }
 }
 
@@ -85,17 +93,13 @@ where
 }
 
 /// The answer from a cached response: the response (without its body for a `HEAD`), or
-/// `304 Not Modified` if the request's preconditions say so; with `Age` and `x-cache`.
+/// `304 Not Modified` if the request's preconditions say so; with `Age`, marked as `served`.
 pub(crate) fn answer<B: Body>(
     cached: CachedResponse,
-    outcome: Outcome,
+    served: Served,
     asked: &Asked,
+    status: &CacheStatus,
 ) -> Response<ResponseBody<B>> {
-    let mark = match outcome {
-        Outcome::Leader | Outcome::Uncached | Outcome::Degraded => MISS,
-        Outcome::Stale => STALE,
-        _ => HIT,
-    };
     let now = SystemTime::now();
     let age = now
         .duration_since(cached.stored_at)
@@ -132,7 +136,7 @@ pub(crate) fn answer<B: Body>(
         response.headers_mut().insert(CONTENT_LENGTH, length);
     }
     response.headers_mut().insert(AGE, HeaderValue::from(age));
-    marked(response, mark)
+    marked(response, served, status)
 }
 
 /// Whether a response with this status may say its length (RFC 9110 §8.6: never 1xx, 204).
@@ -140,13 +144,17 @@ fn has_content(status: StatusCode) -> bool {
     !status.is_informational() && status != StatusCode::NO_CONTENT
 }
 
-/// A response the layer makes itself when there is neither a cached response nor a way to
-/// reach the inner service for this request.
-pub(crate) fn synthesized<B: Body>(status: StatusCode) -> Response<ResponseBody<B>> {
-    let mut response = marked(Response::new(ResponseBody::empty()), MISS);
-    *response.status_mut() = status;
+/// A response the layer makes itself when there is neither a cached response nor an answer
+/// of the origin for this request; `Cache-Status` says why (`detail`).
+pub(crate) fn synthesized<B: Body>(
+    code: StatusCode,
+    detail: Detail,
+    status: &CacheStatus,
+) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::empty());
+    *response.status_mut() = code;
     response
         .headers_mut()
         .insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
-    response
+    marked(response, Served::MadeUp(detail), status)
 }

@@ -4,8 +4,12 @@
 //! [`load`](super::load); the request itself waits in its [`Slot`] for whichever loader or
 //! fallback sends it.
 //!
-//! A request is answered from the cache, by its own load, by the inner service directly (for a
-//! pass), or with a gateway error (for a load that failed here or elsewhere).
+//! A request is answered from the cache, by its own load, by another request's load (the
+//! origin's own answer, a server error included), by the inner service directly (for a pass),
+//! or, when no answer of the origin is to be had (a load that failed without one, here or
+//! elsewhere, or timed out), with a gateway error the layer makes itself.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -15,8 +19,9 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
 
-use super::answer::{answer, marked, own_entry, synthesized, without_body, Answer, Asked, BYPASS};
+use super::answer::{answer, marked, own_entry, served, synthesized, without_body, Answer, Asked};
 use super::body::ResponseBody;
+use super::cache_status::{CacheStatus, Detail, Served};
 use super::codec::{self, Stored};
 use super::layer::HttpConfig;
 use super::load::{load, Loading, Own, Step};
@@ -41,6 +46,8 @@ where
     let asked = Asked::of(&request);
     let slot = Slot::new(request);
     let cache = loading.cache.clone();
+    let config = std::sync::Arc::clone(&loading.config);
+    let status = &config.cache_status;
 
     // Step one: the URL's key.
     let (to_leader, mut from_loader) = oneshot::channel();
@@ -52,7 +59,10 @@ where
         .fetch_accepting(&primary, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome)) => return Ok(answer(cached, outcome, &asked)),
+        Some((Stored::Response(cached), outcome)) => {
+            let served = served(outcome, stored_for(outcome, &mut from_loader));
+            return Ok(answer(cached, served, &asked, status));
+        }
         Some((Stored::Vary(marker), outcome)) => (marker, outcome),
         // The colder paths are boxed, so the future of every request (a hit's included) stays
         // small to build and move.
@@ -74,7 +84,8 @@ where
     // its answer is this request's answer.
     let mut own = from_loader.try_recv().ok();
     let variant = match own {
-        None => slot.follow(&primary, &marker),
+        // (A load that stored a response has no answer for this request beyond it.)
+        None | Some(Own::Stored(_)) => slot.follow(&primary, &marker),
         Some(_) => None,
     };
     let Some((variant, done)) = variant else {
@@ -82,24 +93,33 @@ where
             own = from_loader.await.ok();
         }
         let fallback = match own {
-            Some(Own::Variant(entry, outcome)) => return Ok(own_entry(&entry, outcome, &asked)),
+            Some(Own::Variant(entry, served)) => {
+                return Ok(own_entry(&entry, served, &asked, status))
+            }
             Some(Own::Passed { answer, failed }) if !failed => return without_body(answer, &asked),
             Some(Own::Passed { answer, .. }) => Some(answer),
-            None => None,
+            Some(Own::Stored(_)) | None => None,
         };
         // The load failed: a variant may still be there (stale or fresh) to stand in for it.
         // Its key comes from the request as it was sent.
         return match (slot.sent_variant(&primary, &marker), fallback) {
             (Some(variant), fallback) => {
-                Box::pin(stand_in(&cache, &variant, &asked, outcome, fallback)).await
+                Box::pin(stand_in(
+                    &cache, &variant, &asked, outcome, fallback, status,
+                ))
+                .await
             }
             (None, Some(answer)) => without_body(answer, &asked),
-            (None, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
+            (None, None) => Ok(synthesized(
+                StatusCode::BAD_GATEWAY,
+                Detail::NoOriginResponse,
+                status,
+            )),
         };
     };
 
     // Step two: the variant's key.
-    let (to_leader, from_loader) = oneshot::channel();
+    let (to_leader, mut from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
         let names = marker.names.clone();
@@ -107,7 +127,10 @@ where
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome)) => Ok(answer(cached, outcome, &asked)),
+        Some((Stored::Response(cached), outcome)) => {
+            let served = served(outcome, stored_for(outcome, &mut from_loader));
+            Ok(answer(cached, served, &asked, status))
+        }
         _ => {
             Box::pin(answer_without_entry(
                 fetched,
@@ -132,6 +155,7 @@ async fn stand_in<B, E>(
     asked: &Asked,
     outcome: Outcome,
     failure: Option<Answer<B, E>>,
+    status: &CacheStatus,
 ) -> Answer<B, E>
 where
     B: Body<Data = Bytes>,
@@ -149,10 +173,29 @@ where
             } else {
                 found
             };
-            Ok(answer(cached, outcome, asked))
+            Ok(answer(cached, served(outcome, None), asked, status))
         }
         (_, Some(failure)) => without_body(failure, asked),
-        (_, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
+        (_, None) => Ok(synthesized(
+            StatusCode::BAD_GATEWAY,
+            Detail::NoOriginResponse,
+            status,
+        )),
+    }
+}
+
+/// How long this request's own load stored the response it is answered with, if it did (a
+/// leader's load tells its caller).
+fn stored_for<B: Body, E>(
+    outcome: Outcome,
+    from_loader: &mut oneshot::Receiver<Own<B, E>>,
+) -> Option<Duration> {
+    if outcome != Outcome::Leader {
+        return None;
+    }
+    match from_loader.try_recv() {
+        Ok(Own::Stored(ttl)) => Some(ttl),
+        _ => None,
     }
 }
 
@@ -188,12 +231,14 @@ where
 {
     match from_loader.try_recv() {
         Ok(Own::Passed { answer, .. }) => return without_body(answer, asked),
-        Ok(Own::Variant(entry, outcome)) => return Ok(own_entry(&entry, outcome, asked)),
-        Err(_) => {}
+        Ok(Own::Variant(entry, served)) => {
+            return Ok(own_entry(&entry, served, asked, &config.cache_status))
+        }
+        Ok(Own::Stored(_)) | Err(_) => {}
     }
-    // A failed load (this request's or another's, here or in another process) is answered
-    // with a gateway error rather than by calling the failing inner service again; a pass
-    // goes to the inner service directly.
+    // A load that failed without an answer of the origin (this request's or another's, here or
+    // in another process) is answered with a gateway error rather than by calling the failing
+    // inner service again; a pass goes to the inner service directly.
     let failed = match fetched {
         Ok(_) => None,
         Err(error) => {
@@ -202,8 +247,10 @@ where
                 "no cached response"
             );
             Some(match error.kind() {
-                ErrorKind::WaitTimeout | ErrorKind::LoadTimeout => StatusCode::GATEWAY_TIMEOUT,
-                _ => StatusCode::BAD_GATEWAY,
+                ErrorKind::WaitTimeout | ErrorKind::LoadTimeout => {
+                    (StatusCode::GATEWAY_TIMEOUT, Detail::Timeout)
+                }
+                _ => (StatusCode::BAD_GATEWAY, Detail::NoOriginResponse),
             })
         }
     };
@@ -214,10 +261,18 @@ where
         (None, Some(request)) => {
             let mut response = Oneshot::new(inner, request).await?;
             config.strip_tags(response.headers_mut());
-            Ok(marked(response.map(ResponseBody::inner), BYPASS))
+            Ok(marked(
+                response.map(ResponseBody::inner),
+                Served::Passed,
+                &config.cache_status,
+            ))
         }
-        (Some(status), _) => Ok(synthesized(status)),
+        (Some((code, detail)), _) => Ok(synthesized(code, detail, &config.cache_status)),
         // This request's own load took the request and ended without an answer for it.
-        (None, None) => Ok(synthesized(StatusCode::BAD_GATEWAY)),
+        (None, None) => Ok(synthesized(
+            StatusCode::BAD_GATEWAY,
+            Detail::NoOriginResponse,
+            &config.cache_status,
+        )),
     }
 }

@@ -5,12 +5,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use http::{HeaderValue, Response};
+use http::Response;
 use http_body::Body;
 use pin_project::pin_project;
 
 use super::answer::marked;
 use super::body::ResponseBody;
+use super::cache_status::Served;
 use super::layer::HttpConfig;
 use crate::store::BoxFuture;
 
@@ -23,12 +24,12 @@ pub struct ResponseFuture<F, B: Body, E> {
 
 #[pin_project(project = KindProj)]
 enum Kind<F, B: Body, E> {
-    /// Straight to the inner service; the response is marked with `x-cache` if `mark` is set,
+    /// Straight to the inner service; the response is marked as served so if `mark` is set,
     /// and loses its tag header fields unless `config` keeps them.
     Inner {
         #[pin]
         future: F,
-        mark: Option<HeaderValue>,
+        mark: Option<Served>,
         config: Arc<HttpConfig>,
     },
     /// Through the cache, through an invalidation (an unsafe method), or answered by the
@@ -39,7 +40,7 @@ enum Kind<F, B: Body, E> {
 }
 
 impl<F, B: Body, E> ResponseFuture<F, B, E> {
-    pub(crate) fn inner(future: F, mark: Option<HeaderValue>, config: Arc<HttpConfig>) -> Self {
+    pub(crate) fn inner(future: F, mark: Option<Served>, config: Arc<HttpConfig>) -> Self {
         ResponseFuture {
             kind: Kind::Inner {
                 future,
@@ -73,7 +74,7 @@ where
                 let mut response = ready!(future.poll(cx))?.map(ResponseBody::inner);
                 config.strip_tags(response.headers_mut());
                 Poll::Ready(Ok(match mark.take() {
-                    Some(mark) => marked(response, mark),
+                    Some(served) => marked(response, served, &config.cache_status),
                     None => response,
                 }))
             }

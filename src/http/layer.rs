@@ -5,6 +5,7 @@ use std::sync::Arc;
 use http::{request, HeaderMap, HeaderName};
 use tower::Layer;
 
+use super::cache_status::CacheStatus;
 use super::{tags, DefaultKey, MakeKey, Policy, Purger, RfcPolicy, Stampede};
 use crate::cache::Cache;
 
@@ -116,6 +117,25 @@ impl StampedeLayer {
     /// stored (so a stampede of them is not held back).
     pub fn honor_client_no_cache(mut self, on: bool) -> Self {
         Arc::make_mut(&mut self.config).honor_client_no_cache = on;
+        self
+    }
+
+    /// The cache's name in the `Cache-Status` field (RFC 9211) of every response the layer
+    /// handles (`tower-stampede; hit`): one name per cache in a chain, so that a response that
+    /// went through several says which did what. Written as a Structured Field Token if it is
+    /// one, else as a String (of its printable ASCII characters). Default: `tower-stampede`.
+    pub fn cache_status_name(mut self, name: &str) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.cache_status = CacheStatus::new(name, config.cache_status.x_cache());
+        self
+    }
+
+    /// Whether responses the layer handles also carry `x-cache` (`HIT`, `MISS`, `STALE`,
+    /// `BYPASS`), the field of this crate's first versions and of many caches before RFC 9211,
+    /// beside `Cache-Status`. Default: on, for existing users; off leaves `Cache-Status` alone.
+    pub fn x_cache(mut self, on: bool) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        config.cache_status = config.cache_status.clone().with_x_cache(on);
         self
     }
 
@@ -231,6 +251,8 @@ pub(crate) struct HttpConfig {
     pub(crate) keep_tag_headers: bool,
     /// The purge endpoint's authorization; `None` while the endpoint is off.
     pub(crate) purge: Option<Authorize>,
+    /// How responses are marked (`Cache-Status`, `x-cache`).
+    pub(crate) cache_status: CacheStatus,
 }
 
 impl HttpConfig {
@@ -253,6 +275,7 @@ impl Default for HttpConfig {
             tag_headers: tags::default_headers(),
             keep_tag_headers: false,
             purge: None,
+            cache_status: CacheStatus::default(),
         }
     }
 }
@@ -265,6 +288,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("tag_headers", &self.tag_headers)
             .field("keep_tag_headers", &self.keep_tag_headers)
             .field("purge", &if self.purge.is_some() { "on" } else { "off" })
+            .field("cache_status", &self.cache_status)
             .finish_non_exhaustive()
     }
 }

@@ -24,8 +24,9 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::debug;
 
-use super::answer::{marked, Answer, BYPASS};
+use super::answer::{marked, Answer};
 use super::body::ResponseBody;
+use super::cache_status::Served;
 use super::codec::{self, VaryMarker};
 use super::key;
 use super::layer::HttpConfig;
@@ -71,7 +72,9 @@ pub(crate) enum Own<B: Body, E> {
     Passed { answer: Answer<B, E>, failed: bool },
     /// The response under the caller's variant key, the primary key now holding the vary
     /// marker: the one it loaded, or (if a fresh one was there already) that one.
-    Variant(Bytes, Outcome),
+    Variant(Bytes, Served),
+    /// The response was stored, fresh for this long (for `Cache-Status`).
+    Stored(Duration),
 }
 
 /// Loads for `step` of the request in `slot`; see the [module docs](self).
@@ -110,13 +113,22 @@ where
     let tags = tags::read(&parts.headers, &loading.config.tag_headers);
     loading.config.strip_tags(&mut parts.headers);
     let passed = |body: ResponseBody<ResBody>, failed: bool| Own::Passed {
-        answer: Ok(marked(Response::from_parts(parts.clone(), body), BYPASS)),
+        answer: Ok(marked(
+            Response::from_parts(parts.clone(), body),
+            Served::Passed,
+            &loading.config.cache_status,
+        )),
         failed,
     };
     let ttl = match loading.config.policy.decide(&asked, &parts) {
-        Decision::Store(ttl) if !ttl.is_zero() => ttl,
+        Decision::Store(ttl) if !ttl.is_zero() => Some(ttl),
+        // A failed load (a server error without explicit freshness): stored for nobody, but
+        // the requests that waited for this load, here and elsewhere, get the origin's own
+        // answer too (below), and a stale response may stand in for it.
+        Decision::Share => None,
         Decision::Fail => {
-            // A failed load: a stale response, if there is one, is served in its place.
+            // A failed load private to its request: a stale response, if there is one, is
+            // served in its place to the others.
             let _ = to_leader.send(passed(ResponseBody::inner(body), true));
             return Err(format!("the inner service answered {}", parts.status).into());
         }
@@ -125,24 +137,29 @@ where
             return Ok(Loaded::pass());
         }
     };
-    let Ok(tags) = tags else {
-        // A purge of its tags could not reach it.
-        debug!("more tags than a stored response may carry; passed");
-        let _ = to_leader.send(passed(ResponseBody::inner(body), false));
-        return Ok(Loaded::pass());
-    };
-    let names = match (parse::vary(&parts.headers), &step) {
-        (Vary::None, _) => Vec::new(),
-        // A variant may be stored under a key that names more fields than it varies on, never
-        // fewer.
-        (Vary::Names(names), Step::Variant(keyed)) if names.iter().all(|n| keyed.contains(n)) => {
-            names
-        }
-        (Vary::Names(names), Step::Primary) => names,
-        (Vary::Names(_) | Vary::Unkeyable, _) => {
+    let (tags, names) = match (ttl, tags) {
+        (None, _) => (Vec::new(), Vec::new()),
+        (Some(_), Err(_)) => {
+            // A purge of its tags could not reach it.
+            debug!("more tags than a stored response may carry; passed");
             let _ = to_leader.send(passed(ResponseBody::inner(body), false));
             return Ok(Loaded::pass());
         }
+        (Some(_), Ok(tags)) => match (parse::vary(&parts.headers), &step) {
+            (Vary::None, _) => (tags, Vec::new()),
+            // A variant may be stored under a key that names more fields than it varies on,
+            // never fewer.
+            (Vary::Names(names), Step::Variant(keyed))
+                if names.iter().all(|n| keyed.contains(n)) =>
+            {
+                (tags, names)
+            }
+            (Vary::Names(names), Step::Primary) => (tags, names),
+            (Vary::Names(_) | Vary::Unkeyable, _) => {
+                let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+                return Ok(Loaded::pass());
+            }
+        },
     };
     let chunks = match read_body(Box::pin(body), loading.config.max_body_bytes).await {
         Read::Complete(chunks) => chunks,
@@ -152,11 +169,13 @@ where
             error,
             rest,
         } => {
-            let failed = error.is_some();
+            let failed = error.is_some() || ttl.is_none();
             let body = ResponseBody::replay(read, trailers, error, rest);
             let _ = to_leader.send(passed(body, failed));
+            // A server error's answer that cannot be shared fails its waiters (the layer
+            // answers them itself).
             return if failed {
-                Err("the response body failed".into())
+                Err("the response body failed, or is too large to share".into())
             } else {
                 Ok(Loaded::pass())
             };
@@ -174,10 +193,21 @@ where
         .collect();
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks) else {
         let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body, false));
-        return Ok(Loaded::pass());
+        let _ = to_leader.send(passed(body, ttl.is_none()));
+        return match ttl {
+            Some(_) => Ok(Loaded::pass()),
+            None => Err("the response cannot be encoded to share".into()),
+        };
+    };
+    let Some(ttl) = ttl else {
+        // The waiting requests get this answer through the cache; this request gets it as
+        // it came, if a stale response does not stand in for it.
+        let body = ResponseBody::replay(chunks, None, None, None);
+        let _ = to_leader.send(passed(body, true));
+        return Ok(Loaded::for_waiters(entry));
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
+        let _ = to_leader.send(Own::Stored(ttl));
         return Ok(Loaded::value_with_ttl(entry, ttl).tags(&tags));
     }
     // A response with `Vary`, loaded for the URL's key: the response goes under this request's
@@ -192,7 +222,7 @@ where
     // The marker is not tagged: a purge of a tag removes the responses that carry it, and a
     // request that follows the marker to one of them loads it again.
     let Some(marker_entry) = codec::encode_vary(&marker) else {
-        let _ = to_leader.send(Own::Variant(entry, Outcome::Uncached));
+        let _ = to_leader.send(Own::Variant(entry, Served::Loaded(None)));
         return Ok(Loaded::pass());
     };
     let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
@@ -211,16 +241,16 @@ where
             (Outcome::L1Hit | Outcome::L2Hit | Outcome::Follower, Some(value))
                 if value != entry =>
             {
-                Own::Variant(value, Outcome::L1Hit)
+                Own::Variant(value, Served::Hit)
             }
-            _ => Own::Variant(entry, Outcome::Leader),
+            _ => Own::Variant(entry, Served::Loaded(Some(ttl))),
         },
         Err(error) => {
             debug!(
                 error = &error as &dyn std::error::Error,
                 "the variant was not stored"
             );
-            Own::Variant(entry, Outcome::Uncached)
+            Own::Variant(entry, Served::Loaded(None))
         }
     };
     let _ = to_leader.send(own);

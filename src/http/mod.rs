@@ -8,18 +8,26 @@
 //! What may be shared follows the shared-cache rules of RFC 9111 (a subset, below); keys and
 //! the storing rules can be replaced in code ([`MakeKey`], [`Policy`]).
 //!
-//! Every response the layer handles carries `x-cache`:
+//! Every response the layer handles carries a `Cache-Status` member (RFC 9211) under the
+//! layer's name ([`cache_status_name`](StampedeLayer::cache_status_name), `tower-stampede` by
+//! default), after any `Cache-Status` the origin sent (§2: the cache closest to the origin
+//! comes first), and, unless [`x_cache(false)`](StampedeLayer::x_cache), the older `x-cache`:
 //!
-//! | `x-cache` | meaning |
-//! | --- | --- |
-//! | `HIT` | from the cache (L1, the shared store, or another request's load) |
-//! | `MISS` | this request's own load filled the cache |
-//! | `STALE` | a stale response, served while another request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
-//! | `BYPASS` | passed to the inner service: not cacheable (request or response) |
+//! | `Cache-Status` | `x-cache` | meaning |
+//! | --- | --- | --- |
+//! | `hit` | `HIT` | from a fresh entry (L1 or the shared store) |
+//! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
+//! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
+//! | `fwd=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
+//! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
+//! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
+//! | `fwd=bypass; fwd-status=200` | `BYPASS` | passed to the inner service: the key cannot describe the request |
+//! | `fwd=uri-miss; detail=no-origin-response` or `detail=timeout` | `MISS` | a `502` or `504` the layer made itself: the load got no answer from the origin (the inner service failed, its body failed), or timed out |
 //!
-//! Requests with other methods than `GET` and `HEAD` pass through without `x-cache`; those
-//! with an unsafe method invalidate their URL (below). Every response from a cache entry
-//! (`HIT`, `MISS`, `STALE`) carries `Age`.
+//! `ttl` is given on the response whose load stored it; the fixed values are made once, so a
+//! hit pays for no formatting. Requests with other methods than `GET` and `HEAD` pass through
+//! without either field; those with an unsafe method invalidate their URL (below). Every
+//! response from a cache entry carries `Age`.
 //!
 //! # What is cached
 //!
@@ -36,8 +44,8 @@
 //! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without it | RFC 9111 §3.5; credentials never decide what anonymous requests get |
 //! | [`MakeKey`] returns `None` | no (`BYPASS`) | the key cannot describe the request |
 //! | response 200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501 | with explicit freshness, or with a [`default_ttl`](RfcPolicy::default_ttl) | cacheable by default, but a cache that invents freshness must be told to |
-//! | other statuses (but 206, 304, 1xx, 5xx) | only with explicit freshness | RFC 9111 §3 |
-//! | response 5xx (but 501) | no: a failed load | a stale response may stand in for it; followers get 502 for the [`failure_ttl`](crate::CacheBuilder::failure_ttl) |
+//! | other statuses (but 206, 304, 1xx) | only with explicit freshness | RFC 9111 §3 |
+//! | response 5xx (but 501) without explicit freshness | no; the origin's own response goes to the request that loaded it and to every request that waited for that load, in every process; a later request goes to the origin again (one load at a time) | the origin's answer, not one the layer makes up; a stale response may stand in for it (see [`stale_if_error`](crate::CacheBuilder::stale_if_error)); one private to its request (`no-store`, `private`, `Set-Cookie`) goes to that request only, its waiters get a stale response or the layer's `502` |
 //! | response `CDN-Cache-Control`, or a [`targeted_field`](RfcPolicy::targeted_field) of the operator's own | its directives decide for this cache, `Cache-Control` and `Expires` ignored; an invalid or empty one is ignored itself; forwarded downstream unchanged | RFC 9213 §2.1, §2.2 |
 //! | response `no-store`, `private`, `Set-Cookie` | no (`BYPASS`) | private to one client |
 //! | response `no-cache` | no (`BYPASS`) | may never be served without a reload, and the layer does not revalidate: storing it would only cost |
@@ -50,8 +58,8 @@
 //! arrived with; a freshness of 0 is not stored. An `Expires` that is not a date (`0`), or
 //! several that disagree, is in the past (RFC 9111 §5.3, §4.2.1); of several `Age` values the
 //! first counts, and one that is not a number is ignored (§5.1). Status, headers and body are
-//! stored byte for byte, but for hop-by-hop headers
-//! (and those `Connection` names), `Age` (recomputed when served) and `x-cache`.
+//! stored byte for byte, but for hop-by-hop headers (and those `Connection` names), `Age`
+//! (recomputed when served) and `x-cache`.
 //!
 //! A response that is not cacheable streams to the request that loaded it untouched (a body
 //! over the limit is replayed from what was read, then streamed on), and a short "pass"
@@ -167,6 +175,7 @@
 
 mod answer;
 mod body;
+mod cache_status;
 mod codec;
 mod conditional;
 mod flow;

@@ -12,7 +12,7 @@ use http::header::{
 };
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
-use super::answer::X_CACHE;
+use super::cache_status::X_CACHE;
 use super::invalidate;
 use super::parse::{self, Directive};
 use super::targeted;
@@ -88,11 +88,22 @@ pub enum Decision {
     /// waiting for it go to the inner service themselves (a short "pass" marker tells
     /// them, see [`pass_ttl`](crate::CacheBuilder::pass_ttl)).
     Pass,
-    /// A failed load (a server error): hand the response to the request that loaded it, store
-    /// nothing, and answer the requests waiting for it with a stale response if there is one
-    /// (see [`stale_if_error`](crate::CacheBuilder::stale_if_error)), else `502 Bad Gateway`,
-    /// for the [`failure_ttl`](crate::CacheBuilder::failure_ttl).
+    /// A failed load that is private to its request: hand the response to the request that
+    /// loaded it, store nothing, and answer the requests waiting for it with a stale response
+    /// if there is one (see [`stale_if_error`](crate::CacheBuilder::stale_if_error)), else the
+    /// layer's own `502 Bad Gateway`, for the [`failure_ttl`](crate::CacheBuilder::failure_ttl).
+    /// [`RfcPolicy`] says so of a server error with `no-store`, `private` or `Set-Cookie`, or
+    /// to a request with credentials it may not share.
     Fail,
+    /// A failed load whose response may go to others (a server error without explicit
+    /// freshness): store nothing, and hand the origin's response (status, headers, body) to the
+    /// request that loaded it and to the requests that waited for this load, in every process;
+    /// a request that comes after the load ended loads again (one load at a time, as for any
+    /// miss). A stale response stands in for it where
+    /// [`stale_if_error`](crate::CacheBuilder::stale_if_error) allows. A body over
+    /// [`max_body_bytes`](super::StampedeLayer::max_body_bytes) cannot be shared: the waiting
+    /// requests then get the layer's own `502 Bad Gateway`, as for [`Fail`](Self::Fail).
+    Share,
 }
 
 /// Decides whether a response may be stored, and for how long; see
@@ -123,24 +134,26 @@ where
 ///
 /// In order, a response is:
 ///
-/// 1. a failure ([`Decision::Fail`]) if its status is a server error other than `501`;
-/// 2. passed if its status is `206` or `304` (answers to one request) or informational;
-/// 3. passed if it has `Set-Cookie`, or `Cache-Control` with `no-store`, `private` or
+/// 1. passed if its status is `206` or `304` (answers to one request) or informational;
+/// 2. passed if it has `Set-Cookie`, or `Cache-Control` with `no-store`, `private` or
 ///    `no-cache` (with or without field names), or a `max-age` / `s-maxage` that is not a
 ///    number;
-/// 4. passed if the request had `Authorization`, unless the response says `public`,
+/// 3. passed if the request had `Authorization`, unless the response says `public`,
 ///    `s-maxage` or `must-revalidate`, or [`share_authorized`](Self::share_authorized) is on;
-/// 5. stored for its explicit freshness, if it has one: `s-maxage`, else `max-age`, else
+/// 4. stored for its explicit freshness, if it has one (a server error too): `s-maxage`, else `max-age`, else
 ///    `Expires` less `Date` (an `Expires` that is not a date, or several that disagree, is in
 ///    the past: RFC 9111 §5.3, §4.2.1), less the `Age` it arrived with (its first member; an
 ///    `Age` that is not a number is ignored: §5.1);
-/// 6. without explicit freshness, stored for the [`default_ttl`](Self::default_ttl) (less its
+/// 5. without explicit freshness, stored for the [`default_ttl`](Self::default_ttl) (less its
 ///    `Age`) if one is set and its status is cacheable by default (200, 203, 204, 300, 301,
-///    308, 404, 405, 410, 414, 501); otherwise passed.
+///    308, 404, 405, 410, 414, 501);
+/// 6. otherwise (or with a freshness of 0 or less) passed.
 ///
-/// A freshness of 0 or less passes.
+/// A server error (a status of 5xx but `501`) that is not stored is a failed load rather than
+/// a pass: [`Decision::Share`] (its waiters get it), or [`Decision::Fail`] where 2 or 3 found
+/// it private to its request.
 ///
-/// The directives of 3 to 5 come from the first *targeted field* (RFC 9213) that the response
+/// The directives of 2 to 4 come from the first *targeted field* (RFC 9213) that the response
 /// carries, valid and not empty: the fields given to [`targeted_field`](Self::targeted_field),
 /// then `CDN-Cache-Control`. Such a field is a Structured Field Dictionary
 /// (`max-age=60, must-revalidate`); when one is used, `Cache-Control` and `Expires` are
@@ -230,27 +243,37 @@ impl RfcPolicy {
 impl Policy for RfcPolicy {
     fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
         let (status, headers) = (response.status, &response.headers);
-        if status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED {
-            return Decision::Fail;
-        }
+        // What is not stored: a pass, but for a server error, a failed load (shared with the
+        // requests that waited for it, unless it is private to its own).
+        let unstored = |private: bool| match (
+            status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED,
+            private,
+        ) {
+            (false, _) => Decision::Pass,
+            (true, false) => Decision::Share,
+            (true, true) => Decision::Fail,
+        };
         if status.is_informational()
             || status == StatusCode::PARTIAL_CONTENT
             || status == StatusCode::NOT_MODIFIED
-            || headers.contains_key(SET_COOKIE)
         {
             return Decision::Pass;
+        }
+        if headers.contains_key(SET_COOKIE) {
+            return unstored(true);
         }
         let (mut max_age, mut s_maxage) = (None, None);
         let mut allows_authorized = self.share_authorized;
         let (directives, expires_counts) = self.directives(headers);
         for Directive { name, argument } in directives {
             match name.as_str() {
-                "no-store" | "private" | "no-cache" => return Decision::Pass,
+                "no-store" | "private" => return unstored(true),
+                "no-cache" => return unstored(false),
                 "public" | "must-revalidate" => allows_authorized = true,
                 "max-age" | "s-maxage" => {
                     let Some(seconds) = argument.as_deref().and_then(parse::delta_seconds) else {
                         // An unreadable lifetime is no permission to store.
-                        return Decision::Pass;
+                        return unstored(false);
                     };
                     if name == "s-maxage" {
                         allows_authorized = true;
@@ -263,7 +286,7 @@ impl Policy for RfcPolicy {
             }
         }
         if request.headers.contains_key(AUTHORIZATION) && !allows_authorized {
-            return Decision::Pass;
+            return unstored(true);
         }
         let explicit = s_maxage
             .or(max_age)
@@ -272,7 +295,8 @@ impl Policy for RfcPolicy {
             explicit.or_else(|| self.default_ttl.filter(|_| cacheable_by_default(status)));
         match lifetime.map(|l| l.saturating_sub(age(headers))) {
             Some(ttl) if !ttl.is_zero() => Decision::Store(ttl),
-            _ => Decision::Pass,
+            // A server error without freshness is the origin's answer to this load only.
+            _ => unstored(false),
         }
     }
 }
@@ -600,10 +624,56 @@ mod tests {
         }
         for status in [500, 502, 503, 504] {
             assert_eq!(
-                decide(&heuristic, status, &[("cache-control", "max-age=3")]),
-                Decision::Fail,
+                decide(&heuristic, status, &[]),
+                Decision::Share,
+                "{status}: without explicit freshness, the origin's answer to this load only"
+            );
+            assert_eq!(
+                decide(&heuristic, status, &[("cache-control", "max-age=0")]),
+                Decision::Share,
                 "{status}"
             );
+            assert_eq!(
+                decide(&heuristic, status, &[("cache-control", "max-age=3")]),
+                secs(3),
+                "{status}: with explicit freshness, stored like any response"
+            );
+            for private in [
+                ("cache-control", "no-store"),
+                ("cache-control", "private"),
+                ("set-cookie", "a=b"),
+            ] {
+                assert_eq!(
+                    decide(&heuristic, status, &[private]),
+                    Decision::Fail,
+                    "{status} {private:?}: private to its request, a stale response may stand in"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn what_is_never_stored() {
+        let p = RfcPolicy::new().default_ttl(Duration::from_secs(60));
+        for pairs in [
+            &[("cache-control", "no-store")][..],
+            &[
+                ("cache-control", "max-age=60"),
+                ("cache-control", "Private"),
+            ],
+            &[("cache-control", "private=\"x-user\", max-age=60")],
+            &[("cache-control", "no-cache")],
+            &[("cache-control", "no-cache=\"set-cookie\", max-age=60")],
+            &[("cache-control", "max-age=0")],
+            &[("cache-control", "max-age=-1")],
+            &[("cache-control", "max-age=abc")],
+            &[("cache-control", "max-age")],
+            &[
+                ("set-cookie", "a=b"),
+                ("cache-control", "public, max-age=60"),
+            ],
+        ] {
+            assert_eq!(decide(&p, 200, pairs), Decision::Pass, "{pairs:?}");
         }
     }
 

@@ -11,8 +11,8 @@ use http_body::Body;
 use tower::util::Oneshot;
 use tower::Service;
 
-use super::answer::BYPASS;
 use super::body::ResponseBody;
+use super::cache_status::Served;
 use super::flow::serve;
 use super::future::ResponseFuture;
 use super::layer::HttpConfig;
@@ -103,7 +103,8 @@ where
         }
         // A clone is only ever called through `Oneshot`, which polls it ready first.
         let inner = self.inner.clone();
-        let bypassed = match policy::request_rule(&request, config.honor_client_no_cache) {
+        let (bypassed, served) = match policy::request_rule(&request, config.honor_client_no_cache)
+        {
             RequestRule::Ignore => {
                 return ResponseFuture::inner(Oneshot::new(inner, request), None, config)
             }
@@ -111,7 +112,7 @@ where
                 let sent = invalidate::send_unsafe(inner, self.cache.clone(), config, request);
                 return ResponseFuture::boxed(Box::pin(sent));
             }
-            RequestRule::Bypass => request,
+            RequestRule::Bypass => (request, Served::Request),
             RequestRule::Cache => match self.primary_key(request) {
                 (request, Some(primary)) => {
                     let loading = Loading {
@@ -122,10 +123,10 @@ where
                     return ResponseFuture::boxed(Box::pin(serve(loading, primary, request)));
                 }
                 // The key cannot describe the request.
-                (request, None) => request,
+                (request, None) => (request, Served::Unkeyed),
             },
         };
         crate::cache::telemetry::lookup("bypass");
-        ResponseFuture::inner(Oneshot::new(inner, bypassed), Some(BYPASS), config)
+        ResponseFuture::inner(Oneshot::new(inner, bypassed), Some(served), config)
     }
 }

@@ -1,0 +1,297 @@
+//! How the layer says it handled a response: `Cache-Status` (RFC 9211), and the older
+//! `x-cache` for existing users.
+//!
+//! Every response the layer handles gets one `Cache-Status` member under the layer's cache
+//! name, appended after any the response already carries: RFC 9211 §2 lists the caches in
+//! order, the one closest to the origin first, so a `Cache-Status` of the origin's own cache
+//! stays in front. The fixed values (a hit, a stale answer) are made once, when the layer is
+//! configured; the others are written per response with `itoa`, off the hit path.
+
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+/// `Cache-Status` (RFC 9211).
+pub(crate) static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
+/// The header that tells how the layer answered, in the older style.
+pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+/// `x-cache`: from the cache (L1, the shared store, or another request's load).
+const HIT: HeaderValue = HeaderValue::from_static("HIT");
+/// `x-cache`: this request's own load (or the layer made the response).
+const MISS: HeaderValue = HeaderValue::from_static("MISS");
+/// `x-cache`: passed to the inner service, not cacheable.
+const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
+/// `x-cache`: a stale response.
+const STALE: HeaderValue = HeaderValue::from_static("STALE");
+
+/// The cache name used in `Cache-Status` unless one is configured.
+pub(crate) const DEFAULT_NAME: &str = "tower-stampede";
+
+/// How a response was served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// From a fresh entry: `hit` (`x-cache: HIT`).
+    Hit,
+    /// From an entry that is past its freshness, served while a load refreshes it, or in place
+    /// of a failed one: `fwd=stale` (`STALE`).
+    Stale,
+    /// By another request's load (here or in another process), collapsed with it:
+    /// `fwd=uri-miss; fwd-status=N; collapsed` (`HIT`).
+    Collapsed,
+    /// By this request's own load: `fwd=uri-miss; fwd-status=N`, with `stored; ttl=N` if it
+    /// was stored for that long (`MISS`).
+    Loaded(Option<Duration>),
+    /// By the inner service, the response not to be stored (or a "pass" marker said so):
+    /// `fwd=uri-miss; fwd-status=N` (`BYPASS`).
+    Passed,
+    /// By the inner service, the request not to be answered from the cache (`no-store`, a
+    /// range, a precondition, a reload the layer honours): `fwd=request; fwd-status=N`
+    /// (`BYPASS`).
+    Request,
+    /// By the inner service, the key not describing the request: `fwd=bypass; fwd-status=N`
+    /// (`BYPASS`).
+    Unkeyed,
+    /// Made by the layer, with no answer of the origin to give: `fwd=uri-miss; detail=D`
+    /// (`MISS`).
+    MadeUp(Detail),
+}
+
+/// Why the layer made a response itself, as `Cache-Status`'s `detail` says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Detail {
+    /// The load got no answer from the origin (the inner service failed, its body failed, or
+    /// an answer could not be shared), here or in another process: `502`.
+    NoOriginResponse,
+    /// The load, or the wait for it, timed out: `504`.
+    Timeout,
+}
+
+impl Detail {
+    fn token(self) -> &'static [u8] {
+        match self {
+            Detail::NoOriginResponse => b"no-origin-response",
+            Detail::Timeout => b"timeout",
+        }
+    }
+}
+
+/// The layer's `Cache-Status` name and whether it writes `x-cache` too, with the values made
+/// once.
+#[derive(Clone, Debug)]
+pub(crate) struct CacheStatus {
+    /// The name as a Structured Field item: a Token if it is one, else a String.
+    name: Bytes,
+    hit: HeaderValue,
+    stale: HeaderValue,
+    x_cache: bool,
+}
+
+impl Default for CacheStatus {
+    fn default() -> Self {
+        CacheStatus::new(DEFAULT_NAME, true)
+    }
+}
+
+impl CacheStatus {
+    /// The values for the cache `name` (written as a Token if it is one, else as a String of
+    /// its printable ASCII characters), with `x-cache` or without.
+    pub(crate) fn new(name: &str, x_cache: bool) -> Self {
+        let name = serialized_name(name);
+        let fixed = |parameters: &[u8]| {
+            let mut value = BytesMut::with_capacity(name.len() + parameters.len());
+            value.put_slice(&name);
+            value.put_slice(parameters);
+            HeaderValue::from_maybe_shared(value.freeze())
+                .unwrap_or_else(|_| HeaderValue::from_static(DEFAULT_NAME))
+        };
+        CacheStatus {
+            hit: fixed(b"; hit"),
+            stale: fixed(b"; fwd=stale"),
+            name,
+            x_cache,
+        }
+    }
+
+    /// Whether `x-cache` is written too.
+    pub(crate) fn x_cache(&self) -> bool {
+        self.x_cache
+    }
+
+    /// The same, with `x-cache` on or off.
+    pub(crate) fn with_x_cache(mut self, on: bool) -> Self {
+        self.x_cache = on;
+        self
+    }
+
+    /// Marks a response `status` with `headers` as `served`.
+    pub(crate) fn mark(&self, status: StatusCode, headers: &mut HeaderMap, served: Served) {
+        if self.x_cache {
+            let x_cache = match served {
+                Served::Hit | Served::Collapsed => HIT,
+                Served::Stale => STALE,
+                Served::Loaded(_) | Served::MadeUp(_) => MISS,
+                Served::Passed | Served::Request | Served::Unkeyed => BYPASS,
+            };
+            headers.insert(X_CACHE.clone(), x_cache);
+        }
+        let value = match served {
+            Served::Hit => self.hit.clone(),
+            Served::Stale => self.stale.clone(),
+            _ => self.written(status, served),
+        };
+        headers.append(CACHE_STATUS.clone(), value);
+    }
+
+    /// A value with a status, a TTL or a detail in it.
+    fn written(&self, status: StatusCode, served: Served) -> HeaderValue {
+        let mut value = BytesMut::with_capacity(self.name.len() + 64);
+        value.put_slice(&self.name);
+        value.put_slice(match served {
+            Served::Request => b"; fwd=request",
+            Served::Unkeyed => b"; fwd=bypass",
+            _ => b"; fwd=uri-miss",
+        });
+        let mut numbers = itoa::Buffer::new();
+        match served {
+            Served::MadeUp(detail) => {
+                value.put_slice(b"; detail=");
+                value.put_slice(detail.token());
+            }
+            _ => {
+                value.put_slice(b"; fwd-status=");
+                value.put_slice(numbers.format(status.as_u16()).as_bytes());
+            }
+        }
+        match served {
+            Served::Collapsed => value.put_slice(b"; collapsed"),
+            Served::Loaded(Some(ttl)) => {
+                value.put_slice(b"; stored; ttl=");
+                value.put_slice(numbers.format(ttl.as_secs()).as_bytes());
+            }
+            _ => {}
+        }
+        HeaderValue::from_maybe_shared(value.freeze()).unwrap_or_else(|_| self.hit.clone())
+    }
+}
+
+/// `name` as a Structured Field Token (RFC 8941 §3.3.4) if it is one, else as a String of its
+/// printable ASCII characters.
+fn serialized_name(name: &str) -> Bytes {
+    let bytes = name.as_bytes();
+    let token = bytes
+        .first()
+        .is_some_and(|b| b.is_ascii_alphabetic() || *b == b'*')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(b));
+    if token {
+        return Bytes::copy_from_slice(bytes);
+    }
+    let mut quoted = BytesMut::with_capacity(bytes.len() + 2);
+    quoted.put_u8(b'"');
+    for &b in bytes.iter().filter(|b| (0x20..=0x7e).contains(*b)) {
+        if b == b'"' || b == b'\\' {
+            quoted.put_u8(b'\\');
+        }
+        quoted.put_u8(b);
+    }
+    quoted.put_u8(b'"');
+    quoted.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marked(status: &CacheStatus, code: u16, served: Served) -> (String, Option<String>) {
+        let mut headers = HeaderMap::new();
+        status.mark(StatusCode::from_u16(code).unwrap(), &mut headers, served);
+        let text = |name: &HeaderName| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
+        (text(&CACHE_STATUS).unwrap(), text(&X_CACHE))
+    }
+
+    #[test]
+    fn each_way_of_serving_has_its_rfc_9211_parameters() {
+        let status = CacheStatus::default();
+        let cases = [
+            (200, Served::Hit, "tower-stampede; hit", "HIT"),
+            (200, Served::Stale, "tower-stampede; fwd=stale", "STALE"),
+            (
+                503,
+                Served::Collapsed,
+                "tower-stampede; fwd=uri-miss; fwd-status=503; collapsed",
+                "HIT",
+            ),
+            (
+                200,
+                Served::Loaded(Some(Duration::from_secs(60))),
+                "tower-stampede; fwd=uri-miss; fwd-status=200; stored; ttl=60",
+                "MISS",
+            ),
+            (
+                500,
+                Served::Loaded(None),
+                "tower-stampede; fwd=uri-miss; fwd-status=500",
+                "MISS",
+            ),
+            (
+                200,
+                Served::Passed,
+                "tower-stampede; fwd=uri-miss; fwd-status=200",
+                "BYPASS",
+            ),
+            (
+                206,
+                Served::Request,
+                "tower-stampede; fwd=request; fwd-status=206",
+                "BYPASS",
+            ),
+            (
+                200,
+                Served::Unkeyed,
+                "tower-stampede; fwd=bypass; fwd-status=200",
+                "BYPASS",
+            ),
+            (
+                502,
+                Served::MadeUp(Detail::NoOriginResponse),
+                "tower-stampede; fwd=uri-miss; detail=no-origin-response",
+                "MISS",
+            ),
+            (
+                504,
+                Served::MadeUp(Detail::Timeout),
+                "tower-stampede; fwd=uri-miss; detail=timeout",
+                "MISS",
+            ),
+        ];
+        for (code, served, cache_status, x_cache) in cases {
+            assert_eq!(
+                marked(&status, code, served),
+                (cache_status.to_owned(), Some(x_cache.to_owned())),
+                "{served:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_are_tokens_or_strings_and_x_cache_is_optional() {
+        let status = CacheStatus::new("edge \"7\"\u{e9}", false);
+        assert_eq!(
+            marked(&status, 200, Served::Hit),
+            ("\"edge \\\"7\\\"\"; hit".to_owned(), None)
+        );
+        let status = CacheStatus::new("", true);
+        assert_eq!(marked(&status, 200, Served::Hit).0, "\"\"; hit");
+    }
+
+    #[test]
+    fn an_origin_cache_status_stays_first() {
+        let mut headers = HeaderMap::new();
+        headers.insert(&CACHE_STATUS, HeaderValue::from_static("OriginCache; hit"));
+        CacheStatus::default().mark(StatusCode::OK, &mut headers, Served::Hit);
+        let values: Vec<_> = headers.get_all(&CACHE_STATUS).iter().collect();
+        assert_eq!(values, ["OriginCache; hit", "tower-stampede; hit"]);
+    }
+}
