@@ -484,6 +484,33 @@ async fn a_server_error_reaches_its_waiters_and_is_not_reused() {
     }
 }
 
+/// RFC 9111 §4.2.2: a shared cache should not invent freshness for everything. By default (and
+/// with `--ttl-secs 0`) the proxy stores no response without explicit freshness; with
+/// `--ttl-secs S` it stores those with a status cacheable by default for S seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_proxy_invents_no_freshness_unless_told_to() {
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let client = client(1);
+    for (ttl, marks) in [
+        (None, ["BYPASS", "BYPASS"]),
+        (Some("0"), ["BYPASS", "BYPASS"]),
+        (Some("60"), ["MISS", "HIT"]),
+    ] {
+        let extra = ttl.map(|s| vec!["--ttl-secs".to_owned(), s.to_owned()]);
+        let args = proxy_args(origin, "ttl", extra.unwrap_or_default());
+        let proxy = start_proxies(1, args).await.remove(0);
+        let before = origin_requests.get();
+        for mark in marks {
+            let answer = send(&client, get(&proxy.url("/bare"))).await.unwrap();
+            assert_eq!(answer.status, StatusCode::OK);
+            assert_eq!(answer.x_cache.as_deref(), Some(mark), "--ttl-secs {ttl:?}");
+        }
+        let loads = if marks[1] == "HIT" { 1 } else { 2 };
+        assert_eq!(origin_requests.get(), before + loads, "--ttl-secs {ttl:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stampede_over_three_proxies_loads_the_origin_once() {
     const REQUESTS: usize = 1000;

@@ -39,13 +39,16 @@ pub(crate) struct Args {
     #[arg(long, value_name = "URLS", value_parser = cluster_urls)]
     pub(crate) redis_cluster: Option<ClusterUrls>,
 
-    /// Freshness when the origin gives none, for statuses cacheable by default (200, 404,
-    /// ...)
+    /// Freshness to invent when the origin gives none, for statuses cacheable by default
+    /// (200, 404, ...); 0 invents none: such responses are not stored. Default 0: a shared
+    /// cache should not give every response a heuristic lifetime (RFC 9111 §4.2.2), so only
+    /// what the origin declares fresh (s-maxage, max-age, Expires, CDN-Cache-Control) is
+    /// stored unless this is set
     #[arg(
         long = "ttl-secs",
         value_name = "S",
-        value_parser = positive_secs,
-        default_value = "60"
+        value_parser = secs,
+        default_value = "0"
     )]
     pub(crate) ttl: Duration,
 
@@ -156,10 +159,6 @@ fn positive(text: &str) -> Result<u64, String> {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("not a positive whole number".to_owned()),
     }
-}
-
-fn positive_secs(text: &str) -> Result<Duration, String> {
-    positive(text).map(Duration::from_secs)
 }
 
 fn positive_millis(text: &str) -> Result<Duration, String> {

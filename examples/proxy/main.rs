@@ -3,13 +3,17 @@
 //! Every request is forwarded to the origin (`--origin http://host:port`). Cacheable `GET`
 //! and `HEAD` responses (by the shared-cache rules of RFC 9111, see the `http` module of the
 //! crate: no `no-store`/`private`/`Set-Cookie`, one entry per variant for `Vary`, ...) are
-//! shared through the cache: fresh for the origin's `s-maxage`, `max-age` or `Expires`, or,
-//! for statuses cacheable by default (200, 404, ...), `--ttl-secs` when it gives none. Each
-//! response says how it was served in `x-cache` (`HIT`, `MISS`, `STALE` or `BYPASS`; other
-//! methods than `GET` pass through without it). With `--stale-secs S`, a response up to S
-//! seconds past its freshness is served at once while one request refreshes it, and in place
-//! of a failed refresh; hot responses are refreshed shortly before they expire
-//! (`--early-refresh-beta`, on by default).
+//! shared through the cache: fresh for the origin's `CDN-Cache-Control`, `s-maxage`,
+//! `max-age` or `Expires`. Responses without explicit freshness are not stored unless
+//! `--ttl-secs S` (default 0) gives the freshness to invent for statuses cacheable by
+//! default (200, 404, ...): a shared cache should not make up a lifetime for everything
+//! (RFC 9111 §4.2.2). An origin's `5xx` without explicit freshness goes to the requests
+//! that waited for its load, and is never reused. Each response says how it was served in
+//! `Cache-Status` (RFC 9211, as `tower-stampede`) and `x-cache` (`HIT`, `MISS`, `STALE` or
+//! `BYPASS`; other methods than `GET` pass through without them). With `--stale-secs S`, a
+//! response up to S seconds past its freshness is served at once while one request refreshes
+//! it, and in place of a failed refresh; hot responses are refreshed shortly before they
+//! expire (`--early-refresh-beta`, on by default).
 //!
 //! Run several proxies over one Redis and a stampede on a cold URL reaches the origin once in
 //! all, whichever proxies the requests land on:
@@ -285,8 +289,13 @@ async fn run(args: Args) -> Result<(), String> {
     }
     let cache = build_cache(&args).await?;
     // Responses without explicit freshness, with a status cacheable by default, are kept for
-    // --ttl-secs.
-    let mut layer = StampedeLayer::new(cache).policy(RfcPolicy::new().default_ttl(args.ttl));
+    // --ttl-secs; with 0 (the default), not at all.
+    let policy = if args.ttl.is_zero() {
+        RfcPolicy::new()
+    } else {
+        RfcPolicy::new().default_ttl(args.ttl)
+    };
+    let mut layer = StampedeLayer::new(cache).policy(policy);
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
     }
