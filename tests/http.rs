@@ -567,6 +567,12 @@ async fn stale_responses_while_refreshing_and_in_place_of_errors() {
             "{}",
             shared.name
         );
+        // RFC 9211 §2.1: not forwarded for this answer, so a hit; a stale one.
+        assert_eq!(
+            headers["cache-status"], "tower-stampede; hit; detail=stale",
+            "{}",
+            shared.name
+        );
         refresh_gate.add_permits(1);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {

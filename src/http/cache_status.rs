@@ -34,7 +34,10 @@ pub(crate) enum Served {
     /// From a fresh entry: `hit` (`x-cache: HIT`).
     Hit,
     /// From an entry that is past its freshness, served while a load refreshes it, or in place
-    /// of a failed one: `fwd=stale` (`STALE`).
+    /// of a failed one: `hit; detail=stale` (`STALE`). RFC 9211 §2.1 calls a response from the
+    /// cache that this request did not wait on the origin for a hit, and §3 marks a stale one
+    /// with a negative `ttl`; the layer does not know the entry's freshness here, so `detail`
+    /// says it (`fwd=stale` is for a request that went forward because its entry was stale).
     Stale,
     /// By another request's load (here or in another process), collapsed with it:
     /// `fwd=uri-miss; fwd-status=N; collapsed` (`HIT`).
@@ -107,7 +110,7 @@ impl CacheStatus {
         };
         CacheStatus {
             hit: fixed(b"; hit"),
-            stale: fixed(b"; fwd=stale"),
+            stale: fixed(b"; hit; detail=stale"),
             name,
             x_cache,
         }
@@ -216,7 +219,12 @@ mod tests {
         let status = CacheStatus::default();
         let cases = [
             (200, Served::Hit, "tower-stampede; hit", "HIT"),
-            (200, Served::Stale, "tower-stampede; fwd=stale", "STALE"),
+            (
+                200,
+                Served::Stale,
+                "tower-stampede; hit; detail=stale",
+                "STALE",
+            ),
             (
                 503,
                 Served::Collapsed,

@@ -18,7 +18,7 @@
 //! | `hit` | `HIT` | from a fresh entry (L1 or the shared store) |
 //! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
-//! | `fwd=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
+//! | `hit; detail=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
 //! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
 //! | `fwd=bypass; fwd-status=200` | `BYPASS` | passed to the inner service: the key cannot describe the request |
