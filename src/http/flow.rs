@@ -46,8 +46,7 @@ where
     let asked = Asked::of(&request);
     let slot = Slot::new(request);
     let cache = loading.cache.clone();
-    let config = std::sync::Arc::clone(&loading.config);
-    let status = &config.cache_status;
+    let status = &loading.config.cache_status;
 
     // Step one: the URL's key.
     let (to_leader, mut from_loader) = oneshot::channel();
