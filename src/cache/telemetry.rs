@@ -84,6 +84,10 @@ mod imp {
         metrics::counter!("stampede_store_errors_total").increment(1);
     }
 
+    pub(crate) fn corrupt_entry() {
+        metrics::counter!("stampede_corrupt_entries_total").increment(1);
+    }
+
     pub(crate) fn breaker_open(open: bool) {
         metrics::gauge!("stampede_breaker_open").set(if open { 1.0 } else { 0.0 });
     }
@@ -104,11 +108,14 @@ mod imp {
     pub(crate) fn lock(_event: LockEvent) {}
     pub(crate) fn follower_wait(_duration: Duration, _ended: WaitEnd) {}
     pub(crate) fn store_error() {}
+    pub(crate) fn corrupt_entry() {}
     pub(crate) fn breaker_open(_open: bool) {}
     pub(crate) fn l1_bytes(_bytes: u64) {}
 }
 
-pub(crate) use imp::{breaker_open, follower_wait, l1_bytes, load, lock, lookup, store_error};
+pub(crate) use imp::{
+    breaker_open, corrupt_entry, follower_wait, l1_bytes, load, lock, lookup, store_error,
+};
 
 /// Counts a call answered with `outcome`.
 pub(crate) fn outcome(outcome: Outcome) {
