@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::entry::{self, Entry};
+use super::telemetry::{self, WaitEnd};
 use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
 use crate::store::{BoxFuture, KeyDigest};
 
@@ -131,6 +132,7 @@ impl Inner {
             tokio::spawn(fly(landing, tx, loader));
             break (rx, true);
         };
+        let joined_at = (!created).then(Instant::now);
         let answer = match result.wait_for(servable).await {
             Ok(answer) => answer.clone().map_or_else(
                 || Err(Error::new(ErrorKind::LoadPanicked)),
@@ -139,6 +141,9 @@ impl Inner {
             // The flight's task ended without an answer: it panicked or its runtime shut down.
             Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
         };
+        if let Some(joined_at) = joined_at {
+            telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
+        }
         answer.map(|mut fetched| {
             // Only the caller that started the flight gave it its loader.
             if !created

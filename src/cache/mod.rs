@@ -89,6 +89,8 @@ pub use answer::{Fetched, Loaded, Outcome, Stats};
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
+#[cfg(feature = "metrics")]
+pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
 #[cfg(feature = "serde")]
 pub use typed::{Codec, Postcard, Typed};
 
