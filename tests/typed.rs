@@ -104,6 +104,26 @@ async fn a_typed_value_round_trips_and_an_l1_hit_hands_out_the_decoded_value() {
     }
 }
 
+/// Without L1 nothing is kept decoded: every call decodes what the store holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_l1_every_call_decodes_from_the_store() {
+    for shared in Shared::both().await {
+        let name = shared.name;
+        let cache = shared.cache().l1_capacity(0).build();
+        let users = cache.typed::<UserV1>();
+        let loads = Counter::default();
+        let first = users
+            .get_or_load("k", counted(&loads, ada()))
+            .await
+            .unwrap();
+        let again = users.get_or_load("k", never).await.unwrap();
+        assert_eq!(*again, ada(), "{name}");
+        assert!(!Arc::ptr_eq(&first, &again), "{name}");
+        assert_eq!(loads.get(), 1, "{name}");
+        assert_eq!(cache.stats().corrupt_entries, 0, "{name}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_typed_stampede_is_one_load() {
     for shared in Shared::both().await {

@@ -86,6 +86,9 @@ use crate::store::{KeyDigest, StoreKey};
 /// Length of the schema tag in front of every typed value.
 const TAG_LEN: usize = 8;
 
+/// The longest a decoded value is kept (for an `l1_ttl_cap` of `Duration::MAX`).
+const MAX_LIFE: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// How typed values become bytes and back: a serde data format.
 ///
 /// Implement it to store values in another format (JSON for values other programs read,
@@ -321,21 +324,26 @@ where
     /// The value `bytes` hold: the one decoded last time if L1 still holds those very bytes,
     /// else decoded now (and kept for the next hit); `None` if they are not a `T`.
     async fn decoded(&self, inner: &Inner, digest: KeyDigest, bytes: &Bytes) -> Option<Arc<T>> {
-        let kept = inner.decoded.as_ref()?;
-        if let Some(kept) = kept.get(&digest).await {
+        let kept = inner.decoded.as_ref();
+        if let Some(entry) = match kept {
+            Some(kept) => kept.get(&digest).await,
+            None => None,
+        } {
             // The kept bytes are alive, so equal pointers and lengths mean equal contents.
-            if kept.bytes.as_ptr() == bytes.as_ptr() && kept.bytes.len() == bytes.len() {
-                if let Ok(value) = kept.value.downcast::<T>() {
+            if entry.bytes.as_ptr() == bytes.as_ptr() && entry.bytes.len() == bytes.len() {
+                if let Ok(value) = entry.value.downcast::<T>() {
                     return Some(value);
                 }
             }
         }
         let value = Arc::new(decode::<T, C>(&self.codec, self.tag, bytes)?);
-        let entry = DecodedEntry {
-            bytes: bytes.clone(),
-            value: Arc::clone(&value) as Arc<dyn Any + Send + Sync>,
-        };
-        kept.insert(digest, entry).await;
+        if let Some(kept) = kept {
+            let entry = DecodedEntry {
+                bytes: bytes.clone(),
+                value: Arc::clone(&value) as Arc<dyn Any + Send + Sync>,
+            };
+            kept.insert(digest, entry).await;
+        }
         Some(value)
     }
 }
@@ -376,7 +384,8 @@ pub(super) fn build(config: &Config) -> Option<Decoded> {
             .weigher(|_key: &KeyDigest, entry: &DecodedEntry| {
                 u32::try_from(entry.bytes.len().saturating_add(96)).unwrap_or(u32::MAX)
             })
-            .time_to_live(config.l1_ttl_cap)
+            // No longer than an L1 entry lives; moka refuses lives past 1000 years.
+            .time_to_live(config.l1_ttl_cap.min(MAX_LIFE))
             .build()
     })
 }
