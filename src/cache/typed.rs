@@ -368,6 +368,9 @@ pub(super) struct DecodedEntry {
 /// The decoded values of typed hits, by key.
 pub(super) type Decoded = moka::future::Cache<KeyDigest, DecodedEntry>;
 
+/// The longest time to live given to moka: a year.
+const LONGEST_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// The cache of decoded values for `config`, or `None` when L1 is off.
 pub(super) fn build(config: &Config) -> Option<Decoded> {
     (config.l1_capacity > 0).then(|| {
@@ -376,7 +379,9 @@ pub(super) fn build(config: &Config) -> Option<Decoded> {
             .weigher(|_key: &KeyDigest, entry: &DecodedEntry| {
                 u32::try_from(entry.bytes.len().saturating_add(96)).unwrap_or(u32::MAX)
             })
-            .time_to_live(config.l1_ttl_cap)
+            // moka refuses (panics on) a time to live past 1000 years; a cap that long means
+            // "no cap" and a year is as good.
+            .time_to_live(config.l1_ttl_cap.min(LONGEST_TTL))
             .build()
     })
 }
