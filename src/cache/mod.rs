@@ -115,6 +115,8 @@ struct Inner {
     /// Whether a loader of this process has returned tags: from then on every leader reads
     /// the tag clock before its load (see the `tags` module).
     tags_seen: AtomicBool,
+    /// Tag versions read, kept while notifications keep them right (see the `tags` module).
+    known_versions: tags::KnownVersions,
     next_flight: AtomicU64,
     counters: Counters,
     /// Typed values decoded from the bytes L1 holds (`None` when L1 is off).
@@ -159,6 +161,7 @@ impl Cache {
                 flights: Mutex::new(HashMap::new()),
                 refreshing: Mutex::new(HashSet::new()),
                 tags_seen: AtomicBool::new(false),
+                known_versions: tags::KnownVersions::default(),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),

@@ -86,9 +86,6 @@ use crate::store::{KeyDigest, StoreKey};
 /// Length of the schema tag in front of every typed value.
 const TAG_LEN: usize = 8;
 
-/// The longest a decoded value is kept (for an `l1_ttl_cap` of `Duration::MAX`).
-const MAX_LIFE: Duration = Duration::from_secs(365 * 24 * 3600);
-
 /// How typed values become bytes and back: a serde data format.
 ///
 /// Implement it to store values in another format (JSON for values other programs read,
@@ -376,6 +373,9 @@ pub(super) struct DecodedEntry {
 /// The decoded values of typed hits, by key.
 pub(super) type Decoded = moka::future::Cache<KeyDigest, DecodedEntry>;
 
+/// The longest time to live given to moka: a year.
+const LONGEST_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// The cache of decoded values for `config`, or `None` when L1 is off.
 pub(super) fn build(config: &Config) -> Option<Decoded> {
     (config.l1_capacity > 0).then(|| {
@@ -384,8 +384,9 @@ pub(super) fn build(config: &Config) -> Option<Decoded> {
             .weigher(|_key: &KeyDigest, entry: &DecodedEntry| {
                 u32::try_from(entry.bytes.len().saturating_add(96)).unwrap_or(u32::MAX)
             })
-            // No longer than an L1 entry lives; moka refuses lives past 1000 years.
-            .time_to_live(config.l1_ttl_cap.min(MAX_LIFE))
+            // moka refuses (panics on) a time to live past 1000 years; a cap that long means
+            // "no cap" and a year is as good.
+            .time_to_live(config.l1_ttl_cap.min(LONGEST_TTL))
             .build()
     })
 }
