@@ -171,39 +171,63 @@ fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache, prefix: &str) -> Vec
     unreachable!("some key lands on every node")
 }
 
+/// A follower is woken by a fill on any node, published with sharded pub/sub (the default) or
+/// by a store that does not shard (as an older release, or `sharded_notifications(false)`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_on_a_cluster_are_woken_by_fills_on_any_node() {
     let cluster = RedisCluster::start();
-    let leader = cache(instance(&cluster).await).build();
+    let sharded = cache(instance(&cluster).await).build();
+    let classic = RedisStore::cluster_builder(cluster.urls())
+        .sharded_notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    let classic = cache(classic).build();
     // Polls would take a minute: only a notification can wake these followers in time.
     let follower = cache(instance(&cluster).await)
         .backoff(Duration::from_secs(60), Duration::from_secs(60))
         .wait_timeout(Duration::from_secs(120))
         .build();
-    // The subscriber listens on one node; the fills happen on each of the three.
-    for key in keys_on_each_node(&cluster, &leader, "key") {
-        let loads = Counter::default();
-        let leading = start_leader(&leader, &key, &loads, "filled").await;
-        let mut followers = Vec::new();
+    // The fills happen on each of the three nodes, from each leader.
+    let keys = keys_on_each_node(&cluster, &sharded, "key")
+        .into_iter()
+        .map(|key| (key, &sharded))
+        .chain(
+            keys_on_each_node(&cluster, &sharded, "classic")
+                .into_iter()
+                .map(|key| (key, &classic)),
+        );
+    for (key, leader) in keys {
+        fill_wakes_followers(leader, &[&follower], &key).await;
+    }
+}
+
+/// A fill of `key` by `leader` (a 300 ms load) wakes followers in each of `followers` (whose
+/// polls are a minute apart), which answer with the filled value.
+async fn fill_wakes_followers(leader: &Cache, followers: &[&Cache], key: &str) {
+    let loads = Counter::default();
+    let leading = start_leader(leader, key, &loads, "filled").await;
+    let mut waiting = Vec::new();
+    for follower in followers {
         for _ in 0..10 {
-            let (follower, key) = (follower.clone(), key.clone());
-            followers.push(tokio::spawn(async move {
+            let (follower, key) = ((*follower).clone(), key.to_owned());
+            waiting.push(tokio::spawn(async move {
                 follower.fetch(key, never_called).await
             }));
         }
-        for waiting in followers {
-            // A failure guard only: a poll would come after 30 s at the earliest.
-            let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
-                .await
-                .unwrap_or_else(|_| panic!("{key}: follower not woken by the fill"))
-                .unwrap()
-                .unwrap();
-            assert_eq!(fetched.value().unwrap(), "filled", "{key}");
-            assert_eq!(fetched.outcome(), Outcome::Follower, "{key}");
-        }
-        assert_eq!(leading.await.unwrap().unwrap(), "filled");
-        assert_eq!(loads.get(), 1, "{key}");
     }
+    for waiting in waiting {
+        // A failure guard only: a poll would come after 30 s at the earliest.
+        let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("{key}: follower not woken by the fill"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(fetched.value().unwrap(), "filled", "{key}");
+        assert_eq!(fetched.outcome(), Outcome::Follower, "{key}");
+    }
+    assert_eq!(leading.await.unwrap().unwrap(), "filled");
+    assert_eq!(loads.get(), 1, "{key}");
 }
 
 /// Invalidation on a cluster: `invalidate`, `set` and `invalidate_tag` (whose clock and
@@ -456,26 +480,103 @@ async fn a_master_killed_during_stampedes_fails_over_without_errors() {
             }
         }
         eprintln!("{key}: every subscriber is in place");
-        let fills = Counter::default();
-        let leading = start_leader(&patient[0], &key, &fills, "filled").await;
-        let mut followers = Vec::new();
-        for follower in &patient[1..] {
-            let (follower, key) = (follower.clone(), key.clone());
-            followers.push(tokio::spawn(async move {
-                follower.fetch(key, never_called).await
-            }));
-        }
-        for waiting in followers {
-            // A failure guard only: a poll would come after 30 s at the earliest.
-            let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
-                .await
-                .unwrap_or_else(|_| panic!("{key}: follower not woken by the fill"))
-                .unwrap()
-                .unwrap();
-            assert_eq!(fetched.value().unwrap(), "filled", "{key}");
-            assert_eq!(fetched.outcome(), Outcome::Follower, "{key}");
-        }
-        assert_eq!(leading.await.unwrap().unwrap(), "filled");
-        assert_eq!(fills.get(), 1, "{key}");
+        let followers: Vec<&Cache> = patient[1..].iter().collect();
+        fill_wakes_followers(&patient[0], &followers, &key).await;
     }
+}
+
+/// Fills of 60 new keys, spread over `instances`, and the cluster-bus pub/sub messages they
+/// cost, per fill. Every instance has subscribed first (a lookup watches its key).
+async fn bus_messages_per_fill(cluster: &RedisCluster, instances: &[Cache]) -> f64 {
+    for (n, cache) in instances.iter().enumerate() {
+        cache
+            .get_or_load(format!("warm-{n}"), || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"warm"))
+            })
+            .await
+            .unwrap();
+    }
+    let settled = |cluster: &RedisCluster| {
+        // The bus delivers asynchronously: read until two reads 200 ms apart agree (bounded).
+        let mut last = cluster.bus_publish_messages();
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = cluster.bus_publish_messages();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        panic!("the cluster bus never settled");
+    };
+    let before = settled(cluster);
+    let fills = 60;
+    for i in 0..fills {
+        let fetched = instances[i % instances.len()]
+            .fetch(format!("filled-{i}"), || async {
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Leader);
+    }
+    let messages = settled(cluster) - before;
+    messages as f64 / fills as f64
+}
+
+/// Four instances on `cluster`, publishing with sharded pub/sub or not.
+async fn instances(cluster: &RedisCluster, sharded: bool, namespace: &str) -> Vec<Cache> {
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::cluster_builder(cluster.urls())
+            .sharded_notifications(sharded)
+            .connect()
+            .await
+            .unwrap();
+        instances.push(Cache::builder(store).namespace(namespace).build());
+    }
+    instances
+}
+
+/// Issue 16 #9: how many messages a fill costs the cluster's nodes. Classic `PUBLISH` is
+/// broadcast over the cluster bus to every other node (2 messages per fill on three masters,
+/// 5 with a replica each); sharded `SPUBLISH` stays within the key's shard (none without
+/// replicas, 1 with). Each instance's subscriber gets the fill once either way. Prints the
+/// figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_is_not_broadcast_to_every_node() {
+    for (cluster, nodes, classic_at_least, sharded_at_most) in [
+        (RedisCluster::start(), 3, 2.0, 0.0),
+        (RedisCluster::start_with_replicas(), 6, 5.0, 1.0),
+    ] {
+        let classic = bus_messages_per_fill(&cluster, &instances(&cluster, false, "c").await).await;
+        let sharded = bus_messages_per_fill(&cluster, &instances(&cluster, true, "s").await).await;
+        eprintln!("{nodes} nodes: cluster-bus messages per fill: classic {classic:.2}, sharded {sharded:.2}");
+        assert!(
+            classic >= classic_at_least,
+            "{nodes} nodes: classic {classic:.2}"
+        );
+        assert!(
+            sharded <= sharded_at_most,
+            "{nodes} nodes: sharded {sharded:.2}"
+        );
+    }
+}
+
+/// A cluster without sharded pub/sub (as before Redis 7.0: `SPUBLISH` and `SSUBSCRIBE` renamed
+/// away): the scripts fall back to `PUBLISH`, the subscriber to the classic channel, and a fill
+/// on any node still wakes followers in another instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sharded_pubsub_notifications_use_classic_pubsub() {
+    let cluster = RedisCluster::start_without_sharded_pubsub();
+    let leader = cache(instance(&cluster).await).build();
+    let follower = cache(instance(&cluster).await)
+        .backoff(Duration::from_secs(60), Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(120))
+        .build();
+    for key in keys_on_each_node(&cluster, &leader, "key") {
+        fill_wakes_followers(&leader, &[&follower], &key).await;
+    }
+    let classic = bus_messages_per_fill(&cluster, &instances(&cluster, true, "s").await).await;
+    assert!(classic >= 2.0, "classic {classic:.2}");
 }

@@ -47,6 +47,25 @@ impl RedisCluster {
         )
     }
 
+    /// Three masters whose `SPUBLISH` and `SSUBSCRIBE` are renamed away, as on a server without
+    /// sharded pub/sub (before Redis 7.0).
+    pub fn start_without_sharded_pubsub() -> Self {
+        let options = ServerOptions {
+            extra: [
+                "--rename-command",
+                "SPUBLISH",
+                "",
+                "--rename-command",
+                "SSUBSCRIBE",
+                "",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            tls: None,
+        };
+        Self::start_with(options, Vec::new(), "redis://".to_owned(), 0)
+    }
+
     /// Three masters with a replica each, set for a quick failover: a node that answers no
     /// ping for 1 s is failed, and a replica takes over however long ago it last heard its
     /// master (`cluster-replica-validity-factor 0`). Returns once every replica is in sync.
@@ -236,6 +255,30 @@ impl RedisCluster {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Pub/sub messages the live nodes received from each other over the cluster bus so far
+    /// (classic and sharded: `cluster_stats_messages_publish[shard]_received` of `CLUSTER
+    /// INFO`); a node counts its messages once its bus has read them.
+    pub fn bus_publish_messages(&self) -> u64 {
+        self.live_nodes()
+            .map(|node| {
+                let info: String = self
+                    .query(node, redis::cmd("CLUSTER").arg("INFO"))
+                    .expect("CLUSTER INFO");
+                info.lines()
+                    .filter_map(|line| line.trim().split_once(':'))
+                    .filter(|(name, _)| {
+                        matches!(
+                            *name,
+                            "cluster_stats_messages_publish_received"
+                                | "cluster_stats_messages_publishshard_received"
+                        )
+                    })
+                    .map(|(_, count)| count.parse::<u64>().expect("a count"))
+                    .sum::<u64>()
+            })
+            .sum()
     }
 
     /// The URLs of the nodes (seeds for a cluster client), with the credentials of a secure
