@@ -436,6 +436,60 @@ async fn a_dropped_subscription_stops_l1_hits_until_it_is_back() {
     assert_eq!(db.loads.get(), 1);
 }
 
+/// A namespace's first subscription is not in place at once: until it is, a message sent by
+/// another process would be missed, so L1 must not trust what this process reads meanwhile
+/// (else an invalidation sent in that gap leaves the old value in L1 for `l1_ttl_cap`). The
+/// gap lasts milliseconds; here it is held open for good by an ACL user who may do anything
+/// but `SUBSCRIBE`, so the test is deterministic: the reader's reads never enter L1, and
+/// every change the writer makes is read at once. It fails if the first subscription is
+/// trusted before it is in place (the reader then keeps `v1` from L1).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l1_trusts_nothing_before_the_namespace_subscription_is_in_place() {
+    use support::RedisServer;
+    use tower_stampede::store::RedisStore;
+
+    let server = RedisServer::start_with(&[
+        "--user",
+        "writer",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "--user",
+        "reader",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-subscribe",
+        "-ssubscribe",
+        "-psubscribe",
+    ]);
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port());
+    let build = |store| as_is(Cache::builder(store).namespace("test")).build();
+    let writer = build(RedisStore::connect(url("writer")).await.unwrap());
+    let reader = build(RedisStore::connect(url("reader")).await.unwrap());
+    let db = Database::at(1);
+    assert_eq!(db.read(&reader, "row").await, "v1");
+    for version in 2..=4 {
+        // Reads that would be L1 hits, were the reader's L1 trusted.
+        for _ in 0..3 {
+            let fetched = reader.fetch("row", never_loads).await.unwrap();
+            assert_ne!(fetched.outcome(), Outcome::L1Hit, "v{version}");
+        }
+        let value = Bytes::from(format!("v{version}"));
+        writer
+            .set("row", value.clone(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(db.read(&reader, "row").await, value, "read at once");
+    }
+    assert_eq!(db.loads.get(), 1);
+}
+
 impl Database {
     /// Reads the row with `tags` attached to it.
     async fn read_tagged(&self, cache: &Cache, key: &str, tags: &'static [&'static str]) -> Bytes {

@@ -130,10 +130,10 @@ impl Notifications {
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
     /// the subscription is in place, followers of that namespace poll.
     ///
-    /// After a dropped connection, the notifier counts notifications as lost until every
-    /// subscription asked for is in place again, so that L1 trusts nothing read meanwhile. A
-    /// first subscription is not waited for: a message sent before it is in place is lost,
-    /// which costs at most `l1_ttl_cap` of an old value in L1, as any lost message does.
+    /// Until every subscription asked for is in place (a namespace's first, or all of them
+    /// again after a dropped connection), the notifier counts notifications as lost, so that
+    /// L1 trusts nothing read meanwhile: a message sent before the subscription is in place
+    /// would be missed, and an old value kept in L1 for up to `l1_ttl_cap`.
     pub(super) fn ensure_subscribed(&self, namespace: &str) {
         let mut channels = crate::sync::lock(&self.channels);
         if channels.names.contains(namespace) {
@@ -142,6 +142,9 @@ impl Notifications {
         let namespace: Arc<str> = Arc::from(namespace);
         channels.names.insert(Arc::clone(&namespace));
         channels.pending += 1;
+        // Counted as pending first: only the completion of the last pending subscription,
+        // this one's or a later one's, restores the notifier.
+        self.notifier.lost();
         drop(channels);
         let (subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
         let (notifier, sharded) = (self.notifier.clone(), Arc::clone(&self.sharded));
