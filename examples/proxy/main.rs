@@ -63,12 +63,13 @@
 //! `args.rs` reads them.
 
 mod args;
+#[path = "../shared/serve.rs"]
+mod serve;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use args::{Args, Origin};
 use bytes::Bytes;
@@ -79,10 +80,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tower::{service_fn, ServiceBuilder};
 use tower_stampede::http::RfcPolicy;
@@ -100,9 +98,6 @@ const HOP_BY_HOP: [&str; 7] = [
     "transfer-encoding",
     "upgrade",
 ];
-
-/// How long in-flight requests may run on after Ctrl-C.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Removes the hop-by-hop headers and those the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -214,7 +209,7 @@ async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
     // Histograms are summarised on upkeep: keep them fresh.
     let upkeep = handle.clone();
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(5));
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
         loop {
             every.tick().await;
             upkeep.run_upkeep();
@@ -315,61 +310,6 @@ async fn run(args: Args) -> Result<(), String> {
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    {
-        use std::io::Write;
-        let mut stdout = std::io::stdout().lock();
-        // Whoever started us may wait for this line; if it is gone, keep serving regardless.
-        let _ = writeln!(stdout, "listening on {local_addr}");
-        let _ = stdout.flush();
-    }
-
-    let server = auto::Builder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => stream,
-                    Err(error) => {
-                        // Out of file descriptors and the like: pause rather than spin.
-                        eprintln!("proxy: accept failed: {error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let connection = server
-                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service.clone()))
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    // A client that goes away mid-request is nothing to report.
-                    let _ = connection.await;
-                });
-            }
-            signal = &mut ctrl_c => {
-                if let Err(error) = signal {
-                    return Err(format!("cannot listen for Ctrl-C: {error}"));
-                }
-                break;
-            }
-        }
-    }
-
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        eprintln!(
-            "proxy: requests still in flight after {} s; exiting anyway",
-            SHUTDOWN_GRACE.as_secs()
-        );
-    }
-    Ok(())
+    serve::announce(&listener)?;
+    serve::serve("proxy", listener, service).await
 }
