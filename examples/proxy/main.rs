@@ -118,20 +118,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
-/// Sends a request on to the origin; an origin that cannot be reached becomes a 502.
-async fn forward(
+/// What the proxy's inner service needs to reach the origin, behind one `Arc`: the layer
+/// clones its inner service for every request (hits included), and a `Client` is several.
+struct Forwarder {
     client: Client<HttpConnector, Incoming>,
-    origin: Arc<Origin>,
-    mut request: Request<Incoming>,
-) -> Response<ProxyBody> {
-    *request.uri_mut() = origin.uri_for(request.uri());
+    origin: Origin,
+}
+
+/// Sends a request on to the origin; an origin that cannot be reached becomes a 502.
+async fn forward(forwarder: Arc<Forwarder>, mut request: Request<Incoming>) -> Response<ProxyBody> {
+    let origin = &forwarder.origin;
+    to_origin_uri(origin, &mut request);
     // The client may have spoken HTTP/2 to us; the origin connection is HTTP/1.1.
     *request.version_mut() = Version::HTTP_11;
     let headers = request.headers_mut();
     strip_hop_by_hop(headers);
     headers.insert(HOST, origin.host.clone());
 
-    match client.request(request).await {
+    match forwarder.client.request(request).await {
         Ok(response) => {
             let mut response = response.map(BodyExt::boxed_unsync);
             strip_hop_by_hop(response.headers_mut());
@@ -166,9 +170,9 @@ fn bad_gateway(message: String) -> Response<ProxyBody> {
 
 /// Sends every request to the origin's URI before the layer sees it, so that the cache key is
 /// the origin's URL, not the `Host` the client happened to use for this proxy.
-fn to_origin_uri(origin: &Origin, mut request: Request<Incoming>) -> Request<Incoming> {
-    *request.uri_mut() = origin.uri_for(request.uri());
-    request
+fn to_origin_uri(origin: &Origin, request: &mut Request<Incoming>) {
+    let uri = std::mem::take(request.uri_mut());
+    *request.uri_mut() = origin.uri_for(uri);
 }
 
 async fn build_cache(args: &Args) -> Result<Cache, String> {
@@ -289,20 +293,21 @@ async fn run(args: Args) -> Result<(), String> {
         layer = layer.purge(move |request| token.allows(request));
     }
 
-    let origin = Arc::new(args.origin.clone());
-    let client: Client<HttpConnector, Incoming> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let forwarder = Arc::new(Forwarder {
+        client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+        origin: args.origin.clone(),
+    });
     let inner = {
-        let origin = Arc::clone(&origin);
+        let forwarder = Arc::clone(&forwarder);
         service_fn(move |request: Request<Incoming>| {
-            let (client, origin) = (client.clone(), Arc::clone(&origin));
-            async move { Ok::<_, Infallible>(forward(client, origin, request).await) }
+            let forwarder = Arc::clone(&forwarder);
+            async move { Ok::<_, Infallible>(forward(forwarder, request).await) }
         })
     };
     let service = ServiceBuilder::new()
-        .map_request({
-            let origin = Arc::clone(&origin);
-            move |request| to_origin_uri(&origin, request)
+        .map_request(move |mut request| {
+            to_origin_uri(&forwarder.origin, &mut request);
+            request
         })
         .layer(layer)
         .service(inner);
