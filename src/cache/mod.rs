@@ -78,7 +78,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
-use crate::store::{KeyDigest, Store, StoreKey};
+use crate::store::{KeyDigest, Notifier, Store, StoreKey};
 use answer::Counters;
 use breaker::Breaker;
 use flight::FlightHandle;
@@ -98,6 +98,9 @@ pub struct Cache {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// The store's notifier, if this cache listens to notifications: asked of the store once,
+    /// not on every L1 hit.
+    notifier: Option<Notifier>,
     config: Config,
     breaker: Arc<Breaker>,
     /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
@@ -135,8 +138,14 @@ impl Cache {
 
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
         let l1_bytes = Arc::new(AtomicU64::new(0));
+        let notifier = if config.notifications {
+            store.notifier().cloned()
+        } else {
+            None
+        };
         Cache {
             inner: Arc::new(Inner {
+                notifier,
                 store,
                 l1: l1::build(&config, &l1_bytes),
                 l1_bytes,
@@ -207,12 +216,7 @@ impl Cache {
         E: Into<BoxError>,
     {
         let digest = KeyDigest::of(key.as_ref());
-        let span = debug_span!(
-            "stampede.fetch",
-            key = %digest,
-            outcome = tracing::field::Empty,
-            wait_ms = tracing::field::Empty,
-        );
+        let span = fetch_span(&digest);
         // The wait is only measured for a span that records it.
         let started = (!span.is_disabled()).then(Instant::now);
         let answer = self
@@ -263,4 +267,15 @@ impl Cache {
             KeyDigest::of(key.as_ref()),
         )
     }
+}
+
+/// The span of one fetch of `digest`: its outcome, and how long a caller that did not hit L1
+/// waited.
+fn fetch_span(digest: &KeyDigest) -> tracing::Span {
+    debug_span!(
+        "stampede.fetch",
+        key = %digest,
+        outcome = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+    )
 }
