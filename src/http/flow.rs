@@ -39,6 +39,17 @@ where
     ResBody::Error: Send + 'static,
 {
     let asked = Asked::of(&request);
+    // The hot path: a response in L1 is answered before anything a load needs is built (the
+    // slot, the loader and their clones). A vary marker takes the path below, from L1 again.
+    let hit = loading
+        .cache
+        .l1_hit(primary.as_bytes(), |value| match codec::decode(value) {
+            Ok(Stored::Response(cached)) => Some(cached),
+            _ => None,
+        });
+    if let Some(cached) = hit.await {
+        return Ok(answer(cached, Outcome::L1Hit, &asked));
+    }
     let slot = Slot::new(request);
     let cache = loading.cache.clone();
 
