@@ -29,11 +29,14 @@ while [ $# -gt 0 ]; do
     --seconds) seconds="$2"; shift 2 ;;
     --redis) redis=1; shift ;;
     --pin) pin=1; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$rounds$seconds" in *[!0-9]*|'') echo "error: --rounds and --seconds take whole numbers" >&2; exit 2 ;; esac
+case "$rounds:$seconds" in *[!0-9:]*|:*|*:) echo "error: --rounds and --seconds take whole numbers" >&2; exit 2 ;; esac
+if [ "$rounds" -lt 1 ] || [ "$seconds" -lt 1 ]; then
+  echo "error: --rounds and --seconds take 1 or more" >&2; exit 2
+fi
 
 if ! command -v wrk >/dev/null 2>&1; then
   echo "==> wrk is missing: installing the Debian package wrk"
