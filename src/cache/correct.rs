@@ -87,11 +87,7 @@ impl Cache {
 impl Inner {
     /// The store's notifier, when this cache listens to notifications.
     pub(super) fn notifier(&self) -> Option<&Notifier> {
-        if self.config.notifications {
-            self.store.notifier()
-        } else {
-            None
-        }
+        self.notifier.as_ref()
     }
 
     /// Runs a store call that changes `key`, and makes this process's L1 forget the key

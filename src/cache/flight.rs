@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::entry::{self, Entry};
+use super::l1::L1Hit;
 use super::telemetry::{self, WaitEnd};
 use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
 use crate::store::{BoxFuture, KeyDigest};
@@ -93,13 +94,17 @@ impl Inner {
     {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
-            if let Some(entry) = self.l1_get(&digest).await {
-                if entry.refresh_at.is_some_and(|at| Instant::now() >= at) {
-                    let loader = BoxLoader::new(accepts, loader);
-                    self.refresh_early(digest, loader, entry.fresh_until);
-                }
+            if let Some(hit) = self.l1_get(&digest).await {
+                let value = match hit {
+                    L1Hit::Fresh(value) => value,
+                    L1Hit::RefreshDue(entry) => {
+                        let loader = BoxLoader::new(accepts, loader);
+                        self.refresh_early(digest, loader, entry.fresh_until);
+                        entry.value
+                    }
+                };
                 return Ok(Fetched {
-                    value: Some(entry.value),
+                    value: Some(value),
                     outcome: Outcome::L1Hit,
                 });
             }

@@ -80,7 +80,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
-use crate::store::{KeyDigest, Store, StoreKey};
+use crate::store::{KeyDigest, Notifier, Store, StoreKey};
 use answer::Counters;
 use breaker::Breaker;
 use flight::FlightHandle;
@@ -104,6 +104,9 @@ pub struct Cache {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// The store's notifier, if this cache listens to notifications: asked of the store once,
+    /// not on every L1 hit.
+    notifier: Option<Notifier>,
     config: Config,
     breaker: Arc<Breaker>,
     /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
@@ -146,8 +149,14 @@ impl Cache {
 
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
         let l1_bytes = Arc::new(AtomicU64::new(0));
+        let notifier = if config.notifications {
+            store.notifier().cloned()
+        } else {
+            None
+        };
         Cache {
             inner: Arc::new(Inner {
+                notifier,
                 store,
                 l1: l1::build(&config, &l1_bytes),
                 #[cfg(feature = "serde")]
@@ -236,12 +245,7 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let span = debug_span!(
-            "stampede.fetch",
-            key = %digest,
-            outcome = tracing::field::Empty,
-            wait_ms = tracing::field::Empty,
-        );
+        let span = fetch_span(&digest);
         // The wait is only measured for a span that records it.
         let started = (!span.is_disabled()).then(Instant::now);
         let answer = self
@@ -268,6 +272,26 @@ impl Cache {
         answer
     }
 
+    /// What `read` makes of the value of `key`, if L1 holds the value with nothing more to do
+    /// (no early refresh due) and `read` can answer with it (`Some`): then counted and traced
+    /// as any L1 hit. Else `None`, nothing is counted, and the caller goes on to
+    /// [`fetch_accepting`](Self::fetch_accepting). For a caller that has work to do before a
+    /// fetch that may load (the layer wraps its request into a loader): a hit skips that work.
+    pub(crate) async fn l1_hit<T>(
+        &self,
+        key: &[u8],
+        read: impl FnOnce(&Bytes) -> Option<T>,
+    ) -> Option<T> {
+        let digest = KeyDigest::of(key);
+        let Some(l1::L1Hit::Fresh(value)) = self.inner.l1_get(&digest).await else {
+            return None;
+        };
+        let answer = read(&value)?;
+        telemetry::outcome(Outcome::L1Hit);
+        fetch_span(&digest).record("outcome", Outcome::L1Hit.label());
+        Some(answer)
+    }
+
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
         let l1_bytes = self.inner.l1_bytes.load(Ordering::Relaxed);
@@ -292,4 +316,15 @@ impl Cache {
             KeyDigest::of(key.as_ref()),
         )
     }
+}
+
+/// The span of one fetch of `digest`: its outcome, and how long a caller that did not hit L1
+/// waited.
+fn fetch_span(digest: &KeyDigest) -> tracing::Span {
+    debug_span!(
+        "stampede.fetch",
+        key = %digest,
+        outcome = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+    )
 }
