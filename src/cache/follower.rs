@@ -158,6 +158,21 @@ impl Inner {
         }
     }
 
+    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
+    /// (a namespace's first, or one made again after its connection dropped), a wait of at
+    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
+    /// first reads of a new process would all be missed by L1. No wait while the breaker is
+    /// open (the lookup will not be made).
+    pub(super) async fn watch_fills_subscribed(&self, key: &StoreKey) -> Option<FillWatch> {
+        let filled = self.watch_fills(key);
+        if let (Some(_), Some(notifier)) = (&filled, self.notifier()) {
+            if self.breaker.is_closed() {
+                notifier.received_within(self.config.store_timeout).await;
+            }
+        }
+        filled
+    }
+
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
     /// read wakes the next wait.
@@ -248,7 +263,7 @@ impl Inner {
         let mut followed = false;
         // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
         let mut last_stale = None;
-        let mut filled = self.watch_fills(&key);
+        let mut filled = self.watch_fills_subscribed(&key).await;
         loop {
             let overwriting = std::mem::take(&mut overwrite);
             // Taken before the read, so that a change heard after it keeps the value out of L1.

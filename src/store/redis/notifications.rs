@@ -161,6 +161,7 @@ impl Notifications {
                     warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
                     // Forget it, so the next watch tries again.
                     channels.names.remove(&namespace);
+                    notifier.subscription_failed();
                 }
             }
         });
