@@ -297,3 +297,103 @@ async fn durations_of_any_size_never_panic() {
     let fetched = cache.fetch("k", loader(&loads, Ok("w"))).await.unwrap();
     assert!(fetched.value().is_some());
 }
+
+/// The later writer in [`a_follower_that_gave_up_never_overwrites_a_newer_value`].
+#[derive(Clone, Copy, Debug)]
+enum LaterWriter {
+    /// A leader of a later stampede (the first leader's lock voided by an invalidation).
+    Leader,
+    /// The application's write-through `set`.
+    Set,
+}
+
+/// `LoadAndCache` wrote without a fence (issue 16 #6). A follower B gave up waiting for a
+/// slow leader A and loaded itself (`WaitTimeoutPolicy::LoadAndCache`); its load was slow
+/// too. Meanwhile a later writer C stored a newer value: the leader of a later stampede,
+/// or the application's `set`. When B's load ended, its unfenced write overwrote C's newer
+/// value with B's older one, for a whole TTL. A write after a wait timeout is now refused
+/// where the stored value's load started later (the load start is in the entry's header).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
+    use std::sync::Arc;
+    use tokio::sync::{oneshot, Notify};
+    use tower_stampede::WaitTimeoutPolicy;
+    for shared in Shared::both().await {
+        for writer in [LaterWriter::Leader, LaterWriter::Set] {
+            let case = format!("{} {writer:?}", shared.name);
+            let key = format!("k-{writer:?}");
+            // A leads, and its load hangs: its lock stands (the watchdog renews it).
+            let a = shared.cache().build();
+            let a_started = Arc::new(Notify::new());
+            let a_leader = tokio::spawn({
+                let (a, key, started) = (a.clone(), key.clone(), a_started.clone());
+                async move {
+                    a.get_or_load(key, move || async move {
+                        started.notify_one();
+                        std::future::pending::<()>().await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"a"))
+                    })
+                    .await
+                }
+            });
+            a_started.notified().await;
+            // B follows, gives up after 100 ms and loads "old" itself, until told to end.
+            let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+                .namespace("test")
+                .wait_timeout(Duration::from_millis(100))
+                .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
+                .build();
+            let b_started = Arc::new(Notify::new());
+            let (b_end, b_ends) = oneshot::channel::<()>();
+            let b_follower = tokio::spawn({
+                let (b, key, started) = (b.clone(), key.clone(), b_started.clone());
+                async move {
+                    b.get_or_load(key, move || async move {
+                        started.notify_one();
+                        let _ = b_ends.await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"old"))
+                    })
+                    .await
+                }
+            });
+            b_started.notified().await;
+            // Load starts are ordered on the wall clock, to the millisecond: let it move on.
+            std::thread::sleep(Duration::from_millis(3));
+            // C writes "new", later than B's load started.
+            let c = shared.cache().build();
+            match writer {
+                LaterWriter::Leader => {
+                    c.invalidate(&key).await.unwrap();
+                    let loads = Counter::default();
+                    let filled = c.fetch(&key, loader(&loads, Ok("new"))).await.unwrap();
+                    assert_eq!(filled.outcome(), Outcome::Leader, "{case}");
+                }
+                LaterWriter::Set => {
+                    c.set(&key, "new", Duration::from_secs(60)).await.unwrap();
+                }
+            }
+            // B's load ends: B's callers get their own load's value...
+            b_end.send(()).unwrap();
+            let answered = b_follower.await.unwrap().unwrap();
+            assert_eq!(answered, "old", "{case}");
+            // ...but the store keeps the newer one, as every other process sees.
+            let d = shared.cache().build();
+            let loads = Counter::default();
+            let read = d.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
+            assert_eq!(
+                read.value().unwrap(),
+                "new",
+                "{case}: overwritten by an older load"
+            );
+            assert_eq!(read.outcome(), Outcome::L2Hit, "{case}");
+            // B's own L1 does not keep the older value either.
+            let again = b.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
+            assert_eq!(
+                again.value().unwrap(),
+                "new",
+                "{case}: B kept its older value"
+            );
+            a_leader.abort();
+        }
+    }
+}

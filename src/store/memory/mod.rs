@@ -8,8 +8,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{
-    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
-    Store, StoreError, StoreKey, Stored,
+    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
+    Notifier, Store, StoreError, StoreKey, Stored,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -263,13 +263,24 @@ impl MemoryStore {
         true
     }
 
-    fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) {
+    fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut state = self.state();
+        let stored_start = state
+            .values
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .and_then(|(stored, _)| load_start(stored));
+        if let (Some(stored), Some(new)) = (stored_start, load_start(&value)) {
+            if stored > new {
+                return false;
+            }
+        }
         state.insert_value(key, value, expiry(now, ttl));
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);
+        true
     }
 
     fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
@@ -376,9 +387,9 @@ impl Store for MemoryStore {
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.put_now(key, value, ttl);
-        Box::pin(async { Ok(()) })
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.put_now(key, value, ttl);
+        Box::pin(async move { Ok(result) })
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {

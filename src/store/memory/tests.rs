@@ -184,6 +184,60 @@ async fn put_writes_whatever_the_lock_holds_and_leaves_it() {
     assert_eq!(store.get(&key).await.unwrap().unwrap().bytes, "filled");
 }
 
+/// An engine entry's first 16 bytes, version 2: its load started `started` ms after 1970.
+fn entry_started(started: u64, payload: &str) -> Bytes {
+    let mut bytes = b"TS\x02\x00\x00\x00\x00\x00".to_vec();
+    bytes.extend_from_slice(&started.to_be_bytes());
+    bytes.extend_from_slice(payload.as_bytes());
+    Bytes::from(bytes)
+}
+
+/// Issue 16 #6: a put is refused where the stored value's load started later; values
+/// without a load start (version 1 entries of a mixed-version fleet, foreign bytes) stay
+/// writable, and write whatever is stored.
+#[tokio::test(start_paused = true)]
+async fn a_put_never_overwrites_a_value_whose_load_started_later() {
+    let store = MemoryStore::new();
+    let key = key("fenced");
+    assert!(store
+        .put(&key, entry_started(20, "new"), SECOND)
+        .await
+        .unwrap());
+    assert!(!store
+        .put(&key, entry_started(10, "old"), SECOND)
+        .await
+        .unwrap());
+    assert!(store
+        .get(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .bytes
+        .ends_with(b"new"));
+    assert!(store
+        .put(&key, entry_started(20, "same"), SECOND)
+        .await
+        .unwrap());
+    assert!(store
+        .put(&key, entry_started(30, "newer"), SECOND)
+        .await
+        .unwrap());
+    // A value without a load start is neither refused nor refusing.
+    assert!(store.put(&key, "foreign".into(), SECOND).await.unwrap());
+    let version_1 = Bytes::from_static(b"TS\x01\x00\x00\x00\x00\x00v1");
+    assert!(store.put(&key, version_1, SECOND).await.unwrap());
+    assert!(store
+        .put(&key, entry_started(1, "any"), SECOND)
+        .await
+        .unwrap());
+    // An expired value refuses nothing.
+    tokio::time::advance(SECOND).await;
+    assert!(store
+        .put(&key, entry_started(0, "after"), SECOND)
+        .await
+        .unwrap());
+}
+
 #[tokio::test(start_paused = true)]
 async fn values_expire_and_report_their_remaining_life_in_whole_milliseconds() {
     let store = MemoryStore::new();

@@ -111,10 +111,21 @@ return 1
     ))
 });
 
-/// Unfenced write of the value, then publish "filled".
+/// Write of the value whatever the lock holds, fenced by load starts: refused (0) where the
+/// stored value's load started later than `ARGV[5]` (ms since the epoch; empty for a value
+/// without one), as [`load_start`](crate::store::load_start) reads it from the first 16
+/// bytes; else publish "filled".
 pub(super) static PUT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
+local new = tonumber(ARGV[5])
+local head = redis.pcall('GETRANGE', KEYS[1], 0, 15)
+if new and type(head) == 'string' and #head == 16 and string.sub(head, 1, 2) == 'TS'
+    and string.byte(head, 3) >= 2 then
+  local stored = 0
+  for i = 9, 16 do stored = stored * 256 + string.byte(head, i) end
+  if stored > new then return 0 end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1

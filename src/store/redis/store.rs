@@ -15,8 +15,8 @@ use super::scripts::{
 };
 use super::RedisStore;
 use crate::store::{
-    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
-    Store, StoreError, StoreErrorKind, StoreKey, Stored,
+    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
+    Notifier, Store, StoreError, StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -297,16 +297,15 @@ impl Store for RedisStore {
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
         call.arg(value.as_ref()).arg(millis(ttl));
         publish_filled(&mut call, key, self.origin());
-        let key = key.clone();
-        Box::pin(async move {
-            let _: i64 = self.run(&PUT, &call).await?;
-            self.changed_here(&key);
-            Ok(())
-        })
+        match load_start(&value) {
+            Some(started) => call.arg(itoa::Buffer::new().format(started)),
+            None => call.arg(""),
+        };
+        Box::pin(self.run_fenced_change(&PUT, call, key.clone()))
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
