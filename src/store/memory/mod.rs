@@ -195,6 +195,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Drops the value of `key` as the store's own eviction would, leaving its lock: to test
+    /// what an evicted value costs (Redis evicts values under `maxmemory` as well). Returns
+    /// whether there was a live value.
+    pub fn evict(&self, key: &StoreKey) -> bool {
+        let now = Instant::now();
+        let removed = self.state().remove_value(key);
+        removed.is_some_and(|(_, expires)| expires > now)
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // No code path panics while holding the lock, and every write leaves the maps
         // consistent, so a poisoned lock still guards valid state.
@@ -225,8 +234,9 @@ impl MemoryStore {
         }
         let lock = match state.lock_holder(key, now) {
             Some(Holder::Failed) => LockState::Failed,
-            Some(Holder::Leader(_)) => LockState::HeldElsewhere,
-            None => {
+            // A lock held under the caller's own token is its own: taken again, as on Redis.
+            Some(Holder::Leader(held)) if held != token => LockState::HeldElsewhere,
+            Some(Holder::Leader(_)) | None => {
                 state
                     .locks
                     .insert(key.clone(), (Holder::Leader(token), expiry(now, lock_ttl)));

@@ -45,6 +45,22 @@ async fn an_absent_value_gives_the_lock_to_the_first_lookup_only() {
     assert_eq!(second.lock, LockState::HeldElsewhere);
 }
 
+/// A lock under the caller's own token is the caller's: taken again with a new TTL, as the
+/// Redis lookup does (the differential test found `HeldElsewhere` here).
+#[tokio::test(start_paused = true)]
+async fn a_lookup_under_its_own_token_takes_its_lock_again() {
+    let store = MemoryStore::new();
+    let key = key("own");
+    let token = LockToken::random();
+    let short = store.lookup(&key, token, SECOND, LockWhen::Always);
+    assert_eq!(short.await.unwrap().lock, LockState::Acquired);
+    let long = store.lookup(&key, token, 10 * SECOND, LockWhen::Always);
+    assert_eq!(long.await.unwrap().lock, LockState::Acquired);
+    tokio::time::advance(2 * SECOND).await;
+    let other = lookup(&store, &key, LockToken::random(), Duration::ZERO).await;
+    assert_eq!(other.lock, LockState::HeldElsewhere, "its TTL was renewed");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_fresh_value_is_returned_without_the_lock_and_a_stale_one_with_it() {
     let key = key("aging");

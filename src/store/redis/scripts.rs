@@ -15,8 +15,9 @@ use crate::store::{LockToken, StoreKey};
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
 /// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
 /// lock key of a foreign type, or holding a string that is no lock (see [`is_lock`]), counts
-/// as free. A lock that already holds `ARGV[1]` is ours: the
-/// pipelined lookup took it before a `GET` of a foreign type failed. Reply:
+/// as free. A lock that already holds our token (the first 33 bytes of `ARGV[1]`) is ours,
+/// taken again (its bound and TTL renewed): the pipelined lookup took it before a `GET` of a
+/// foreign type failed, or the caller asks again. Reply:
 /// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
 /// 1 = acquired, 2 = held elsewhere, 3 = held by the marker of a failed load.
 pub(super) static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
@@ -33,7 +34,7 @@ else
 end
 local l = redis.pcall('GET', KEYS[2])
 if l == 'failed' then return {v, ttl, 3} end
-if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1]
+if type(l) ~= 'string' or l == 'fresh' or string.sub(l, 1, 33) == string.sub(ARGV[1], 1, 33)
     or not string.match(l, '^' .. string.rep('%x', 32) .. ':') then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {v, ttl, 1}

@@ -245,6 +245,12 @@ impl Store for RedisStore {
                     return self.lookup_by_script(script).await;
                 }
                 Some(b"failed") => LockState::Failed,
+                Some(held) if held.starts_with(&lock[..33]) => {
+                    // Our own lock (this caller asks again): the script takes it again,
+                    // renewing its TTL, as `MemoryStore` does.
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
                 Some(held) if is_lock(held) => LockState::HeldElsewhere,
                 Some(_) => {
                     // Bytes this crate never wrote: no lock to wait for. The script takes the
