@@ -397,3 +397,104 @@ async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
         }
     }
 }
+
+/// A lost `fresh` marker (issue 16 #5: under `volatile-ttl`, and the LRU/LFU policies of a
+/// full server, Redis evicts short-lived keys first) costs the next hit one more round trip,
+/// the marker put back, and nothing else. The repair was the release script, which published
+/// "filled": every process dropped the key from its L1 although nothing had changed, and
+/// each of them then read the store again.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_marker_costs_one_round_trip_and_no_notification() {
+    use redis::AsyncCommands;
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let a = shared.cache().build();
+    let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .build();
+    let loads = Counter::default();
+    for key in ["k", "sentinel"] {
+        a.fetch(key, loader(&loads, Ok("v"))).await.unwrap();
+        let read = b.fetch(key, loader(&loads, Ok("v"))).await.unwrap();
+        assert_eq!(read.outcome(), Outcome::L2Hit, "{key} in b's L1");
+    }
+    let lock = RedisStore::lock_name(&a.store_key("k"));
+    let mut conn = shared.connection().await;
+    let _: () = conn.del(&lock).await.unwrap();
+    // A third process's hit finds the value without its marker.
+    let c = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .build();
+    let hit = c.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+    assert_eq!(hit.outcome(), Outcome::L2Hit);
+    let marker: Option<String> = conn.get(&lock).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"), "the marker is back");
+    // A change published after the repair: once b has heard it, b has heard anything the
+    // repair published (one channel, in order).
+    a.invalidate("sentinel").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b
+        .fetch("sentinel", loader(&loads, Ok("v")))
+        .await
+        .unwrap()
+        .outcome()
+        == Outcome::L1Hit
+    {
+        assert!(tokio::time::Instant::now() < deadline, "b never heard");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let kept = b.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+    assert_eq!(
+        kept.outcome(),
+        Outcome::L1Hit,
+        "the repair dropped b's L1 entry"
+    );
+}
+
+/// A lost lock (evicted while its leader loads, issue 16 #5) lets a second leader start,
+/// and the first leader's fill is then refused: one load too many, never an older value
+/// over a newer one. The first leader's callers get its own value; the store and every
+/// other process the second leader's.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_means_a_refused_fill_not_a_wrong_value() {
+    use redis::AsyncCommands;
+    use std::sync::Arc;
+    use tokio::sync::{oneshot, Notify};
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let a = shared.cache().build();
+    let started = Arc::new(Notify::new());
+    let (end, ends) = oneshot::channel::<()>();
+    let first = tokio::spawn({
+        let (a, started) = (a.clone(), started.clone());
+        async move {
+            a.get_or_load("k", move || async move {
+                started.notify_one();
+                let _ = ends.await;
+                Ok::<_, std::io::Error>(Bytes::from_static(b"first"))
+            })
+            .await
+        }
+    });
+    started.notified().await;
+    let mut conn = shared.connection().await;
+    let _: () = conn
+        .del(RedisStore::lock_name(&a.store_key("k")))
+        .await
+        .unwrap();
+    let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .build();
+    let loads = Counter::default();
+    let second = b.fetch("k", loader(&loads, Ok("second"))).await.unwrap();
+    assert_eq!(second.outcome(), Outcome::Leader, "a second leader");
+    end.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), "first", "its own callers");
+    for cache in [&a, &b] {
+        let read = cache.fetch("k", loader(&loads, Ok("third"))).await.unwrap();
+        assert_eq!(read.value().unwrap(), "second");
+    }
+    assert_eq!(loads.get(), 1);
+}

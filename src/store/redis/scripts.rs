@@ -98,6 +98,22 @@ return 1
     ))
 });
 
+/// The `fresh` marker put back: a lookup that found a fresh value without its marker (evicted,
+/// expired with a failure marker, or never set by a put) took the lock, and frees it as
+/// `RELEASE` does, but without publishing: nothing changed, and a notification would make
+/// every process drop the key from its L1.
+pub(super) static REPAIR: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LOCK_FUNCTIONS}{}",
+        r"
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+return 1
+"
+    ))
+});
+
 /// Compare-and-replace of the lock by the failure marker (`failed`, which no lock equals),
 /// then publish so followers fail at once.
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| {

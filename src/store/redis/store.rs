@@ -11,7 +11,7 @@ use tracing::{debug, warn};
 use super::names::{channel, tag_names};
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
-    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
+    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, REPAIR, SET,
 };
 use super::RedisStore;
 use crate::store::{
@@ -229,8 +229,11 @@ impl Store for RedisStore {
                     // answering, so that this flight's next lookup finds no lock of its own.
                     // A repair that fails costs nothing but the marker (the lock of a fresh
                     // value turns nobody away): the value in hand is still the answer.
-                    let repaired: Result<i64, StoreError> =
-                        self.run(&RELEASE, &self.release_call(&key, token)).await;
+                    // No notification: the value did not change, and every process's L1
+                    // may keep it (issue 16 #5: under `volatile-ttl` markers go first).
+                    let mut repair = script_call(&REPAIR, &[&value_name, &lock_name]);
+                    repair.arg(&token.hex_bytes()[..]);
+                    let repaired: Result<i64, StoreError> = self.run(&REPAIR, &repair).await;
                     if let Err(error) = repaired {
                         debug!(%error, "could not put the fresh marker back; answering the hit");
                     }
