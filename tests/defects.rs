@@ -25,6 +25,34 @@ fn loader(
     }
 }
 
+/// Starts `cache.get_or_load(key)` with a load that runs until the returned sender is used
+/// (or dropped), then answers `value`; returns once the load has begun.
+async fn held_load(
+    cache: &tower_stampede::Cache,
+    key: &str,
+    value: &'static str,
+) -> (
+    tokio::task::JoinHandle<Result<Bytes, tower_stampede::Error>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (end, ends) = tokio::sync::oneshot::channel::<()>();
+    let load = tokio::spawn({
+        let (cache, key, started) = (cache.clone(), key.to_owned(), started.clone());
+        async move {
+            cache
+                .get_or_load(key, move || async move {
+                    started.notify_one();
+                    let _ = ends.await;
+                    Ok::<_, std::io::Error>(Bytes::from_static(value.as_bytes()))
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    (load, end)
+}
+
 /// A failed early refresh must not make every other process fail. An early (XFetch) refresh
 /// is speculative: the value is still fresh and nobody waits for it. With the default
 /// settings (no stale window), a refresh whose loader failed wrote the shared failure marker;
@@ -315,8 +343,6 @@ enum LaterWriter {
 /// where the stored value's load started later (the load start is in the entry's header).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
-    use std::sync::Arc;
-    use tokio::sync::{oneshot, Notify};
     use tower_stampede::WaitTimeoutPolicy;
     for shared in Shared::both().await {
         for writer in [LaterWriter::Leader, LaterWriter::Set] {
@@ -324,39 +350,14 @@ async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
             let key = format!("k-{writer:?}");
             // A leads, and its load hangs: its lock stands (the watchdog renews it).
             let a = shared.cache().build();
-            let a_started = Arc::new(Notify::new());
-            let a_leader = tokio::spawn({
-                let (a, key, started) = (a.clone(), key.clone(), a_started.clone());
-                async move {
-                    a.get_or_load(key, move || async move {
-                        started.notify_one();
-                        std::future::pending::<()>().await;
-                        Ok::<_, std::io::Error>(Bytes::from_static(b"a"))
-                    })
-                    .await
-                }
-            });
-            a_started.notified().await;
+            let (a_leader, _a_hangs) = held_load(&a, &key, "a").await;
             // B follows, gives up after 100 ms and loads "old" itself, until told to end.
             let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
                 .namespace("test")
                 .wait_timeout(Duration::from_millis(100))
                 .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
                 .build();
-            let b_started = Arc::new(Notify::new());
-            let (b_end, b_ends) = oneshot::channel::<()>();
-            let b_follower = tokio::spawn({
-                let (b, key, started) = (b.clone(), key.clone(), b_started.clone());
-                async move {
-                    b.get_or_load(key, move || async move {
-                        started.notify_one();
-                        let _ = b_ends.await;
-                        Ok::<_, std::io::Error>(Bytes::from_static(b"old"))
-                    })
-                    .await
-                }
-            });
-            b_started.notified().await;
+            let (b_follower, b_end) = held_load(&b, &key, "old").await;
             // Load starts are ordered on the wall clock, to the millisecond: let it move on.
             std::thread::sleep(Duration::from_millis(3));
             // C writes "new", later than B's load started.
@@ -460,25 +461,10 @@ async fn a_lost_marker_costs_one_round_trip_and_no_notification() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lock_means_a_refused_fill_not_a_wrong_value() {
     use redis::AsyncCommands;
-    use std::sync::Arc;
-    use tokio::sync::{oneshot, Notify};
     use tower_stampede::store::RedisStore;
     let shared = Shared::redis().await;
     let a = shared.cache().build();
-    let started = Arc::new(Notify::new());
-    let (end, ends) = oneshot::channel::<()>();
-    let first = tokio::spawn({
-        let (a, started) = (a.clone(), started.clone());
-        async move {
-            a.get_or_load("k", move || async move {
-                started.notify_one();
-                let _ = ends.await;
-                Ok::<_, std::io::Error>(Bytes::from_static(b"first"))
-            })
-            .await
-        }
-    });
-    started.notified().await;
+    let (first, end) = held_load(&a, "k", "first").await;
     let mut conn = shared.connection().await;
     let _: () = conn
         .del(RedisStore::lock_name(&a.store_key("k")))

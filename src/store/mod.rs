@@ -10,7 +10,7 @@
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
 //! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
-//! | [`Store::put`] | unfenced write of the value (and a notification), the lock untouched |
+//! | [`Store::put`] | write of the value (and a notification) whatever the lock holds, the lock untouched; refused where the stored value's load started later ([`load_start`]) |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
 //! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
 //!

@@ -83,15 +83,20 @@ return 1
     ))
 });
 
-/// Compare-and-release of the lock: the `fresh` marker takes its place if the value is still
-/// fresh, else the lock is deleted; then publish "filled" so followers retry at once.
-pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{LOCK_FUNCTIONS}{}",
-        r"
+/// Compare-and-release of the lock (`KEYS[2]`, token `ARGV[1]`), which `RELEASE` and
+/// `REPAIR` share: the `fresh` marker takes its place if the value is still fresh, else the
+/// lock is deleted.
+const RELEASE_LOCK: &str = r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
 unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+";
+
+/// Compare-and-release of the lock, then publish "filled" so followers retry at once.
+pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{LOCK_FUNCTIONS}{RELEASE_LOCK}{}",
+        r"
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 "
@@ -102,17 +107,8 @@ return 1
 /// expired with a failure marker, or never set by a put) took the lock, and frees it as
 /// `RELEASE` does, but without publishing: nothing changed, and a notification would make
 /// every process drop the key from its L1.
-pub(super) static REPAIR: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{LOCK_FUNCTIONS}{}",
-        r"
-local held, l = owns(KEYS[2])
-if not held then return 0 end
-unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
-return 1
-"
-    ))
-});
+pub(super) static REPAIR: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{LOCK_FUNCTIONS}{RELEASE_LOCK}return 1\n")));
 
 /// Compare-and-replace of the lock by the failure marker (`failed`, which no lock equals),
 /// then publish so followers fail at once.
