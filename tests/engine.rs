@@ -912,13 +912,15 @@ async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
 }
 
 /// Another store seen through a wrapper that counts its lookups and, if asked, answers them
-/// late (after they took effect), as a slow network would, or fails every fill.
+/// late (after they took effect), as a slow network would, fails every fill, or leaves its
+/// lookups and reads unanswered for good while it [hangs](Observed::hang).
 #[derive(Debug)]
 struct Observed {
     inner: Arc<dyn Store>,
     lookups: std::sync::atomic::AtomicUsize,
     lookup_delay: Duration,
     fills_fail: bool,
+    hanging: std::sync::atomic::AtomicBool,
 }
 
 impl Observed {
@@ -928,6 +930,7 @@ impl Observed {
             lookups: Default::default(),
             lookup_delay,
             fills_fail: false,
+            hanging: Default::default(),
         })
     }
 
@@ -938,7 +941,18 @@ impl Observed {
             lookups: Default::default(),
             lookup_delay: Duration::ZERO,
             fills_fail: true,
+            hanging: Default::default(),
         })
+    }
+
+    /// From now on, lookups and reads never answer (`true`), or answer again (`false`).
+    fn hang(&self, hanging: bool) {
+        self.hanging
+            .store(hanging, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn hanging(&self) -> bool {
+        self.hanging.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn lookups(&self) -> usize {
@@ -956,6 +970,9 @@ impl Store for Observed {
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
         self.lookups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.hanging() {
+            return Box::pin(std::future::pending());
+        }
         let key = key.clone();
         Box::pin(async move {
             let answer = self.inner.lookup(&key, token, lock_ttl, lock_when).await;
@@ -1000,6 +1017,9 @@ impl Store for Observed {
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        if self.hanging() {
+            return Box::pin(std::future::pending());
+        }
         self.inner.get(key)
     }
 
@@ -1579,6 +1599,80 @@ async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits(stores: Vec<S
         }
         assert_eq!(loads.get(), 1, "{}", shared.name);
     }
+}
+
+/// Issue 16, configuration hazards: with `backoff(0, 0)` a follower must not spin on the
+/// store. Paused time: a leader loads for 100 ms while a follower (notifications off, so it
+/// only polls) waits; its pauses are at least half a millisecond, so it looks the key up at
+/// most about 200 times, where a zero pause would look it up without end.
+#[tokio::test(start_paused = true)]
+async fn a_zero_backoff_does_not_spin_on_the_store() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let leader = Cache::builder_shared(Arc::clone(&store)).build();
+    let observed = Observed::new(&store, Duration::ZERO);
+    let follower = Cache::builder_shared(observed.clone())
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .notifications(false)
+        .build();
+    let (leader_loads, follower_loads) = (Counter::default(), Counter::default());
+    let loading = tokio::spawn({
+        let load = slow_value(&leader_loads, Duration::from_millis(100), "filled");
+        async move { leader.get_or_load("zero-backoff", load).await }
+    });
+    while leader_loads.get() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let load = slow_value(&follower_loads, Duration::ZERO, "not loaded");
+    let followed = follower.get_or_load("zero-backoff", load).await.unwrap();
+    assert_eq!(followed, "filled");
+    assert_eq!(loading.await.unwrap().unwrap(), "filled");
+    assert_eq!(follower_loads.get(), 0);
+    let lookups = observed.lookups();
+    assert!((2..=210).contains(&lookups), "{lookups} lookups in 100 ms");
+}
+
+/// Issue 16, configuration hazards: a probe that never completes must not leave the breaker
+/// open for good. Every lookup and read of the store hangs: the breaker opens, and its probes
+/// (the timer's reads, and the trial of a request's lookup) hang too, each cut short by the
+/// store timeout; once the store answers again, the next probe closes the breaker with no
+/// request in between. Paused time.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_never_completes_does_not_keep_the_breaker_open() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let observed = Observed::new(&store, Duration::ZERO);
+    let open_for = Duration::from_secs(1);
+    let cache = Cache::builder_shared(observed.clone())
+        .store_timeout(Duration::from_millis(50))
+        .circuit_breaker(2, open_for)
+        .build();
+    observed.hang(true);
+    let loads = Counter::default();
+    for n in 0..3 {
+        let key = format!("hanging-{n}");
+        let value = cache
+            .get_or_load(&key, slow_value(&loads, Duration::ZERO, "loaded"))
+            .await
+            .unwrap();
+        assert_eq!(value, "loaded");
+    }
+    assert!(!cache.store_available(), "two timeouts open the breaker");
+    // Several periods of hanging probes (and a request whose lookup is a hanging trial).
+    tokio::time::sleep(open_for * 3).await;
+    cache
+        .get_or_load(
+            "hanging-trial",
+            slow_value(&loads, Duration::ZERO, "loaded"),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(open_for * 2).await;
+    assert!(!cache.store_available(), "the store still hangs");
+    observed.hang(false);
+    tokio::time::sleep(open_for * 2 + Duration::from_millis(100)).await;
+    assert!(
+        cache.store_available(),
+        "a probe after the store answers again closes the breaker"
+    );
 }
 
 #[tokio::test(start_paused = true)]

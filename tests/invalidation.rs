@@ -560,3 +560,70 @@ async fn a_value_with_too_many_tags_is_not_stored() {
         assert_eq!(loads.get(), 2, "{}", shared.name);
     }
 }
+
+/// Calls of `command` the server has run since its stats were last reset.
+#[cfg(feature = "redis")]
+async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().unwrap())
+}
+
+/// A tagged value's L2 hit reads its tags' versions once; later hits use the versions this
+/// process learnt (no second round trip) while nothing is heard of the tags; and an
+/// `invalidate_tag` in another instance still reaches them, through its notification.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_tag_versions_save_a_round_trip_until_the_tag_is_invalidated() {
+    let shared = Shared::redis().await;
+    // No L1: every read is an L2 hit, which must check the tags.
+    let caches = instances(&shared, 2, |b| as_is(b).l1_capacity(0)).await;
+    let db = Database::at(1);
+    assert_eq!(db.read_tagged(&caches[0], "row", &["users"]).await, "v1");
+    assert_eq!(db.read_tagged(&caches[0], "row", &["users"]).await, "v1");
+    let mut conn = shared.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let fetched = caches[0].fetch("row", never_loads).await.unwrap();
+        assert_eq!(fetched.outcome(), Outcome::L2Hit);
+    }
+    assert_eq!(
+        calls(&mut conn, "hmget").await,
+        0,
+        "versions were read again"
+    );
+    db.move_to(2);
+    caches[1].invalidate_tag("users").await.unwrap();
+    eventually_tagged(&db, &caches[0], "row", &["users"], "v2").await;
+    assert_eq!(db.loads.get(), 2, "one load, one reload");
+}
+
+/// Reads tagged `key` on `cache` until it answers `want`, within [`LIMIT`].
+#[cfg(feature = "redis")]
+async fn eventually_tagged(
+    db: &Database,
+    cache: &Cache,
+    key: &str,
+    tags: &'static [&'static str],
+    want: &str,
+) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while db.read_tagged(cache, key, tags).await != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never read {want} after the change"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}

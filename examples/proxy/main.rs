@@ -199,10 +199,21 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
 }
 
 /// Installs a Prometheus recorder and serves its text on `http://ADDR/metrics`; returns the
-/// bound address.
+/// bound address. The engine's histograms get buckets (from 1 ms to 30 s), not summaries, so
+/// that they can be summed across proxies; their `# HELP` lines come from the engine, which
+/// describes its metrics as the cache is built.
 #[cfg(feature = "metrics")]
 async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use tower_stampede::cache::{DURATION_BUCKETS, HISTOGRAMS};
+
+    let mut builder = PrometheusBuilder::new();
+    for name in HISTOGRAMS {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), &DURATION_BUCKETS)
+            .map_err(|e| format!("cannot set the buckets of {name}: {e}"))?;
+    }
+    let handle = builder
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let listener = TcpListener::bind(addr)
@@ -211,7 +222,7 @@ async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
     let bound = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;
-    // Histograms are summarised on upkeep: keep them fresh.
+    // Upkeep drains the histograms' samples into their buckets between scrapes.
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(Duration::from_secs(5));

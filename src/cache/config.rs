@@ -275,8 +275,11 @@ impl CacheBuilder {
         self
     }
 
-    /// Builds the cache.
+    /// Builds the cache. With the `metrics` feature, it also describes the engine's metrics
+    /// to the installed recorder ([`describe_metrics`](super::describe_metrics)).
     pub fn build(self) -> Cache {
+        #[cfg(feature = "metrics")]
+        super::describe_metrics();
         Cache::from_parts(self.store, self.config)
     }
 }

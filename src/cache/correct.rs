@@ -123,7 +123,7 @@ impl Inner {
     }
 
     /// Drops `key` from this process's L1 and moves its stamp on.
-    async fn forget_here(&self, key: &StoreKey) {
+    pub(super) async fn forget_here(&self, key: &StoreKey) {
         if let Some(notifier) = self.notifier() {
             notifier.notify(key);
         }

@@ -166,7 +166,7 @@ impl Inner {
         key: &StoreKey,
         token: LockToken,
         lock_when: LockWhen,
-        reader: Reader,
+        reader: &Reader,
         filled: &mut Option<FillWatch>,
     ) -> Result<Found, StoreError> {
         if let Some(filled) = filled.as_mut() {
@@ -259,7 +259,7 @@ impl Inner {
                 LockWhen::LifeAtMost(keep)
             };
             let mut found = match self
-                .look_up(&key, token, lock_when, loader.reader, &mut filled)
+                .look_up(&key, token, lock_when, &loader.reader, &mut filled)
                 .await
             {
                 Ok(found) => found,
@@ -355,10 +355,7 @@ impl Inner {
                     if found.outdated {
                         debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
                     } else {
-                        self.counters
-                            .corrupt_entries
-                            .fetch_add(1, Ordering::Relaxed);
-                        warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                        self.corrupt_entry(&digest);
                     }
                     overwrite = true;
                     continue;
@@ -413,6 +410,19 @@ impl Inner {
             },
             WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
         }
+    }
+}
+
+impl Inner {
+    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
+    /// type's), in [`Stats::corrupt_entries`](super::Stats::corrupt_entries) and its metric:
+    /// it is treated as a miss, and overwritten by the load that follows.
+    pub(super) fn corrupt_entry(&self, digest: &KeyDigest) {
+        self.counters
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
+        telemetry::corrupt_entry();
+        warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
     }
 }
 

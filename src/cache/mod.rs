@@ -68,6 +68,8 @@ mod leader;
 mod refresh;
 mod tags;
 pub(crate) mod telemetry;
+#[cfg(feature = "serde")]
+pub mod typed;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -87,6 +89,10 @@ pub use answer::{Fetched, Loaded, Outcome, Stats};
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
+#[cfg(feature = "metrics")]
+pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
+#[cfg(feature = "serde")]
+pub use typed::{Codec, Postcard, Typed};
 
 /// The stampede guard's engine; see the [module docs](self).
 ///
@@ -109,8 +115,13 @@ struct Inner {
     /// Whether a loader of this process has returned tags: from then on every leader reads
     /// the tag clock before its load (see the `tags` module).
     tags_seen: AtomicBool,
+    /// Tag versions read, kept while notifications keep them right (see the `tags` module).
+    known_versions: tags::KnownVersions,
     next_flight: AtomicU64,
     counters: Counters,
+    /// Typed values decoded from the bytes L1 holds (`None` when L1 is off).
+    #[cfg(feature = "serde")]
+    decoded: Option<typed::Decoded>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -139,6 +150,8 @@ impl Cache {
             inner: Arc::new(Inner {
                 store,
                 l1: l1::build(&config, &l1_bytes),
+                #[cfg(feature = "serde")]
+                decoded: typed::build(&config),
                 l1_bytes,
                 breaker: Arc::new(Breaker::new(
                     config.breaker_threshold,
@@ -148,6 +161,7 @@ impl Cache {
                 flights: Mutex::new(HashMap::new()),
                 refreshing: Mutex::new(HashSet::new()),
                 tags_seen: AtomicBool::new(false),
+                known_versions: tags::KnownVersions::default(),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
@@ -175,9 +189,7 @@ impl Cache {
                 loader().await.map(Loaded::value).map_err(Into::into)
             })
             .await?;
-        fetched
-            .into_value()
-            .ok_or_else(|| Error::new(ErrorKind::Pass))
+        fetched.value_or_pass()
     }
 
     /// Like [`get_or_load`](Self::get_or_load), with a loader that chooses each value's TTL or
@@ -195,18 +207,35 @@ impl Cache {
     /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
     /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
     /// overwritten by this load).
-    pub(crate) async fn fetch_accepting<F, Fut, E>(
+    pub(crate) async fn fetch_accepting<A, F, Fut, E>(
         &self,
         key: impl AsRef<[u8]>,
-        accepts: fn(&Bytes) -> bool,
+        accepts: A,
         loader: F,
     ) -> Result<Fetched, Error>
     where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let digest = KeyDigest::of(key.as_ref());
+        self.fetch_digest(KeyDigest::of(key.as_ref()), accepts, loader)
+            .await
+    }
+
+    /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed.
+    pub(crate) async fn fetch_digest<A, F, Fut, E>(
+        &self,
+        digest: KeyDigest,
+        accepts: A,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         let span = debug_span!(
             "stampede.fetch",
             key = %digest,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::{debug, warn};
 
-use super::names::{channel, tag_names};
+use super::names::tag_names;
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
     INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, REPAIR, SET,
@@ -108,7 +108,12 @@ impl RedisStore {
             &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
         );
         call.arg(&token.hex_bytes()[..]);
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         call
     }
 
@@ -281,7 +286,12 @@ impl Store for RedisStore {
         call.arg(&token.hex_bytes()[..])
             .arg(value.as_ref())
             .arg(millis(ttl));
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_fenced_change(&FILL, call, key.clone()))
     }
 
@@ -309,7 +319,12 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
         call.arg(value.as_ref()).arg(millis(ttl));
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         match load_start(&value) {
             Some(started) => call.arg(itoa::Buffer::new().format(started)),
             None => call.arg(""),
@@ -343,7 +358,12 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_fenced_change(&FAIL, call, key.clone()))
     }
 
@@ -358,7 +378,12 @@ impl Store for RedisStore {
             &INVALIDATE,
             &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
         );
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_change(&INVALIDATE, call, key.clone()))
     }
 
@@ -380,7 +405,12 @@ impl Store for RedisStore {
             millis(fresh_for.min(ttl))
         };
         call.arg(value.as_ref()).arg(millis(ttl)).arg(fresh);
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_change(&SET, call, key.clone()))
     }
 
@@ -390,7 +420,12 @@ impl Store for RedisStore {
             &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
         );
         call.arg(if keep.is_zero() { 0 } else { millis(keep) });
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_change(&EXPIRE, call, key.clone()))
     }
 
@@ -450,7 +485,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let (clock, versions) = tag_names(namespace);
         let mut call = script_call(&INVALIDATE_TAGS, &[&clock, &versions]);
-        call.arg(channel(namespace)).arg(self.origin());
+        call.arg(self.fill_channel(namespace)).arg(self.origin());
         for tag in tags {
             call.arg(&tag.hex_bytes()[..]);
         }
