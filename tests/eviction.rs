@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{Counter, RedisServer};
+use support::{calls, Counter, RedisServer};
 use tower_stampede::{Cache, Outcome};
 
 const POLICIES: [&str; 8] = [
@@ -37,21 +37,6 @@ const INSTANCES: usize = 4;
 const STAMPEDES: usize = 20;
 const HOT_KEYS: usize = 20;
 const HITS_PER_KEY: usize = 25;
-
-/// `cmdstat_<name>:calls=` of `INFO commandstats`.
-async fn calls(conn: &mut redis::aio::MultiplexedConnection, name: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{name}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
 
 /// Another tenant: 1 KiB values living an hour, 50 of them every `EVICTION_PAUSE_MS`
 /// (default 2: 25 MB/s, the 4 MB server's whole memory every 160 ms), written until `stop`,
