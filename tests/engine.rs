@@ -44,6 +44,7 @@ impl Shared {
                     Duration::from_secs(60),
                 )
                 .await
+                .map(drop)
                 .unwrap(),
         }
     }
@@ -911,13 +912,14 @@ async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
 }
 
 /// Another store seen through a wrapper that counts its lookups and, if asked, answers them
-/// late (after they took effect), as a slow network would, or leaves its lookups and reads
-/// unanswered for good while it [hangs](Observed::hang).
+/// late (after they took effect), as a slow network would, fails every fill, or leaves its
+/// lookups and reads unanswered for good while it [hangs](Observed::hang).
 #[derive(Debug)]
 struct Observed {
     inner: Arc<dyn Store>,
     lookups: std::sync::atomic::AtomicUsize,
     lookup_delay: Duration,
+    fills_fail: bool,
     hanging: std::sync::atomic::AtomicBool,
 }
 
@@ -927,6 +929,18 @@ impl Observed {
             inner: Arc::clone(inner),
             lookups: Default::default(),
             lookup_delay,
+            fills_fail: false,
+            hanging: Default::default(),
+        })
+    }
+
+    /// A store whose fills all fail (and change nothing), its other calls going through.
+    fn failing_fills(inner: &Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Observed {
+            inner: Arc::clone(inner),
+            lookups: Default::default(),
+            lookup_delay: Duration::ZERO,
+            fills_fail: true,
             hanging: Default::default(),
         })
     }
@@ -974,6 +988,9 @@ impl Store for Observed {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        if self.fills_fail {
+            return Box::pin(async { Err(StoreError::new("fills fail")) });
+        }
         self.inner.fill(key, token, value, ttl)
     }
 
@@ -995,7 +1012,7 @@ impl Store for Observed {
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.put(key, value, ttl)
     }
 
@@ -1042,6 +1059,57 @@ impl Store for Observed {
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.invalidate_tags(namespace, tags)
+    }
+}
+
+/// One rule for keeping a loaded value in L1 after its write, whether the write succeeded or
+/// failed (review of issue 16): a tagged value whose tag was invalidated during its load is
+/// not kept. A leader whose fill failed kept it with fresh tag stamps, unchecked, so its
+/// process served the outdated value from L1, while a write after a wait timeout checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fill_keeps_no_value_outdated_during_its_load() {
+    for shared in Shared::both().await {
+        let failing = Observed::failing_fills(&shared.store);
+        let cache = Cache::builder_shared(failing).namespace("test").build();
+        let purger = shared.cache().build();
+        let loads = Counter::default();
+        let started = Arc::new(Notify::new());
+        let (go, going) = tokio::sync::oneshot::channel::<()>();
+        let leader = tokio::spawn({
+            let (cache, loads, started) = (cache.clone(), loads.clone(), started.clone());
+            async move {
+                cache
+                    .fetch("tagged", move || async move {
+                        loads.hit();
+                        started.notify_one();
+                        let _ = going.await;
+                        let value = Loaded::value(Bytes::from_static(b"outdated"));
+                        Ok::<_, std::io::Error>(value.tags(["t"]))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        purger.invalidate_tag("t").await.unwrap();
+        go.send(()).unwrap();
+        let first = leader.await.unwrap().unwrap();
+        assert_eq!(first.value().unwrap(), "outdated", "{}", shared.name);
+        let loads_again = loads.clone();
+        let second = cache
+            .fetch("tagged", move || async move {
+                loads_again.hit();
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"current")).tags(["t"]))
+            })
+            .await
+            .unwrap();
+        assert_ne!(
+            second.outcome(),
+            Outcome::L1Hit,
+            "{}: kept in L1",
+            shared.name
+        );
+        assert_eq!(second.value().unwrap(), "current", "{}", shared.name);
+        assert_eq!(loads.get(), 2, "{}", shared.name);
     }
 }
 

@@ -615,21 +615,6 @@ async fn a_value_with_too_many_tags_is_not_stored() {
     }
 }
 
-/// Calls of `command` the server has run since its stats were last reset.
-#[cfg(feature = "redis")]
-async fn calls(conn: &mut redis::aio::MultiplexedConnection, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().unwrap())
-}
-
 /// A tagged value's L2 hit reads its tags' versions once; later hits use the versions this
 /// process learnt (no second round trip) while nothing is heard of the tags; and an
 /// `invalidate_tag` in another instance still reaches them, through its notification.
@@ -653,7 +638,7 @@ async fn known_tag_versions_save_a_round_trip_until_the_tag_is_invalidated() {
         assert_eq!(fetched.outcome(), Outcome::L2Hit);
     }
     assert_eq!(
-        calls(&mut conn, "hmget").await,
+        support::calls(&mut conn, "hmget").await,
         0,
         "versions were read again"
     );

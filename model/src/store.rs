@@ -13,10 +13,10 @@
 //! a value's freshness, then the value itself; a failure marker). A follower's wait is a
 //! bounded number of polls (its `wait_timeout`), and each notification may be lost.
 //!
-//! What the model leaves out: the tag clock (tags), `put` (the `LoadAndCache` policy, unfenced
-//! by design, issue 16 #6), corrupt entries (`LockWhen::Always`), the stale window (serving a
-//! stale value decides nothing about the lock), and the value's `GET` and `PTTL` are read in
-//! one step.
+//! What the model leaves out: the tag clock (tags), `put` (the `LoadAndCache` policy, fenced
+//! by load starts rather than by the lock, issue 16 #6), corrupt entries (`LockWhen::Always`),
+//! the stale window (serving a stale value decides nothing about the lock), and the value's
+//! `GET` and `PTTL` are read in one step.
 
 use std::fmt;
 
@@ -27,7 +27,8 @@ use stateright::{Model, Property, Representative};
 pub enum Flaw {
     /// `FILL` writes without checking that the lock holds its token.
     UnfencedFill,
-    /// `RELEASE` unlocks whatever the lock holds.
+    /// `RELEASE` (and `REPAIR`, which shares its compare-and-release) unlocks whatever the
+    /// lock holds.
     ReleaseIgnoresToken,
     /// A follower's wait has no poll and no timer: only a notification ends it.
     NoPoll,
@@ -108,7 +109,7 @@ pub enum Pc {
     },
     /// About to run the `LOOKUP` script.
     Scripting,
-    /// Took the lock of a fresh value: about to put the marker back (`RELEASE`).
+    /// Took the lock of a fresh value: about to put the marker back (`REPAIR`).
     Repairing,
     /// A leader loading.
     Loading {
@@ -170,7 +171,7 @@ pub enum Action {
     Read(usize, bool),
     /// The `LOOKUP` script (same bound).
     Script(usize, bool),
-    /// `RELEASE` of the lock just taken, to put the `fresh` marker back.
+    /// `REPAIR` of the lock just taken, to put the `fresh` marker back.
     Repair(usize),
     /// The load succeeds: `FILL`.
     Fill(usize),
@@ -436,8 +437,9 @@ impl Model for StoreModel {
                     Some(Lock::Fresh) => state.procs[p].pc = Pc::Scripting,
                     // `LockState::Failed`: `RecentFailure` (or stale-if-error).
                     Some(Lock::Failed) => Self::answer(&mut state, p),
-                    // `is_lock`: held elsewhere (a token of ours too: the pipeline cannot
-                    // find one, as a flight never looks up again once it took the lock).
+                    // `is_lock`: held elsewhere (a token of ours would be taken again, but
+                    // the pipeline cannot find one: a flight never looks up again once it
+                    // took the lock).
                     Some(Lock::Held(_) | Lock::Free) => {
                         let had_value = state.value.is_some();
                         self.follow(&mut state, p, had_value);
@@ -466,7 +468,8 @@ impl Model for StoreModel {
                 }
             }
             Action::Repair(p) => {
-                // `RELEASE` with our token; whatever it answers, the hit is the answer.
+                // `REPAIR` with our token: `RELEASE`'s compare-and-release, without a
+                // publish (nothing changed); whatever it answers, the hit is the answer.
                 let me = Self::own(&state, p);
                 let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
                     state.lock != Lock::Free
@@ -475,7 +478,6 @@ impl Model for StoreModel {
                 };
                 if releases {
                     Self::unlock(&mut state);
-                    Self::publish(&mut state);
                 }
                 Self::answer(&mut state, p);
             }

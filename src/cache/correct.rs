@@ -16,7 +16,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
@@ -58,7 +58,8 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
-        let (encoded, _) = entry::encode_value(&value, Duration::ZERO, None);
+        // Written now: a load that started before cannot overwrite it after a wait timeout.
+        let (encoded, _) = entry::encode_value(&value, SystemTime::now(), Duration::ZERO, None);
         let store_ttl = ttl.saturating_add(self.inner.config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner

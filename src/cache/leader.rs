@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -76,17 +76,17 @@ struct ReadyValue {
 }
 
 impl Inner {
-    /// Encodes a loaded value with its load time (and tags), fresh for `ttl` (or the default
-    /// TTL).
+    /// Encodes a loaded value with its load's start and time (and tags), fresh for `ttl` (or
+    /// the default TTL).
     fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
-        load_time: Duration,
+        (started, load_time): (SystemTime, Duration),
         tagged: Option<&Tagged>,
     ) -> ReadyValue {
         let fresh_for = ttl.unwrap_or(self.config.ttl);
-        let (encoded, value) = entry::encode_value(bytes, load_time, tagged);
+        let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged);
         ReadyValue {
             value,
             encoded,
@@ -106,12 +106,33 @@ impl Inner {
         }
     }
 
-    /// The stamps to keep a just stored tagged value in L1 under, if none of its tags was
-    /// invalidated since its clock (one round trip; none for an untagged value).
-    async fn tags_for_l1(&self, tagged: Option<&Tagged>) -> Option<TagStamps> {
-        match tagged {
+    /// Keeps a value this process loaded in its L1, after its write to the store (a fill or
+    /// a put) succeeded or failed: `stamp` is what the process had heard of the key before
+    /// the load. One rule whatever became of the write: a tagged value is kept only if none
+    /// of its tags was invalidated since its clock (one round trip; none for an untagged
+    /// value), so a value outdated during its load is never kept, even while the store fails.
+    async fn keep_loaded(
+        &self,
+        stamp: Option<Stamp>,
+        digest: KeyDigest,
+        ready: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let tags = match tagged {
             None => Some(TagStamps::default()),
             Some(tagged) => self.tags_valid(tagged).await.ok().flatten(),
+        };
+        if let Some(tags) = tags {
+            self.l1_insert(
+                stamp,
+                tags,
+                digest,
+                ready.value.clone(),
+                ready.fresh_for,
+                load_time,
+            )
+            .await;
         }
     }
 
@@ -209,7 +230,7 @@ impl Inner {
         } else {
             Some(0)
         };
-        let started = Instant::now();
+        let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load(loader, Some((&guard.key, token))).await;
         let load_time = started.elapsed();
         let loaded = match loaded {
@@ -259,45 +280,34 @@ impl Inner {
                 })
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
-                let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
+                let load = (started_at, load_time);
+                let fill = self.ready_to_store(&bytes, ttl, load, tagged.as_ref());
                 match self
-                    .store_call(
-                        self.store
-                            .fill(&guard.key, token, fill.encoded, fill.store_ttl),
-                    )
+                    .store_call(self.store.fill(
+                        &guard.key,
+                        token,
+                        fill.encoded.clone(),
+                        fill.store_ttl,
+                    ))
                     .await
                 {
                     Ok(filled) => {
                         // The fill dropped the lock, or the lock was no longer ours.
                         guard.disarm();
-                        if !filled {
+                        if filled {
+                            // The fill's own notification moved the stamp on once.
+                            let stamp = stamp.map(Stamp::after_own_change);
+                            self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
+                                .await;
+                        } else {
                             telemetry::lock(LockEvent::Lost);
                             warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                        } else if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
-                            // The fill's own notification moved the stamp on once.
-                            self.l1_insert(
-                                stamp.map(Stamp::after_own_change),
-                                tags,
-                                digest,
-                                fill.value.clone(),
-                                fill.fresh_for,
-                                load_time,
-                            )
-                            .await;
                         }
                     }
                     Err(error) => {
                         warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                        let tags = self.tag_stamps(tagged.as_ref().map_or(&[], |t| &t.tags[..]));
-                        self.l1_insert(
-                            stamp,
-                            tags,
-                            digest,
-                            fill.value.clone(),
-                            fill.fresh_for,
-                            load_time,
-                        )
-                        .await;
+                        self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
+                            .await;
                     }
                 }
                 Ok(Fetched {
@@ -306,7 +316,7 @@ impl Inner {
                 })
             }
             (LoadedKind::Pass, _) => {
-                let pass = entry::encode_pass();
+                let pass = entry::encode_pass(started_at);
                 if let Ok(true | false) = self
                     .store_call(
                         self.store
@@ -371,7 +381,7 @@ impl Inner {
         loader: BoxLoader,
     ) -> FlightResult {
         let clock = self.tag_clock().await;
-        let started = Instant::now();
+        let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load(loader, None).await?;
         let LoadedKind::Value { bytes, ttl } = loaded.kind else {
             return Ok(Fetched {
@@ -390,27 +400,30 @@ impl Inner {
             });
         };
         let load_time = started.elapsed();
-        let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
+        let fill = self.ready_to_store(&bytes, ttl, (started_at, load_time), tagged.as_ref());
         let stamp = match self
-            .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
+            .store_call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
-            Ok(()) => stamp.map(Stamp::after_own_change),
+            Ok(true) => Some(stamp.map(Stamp::after_own_change)),
+            Ok(false) => {
+                // A value whose load started later is stored: ours is older; it answers this
+                // flight's callers only.
+                debug!(
+                    ?key,
+                    "a newer value is stored; the load after a wait timeout is not"
+                );
+                None
+            }
             Err(error) => {
                 warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
-                stamp
+                Some(stamp)
             }
         };
-        if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
-            self.l1_insert(
-                stamp,
-                tags,
-                *key.digest(),
-                fill.value.clone(),
-                fill.fresh_for,
-                load_time,
-            )
-            .await;
+        if let Some(stamp) = stamp {
+            let digest = *key.digest();
+            self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
+                .await;
         }
         Ok(Fetched {
             value: Some(fill.value),

@@ -15,8 +15,9 @@ use crate::store::{LockToken, StoreKey};
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
 /// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
 /// lock key of a foreign type, or holding a string that is no lock (see [`is_lock`]), counts
-/// as free. A lock that already holds `ARGV[1]` is ours: the
-/// pipelined lookup took it before a `GET` of a foreign type failed. Reply:
+/// as free. A lock that already holds our token (the first 33 bytes of `ARGV[1]`) is ours,
+/// taken again (its bound and TTL renewed): the pipelined lookup took it before a `GET` of a
+/// foreign type failed, or the caller asks again. Reply:
 /// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
 /// 1 = acquired, 2 = held elsewhere, 3 = held by the marker of a failed load.
 pub(super) static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
@@ -33,7 +34,7 @@ else
 end
 local l = redis.pcall('GET', KEYS[2])
 if l == 'failed' then return {v, ttl, 3} end
-if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1]
+if type(l) ~= 'string' or l == 'fresh' or string.sub(l, 1, 33) == string.sub(ARGV[1], 1, 33)
     or not string.match(l, '^' .. string.rep('%x', 32) .. ':') then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {v, ttl, 1}
@@ -112,20 +113,29 @@ return 1
     )
 });
 
-/// Compare-and-release of the lock: the `fresh` marker takes its place if the value is still
-/// fresh, else the lock is deleted; then publish "filled" so followers retry at once.
-pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    publishing(
-        LOCK_FUNCTIONS,
-        r"
+/// Compare-and-release of the lock (`KEYS[2]`, token `ARGV[1]`), which `RELEASE` and
+/// `REPAIR` share: the `fresh` marker takes its place if the value is still fresh, else the
+/// lock is deleted.
+const RELEASE_LOCK: &str = r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
 unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
-publish(ARGV[2], ARGV[3])
-return 1
-",
+";
+
+/// Compare-and-release of the lock, then publish "filled" so followers retry at once.
+pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    publishing(
+        LOCK_FUNCTIONS,
+        &format!("{RELEASE_LOCK}publish(ARGV[2], ARGV[3])\nreturn 1\n"),
     )
 });
+
+/// The `fresh` marker put back: a lookup that found a fresh value without its marker (evicted,
+/// expired with a failure marker, or never set by a put) took the lock, and frees it as
+/// `RELEASE` does, but without publishing: nothing changed, and a notification would make
+/// every process drop the key from its L1.
+pub(super) static REPAIR: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{LOCK_FUNCTIONS}{RELEASE_LOCK}return 1\n")));
 
 /// Compare-and-replace of the lock by the failure marker (`failed`, which no lock equals),
 /// then publish so followers fail at once.
@@ -141,11 +151,22 @@ return 1
     )
 });
 
-/// Unfenced write of the value, then publish "filled".
+/// Write of the value whatever the lock holds, fenced by load starts: refused (0) where the
+/// stored value's load started later than `ARGV[5]` (ms since the epoch; empty for a value
+/// without one), as [`load_start`](crate::store::load_start) reads it from the first 16
+/// bytes; else publish "filled".
 pub(super) static PUT: LazyLock<Script> = LazyLock::new(|| {
     publishing(
         "",
         r"
+local new = tonumber(ARGV[5])
+local head = redis.pcall('GETRANGE', KEYS[1], 0, 15)
+if new and type(head) == 'string' and #head == 16 and string.sub(head, 1, 2) == 'TS'
+    and string.byte(head, 3) >= 2 then
+  local stored = 0
+  for i = 9, 16 do stored = stored * 256 + string.byte(head, i) end
+  if stored > new then return 0 end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 publish(ARGV[3], ARGV[4])
 return 1
