@@ -58,7 +58,7 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
-        let (encoded, _) = entry::encode_value(&value, Duration::ZERO, None);
+        let (encoded, _) = entry::encode_value(&value, Duration::ZERO, None, None);
         let store_ttl = ttl.saturating_add(self.inner.config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner

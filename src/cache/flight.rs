@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::entry::{self, Entry};
-use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
+use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
 
 /// The answer a flight hands to each of its callers.
@@ -48,21 +48,26 @@ impl Reader {
     }
 }
 
+/// A boxed loader, handed the value it reloads when there is one.
+type Run = Box<dyn FnOnce(Option<Previous>) -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
+
 /// A flight's loader, and what its caller can read.
 pub(super) struct BoxLoader {
-    pub(super) run: Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>,
+    pub(super) run: Run,
     pub(super) reader: Reader,
 }
 
 impl BoxLoader {
     fn new<F, Fut, E>(accepts: fn(&Bytes) -> bool, loader: F) -> Self
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
         BoxLoader {
-            run: Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) })),
+            run: Box::new(move |previous| {
+                Box::pin(async move { loader(previous).await.map_err(Into::into) })
+            }),
             reader: Reader(accepts),
         }
     }
@@ -83,7 +88,7 @@ impl Inner {
         loader: F,
     ) -> Result<Fetched, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
@@ -141,7 +146,7 @@ impl Inner {
             if !created
                 && matches!(
                     fetched.outcome,
-                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded
+                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded | Outcome::Revalidated
                 )
             {
                 fetched.outcome = Outcome::Follower;

@@ -13,13 +13,13 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
-use super::entry::{self, Tagged};
+use super::entry::{self, Tagged, Windows};
 use super::flight::{BoxLoader, FlightResult, Posted};
 use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
-use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
-use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreKey};
+use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
+use crate::store::{KeyDigest, LockToken, Renewal, Stamp, Store, StoreError, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(super) struct LockGuard {
@@ -76,17 +76,18 @@ struct ReadyValue {
 }
 
 impl Inner {
-    /// Encodes a loaded value with its load time (and tags), fresh for `ttl` (or the default
-    /// TTL).
+    /// Encodes a loaded value with its load time (and tags, and stale windows), fresh for
+    /// `ttl` (or the default TTL).
     fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
         load_time: Duration,
         tagged: Option<&Tagged>,
+        windows: Option<Windows>,
     ) -> ReadyValue {
         let fresh_for = ttl.unwrap_or(self.config.ttl);
-        let (encoded, value) = entry::encode_value(bytes, load_time, tagged);
+        let (encoded, value) = entry::encode_value(bytes, load_time, tagged, windows);
         ReadyValue {
             value,
             encoded,
@@ -115,17 +116,20 @@ impl Inner {
         }
     }
 
-    /// Runs a loader in a task of its own, bounded by the load timeout; while it runs, renews
-    /// the lock named by `lock` (the watchdog).
+    /// Runs a loader in a task of its own, handed the `previous` value if there is one,
+    /// bounded by the load timeout; while it runs, renews the lock named by `lock` (the
+    /// watchdog). A loader that answers "not modified" without a previous value fails.
     pub(super) async fn load(
         &self,
         loader: BoxLoader,
         lock: Option<(&StoreKey, LockToken)>,
+        previous: Option<Previous>,
     ) -> Result<Loaded, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
         let started = Instant::now();
-        let mut task = tokio::spawn((loader.run)());
+        let had_previous = previous.is_some();
+        let mut task = tokio::spawn((loader.run)(previous));
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
@@ -136,6 +140,9 @@ impl Inner {
                 joined = &mut task => {
                     telemetry::load(started.elapsed());
                     return match joined {
+                        Ok(Ok(Loaded { kind: LoadedKind::NotModified { .. }, .. })) if !had_previous => {
+                            Err(Error::load("the loader answered \"not modified\" without a previous value".into()))
+                        }
                         Ok(Ok(loaded)) => Ok(loaded),
                         Ok(Err(error)) => Err(Error::load(error)),
                         Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
@@ -210,7 +217,18 @@ impl Inner {
             Some(0)
         };
         let started = Instant::now();
-        let loaded = self.load(loader, Some((&guard.key, token))).await;
+        let previous = match &stale {
+            // The lookup that took the lock did not check the value's tags: a value outdated
+            // by a tag's invalidation must not be renewed.
+            Some(
+                stale @ StaleValue {
+                    tags: Some(tagged), ..
+                },
+            ) => matches!(self.tags_valid(tagged).await, Ok(Some(_))).then(|| stale.previous()),
+            stale => stale.as_ref().map(StaleValue::previous),
+        };
+        let had_previous = previous.is_some();
+        let loaded = self.load(loader, Some((&guard.key, token)), previous).await;
         let load_time = started.elapsed();
         let loaded = match loaded {
             Ok(loaded) => loaded,
@@ -238,9 +256,13 @@ impl Inner {
                 };
             }
         };
-        let digest = *guard.key.digest();
         if !loaded.tags.is_empty() {
             self.tags_seen.store(true, Ordering::Relaxed);
+        }
+        if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
+            (&loaded.kind, stale, had_previous)
+        {
+            return Ok(self.renew(&mut guard, stamp, stale, *ttl).await);
         }
         let tagged = Self::tagged(loaded.tags, clock);
         match (loaded.kind, tagged) {
@@ -259,53 +281,22 @@ impl Inner {
                 })
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
-                let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
-                match self
-                    .store_call(
-                        self.store
-                            .fill(&guard.key, token, fill.encoded, fill.store_ttl),
-                    )
-                    .await
-                {
-                    Ok(filled) => {
-                        // The fill dropped the lock, or the lock was no longer ours.
-                        guard.disarm();
-                        if !filled {
-                            telemetry::lock(LockEvent::Lost);
-                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                        } else if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
-                            // The fill's own notification moved the stamp on once.
-                            self.l1_insert(
-                                stamp.map(Stamp::after_own_change),
-                                tags,
-                                digest,
-                                fill.value.clone(),
-                                fill.fresh_for,
-                                load_time,
-                            )
-                            .await;
-                        }
-                    }
-                    Err(error) => {
-                        warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                        let tags = self.tag_stamps(tagged.as_ref().map_or(&[], |t| &t.tags[..]));
-                        self.l1_insert(
-                            stamp,
-                            tags,
-                            digest,
-                            fill.value.clone(),
-                            fill.fresh_for,
-                            load_time,
-                        )
-                        .await;
-                    }
-                }
+                let fill = self.ready_to_store(
+                    &bytes,
+                    ttl,
+                    load_time,
+                    tagged.as_ref(),
+                    Some(loaded.windows),
+                );
+                self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
+                    .await;
                 Ok(Fetched {
                     value: Some(fill.value),
                     outcome: Outcome::Leader,
                 })
             }
-            (LoadedKind::Pass, _) => {
+            // `load` lets "not modified" through only with a previous value, which renewed.
+            (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
                 let pass = entry::encode_pass();
                 if let Ok(true | false) = self
                     .store_call(
@@ -324,6 +315,113 @@ impl Inner {
         }
     }
 
+    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took.
+    async fn fill_value(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        fill: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let filled = self
+            .store_call(self.store.fill(
+                &guard.key,
+                guard.token,
+                fill.encoded.clone(),
+                fill.store_ttl,
+            ))
+            .await;
+        self.after_write(guard, stamp, filled, fill, tagged, load_time)
+            .await;
+    }
+
+    /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
+    /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
+    async fn after_write(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        written: Result<bool, StoreError>,
+        fill: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let digest = *guard.key.digest();
+        match written {
+            Ok(written) => {
+                // The write dropped the lock, or the lock was no longer ours.
+                guard.disarm();
+                if !written {
+                    telemetry::lock(LockEvent::Lost);
+                    warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                } else if let Some(tags) = self.tags_for_l1(tagged).await {
+                    // The write's own notification moved the stamp on once.
+                    self.l1_insert(
+                        stamp.map(Stamp::after_own_change),
+                        tags,
+                        digest,
+                        fill.value.clone(),
+                        fill.fresh_for,
+                        load_time,
+                    )
+                    .await;
+                }
+            }
+            Err(error) => {
+                warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                let tags = self.tag_stamps(tagged.map_or(&[], |t| &t.tags[..]));
+                self.l1_insert(
+                    stamp,
+                    tags,
+                    digest,
+                    fill.value.clone(),
+                    fill.fresh_for,
+                    load_time,
+                )
+                .await;
+            }
+        }
+    }
+
+    /// The loader found the stale value unchanged: the store renews it, fresh for `ttl` (or
+    /// the default TTL), without its bytes; a store that no longer holds it (or cannot renew)
+    /// gets it filled again.
+    async fn renew(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        stale: StaleValue,
+        ttl: Option<Duration>,
+    ) -> Fetched {
+        let fill = self.ready_to_store(
+            &stale.payload,
+            ttl,
+            stale.load_time,
+            stale.tags.as_ref(),
+            stale.windows,
+        );
+        let renewed = self
+            .store_call(self.store.renew(&guard.key, guard.token, fill.store_ttl))
+            .await;
+        let tagged = stale.tags.as_ref();
+        match renewed {
+            Ok(Renewal::NoValue) => {
+                self.fill_value(guard, stamp, &fill, tagged, stale.load_time)
+                    .await;
+            }
+            renewed => {
+                let written = renewed.map(|renewed| renewed == Renewal::Renewed);
+                self.after_write(guard, stamp, written, &fill, tagged, stale.load_time)
+                    .await;
+            }
+        }
+        Fetched {
+            value: Some(fill.value),
+            outcome: Outcome::Revalidated,
+        }
+    }
+
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.
     pub(super) async fn load_alone(
         &self,
@@ -335,7 +433,7 @@ impl Inner {
         // Kept in L1 even while notifications are lost (the store is failing): until they
         // are back, which moves every stamp on.
         let stamp = Some(self.stamp_anyway(&digest));
-        match self.load(loader, None).await?.kind {
+        match self.load(loader, None, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
@@ -355,7 +453,7 @@ impl Inner {
                     outcome,
                 })
             }
-            LoadedKind::Pass => Ok(Fetched {
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched {
                 value: None,
                 outcome: Outcome::Pass,
             }),
@@ -372,7 +470,7 @@ impl Inner {
     ) -> FlightResult {
         let clock = self.tag_clock().await;
         let started = Instant::now();
-        let loaded = self.load(loader, None).await?;
+        let loaded = self.load(loader, None, None).await?;
         let LoadedKind::Value { bytes, ttl } = loaded.kind else {
             return Ok(Fetched {
                 value: None,
@@ -390,7 +488,13 @@ impl Inner {
             });
         };
         let load_time = started.elapsed();
-        let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
+        let fill = self.ready_to_store(
+            &bytes,
+            ttl,
+            load_time,
+            tagged.as_ref(),
+            Some(loaded.windows),
+        );
         let stamp = match self
             .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
             .await

@@ -3,7 +3,7 @@
 //!
 //! | metric | kind | labels | what |
 //! | --- | --- | --- | --- |
-//! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`; the HTTP layer adds `bypass`) |
+//! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`, `revalidated`; the HTTP layer adds `bypass`) |
 //! | `stampede_loads_total` | counter | | loads started (loader calls) |
 //! | `stampede_load_duration_seconds` | histogram | | how long loads took |
 //! | `stampede_lock_total` | counter | `event` | reload locks `acquired`, `contended` (held elsewhere), `lost` (a fill or renewal refused), `extended` (renewed by the watchdog) |

@@ -199,7 +199,7 @@ where
     let loaded = entry.clone();
     let filled = loading
         .cache
-        .fetch_accepting(variant, codec::accepts_variant, move || async move {
+        .fetch_accepting(variant, codec::accepts_variant, move |_| async move {
             Ok::<_, Infallible>(Loaded::value_with_ttl(loaded, ttl).tags(&tags))
         })
         .await;

@@ -7,6 +7,32 @@
 #[cfg(feature = "redis")]
 mod redis;
 
+/// `timed_test!(name)` runs `async fn name(stores: Vec<Shared>)`, a test that depends on
+/// timing, twice: as `name::memory` over `MemoryStore` on paused tokio time, which the store's
+/// expiries and the engine's timers follow, so the run is instant and its timing exact; and,
+/// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
+/// expiry follows moka's own clock, which paused time does not move: a test that waits for an
+/// L1 entry to expire is not a `timed_test!`.)
+#[allow(unused_macros)]
+macro_rules! timed_test {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(start_paused = true)]
+            async fn memory() {
+                super::$name(vec![Shared::memory()]).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(vec![Shared::redis().await]).await;
+            }
+        }
+    };
+}
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
