@@ -17,6 +17,8 @@ use crate::store::KeyDigest;
 pub struct Previous {
     pub(super) value: Bytes,
     pub(super) staleness: Duration,
+    /// The digests of the value's tags.
+    pub(super) tags: Vec<KeyDigest>,
 }
 
 impl Previous {
@@ -146,6 +148,17 @@ impl Loaded {
     pub fn must_revalidate(self) -> Self {
         self.stale_while_revalidate(Duration::ZERO)
             .stale_if_error(Duration::ZERO)
+    }
+
+    /// Attaches the tags of the `previous` value (see [`tags`](Self::tags)): for a value
+    /// rebuilt from the previous one (a revalidated HTTP response with updated headers), so
+    /// that an invalidation of the previous value's tags still reaches it.
+    #[must_use]
+    pub fn tags_of(mut self, previous: &Previous) -> Self {
+        self.tags.extend_from_slice(&previous.tags);
+        self.tags.sort_unstable();
+        self.tags.dedup();
+        self
     }
 
     /// Attaches tags to the value: [`Cache::invalidate_tag`](super::Cache::invalidate_tag)

@@ -92,6 +92,7 @@ impl StaleValue {
         Previous {
             value: self.payload.clone(),
             staleness: self.staleness(),
+            tags: self.tags.as_ref().map_or_else(Vec::new, |t| t.tags.clone()),
         }
     }
 

@@ -291,6 +291,12 @@ impl Cache {
         answer
     }
 
+    /// How long the store keeps values past their freshness (for stale windows and
+    /// revalidation).
+    pub(crate) fn keep(&self) -> std::time::Duration {
+        self.inner.config.keep()
+    }
+
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
         let l1_bytes = self.inner.l1_bytes.load(Ordering::Relaxed);

@@ -46,7 +46,7 @@ where
     let (to_leader, mut from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
-        move |_| load(loading, primary, Step::Primary, slot, to_leader)
+        move |previous| load(loading, primary, Step::Primary, slot, to_leader, previous)
     };
     let fetched = cache
         .fetch_accepting(&primary, codec::accepts_primary, loader)
@@ -103,7 +103,16 @@ where
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
         let names = marker.names.clone();
-        move |_| load(loading, primary, Step::Variant(names), slot, to_leader)
+        move |previous| {
+            load(
+                loading,
+                primary,
+                Step::Variant(names),
+                slot,
+                to_leader,
+                previous,
+            )
+        }
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
