@@ -19,13 +19,13 @@ use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
 use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
-use crate::store::{KeyDigest, LockToken, Renewal, Stamp, Store, StoreError, StoreKey};
+use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(super) struct LockGuard {
     store: Arc<dyn Store>,
-    key: StoreKey,
-    token: LockToken,
+    pub(super) key: StoreKey,
+    pub(super) token: LockToken,
     armed: bool,
 }
 
@@ -68,17 +68,17 @@ pub(super) struct Seen {
 
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
 /// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
-struct ReadyValue {
-    encoded: Bytes,
-    value: Bytes,
-    fresh_for: Duration,
-    store_ttl: Duration,
+pub(super) struct ReadyValue {
+    pub(super) encoded: Bytes,
+    pub(super) value: Bytes,
+    pub(super) fresh_for: Duration,
+    pub(super) store_ttl: Duration,
 }
 
 impl Inner {
     /// Encodes a loaded value with its load time (and tags, and stale windows), fresh for
     /// `ttl` (or the default TTL).
-    fn ready_to_store(
+    pub(super) fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
@@ -217,16 +217,7 @@ impl Inner {
             Some(0)
         };
         let started = Instant::now();
-        let previous = match &stale {
-            // The lookup that took the lock did not check the value's tags: a value outdated
-            // by a tag's invalidation must not be renewed.
-            Some(
-                stale @ StaleValue {
-                    tags: Some(tagged), ..
-                },
-            ) => matches!(self.tags_valid(tagged).await, Ok(Some(_))).then(|| stale.previous()),
-            stale => stale.as_ref().map(StaleValue::previous),
-        };
+        let previous = self.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
         let loaded = self.load(loader, Some((&guard.key, token)), previous).await;
         let load_time = started.elapsed();
@@ -316,7 +307,7 @@ impl Inner {
     }
 
     /// Fills a loaded value under the lock, and keeps it in L1 where the fill took.
-    async fn fill_value(
+    pub(super) async fn fill_value(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
@@ -338,7 +329,7 @@ impl Inner {
 
     /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
     /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
-    async fn after_write(
+    pub(super) async fn after_write(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
@@ -348,78 +339,35 @@ impl Inner {
         load_time: Duration,
     ) {
         let digest = *guard.key.digest();
-        match written {
+        let (stamp, tags) = match written {
             Ok(written) => {
                 // The write dropped the lock, or the lock was no longer ours.
                 guard.disarm();
                 if !written {
                     telemetry::lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                } else if let Some(tags) = self.tags_for_l1(tagged).await {
-                    // The write's own notification moved the stamp on once.
-                    self.l1_insert(
-                        stamp.map(Stamp::after_own_change),
-                        tags,
-                        digest,
-                        fill.value.clone(),
-                        fill.fresh_for,
-                        load_time,
-                    )
-                    .await;
+                    return;
                 }
+                let Some(tags) = self.tags_for_l1(tagged).await else {
+                    return;
+                };
+                // The write's own notification moved the stamp on once.
+                (stamp.map(Stamp::after_own_change), tags)
             }
             Err(error) => {
                 warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                let tags = self.tag_stamps(tagged.map_or(&[], |t| &t.tags[..]));
-                self.l1_insert(
-                    stamp,
-                    tags,
-                    digest,
-                    fill.value.clone(),
-                    fill.fresh_for,
-                    load_time,
-                )
-                .await;
+                (stamp, self.tag_stamps(tagged.map_or(&[], |t| &t.tags[..])))
             }
-        }
-    }
-
-    /// The loader found the stale value unchanged: the store renews it, fresh for `ttl` (or
-    /// the default TTL), without its bytes; a store that no longer holds it (or cannot renew)
-    /// gets it filled again.
-    async fn renew(
-        &self,
-        guard: &mut LockGuard,
-        stamp: Option<Stamp>,
-        stale: StaleValue,
-        ttl: Option<Duration>,
-    ) -> Fetched {
-        let fill = self.ready_to_store(
-            &stale.payload,
-            ttl,
-            stale.load_time,
-            stale.tags.as_ref(),
-            stale.windows,
-        );
-        let renewed = self
-            .store_call(self.store.renew(&guard.key, guard.token, fill.store_ttl))
-            .await;
-        let tagged = stale.tags.as_ref();
-        match renewed {
-            Ok(Renewal::NoValue) => {
-                self.fill_value(guard, stamp, &fill, tagged, stale.load_time)
-                    .await;
-            }
-            renewed => {
-                let written = renewed.map(|renewed| renewed == Renewal::Renewed);
-                self.after_write(guard, stamp, written, &fill, tagged, stale.load_time)
-                    .await;
-            }
-        }
-        Fetched {
-            value: Some(fill.value),
-            outcome: Outcome::Revalidated,
-        }
+        };
+        self.l1_insert(
+            stamp,
+            tags,
+            digest,
+            fill.value.clone(),
+            fill.fresh_for,
+            load_time,
+        )
+        .await;
     }
 
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.

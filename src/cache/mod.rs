@@ -66,6 +66,7 @@ mod follower;
 mod l1;
 mod leader;
 mod refresh;
+mod revalidate;
 mod tags;
 pub(crate) mod telemetry;
 
