@@ -19,13 +19,17 @@ use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, Renewal};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, Previous, WaitTimeoutPolicy};
 
-/// Fills `key` with `value` through an instance of its own, fresh for 200 ms and kept `keep`
-/// longer for revalidation, then waits until it is stale.
-async fn stale_value(shared: &Shared, key: &str, value: &'static str, loaded: Loaded) {
-    let cache = shared
+/// An instance that keeps values a minute past their freshness, to revalidate them.
+fn keeping(shared: &Shared) -> tower_stampede::CacheBuilder {
+    shared
         .cache()
         .keep_for_revalidation(Duration::from_secs(60))
-        .build();
+}
+
+/// Fills `key` with `loaded` (whose payload is `value`) through an instance of its own that
+/// keeps it for revalidation, then waits until it is stale (values here are fresh for 200 ms).
+async fn stale_value(shared: &Shared, key: &str, value: &'static str, loaded: Loaded) {
+    let cache = keeping(shared).build();
     let fetched = cache
         .fetch(key, move || async move { Ok::<_, std::io::Error>(loaded) })
         .await
@@ -84,14 +88,7 @@ async fn one_not_modified_renews_the_value_for_every_process(stores: Vec<Shared>
         stale_value(&shared, "doc", "v1", short("v1")).await;
         // Two instances on this store's connections, one on another process's (for Redis its
         // own connections and subscriber); no stale window: everybody waits for the reload.
-        let mut instances: Vec<Cache> = (0..2)
-            .map(|_| {
-                shared
-                    .cache()
-                    .keep_for_revalidation(Duration::from_secs(60))
-                    .build()
-            })
-            .collect();
+        let mut instances: Vec<Cache> = (0..2).map(|_| keeping(&shared).build()).collect();
         instances.push(
             Cache::builder_shared(shared.other_process().await)
                 .namespace("test")
@@ -156,10 +153,7 @@ timed_test!(a_changed_value_replaces_the_previous_one);
 async fn a_changed_value_replaces_the_previous_one(stores: Vec<Shared>) {
     for shared in stores {
         stale_value(&shared, "row", "v1", short("v1")).await;
-        let cache = shared
-            .cache()
-            .keep_for_revalidation(Duration::from_secs(60))
-            .build();
+        let cache = keeping(&shared).build();
         let fetched = cache
             .fetch_revalidating("row", |previous| async move {
                 assert_eq!(previous.unwrap().value(), "v1");
@@ -347,14 +341,7 @@ async fn a_value_s_own_window_serves_it_stale_where_the_cache_would_not(stores: 
         .await;
         let loads = Counter::default();
         let release = Arc::new(Notify::new());
-        let instances: Vec<Cache> = (0..2)
-            .map(|_| {
-                shared
-                    .cache()
-                    .keep_for_revalidation(Duration::from_secs(60))
-                    .build()
-            })
-            .collect();
+        let instances: Vec<Cache> = (0..2).map(|_| keeping(&shared).build()).collect();
         let mut callers = Vec::new();
         for i in 0..20 {
             let (cache, loads, release) =
@@ -383,9 +370,7 @@ async fn a_value_s_own_window_serves_it_stale_where_the_cache_would_not(stores: 
         // Without a window of its own, the cache's (none) decides: a follower waits.
         stale_value(&shared, "plain", "p", short("p")).await;
         let (release, leading) = hold_reload(instances[0].clone(), "plain", "p2").await;
-        let follower = shared
-            .cache()
-            .keep_for_revalidation(Duration::from_secs(60))
+        let follower = keeping(&shared)
             .wait_timeout(Duration::from_millis(300))
             .on_wait_timeout(WaitTimeoutPolicy::Error)
             .build();
