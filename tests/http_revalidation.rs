@@ -3,8 +3,8 @@
 //! checks what reached the origin and which conditional header fields it saw. Each cites the
 //! RFC section it checks.
 //!
-//! The origin serves one document with an `ETag` of its version and answers `304` to an
-//! `If-None-Match` that names it. Responses are fresh for one second: the tests wait for
+//! The origin serves one document with an `ETag` of its version (or, dated, a `Last-Modified`
+//! of it) and answers `304` to an `If-None-Match` (`If-Modified-Since`) that names it. Responses are fresh for one second: the tests wait for
 //! that second to pass (there is no faster way to make a Redis value stale).
 
 mod support;
@@ -33,6 +33,10 @@ struct Origin {
     calls: Counter,
     /// The `If-None-Match` of each request that reached the origin.
     conditions: Arc<Mutex<Vec<Option<HeaderValue>>>>,
+    /// The `If-Modified-Since` of each request that reached the origin.
+    since: Arc<Mutex<Vec<Option<HeaderValue>>>>,
+    /// Whether the document's validator is its `Last-Modified` (no `ETag`).
+    dated: bool,
     /// While set, every answer is `503`.
     failing: Arc<AtomicBool>,
     /// How long each answer takes.
@@ -46,6 +50,8 @@ impl Origin {
             cache_control: Arc::new(Mutex::new(cache_control)),
             calls: Counter::default(),
             conditions: Arc::default(),
+            since: Arc::default(),
+            dated: false,
             failing: Arc::default(),
             delay: Duration::ZERO,
         }
@@ -71,8 +77,17 @@ impl Origin {
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             return response;
         }
+        let since = headers.get("if-modified-since").cloned();
+        self.since.lock().unwrap().push(since.clone());
         let version = self.version.load(Ordering::SeqCst);
-        let etag = format!("\"v{version}\"");
+        let (validator, etag) = if self.dated {
+            // One date per version (a Wednesday, the 1st or later, of November 2023).
+            let modified = format!("Wed, {:02} Nov 2023 00:00:00 GMT", 1 + 7 * (version - 1));
+            ("last-modified", modified)
+        } else {
+            ("etag", format!("\"v{version}\""))
+        };
+        let asked = if self.dated { since } else { asked };
         let unchanged = asked.is_some_and(|asked| asked.as_bytes() == etag.as_bytes());
         let mut response = if unchanged {
             let mut response = Response::new(Body::empty());
@@ -82,7 +97,7 @@ impl Origin {
             Response::new(Body::from(format!("v{version} #{n}")))
         };
         let headers = response.headers_mut();
-        headers.insert("etag", HeaderValue::from_str(&etag).unwrap());
+        headers.insert(validator, HeaderValue::from_str(&etag).unwrap());
         let cache_control = *self.cache_control.lock().unwrap();
         headers.insert("cache-control", HeaderValue::from_static(cache_control));
         headers.insert("x-answer", HeaderValue::from_str(&n.to_string()).unwrap());
@@ -91,6 +106,10 @@ impl Origin {
 
     fn conditions(&self) -> Vec<Option<HeaderValue>> {
         self.conditions.lock().unwrap().clone()
+    }
+
+    fn since(&self) -> Vec<Option<HeaderValue>> {
+        self.since.lock().unwrap().clone()
     }
 }
 
@@ -193,6 +212,35 @@ async fn a_stale_response_is_revalidated_and_a_304_refreshes_it() {
             shared.name
         );
         assert_eq!(get(&other).await.body(), "v2 #3", "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_dated_by_last_modified_is_revalidated_with_if_modified_since() {
+    for shared in Shared::both().await {
+        let mut origin = Origin::new("max-age=1");
+        origin.dated = true;
+        let app = layered(&origin, keeping(&shared).build());
+        let first = get(&app).await;
+        assert_eq!((first.x_cache(), first.body()), ("MISS", "v1 #1"));
+        assert!(!first.headers.contains_key("etag"));
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        // RFC 9111 §4.3.1: without an entity tag, the reload carries `If-Modified-Since` with
+        // the stored `Last-Modified`; §4.3.4: the `304` refreshes the entry, whose body is
+        // served with the updated fields.
+        let revalidated = get(&app).await;
+        assert_eq!(
+            (revalidated.status, revalidated.body()),
+            (StatusCode::OK, "v1 #1"),
+            "{}",
+            shared.name
+        );
+        assert_eq!(revalidated.headers["x-answer"], "2", "{}", shared.name);
+        let modified = HeaderValue::from_static("Wed, 01 Nov 2023 00:00:00 GMT");
+        assert_eq!(origin.since(), [None, Some(modified)], "{}", shared.name);
+        assert_eq!(origin.conditions(), [None, None], "{}", shared.name);
+        assert_eq!(get(&app).await.x_cache(), "HIT", "{}", shared.name);
+        assert_eq!(origin.calls.get(), 2, "{}", shared.name);
     }
 }
 
