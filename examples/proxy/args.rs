@@ -300,17 +300,15 @@ impl Origin {
         })
     }
 
-    /// The origin's URI for a request's path and query.
-    pub(crate) fn uri_for(&self, uri: &Uri) -> Uri {
-        let path = uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
-            .expect("scheme, authority and path and query make a URI")
+    /// The origin's URI for a request's path and query (the request's URI, taken apart: its
+    /// path and query are not copied).
+    pub(crate) fn uri_for(&self, uri: Uri) -> Uri {
+        let mut parts = uri.into_parts();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        if parts.path_and_query.is_none() {
+            parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        }
+        Uri::from_parts(parts).expect("scheme, authority and path and query make a URI")
     }
 }

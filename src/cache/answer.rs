@@ -252,6 +252,12 @@ impl Fetched {
     pub fn outcome(&self) -> Outcome {
         self.outcome
     }
+
+    /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.
+    pub(super) fn value_or_pass(self) -> Result<Bytes, super::Error> {
+        self.value
+            .ok_or_else(|| super::Error::new(super::ErrorKind::Pass))
+    }
 }
 
 /// Counters of what the cache has seen since it was built.

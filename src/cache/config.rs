@@ -17,9 +17,11 @@ pub enum WaitTimeoutPolicy {
     /// callers share one flight.
     #[default]
     LoadUncached,
-    /// Load from the backend, answer with it, and store it (unfenced, with
-    /// [`Store::put`](crate::store::Store::put)) so later callers everywhere find it; the slow
-    /// leader's fill overwrites it when it lands. One load per process, as with `LoadUncached`.
+    /// Load from the backend, answer with it, and store it (with
+    /// [`Store::put`](crate::store::Store::put), whatever the lock holds) so later callers
+    /// everywhere find it; the slow leader's fill overwrites it when it lands. The write is
+    /// refused where the stored value's load started later than this one (a newer value is
+    /// never overwritten by an older load). One load per process, as with `LoadUncached`.
     LoadAndCache,
     /// Answer with the stale value seen while waiting, if it is within
     /// [`stale_if_error`](CacheBuilder::stale_if_error); otherwise fail as `Error` does. No
@@ -291,8 +293,11 @@ impl CacheBuilder {
         self
     }
 
-    /// Builds the cache.
+    /// Builds the cache. With the `metrics` feature, it also describes the engine's metrics
+    /// to the installed recorder ([`describe_metrics`](super::describe_metrics)).
     pub fn build(self) -> Cache {
+        #[cfg(feature = "metrics")]
+        super::describe_metrics();
         Cache::from_parts(self.store, self.config)
     }
 }

@@ -1,30 +1,41 @@
 //! The bytes the engine keeps in a store: a small versioned header, then the payload.
 //!
 //! ```text
-//! "TS" | version (1) | kind | load time in ms (u32, big-endian) | payload
+//! "TS" | version (2) | kind | load time in ms (u32, big-endian)
+//!      | load start in ms since the UNIX epoch (u64, big-endian)
+//!      | [stale windows] | [tags] | payload
 //! ```
 //!
-//! A value with tags (kind 2) has, between the header and the payload, the tag clock read
-//! before its load (u64) and its tags (a u16 count, then each tag's 32-byte digest).
+//! The load start is where the store's fence looks for it (bytes 8 to 16, see
+//! [`store::load_start`](crate::store::load_start)): a write after a wait timeout is refused
+//! where the stored value's load started later. Version 1 entries (an 8-byte header, before
+//! the load start) are still read; they carry no load start, so any write may replace them.
 //!
 //! A value with stale windows of its own (see [`Windows`]) has the [`WINDOWS`] bit set in its
-//! kind, and the two windows (each u32 milliseconds, big-endian) right after the header,
-//! before its tags. Values without windows of their own are written exactly as before the bit
-//! existed, so processes of an older release still read them (in a fleet of mixed versions,
-//! an older process reads a value with windows as a foreign entry: a miss, overwritten).
+//! kind, and the two windows (each u32 milliseconds, big-endian) right after the header.
+//! Values without windows of their own are written exactly as before the bit existed, so
+//! processes of a release without windows still read them; such a process reads a value with
+//! windows as a foreign entry (a miss, overwritten), and its fence still finds the load start,
+//! which the bit does not move.
+//!
+//! A value with tags (kind 2) has, between the header (and windows) and the payload, the tag
+//! clock read before its load (u64) and its tags (a u16 count, then each tag's 32-byte
+//! digest).
 //!
 //! The header tells values from "pass" markers and carries how long the load took, and its
 //! magic lets the engine tell its own entries from foreign or corrupt bytes, which are treated
 //! as a miss and overwritten.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::store::KeyDigest;
 
 const MAGIC: &[u8; 2] = b"TS";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The version before the load start, still read.
+const VERSION_1: u8 = 1;
 const KIND_VALUE: u8 = 0;
 const KIND_PASS: u8 = 1;
 const KIND_TAGGED: u8 = 2;
@@ -33,7 +44,9 @@ const WINDOWS: u8 = 0x10;
 /// The most tags a value may carry.
 pub(crate) const MAX_TAGS: usize = 1024;
 /// Length of the header in front of the payload.
-pub(crate) const HEADER_LEN: usize = 8;
+pub(crate) const HEADER_LEN: usize = 16;
+/// Length of a version 1 header.
+const HEADER_1_LEN: usize = 8;
 
 /// A decoded store entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,10 +101,12 @@ fn get_window(rest: &mut Bytes) -> Option<Duration> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Corrupt;
 
-/// Encodes a value (with at most [`MAX_TAGS`] tags: any more are the caller's error); returns
-/// the entry and its payload, which shares the entry's buffer.
+/// Encodes a value whose load started at `started` and took `load_time` (with at most
+/// [`MAX_TAGS`] tags: any more are the caller's error, and its own stale windows if any);
+/// returns the entry and its payload, which shares the entry's buffer.
 pub(crate) fn encode_value(
     payload: &[u8],
+    started: SystemTime,
     load_time: Duration,
     tags: Option<&Tagged>,
     windows: Option<Windows>,
@@ -106,22 +121,19 @@ pub(crate) fn encode_value(
         KIND_VALUE
     };
     match windows {
-        None => put_header(&mut buf, kind, load_time),
+        None => put_header(&mut buf, kind, started, load_time),
         Some(windows) => {
-            put_header(&mut buf, kind | WINDOWS, load_time);
+            put_header(&mut buf, kind | WINDOWS, started, load_time);
             put_window(&mut buf, windows.while_revalidating);
             put_window(&mut buf, windows.if_error);
         }
     }
-    match tags {
-        None => {}
-        Some(tagged) => {
-            buf.put_u64(tagged.clock);
-            let count = tagged.tags.len().min(MAX_TAGS);
-            buf.put_u16(u16::try_from(count).unwrap_or(u16::MAX));
-            for tag in &tagged.tags[..count] {
-                buf.put_slice(tag.as_bytes());
-            }
+    if let Some(tagged) = tags {
+        buf.put_u64(tagged.clock);
+        let count = tagged.tags.len().min(MAX_TAGS);
+        buf.put_u16(u16::try_from(count).unwrap_or(u16::MAX));
+        for tag in &tagged.tags[..count] {
+            buf.put_slice(tag.as_bytes());
         }
     }
     let start = buf.len();
@@ -131,33 +143,40 @@ pub(crate) fn encode_value(
     (encoded, payload)
 }
 
-/// Encodes a pass marker.
-pub(crate) fn encode_pass() -> Bytes {
+/// Encodes a pass marker, from a load that started at `started`.
+pub(crate) fn encode_pass(started: SystemTime) -> Bytes {
     let mut buf = BytesMut::with_capacity(HEADER_LEN);
-    put_header(&mut buf, KIND_PASS, Duration::ZERO);
+    put_header(&mut buf, KIND_PASS, started, Duration::ZERO);
     buf.freeze()
 }
 
-fn put_header(buf: &mut BytesMut, kind: u8, load_time: Duration) {
+fn put_header(buf: &mut BytesMut, kind: u8, started: SystemTime, load_time: Duration) {
     buf.put_slice(MAGIC);
     buf.put_u8(VERSION);
     buf.put_u8(kind);
     buf.put_u32(saturating_millis(load_time));
+    // A clock before 1970 writes 0: the earliest start, which any write may replace.
+    let since_epoch = started.duration_since(SystemTime::UNIX_EPOCH);
+    let millis = since_epoch.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    buf.put_u64(millis);
 }
 
 fn saturating_millis(d: Duration) -> u32 {
     u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
 }
 
-/// Decodes an entry; anything that is not a well-formed entry of this version is [`Corrupt`].
+/// Decodes an entry; anything that is not a well-formed entry of this version (or of
+/// version 1) is [`Corrupt`].
 pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
-    let header = bytes.get(..HEADER_LEN).ok_or(Corrupt)?;
-    if &header[..2] != MAGIC || header[2] != VERSION {
-        return Err(Corrupt);
-    }
+    let header_len = match bytes.get(..3) {
+        Some([m1, m2, VERSION]) if [*m1, *m2] == *MAGIC => HEADER_LEN,
+        Some([m1, m2, VERSION_1]) if [*m1, *m2] == *MAGIC => HEADER_1_LEN,
+        _ => return Err(Corrupt),
+    };
+    let header = bytes.get(..header_len).ok_or(Corrupt)?;
     let load_ms = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
     let load_time = Duration::from_millis(u64::from(load_ms));
-    let mut rest = bytes.slice(HEADER_LEN..);
+    let mut rest = bytes.slice(header_len..);
     let windows = if header[3] & WINDOWS != 0 {
         if rest.remaining() < 8 {
             return Err(Corrupt);
@@ -201,7 +220,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
                 windows,
             })
         }
-        KIND_PASS if windows.is_none() && bytes.len() == HEADER_LEN => Ok(Entry::Pass),
+        KIND_PASS if windows.is_none() && bytes.len() == header_len => Ok(Entry::Pass),
         _ => Err(Corrupt),
     }
 }
@@ -210,9 +229,14 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
 mod tests {
     use super::*;
 
+    /// A load start, to the millisecond.
+    fn at(millis: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
+    }
+
     #[test]
     fn round_trips() {
-        let (v, _) = encode_value(b"hello", Duration::from_millis(1234), None, None);
+        let (v, _) = encode_value(b"hello", at(5), Duration::from_millis(1234), None, None);
         assert_eq!(
             decode(&v),
             Ok(Entry::Value {
@@ -226,7 +250,13 @@ mod tests {
             clock: 42,
             tags: vec![KeyDigest::of(b"a"), KeyDigest::of(b"b")],
         };
-        let (v, payload) = encode_value(b"tagged", Duration::from_millis(7), Some(&tagged), None);
+        let (v, payload) = encode_value(
+            b"tagged",
+            at(5),
+            Duration::from_millis(7),
+            Some(&tagged),
+            None,
+        );
         assert_eq!(payload, "tagged");
         assert_eq!(
             decode(&v),
@@ -237,9 +267,9 @@ mod tests {
                 windows: None,
             })
         );
-        assert_eq!(decode(&encode_pass()), Ok(Entry::Pass));
+        assert_eq!(decode(&encode_pass(at(5))), Ok(Entry::Pass));
         assert_eq!(
-            decode(&encode_value(b"", Duration::MAX, None, None).0),
+            decode(&encode_value(b"", at(5), Duration::MAX, None, None).0),
             Ok(Entry::Value {
                 payload: Bytes::new(),
                 load_time: Duration::from_millis(u64::from(u32::MAX)),
@@ -255,7 +285,7 @@ mod tests {
             while_revalidating: Some(Duration::from_secs(30)),
             if_error: Some(Duration::from_millis(1500)),
         };
-        let (v, payload) = encode_value(b"w", Duration::from_millis(3), None, Some(windows));
+        let (v, payload) = encode_value(b"w", at(5), Duration::from_millis(3), None, Some(windows));
         assert_eq!(payload, "w");
         assert_eq!(
             decode(&v),
@@ -275,7 +305,7 @@ mod tests {
             while_revalidating: None,
             if_error: Some(Duration::ZERO),
         };
-        let (v, _) = encode_value(b"wt", Duration::ZERO, Some(&tagged), Some(windows));
+        let (v, _) = encode_value(b"wt", at(5), Duration::ZERO, Some(&tagged), Some(windows));
         assert_eq!(
             decode(&v),
             Ok(Entry::Value {
@@ -292,7 +322,7 @@ mod tests {
             if_error: None,
         };
         let Ok(Entry::Value { windows, .. }) =
-            decode(&encode_value(b"", Duration::ZERO, None, Some(huge)).0)
+            decode(&encode_value(b"", at(5), Duration::ZERO, None, Some(huge)).0)
         else {
             panic!("not a value")
         };
@@ -300,24 +330,43 @@ mod tests {
             windows.and_then(|w| w.while_revalidating),
             Some(Duration::from_millis(u64::from(u32::MAX - 1)))
         );
-        let (plain, _) = encode_value(b"p", Duration::ZERO, None, Some(Windows::default()));
-        assert_eq!(plain, encode_value(b"p", Duration::ZERO, None, None).0);
+        let (plain, _) = encode_value(b"p", at(5), Duration::ZERO, None, Some(Windows::default()));
+        assert_eq!(
+            plain,
+            encode_value(b"p", at(5), Duration::ZERO, None, None).0
+        );
     }
 
+    /// A value without windows of its own is written byte for byte as a release without
+    /// windows writes it (and reads it): kind 0, no windows block.
     #[test]
-    fn values_without_windows_keep_the_first_release_bytes() {
-        // What a process of the first release writes and reads: kind 0, no windows block.
-        let (v, _) = encode_value(b"old", Duration::from_millis(2), None, None);
-        assert_eq!(&v[..], b"TS\x01\x00\x00\x00\x00\x02old");
-        let written_by_older = Bytes::from_static(b"TS\x01\x00\x00\x00\x00\x05x");
+    fn values_without_windows_keep_the_bytes_of_a_release_without_them() {
+        let (v, _) = encode_value(b"new", at(0x0102), Duration::from_millis(2), None, None);
         assert_eq!(
-            decode(&written_by_older),
+            &v[..],
+            b"TS\x02\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x01\x02new"
+        );
+    }
+
+    /// Entries written before the load start (version 1, an 8-byte header) are still read.
+    #[test]
+    fn version_1_entries_are_read() {
+        let v1 = Bytes::from_static(b"TS\x01\x00\x00\x00\x00\x07old");
+        assert_eq!(
+            decode(&v1),
             Ok(Entry::Value {
-                payload: Bytes::from_static(b"x"),
-                load_time: Duration::from_millis(5),
+                payload: Bytes::from_static(b"old"),
+                load_time: Duration::from_millis(7),
                 tags: None,
                 windows: None,
             })
+        );
+        let pass = Bytes::from_static(b"TS\x01\x01\x00\x00\x00\x00");
+        assert_eq!(decode(&pass), Ok(Entry::Pass));
+        assert_eq!(
+            crate::store::load_start(&v1),
+            None,
+            "no load start: writable"
         );
     }
 
@@ -327,15 +376,18 @@ mod tests {
             &b""[..],
             b"TS",
             b"hello world",
-            b"TS\x02\x00\x00\x00\x00\x00",
+            b"TS\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
             b"TS\x01\x07\x00\x00\x00\x00",
             b"TS\x01\x01\x00\x00\x00\x00extra",
             // Tagged: a clock cut short, and a count of tags that are not there.
             b"TS\x01\x02\x00\x00\x00\x00\x00\x00",
             b"TS\x01\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01",
+            // Version 2: a header cut short, a pass marker with more.
+            b"TS\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"TS\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00extra",
             // Windows cut short, and a pass marker with windows.
-            b"TS\x01\x10\x00\x00\x00\x00\x00\x00\x00",
-            b"TS\x01\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"TS\x02\x10\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"TS\x02\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
         ] {
             assert_eq!(
                 decode(&Bytes::copy_from_slice(bad)),
@@ -345,9 +397,36 @@ mod tests {
         }
     }
 
+    /// The load start sits where the store's fence reads it, for every kind of entry, with
+    /// windows or without.
+    #[test]
+    fn the_store_finds_the_load_start() {
+        let started = at(1_790_000_000_123);
+        let tagged = Tagged {
+            clock: 1,
+            tags: vec![KeyDigest::of(b"t")],
+        };
+        let windows = Windows {
+            while_revalidating: Some(Duration::from_secs(1)),
+            if_error: None,
+        };
+        for encoded in [
+            encode_value(b"v", started, Duration::from_millis(9), None, None).0,
+            encode_value(b"v", started, Duration::ZERO, Some(&tagged), None).0,
+            encode_value(b"v", started, Duration::ZERO, None, Some(windows)).0,
+            encode_value(b"v", started, Duration::ZERO, Some(&tagged), Some(windows)).0,
+            encode_pass(started),
+        ] {
+            assert_eq!(crate::store::load_start(&encoded), Some(1_790_000_000_123));
+        }
+        let before_1970 = SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+        let (v, _) = encode_value(b"v", before_1970, Duration::ZERO, None, None);
+        assert_eq!(crate::store::load_start(&v), Some(0));
+    }
+
     #[test]
     fn payload_shares_the_buffer() {
-        let (v, _) = encode_value(b"abc", Duration::ZERO, None, None);
+        let (v, _) = encode_value(b"abc", at(5), Duration::ZERO, None, None);
         let Ok(Entry::Value { payload, .. }) = decode(&v) else {
             panic!("not a value")
         };

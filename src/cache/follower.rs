@@ -178,6 +178,21 @@ impl Inner {
         }
     }
 
+    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
+    /// (a namespace's first, or one made again after its connection dropped), a wait of at
+    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
+    /// first reads of a new process would all be missed by L1. No wait while the breaker is
+    /// open (the lookup will not be made).
+    pub(super) async fn watch_fills_subscribed(&self, key: &StoreKey) -> Option<FillWatch> {
+        let filled = self.watch_fills(key);
+        if let (Some(_), Some(notifier)) = (&filled, self.notifier()) {
+            if self.breaker.is_closed() {
+                notifier.received_within(self.config.store_timeout).await;
+            }
+        }
+        filled
+    }
+
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
     /// read wakes the next wait.
@@ -186,7 +201,7 @@ impl Inner {
         key: &StoreKey,
         token: LockToken,
         lock_when: LockWhen,
-        reader: Reader,
+        reader: &Reader,
         filled: &mut Option<FillWatch>,
     ) -> Result<Found, StoreError> {
         if let Some(filled) = filled.as_mut() {
@@ -274,7 +289,7 @@ impl Inner {
         let mut followed = false;
         // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
         let mut last_stale = None;
-        let mut filled = self.watch_fills(&key);
+        let mut filled = self.watch_fills_subscribed(&key).await;
         loop {
             let overwriting = std::mem::take(&mut overwrite);
             // Taken before the read, so that a change heard after it keeps the value out of L1.
@@ -285,7 +300,7 @@ impl Inner {
                 LockWhen::LifeAtMost(keep)
             };
             let mut found = match self
-                .look_up(&key, token, lock_when, loader.reader, &mut filled)
+                .look_up(&key, token, lock_when, &loader.reader, &mut filled)
                 .await
             {
                 Ok(found) => found,
@@ -381,10 +396,7 @@ impl Inner {
                     if found.outdated {
                         debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
                     } else {
-                        self.counters
-                            .corrupt_entries
-                            .fetch_add(1, Ordering::Relaxed);
-                        warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                        self.corrupt_entry(&digest);
                     }
                     overwrite = true;
                     continue;
@@ -439,6 +451,19 @@ impl Inner {
             },
             WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
         }
+    }
+}
+
+impl Inner {
+    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
+    /// type's), in [`Stats::corrupt_entries`](super::Stats::corrupt_entries) and its metric:
+    /// it is treated as a miss, and overwritten by the load that follows.
+    pub(super) fn corrupt_entry(&self, digest: &KeyDigest) {
+        self.counters
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
+        telemetry::corrupt_entry();
+        warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
     }
 }
 

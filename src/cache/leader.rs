@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -76,18 +76,18 @@ pub(super) struct ReadyValue {
 }
 
 impl Inner {
-    /// Encodes a loaded value with its load time (and tags, and stale windows), fresh for
-    /// `ttl` (or the default TTL).
+    /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
+    /// fresh for `ttl` (or the default TTL).
     pub(super) fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
-        load_time: Duration,
+        (started, load_time): (SystemTime, Duration),
         tagged: Option<&Tagged>,
         windows: Option<Windows>,
     ) -> ReadyValue {
         let fresh_for = ttl.unwrap_or(self.config.ttl);
-        let (encoded, value) = entry::encode_value(bytes, load_time, tagged, windows);
+        let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
         ReadyValue {
             value,
             encoded,
@@ -107,12 +107,33 @@ impl Inner {
         }
     }
 
-    /// The stamps to keep a just stored tagged value in L1 under, if none of its tags was
-    /// invalidated since its clock (one round trip; none for an untagged value).
-    async fn tags_for_l1(&self, tagged: Option<&Tagged>) -> Option<TagStamps> {
-        match tagged {
+    /// Keeps a value this process loaded in its L1, after its write to the store (a fill or
+    /// a put) succeeded or failed: `stamp` is what the process had heard of the key before
+    /// the load. One rule whatever became of the write: a tagged value is kept only if none
+    /// of its tags was invalidated since its clock (one round trip; none for an untagged
+    /// value), so a value outdated during its load is never kept, even while the store fails.
+    async fn keep_loaded(
+        &self,
+        stamp: Option<Stamp>,
+        digest: KeyDigest,
+        ready: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let tags = match tagged {
             None => Some(TagStamps::default()),
             Some(tagged) => self.tags_valid(tagged).await.ok().flatten(),
+        };
+        if let Some(tags) = tags {
+            self.l1_insert(
+                stamp,
+                tags,
+                digest,
+                ready.value.clone(),
+                ready.fresh_for,
+                load_time,
+            )
+            .await;
         }
     }
 
@@ -216,7 +237,7 @@ impl Inner {
         } else {
             Some(0)
         };
-        let started = Instant::now();
+        let (started, started_at) = (Instant::now(), SystemTime::now());
         let previous = self.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
         let loaded = self.load(loader, Some((&guard.key, token)), previous).await;
@@ -253,7 +274,7 @@ impl Inner {
         if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
             (&loaded.kind, stale, had_previous)
         {
-            return Ok(self.renew(&mut guard, stamp, stale, *ttl).await);
+            return Ok(self.renew(&mut guard, stamp, stale, *ttl, started_at).await);
         }
         let tagged = Self::tagged(loaded.tags, clock);
         match (loaded.kind, tagged) {
@@ -272,13 +293,9 @@ impl Inner {
                 })
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
-                let fill = self.ready_to_store(
-                    &bytes,
-                    ttl,
-                    load_time,
-                    tagged.as_ref(),
-                    Some(loaded.windows),
-                );
+                let load = (started_at, load_time);
+                let fill =
+                    self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
                 self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
                     .await;
                 Ok(Fetched {
@@ -288,7 +305,7 @@ impl Inner {
             }
             // `load` lets "not modified" through only with a previous value, which renewed.
             (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
-                let pass = entry::encode_pass();
+                let pass = entry::encode_pass(started_at);
                 if let Ok(true | false) = self
                     .store_call(
                         self.store
@@ -339,35 +356,26 @@ impl Inner {
         load_time: Duration,
     ) {
         let digest = *guard.key.digest();
-        let (stamp, tags) = match written {
+        match written {
             Ok(written) => {
                 // The write dropped the lock, or the lock was no longer ours.
                 guard.disarm();
-                if !written {
+                if written {
+                    // The write's own notification moved the stamp on once.
+                    let stamp = stamp.map(Stamp::after_own_change);
+                    self.keep_loaded(stamp, digest, fill, tagged, load_time)
+                        .await;
+                } else {
                     telemetry::lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                    return;
                 }
-                let Some(tags) = self.tags_for_l1(tagged).await else {
-                    return;
-                };
-                // The write's own notification moved the stamp on once.
-                (stamp.map(Stamp::after_own_change), tags)
             }
             Err(error) => {
                 warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                (stamp, self.tag_stamps(tagged.map_or(&[], |t| &t.tags[..])))
+                self.keep_loaded(stamp, digest, fill, tagged, load_time)
+                    .await;
             }
-        };
-        self.l1_insert(
-            stamp,
-            tags,
-            digest,
-            fill.value.clone(),
-            fill.fresh_for,
-            load_time,
-        )
-        .await;
+        }
     }
 
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.
@@ -417,7 +425,7 @@ impl Inner {
         loader: BoxLoader,
     ) -> FlightResult {
         let clock = self.tag_clock().await;
-        let started = Instant::now();
+        let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load(loader, None, None).await?;
         let LoadedKind::Value { bytes, ttl } = loaded.kind else {
             return Ok(Fetched {
@@ -439,30 +447,33 @@ impl Inner {
         let fill = self.ready_to_store(
             &bytes,
             ttl,
-            load_time,
+            (started_at, load_time),
             tagged.as_ref(),
             Some(loaded.windows),
         );
         let stamp = match self
-            .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
+            .store_call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
-            Ok(()) => stamp.map(Stamp::after_own_change),
+            Ok(true) => Some(stamp.map(Stamp::after_own_change)),
+            Ok(false) => {
+                // A value whose load started later is stored: ours is older; it answers this
+                // flight's callers only.
+                debug!(
+                    ?key,
+                    "a newer value is stored; the load after a wait timeout is not"
+                );
+                None
+            }
             Err(error) => {
                 warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
-                stamp
+                Some(stamp)
             }
         };
-        if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
-            self.l1_insert(
-                stamp,
-                tags,
-                *key.digest(),
-                fill.value.clone(),
-                fill.fresh_for,
-                load_time,
-            )
-            .await;
+        if let Some(stamp) = stamp {
+            let digest = *key.digest();
+            self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
+                .await;
         }
         Ok(Fetched {
             value: Some(fill.value),

@@ -3,7 +3,7 @@
 //! [`Store::renew`](crate::store::Store::renew), its bytes not sent again) instead of filling
 //! a new one.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::follower::StaleValue;
 use super::leader::LockGuard;
@@ -24,20 +24,25 @@ impl Inner {
         }
     }
 
-    /// The loader found the stale value unchanged: the store renews it, fresh for `ttl` (or
-    /// the default TTL), without its bytes; a store that no longer holds it (or cannot renew)
-    /// gets it filled again.
+    /// The loader, started at `started`, found the stale value unchanged: the store renews
+    /// it, fresh for `ttl` (or the default TTL), without its bytes; a store that no longer
+    /// holds it (or cannot renew) gets it filled again, as loaded at `started`.
+    ///
+    /// A renewed value keeps the load start it was stored with: a write after a wait timeout
+    /// of a load that started between that and this revalidation may replace it, with what
+    /// the revalidation found to be the same value.
     pub(super) async fn renew(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
         stale: StaleValue,
         ttl: Option<Duration>,
+        started: SystemTime,
     ) -> Fetched {
         let fill = self.ready_to_store(
             &stale.payload,
             ttl,
-            stale.load_time,
+            (started, stale.load_time),
             stale.tags.as_ref(),
             stale.windows,
         );

@@ -107,7 +107,7 @@ pub(crate) fn answer<B: Body>(
         .as_ref()
         .is_some_and(|c| c.not_modified(&cached, now));
     // A HEAD or a 304 has no body to measure: say the length of the 200's.
-    let length = HeaderValue::from(cached.body.len());
+    let length = cached.body.len();
     let mut response = if not_modified {
         let mut response = Response::new(ResponseBody::empty());
         *response.status_mut() = StatusCode::NOT_MODIFIED;
@@ -129,7 +129,9 @@ pub(crate) fn answer<B: Body>(
         response
     };
     if !response.headers().contains_key(CONTENT_LENGTH) && has_content(cached.status) {
-        response.headers_mut().insert(CONTENT_LENGTH, length);
+        response
+            .headers_mut()
+            .insert(CONTENT_LENGTH, HeaderValue::from(length));
     }
     response.headers_mut().insert(AGE, HeaderValue::from(age));
     marked(response, mark)

@@ -39,6 +39,37 @@ where
     ResBody::Error: Send + 'static,
 {
     let asked = Asked::of(&request);
+    // The hot path: a response in L1 is answered before anything a load needs is built (the
+    // slot, the loader and their clones). A vary marker takes the path below, from L1 again.
+    let hit = loading
+        .cache
+        .l1_hit(primary.as_bytes(), |value| match codec::decode(value) {
+            Ok(Stored::Response(cached)) => Some(cached),
+            _ => None,
+        });
+    if let Some(cached) = hit.await {
+        return Ok(answer(cached, Outcome::L1Hit, &asked));
+    }
+    // Boxed, so the future of a hit stays small to build and move.
+    Box::pin(fetch(loading, primary, request, asked)).await
+}
+
+/// [`serve`] past L1: the URL's key through the engine (a flight, the store, or this
+/// request's own load), then its variant's key if it holds a vary marker.
+async fn fetch<S, ReqBody, ResBody>(
+    loading: Loading<S>,
+    primary: String,
+    request: Request<ReqBody>,
+    asked: Asked,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
     let slot = Slot::new(request);
     let cache = loading.cache.clone();
 
@@ -54,8 +85,8 @@ where
     let (marker, outcome) = match decoded(&fetched) {
         Some((Stored::Response(cached), outcome)) => return Ok(answer(cached, outcome, &asked)),
         Some((Stored::Vary(marker), outcome)) => (marker, outcome),
-        // The colder paths are boxed, so the future of every request (a hit's included) stays
-        // small to build and move.
+        // The colder paths are boxed, so the future of every request stays small to build
+        // and move.
         None => {
             return Box::pin(answer_without_entry(
                 fetched,

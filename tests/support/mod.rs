@@ -45,7 +45,7 @@ use tower_stampede::{Cache, CacheBuilder};
 // Each test file uses some of them.
 #[cfg(feature = "redis")]
 #[allow(unused_imports)]
-pub use self::redis::{RedisCluster, RedisServer, TlsFiles};
+pub use self::redis::{calls, RedisCluster, RedisServer, TlsFiles};
 
 /// Counts calls to a backend.
 #[derive(Clone, Default)]
