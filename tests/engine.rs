@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
-use support::{start_leader, Backing, Counter, Shared};
+use support::{stale_while_one_refreshes, start_leader, Backing, Counter, Shared};
 use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
@@ -1158,29 +1158,8 @@ async fn stale_values_are_served_while_one_leader_refreshes(stores: Vec<Shared>)
                     .build()
             })
             .collect();
-        let loads = Counter::default();
-        let release = Arc::new(Notify::new());
-        let mut callers = Vec::new();
-        for i in 0..40 {
-            let (cache, loads, release) =
-                (instances[i % 2].clone(), loads.clone(), release.clone());
-            callers.push(tokio::spawn(async move {
-                cache
-                    .fetch("swr", move || async move {
-                        loads.hit();
-                        // The refresh takes as long as the test wants: nobody may wait for it.
-                        release.notified().await;
-                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
-                    })
-                    .await
-            }));
-        }
-        for caller in callers {
-            let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(fetched.value().unwrap(), "old", "{}", shared.name);
-            assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
-        }
-        assert_eq!(loads.get(), 1, "{}: one refresh", shared.name);
+        let (release, loads) =
+            stale_while_one_refreshes(shared.name, &instances, "swr", 40, "old", "new").await;
         release.notify_one();
         eventually(&instances[1], "swr", "new").await;
         assert_eq!(loads.get(), 1, "{}", shared.name);

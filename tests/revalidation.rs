@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{Counter, Shared};
+use support::{stale_while_one_refreshes, Counter, Shared};
 use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, Renewal};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, Previous, WaitTimeoutPolicy};
@@ -339,33 +339,9 @@ async fn a_value_s_own_window_serves_it_stale_where_the_cache_would_not(stores: 
             short("old").stale_while_revalidate(Duration::from_secs(30)),
         )
         .await;
-        let loads = Counter::default();
-        let release = Arc::new(Notify::new());
         let instances: Vec<Cache> = (0..2).map(|_| keeping(&shared).build()).collect();
-        let mut callers = Vec::new();
-        for i in 0..20 {
-            let (cache, loads, release) =
-                (instances[i % 2].clone(), loads.clone(), release.clone());
-            callers.push(tokio::spawn(async move {
-                cache
-                    .fetch("feed", move || async move {
-                        loads.hit();
-                        release.notified().await;
-                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
-                    })
-                    .await
-            }));
-        }
-        for caller in callers {
-            let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(
-                (fetched.value().unwrap().as_ref(), fetched.outcome()),
-                (&b"old"[..], Outcome::Stale),
-                "{}",
-                shared.name
-            );
-        }
-        assert_eq!(loads.get(), 1, "{}: one refresh", shared.name);
+        let (release, _) =
+            stale_while_one_refreshes(shared.name, &instances, "feed", 20, "old", "new").await;
         release.notify_one();
         // Without a window of its own, the cache's (none) decides: a follower waits.
         stale_value(&shared, "plain", "p", short("p")).await;

@@ -186,3 +186,51 @@ pub async fn start_leader(
     started.notified().await;
     leader
 }
+
+/// A stampede of `callers` fetches of `key` spread over `instances`, where the stored value
+/// (`stale`) may be served stale: each caller gets it at once (`Outcome::Stale`) and one
+/// refresh starts, held until the returned notify is notified (it then loads `fresh`).
+/// Returns that notify and the count of loads, once every caller has its answer and exactly
+/// one load has begun.
+pub async fn stale_while_one_refreshes(
+    name: &str,
+    instances: &[Cache],
+    key: &'static str,
+    callers: usize,
+    stale: &str,
+    fresh: &'static str,
+) -> (Arc<Notify>, Counter) {
+    let loads = Counter::default();
+    let release = Arc::new(Notify::new());
+    let fetches: Vec<_> = (0..callers)
+        .map(|i| {
+            let (cache, loads, release) = (
+                instances[i % instances.len()].clone(),
+                loads.clone(),
+                release.clone(),
+            );
+            tokio::spawn(async move {
+                cache
+                    .fetch(key, move || async move {
+                        loads.hit();
+                        // The refresh takes as long as the test wants: nobody may wait for it.
+                        release.notified().await;
+                        Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(
+                            fresh.as_bytes(),
+                        )))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for fetch in fetches {
+        let fetched = fetch.await.unwrap().unwrap();
+        assert_eq!(
+            (fetched.value().unwrap().as_ref(), fetched.outcome()),
+            (stale.as_bytes(), tower_stampede::Outcome::Stale),
+            "{name}"
+        );
+    }
+    assert_eq!(loads.get(), 1, "{name}: one refresh");
+    (release, loads)
+}
