@@ -364,6 +364,16 @@ async fn a_response_s_own_stale_windows_apply_where_the_operator_set_none() {
             "{}",
             shared.name
         );
+        // RFC 5861 §4, within the operator's maximum: capped at 0, the response's window
+        // serves nothing.
+        let origin = Origin::new("max-age=1, stale-if-error=60");
+        let capped = StampedeLayer::new(keeping(&shared).namespace("capped").build())
+            .max_response_stale(Duration::ZERO);
+        let app = origin.router().layer(capped);
+        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        assert!(get(&app).await.status.is_server_error(), "{}", shared.name);
         // Without them, the operator's (none) decides: a failed reload is no stale answer.
         let origin = Origin::new("max-age=1");
         let app = layered(&origin, keeping(&shared).namespace("none").build());
