@@ -58,7 +58,7 @@ pub mod store;
 mod sync;
 
 pub use cache::{
-    BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Loaded, Outcome, Stats,
+    BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Loaded, Outcome, Previous, Stats,
     WaitTimeoutPolicy,
 };
 pub use http::{Stampede, StampedeLayer};

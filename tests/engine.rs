@@ -2,6 +2,7 @@
 //! real `redis-server`. Tests that depend on timing run over `MemoryStore` on paused tokio
 //! time (`timed_test!`); Redis keeps its own clock, so its runs take real time.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
-use support::{start_leader, Backing, Counter, Shared};
+use support::{stale_while_one_refreshes, start_leader, Backing, Counter, Shared};
 use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
@@ -70,31 +71,6 @@ mod futures_ready {
     use std::pin::Pin;
 
     pub type Load = Pin<Box<dyn Future<Output = Result<bytes::Bytes, std::io::Error>> + Send>>;
-}
-
-/// `timed_test!(name)` runs `async fn name(stores: Vec<Shared>)`, a test that depends on
-/// timing, twice: as `name::memory` over `MemoryStore` on paused tokio time, which the store's
-/// expiries and the engine's timers follow, so the run is instant and its timing exact; and,
-/// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
-/// expiry follows moka's own clock, which paused time does not move: a test that waits for an
-/// L1 entry to expire is not a `timed_test!`.)
-macro_rules! timed_test {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test(start_paused = true)]
-            async fn memory() {
-                super::$name(vec![Shared::memory()]).await;
-            }
-
-            #[cfg(feature = "redis")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redis() {
-                super::$name(vec![Shared::redis().await]).await;
-            }
-        }
-    };
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1182,29 +1158,8 @@ async fn stale_values_are_served_while_one_leader_refreshes(stores: Vec<Shared>)
                     .build()
             })
             .collect();
-        let loads = Counter::default();
-        let release = Arc::new(Notify::new());
-        let mut callers = Vec::new();
-        for i in 0..40 {
-            let (cache, loads, release) =
-                (instances[i % 2].clone(), loads.clone(), release.clone());
-            callers.push(tokio::spawn(async move {
-                cache
-                    .fetch("swr", move || async move {
-                        loads.hit();
-                        // The refresh takes as long as the test wants: nobody may wait for it.
-                        release.notified().await;
-                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
-                    })
-                    .await
-            }));
-        }
-        for caller in callers {
-            let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(fetched.value().unwrap(), "old", "{}", shared.name);
-            assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
-        }
-        assert_eq!(loads.get(), 1, "{}: one refresh", shared.name);
+        let (release, loads) =
+            stale_while_one_refreshes(shared.name, &instances, "swr", 40, "old", "new").await;
         release.notify_one();
         eventually(&instances[1], "swr", "new").await;
         assert_eq!(loads.get(), 1, "{}", shared.name);

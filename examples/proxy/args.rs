@@ -54,6 +54,17 @@ pub(crate) struct Args {
     #[arg(long = "stale-secs", value_name = "S", value_parser = secs)]
     pub(crate) stale: Option<Duration>,
 
+    /// How long past its freshness a response is kept for its reload to revalidate it with a
+    /// conditional request (If-None-Match / If-Modified-Since); 0 keeps nothing, so stale
+    /// responses are reloaded in full and no-cache responses are not stored
+    #[arg(
+        long = "revalidate-secs",
+        value_name = "S",
+        value_parser = secs,
+        default_value = "3600"
+    )]
+    pub(crate) revalidate: Duration,
+
     /// Refresh hot responses shortly before they expire (XFetch); larger B refreshes earlier,
     /// 0 turns it off (default: 1)
     #[arg(long, value_name = "B", value_parser = beta, allow_negative_numbers = true)]

@@ -9,7 +9,11 @@
 //! methods than `GET` pass through without it). With `--stale-secs S`, a response up to S
 //! seconds past its freshness is served at once while one request refreshes it, and in place
 //! of a failed refresh; hot responses are refreshed shortly before they expire
-//! (`--early-refresh-beta`, on by default).
+//! (`--early-refresh-beta`, on by default). A response is kept `--revalidate-secs` (an hour by
+//! default) past its freshness so that its reload is a conditional request (`If-None-Match` /
+//! `If-Modified-Since` from its `ETag` / `Last-Modified`): a `304` makes it fresh again and its
+//! stored body is served; `no-cache` responses with a validator are stored and revalidated
+//! before each use.
 //!
 //! Run several proxies over one Redis and a stampede on a cold URL reaches the origin once in
 //! all, whichever proxies the requests land on:
@@ -181,7 +185,9 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
         (None, Some(urls)) => Cache::builder(connect_redis_cluster(&urls.0).await?),
         (None, None) => Cache::builder(MemoryStore::new()),
     };
-    let mut builder = builder.namespace(&args.namespace);
+    let mut builder = builder
+        .namespace(&args.namespace)
+        .keep_for_revalidation(args.revalidate);
     if let Some(stale) = args.stale {
         builder = builder.stale(stale);
     }

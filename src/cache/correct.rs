@@ -59,7 +59,8 @@ impl Cache {
         let key = self.store_key(key);
         let value: Bytes = value.into();
         // Written now: a load that started before cannot overwrite it after a wait timeout.
-        let (encoded, _) = entry::encode_value(&value, SystemTime::now(), Duration::ZERO, None);
+        let (encoded, _) =
+            entry::encode_value(&value, SystemTime::now(), Duration::ZERO, None, None);
         let store_ttl = ttl.saturating_add(self.inner.config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::entry::{self, Entry};
 use super::l1::L1Hit;
 use super::telemetry::{self, WaitEnd};
-use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
+use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
 
 /// The answer a flight hands to each of its callers.
@@ -51,9 +51,12 @@ impl Reader {
     }
 }
 
+/// A boxed loader, handed the value it reloads when there is one.
+type Run = Box<dyn FnOnce(Option<Previous>) -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
+
 /// A flight's loader, and what its caller can read.
 pub(super) struct BoxLoader {
-    pub(super) run: Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>,
+    pub(super) run: Run,
     pub(super) reader: Reader,
 }
 
@@ -61,12 +64,14 @@ impl BoxLoader {
     fn new<A, F, Fut, E>(accepts: A, loader: F) -> Self
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
         BoxLoader {
-            run: Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) })),
+            run: Box::new(move |previous| {
+                Box::pin(async move { loader(previous).await.map_err(Into::into) })
+            }),
             reader: Reader(Arc::new(accepts)),
         }
     }
@@ -88,7 +93,7 @@ impl Inner {
     ) -> Result<Fetched, Error>
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
@@ -154,7 +159,7 @@ impl Inner {
             if !created
                 && matches!(
                     fetched.outcome,
-                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded
+                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded | Outcome::Revalidated
                 )
             {
                 fetched.outcome = Outcome::Follower;

@@ -14,12 +14,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::entry::{Corrupt, Entry};
+use super::entry::{Corrupt, Entry, Tagged, Windows};
 use super::flight::{BoxLoader, FlightResult, Posted, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
-use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
+use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, Previous, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
@@ -46,9 +46,13 @@ impl Found {
     }
 }
 
-/// A value past its freshness that the store still keeps, and how far past it was when read.
+/// A value past its freshness that the store still keeps, what its header said, and how far
+/// past its freshness it was when read.
 pub(super) struct StaleValue {
     pub(super) payload: Bytes,
+    pub(super) load_time: Duration,
+    pub(super) tags: Option<Tagged>,
+    pub(super) windows: Option<Windows>,
     staleness: Duration,
     read_at: Instant,
 }
@@ -59,21 +63,37 @@ impl StaleValue {
     /// remaining life.
     fn of(found: &Found, keep: Duration) -> Option<Self> {
         match &found.entry {
-            Some((Ok(Entry::Value { payload, .. }), ttl))
-                if found.lock != LockState::NotRequested && !keep.is_zero() =>
-            {
-                Some(StaleValue {
-                    payload: payload.clone(),
-                    staleness: keep.saturating_sub(ttl.unwrap_or_default()),
-                    read_at: Instant::now(),
-                })
-            }
+            Some((
+                Ok(Entry::Value {
+                    payload,
+                    load_time,
+                    tags,
+                    windows,
+                }),
+                ttl,
+            )) if found.lock != LockState::NotRequested && !keep.is_zero() => Some(StaleValue {
+                payload: payload.clone(),
+                load_time: *load_time,
+                tags: tags.clone(),
+                windows: *windows,
+                staleness: keep.saturating_sub(ttl.unwrap_or_default()),
+                read_at: Instant::now(),
+            }),
             _ => None,
         }
     }
 
     fn staleness(&self) -> Duration {
         self.staleness.saturating_add(self.read_at.elapsed())
+    }
+
+    /// The value as a revalidating loader is handed it.
+    pub(super) fn previous(&self) -> Previous {
+        Previous {
+            value: self.payload.clone(),
+            staleness: self.staleness(),
+            tags: self.tags.as_ref().map_or_else(Vec::new, |t| t.tags.clone()),
+        }
     }
 
     /// The stale value as a flight's answer.
@@ -212,14 +232,20 @@ impl Inner {
 
     /// How long a stale value may still be served while a leader refreshes it, if it may.
     pub(super) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
-        let window = self.config.stale;
+        let window = stale
+            .windows
+            .and_then(|w| w.while_revalidating)
+            .unwrap_or(self.config.stale);
         let staleness = stale.staleness();
         (!window.is_zero() && staleness <= window).then(|| window - staleness)
     }
 
     /// Whether a stale value may stand in for a failed or too slow load.
     pub(super) fn serves_on_error(&self, stale: &StaleValue) -> bool {
-        let max = self.config.stale_if_error();
+        let max = stale
+            .windows
+            .and_then(|w| w.if_error)
+            .unwrap_or_else(|| self.config.stale_if_error());
         !max.is_zero() && stale.staleness() <= max
     }
 

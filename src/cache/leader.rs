@@ -13,19 +13,19 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
-use super::entry::{self, Tagged};
+use super::entry::{self, Tagged, Windows};
 use super::flight::{BoxLoader, FlightResult, Posted};
 use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
-use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
-use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreKey};
+use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
+use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(super) struct LockGuard {
     store: Arc<dyn Store>,
-    key: StoreKey,
-    token: LockToken,
+    pub(super) key: StoreKey,
+    pub(super) token: LockToken,
     armed: bool,
 }
 
@@ -68,25 +68,26 @@ pub(super) struct Seen {
 
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
 /// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
-struct ReadyValue {
-    encoded: Bytes,
-    value: Bytes,
-    fresh_for: Duration,
-    store_ttl: Duration,
+pub(super) struct ReadyValue {
+    pub(super) encoded: Bytes,
+    pub(super) value: Bytes,
+    pub(super) fresh_for: Duration,
+    pub(super) store_ttl: Duration,
 }
 
 impl Inner {
-    /// Encodes a loaded value with its load's start and time (and tags), fresh for `ttl` (or
-    /// the default TTL).
-    fn ready_to_store(
+    /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
+    /// fresh for `ttl` (or the default TTL).
+    pub(super) fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
         (started, load_time): (SystemTime, Duration),
         tagged: Option<&Tagged>,
+        windows: Option<Windows>,
     ) -> ReadyValue {
         let fresh_for = ttl.unwrap_or(self.config.ttl);
-        let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged);
+        let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
         ReadyValue {
             value,
             encoded,
@@ -136,17 +137,20 @@ impl Inner {
         }
     }
 
-    /// Runs a loader in a task of its own, bounded by the load timeout; while it runs, renews
-    /// the lock named by `lock` (the watchdog).
+    /// Runs a loader in a task of its own, handed the `previous` value if there is one,
+    /// bounded by the load timeout; while it runs, renews the lock named by `lock` (the
+    /// watchdog). A loader that answers "not modified" without a previous value fails.
     pub(super) async fn load(
         &self,
         loader: BoxLoader,
         lock: Option<(&StoreKey, LockToken)>,
+        previous: Option<Previous>,
     ) -> Result<Loaded, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
         let started = Instant::now();
-        let mut task = tokio::spawn((loader.run)());
+        let had_previous = previous.is_some();
+        let mut task = tokio::spawn((loader.run)(previous));
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
@@ -157,6 +161,9 @@ impl Inner {
                 joined = &mut task => {
                     telemetry::load(started.elapsed());
                     return match joined {
+                        Ok(Ok(Loaded { kind: LoadedKind::NotModified { .. }, .. })) if !had_previous => {
+                            Err(Error::load("the loader answered \"not modified\" without a previous value".into()))
+                        }
                         Ok(Ok(loaded)) => Ok(loaded),
                         Ok(Err(error)) => Err(Error::load(error)),
                         Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
@@ -231,7 +238,9 @@ impl Inner {
             Some(0)
         };
         let (started, started_at) = (Instant::now(), SystemTime::now());
-        let loaded = self.load(loader, Some((&guard.key, token))).await;
+        let previous = self.previous(stale.as_ref()).await;
+        let had_previous = previous.is_some();
+        let loaded = self.load(loader, Some((&guard.key, token)), previous).await;
         let load_time = started.elapsed();
         let loaded = match loaded {
             Ok(loaded) => loaded,
@@ -259,9 +268,13 @@ impl Inner {
                 };
             }
         };
-        let digest = *guard.key.digest();
         if !loaded.tags.is_empty() {
             self.tags_seen.store(true, Ordering::Relaxed);
+        }
+        if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
+            (&loaded.kind, stale, had_previous)
+        {
+            return Ok(self.renew(&mut guard, stamp, stale, *ttl, started_at).await);
         }
         let tagged = Self::tagged(loaded.tags, clock);
         match (loaded.kind, tagged) {
@@ -281,41 +294,17 @@ impl Inner {
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
                 let load = (started_at, load_time);
-                let fill = self.ready_to_store(&bytes, ttl, load, tagged.as_ref());
-                match self
-                    .store_call(self.store.fill(
-                        &guard.key,
-                        token,
-                        fill.encoded.clone(),
-                        fill.store_ttl,
-                    ))
-                    .await
-                {
-                    Ok(filled) => {
-                        // The fill dropped the lock, or the lock was no longer ours.
-                        guard.disarm();
-                        if filled {
-                            // The fill's own notification moved the stamp on once.
-                            let stamp = stamp.map(Stamp::after_own_change);
-                            self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
-                                .await;
-                        } else {
-                            telemetry::lock(LockEvent::Lost);
-                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                        }
-                    }
-                    Err(error) => {
-                        warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                        self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
-                            .await;
-                    }
-                }
+                let fill =
+                    self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
+                self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
+                    .await;
                 Ok(Fetched {
                     value: Some(fill.value),
                     outcome: Outcome::Leader,
                 })
             }
-            (LoadedKind::Pass, _) => {
+            // `load` lets "not modified" through only with a previous value, which renewed.
+            (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
                 let pass = entry::encode_pass(started_at);
                 if let Ok(true | false) = self
                     .store_call(
@@ -334,6 +323,61 @@ impl Inner {
         }
     }
 
+    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took.
+    pub(super) async fn fill_value(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        fill: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let filled = self
+            .store_call(self.store.fill(
+                &guard.key,
+                guard.token,
+                fill.encoded.clone(),
+                fill.store_ttl,
+            ))
+            .await;
+        self.after_write(guard, stamp, filled, fill, tagged, load_time)
+            .await;
+    }
+
+    /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
+    /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
+    pub(super) async fn after_write(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        written: Result<bool, StoreError>,
+        fill: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let digest = *guard.key.digest();
+        match written {
+            Ok(written) => {
+                // The write dropped the lock, or the lock was no longer ours.
+                guard.disarm();
+                if written {
+                    // The write's own notification moved the stamp on once.
+                    let stamp = stamp.map(Stamp::after_own_change);
+                    self.keep_loaded(stamp, digest, fill, tagged, load_time)
+                        .await;
+                } else {
+                    telemetry::lock(LockEvent::Lost);
+                    warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                }
+            }
+            Err(error) => {
+                warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                self.keep_loaded(stamp, digest, fill, tagged, load_time)
+                    .await;
+            }
+        }
+    }
+
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.
     pub(super) async fn load_alone(
         &self,
@@ -345,7 +389,7 @@ impl Inner {
         // Kept in L1 even while notifications are lost (the store is failing): until they
         // are back, which moves every stamp on.
         let stamp = Some(self.stamp_anyway(&digest));
-        match self.load(loader, None).await?.kind {
+        match self.load(loader, None, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
@@ -365,7 +409,7 @@ impl Inner {
                     outcome,
                 })
             }
-            LoadedKind::Pass => Ok(Fetched {
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched {
                 value: None,
                 outcome: Outcome::Pass,
             }),
@@ -382,7 +426,7 @@ impl Inner {
     ) -> FlightResult {
         let clock = self.tag_clock().await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
-        let loaded = self.load(loader, None).await?;
+        let loaded = self.load(loader, None, None).await?;
         let LoadedKind::Value { bytes, ttl } = loaded.kind else {
             return Ok(Fetched {
                 value: None,
@@ -400,7 +444,13 @@ impl Inner {
             });
         };
         let load_time = started.elapsed();
-        let fill = self.ready_to_store(&bytes, ttl, (started_at, load_time), tagged.as_ref());
+        let fill = self.ready_to_store(
+            &bytes,
+            ttl,
+            (started_at, load_time),
+            tagged.as_ref(),
+            Some(loaded.windows),
+        );
         let stamp = match self
             .store_call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await

@@ -66,6 +66,7 @@ mod follower;
 mod l1;
 mod leader;
 mod refresh;
+mod revalidate;
 mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
@@ -85,7 +86,7 @@ use answer::Counters;
 use breaker::Breaker;
 use flight::FlightHandle;
 
-pub use answer::{Fetched, Loaded, Outcome, Stats};
+pub use answer::{Fetched, Loaded, Outcome, Previous, Stats};
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
@@ -194,9 +195,11 @@ impl Cache {
         E: Into<BoxError>,
     {
         let fetched = self
-            .fetch(key, move || async move {
-                loader().await.map(Loaded::value).map_err(Into::into)
-            })
+            .fetch_accepting(
+                key,
+                |_| true,
+                move |_| async move { loader().await.map(Loaded::value).map_err(Into::into) },
+            )
             .await?;
         fetched.value_or_pass()
     }
@@ -207,6 +210,56 @@ impl Cache {
     pub async fn fetch<F, Fut, E>(&self, key: impl AsRef<[u8]>, loader: F) -> Result<Fetched, Error>
     where
         F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.fetch_accepting(key, |_| true, move |_| loader()).await
+    }
+
+    /// Like [`fetch`](Self::fetch), with a loader that revalidates: when the store still keeps
+    /// the value it reloads (past its freshness, within its stale windows or
+    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)), the loader is handed
+    /// it as a [`Previous`], and may answer [`Loaded::not_modified`] (a conditional request
+    /// that the backend answered "unchanged"): the value is then fresh again for every
+    /// process, its bytes not sent to the store again, and the call's outcome is
+    /// [`Outcome::Revalidated`]. It is still one load per stampede, across processes: the
+    /// loader runs under the reload lock as any load does, and followers get the renewed
+    /// value. Without a previous value the loader loads as any other.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// # tokio::time::pause();
+    /// let cache = Cache::builder(MemoryStore::new())
+    ///     .ttl(Duration::from_secs(60))
+    ///     .keep_for_revalidation(Duration::from_secs(3600))
+    ///     .build();
+    /// // The backend's version of the document, as an `ETag` would say it.
+    /// let revalidate = |previous: Option<tower_stampede::Previous>| async move {
+    ///     match previous {
+    ///         Some(previous) if previous.value().as_ref() == b"v1" => Ok(Loaded::not_modified()),
+    ///         _ => Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v1"))),
+    ///     }
+    /// };
+    /// let first = cache.fetch_revalidating("doc", revalidate).await?;
+    /// assert_eq!(first.outcome(), Outcome::Leader);
+    /// tokio::time::advance(Duration::from_secs(61)).await; // stale now
+    /// let again = cache.fetch_revalidating("doc", revalidate).await?;
+    /// assert_eq!(again.outcome(), Outcome::Revalidated);
+    /// assert_eq!(again.value().map(|v| &v[..]), Some(&b"v1"[..]));
+    /// # Ok(()) }
+    /// ```
+    pub async fn fetch_revalidating<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
@@ -224,7 +277,7 @@ impl Cache {
     ) -> Result<Fetched, Error>
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
@@ -241,7 +294,7 @@ impl Cache {
     ) -> Result<Fetched, Error>
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
-        F: FnOnce() -> Fut + Send + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
@@ -290,6 +343,12 @@ impl Cache {
         telemetry::outcome(Outcome::L1Hit);
         fetch_span(&digest).record("outcome", Outcome::L1Hit.label());
         Some(answer)
+    }
+
+    /// How long the store keeps values past their freshness (for stale windows and
+    /// revalidation).
+    pub(crate) fn keep(&self) -> std::time::Duration {
+        self.inner.config.keep()
     }
 
     /// What the cache has counted so far.

@@ -3,7 +3,7 @@
 //!
 //! | metric | kind | labels | what |
 //! | --- | --- | --- | --- |
-//! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`; the HTTP layer adds `bypass`) |
+//! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`, `revalidated`; the HTTP layer adds `bypass`) |
 //! | `stampede_loads_total` | counter | | loads started (loader calls) |
 //! | `stampede_load_duration_seconds` | histogram | | how long loads took |
 //! | `stampede_lock_total` | counter | `event` | reload locks `acquired`, `contended` (held elsewhere), `lost` (a fill or renewal refused), `extended` (renewed by the watchdog) |
@@ -101,8 +101,9 @@ mod imp {
         metrics::describe_counter!(
             LOOKUPS,
             "Cache calls answered, by outcome: hit-l1, hit-l2, stale (served from a cache); \
-             miss-leader, follower (answered by a load); pass, uncached, degraded; bypass \
-             (the HTTP layer did not use the cache)"
+             miss-leader, follower (answered by a load); revalidated (a stored value the \
+             load found unchanged); pass, uncached, degraded; bypass (the HTTP layer did \
+             not use the cache)"
         );
         metrics::describe_counter!(LOADS, "Loads started by this process (loader calls)");
         metrics::describe_histogram!(LOAD_DURATION, Unit::Seconds, "How long loads took");

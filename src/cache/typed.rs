@@ -277,7 +277,7 @@ where
         let loader = Arc::new(Mutex::new(Some(loader)));
         for attempt in 0..2 {
             let (codec, tag, loader) = (self.codec.clone(), self.tag, Arc::clone(&loader));
-            let load = move || async move {
+            let load = move |_| async move {
                 let loader = crate::sync::lock(&loader)
                     .take()
                     .ok_or("the loader already ran in a first attempt")?;

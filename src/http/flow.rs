@@ -77,7 +77,7 @@ where
     let (to_leader, mut from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
-        move || load(loading, primary, Step::Primary, slot, to_leader)
+        move |previous| load(loading, primary, Step::Primary, slot, to_leader, previous)
     };
     let fetched = cache
         .fetch_accepting(&primary, codec::accepts_primary, loader)
@@ -134,7 +134,16 @@ where
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
         let names = marker.names.clone();
-        move || load(loading, primary, Step::Variant(names), slot, to_leader)
+        move |previous| {
+            load(
+                loading,
+                primary,
+                Step::Variant(names),
+                slot,
+                to_leader,
+                previous,
+            )
+        }
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
@@ -168,7 +177,7 @@ where
     B: Body<Data = Bytes>,
 {
     let fetched = cache
-        .fetch_accepting(variant, codec::accepts_variant, || async {
+        .fetch_accepting(variant, codec::accepts_variant, |_| async {
             Err::<Loaded, _>("the request went to the failed load of its URL")
         })
         .await;

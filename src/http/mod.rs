@@ -39,7 +39,11 @@
 //! | other statuses (but 206, 304, 1xx, 5xx) | only with explicit freshness | RFC 9111 §3 |
 //! | response 5xx (but 501) | no: a failed load | a stale response may stand in for it; followers get 502 for the [`failure_ttl`](crate::CacheBuilder::failure_ttl) |
 //! | response `no-store`, `private`, `Set-Cookie` | no (`BYPASS`) | private to one client |
-//! | response `no-cache` | no (`BYPASS`) | may never be served without a reload, and the layer does not revalidate: storing it would only cost |
+//! | response `no-cache` (`no-cache="f"` read as plain `no-cache`) | with an `ETag` or `Last-Modified`, where the cache [keeps values](crate::CacheBuilder::keep_for_revalidation): stored fresh for 0, revalidated before each use; otherwise no (`BYPASS`) | RFC 9111 §5.2.2.4; without a validator nothing could revalidate it |
+//! | a stale entry the cache still keeps | reloaded with a conditional request (`If-None-Match` / `If-Modified-Since`), one per stampede; a `304` updates the stored fields and freshness, and the stored body is served | RFC 9111 §4.3.1, §4.3.4 |
+//! | response `must-revalidate`, `proxy-revalidate`, `s-maxage` | never served stale | RFC 9111 §4.2.4, §5.2.2.2, §5.2.2.8, §5.2.2.10 |
+//! | response `stale-while-revalidate=N`, `stale-if-error=N` | its own stale windows, at most [`max_response_stale`](StampedeLayer::max_response_stale) | RFC 5861 §3, §4 |
+//! | response `immutable` | nothing changes | RFC 8246: this cache never revalidates a fresh response anyway |
 //! | response `Vary: *`, or `Vary` naming more than 16 fields, or unreadable | no (`BYPASS`) | no later request can be matched to it |
 //! | response `Vary: a, b` | yes, per variant | keyed by the request's `a` and `b`, below |
 //! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes), with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
@@ -101,19 +105,17 @@
 //!
 //! # Not done (parts of RFC 9111 left out)
 //!
-//! - **Revalidation**: an entry past its freshness is reloaded, never revalidated with the
-//!   origin (no conditional request to it, no merging of a `304` into the entry).
-//! - **Stale responses against `must-revalidate`, `proxy-revalidate` and `s-maxage`**: stale
-//!   answers are served only when the operator turns on the cache's
-//!   [`stale`](crate::CacheBuilder::stale) or [`stale_if_error`](crate::CacheBuilder::stale_if_error)
-//!   window (off by default); that setting applies to every entry, as Varnish's grace and
-//!   nginx's `proxy_cache_use_stale` do. The response directives `stale-while-revalidate` and
-//!   `stale-if-error` are not read.
+//! - **Revalidation without a kept value**: only values the cache keeps past their freshness
+//!   ([`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation), or its stale
+//!   windows) are revalidated; otherwise a stale entry is reloaded in full and `no-cache`
+//!   responses pass.
+//! - **`no-cache` across processes**: one process's requests share one revalidation, but the
+//!   requests of another process that waited for it revalidate again, one at a time.
 //! - **Client freshness directives** other than `no-store`, `no-cache` and `max-age=0`
 //!   (`max-stale`, `min-fresh`, `max-age=N`, `only-if-cached`): ignored, as shared caches
 //!   usually do.
 //! - **Field-qualified `no-cache="f"` and `private="f"`**: treated as the unqualified forms
-//!   (not stored), rather than stored without the named fields.
+//!   (revalidated before each use; not stored), rather than stored without the named fields.
 //! - **Range requests**: passed through; a `206` is never stored or built from an entry.
 //! - **The apparent age** (`now - Date`): `Age` counts from when the response arrived less the
 //!   `Age` it carried, so a skewed origin clock never shortens or lengthens freshness.
@@ -174,6 +176,7 @@ mod load;
 mod parse;
 mod policy;
 mod purge;
+mod revalidate;
 mod service;
 mod slot;
 mod tags;
@@ -182,6 +185,6 @@ pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use key::{DefaultKey, MakeKey};
 pub use layer::StampedeLayer;
-pub use policy::{Decision, Policy, RfcPolicy};
+pub use policy::{Decision, Policy, RfcPolicy, Staleness};
 pub use purge::Purger;
 pub use service::Stampede;

@@ -9,6 +9,7 @@
 //! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
+//! | [`Store::renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
 //! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
 //! | [`Store::put`] | write of the value (and a notification) whatever the lock holds, the lock untouched; refused where the stored value's load started later ([`load_start`]) |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
@@ -106,6 +107,21 @@ pub struct Lookup {
     pub lock: LockState,
 }
 
+/// What a [`Store::renew`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// The value lives the new TTL, fresh again; the lock was dropped and followers notified,
+    /// as by a fill.
+    Renewed,
+    /// The lock no longer holds the token: nothing changed, as for a refused fill.
+    LockLost,
+    /// The lock holds the token but there is no value to renew (it expired, was evicted, or
+    /// the store cannot renew): nothing changed and the lock is still held, so the leader
+    /// fills the value's bytes instead.
+    NoValue,
+}
+
 /// A shared store of values and reload locks.
 ///
 /// The trait is object-safe (the engine holds an `Arc<dyn Store>`); each method returns a boxed
@@ -141,6 +157,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// Fenced renewal, for a reload that found the value it reloads unchanged (it was
+    /// revalidated): if the lock of `key` still holds `token` and the value is there, sets the
+    /// value to expire `ttl` from now without rewriting it (its [`load_start`] stays the
+    /// first load's), drops the lock as [`fill`](Self::fill) does (a store that marks fresh
+    /// values marks it fresh again), and notifies as a fill does. The default renews nothing
+    /// ([`Renewal::NoValue`]): the engine then fills the bytes again.
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        let _ = (key, token, ttl);
+        Box::pin(async { Ok(Renewal::NoValue) })
+    }
 
     /// Deletes the lock of `key` if it holds `token`; returns whether it did.
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>>;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{
     load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
-    Notifier, Store, StoreError, StoreKey, Stored,
+    Notifier, Renewal, Store, StoreError, StoreKey, Stored,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -261,6 +261,24 @@ impl MemoryStore {
         true
     }
 
+    fn renew_now(&self, key: &StoreKey, token: LockToken, ttl: Duration) -> Renewal {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+            return Renewal::LockLost;
+        }
+        match state.values.get_mut(key) {
+            Some((_, expires)) if *expires > now => *expires = expiry(now, ttl),
+            _ => return Renewal::NoValue,
+        }
+        state.touch(key);
+        state.locks.remove(key);
+        state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
+        Renewal::Renewed
+    }
+
     fn release_now(&self, key: &StoreKey, token: LockToken) -> bool {
         let now = Instant::now();
         let mut state = self.state();
@@ -374,6 +392,16 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let result = self.fill_now(key, token, value, ttl);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        let result = self.renew_now(key, token, ttl);
         Box::pin(async move { Ok(result) })
     }
 

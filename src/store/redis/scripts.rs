@@ -113,6 +113,24 @@ return 1
     )
 });
 
+/// Fenced renewal: while the lock holds our token, set the value (`KEYS[1]`) to expire in
+/// `ARGV[2]` ms without rewriting it (its load start too), replace the lock by the `fresh`
+/// marker as a fill does, and publish (`ARGV[3]`, `ARGV[4]`). Reply: 1 renewed, 0 the lock is
+/// not ours, 2 no value (the lock is kept: the leader fills instead).
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    publishing(
+        LOCK_FUNCTIONS,
+        r"
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+if redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 0 then return 2 end
+unlock(KEYS[2], l, tonumber(ARGV[2]))
+publish(ARGV[3], ARGV[4])
+return 1
+",
+    )
+});
+
 /// Compare-and-release of the lock (`KEYS[2]`, token `ARGV[1]`), which `RELEASE` and
 /// `REPAIR` share: the `fresh` marker takes its place if the value is still fresh, else the
 /// lock is deleted.

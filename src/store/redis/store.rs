@@ -11,12 +11,12 @@ use tracing::{debug, warn};
 use super::names::tag_names;
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
-    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, REPAIR, SET,
+    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
 };
 use super::RedisStore;
 use crate::store::{
     load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
-    Notifier, Store, StoreError, StoreErrorKind, StoreKey, Stored,
+    Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -293,6 +293,37 @@ impl Store for RedisStore {
             self.origin(),
         );
         Box::pin(self.run_fenced_change(&FILL, call, key.clone()))
+    }
+
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        let mut call = script_call(
+            &RENEW,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        call.arg(&token.hex_bytes()[..]).arg(millis(ttl));
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        let key = key.clone();
+        Box::pin(async move {
+            let done: i64 = self.run(&RENEW, &call).await?;
+            Ok(match done {
+                1 => {
+                    self.changed_here(&key);
+                    Renewal::Renewed
+                }
+                2 => Renewal::NoValue,
+                _ => Renewal::LockLost,
+            })
+        })
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
