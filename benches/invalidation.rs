@@ -30,13 +30,14 @@
 //! (the cap + 5 s without), or if an instance serves anything but the old or the new version:
 //! a broken protocol cannot print a table.
 //!
-//! B and C spin (`yield_now` between reads) for the first 50 ms after the change, then read
-//! every millisecond, so the rounds without notifications do not hold the cores for a second
-//! each: the lateness is exact to the read within 50 ms, and to about a millisecond beyond.
-//! The instances' tasks run on one core fewer than the machine has (at least one), so the
-//! spinning cannot keep `redis-server` and A (which calls from the bench's main thread) off
-//! every core (on the shared 2-core machine of the first runs, spinning on both cores added 2
-//! to 3 ms to the p99).
+//! B and C each poll from a thread of their own (a blocking task that drives each read on the
+//! runtime), sleeping [`POLL`] (50 µs) between reads, so the lateness is exact to about a
+//! tenth of a millisecond. They do not spin: an earlier version spun (`yield_now` between
+//! reads) on a runtime worker for the first 50 ms after the change, and that spinning thread,
+//! `redis-server` and A (which calls from the bench's main thread) were three runnable threads
+//! on the 2-core machine, so one of them sometimes waited out a scheduler time slice: the p99
+//! (6.7 ms) was the scheduler's, not the notification's. The instances' tasks (connections,
+//! the pub/sub subscriber) run on one core fewer than the machine has (at least one).
 //!
 //! ```sh
 //! cargo bench --bench invalidation                  # 200 rounds with notifications, 20 without
@@ -58,6 +59,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use percentile::percentile_ms;
+use tokio::runtime::Handle;
 use tokio::sync::Barrier;
 use tokio::time::Instant;
 use tower_stampede::store::Store;
@@ -85,9 +87,9 @@ const TTL: Duration = Duration::from_secs(60);
 const BOUND: Duration = Duration::from_secs(10);
 const BOUND_PAST_CAP: Duration = Duration::from_secs(5);
 
-/// How long the pollers spin after the change before they read once a millisecond.
-const SPIN: Duration = Duration::from_millis(50);
-const POLL: Duration = Duration::from_millis(1);
+/// How long the pollers sleep between reads (a thread's sleep, not the runtime's timer, whose
+/// resolution is a millisecond).
+const POLL: Duration = Duration::from_micros(50);
 
 /// The lateness the notifications should keep the p99 under.
 const TARGET_P99: Duration = Duration::from_millis(5);
@@ -259,16 +261,22 @@ async fn hold_in_l1(cache: &Cache, db: &Arc<Database>, key: &str, bound: Duratio
 }
 
 /// Reads `key` on `cache` until it serves the new row; returns when it first did. The first
-/// read (before the change: the old row) is made before `ready` lets A change the key.
-async fn poll(
-    cache: Cache,
-    db: Arc<Database>,
-    key: String,
-    ready: Arc<Barrier>,
+/// read (before the change: the old row) is made before `ready` lets A change the key. Runs on
+/// a blocking thread of its own, driving each read on `runtime` and sleeping [`POLL`] between
+/// reads.
+fn poll(
+    runtime: &Handle,
+    cache: &Cache,
+    db: &Arc<Database>,
+    key: &str,
+    ready: &Barrier,
 ) -> Result<Instant, String> {
     let (old, new) = (row(1), row(2));
-    let first = read(&cache, &db, &key).await;
-    ready.wait().await;
+    let first = runtime.block_on(async {
+        let first = read(cache, db, key).await;
+        ready.wait().await;
+        first
+    });
     let first = first.map_err(|e| format!("a read before the change failed: {e}"))?;
     if first.value() != Some(&old) {
         return Err(format!(
@@ -276,10 +284,9 @@ async fn poll(
             first.value()
         ));
     }
-    let spin_until = Instant::now() + SPIN;
     loop {
-        let fetched = read(&cache, &db, &key)
-            .await
+        let fetched = runtime
+            .block_on(read(cache, db, key))
             .map_err(|e| format!("a read after the change failed: {e}"))?;
         let served = Instant::now();
         match fetched.value() {
@@ -287,11 +294,7 @@ async fn poll(
             Some(value) if *value == old => {}
             other => return Err(format!("a read served {other:?}")),
         }
-        if served < spin_until {
-            tokio::task::yield_now().await;
-        } else {
-            tokio::time::sleep(POLL).await;
-        }
+        std::thread::sleep(POLL);
     }
 }
 
@@ -321,12 +324,9 @@ async fn correct(
     let pollers: Vec<_> = others
         .iter()
         .map(|cache| {
-            tokio::spawn(poll(
-                cache.clone(),
-                Arc::clone(&db),
-                key.to_owned(),
-                Arc::clone(&ready),
-            ))
+            let (cache, db, key) = (cache.clone(), Arc::clone(&db), key.to_owned());
+            let (ready, runtime) = (Arc::clone(&ready), Handle::current());
+            tokio::task::spawn_blocking(move || poll(&runtime, &cache, &db, &key, &ready))
         })
         .collect();
     ready.wait().await;

@@ -49,3 +49,7 @@ cargo test --all-features
 
 echo "==> cargo test (no default features: the tests over the embedded store, without Redis)"
 cargo test --no-default-features
+
+echo "==> the protocol models (stateright, exhaustive; release mode: about two minutes on 2 cores)"
+cargo clippy -p tower-stampede-model --all-targets -- -D warnings
+cargo test --release -p tower-stampede-model -- --nocapture

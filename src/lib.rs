@@ -4,7 +4,8 @@
 //! exactly one of them reloads the backing store; everyone else is answered from the cache the
 //! moment it is filled.
 //!
-//! - [`cache`]: the engine, [`Cache::get_or_load`], for any hot key;
+//! - [`cache`]: the engine, [`Cache::get_or_load`], for any hot key, and with feature `serde`
+//!   typed values of any serde type (`Cache::typed`);
 //! - [`http`]: the tower middleware, [`StampedeLayer`], for HTTP services (axum, hyper);
 //! - [`store`]: where values and reload locks are shared: [`MemoryStore`](store::MemoryStore)
 //!   (embedded default) and `RedisStore` (feature `redis`; Redis Cluster with feature
@@ -57,13 +58,14 @@ pub mod store;
 mod sync;
 
 pub use cache::{
-    BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Loaded, Outcome, Stats,
+    BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Loaded, Outcome, Previous, Stats,
     WaitTimeoutPolicy,
 };
 pub use http::{Stampede, StampedeLayer};
 
 /// The README's examples, compiled as doctests. They use every feature (`RedisStore` on a
-/// Redis Cluster and over TLS), so they build with `--all-features`, as `scripts/test.sh` runs.
-#[cfg(all(doctest, feature = "cluster", feature = "tls"))]
+/// Redis Cluster and over TLS, typed values), so they build with `--all-features`, as
+/// `scripts/test.sh` runs.
+#[cfg(all(doctest, feature = "cluster", feature = "tls", feature = "serde"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

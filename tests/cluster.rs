@@ -5,10 +5,12 @@
 mod support;
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use support::{start_leader, Counter, RedisCluster};
+use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
 
@@ -111,7 +113,7 @@ async fn every_store_call_works_on_every_node() {
     let cluster = RedisCluster::start();
     let store = instance(&cluster).await;
     let cache = cache(store.clone()).build();
-    let keys = keys_on_each_node(&cluster, &cache);
+    let keys = keys_on_each_node(&cluster, &cache, "key");
     let ttl = Duration::from_secs(60);
     for key in keys {
         let key = cache.store_key(key);
@@ -153,12 +155,12 @@ async fn every_store_call_works_on_every_node() {
     }
 }
 
-/// Three logical keys whose entries live on three different nodes.
-fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache) -> Vec<String> {
+/// Three logical keys (`{prefix}-{i}`) whose entries live on three different masters.
+fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache, prefix: &str) -> Vec<String> {
     let mut nodes = HashSet::new();
     let mut keys = Vec::new();
     for i in 0.. {
-        let key = format!("key-{i}");
+        let key = format!("{prefix}-{i}");
         if nodes.insert(cluster.node_of(&RedisStore::value_name(&cache.store_key(&key)))) {
             keys.push(key);
         }
@@ -169,39 +171,63 @@ fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache) -> Vec<String> {
     unreachable!("some key lands on every node")
 }
 
+/// A follower is woken by a fill on any node, published with sharded pub/sub (the default) or
+/// by a store that does not shard (as an older release, or `sharded_notifications(false)`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn followers_on_a_cluster_are_woken_by_fills_on_any_node() {
     let cluster = RedisCluster::start();
-    let leader = cache(instance(&cluster).await).build();
+    let sharded = cache(instance(&cluster).await).build();
+    let classic = RedisStore::cluster_builder(cluster.urls())
+        .sharded_notifications(false)
+        .connect()
+        .await
+        .unwrap();
+    let classic = cache(classic).build();
     // Polls would take a minute: only a notification can wake these followers in time.
     let follower = cache(instance(&cluster).await)
         .backoff(Duration::from_secs(60), Duration::from_secs(60))
         .wait_timeout(Duration::from_secs(120))
         .build();
-    // The subscriber listens on one node; the fills happen on each of the three.
-    for key in keys_on_each_node(&cluster, &leader) {
-        let loads = Counter::default();
-        let leading = start_leader(&leader, &key, &loads, "filled").await;
-        let mut followers = Vec::new();
+    // The fills happen on each of the three nodes, from each leader.
+    let keys = keys_on_each_node(&cluster, &sharded, "key")
+        .into_iter()
+        .map(|key| (key, &sharded))
+        .chain(
+            keys_on_each_node(&cluster, &sharded, "classic")
+                .into_iter()
+                .map(|key| (key, &classic)),
+        );
+    for (key, leader) in keys {
+        fill_wakes_followers(leader, &[&follower], &key).await;
+    }
+}
+
+/// A fill of `key` by `leader` (a 300 ms load) wakes followers in each of `followers` (whose
+/// polls are a minute apart), which answer with the filled value.
+async fn fill_wakes_followers(leader: &Cache, followers: &[&Cache], key: &str) {
+    let loads = Counter::default();
+    let leading = start_leader(leader, key, &loads, "filled").await;
+    let mut waiting = Vec::new();
+    for follower in followers {
         for _ in 0..10 {
-            let (follower, key) = (follower.clone(), key.clone());
-            followers.push(tokio::spawn(async move {
+            let (follower, key) = ((*follower).clone(), key.to_owned());
+            waiting.push(tokio::spawn(async move {
                 follower.fetch(key, never_called).await
             }));
         }
-        for waiting in followers {
-            // A failure guard only: a poll would come after 30 s at the earliest.
-            let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
-                .await
-                .unwrap_or_else(|_| panic!("{key}: follower not woken by the fill"))
-                .unwrap()
-                .unwrap();
-            assert_eq!(fetched.value().unwrap(), "filled", "{key}");
-            assert_eq!(fetched.outcome(), Outcome::Follower, "{key}");
-        }
-        assert_eq!(leading.await.unwrap().unwrap(), "filled");
-        assert_eq!(loads.get(), 1, "{key}");
     }
+    for waiting in waiting {
+        // A failure guard only: a poll would come after 30 s at the earliest.
+        let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .unwrap_or_else(|_| panic!("{key}: follower not woken by the fill"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(fetched.value().unwrap(), "filled", "{key}");
+        assert_eq!(fetched.outcome(), Outcome::Follower, "{key}");
+    }
+    assert_eq!(leading.await.unwrap().unwrap(), "filled");
+    assert_eq!(loads.get(), 1, "{key}");
 }
 
 /// Invalidation on a cluster: `invalidate`, `set` and `invalidate_tag` (whose clock and
@@ -210,7 +236,6 @@ async fn followers_on_a_cluster_are_woken_by_fills_on_any_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalidation_on_a_cluster_reaches_every_instance() {
     use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
     let cluster = RedisCluster::start();
     let a = cache(instance(&cluster).await).build();
     let b = cache(instance(&cluster).await).build();
@@ -256,4 +281,302 @@ async fn invalidation_on_a_cluster_reaches_every_instance() {
     b.invalidate_tag("group").await.unwrap();
     until(a.clone(), "two", "v3").await;
     until(b.clone(), "two", "v3").await;
+}
+
+/// 200 callers of `key` over the instances (in turn), each load taking 100 ms and counted in
+/// its instance's `loads` (and notifying `started`). Returns once every caller has its answer;
+/// panics if one got an error or a wrong value.
+async fn stampede(instances: &[Cache], key: &str, loads: &[Counter], started: &Arc<Notify>) {
+    let mut callers = Vec::new();
+    for i in 0..200 {
+        let instance = i % instances.len();
+        let (cache, key) = (instances[instance].clone(), key.to_owned());
+        let (loads, started) = (loads[instance].clone(), Arc::clone(started));
+        callers.push(tokio::spawn(async move {
+            let value = format!("value of {key}");
+            let answer = cache
+                .get_or_load(&key, move || async move {
+                    loads.hit();
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, std::io::Error>(Bytes::from(value))
+                })
+                .await;
+            (key, answer)
+        }));
+    }
+    for caller in callers {
+        let (key, answer) = caller.await.unwrap();
+        let value = answer.unwrap_or_else(|e| panic!("{key}: an error reached a caller: {e}"));
+        assert_eq!(value, format!("value of {key}").as_str());
+    }
+}
+
+/// Issue 15 #4: a master killed (SIGKILL) during stampedes over 4 instances. While its slots
+/// move, no caller gets an error and each instance loads at most once per stampede (the store
+/// fails, so each falls back to in-process protection); once its replica is promoted, a
+/// stampede costs exactly one load again, and a fill in one instance wakes followers in the
+/// others (whose polls would come after a minute) on every master, the promoted one included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_killed_during_stampedes_fails_over_without_errors() {
+    let mut cluster = RedisCluster::start_with_replicas();
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(instance(&cluster).await);
+    }
+    // A store timeout for a busy machine: the failover, not the latency, is under test.
+    let instances: Vec<Cache> = stores
+        .iter()
+        .map(|store| {
+            cache(store.clone())
+                .store_timeout(Duration::from_millis(250))
+                .build()
+        })
+        .collect();
+    // The same processes (same stores, so the same subscribers), with followers that only a
+    // notification can wake in time.
+    let patient: Vec<Cache> = stores
+        .iter()
+        .map(|store| {
+            cache(store.clone())
+                .store_timeout(Duration::from_millis(250))
+                .backoff(Duration::from_secs(60), Duration::from_secs(60))
+                .wait_timeout(Duration::from_secs(120))
+                .build()
+        })
+        .collect();
+    let value_name = |key: &str| RedisStore::value_name(&instances[0].store_key(key));
+    let victim = cluster.node_of(&value_name("key-0"));
+    // Keys whose slots the victim serves.
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("key-{i}"))
+        .filter(|key| cluster.node_of(&value_name(key)) == victim)
+        .take(40)
+        .collect();
+    let mut keys = keys.into_iter();
+    let loads: Vec<Counter> = (0..4).map(|_| Counter::default()).collect();
+    let per_instance = |loads: &[Counter]| loads.iter().map(Counter::get).collect::<Vec<_>>();
+    let started = Arc::new(Notify::new());
+
+    // A stampede on the victim's slots, before anything fails: one load.
+    stampede(&instances, &keys.next().unwrap(), &loads, &started).await;
+    assert_eq!(per_instance(&loads).iter().sum::<usize>(), 1);
+
+    // The victim is killed while a stampede's leader loads.
+    let key = keys.next().unwrap();
+    let before = per_instance(&loads);
+    let running = tokio::spawn({
+        let (instances, key, loads, started) = (
+            instances.clone(),
+            key.clone(),
+            loads.clone(),
+            Arc::clone(&started),
+        );
+        async move { stampede(&instances, &key, &loads, &started).await }
+    });
+    started.notified().await;
+    let killed = cluster.kill_master_of(&value_name(&key));
+    eprintln!("killed the master on port {killed} while {key} loaded");
+    running.await.unwrap();
+    let after = per_instance(&loads);
+    for (instance, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert!(
+            a - b <= 1,
+            "{key}: instance {instance} loaded {} times",
+            a - b
+        );
+    }
+
+    // Stampedes while the slots move: no errors, at most one load per instance each.
+    let promoting = {
+        let (cluster, key) = (Arc::new(cluster), value_name(&key));
+        let promoted = tokio::task::spawn_blocking({
+            let cluster = Arc::clone(&cluster);
+            move || cluster.wait_promoted(&key, Duration::from_secs(30))
+        });
+        (cluster, promoted)
+    };
+    let (cluster, promoted) = promoting;
+    let mut during = 0;
+    while !promoted.is_finished() {
+        let key = keys
+            .next()
+            .expect("the failover took more than 38 stampedes");
+        let before = per_instance(&loads);
+        stampede(&instances, &key, &loads, &started).await;
+        for (instance, (b, a)) in before.iter().zip(&per_instance(&loads)).enumerate() {
+            assert!(
+                a - b <= 1,
+                "{key}: instance {instance} loaded {} times",
+                a - b
+            );
+        }
+        during += 1;
+    }
+    let new_master = promoted.await.unwrap();
+    eprintln!("port {new_master} serves the slots after {during} stampedes meanwhile");
+    assert_ne!(new_master, victim);
+    assert!(during > 0, "no stampede ran during the failover");
+
+    // Each instance finds the promoted master (its breaker closed, its slot map refreshed):
+    // a load of a key of its own leads and fills. Bounded; it takes a few calls at most.
+    for (n, cache) in instances.iter().enumerate() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        for attempt in 0.. {
+            let probe = format!("probe-{n}-{attempt}");
+            let fetched = cache
+                .fetch(&probe, || async {
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"probe")))
+                })
+                .await
+                .unwrap();
+            if fetched.outcome() == Outcome::Leader {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "instance {n} never reached the promoted master"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    eprintln!("every instance reaches the promoted master");
+    // After the promotion: one load per stampede, and no store errors.
+    let errors = |caches: &[Cache]| caches.iter().map(|c| c.stats().store_errors).sum::<u64>();
+    for _ in 0..3 {
+        let key = keys.next().unwrap();
+        let (before, errors_before) = (per_instance(&loads), errors(&instances));
+        stampede(&instances, &key, &loads, &started).await;
+        let added: usize =
+            per_instance(&loads).iter().sum::<usize>() - before.iter().sum::<usize>();
+        assert_eq!(added, 1, "{key}: loads after the promotion");
+        assert_eq!(errors(&instances), errors_before, "{key}: store errors");
+    }
+
+    // Notifications work again, on every master: wait (bounded) until each instance's
+    // subscriber is back in place, then a fill in instance 0 wakes followers in 1, 2 and 3.
+    for key in keys_on_each_node(&cluster, &instances[0], "notified") {
+        let digest = *instances[0].store_key(&key).digest();
+        for (n, store) in stores.iter().enumerate() {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+            // A lookup (of a key not in L1) subscribes again where the subscription was lost.
+            for attempt in 0.. {
+                if store.notifier().unwrap().stamp(&digest).is_some() {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "instance {n}: notifications never came back"
+                );
+                let resubscribe = format!("resubscribe-{n}-{attempt}");
+                instances[n]
+                    .get_or_load(&resubscribe, || async {
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"x"))
+                    })
+                    .await
+                    .unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        eprintln!("{key}: every subscriber is in place");
+        let followers: Vec<&Cache> = patient[1..].iter().collect();
+        fill_wakes_followers(&patient[0], &followers, &key).await;
+    }
+}
+
+/// Fills of 60 new keys, spread over `instances`, and the cluster-bus pub/sub messages they
+/// cost, per fill. Every instance has subscribed first (a lookup watches its key).
+async fn bus_messages_per_fill(cluster: &RedisCluster, instances: &[Cache]) -> f64 {
+    for (n, cache) in instances.iter().enumerate() {
+        cache
+            .get_or_load(format!("warm-{n}"), || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"warm"))
+            })
+            .await
+            .unwrap();
+    }
+    let settled = |cluster: &RedisCluster| {
+        // The bus delivers asynchronously: read until two reads 200 ms apart agree (bounded).
+        let mut last = cluster.bus_publish_messages();
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = cluster.bus_publish_messages();
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        panic!("the cluster bus never settled");
+    };
+    let before = settled(cluster);
+    let fills = 60;
+    for i in 0..fills {
+        let fetched = instances[i % instances.len()]
+            .fetch(format!("filled-{i}"), || async {
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Leader);
+    }
+    let messages = settled(cluster) - before;
+    messages as f64 / fills as f64
+}
+
+/// Four instances on `cluster`, publishing with sharded pub/sub or not.
+async fn instances(cluster: &RedisCluster, sharded: bool, namespace: &str) -> Vec<Cache> {
+    let mut instances = Vec::new();
+    for _ in 0..4 {
+        let store = RedisStore::cluster_builder(cluster.urls())
+            .sharded_notifications(sharded)
+            .connect()
+            .await
+            .unwrap();
+        instances.push(Cache::builder(store).namespace(namespace).build());
+    }
+    instances
+}
+
+/// Issue 16 #9: how many messages a fill costs the cluster's nodes. Classic `PUBLISH` is
+/// broadcast over the cluster bus to every other node (2 messages per fill on three masters,
+/// 5 with a replica each); sharded `SPUBLISH` stays within the key's shard (none without
+/// replicas, 1 with). Each instance's subscriber gets the fill once either way. Prints the
+/// figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_is_not_broadcast_to_every_node() {
+    for (cluster, nodes, classic_at_least, sharded_at_most) in [
+        (RedisCluster::start(), 3, 2.0, 0.0),
+        (RedisCluster::start_with_replicas(), 6, 5.0, 1.0),
+    ] {
+        let classic = bus_messages_per_fill(&cluster, &instances(&cluster, false, "c").await).await;
+        let sharded = bus_messages_per_fill(&cluster, &instances(&cluster, true, "s").await).await;
+        eprintln!("{nodes} nodes: cluster-bus messages per fill: classic {classic:.2}, sharded {sharded:.2}");
+        assert!(
+            classic >= classic_at_least,
+            "{nodes} nodes: classic {classic:.2}"
+        );
+        assert!(
+            sharded <= sharded_at_most,
+            "{nodes} nodes: sharded {sharded:.2}"
+        );
+    }
+}
+
+/// A cluster without sharded pub/sub (as before Redis 7.0: `SPUBLISH` and `SSUBSCRIBE` renamed
+/// away): the scripts fall back to `PUBLISH`, the subscriber to the classic channel, and a fill
+/// on any node still wakes followers in another instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sharded_pubsub_notifications_use_classic_pubsub() {
+    let cluster = RedisCluster::start_without_sharded_pubsub();
+    let leader = cache(instance(&cluster).await).build();
+    let follower = cache(instance(&cluster).await)
+        .backoff(Duration::from_secs(60), Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(120))
+        .build();
+    for key in keys_on_each_node(&cluster, &leader, "key") {
+        fill_wakes_followers(&leader, &[&follower], &key).await;
+    }
+    let classic = bus_messages_per_fill(&cluster, &instances(&cluster, true, "s").await).await;
+    assert!(classic >= 2.0, "classic {classic:.2}");
 }

@@ -25,6 +25,34 @@ fn loader(
     }
 }
 
+/// Starts `cache.get_or_load(key)` with a load that runs until the returned sender is used
+/// (or dropped), then answers `value`; returns once the load has begun.
+async fn held_load(
+    cache: &tower_stampede::Cache,
+    key: &str,
+    value: &'static str,
+) -> (
+    tokio::task::JoinHandle<Result<Bytes, tower_stampede::Error>>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let (end, ends) = tokio::sync::oneshot::channel::<()>();
+    let load = tokio::spawn({
+        let (cache, key, started) = (cache.clone(), key.to_owned(), started.clone());
+        async move {
+            cache
+                .get_or_load(key, move || async move {
+                    started.notify_one();
+                    let _ = ends.await;
+                    Ok::<_, std::io::Error>(Bytes::from_static(value.as_bytes()))
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    (load, end)
+}
+
 /// A failed early refresh must not make every other process fail. An early (XFetch) refresh
 /// is speculative: the value is still fresh and nobody waits for it. With the default
 /// settings (no stale window), a refresh whose loader failed wrote the shared failure marker;
@@ -296,4 +324,163 @@ async fn durations_of_any_size_never_panic() {
     cache.expire("k").await.unwrap();
     let fetched = cache.fetch("k", loader(&loads, Ok("w"))).await.unwrap();
     assert!(fetched.value().is_some());
+}
+
+/// The later writer in [`a_follower_that_gave_up_never_overwrites_a_newer_value`].
+#[derive(Clone, Copy, Debug)]
+enum LaterWriter {
+    /// A leader of a later stampede (the first leader's lock voided by an invalidation).
+    Leader,
+    /// The application's write-through `set`.
+    Set,
+}
+
+/// `LoadAndCache` wrote without a fence (issue 16 #6). A follower B gave up waiting for a
+/// slow leader A and loaded itself (`WaitTimeoutPolicy::LoadAndCache`); its load was slow
+/// too. Meanwhile a later writer C stored a newer value: the leader of a later stampede,
+/// or the application's `set`. When B's load ended, its unfenced write overwrote C's newer
+/// value with B's older one, for a whole TTL. A write after a wait timeout is now refused
+/// where the stored value's load started later (the load start is in the entry's header).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
+    use tower_stampede::WaitTimeoutPolicy;
+    for shared in Shared::both().await {
+        for writer in [LaterWriter::Leader, LaterWriter::Set] {
+            let case = format!("{} {writer:?}", shared.name);
+            let key = format!("k-{writer:?}");
+            // A leads, and its load hangs: its lock stands (the watchdog renews it).
+            let a = shared.cache().build();
+            let (a_leader, _a_hangs) = held_load(&a, &key, "a").await;
+            // B follows, gives up after 100 ms and loads "old" itself, until told to end.
+            let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+                .namespace("test")
+                .wait_timeout(Duration::from_millis(100))
+                .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
+                .build();
+            let (b_follower, b_end) = held_load(&b, &key, "old").await;
+            // Load starts are ordered on the wall clock, to the millisecond: let it move on.
+            std::thread::sleep(Duration::from_millis(3));
+            // C writes "new", later than B's load started.
+            let c = shared.cache().build();
+            match writer {
+                LaterWriter::Leader => {
+                    c.invalidate(&key).await.unwrap();
+                    let loads = Counter::default();
+                    let filled = c.fetch(&key, loader(&loads, Ok("new"))).await.unwrap();
+                    assert_eq!(filled.outcome(), Outcome::Leader, "{case}");
+                }
+                LaterWriter::Set => {
+                    c.set(&key, "new", Duration::from_secs(60)).await.unwrap();
+                }
+            }
+            // B's load ends: B's callers get their own load's value...
+            b_end.send(()).unwrap();
+            let answered = b_follower.await.unwrap().unwrap();
+            assert_eq!(answered, "old", "{case}");
+            // ...but the store keeps the newer one, as every other process sees.
+            let d = shared.cache().build();
+            let loads = Counter::default();
+            let read = d.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
+            assert_eq!(
+                read.value().unwrap(),
+                "new",
+                "{case}: overwritten by an older load"
+            );
+            assert_eq!(read.outcome(), Outcome::L2Hit, "{case}");
+            // B's own L1 does not keep the older value either.
+            let again = b.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
+            assert_eq!(
+                again.value().unwrap(),
+                "new",
+                "{case}: B kept its older value"
+            );
+            a_leader.abort();
+        }
+    }
+}
+
+/// A lost `fresh` marker (issue 16 #5: under `volatile-ttl`, and the LRU/LFU policies of a
+/// full server, Redis evicts short-lived keys first) costs the next hit one more round trip,
+/// the marker put back, and nothing else. The repair was the release script, which published
+/// "filled": every process dropped the key from its L1 although nothing had changed, and
+/// each of them then read the store again.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_marker_costs_one_round_trip_and_no_notification() {
+    use redis::AsyncCommands;
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let a = shared.cache().build();
+    let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .build();
+    let loads = Counter::default();
+    for key in ["k", "sentinel"] {
+        a.fetch(key, loader(&loads, Ok("v"))).await.unwrap();
+        let read = b.fetch(key, loader(&loads, Ok("v"))).await.unwrap();
+        assert_eq!(read.outcome(), Outcome::L2Hit, "{key} in b's L1");
+    }
+    let lock = RedisStore::lock_name(&a.store_key("k"));
+    let mut conn = shared.connection().await;
+    let _: () = conn.del(&lock).await.unwrap();
+    // A third process's hit finds the value without its marker.
+    let c = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .build();
+    let hit = c.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+    assert_eq!(hit.outcome(), Outcome::L2Hit);
+    let marker: Option<String> = conn.get(&lock).await.unwrap();
+    assert_eq!(marker.as_deref(), Some("fresh"), "the marker is back");
+    // A change published after the repair: once b has heard it, b has heard anything the
+    // repair published (one channel, in order).
+    a.invalidate("sentinel").await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while b
+        .fetch("sentinel", loader(&loads, Ok("v")))
+        .await
+        .unwrap()
+        .outcome()
+        == Outcome::L1Hit
+    {
+        assert!(tokio::time::Instant::now() < deadline, "b never heard");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let kept = b.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+    assert_eq!(
+        kept.outcome(),
+        Outcome::L1Hit,
+        "the repair dropped b's L1 entry"
+    );
+}
+
+/// A lost lock (evicted while its leader loads, issue 16 #5) lets a second leader start,
+/// and the first leader's fill is then refused: one load too many, never an older value
+/// over a newer one. The first leader's callers get its own value; the store and every
+/// other process the second leader's.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_means_a_refused_fill_not_a_wrong_value() {
+    use redis::AsyncCommands;
+    use tower_stampede::store::RedisStore;
+    let shared = Shared::redis().await;
+    let a = shared.cache().build();
+    let (first, end) = held_load(&a, "k", "first").await;
+    let mut conn = shared.connection().await;
+    let _: () = conn
+        .del(RedisStore::lock_name(&a.store_key("k")))
+        .await
+        .unwrap();
+    let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .build();
+    let loads = Counter::default();
+    let second = b.fetch("k", loader(&loads, Ok("second"))).await.unwrap();
+    assert_eq!(second.outcome(), Outcome::Leader, "a second leader");
+    end.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), "first", "its own callers");
+    for cache in [&a, &b] {
+        let read = cache.fetch("k", loader(&loads, Ok("third"))).await.unwrap();
+        assert_eq!(read.value().unwrap(), "second");
+    }
+    assert_eq!(loads.get(), 1);
 }

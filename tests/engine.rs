@@ -2,6 +2,7 @@
 //! real `redis-server`. Tests that depend on timing run over `MemoryStore` on paused tokio
 //! time (`timed_test!`); Redis keeps its own clock, so its runs take real time.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
-use support::{start_leader, Backing, Counter, Shared};
+use support::{stale_while_one_refreshes, start_leader, Backing, Counter, Shared};
 use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
@@ -44,6 +45,7 @@ impl Shared {
                     Duration::from_secs(60),
                 )
                 .await
+                .map(drop)
                 .unwrap(),
         }
     }
@@ -69,31 +71,6 @@ mod futures_ready {
     use std::pin::Pin;
 
     pub type Load = Pin<Box<dyn Future<Output = Result<bytes::Bytes, std::io::Error>> + Send>>;
-}
-
-/// `timed_test!(name)` runs `async fn name(stores: Vec<Shared>)`, a test that depends on
-/// timing, twice: as `name::memory` over `MemoryStore` on paused tokio time, which the store's
-/// expiries and the engine's timers follow, so the run is instant and its timing exact; and,
-/// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
-/// expiry follows moka's own clock, which paused time does not move: a test that waits for an
-/// L1 entry to expire is not a `timed_test!`.)
-macro_rules! timed_test {
-    ($name:ident) => {
-        mod $name {
-            use super::*;
-
-            #[tokio::test(start_paused = true)]
-            async fn memory() {
-                super::$name(vec![Shared::memory()]).await;
-            }
-
-            #[cfg(feature = "redis")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn redis() {
-                super::$name(vec![Shared::redis().await]).await;
-            }
-        }
-    };
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -911,12 +888,15 @@ async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
 }
 
 /// Another store seen through a wrapper that counts its lookups and, if asked, answers them
-/// late (after they took effect), as a slow network would.
+/// late (after they took effect), as a slow network would, fails every fill, or leaves its
+/// lookups and reads unanswered for good while it [hangs](Observed::hang).
 #[derive(Debug)]
 struct Observed {
     inner: Arc<dyn Store>,
     lookups: std::sync::atomic::AtomicUsize,
     lookup_delay: Duration,
+    fills_fail: bool,
+    hanging: std::sync::atomic::AtomicBool,
 }
 
 impl Observed {
@@ -925,7 +905,30 @@ impl Observed {
             inner: Arc::clone(inner),
             lookups: Default::default(),
             lookup_delay,
+            fills_fail: false,
+            hanging: Default::default(),
         })
+    }
+
+    /// A store whose fills all fail (and change nothing), its other calls going through.
+    fn failing_fills(inner: &Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Observed {
+            inner: Arc::clone(inner),
+            lookups: Default::default(),
+            lookup_delay: Duration::ZERO,
+            fills_fail: true,
+            hanging: Default::default(),
+        })
+    }
+
+    /// From now on, lookups and reads never answer (`true`), or answer again (`false`).
+    fn hang(&self, hanging: bool) {
+        self.hanging
+            .store(hanging, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn hanging(&self) -> bool {
+        self.hanging.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn lookups(&self) -> usize {
@@ -943,6 +946,9 @@ impl Store for Observed {
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
         self.lookups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.hanging() {
+            return Box::pin(std::future::pending());
+        }
         let key = key.clone();
         Box::pin(async move {
             let answer = self.inner.lookup(&key, token, lock_ttl, lock_when).await;
@@ -958,6 +964,9 @@ impl Store for Observed {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        if self.fills_fail {
+            return Box::pin(async { Err(StoreError::new("fills fail")) });
+        }
         self.inner.fill(key, token, value, ttl)
     }
 
@@ -979,11 +988,14 @@ impl Store for Observed {
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.put(key, value, ttl)
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        if self.hanging() {
+            return Box::pin(std::future::pending());
+        }
         self.inner.get(key)
     }
 
@@ -1023,6 +1035,57 @@ impl Store for Observed {
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.invalidate_tags(namespace, tags)
+    }
+}
+
+/// One rule for keeping a loaded value in L1 after its write, whether the write succeeded or
+/// failed (review of issue 16): a tagged value whose tag was invalidated during its load is
+/// not kept. A leader whose fill failed kept it with fresh tag stamps, unchecked, so its
+/// process served the outdated value from L1, while a write after a wait timeout checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fill_keeps_no_value_outdated_during_its_load() {
+    for shared in Shared::both().await {
+        let failing = Observed::failing_fills(&shared.store);
+        let cache = Cache::builder_shared(failing).namespace("test").build();
+        let purger = shared.cache().build();
+        let loads = Counter::default();
+        let started = Arc::new(Notify::new());
+        let (go, going) = tokio::sync::oneshot::channel::<()>();
+        let leader = tokio::spawn({
+            let (cache, loads, started) = (cache.clone(), loads.clone(), started.clone());
+            async move {
+                cache
+                    .fetch("tagged", move || async move {
+                        loads.hit();
+                        started.notify_one();
+                        let _ = going.await;
+                        let value = Loaded::value(Bytes::from_static(b"outdated"));
+                        Ok::<_, std::io::Error>(value.tags(["t"]))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        purger.invalidate_tag("t").await.unwrap();
+        go.send(()).unwrap();
+        let first = leader.await.unwrap().unwrap();
+        assert_eq!(first.value().unwrap(), "outdated", "{}", shared.name);
+        let loads_again = loads.clone();
+        let second = cache
+            .fetch("tagged", move || async move {
+                loads_again.hit();
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"current")).tags(["t"]))
+            })
+            .await
+            .unwrap();
+        assert_ne!(
+            second.outcome(),
+            Outcome::L1Hit,
+            "{}: kept in L1",
+            shared.name
+        );
+        assert_eq!(second.value().unwrap(), "current", "{}", shared.name);
+        assert_eq!(loads.get(), 2, "{}", shared.name);
     }
 }
 
@@ -1095,29 +1158,8 @@ async fn stale_values_are_served_while_one_leader_refreshes(stores: Vec<Shared>)
                     .build()
             })
             .collect();
-        let loads = Counter::default();
-        let release = Arc::new(Notify::new());
-        let mut callers = Vec::new();
-        for i in 0..40 {
-            let (cache, loads, release) =
-                (instances[i % 2].clone(), loads.clone(), release.clone());
-            callers.push(tokio::spawn(async move {
-                cache
-                    .fetch("swr", move || async move {
-                        loads.hit();
-                        // The refresh takes as long as the test wants: nobody may wait for it.
-                        release.notified().await;
-                        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
-                    })
-                    .await
-            }));
-        }
-        for caller in callers {
-            let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(fetched.value().unwrap(), "old", "{}", shared.name);
-            assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
-        }
-        assert_eq!(loads.get(), 1, "{}: one refresh", shared.name);
+        let (release, loads) =
+            stale_while_one_refreshes(shared.name, &instances, "swr", 40, "old", "new").await;
         release.notify_one();
         eventually(&instances[1], "swr", "new").await;
         assert_eq!(loads.get(), 1, "{}", shared.name);
@@ -1512,6 +1554,80 @@ async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits(stores: Vec<S
         }
         assert_eq!(loads.get(), 1, "{}", shared.name);
     }
+}
+
+/// Issue 16, configuration hazards: with `backoff(0, 0)` a follower must not spin on the
+/// store. Paused time: a leader loads for 100 ms while a follower (notifications off, so it
+/// only polls) waits; its pauses are at least half a millisecond, so it looks the key up at
+/// most about 200 times, where a zero pause would look it up without end.
+#[tokio::test(start_paused = true)]
+async fn a_zero_backoff_does_not_spin_on_the_store() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let leader = Cache::builder_shared(Arc::clone(&store)).build();
+    let observed = Observed::new(&store, Duration::ZERO);
+    let follower = Cache::builder_shared(observed.clone())
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .notifications(false)
+        .build();
+    let (leader_loads, follower_loads) = (Counter::default(), Counter::default());
+    let loading = tokio::spawn({
+        let load = slow_value(&leader_loads, Duration::from_millis(100), "filled");
+        async move { leader.get_or_load("zero-backoff", load).await }
+    });
+    while leader_loads.get() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let load = slow_value(&follower_loads, Duration::ZERO, "not loaded");
+    let followed = follower.get_or_load("zero-backoff", load).await.unwrap();
+    assert_eq!(followed, "filled");
+    assert_eq!(loading.await.unwrap().unwrap(), "filled");
+    assert_eq!(follower_loads.get(), 0);
+    let lookups = observed.lookups();
+    assert!((2..=210).contains(&lookups), "{lookups} lookups in 100 ms");
+}
+
+/// Issue 16, configuration hazards: a probe that never completes must not leave the breaker
+/// open for good. Every lookup and read of the store hangs: the breaker opens, and its probes
+/// (the timer's reads, and the trial of a request's lookup) hang too, each cut short by the
+/// store timeout; once the store answers again, the next probe closes the breaker with no
+/// request in between. Paused time.
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_never_completes_does_not_keep_the_breaker_open() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let observed = Observed::new(&store, Duration::ZERO);
+    let open_for = Duration::from_secs(1);
+    let cache = Cache::builder_shared(observed.clone())
+        .store_timeout(Duration::from_millis(50))
+        .circuit_breaker(2, open_for)
+        .build();
+    observed.hang(true);
+    let loads = Counter::default();
+    for n in 0..3 {
+        let key = format!("hanging-{n}");
+        let value = cache
+            .get_or_load(&key, slow_value(&loads, Duration::ZERO, "loaded"))
+            .await
+            .unwrap();
+        assert_eq!(value, "loaded");
+    }
+    assert!(!cache.store_available(), "two timeouts open the breaker");
+    // Several periods of hanging probes (and a request whose lookup is a hanging trial).
+    tokio::time::sleep(open_for * 3).await;
+    cache
+        .get_or_load(
+            "hanging-trial",
+            slow_value(&loads, Duration::ZERO, "loaded"),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(open_for * 2).await;
+    assert!(!cache.store_available(), "the store still hangs");
+    observed.hang(false);
+    tokio::time::sleep(open_for * 2 + Duration::from_millis(100)).await;
+    assert!(
+        cache.store_available(),
+        "a probe after the store answers again closes the breaker"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -436,6 +436,60 @@ async fn a_dropped_subscription_stops_l1_hits_until_it_is_back() {
     assert_eq!(db.loads.get(), 1);
 }
 
+/// A namespace's first subscription is not in place at once: until it is, a message sent by
+/// another process would be missed, so L1 must not trust what this process reads meanwhile
+/// (else an invalidation sent in that gap leaves the old value in L1 for `l1_ttl_cap`). The
+/// gap lasts milliseconds; here it is held open for good by an ACL user who may do anything
+/// but `SUBSCRIBE`, so the test is deterministic: the reader's reads never enter L1, and
+/// every change the writer makes is read at once. It fails if the first subscription is
+/// trusted before it is in place (the reader then keeps `v1` from L1).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l1_trusts_nothing_before_the_namespace_subscription_is_in_place() {
+    use support::RedisServer;
+    use tower_stampede::store::RedisStore;
+
+    let server = RedisServer::start_with(&[
+        "--user",
+        "writer",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "--user",
+        "reader",
+        "on",
+        ">pw",
+        "~*",
+        "&*",
+        "+@all",
+        "-subscribe",
+        "-ssubscribe",
+        "-psubscribe",
+    ]);
+    let url = |user: &str| format!("redis://{user}:pw@127.0.0.1:{}/", server.port());
+    let build = |store| as_is(Cache::builder(store).namespace("test")).build();
+    let writer = build(RedisStore::connect(url("writer")).await.unwrap());
+    let reader = build(RedisStore::connect(url("reader")).await.unwrap());
+    let db = Database::at(1);
+    assert_eq!(db.read(&reader, "row").await, "v1");
+    for version in 2..=4 {
+        // Reads that would be L1 hits, were the reader's L1 trusted.
+        for _ in 0..3 {
+            let fetched = reader.fetch("row", never_loads).await.unwrap();
+            assert_ne!(fetched.outcome(), Outcome::L1Hit, "v{version}");
+        }
+        let value = Bytes::from(format!("v{version}"));
+        writer
+            .set("row", value.clone(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(db.read(&reader, "row").await, value, "read at once");
+    }
+    assert_eq!(db.loads.get(), 1);
+}
+
 impl Database {
     /// Reads the row with `tags` attached to it.
     async fn read_tagged(&self, cache: &Cache, key: &str, tags: &'static [&'static str]) -> Bytes {
@@ -558,5 +612,57 @@ async fn a_value_with_too_many_tags_is_not_stored() {
             assert_eq!(fetched.value().unwrap(), "v");
         }
         assert_eq!(loads.get(), 2, "{}", shared.name);
+    }
+}
+
+/// A tagged value's L2 hit reads its tags' versions once; later hits use the versions this
+/// process learnt (no second round trip) while nothing is heard of the tags; and an
+/// `invalidate_tag` in another instance still reaches them, through its notification.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_tag_versions_save_a_round_trip_until_the_tag_is_invalidated() {
+    let shared = Shared::redis().await;
+    // No L1: every read is an L2 hit, which must check the tags.
+    let caches = instances(&shared, 2, |b| as_is(b).l1_capacity(0)).await;
+    let db = Database::at(1);
+    assert_eq!(db.read_tagged(&caches[0], "row", &["users"]).await, "v1");
+    assert_eq!(db.read_tagged(&caches[0], "row", &["users"]).await, "v1");
+    let mut conn = shared.connection().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let fetched = caches[0].fetch("row", never_loads).await.unwrap();
+        assert_eq!(fetched.outcome(), Outcome::L2Hit);
+    }
+    assert_eq!(
+        support::calls(&mut conn, "hmget").await,
+        0,
+        "versions were read again"
+    );
+    db.move_to(2);
+    caches[1].invalidate_tag("users").await.unwrap();
+    eventually_tagged(&db, &caches[0], "row", &["users"], "v2").await;
+    assert_eq!(db.loads.get(), 2, "one load, one reload");
+}
+
+/// Reads tagged `key` on `cache` until it answers `want`, within [`LIMIT`].
+#[cfg(feature = "redis")]
+async fn eventually_tagged(
+    db: &Database,
+    cache: &Cache,
+    key: &str,
+    tags: &'static [&'static str],
+    want: &str,
+) {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while db.read_tagged(cache, key, tags).await != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never read {want} after the change"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

@@ -1,4 +1,6 @@
-//! The engine's metrics, read back through a debugging recorder, over both stores.
+//! The engine's metrics, read back through a debugging recorder and through a Prometheus
+//! recorder set up as the `proxy` example sets it up (buckets for the histograms), over both
+//! stores.
 #![cfg(feature = "metrics")]
 
 mod support;
@@ -7,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use support::{Counter, Shared};
+use tower_stampede::cache::{DURATION_BUCKETS, HISTOGRAMS};
 use tower_stampede::store::Store;
 use tower_stampede::Cache;
 
@@ -128,7 +132,105 @@ fn a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait() {
             1.0,
             "{name}: {m:?}"
         );
+        // The 49 other callers of each instance joined its flight, and waited for it too.
+        assert_eq!(
+            at("stampede_follower_wait_seconds{ended=joined}"),
+            98.0,
+            "{name}: {m:?}"
+        );
         assert!(at("stampede_l1_bytes{}") > 0.0, "{name}: {m:?}");
         assert_eq!(at("stampede_store_errors_total{}"), 0.0, "{name}: {m:?}");
+    }
+}
+
+/// Every metric the stampede recorded came with its description (Prometheus's `# HELP`).
+#[test]
+fn every_metric_is_described() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shared = Shared::memory();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(stampede(Arc::clone(&shared.store), &Counter::default()));
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert!(snapshot.len() >= 8, "{snapshot:?}");
+    for (key, unit, description, _) in snapshot {
+        let name = key.key().name().to_owned();
+        let description = description.unwrap_or_else(|| panic!("{name} has no description"));
+        assert!(!description.is_empty(), "{name}");
+        if name.ends_with("_seconds") {
+            assert_eq!(unit, Some(metrics::Unit::Seconds), "{name}");
+        }
+    }
+}
+
+/// Through a Prometheus recorder with the engine's buckets (as the `proxy` example installs
+/// it): the histograms are histograms with those buckets, never summaries, and every family
+/// has a `# HELP` line.
+#[test]
+fn prometheus_text_has_buckets_and_help_lines() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for shared in runtime.block_on(Shared::both()) {
+        let name = shared.name;
+        let mut builder = PrometheusBuilder::new();
+        for histogram in HISTOGRAMS {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(histogram.to_owned()), &DURATION_BUCKETS)
+                .unwrap();
+        }
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(stampede(Arc::clone(&shared.store), &Counter::default()));
+        });
+        let text = handle.render();
+        assert!(!text.contains("summary"), "{name}:\n{text}");
+        for family in [
+            "stampede_lookups_total",
+            "stampede_loads_total",
+            "stampede_load_duration_seconds",
+            "stampede_lock_total",
+            "stampede_follower_wait_seconds",
+            "stampede_l1_bytes",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.starts_with(&format!("# HELP {family} "))),
+                "{name}: no HELP for {family}:\n{text}"
+            );
+        }
+        for histogram in HISTOGRAMS {
+            let kind = format!("# TYPE {histogram} histogram");
+            assert!(text.lines().any(|l| l == kind), "{name}: {kind}:\n{text}");
+        }
+        let line = |l: &str| assert!(text.lines().any(|t| t == l), "{name}: no {l:?} in:\n{text}");
+        // The one load: in every bucket from its own up, so at least in the last two.
+        line("stampede_load_duration_seconds_bucket{le=\"30\"} 1");
+        line("stampede_load_duration_seconds_bucket{le=\"+Inf\"} 1");
+        line("stampede_load_duration_seconds_count 1");
+        // Each bound is a bucket of both histograms.
+        for bound in DURATION_BUCKETS {
+            let le = format!("le=\"{bound}\"");
+            for prefix in [
+                "stampede_load_duration_seconds_bucket{",
+                "stampede_follower_wait_seconds_bucket{ended=\"joined\",",
+            ] {
+                assert!(
+                    text.lines()
+                        .any(|l| l.starts_with(&format!("{prefix}{le}}}"))),
+                    "{name}: no {prefix}{le}}} in:\n{text}"
+                );
+            }
+        }
+        // 98 callers joined a flight of their instance; none waited 30 s.
+        line("stampede_follower_wait_seconds_bucket{ended=\"joined\",le=\"30\"} 98");
+        line("stampede_follower_wait_seconds_count{ended=\"joined\"} 98");
     }
 }

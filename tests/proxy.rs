@@ -736,6 +736,11 @@ async fn the_proxy_serves_prometheus_metrics() {
     assert_eq!(miss.x_cache.as_deref(), Some("MISS"));
     let hit = send(&client, get(&proxy.url("/page"))).await.unwrap();
     assert_eq!(hit.x_cache.as_deref(), Some("HIT"));
+    // A stampede on one proxy: the requests that joined the leader's flight waited for it.
+    let stampede = burst(std::slice::from_ref(&proxy), 50, "/hot").await;
+    assert!(stampede
+        .iter()
+        .all(|a| a.as_ref().is_ok_and(|a| a.status == StatusCode::OK)));
     let metrics = proxy.metrics.expect("the proxy printed `metrics on ADDR`");
     let scraped = send(&client, get(&format!("http://{metrics}/metrics")))
         .await
@@ -743,15 +748,44 @@ async fn the_proxy_serves_prometheus_metrics() {
     assert_eq!(scraped.status, StatusCode::OK);
     let text = String::from_utf8_lossy(&scraped.body);
     for line in [
-        "stampede_lookups_total{outcome=\"miss-leader\"} 1",
-        "stampede_lookups_total{outcome=\"hit-l1\"} 1",
-        "stampede_loads_total 1",
-        "stampede_lock_total{event=\"acquired\"} 1",
+        "stampede_lookups_total{outcome=\"miss-leader\"} 2",
+        "stampede_loads_total 2",
+        "stampede_lock_total{event=\"acquired\"} 2",
+        "# TYPE stampede_load_duration_seconds histogram",
+        "# TYPE stampede_follower_wait_seconds histogram",
+        "stampede_load_duration_seconds_bucket{le=\"0.001\"} 0",
+        "stampede_load_duration_seconds_bucket{le=\"30\"} 2",
+        "stampede_load_duration_seconds_count 2",
     ] {
         assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
     }
-    assert!(text.contains("stampede_load_duration_seconds"), "{text}");
-    assert_eq!(origin_requests.get(), 1);
+    for family in [
+        "stampede_lookups_total",
+        "stampede_loads_total",
+        "stampede_load_duration_seconds",
+        "stampede_lock_total",
+        "stampede_follower_wait_seconds",
+        "stampede_l1_bytes",
+    ] {
+        let help = format!("# HELP {family} ");
+        assert!(
+            text.lines().any(|l| l.starts_with(&help)),
+            "no {help:?} in:\n{text}"
+        );
+    }
+    // Every request of the stampede but the leader's joined its flight or hit L1 after it.
+    let count = |prefix: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let joined = count("stampede_follower_wait_seconds_count{ended=\"joined\"}");
+    let followers = count("stampede_lookups_total{outcome=\"follower\"}");
+    let hits = count("stampede_lookups_total{outcome=\"hit-l1\"}");
+    assert!(joined >= 1, "{text}");
+    assert_eq!(joined, followers, "{text}");
+    assert_eq!(followers + hits, 49 + 1, "{text}");
+    assert_eq!(origin_requests.get(), 2);
 }
 
 #[test]

@@ -57,6 +57,17 @@ pub(crate) struct Args {
     #[arg(long = "stale-secs", value_name = "S", value_parser = secs)]
     pub(crate) stale: Option<Duration>,
 
+    /// How long past its freshness a response is kept for its reload to revalidate it with a
+    /// conditional request (If-None-Match / If-Modified-Since); 0 keeps nothing, so stale
+    /// responses are reloaded in full and no-cache responses are not stored
+    #[arg(
+        long = "revalidate-secs",
+        value_name = "S",
+        value_parser = secs,
+        default_value = "3600"
+    )]
+    pub(crate) revalidate: Duration,
+
     /// Refresh hot responses shortly before they expire (XFetch); larger B refreshes earlier,
     /// 0 turns it off (default: 1)
     #[arg(long, value_name = "B", value_parser = beta, allow_negative_numbers = true)]
@@ -288,17 +299,15 @@ impl Origin {
         })
     }
 
-    /// The origin's URI for a request's path and query.
-    pub(crate) fn uri_for(&self, uri: &Uri) -> Uri {
-        let path = uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
-            .expect("scheme, authority and path and query make a URI")
+    /// The origin's URI for a request's path and query (the request's URI, taken apart: its
+    /// path and query are not copied).
+    pub(crate) fn uri_for(&self, uri: Uri) -> Uri {
+        let mut parts = uri.into_parts();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(self.authority.clone());
+        if parts.path_and_query.is_none() {
+            parts.path_and_query = Some(PathAndQuery::from_static("/"));
+        }
+        Uri::from_parts(parts).expect("scheme, authority and path and query make a URI")
     }
 }

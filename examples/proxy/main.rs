@@ -13,7 +13,11 @@
 //! `BYPASS`; other methods than `GET` pass through without them). With `--stale-secs S`, a
 //! response up to S seconds past its freshness is served at once while one request refreshes
 //! it, and in place of a failed refresh; hot responses are refreshed shortly before they
-//! expire (`--early-refresh-beta`, on by default).
+//! expire (`--early-refresh-beta`, on by default). A response is kept `--revalidate-secs` (an
+//! hour by default) past its freshness so that its reload is a conditional request
+//! (`If-None-Match` / `If-Modified-Since` from its `ETag` / `Last-Modified`): a `304` makes it
+//! fresh again and its stored body is served; `no-cache` responses with a validator are stored
+//! and revalidated before each use.
 //!
 //! Run several proxies over one Redis and a stampede on a cold URL reaches the origin once in
 //! all, whichever proxies the requests land on:
@@ -67,12 +71,13 @@
 //! `args.rs` reads them.
 
 mod args;
+#[path = "../shared/serve.rs"]
+mod serve;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use args::{Args, Origin};
 use bytes::Bytes;
@@ -83,10 +88,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 use tower::{service_fn, ServiceBuilder};
 use tower_stampede::http::RfcPolicy;
@@ -104,9 +106,6 @@ const HOP_BY_HOP: [&str; 7] = [
     "transfer-encoding",
     "upgrade",
 ];
-
-/// How long in-flight requests may run on after Ctrl-C.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Removes the hop-by-hop headers and those the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
@@ -127,20 +126,24 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
 
-/// Sends a request on to the origin; an origin that cannot be reached becomes a 502.
-async fn forward(
+/// What the proxy's inner service needs to reach the origin, behind one `Arc`: the layer
+/// clones its inner service for every request (hits included), and a `Client` is several.
+struct Forwarder {
     client: Client<HttpConnector, Incoming>,
-    origin: Arc<Origin>,
-    mut request: Request<Incoming>,
-) -> Response<ProxyBody> {
-    *request.uri_mut() = origin.uri_for(request.uri());
+    origin: Origin,
+}
+
+/// Sends a request on to the origin; an origin that cannot be reached becomes a 502.
+async fn forward(forwarder: Arc<Forwarder>, mut request: Request<Incoming>) -> Response<ProxyBody> {
+    let origin = &forwarder.origin;
+    to_origin_uri(origin, &mut request);
     // The client may have spoken HTTP/2 to us; the origin connection is HTTP/1.1.
     *request.version_mut() = Version::HTTP_11;
     let headers = request.headers_mut();
     strip_hop_by_hop(headers);
     headers.insert(HOST, origin.host.clone());
 
-    match client.request(request).await {
+    match forwarder.client.request(request).await {
         Ok(response) => {
             let mut response = response.map(BodyExt::boxed_unsync);
             strip_hop_by_hop(response.headers_mut());
@@ -175,9 +178,9 @@ fn bad_gateway(message: String) -> Response<ProxyBody> {
 
 /// Sends every request to the origin's URI before the layer sees it, so that the cache key is
 /// the origin's URL, not the `Host` the client happened to use for this proxy.
-fn to_origin_uri(origin: &Origin, mut request: Request<Incoming>) -> Request<Incoming> {
-    *request.uri_mut() = origin.uri_for(request.uri());
-    request
+fn to_origin_uri(origin: &Origin, request: &mut Request<Incoming>) {
+    let uri = std::mem::take(request.uri_mut());
+    *request.uri_mut() = origin.uri_for(uri);
 }
 
 async fn build_cache(args: &Args) -> Result<Cache, String> {
@@ -186,7 +189,9 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
         (None, Some(urls)) => Cache::builder(connect_redis_cluster(&urls.0).await?),
         (None, None) => Cache::builder(MemoryStore::new()),
     };
-    let mut builder = builder.namespace(&args.namespace);
+    let mut builder = builder
+        .namespace(&args.namespace)
+        .keep_for_revalidation(args.revalidate);
     if let Some(stale) = args.stale {
         builder = builder.stale(stale);
     }
@@ -203,10 +208,21 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
 }
 
 /// Installs a Prometheus recorder and serves its text on `http://ADDR/metrics`; returns the
-/// bound address.
+/// bound address. The engine's histograms get buckets (from 1 ms to 30 s), not summaries, so
+/// that they can be summed across proxies; their `# HELP` lines come from the engine, which
+/// describes its metrics as the cache is built.
 #[cfg(feature = "metrics")]
 async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use tower_stampede::cache::{DURATION_BUCKETS, HISTOGRAMS};
+
+    let mut builder = PrometheusBuilder::new();
+    for name in HISTOGRAMS {
+        builder = builder
+            .set_buckets_for_metric(Matcher::Full(name.to_owned()), &DURATION_BUCKETS)
+            .map_err(|e| format!("cannot set the buckets of {name}: {e}"))?;
+    }
+    let handle = builder
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let listener = TcpListener::bind(addr)
@@ -215,10 +231,10 @@ async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
     let bound = listener
         .local_addr()
         .map_err(|e| format!("cannot read the metrics address: {e}"))?;
-    // Histograms are summarised on upkeep: keep them fresh.
+    // Upkeep drains the histograms' samples into their buckets between scrapes.
     let upkeep = handle.clone();
     tokio::spawn(async move {
-        let mut every = tokio::time::interval(Duration::from_secs(5));
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
         loop {
             every.tick().await;
             upkeep.run_upkeep();
@@ -303,20 +319,21 @@ async fn run(args: Args) -> Result<(), String> {
         layer = layer.purge(move |request| token.allows(request));
     }
 
-    let origin = Arc::new(args.origin.clone());
-    let client: Client<HttpConnector, Incoming> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let forwarder = Arc::new(Forwarder {
+        client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
+        origin: args.origin.clone(),
+    });
     let inner = {
-        let origin = Arc::clone(&origin);
+        let forwarder = Arc::clone(&forwarder);
         service_fn(move |request: Request<Incoming>| {
-            let (client, origin) = (client.clone(), Arc::clone(&origin));
-            async move { Ok::<_, Infallible>(forward(client, origin, request).await) }
+            let forwarder = Arc::clone(&forwarder);
+            async move { Ok::<_, Infallible>(forward(forwarder, request).await) }
         })
     };
     let service = ServiceBuilder::new()
-        .map_request({
-            let origin = Arc::clone(&origin);
-            move |request| to_origin_uri(&origin, request)
+        .map_request(move |mut request| {
+            to_origin_uri(&forwarder.origin, &mut request);
+            request
         })
         .layer(layer)
         .service(inner);
@@ -324,61 +341,6 @@ async fn run(args: Args) -> Result<(), String> {
     let listener = TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    let local_addr = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    {
-        use std::io::Write;
-        let mut stdout = std::io::stdout().lock();
-        // Whoever started us may wait for this line; if it is gone, keep serving regardless.
-        let _ = writeln!(stdout, "listening on {local_addr}");
-        let _ = stdout.flush();
-    }
-
-    let server = auto::Builder::new(TokioExecutor::new());
-    let graceful = GracefulShutdown::new();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _peer)) => stream,
-                    Err(error) => {
-                        // Out of file descriptors and the like: pause rather than spin.
-                        eprintln!("proxy: accept failed: {error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let connection = server
-                    .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service.clone()))
-                    .into_owned();
-                let connection = graceful.watch(connection);
-                tokio::spawn(async move {
-                    // A client that goes away mid-request is nothing to report.
-                    let _ = connection.await;
-                });
-            }
-            signal = &mut ctrl_c => {
-                if let Err(error) = signal {
-                    return Err(format!("cannot listen for Ctrl-C: {error}"));
-                }
-                break;
-            }
-        }
-    }
-
-    drop(listener);
-    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        eprintln!(
-            "proxy: requests still in flight after {} s; exiting anyway",
-            SHUTDOWN_GRACE.as_secs()
-        );
-    }
-    Ok(())
+    serve::announce(&listener)?;
+    serve::serve("proxy", listener, service).await
 }

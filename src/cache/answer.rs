@@ -1,12 +1,37 @@
-//! What a lookup answers: what a loader produced ([`Loaded`]), how a call was served
-//! ([`Outcome`], [`Fetched`]), and what the cache has counted ([`Stats`]).
+//! What a lookup answers: what a loader was given ([`Previous`]) and produced ([`Loaded`]),
+//! how a call was served ([`Outcome`], [`Fetched`]), and what the cache has counted
+//! ([`Stats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::entry::Windows;
 use crate::store::KeyDigest;
+
+/// The value a revalidating loader reloads (see [`Cache::fetch_revalidating`]): the one the
+/// store still keeps past its freshness, which the loader may confirm with
+/// [`Loaded::not_modified`] instead of loading it again.
+#[derive(Clone, Debug)]
+pub struct Previous {
+    pub(super) value: Bytes,
+    pub(super) staleness: Duration,
+    /// The digests of the value's tags.
+    pub(super) tags: Vec<KeyDigest>,
+}
+
+impl Previous {
+    /// The value as it was stored.
+    pub fn value(&self) -> &Bytes {
+        &self.value
+    }
+
+    /// How long past its freshness the value was when the reload started.
+    pub fn staleness(&self) -> Duration {
+        self.staleness
+    }
+}
 
 /// What a loader passed to [`Cache::fetch`] produced.
 #[derive(Clone, Debug)]
@@ -14,14 +39,25 @@ pub struct Loaded {
     pub(super) kind: LoadedKind,
     /// The digests of the value's tags.
     pub(super) tags: Vec<KeyDigest>,
+    /// The value's own stale windows (each `None`: the cache's).
+    pub(super) windows: Windows,
 }
 
 /// A loader's result, as the engine reads it.
 #[derive(Clone, Debug)]
 pub(super) enum LoadedKind {
-    Value { bytes: Bytes, ttl: Option<Duration> },
+    Value {
+        bytes: Bytes,
+        ttl: Option<Duration>,
+    },
+    /// The [`Previous`] value still holds, fresh again for `ttl` (or the default TTL).
+    NotModified {
+        ttl: Option<Duration>,
+    },
     Pass,
-    ForWaiters { bytes: Bytes },
+    ForWaiters {
+        bytes: Bytes,
+    },
 }
 
 impl Loaded {
@@ -30,6 +66,7 @@ impl Loaded {
         Loaded {
             kind: LoadedKind::Value { bytes, ttl: None },
             tags: Vec::new(),
+            windows: Windows::default(),
         }
     }
 
@@ -41,6 +78,7 @@ impl Loaded {
                 ttl: Some(ttl),
             },
             tags: Vec::new(),
+            windows: Windows::default(),
         }
     }
 
@@ -50,6 +88,7 @@ impl Loaded {
         Loaded {
             kind: LoadedKind::Pass,
             tags: Vec::new(),
+            windows: Windows::default(),
         }
     }
 
@@ -67,7 +106,80 @@ impl Loaded {
         Loaded {
             kind: LoadedKind::ForWaiters { bytes },
             tags: Vec::new(),
+            windows: Windows::default(),
         }
+    }
+
+    /// The [`Previous`] value the loader was given still holds: it is fresh again for the
+    /// cache's default [`ttl`](CacheBuilder::ttl), as if it had been loaded now, and the store
+    /// keeps it without its bytes being sent again. A loader that was given no previous value
+    /// must not answer this: its load fails.
+    pub fn not_modified() -> Self {
+        Loaded {
+            kind: LoadedKind::NotModified { ttl: None },
+            tags: Vec::new(),
+            windows: Windows::default(),
+        }
+    }
+
+    /// Like [`not_modified`](Self::not_modified), fresh again for `ttl`.
+    pub fn not_modified_with_ttl(ttl: Duration) -> Self {
+        Loaded {
+            kind: LoadedKind::NotModified { ttl: Some(ttl) },
+            tags: Vec::new(),
+            windows: Windows::default(),
+        }
+    }
+
+    /// Gives the value a stale-while-revalidate window of its own (RFC 5861 §3), in place of
+    /// the cache's [`stale`](CacheBuilder::stale): past its freshness, it may be served for
+    /// `window` while a reload runs. No window reaches past how long the cache keeps values
+    /// past their freshness (the longest of its `stale`, `stale_if_error` and
+    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)). A value that is not
+    /// modified keeps the windows it was stored with.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use bytes::Bytes;
+    /// # use tower_stampede::Loaded;
+    /// let loaded = Loaded::value(Bytes::from_static(b"feed"))
+    ///     .stale_while_revalidate(Duration::from_secs(30))
+    ///     .stale_if_error(Duration::from_secs(600));
+    /// ```
+    #[must_use]
+    pub fn stale_while_revalidate(mut self, window: Duration) -> Self {
+        self.windows.while_revalidating = Some(window);
+        self
+    }
+
+    /// Gives the value a stale-if-error window of its own (RFC 5861 §4), in place of the
+    /// cache's [`stale_if_error`](CacheBuilder::stale_if_error): past its freshness, it may
+    /// stand in for a reload that failed for `window`, within the same bound as
+    /// [`stale_while_revalidate`](Self::stale_while_revalidate).
+    #[must_use]
+    pub fn stale_if_error(mut self, window: Duration) -> Self {
+        self.windows.if_error = Some(window);
+        self
+    }
+
+    /// The value is never served past its freshness, whatever the cache's stale windows
+    /// (RFC 9111 §4.2.4, `must-revalidate`): once stale it is only what its reload
+    /// revalidates ([`Previous`]). The same as both stale windows zero.
+    #[must_use]
+    pub fn must_revalidate(self) -> Self {
+        self.stale_while_revalidate(Duration::ZERO)
+            .stale_if_error(Duration::ZERO)
+    }
+
+    /// Attaches the tags of the `previous` value (see [`tags`](Self::tags)): for a value
+    /// rebuilt from the previous one (a revalidated HTTP response with updated headers), so
+    /// that an invalidation of the previous value's tags still reaches it.
+    #[must_use]
+    pub fn tags_of(mut self, previous: &Previous) -> Self {
+        self.tags.extend_from_slice(&previous.tags);
+        self.tags.sort_unstable();
+        self.tags.dedup();
+        self
     }
 
     /// Attaches tags to the value: [`Cache::invalidate_tag`](super::Cache::invalidate_tag)
@@ -116,11 +228,14 @@ pub enum Outcome {
     Stale,
     /// The store failed, so this call's own loader ran with in-process protection only.
     Degraded,
+    /// This call's own loader confirmed the stored value ([`Loaded::not_modified`]): it is
+    /// fresh again, for every process.
+    Revalidated,
 }
 
 impl Outcome {
     /// A short name for logs and metrics: `hit-l1`, `hit-l2`, `miss-leader`, `follower`,
-    /// `pass`, `uncached`, `stale`, `degraded`.
+    /// `pass`, `uncached`, `stale`, `degraded`, `revalidated`.
     pub fn label(self) -> &'static str {
         match self {
             Outcome::L1Hit => "hit-l1",
@@ -131,6 +246,7 @@ impl Outcome {
             Outcome::Uncached => "uncached",
             Outcome::Stale => "stale",
             Outcome::Degraded => "degraded",
+            Outcome::Revalidated => "revalidated",
         }
     }
 }
@@ -156,6 +272,12 @@ impl Fetched {
     /// How the call was answered.
     pub fn outcome(&self) -> Outcome {
         self.outcome
+    }
+
+    /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.
+    pub(super) fn value_or_pass(self) -> Result<Bytes, super::Error> {
+        self.value
+            .ok_or_else(|| super::Error::new(super::ErrorKind::Pass))
     }
 }
 

@@ -17,9 +17,11 @@ pub enum WaitTimeoutPolicy {
     /// callers share one flight.
     #[default]
     LoadUncached,
-    /// Load from the backend, answer with it, and store it (unfenced, with
-    /// [`Store::put`](crate::store::Store::put)) so later callers everywhere find it; the slow
-    /// leader's fill overwrites it when it lands. One load per process, as with `LoadUncached`.
+    /// Load from the backend, answer with it, and store it (with
+    /// [`Store::put`](crate::store::Store::put), whatever the lock holds) so later callers
+    /// everywhere find it; the slow leader's fill overwrites it when it lands. The write is
+    /// refused where the stored value's load started later than this one (a newer value is
+    /// never overwritten by an older load). One load per process, as with `LoadUncached`.
     LoadAndCache,
     /// Answer with the stale value seen while waiting, if it is within
     /// [`stale_if_error`](CacheBuilder::stale_if_error); otherwise fail as `Error` does. No
@@ -48,6 +50,7 @@ pub(crate) struct Config {
     pub(crate) notifications: bool,
     pub(crate) stale: Duration,
     pub(crate) stale_if_error: Option<Duration>,
+    pub(crate) keep_for_revalidation: Duration,
     pub(crate) early_refresh_beta: f64,
     pub(crate) refresh_in_background: bool,
     pub(crate) failure_ttl: Duration,
@@ -74,6 +77,7 @@ impl Default for Config {
             notifications: true,
             stale: Duration::ZERO,
             stale_if_error: None,
+            keep_for_revalidation: Duration::ZERO,
             early_refresh_beta: 1.0,
             refresh_in_background: true,
             failure_ttl: Duration::from_secs(1),
@@ -89,9 +93,12 @@ impl Config {
         self.stale_if_error.unwrap_or(self.stale)
     }
 
-    /// How long a value is kept in the store past its freshness.
+    /// How long a value is kept in the store past its freshness: for its stale windows, and
+    /// for a revalidating reload.
     pub(crate) fn keep(&self) -> Duration {
-        self.stale.max(self.stale_if_error())
+        self.stale
+            .max(self.stale_if_error())
+            .max(self.keep_for_revalidation)
     }
 
     /// How long a waiters' answer stays in the store: long enough for every follower to read
@@ -159,6 +166,17 @@ impl CacheBuilder {
     /// Default: the [`stale`](Self::stale) window.
     pub fn stale_if_error(mut self, max_staleness: Duration) -> Self {
         self.config.stale_if_error = Some(max_staleness);
+        self
+    }
+
+    /// How long the store keeps a value past its freshness (at the least: the stale windows
+    /// keep it as long as they last), so that its reload can revalidate it instead of loading
+    /// it again: a revalidating loader ([`Cache::fetch_revalidating`]) is handed the value
+    /// ([`Previous`](crate::Previous)) and may answer
+    /// [`Loaded::not_modified`](crate::Loaded::not_modified). Past its stale windows, such a
+    /// value is never served as it is. Default: 0.
+    pub fn keep_for_revalidation(mut self, keep: Duration) -> Self {
+        self.config.keep_for_revalidation = keep;
         self
     }
 
@@ -287,8 +305,11 @@ impl CacheBuilder {
         self
     }
 
-    /// Builds the cache.
+    /// Builds the cache. With the `metrics` feature, it also describes the engine's metrics
+    /// to the installed recorder ([`describe_metrics`](super::describe_metrics)).
     pub fn build(self) -> Cache {
+        #[cfg(feature = "metrics")]
+        super::describe_metrics();
         Cache::from_parts(self.store, self.config)
     }
 }

@@ -16,7 +16,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
@@ -58,7 +58,9 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
-        let (encoded, _) = entry::encode_value(&value, Duration::ZERO, None);
+        // Written now: a load that started before cannot overwrite it after a wait timeout.
+        let (encoded, _) =
+            entry::encode_value(&value, SystemTime::now(), Duration::ZERO, None, None);
         let store_ttl = ttl.saturating_add(self.inner.config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner
@@ -87,11 +89,7 @@ impl Cache {
 impl Inner {
     /// The store's notifier, when this cache listens to notifications.
     pub(super) fn notifier(&self) -> Option<&Notifier> {
-        if self.config.notifications {
-            self.store.notifier()
-        } else {
-            None
-        }
+        self.notifier.as_ref()
     }
 
     /// Runs a store call that changes `key`, and makes this process's L1 forget the key
@@ -122,7 +120,7 @@ impl Inner {
     }
 
     /// Drops `key` from this process's L1 and moves its stamp on.
-    async fn forget_here(&self, key: &StoreKey) {
+    pub(super) async fn forget_here(&self, key: &StoreKey) {
         if let Some(notifier) = self.notifier() {
             notifier.notify(key);
         }

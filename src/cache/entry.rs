@@ -1,11 +1,26 @@
 //! The bytes the engine keeps in a store: a small versioned header, then the payload.
 //!
 //! ```text
-//! "TS" | version (1) | kind | load time in ms (u32, big-endian) | payload
+//! "TS" | version (2) | kind | load time in ms (u32, big-endian)
+//!      | load start in ms since the UNIX epoch (u64, big-endian)
+//!      | [stale windows] | [tags] | payload
 //! ```
 //!
-//! A value with tags (kind 2) has, between the header and the payload, the tag clock read
-//! before its load (u64) and its tags (a u16 count, then each tag's 32-byte digest).
+//! The load start is where the store's fence looks for it (bytes 8 to 16, see
+//! [`store::load_start`](crate::store::load_start)): a write after a wait timeout is refused
+//! where the stored value's load started later. Version 1 entries (an 8-byte header, before
+//! the load start) are still read; they carry no load start, so any write may replace them.
+//!
+//! A value with stale windows of its own (see [`Windows`]) has the [`WINDOWS`] bit set in its
+//! kind, and the two windows (each u32 milliseconds, big-endian) right after the header.
+//! Values without windows of their own are written exactly as before the bit existed, so
+//! processes of a release without windows still read them; such a process reads a value with
+//! windows as a foreign entry (a miss, overwritten), and its fence still finds the load start,
+//! which the bit does not move.
+//!
+//! A value with tags (kind 2) has, between the header (and windows) and the payload, the tag
+//! clock read before its load (u64) and its tags (a u16 count, then each tag's 32-byte
+//! digest).
 //!
 //! A waiters' answer (kind 3) is the payload of a load whose result is not kept (see
 //! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it.
@@ -14,22 +29,28 @@
 //! magic lets the engine tell its own entries from foreign or corrupt bytes, which are treated
 //! as a miss and overwritten.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::store::KeyDigest;
 
 const MAGIC: &[u8; 2] = b"TS";
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
+/// The version before the load start, still read.
+const VERSION_1: u8 = 1;
 const KIND_VALUE: u8 = 0;
 const KIND_PASS: u8 = 1;
 const KIND_TAGGED: u8 = 2;
 const KIND_WAITERS: u8 = 3;
+/// The kind bit of a value whose stale windows follow the header.
+const WINDOWS: u8 = 0x10;
 /// The most tags a value may carry.
 pub(crate) const MAX_TAGS: usize = 1024;
 /// Length of the header in front of the payload.
-pub(crate) const HEADER_LEN: usize = 8;
+pub(crate) const HEADER_LEN: usize = 16;
+/// Length of a version 1 header.
+const HEADER_1_LEN: usize = 8;
 
 /// A decoded store entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +60,8 @@ pub(crate) enum Entry {
         payload: Bytes,
         load_time: Duration,
         tags: Option<Tagged>,
+        /// The value's own stale windows; `None`: the cache's.
+        windows: Option<Windows>,
     },
     /// "Do not wait for this key, go to the backend": its last load was not cacheable.
     Pass,
@@ -55,29 +78,69 @@ pub(crate) struct Tagged {
     pub(crate) tags: Vec<KeyDigest>,
 }
 
+/// A value's own stale windows (RFC 5861): how long past its freshness it may be served
+/// while a reload runs, and in place of a failed reload; `None`: the cache's window. Both
+/// zero: never served stale ("must revalidate", RFC 9111 §4.2.4). Kept to the millisecond, up
+/// to about 49 days (`u32::MAX` ms in the header means `None`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Windows {
+    pub(crate) while_revalidating: Option<Duration>,
+    pub(crate) if_error: Option<Duration>,
+}
+
+impl Windows {
+    /// Whether the value says anything of its own (else the header carries no windows).
+    pub(crate) fn any(self) -> bool {
+        self.while_revalidating.is_some() || self.if_error.is_some()
+    }
+}
+
+fn put_window(buf: &mut BytesMut, window: Option<Duration>) {
+    buf.put_u32(window.map_or(u32::MAX, |w| saturating_millis(w).min(u32::MAX - 1)));
+}
+
+fn get_window(rest: &mut Bytes) -> Option<Duration> {
+    let ms = rest.get_u32();
+    (ms != u32::MAX).then(|| Duration::from_millis(u64::from(ms)))
+}
+
 /// The entry's bytes were not written by this engine (or not by this version of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Corrupt;
 
-/// Encodes a value (with at most [`MAX_TAGS`] tags: any more are the caller's error); returns
-/// the entry and its payload, which shares the entry's buffer.
+/// Encodes a value whose load started at `started` and took `load_time` (with at most
+/// [`MAX_TAGS`] tags: any more are the caller's error, and its own stale windows if any);
+/// returns the entry and its payload, which shares the entry's buffer.
 pub(crate) fn encode_value(
     payload: &[u8],
+    started: SystemTime,
     load_time: Duration,
     tags: Option<&Tagged>,
+    windows: Option<Windows>,
 ) -> (Bytes, Bytes) {
     let tags_len = tags.map_or(0, |t| 10 + 32 * t.tags.len().min(MAX_TAGS));
-    let mut buf = BytesMut::with_capacity(HEADER_LEN + tags_len + payload.len());
-    match tags {
-        None => put_header(&mut buf, KIND_VALUE, load_time),
-        Some(tagged) => {
-            put_header(&mut buf, KIND_TAGGED, load_time);
-            buf.put_u64(tagged.clock);
-            let count = tagged.tags.len().min(MAX_TAGS);
-            buf.put_u16(u16::try_from(count).unwrap_or(u16::MAX));
-            for tag in &tagged.tags[..count] {
-                buf.put_slice(tag.as_bytes());
-            }
+    let windows = windows.filter(|w| w.any());
+    let windows_len = windows.map_or(0, |_| 8);
+    let mut buf = BytesMut::with_capacity(HEADER_LEN + windows_len + tags_len + payload.len());
+    let kind = if tags.is_some() {
+        KIND_TAGGED
+    } else {
+        KIND_VALUE
+    };
+    match windows {
+        None => put_header(&mut buf, kind, started, load_time),
+        Some(windows) => {
+            put_header(&mut buf, kind | WINDOWS, started, load_time);
+            put_window(&mut buf, windows.while_revalidating);
+            put_window(&mut buf, windows.if_error);
+        }
+    }
+    if let Some(tagged) = tags {
+        buf.put_u64(tagged.clock);
+        let count = tagged.tags.len().min(MAX_TAGS);
+        buf.put_u16(u16::try_from(count).unwrap_or(u16::MAX));
+        for tag in &tagged.tags[..count] {
+            buf.put_slice(tag.as_bytes());
         }
     }
     let start = buf.len();
@@ -87,44 +150,73 @@ pub(crate) fn encode_value(
     (encoded, payload)
 }
 
-/// Encodes a waiters' answer.
-pub(crate) fn encode_for_waiters(payload: &[u8], load_time: Duration) -> Bytes {
+/// Encodes a waiters' answer, from a load that started at `started` and took `load_time`.
+pub(crate) fn encode_for_waiters(
+    payload: &[u8],
+    started: SystemTime,
+    load_time: Duration,
+) -> Bytes {
     let mut buf = BytesMut::with_capacity(HEADER_LEN + payload.len());
-    put_header(&mut buf, KIND_WAITERS, load_time);
+    put_header(&mut buf, KIND_WAITERS, started, load_time);
     buf.put_slice(payload);
     buf.freeze()
 }
 
-/// Encodes a pass marker.
-pub(crate) fn encode_pass() -> Bytes {
+/// Encodes a pass marker, from a load that started at `started`.
+pub(crate) fn encode_pass(started: SystemTime) -> Bytes {
     let mut buf = BytesMut::with_capacity(HEADER_LEN);
-    put_header(&mut buf, KIND_PASS, Duration::ZERO);
+    put_header(&mut buf, KIND_PASS, started, Duration::ZERO);
     buf.freeze()
 }
 
-fn put_header(buf: &mut BytesMut, kind: u8, load_time: Duration) {
+fn put_header(buf: &mut BytesMut, kind: u8, started: SystemTime, load_time: Duration) {
     buf.put_slice(MAGIC);
     buf.put_u8(VERSION);
     buf.put_u8(kind);
-    buf.put_u32(u32::try_from(load_time.as_millis()).unwrap_or(u32::MAX));
+    buf.put_u32(saturating_millis(load_time));
+    // A clock before 1970 writes 0: the earliest start, which any write may replace.
+    let since_epoch = started.duration_since(SystemTime::UNIX_EPOCH);
+    let millis = since_epoch.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    buf.put_u64(millis);
 }
 
-/// Decodes an entry; anything that is not a well-formed entry of this version is [`Corrupt`].
+fn saturating_millis(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Decodes an entry; anything that is not a well-formed entry of this version (or of
+/// version 1) is [`Corrupt`].
 pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
-    let header = bytes.get(..HEADER_LEN).ok_or(Corrupt)?;
-    if &header[..2] != MAGIC || header[2] != VERSION {
-        return Err(Corrupt);
-    }
+    let header_len = match bytes.get(..3) {
+        Some([m1, m2, VERSION]) if [*m1, *m2] == *MAGIC => HEADER_LEN,
+        Some([m1, m2, VERSION_1]) if [*m1, *m2] == *MAGIC => HEADER_1_LEN,
+        _ => return Err(Corrupt),
+    };
+    let header = bytes.get(..header_len).ok_or(Corrupt)?;
     let load_ms = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
     let load_time = Duration::from_millis(u64::from(load_ms));
-    match header[3] {
+    let mut rest = bytes.slice(header_len..);
+    let windows = if header[3] & WINDOWS != 0 {
+        if rest.remaining() < 8 {
+            return Err(Corrupt);
+        }
+        let while_revalidating = get_window(&mut rest);
+        let if_error = get_window(&mut rest);
+        Some(Windows {
+            while_revalidating,
+            if_error,
+        })
+    } else {
+        None
+    };
+    match header[3] & !WINDOWS {
         KIND_VALUE => Ok(Entry::Value {
-            payload: bytes.slice(HEADER_LEN..),
+            payload: rest,
             load_time,
             tags: None,
+            windows,
         }),
         KIND_TAGGED => {
-            let mut rest = bytes.slice(HEADER_LEN..);
             if rest.remaining() < 10 {
                 return Err(Corrupt);
             }
@@ -144,12 +236,11 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
                 payload: rest,
                 load_time,
                 tags: Some(Tagged { clock, tags }),
+                windows,
             })
         }
-        KIND_PASS if bytes.len() == HEADER_LEN => Ok(Entry::Pass),
-        KIND_WAITERS => Ok(Entry::ForWaiters {
-            payload: bytes.slice(HEADER_LEN..),
-        }),
+        KIND_PASS if windows.is_none() && bytes.len() == header_len => Ok(Entry::Pass),
+        KIND_WAITERS if windows.is_none() => Ok(Entry::ForWaiters { payload: rest }),
         _ => Err(Corrupt),
     }
 }
@@ -158,22 +249,34 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
 mod tests {
     use super::*;
 
+    /// A load start, to the millisecond.
+    fn at(millis: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
+    }
+
     #[test]
     fn round_trips() {
-        let (v, _) = encode_value(b"hello", Duration::from_millis(1234), None);
+        let (v, _) = encode_value(b"hello", at(5), Duration::from_millis(1234), None, None);
         assert_eq!(
             decode(&v),
             Ok(Entry::Value {
                 payload: Bytes::from_static(b"hello"),
                 load_time: Duration::from_millis(1234),
                 tags: None,
+                windows: None,
             })
         );
         let tagged = Tagged {
             clock: 42,
             tags: vec![KeyDigest::of(b"a"), KeyDigest::of(b"b")],
         };
-        let (v, payload) = encode_value(b"tagged", Duration::from_millis(7), Some(&tagged));
+        let (v, payload) = encode_value(
+            b"tagged",
+            at(5),
+            Duration::from_millis(7),
+            Some(&tagged),
+            None,
+        );
         assert_eq!(payload, "tagged");
         assert_eq!(
             decode(&v),
@@ -181,22 +284,115 @@ mod tests {
                 payload: Bytes::from_static(b"tagged"),
                 load_time: Duration::from_millis(7),
                 tags: Some(tagged),
+                windows: None,
             })
         );
-        assert_eq!(decode(&encode_pass()), Ok(Entry::Pass));
+        assert_eq!(decode(&encode_pass(at(5))), Ok(Entry::Pass));
         assert_eq!(
-            decode(&encode_for_waiters(b"503", Duration::ZERO)),
+            decode(&encode_for_waiters(b"503", at(5), Duration::ZERO)),
             Ok(Entry::ForWaiters {
                 payload: Bytes::from_static(b"503")
             })
         );
         assert_eq!(
-            decode(&encode_value(b"", Duration::MAX, None).0),
+            decode(&encode_value(b"", at(5), Duration::MAX, None, None).0),
             Ok(Entry::Value {
                 payload: Bytes::new(),
                 load_time: Duration::from_millis(u64::from(u32::MAX)),
                 tags: None,
+                windows: None,
             })
+        );
+    }
+
+    #[test]
+    fn windows_round_trip_with_and_without_tags() {
+        let windows = Windows {
+            while_revalidating: Some(Duration::from_secs(30)),
+            if_error: Some(Duration::from_millis(1500)),
+        };
+        let (v, payload) = encode_value(b"w", at(5), Duration::from_millis(3), None, Some(windows));
+        assert_eq!(payload, "w");
+        assert_eq!(
+            decode(&v),
+            Ok(Entry::Value {
+                payload: Bytes::from_static(b"w"),
+                load_time: Duration::from_millis(3),
+                tags: None,
+                windows: Some(windows),
+            })
+        );
+        let tagged = Tagged {
+            clock: 9,
+            tags: vec![KeyDigest::of(b"t")],
+        };
+        // One window said, the other the cache's.
+        let windows = Windows {
+            while_revalidating: None,
+            if_error: Some(Duration::ZERO),
+        };
+        let (v, _) = encode_value(b"wt", at(5), Duration::ZERO, Some(&tagged), Some(windows));
+        assert_eq!(
+            decode(&v),
+            Ok(Entry::Value {
+                payload: Bytes::from_static(b"wt"),
+                load_time: Duration::ZERO,
+                tags: Some(tagged),
+                windows: Some(windows),
+            })
+        );
+        // Windows past what the header holds saturate (about 49 days); windows that say
+        // nothing are not written.
+        let huge = Windows {
+            while_revalidating: Some(Duration::MAX),
+            if_error: None,
+        };
+        let Ok(Entry::Value { windows, .. }) =
+            decode(&encode_value(b"", at(5), Duration::ZERO, None, Some(huge)).0)
+        else {
+            panic!("not a value")
+        };
+        assert_eq!(
+            windows.and_then(|w| w.while_revalidating),
+            Some(Duration::from_millis(u64::from(u32::MAX - 1)))
+        );
+        let (plain, _) = encode_value(b"p", at(5), Duration::ZERO, None, Some(Windows::default()));
+        assert_eq!(
+            plain,
+            encode_value(b"p", at(5), Duration::ZERO, None, None).0
+        );
+    }
+
+    /// A value without windows of its own is written byte for byte as a release without
+    /// windows writes it (and reads it): kind 0, no windows block.
+    #[test]
+    fn values_without_windows_keep_the_bytes_of_a_release_without_them() {
+        let (v, _) = encode_value(b"new", at(0x0102), Duration::from_millis(2), None, None);
+        assert_eq!(
+            &v[..],
+            b"TS\x02\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x01\x02new"
+        );
+    }
+
+    /// Entries written before the load start (version 1, an 8-byte header) are still read.
+    #[test]
+    fn version_1_entries_are_read() {
+        let v1 = Bytes::from_static(b"TS\x01\x00\x00\x00\x00\x07old");
+        assert_eq!(
+            decode(&v1),
+            Ok(Entry::Value {
+                payload: Bytes::from_static(b"old"),
+                load_time: Duration::from_millis(7),
+                tags: None,
+                windows: None,
+            })
+        );
+        let pass = Bytes::from_static(b"TS\x01\x01\x00\x00\x00\x00");
+        assert_eq!(decode(&pass), Ok(Entry::Pass));
+        assert_eq!(
+            crate::store::load_start(&v1),
+            None,
+            "no load start: writable"
         );
     }
 
@@ -206,12 +402,18 @@ mod tests {
             &b""[..],
             b"TS",
             b"hello world",
-            b"TS\x02\x00\x00\x00\x00\x00",
+            b"TS\x03\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
             b"TS\x01\x07\x00\x00\x00\x00",
             b"TS\x01\x01\x00\x00\x00\x00extra",
             // Tagged: a clock cut short, and a count of tags that are not there.
             b"TS\x01\x02\x00\x00\x00\x00\x00\x00",
             b"TS\x01\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x01",
+            // Version 2: a header cut short, a pass marker with more.
+            b"TS\x02\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"TS\x02\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00extra",
+            // Windows cut short, and a pass marker with windows.
+            b"TS\x02\x10\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"TS\x02\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
         ] {
             assert_eq!(
                 decode(&Bytes::copy_from_slice(bad)),
@@ -221,9 +423,36 @@ mod tests {
         }
     }
 
+    /// The load start sits where the store's fence reads it, for every kind of entry, with
+    /// windows or without.
+    #[test]
+    fn the_store_finds_the_load_start() {
+        let started = at(1_790_000_000_123);
+        let tagged = Tagged {
+            clock: 1,
+            tags: vec![KeyDigest::of(b"t")],
+        };
+        let windows = Windows {
+            while_revalidating: Some(Duration::from_secs(1)),
+            if_error: None,
+        };
+        for encoded in [
+            encode_value(b"v", started, Duration::from_millis(9), None, None).0,
+            encode_value(b"v", started, Duration::ZERO, Some(&tagged), None).0,
+            encode_value(b"v", started, Duration::ZERO, None, Some(windows)).0,
+            encode_value(b"v", started, Duration::ZERO, Some(&tagged), Some(windows)).0,
+            encode_pass(started),
+        ] {
+            assert_eq!(crate::store::load_start(&encoded), Some(1_790_000_000_123));
+        }
+        let before_1970 = SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+        let (v, _) = encode_value(b"v", before_1970, Duration::ZERO, None, None);
+        assert_eq!(crate::store::load_start(&v), Some(0));
+    }
+
     #[test]
     fn payload_shares_the_buffer() {
-        let (v, _) = encode_value(b"abc", Duration::ZERO, None);
+        let (v, _) = encode_value(b"abc", at(5), Duration::ZERO, None, None);
         let Ok(Entry::Value { payload, .. }) = decode(&v) else {
             panic!("not a value")
         };

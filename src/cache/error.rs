@@ -42,6 +42,10 @@ pub enum ErrorKind {
     /// store; [`Error::source`](StdError::source) is the
     /// [`StoreError`](crate::store::StoreError). This process's L1 was changed all the same.
     Store,
+    /// A typed call ([`Typed::get_or_load`](crate::cache::Typed::get_or_load), feature
+    /// `serde`) was handed, twice, a value from this process that is not of its type: the key
+    /// is also read raw or as another type in this process.
+    Decode,
 }
 
 impl Error {
@@ -99,6 +103,7 @@ impl fmt::Display for Error {
             ErrorKind::RecentFailure => "another load of this key failed a moment ago",
             ErrorKind::Pass => "the key is marked pass",
             ErrorKind::Store => "the change did not reach the store",
+            ErrorKind::Decode => "the value in this process is not of the requested type",
         })
     }
 }

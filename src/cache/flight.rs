@@ -13,7 +13,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::entry::{self, Entry};
-use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
+use super::l1::L1Hit;
+use super::telemetry::{self, WaitEnd};
+use super::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
 
 /// The answer a flight hands to each of its callers.
@@ -34,13 +36,14 @@ fn servable(posted: &Posted) -> bool {
 }
 
 /// Which stored payloads a flight's caller can read: a stored value whose payload it cannot
-/// read is treated as a corrupt entry (a miss, counted and overwritten).
-#[derive(Clone, Copy)]
-pub(super) struct Reader(fn(&Bytes) -> bool);
+/// read is treated as a corrupt entry (a miss, counted and overwritten). Built once per
+/// flight, never on an L1 hit.
+#[derive(Clone)]
+pub(super) struct Reader(Arc<dyn Fn(&Bytes) -> bool + Send + Sync>);
 
 impl Reader {
     /// Decodes a store entry; a value this reader's caller cannot read is corrupt.
-    pub(super) fn decode(self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
+    pub(super) fn decode(&self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
         match entry::decode(bytes)? {
             Entry::Value { payload, .. } | Entry::ForWaiters { payload } if !(self.0)(&payload) => {
                 Err(entry::Corrupt)
@@ -50,22 +53,28 @@ impl Reader {
     }
 }
 
+/// A boxed loader, handed the value it reloads when there is one.
+type Run = Box<dyn FnOnce(Option<Previous>) -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
+
 /// A flight's loader, and what its caller can read.
 pub(super) struct BoxLoader {
-    pub(super) run: Box<dyn FnOnce() -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>,
+    pub(super) run: Run,
     pub(super) reader: Reader,
 }
 
 impl BoxLoader {
-    fn new<F, Fut, E>(accepts: fn(&Bytes) -> bool, loader: F) -> Self
+    fn new<A, F, Fut, E>(accepts: A, loader: F) -> Self
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
         BoxLoader {
-            run: Box::new(move || Box::pin(async move { loader().await.map_err(Into::into) })),
-            reader: Reader(accepts),
+            run: Box::new(move |previous| {
+                Box::pin(async move { loader(previous).await.map_err(Into::into) })
+            }),
+            reader: Reader(Arc::new(accepts)),
         }
     }
 }
@@ -78,26 +87,31 @@ pub(super) struct FlightHandle {
 
 impl Inner {
     /// Answers from L1, or joins this process's flight for the key, or starts one.
-    pub(super) async fn fetch_digest<F, Fut, E>(
+    pub(super) async fn fetch_digest<A, F, Fut, E>(
         self: &Arc<Self>,
         digest: KeyDigest,
-        accepts: fn(&Bytes) -> bool,
+        accepts: A,
         loader: F,
     ) -> Result<Fetched, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
-            if let Some(entry) = self.l1_get(&digest).await {
-                if entry.refresh_at.is_some_and(|at| Instant::now() >= at) {
-                    let loader = BoxLoader::new(accepts, loader);
-                    self.refresh_early(digest, loader, entry.fresh_until);
-                }
+            if let Some(hit) = self.l1_get(&digest).await {
+                let value = match hit {
+                    L1Hit::Fresh(value) => value,
+                    L1Hit::RefreshDue(entry) => {
+                        let loader = BoxLoader::new(accepts, loader);
+                        self.refresh_early(digest, loader, entry.fresh_until);
+                        entry.value
+                    }
+                };
                 return Ok(Fetched {
-                    value: Some(entry.value),
+                    value: Some(value),
                     outcome: Outcome::L1Hit,
                 });
             }
@@ -130,6 +144,7 @@ impl Inner {
             tokio::spawn(fly(landing, tx, loader));
             break (rx, true);
         };
+        let joined_at = (!created).then(Instant::now);
         let answer = match result.wait_for(servable).await {
             Ok(answer) => answer.clone().map_or_else(
                 || Err(Error::new(ErrorKind::LoadPanicked)),
@@ -138,12 +153,15 @@ impl Inner {
             // The flight's task ended without an answer: it panicked or its runtime shut down.
             Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
         };
+        if let Some(joined_at) = joined_at {
+            telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
+        }
         answer.map(|mut fetched| {
             // Only the caller that started the flight gave it its loader.
             if !created
                 && matches!(
                     fetched.outcome,
-                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded
+                    Outcome::Leader | Outcome::Uncached | Outcome::Degraded | Outcome::Revalidated
                 )
             {
                 fetched.outcome = Outcome::Follower;

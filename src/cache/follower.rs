@@ -14,12 +14,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::entry::{Corrupt, Entry};
+use super::entry::{Corrupt, Entry, Tagged, Windows};
 use super::flight::{BoxLoader, FlightResult, Posted, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
-use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
+use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, Previous, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
@@ -46,9 +46,13 @@ impl Found {
     }
 }
 
-/// A value past its freshness that the store still keeps, and how far past it was when read.
+/// A value past its freshness that the store still keeps, what its header said, and how far
+/// past its freshness it was when read.
 pub(super) struct StaleValue {
     pub(super) payload: Bytes,
+    pub(super) load_time: Duration,
+    pub(super) tags: Option<Tagged>,
+    pub(super) windows: Option<Windows>,
     staleness: Duration,
     read_at: Instant,
 }
@@ -59,21 +63,37 @@ impl StaleValue {
     /// remaining life.
     fn of(found: &Found, keep: Duration) -> Option<Self> {
         match &found.entry {
-            Some((Ok(Entry::Value { payload, .. }), ttl))
-                if found.lock != LockState::NotRequested && !keep.is_zero() =>
-            {
-                Some(StaleValue {
-                    payload: payload.clone(),
-                    staleness: keep.saturating_sub(ttl.unwrap_or_default()),
-                    read_at: Instant::now(),
-                })
-            }
+            Some((
+                Ok(Entry::Value {
+                    payload,
+                    load_time,
+                    tags,
+                    windows,
+                }),
+                ttl,
+            )) if found.lock != LockState::NotRequested && !keep.is_zero() => Some(StaleValue {
+                payload: payload.clone(),
+                load_time: *load_time,
+                tags: tags.clone(),
+                windows: *windows,
+                staleness: keep.saturating_sub(ttl.unwrap_or_default()),
+                read_at: Instant::now(),
+            }),
             _ => None,
         }
     }
 
     fn staleness(&self) -> Duration {
         self.staleness.saturating_add(self.read_at.elapsed())
+    }
+
+    /// The value as a revalidating loader is handed it.
+    pub(super) fn previous(&self) -> Previous {
+        Previous {
+            value: self.payload.clone(),
+            staleness: self.staleness(),
+            tags: self.tags.as_ref().map_or_else(Vec::new, |t| t.tags.clone()),
+        }
     }
 
     /// The stale value as a flight's answer.
@@ -158,6 +178,21 @@ impl Inner {
         }
     }
 
+    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
+    /// (a namespace's first, or one made again after its connection dropped), a wait of at
+    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
+    /// first reads of a new process would all be missed by L1. No wait while the breaker is
+    /// open (the lookup will not be made).
+    pub(super) async fn watch_fills_subscribed(&self, key: &StoreKey) -> Option<FillWatch> {
+        let filled = self.watch_fills(key);
+        if let (Some(_), Some(notifier)) = (&filled, self.notifier()) {
+            if self.breaker.is_closed() {
+                notifier.received_within(self.config.store_timeout).await;
+            }
+        }
+        filled
+    }
+
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
     /// read wakes the next wait.
@@ -166,7 +201,7 @@ impl Inner {
         key: &StoreKey,
         token: LockToken,
         lock_when: LockWhen,
-        reader: Reader,
+        reader: &Reader,
         filled: &mut Option<FillWatch>,
     ) -> Result<Found, StoreError> {
         if let Some(filled) = filled.as_mut() {
@@ -197,14 +232,20 @@ impl Inner {
 
     /// How long a stale value may still be served while a leader refreshes it, if it may.
     pub(super) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
-        let window = self.config.stale;
+        let window = stale
+            .windows
+            .and_then(|w| w.while_revalidating)
+            .unwrap_or(self.config.stale);
         let staleness = stale.staleness();
         (!window.is_zero() && staleness <= window).then(|| window - staleness)
     }
 
     /// Whether a stale value may stand in for a failed or too slow load.
     pub(super) fn serves_on_error(&self, stale: &StaleValue) -> bool {
-        let max = self.config.stale_if_error();
+        let max = stale
+            .windows
+            .and_then(|w| w.if_error)
+            .unwrap_or_else(|| self.config.stale_if_error());
         !max.is_zero() && stale.staleness() <= max
     }
 
@@ -248,7 +289,7 @@ impl Inner {
         let mut followed = false;
         // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
         let mut last_stale = None;
-        let mut filled = self.watch_fills(&key);
+        let mut filled = self.watch_fills_subscribed(&key).await;
         loop {
             let overwriting = std::mem::take(&mut overwrite);
             // Taken before the read, so that a change heard after it keeps the value out of L1.
@@ -259,7 +300,7 @@ impl Inner {
                 LockWhen::LifeAtMost(keep)
             };
             let mut found = match self
-                .look_up(&key, token, lock_when, loader.reader, &mut filled)
+                .look_up(&key, token, lock_when, &loader.reader, &mut filled)
                 .await
             {
                 Ok(found) => found,
@@ -376,10 +417,7 @@ impl Inner {
                     if found.outdated {
                         debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
                     } else {
-                        self.counters
-                            .corrupt_entries
-                            .fetch_add(1, Ordering::Relaxed);
-                        warn!(key = ?digest, "corrupt or foreign entry in the store; treating it as a miss");
+                        self.corrupt_entry(&digest);
                     }
                     overwrite = true;
                     continue;
@@ -434,6 +472,19 @@ impl Inner {
             },
             WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
         }
+    }
+}
+
+impl Inner {
+    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
+    /// type's), in [`Stats::corrupt_entries`](super::Stats::corrupt_entries) and its metric:
+    /// it is treated as a miss, and overwritten by the load that follows.
+    pub(super) fn corrupt_entry(&self, digest: &KeyDigest) {
+        self.counters
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
+        telemetry::corrupt_entry();
+        warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
     }
 }
 

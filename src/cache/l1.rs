@@ -52,6 +52,15 @@ impl L1Entry {
     }
 }
 
+/// What L1 answers for a key it holds a trusted entry of.
+pub(super) enum L1Hit {
+    /// The value; nothing more to do.
+    Fresh(Bytes),
+    /// The entry, whose refresh point has come: its value answers, and the caller starts an
+    /// early refresh.
+    RefreshDue(L1Entry),
+}
+
 struct L1Expiry;
 
 impl moka::Expiry<KeyDigest, L1Entry> for L1Expiry {
@@ -119,18 +128,23 @@ impl Inner {
     }
 
     /// The L1 entry of a key, if it is there and nothing has been heard of the key since it
-    /// was read; an entry that is no longer trusted is dropped.
-    pub(super) async fn l1_get(&self, digest: &KeyDigest) -> Option<L1Entry> {
+    /// was read; an entry that is no longer trusted is dropped. Reads the clock once, for both
+    /// the entry's end in L1 and its refresh point.
+    pub(super) async fn l1_get(&self, digest: &KeyDigest) -> Option<L1Hit> {
         let l1 = self.l1.as_ref()?;
         let entry = l1.get(digest).await?;
+        let now = Instant::now();
         if self.stamp(digest) == Some(entry.stamp)
-            && Instant::now() < entry.until
+            && now < entry.until
             && entry
                 .tags
                 .iter()
                 .all(|(tag, stamp)| self.stamp_anyway(tag) == *stamp)
         {
-            return Some(entry);
+            return Some(match entry.refresh_at {
+                Some(at) if now >= at => L1Hit::RefreshDue(entry),
+                _ => L1Hit::Fresh(entry.value),
+            });
         }
         l1.invalidate(digest).await;
         None

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -13,19 +13,19 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
-use super::entry::{self, Tagged};
+use super::entry::{self, Tagged, Windows};
 use super::flight::{BoxLoader, FlightResult, Posted};
 use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
-use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome};
-use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreKey};
+use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
+use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(super) struct LockGuard {
     store: Arc<dyn Store>,
-    key: StoreKey,
-    token: LockToken,
+    pub(super) key: StoreKey,
+    pub(super) token: LockToken,
     armed: bool,
 }
 
@@ -68,25 +68,26 @@ pub(super) struct Seen {
 
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
 /// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
-struct ReadyValue {
-    encoded: Bytes,
-    value: Bytes,
-    fresh_for: Duration,
-    store_ttl: Duration,
+pub(super) struct ReadyValue {
+    pub(super) encoded: Bytes,
+    pub(super) value: Bytes,
+    pub(super) fresh_for: Duration,
+    pub(super) store_ttl: Duration,
 }
 
 impl Inner {
-    /// Encodes a loaded value with its load time (and tags), fresh for `ttl` (or the default
-    /// TTL).
-    fn ready_to_store(
+    /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
+    /// fresh for `ttl` (or the default TTL).
+    pub(super) fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
-        load_time: Duration,
+        (started, load_time): (SystemTime, Duration),
         tagged: Option<&Tagged>,
+        windows: Option<Windows>,
     ) -> ReadyValue {
         let fresh_for = ttl.unwrap_or(self.config.ttl);
-        let (encoded, value) = entry::encode_value(bytes, load_time, tagged);
+        let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
         ReadyValue {
             value,
             encoded,
@@ -106,26 +107,50 @@ impl Inner {
         }
     }
 
-    /// The stamps to keep a just stored tagged value in L1 under, if none of its tags was
-    /// invalidated since its clock (one round trip; none for an untagged value).
-    async fn tags_for_l1(&self, tagged: Option<&Tagged>) -> Option<TagStamps> {
-        match tagged {
+    /// Keeps a value this process loaded in its L1, after its write to the store (a fill or
+    /// a put) succeeded or failed: `stamp` is what the process had heard of the key before
+    /// the load. One rule whatever became of the write: a tagged value is kept only if none
+    /// of its tags was invalidated since its clock (one round trip; none for an untagged
+    /// value), so a value outdated during its load is never kept, even while the store fails.
+    async fn keep_loaded(
+        &self,
+        stamp: Option<Stamp>,
+        digest: KeyDigest,
+        ready: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let tags = match tagged {
             None => Some(TagStamps::default()),
             Some(tagged) => self.tags_valid(tagged).await.ok().flatten(),
+        };
+        if let Some(tags) = tags {
+            self.l1_insert(
+                stamp,
+                tags,
+                digest,
+                ready.value.clone(),
+                ready.fresh_for,
+                load_time,
+            )
+            .await;
         }
     }
 
-    /// Runs a loader in a task of its own, bounded by the load timeout; while it runs, renews
-    /// the lock named by `lock` (the watchdog).
+    /// Runs a loader in a task of its own, handed the `previous` value if there is one,
+    /// bounded by the load timeout; while it runs, renews the lock named by `lock` (the
+    /// watchdog). A loader that answers "not modified" without a previous value fails.
     pub(super) async fn load(
         &self,
         loader: BoxLoader,
         lock: Option<(&StoreKey, LockToken)>,
+        previous: Option<Previous>,
     ) -> Result<Loaded, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
         let started = Instant::now();
-        let mut task = tokio::spawn((loader.run)());
+        let had_previous = previous.is_some();
+        let mut task = tokio::spawn((loader.run)(previous));
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
@@ -136,6 +161,9 @@ impl Inner {
                 joined = &mut task => {
                     telemetry::load(started.elapsed());
                     return match joined {
+                        Ok(Ok(Loaded { kind: LoadedKind::NotModified { .. }, .. })) if !had_previous => {
+                            Err(Error::load("the loader answered \"not modified\" without a previous value".into()))
+                        }
                         Ok(Ok(loaded)) => Ok(loaded),
                         Ok(Err(error)) => Err(Error::load(error)),
                         Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
@@ -209,8 +237,10 @@ impl Inner {
         } else {
             Some(0)
         };
-        let started = Instant::now();
-        let loaded = self.load(loader, Some((&guard.key, token))).await;
+        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let previous = self.previous(stale.as_ref()).await;
+        let had_previous = previous.is_some();
+        let loaded = self.load(loader, Some((&guard.key, token)), previous).await;
         let load_time = started.elapsed();
         // A result for the waiters only is a failed load where a stale value stands in for
         // it, and for an early refresh (nobody waits; the value it refreshes stays).
@@ -255,9 +285,13 @@ impl Inner {
                 };
             }
         };
-        let digest = *guard.key.digest();
         if !loaded.tags.is_empty() {
             self.tags_seen.store(true, Ordering::Relaxed);
+        }
+        if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
+            (&loaded.kind, stale, had_previous)
+        {
+            return Ok(self.renew(&mut guard, stamp, stale, *ttl, started_at).await);
         }
         let tagged = Self::tagged(loaded.tags, clock);
         match (loaded.kind, tagged) {
@@ -276,47 +310,11 @@ impl Inner {
                 })
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
-                let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
-                match self
-                    .store_call(
-                        self.store
-                            .fill(&guard.key, token, fill.encoded, fill.store_ttl),
-                    )
-                    .await
-                {
-                    Ok(filled) => {
-                        // The fill dropped the lock, or the lock was no longer ours.
-                        guard.disarm();
-                        if !filled {
-                            telemetry::lock(LockEvent::Lost);
-                            warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                        } else if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
-                            // The fill's own notification moved the stamp on once.
-                            self.l1_insert(
-                                stamp.map(Stamp::after_own_change),
-                                tags,
-                                digest,
-                                fill.value.clone(),
-                                fill.fresh_for,
-                                load_time,
-                            )
-                            .await;
-                        }
-                    }
-                    Err(error) => {
-                        warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                        let tags = self.tag_stamps(tagged.as_ref().map_or(&[], |t| &t.tags[..]));
-                        self.l1_insert(
-                            stamp,
-                            tags,
-                            digest,
-                            fill.value.clone(),
-                            fill.fresh_for,
-                            load_time,
-                        )
-                        .await;
-                    }
-                }
+                let load = (started_at, load_time);
+                let fill =
+                    self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
+                self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
+                    .await;
                 Ok(Fetched {
                     value: Some(fill.value),
                     outcome: Outcome::Leader,
@@ -324,7 +322,7 @@ impl Inner {
             }
             (LoadedKind::ForWaiters { bytes }, _) => {
                 // Kept for as long as the followers take to read it; never in L1.
-                let answer = entry::encode_for_waiters(&bytes, load_time);
+                let answer = entry::encode_for_waiters(&bytes, started_at, load_time);
                 let ttl = self.config.waiters_ttl();
                 if let Ok(filled) = self
                     .store_call(self.store.fill(&guard.key, token, answer, ttl))
@@ -340,8 +338,9 @@ impl Inner {
                     outcome: Outcome::Leader,
                 })
             }
-            (LoadedKind::Pass, _) => {
-                let pass = entry::encode_pass();
+            // `load` lets "not modified" through only with a previous value, which renewed.
+            (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
+                let pass = entry::encode_pass(started_at);
                 if let Ok(true | false) = self
                     .store_call(
                         self.store
@@ -359,6 +358,61 @@ impl Inner {
         }
     }
 
+    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took.
+    pub(super) async fn fill_value(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        fill: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let filled = self
+            .store_call(self.store.fill(
+                &guard.key,
+                guard.token,
+                fill.encoded.clone(),
+                fill.store_ttl,
+            ))
+            .await;
+        self.after_write(guard, stamp, filled, fill, tagged, load_time)
+            .await;
+    }
+
+    /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
+    /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
+    pub(super) async fn after_write(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        written: Result<bool, StoreError>,
+        fill: &ReadyValue,
+        tagged: Option<&Tagged>,
+        load_time: Duration,
+    ) {
+        let digest = *guard.key.digest();
+        match written {
+            Ok(written) => {
+                // The write dropped the lock, or the lock was no longer ours.
+                guard.disarm();
+                if written {
+                    // The write's own notification moved the stamp on once.
+                    let stamp = stamp.map(Stamp::after_own_change);
+                    self.keep_loaded(stamp, digest, fill, tagged, load_time)
+                        .await;
+                } else {
+                    telemetry::lock(LockEvent::Lost);
+                    warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                }
+            }
+            Err(error) => {
+                warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                self.keep_loaded(stamp, digest, fill, tagged, load_time)
+                    .await;
+            }
+        }
+    }
+
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.
     pub(super) async fn load_alone(
         &self,
@@ -370,7 +424,7 @@ impl Inner {
         // Kept in L1 even while notifications are lost (the store is failing): until they
         // are back, which moves every stamp on.
         let stamp = Some(self.stamp_anyway(&digest));
-        match self.load(loader, None).await?.kind {
+        match self.load(loader, None, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
@@ -394,7 +448,7 @@ impl Inner {
                 value: Some(bytes),
                 outcome,
             }),
-            LoadedKind::Pass => Ok(Fetched {
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched {
                 value: None,
                 outcome: Outcome::Pass,
             }),
@@ -410,8 +464,8 @@ impl Inner {
         loader: BoxLoader,
     ) -> FlightResult {
         let clock = self.tag_clock().await;
-        let started = Instant::now();
-        let loaded = self.load(loader, None).await?;
+        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let loaded = self.load(loader, None, None).await?;
         let (bytes, ttl) = match loaded.kind {
             LoadedKind::Value { bytes, ttl } => (bytes, ttl),
             LoadedKind::ForWaiters { bytes } => {
@@ -420,7 +474,7 @@ impl Inner {
                     outcome: Outcome::Leader,
                 })
             }
-            LoadedKind::Pass => {
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => {
                 return Ok(Fetched {
                     value: None,
                     outcome: Outcome::Pass,
@@ -438,27 +492,36 @@ impl Inner {
             });
         };
         let load_time = started.elapsed();
-        let fill = self.ready_to_store(&bytes, ttl, load_time, tagged.as_ref());
+        let fill = self.ready_to_store(
+            &bytes,
+            ttl,
+            (started_at, load_time),
+            tagged.as_ref(),
+            Some(loaded.windows),
+        );
         let stamp = match self
-            .store_call(self.store.put(key, fill.encoded, fill.store_ttl))
+            .store_call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
-            Ok(()) => stamp.map(Stamp::after_own_change),
+            Ok(true) => Some(stamp.map(Stamp::after_own_change)),
+            Ok(false) => {
+                // A value whose load started later is stored: ours is older; it answers this
+                // flight's callers only.
+                debug!(
+                    ?key,
+                    "a newer value is stored; the load after a wait timeout is not"
+                );
+                None
+            }
             Err(error) => {
                 warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
-                stamp
+                Some(stamp)
             }
         };
-        if let Some(tags) = self.tags_for_l1(tagged.as_ref()).await {
-            self.l1_insert(
-                stamp,
-                tags,
-                *key.digest(),
-                fill.value.clone(),
-                fill.fresh_for,
-                load_time,
-            )
-            .await;
+        if let Some(stamp) = stamp {
+            let digest = *key.digest();
+            self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
+                .await;
         }
         Ok(Fetched {
             value: Some(fill.value),

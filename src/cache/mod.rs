@@ -66,8 +66,11 @@ mod follower;
 mod l1;
 mod leader;
 mod refresh;
+mod revalidate;
 mod tags;
 pub(crate) mod telemetry;
+#[cfg(feature = "serde")]
+pub mod typed;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -78,15 +81,19 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
-use crate::store::{KeyDigest, Store, StoreKey};
+use crate::store::{KeyDigest, Notifier, Store, StoreKey};
 use answer::Counters;
 use breaker::Breaker;
 use flight::FlightHandle;
 
-pub use answer::{Fetched, Loaded, Outcome, Stats};
+pub use answer::{Fetched, Loaded, Outcome, Previous, Stats};
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
+#[cfg(feature = "metrics")]
+pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
+#[cfg(feature = "serde")]
+pub use typed::{Codec, Postcard, Typed};
 
 /// The stampede guard's engine; see the [module docs](self).
 ///
@@ -98,6 +105,9 @@ pub struct Cache {
 
 struct Inner {
     store: Arc<dyn Store>,
+    /// The store's notifier, if this cache listens to notifications: asked of the store once,
+    /// not on every L1 hit.
+    notifier: Option<Notifier>,
     config: Config,
     breaker: Arc<Breaker>,
     /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
@@ -109,8 +119,13 @@ struct Inner {
     /// Whether a loader of this process has returned tags: from then on every leader reads
     /// the tag clock before its load (see the `tags` module).
     tags_seen: AtomicBool,
+    /// Tag versions read, kept while notifications keep them right (see the `tags` module).
+    known_versions: tags::KnownVersions,
     next_flight: AtomicU64,
     counters: Counters,
+    /// Typed values decoded from the bytes L1 holds (`None` when L1 is off).
+    #[cfg(feature = "serde")]
+    decoded: Option<typed::Decoded>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -135,10 +150,18 @@ impl Cache {
 
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
         let l1_bytes = Arc::new(AtomicU64::new(0));
+        let notifier = if config.notifications {
+            store.notifier().cloned()
+        } else {
+            None
+        };
         Cache {
             inner: Arc::new(Inner {
+                notifier,
                 store,
                 l1: l1::build(&config, &l1_bytes),
+                #[cfg(feature = "serde")]
+                decoded: typed::build(&config),
                 l1_bytes,
                 breaker: Arc::new(Breaker::new(
                     config.breaker_threshold,
@@ -148,6 +171,7 @@ impl Cache {
                 flights: Mutex::new(HashMap::new()),
                 refreshing: Mutex::new(HashSet::new()),
                 tags_seen: AtomicBool::new(false),
+                known_versions: tags::KnownVersions::default(),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
@@ -171,13 +195,13 @@ impl Cache {
         E: Into<BoxError>,
     {
         let fetched = self
-            .fetch(key, move || async move {
-                loader().await.map(Loaded::value).map_err(Into::into)
-            })
+            .fetch_accepting(
+                key,
+                |_| true,
+                move |_| async move { loader().await.map(Loaded::value).map_err(Into::into) },
+            )
             .await?;
-        fetched
-            .into_value()
-            .ok_or_else(|| Error::new(ErrorKind::Pass))
+        fetched.value_or_pass()
     }
 
     /// Like [`get_or_load`](Self::get_or_load), with a loader that chooses each value's TTL or
@@ -189,30 +213,92 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
+        self.fetch_accepting(key, |_| true, move |_| loader()).await
+    }
+
+    /// Like [`fetch`](Self::fetch), with a loader that revalidates: when the store still keeps
+    /// the value it reloads (past its freshness, within its stale windows or
+    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)), the loader is handed
+    /// it as a [`Previous`], and may answer [`Loaded::not_modified`] (a conditional request
+    /// that the backend answered "unchanged"): the value is then fresh again for every
+    /// process, its bytes not sent to the store again, and the call's outcome is
+    /// [`Outcome::Revalidated`]. It is still one load per stampede, across processes: the
+    /// loader runs under the reload lock as any load does, and followers get the renewed
+    /// value. Without a previous value the loader loads as any other.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// # tokio::time::pause();
+    /// let cache = Cache::builder(MemoryStore::new())
+    ///     .ttl(Duration::from_secs(60))
+    ///     .keep_for_revalidation(Duration::from_secs(3600))
+    ///     .build();
+    /// // The backend's version of the document, as an `ETag` would say it.
+    /// let revalidate = |previous: Option<tower_stampede::Previous>| async move {
+    ///     match previous {
+    ///         Some(previous) if previous.value().as_ref() == b"v1" => Ok(Loaded::not_modified()),
+    ///         _ => Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v1"))),
+    ///     }
+    /// };
+    /// let first = cache.fetch_revalidating("doc", revalidate).await?;
+    /// assert_eq!(first.outcome(), Outcome::Leader);
+    /// tokio::time::advance(Duration::from_secs(61)).await; // stale now
+    /// let again = cache.fetch_revalidating("doc", revalidate).await?;
+    /// assert_eq!(again.outcome(), Outcome::Revalidated);
+    /// assert_eq!(again.value().map(|v| &v[..]), Some(&b"v1"[..]));
+    /// # Ok(()) }
+    /// ```
+    pub async fn fetch_revalidating<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         self.fetch_accepting(key, |_| true, loader).await
     }
 
     /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
     /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
     /// overwritten by this load).
-    pub(crate) async fn fetch_accepting<F, Fut, E>(
+    pub(crate) async fn fetch_accepting<A, F, Fut, E>(
         &self,
         key: impl AsRef<[u8]>,
-        accepts: fn(&Bytes) -> bool,
+        accepts: A,
         loader: F,
     ) -> Result<Fetched, Error>
     where
-        F: FnOnce() -> Fut + Send + 'static,
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let digest = KeyDigest::of(key.as_ref());
-        let span = debug_span!(
-            "stampede.fetch",
-            key = %digest,
-            outcome = tracing::field::Empty,
-            wait_ms = tracing::field::Empty,
-        );
+        self.fetch_digest(KeyDigest::of(key.as_ref()), accepts, loader)
+            .await
+    }
+
+    /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed.
+    pub(crate) async fn fetch_digest<A, F, Fut, E>(
+        &self,
+        digest: KeyDigest,
+        accepts: A,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let span = fetch_span(&digest);
         // The wait is only measured for a span that records it.
         let started = (!span.is_disabled()).then(Instant::now);
         let answer = self
@@ -239,6 +325,32 @@ impl Cache {
         answer
     }
 
+    /// What `read` makes of the value of `key`, if L1 holds the value with nothing more to do
+    /// (no early refresh due) and `read` can answer with it (`Some`): then counted and traced
+    /// as any L1 hit. Else `None`, nothing is counted, and the caller goes on to
+    /// [`fetch_accepting`](Self::fetch_accepting). For a caller that has work to do before a
+    /// fetch that may load (the layer wraps its request into a loader): a hit skips that work.
+    pub(crate) async fn l1_hit<T>(
+        &self,
+        key: &[u8],
+        read: impl FnOnce(&Bytes) -> Option<T>,
+    ) -> Option<T> {
+        let digest = KeyDigest::of(key);
+        let Some(l1::L1Hit::Fresh(value)) = self.inner.l1_get(&digest).await else {
+            return None;
+        };
+        let answer = read(&value)?;
+        telemetry::outcome(Outcome::L1Hit);
+        fetch_span(&digest).record("outcome", Outcome::L1Hit.label());
+        Some(answer)
+    }
+
+    /// How long the store keeps values past their freshness (for stale windows and
+    /// revalidation).
+    pub(crate) fn keep(&self) -> std::time::Duration {
+        self.inner.config.keep()
+    }
+
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
         let l1_bytes = self.inner.l1_bytes.load(Ordering::Relaxed);
@@ -263,4 +375,15 @@ impl Cache {
             KeyDigest::of(key.as_ref()),
         )
     }
+}
+
+/// The span of one fetch of `digest`: its outcome, and how long a caller that did not hit L1
+/// waited.
+fn fetch_span(digest: &KeyDigest) -> tracing::Span {
+    debug_span!(
+        "stampede.fetch",
+        key = %digest,
+        outcome = tracing::field::Empty,
+        wait_ms = tracing::field::Empty,
+    )
 }

@@ -122,7 +122,7 @@ impl Inner {
                         life: below,
                         fresh_above: config.keep(),
                     },
-                    loader.reader,
+                    &loader.reader,
                     &mut filled,
                 )
                 .await

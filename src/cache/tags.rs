@@ -11,13 +11,23 @@
 //!
 //! L1 entries of tagged values also carry the stamps of their tags: the invalidation's
 //! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
+//!
+//! The versions read are kept in-process ([`KnownVersions`]) under the same stamps, for at
+//! most `l1_ttl_cap`, while notifications are received: a tagged value's L2 hit then costs
+//! no second round trip as long as nothing was heard of its tags, exactly as an L1 entry
+//! stays trusted. A tag invalidated elsewhere is re-read once its notification arrives (or
+//! notifications are lost); without notifications, versions are always read from the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
 
 use super::entry::{Corrupt, Entry, Tagged};
 use super::follower::Found;
 use super::l1::TagStamps;
 use super::{Cache, Error, Inner};
-use crate::store::{KeyDigest, LockState, StoreError, StoreKey};
-use std::sync::Arc;
+use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey};
 
 impl Cache {
     /// Makes every value that carries `tag` a miss, in every process: see
@@ -81,18 +91,37 @@ impl Inner {
 
     /// Whether a value of `tagged` is still valid: none of its tags was invalidated since its
     /// clock. The stamps of its tags, taken before the versions are read, go with a valid one.
+    ///
+    /// The versions come from [`KnownVersions`] when every tag's is known and nothing has been
+    /// heard of the tag since it was read (no round trip), else from the store.
     pub(super) async fn tags_valid(
         &self,
         tagged: &Tagged,
     ) -> Result<Option<TagStamps>, StoreError> {
         let stamps = self.tag_stamps(&tagged.tags);
+        // Taken before the read, as the stamps: a change notified after them outdates what
+        // is learnt. `None` while notifications are off or lost: then nothing is kept.
+        let live: Option<Vec<Stamp>> = self
+            .notifier()
+            .and_then(|notifier| tagged.tags.iter().map(|tag| notifier.stamp(tag)).collect());
+        let now = Instant::now();
+        if let Some(live) = &live {
+            if let Some(versions) = self.known_versions.get(&tagged.tags, live, now) {
+                return Ok(valid(&versions, tagged.clock).then_some(stamps));
+            }
+        }
         let versions = self
             .store_call(
                 self.store
                     .tag_versions(&self.config.namespace, &tagged.tags),
             )
             .await?;
-        Ok((!versions.iter().any(|version| *version > tagged.clock)).then_some(stamps))
+        if let Some(live) = live {
+            let until = crate::sync::later(now, self.config.l1_ttl_cap);
+            self.known_versions
+                .learn(&tagged.tags, &versions, &live, until);
+        }
+        Ok(valid(&versions, tagged.clock).then_some(stamps))
     }
 
     /// Checks the tags of a tagged value a lookup found, unless the lookup took the lock (the
@@ -119,5 +148,58 @@ impl Inner {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether a value loaded at `clock` survives tags at `versions`: none was invalidated later.
+fn valid(versions: &[u64], clock: u64) -> bool {
+    !versions.iter().any(|version| *version > clock)
+}
+
+/// How many tags' versions a process keeps; past it, it forgets them all and reads again.
+const MAX_KNOWN_TAGS: usize = 4096;
+
+/// The tag versions this process has read, each with the stamp its tag had just before the
+/// read and how long it may be kept; see the module docs.
+#[derive(Default)]
+pub(super) struct KnownVersions(Mutex<HashMap<KeyDigest, Known>>);
+
+struct Known {
+    version: u64,
+    stamp: Stamp,
+    until: Instant,
+}
+
+impl KnownVersions {
+    /// The versions of `tags`, if every one is known under its current stamp (`live`).
+    fn get(&self, tags: &[KeyDigest], live: &[Stamp], now: Instant) -> Option<Vec<u64>> {
+        let known = crate::sync::lock(&self.0);
+        tags.iter()
+            .zip(live)
+            .map(|(tag, stamp)| {
+                known
+                    .get(tag)
+                    .filter(|known| known.stamp == *stamp && now < known.until)
+                    .map(|known| known.version)
+            })
+            .collect()
+    }
+
+    /// Keeps the versions of `tags` just read, under the stamps taken before the read.
+    fn learn(&self, tags: &[KeyDigest], versions: &[u64], live: &[Stamp], until: Instant) {
+        let mut known = crate::sync::lock(&self.0);
+        if known.len() + tags.len() > MAX_KNOWN_TAGS {
+            known.clear();
+        }
+        for ((tag, version), stamp) in tags.iter().zip(versions).zip(live) {
+            known.insert(
+                *tag,
+                Known {
+                    version: *version,
+                    stamp: *stamp,
+                    until,
+                },
+            );
+        }
     }
 }

@@ -3,14 +3,20 @@
 //!
 //! | metric | kind | labels | what |
 //! | --- | --- | --- | --- |
-//! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`; the HTTP layer adds `bypass`) |
+//! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`, `revalidated`; the HTTP layer adds `bypass`) |
 //! | `stampede_loads_total` | counter | | loads started (loader calls) |
 //! | `stampede_load_duration_seconds` | histogram | | how long loads took |
 //! | `stampede_lock_total` | counter | `event` | reload locks `acquired`, `contended` (held elsewhere), `lost` (a fill or renewal refused), `extended` (renewed by the watchdog) |
-//! | `stampede_follower_wait_seconds` | histogram | `ended` | how long flights waited for another leader, by how the last wait ended: `notified`, `polled`, `timed_out` |
+//! | `stampede_follower_wait_seconds` | histogram | `ended` | how long callers waited for another caller's load: a flight that followed another leader through the store, by how its last wait ended (`notified`, `polled`, `timed_out`), and a call that joined a flight of this process (`joined`), until the flight answered it |
 //! | `stampede_store_errors_total` | counter | | store calls that failed or timed out |
+//! | `stampede_corrupt_entries_total` | counter | | stored values this engine (or a typed reader) could not read: each a miss, reloaded and overwritten |
 //! | `stampede_breaker_open` | gauge | | 1 while the circuit breaker is open, else 0 |
 //! | `stampede_l1_bytes` | gauge | | L1's weighted size in bytes (values plus a per-entry overhead) |
+//!
+//! Every metric is described (its `# HELP` text, and its unit) by [`describe_metrics`], which
+//! each [`CacheBuilder::build`](super::CacheBuilder::build) calls: describing is cheap and
+//! idempotent, and doing it per build reaches whichever recorder is installed when the cache
+//! is built (a once-per-process description would miss a recorder installed later).
 
 use std::time::Duration;
 
@@ -34,6 +40,9 @@ pub(crate) enum WaitEnd {
     Polled,
     /// The wait timeout.
     TimedOut,
+    /// A call that joined a flight of this process (started by another call), until that
+    /// flight answered it.
+    Joined,
 }
 
 impl LockEvent {
@@ -54,6 +63,7 @@ impl WaitEnd {
             WaitEnd::Notified => "notified",
             WaitEnd::Polled => "polled",
             WaitEnd::TimedOut => "timed_out",
+            WaitEnd::Joined => "joined",
         }
     }
 }
@@ -61,37 +71,107 @@ impl WaitEnd {
 #[cfg(feature = "metrics")]
 mod imp {
     use super::*;
+    use metrics::Unit;
+
+    /// Bucket bounds, in seconds, for the engine's two histograms
+    /// (`stampede_load_duration_seconds` and `stampede_follower_wait_seconds`), from 1 ms to 30 s
+    /// (the default load and wait timeouts): give them to an exporter that needs buckets, such as
+    /// `metrics_exporter_prometheus::PrometheusBuilder::set_buckets_for_metric`.
+    pub const DURATION_BUCKETS: [f64; 14] = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+
+    /// The names of the engine's histograms, which take [`DURATION_BUCKETS`].
+    pub const HISTOGRAMS: [&str; 2] = [LOAD_DURATION, FOLLOWER_WAIT];
+
+    const LOOKUPS: &str = "stampede_lookups_total";
+    const LOADS: &str = "stampede_loads_total";
+    const LOAD_DURATION: &str = "stampede_load_duration_seconds";
+    const LOCK: &str = "stampede_lock_total";
+    const FOLLOWER_WAIT: &str = "stampede_follower_wait_seconds";
+    const STORE_ERRORS: &str = "stampede_store_errors_total";
+    const CORRUPT_ENTRIES: &str = "stampede_corrupt_entries_total";
+    const BREAKER_OPEN: &str = "stampede_breaker_open";
+    const L1_BYTES: &str = "stampede_l1_bytes";
+
+    /// Describes every metric of the engine to the installed recorder: its `# HELP` text in
+    /// Prometheus, and its unit. [`CacheBuilder::build`](crate::CacheBuilder::build) calls it;
+    /// call it again after installing a recorder later than that.
+    pub fn describe_metrics() {
+        metrics::describe_counter!(
+            LOOKUPS,
+            "Cache calls answered, by outcome: hit-l1, hit-l2, stale (served from a cache); \
+             miss-leader, follower (answered by a load); revalidated (a stored value the \
+             load found unchanged); pass, uncached, degraded; bypass (the HTTP layer did \
+             not use the cache)"
+        );
+        metrics::describe_counter!(LOADS, "Loads started by this process (loader calls)");
+        metrics::describe_histogram!(LOAD_DURATION, Unit::Seconds, "How long loads took");
+        metrics::describe_counter!(
+            LOCK,
+            "Reload lock events: acquired, contended (held elsewhere), lost (a fill or \
+             renewal refused), extended (renewed while a load runs)"
+        );
+        metrics::describe_histogram!(
+            FOLLOWER_WAIT,
+            Unit::Seconds,
+            "How long callers waited for another caller's load: a flight that followed \
+             another process's leader, by how its wait ended (notified, polled, timed_out), \
+             and a call that joined a flight of this process (joined)"
+        );
+        metrics::describe_counter!(
+            STORE_ERRORS,
+            "Store calls that failed or timed out (the cache fell back to in-process protection)"
+        );
+        metrics::describe_counter!(
+            CORRUPT_ENTRIES,
+            "Stored values that could not be read (corrupt, foreign, another type or schema): \
+             each a miss, reloaded and overwritten"
+        );
+        metrics::describe_gauge!(
+            BREAKER_OPEN,
+            "1 while the store's circuit breaker is open (store calls skipped), else 0"
+        );
+        metrics::describe_gauge!(
+            L1_BYTES,
+            Unit::Bytes,
+            "Size of the in-process L1 cache: its values plus a per-entry overhead"
+        );
+    }
 
     pub(crate) fn lookup(label: &'static str) {
-        metrics::counter!("stampede_lookups_total", "outcome" => label).increment(1);
+        metrics::counter!(LOOKUPS, "outcome" => label).increment(1);
     }
 
     pub(crate) fn load(duration: Duration) {
-        metrics::counter!("stampede_loads_total").increment(1);
-        metrics::histogram!("stampede_load_duration_seconds").record(duration.as_secs_f64());
+        metrics::counter!(LOADS).increment(1);
+        metrics::histogram!(LOAD_DURATION).record(duration.as_secs_f64());
     }
 
     pub(crate) fn lock(event: LockEvent) {
-        metrics::counter!("stampede_lock_total", "event" => event.label()).increment(1);
+        metrics::counter!(LOCK, "event" => event.label()).increment(1);
     }
 
     pub(crate) fn follower_wait(duration: Duration, ended: WaitEnd) {
-        metrics::histogram!("stampede_follower_wait_seconds", "ended" => ended.label())
-            .record(duration.as_secs_f64());
+        metrics::histogram!(FOLLOWER_WAIT, "ended" => ended.label()).record(duration.as_secs_f64());
     }
 
     pub(crate) fn store_error() {
-        metrics::counter!("stampede_store_errors_total").increment(1);
+        metrics::counter!(STORE_ERRORS).increment(1);
+    }
+
+    pub(crate) fn corrupt_entry() {
+        metrics::counter!(CORRUPT_ENTRIES).increment(1);
     }
 
     pub(crate) fn breaker_open(open: bool) {
-        metrics::gauge!("stampede_breaker_open").set(if open { 1.0 } else { 0.0 });
+        metrics::gauge!(BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
     }
 
     pub(crate) fn l1_bytes(bytes: u64) {
         // Precision beyond 2^53 bytes does not matter for a gauge.
         #[allow(clippy::cast_precision_loss)]
-        metrics::gauge!("stampede_l1_bytes").set(bytes as f64);
+        metrics::gauge!(L1_BYTES).set(bytes as f64);
     }
 }
 
@@ -104,11 +184,16 @@ mod imp {
     pub(crate) fn lock(_event: LockEvent) {}
     pub(crate) fn follower_wait(_duration: Duration, _ended: WaitEnd) {}
     pub(crate) fn store_error() {}
+    pub(crate) fn corrupt_entry() {}
     pub(crate) fn breaker_open(_open: bool) {}
     pub(crate) fn l1_bytes(_bytes: u64) {}
 }
 
-pub(crate) use imp::{breaker_open, follower_wait, l1_bytes, load, lock, lookup, store_error};
+pub(crate) use imp::{
+    breaker_open, corrupt_entry, follower_wait, l1_bytes, load, lock, lookup, store_error,
+};
+#[cfg(feature = "metrics")]
+pub use imp::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
 
 /// Counts a call answered with `outcome`.
 pub(crate) fn outcome(outcome: Outcome) {

@@ -30,11 +30,11 @@ pub(crate) fn marked<B>(
     response
 }
 
-/// How an answer from an entry was served, by the fetch's outcome; `stored` is how long this
-/// request's own load stored it for, if it did.
-pub(crate) fn served(outcome: Outcome, stored: Option<std::time::Duration>) -> Served {
+/// How an answer from an entry was served, by the fetch's outcome alone (a leader's load may
+/// say more, see [`Own::Stored`](super::load::Own::Stored)).
+pub(crate) fn served(outcome: Outcome) -> Served {
     match outcome {
-        Outcome::Leader | Outcome::Uncached | Outcome::Degraded => Served::Loaded(stored),
+        Outcome::Leader | Outcome::Uncached | Outcome::Degraded => Served::Loaded(None),
         Outcome::Stale => Served::Stale,
         Outcome::Follower => Served::Collapsed,
         _ => Served::Hit,
@@ -111,7 +111,7 @@ pub(crate) fn answer<B: Body>(
         .as_ref()
         .is_some_and(|c| c.not_modified(&cached, now));
     // A HEAD or a 304 has no body to measure: say the length of the 200's.
-    let length = HeaderValue::from(cached.body.len());
+    let length = cached.body.len();
     let mut response = if not_modified {
         let mut response = Response::new(ResponseBody::empty());
         *response.status_mut() = StatusCode::NOT_MODIFIED;
@@ -133,7 +133,9 @@ pub(crate) fn answer<B: Body>(
         response
     };
     if !response.headers().contains_key(CONTENT_LENGTH) && has_content(cached.status) {
-        response.headers_mut().insert(CONTENT_LENGTH, length);
+        response
+            .headers_mut()
+            .insert(CONTENT_LENGTH, HeaderValue::from(length));
     }
     response.headers_mut().insert(AGE, HeaderValue::from(age));
     marked(response, served, status)

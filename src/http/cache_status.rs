@@ -45,6 +45,10 @@ pub(crate) enum Served {
     /// By this request's own load: `fwd=uri-miss; fwd-status=N`, with `stored; ttl=N` if it
     /// was stored for that long (`MISS`).
     Loaded(Option<Duration>),
+    /// By this request's own load, a revalidation of a stale entry that the origin answered
+    /// with `304`: `fwd=stale; fwd-status=304`, with `stored; ttl=N` if the refreshed entry
+    /// was stored for that long (`MISS`; `BYPASS` if it was not).
+    Revalidated(Option<Duration>),
     /// By the inner service, the response not to be stored (or a "pass" marker said so):
     /// `fwd=uri-miss; fwd-status=N` (`BYPASS`).
     Passed,
@@ -133,8 +137,10 @@ impl CacheStatus {
             let x_cache = match served {
                 Served::Hit | Served::Collapsed => HIT,
                 Served::Stale => STALE,
-                Served::Loaded(_) | Served::MadeUp(_) => MISS,
-                Served::Passed | Served::Request | Served::Unkeyed => BYPASS,
+                Served::Loaded(_) | Served::Revalidated(Some(_)) | Served::MadeUp(_) => MISS,
+                Served::Passed | Served::Request | Served::Unkeyed | Served::Revalidated(None) => {
+                    BYPASS
+                }
             };
             headers.insert(X_CACHE.clone(), x_cache);
         }
@@ -153,6 +159,7 @@ impl CacheStatus {
         value.put_slice(match served {
             Served::Request => b"; fwd=request",
             Served::Unkeyed => b"; fwd=bypass",
+            Served::Revalidated(_) => b"; fwd=stale",
             _ => b"; fwd=uri-miss",
         });
         let mut numbers = itoa::Buffer::new();
@@ -162,13 +169,17 @@ impl CacheStatus {
                 value.put_slice(detail.token());
             }
             _ => {
+                let status = match served {
+                    Served::Revalidated(_) => StatusCode::NOT_MODIFIED,
+                    _ => status,
+                };
                 value.put_slice(b"; fwd-status=");
                 value.put_slice(numbers.format(status.as_u16()).as_bytes());
             }
         }
         match served {
             Served::Collapsed => value.put_slice(b"; collapsed"),
-            Served::Loaded(Some(ttl)) => {
+            Served::Loaded(Some(ttl)) | Served::Revalidated(Some(ttl)) => {
                 value.put_slice(b"; stored; ttl=");
                 value.put_slice(numbers.format(ttl.as_secs()).as_bytes());
             }
@@ -242,6 +253,18 @@ mod tests {
                 Served::Loaded(None),
                 "tower-stampede; fwd=uri-miss; fwd-status=500",
                 "MISS",
+            ),
+            (
+                200,
+                Served::Revalidated(Some(Duration::from_secs(30))),
+                "tower-stampede; fwd=stale; fwd-status=304; stored; ttl=30",
+                "MISS",
+            ),
+            (
+                200,
+                Served::Revalidated(None),
+                "tower-stampede; fwd=stale; fwd-status=304",
+                "BYPASS",
             ),
             (
                 200,

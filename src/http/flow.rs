@@ -9,8 +9,6 @@
 //! or, when no answer of the origin is to be had (a load that failed without one, here or
 //! elsewhere, or timed out), with a gateway error the layer makes itself.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
@@ -44,6 +42,42 @@ where
     ResBody::Error: Send + 'static,
 {
     let asked = Asked::of(&request);
+    // The hot path: a response in L1 is answered before anything a load needs is built (the
+    // slot, the loader and their clones). A vary marker takes the path below, from L1 again.
+    let hit = loading
+        .cache
+        .l1_hit(primary.as_bytes(), |value| match codec::decode(value) {
+            Ok(Stored::Response(cached)) => Some(cached),
+            _ => None,
+        });
+    if let Some(cached) = hit.await {
+        return Ok(answer(
+            cached,
+            Served::Hit,
+            &asked,
+            &loading.config.cache_status,
+        ));
+    }
+    // Boxed, so the future of a hit stays small to build and move.
+    Box::pin(fetch(loading, primary, request, asked)).await
+}
+
+/// [`serve`] past L1: the URL's key through the engine (a flight, the store, or this
+/// request's own load), then its variant's key if it holds a vary marker.
+async fn fetch<S, ReqBody, ResBody>(
+    loading: Loading<S>,
+    primary: String,
+    request: Request<ReqBody>,
+    asked: Asked,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
     let slot = Slot::new(request);
     let cache = loading.cache.clone();
     let status = &loading.config.cache_status;
@@ -52,19 +86,19 @@ where
     let (to_leader, mut from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
-        move || load(loading, primary, Step::Primary, slot, to_leader)
+        move |previous| load(loading, primary, Step::Primary, slot, to_leader, previous)
     };
     let fetched = cache
         .fetch_accepting(&primary, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
         Some((Stored::Response(cached), outcome)) => {
-            let served = served(outcome, stored_for(outcome, &mut from_loader));
+            let served = own_served(outcome, &mut from_loader);
             return Ok(answer(cached, served, &asked, status));
         }
         Some((Stored::Vary(marker), outcome)) => (marker, outcome),
-        // The colder paths are boxed, so the future of every request (a hit's included) stays
-        // small to build and move.
+        // The colder paths are boxed, so the future of every request stays small to build
+        // and move.
         None => {
             return Box::pin(answer_without_entry(
                 fetched,
@@ -122,12 +156,21 @@ where
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
         let names = marker.names.clone();
-        move || load(loading, primary, Step::Variant(names), slot, to_leader)
+        move |previous| {
+            load(
+                loading,
+                primary,
+                Step::Variant(names),
+                slot,
+                to_leader,
+                previous,
+            )
+        }
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
         Some((Stored::Response(cached), outcome)) => {
-            let served = served(outcome, stored_for(outcome, &mut from_loader));
+            let served = own_served(outcome, &mut from_loader);
             Ok(answer(cached, served, &asked, status))
         }
         _ => {
@@ -160,7 +203,7 @@ where
     B: Body<Data = Bytes>,
 {
     let fetched = cache
-        .fetch_accepting(variant, codec::accepts_variant, || async {
+        .fetch_accepting(variant, codec::accepts_variant, |_| async {
             Err::<Loaded, _>("the request went to the failed load of its URL")
         })
         .await;
@@ -172,7 +215,7 @@ where
             } else {
                 found
             };
-            Ok(answer(cached, served(outcome, None), asked, status))
+            Ok(answer(cached, served(outcome), asked, status))
         }
         (_, Some(failure)) => without_body(failure, asked),
         (_, None) => Ok(synthesized(
@@ -183,18 +226,15 @@ where
     }
 }
 
-/// How long this request's own load stored the response it is answered with, if it did (a
-/// leader's load tells its caller).
-fn stored_for<B: Body, E>(
+/// How the response this request is answered with was served: by the fetch's outcome, or as
+/// this request's own load tells (stored, for how long, or revalidated).
+fn own_served<B: Body, E>(
     outcome: Outcome,
     from_loader: &mut oneshot::Receiver<Own<B, E>>,
-) -> Option<Duration> {
-    if outcome != Outcome::Leader {
-        return None;
-    }
+) -> Served {
     match from_loader.try_recv() {
-        Ok(Own::Stored(ttl)) => Some(ttl),
-        _ => None,
+        Ok(Own::Stored(served)) if outcome == Outcome::Leader => served,
+        _ => served(outcome),
     }
 }
 

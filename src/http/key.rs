@@ -94,12 +94,20 @@ impl DefaultKey {
         key.push_str(scheme);
         key.push('\0');
         // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is
-        // enough.
-        key.extend(authority.escape_ascii().map(char::from));
+        // enough. Most authorities have nothing to escape: copied whole.
+        match std::str::from_utf8(authority) {
+            Ok(plain) if authority.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
+            _ => key.extend(authority.escape_ascii().map(char::from)),
+        }
         key.push('\0');
         key.push_str(path);
         key
     }
+}
+
+/// Whether `escape_ascii` leaves a byte as it is.
+fn needs_no_escape(byte: u8) -> bool {
+    matches!(byte, b' '..=b'~') && !matches!(byte, b'\\' | b'\'' | b'"')
 }
 
 impl MakeKey for DefaultKey {
@@ -179,6 +187,14 @@ mod tests {
         assert_ne!(a, DefaultKey.key(&parts("https://a.example/x?y=1", &[])));
         let odd = DefaultKey.key(&parts("/", &[]));
         assert_eq!(odd, "http\0GET\0http\0\0/");
+    }
+
+    #[test]
+    fn authorities_are_copied_as_escape_ascii_leaves_them() {
+        for byte in 0..=u8::MAX {
+            let escaped: Vec<u8> = [byte].escape_ascii().collect();
+            assert_eq!(needs_no_escape(byte), escaped == [byte], "{byte:#x}");
+        }
     }
 
     #[test]

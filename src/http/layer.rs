@@ -109,6 +109,17 @@ impl StampedeLayer {
         self
     }
 
+    /// The longest stale window a response may give itself with `stale-while-revalidate=N`
+    /// or `stale-if-error=N` (RFC 5861): longer ones are cut to it. A response that says
+    /// nothing has the cache's [`stale`](crate::CacheBuilder::stale) windows. No window
+    /// outlasts how long the cache keeps values past their freshness, so a response's windows
+    /// need the cache to keep values (its `stale`, `stale_if_error` or
+    /// [`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation)). Default: 1 hour.
+    pub fn max_response_stale(mut self, max: std::time::Duration) -> Self {
+        Arc::make_mut(&mut self.config).max_response_stale = max;
+        self
+    }
+
     /// Whether a client's `Cache-Control: no-cache` or `max-age=0` (or `Pragma: no-cache`
     /// without `Cache-Control`) sends its request to the inner service, marked `BYPASS`, and
     /// leaves the cache as it is. Off by default, as shared caches usually ignore them: a
@@ -249,6 +260,7 @@ pub(crate) struct HttpConfig {
     pub(crate) honor_client_no_cache: bool,
     pub(crate) tag_headers: Vec<HeaderName>,
     pub(crate) keep_tag_headers: bool,
+    pub(crate) max_response_stale: std::time::Duration,
     /// The purge endpoint's authorization; `None` while the endpoint is off.
     pub(crate) purge: Option<Authorize>,
     /// How responses are marked (`Cache-Status`, `x-cache`).
@@ -274,6 +286,7 @@ impl Default for HttpConfig {
             honor_client_no_cache: false,
             tag_headers: tags::default_headers(),
             keep_tag_headers: false,
+            max_response_stale: std::time::Duration::from_secs(3600),
             purge: None,
             cache_status: CacheStatus::default(),
         }
@@ -287,6 +300,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("honor_client_no_cache", &self.honor_client_no_cache)
             .field("tag_headers", &self.tag_headers)
             .field("keep_tag_headers", &self.keep_tag_headers)
+            .field("max_response_stale", &self.max_response_stale)
             .field("purge", &if self.purge.is_some() { "on" } else { "off" })
             .field("cache_status", &self.cache_status)
             .finish_non_exhaustive()

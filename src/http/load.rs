@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{IF_MODIFIED_SINCE, IF_NONE_MATCH};
-use http::{HeaderMap, HeaderName, Method, Request, Response};
+use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
@@ -31,10 +31,11 @@ use super::codec::{self, VaryMarker};
 use super::key;
 use super::layer::HttpConfig;
 use super::parse::{self, Vary};
-use super::policy::{self, Decision};
+use super::policy::{self, Decision, Staleness};
+use super::revalidate;
 use super::slot::{Claim, Slot};
 use super::tags;
-use crate::cache::{BoxError, Cache, Loaded, Outcome};
+use crate::cache::{BoxError, Cache, Loaded, Outcome, Previous};
 
 /// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a
 /// second key) and the settings.
@@ -73,17 +74,69 @@ pub(crate) enum Own<B: Body, E> {
     /// The response under the caller's variant key, the primary key now holding the vary
     /// marker: the one it loaded, or (if a fresh one was there already) that one.
     Variant(Bytes, Served),
-    /// The response was stored, fresh for this long (for `Cache-Status`).
-    Stored(Duration),
+    /// The response was stored (or revalidated), and this is how the request was served by
+    /// it (for `Cache-Status`).
+    Stored(Served),
 }
 
-/// Loads for `step` of the request in `slot`; see the [module docs](self).
+/// What a policy's decision comes to for the layer.
+enum Verdict {
+    /// Store, fresh for this long, served stale as it says.
+    Store(Duration, Staleness),
+    /// A failed load private to its request.
+    Fail,
+    /// A failed load whose answer goes to the requests that waited for it.
+    Share,
+    /// Not stored.
+    Pass,
+}
+
+impl HttpConfig {
+    /// What the policy decides for `response`: a freshness of 0 is stored only with stale rules
+    /// of its own, and only where `cache` keeps values to revalidate them.
+    fn verdict(
+        &self,
+        cache: &Cache,
+        asked: &http::request::Parts,
+        response: &http::response::Parts,
+    ) -> Verdict {
+        match self.policy.decide(asked, response) {
+            Decision::Store(ttl) if !ttl.is_zero() => Verdict::Store(ttl, Staleness::default()),
+            Decision::StoreWith { fresh_for, stale }
+                if !fresh_for.is_zero() || !cache.keep().is_zero() =>
+            {
+                Verdict::Store(fresh_for, stale)
+            }
+            Decision::Fail => Verdict::Fail,
+            Decision::Share => Verdict::Share,
+            _ => Verdict::Pass,
+        }
+    }
+
+    /// A response's entry to store for `ttl`, with its stale windows (within the layer's
+    /// maximum) and tags.
+    fn to_store(&self, entry: Bytes, ttl: Duration, stale: Staleness, tags: &[Vec<u8>]) -> Loaded {
+        let max = self.max_response_stale;
+        let mut loaded = Loaded::value_with_ttl(entry, ttl).tags(tags);
+        if let Some(window) = stale.while_revalidating {
+            loaded = loaded.stale_while_revalidate(window.min(max));
+        }
+        if let Some(window) = stale.if_error {
+            loaded = loaded.stale_if_error(window.min(max));
+        }
+        loaded
+    }
+}
+
+/// Loads for `step` of the request in `slot`; see the [module docs](self). With a `previous`
+/// stored response, the load is a revalidation (see [`revalidate`]).
 pub(crate) async fn load<S, ReqBody, ResBody>(
     loading: Loading<S>,
     primary: String,
     step: Step,
     slot: Slot<ReqBody>,
     to_leader: oneshot::Sender<Own<ResBody, S::Error>>,
+    previous: Option<Previous>,
 ) -> Result<Loaded, BoxError>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -99,6 +152,15 @@ where
     parts.method = Method::GET;
     parts.headers.remove(IF_NONE_MATCH);
     parts.headers.remove(IF_MODIFIED_SINCE);
+    let stored = previous
+        .as_ref()
+        .and_then(|previous| match codec::decode(previous.value()) {
+            Ok(codec::Stored::Response(stored)) => Some(stored),
+            _ => None,
+        });
+    if let Some(stored) = &stored {
+        revalidate::ask_if_changed(stored, &mut parts.headers);
+    }
     let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(error) => {
@@ -120,13 +182,28 @@ where
         )),
         failed,
     };
-    let ttl = match loading.config.policy.decide(&asked, &parts) {
-        Decision::Store(ttl) if !ttl.is_zero() => Some(ttl),
+    if let (Some(stored), Some(previous), StatusCode::NOT_MODIFIED) =
+        (stored, &previous, parts.status)
+    {
+        let config = &loading.config;
+        let loaded = not_modified(
+            config,
+            &loading.cache,
+            &asked,
+            (stored, previous),
+            &parts,
+            tags,
+            to_leader,
+        );
+        return Ok(loaded);
+    }
+    let (ttl, stale) = match loading.config.verdict(&loading.cache, &asked, &parts) {
+        Verdict::Store(ttl, stale) => (Some(ttl), stale),
         // A failed load (a server error without explicit freshness): stored for nobody, but
         // the requests that waited for this load, here and elsewhere, get the origin's own
         // answer too (below), and a stale response may stand in for it.
-        Decision::Share => None,
-        Decision::Fail => {
+        Verdict::Share => (None, Staleness::default()),
+        Verdict::Fail => {
             // A failed load private to its request: a stale response, if there is one, is
             // served in its place to the others.
             let _ = to_leader.send(passed(ResponseBody::inner(body), true));
@@ -207,8 +284,8 @@ where
         return Ok(Loaded::for_waiters(entry));
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
-        let _ = to_leader.send(Own::Stored(ttl));
-        return Ok(Loaded::value_with_ttl(entry, ttl).tags(&tags));
+        let _ = to_leader.send(Own::Stored(Served::Loaded(Some(ttl))));
+        return Ok(loading.config.to_store(entry, ttl, stale, &tags));
     }
     // A response with `Vary`, loaded for the URL's key: the response goes under this request's
     // variant key, and a marker naming the fields under the URL's key. The variant is filled
@@ -226,11 +303,11 @@ where
         return Ok(Loaded::pass());
     };
     let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
-    let loaded = entry.clone();
+    let loaded = loading.config.to_store(entry.clone(), ttl, stale, &tags);
     let filled = loading
         .cache
-        .fetch_accepting(variant, codec::accepts_variant, move || async move {
-            Ok::<_, Infallible>(Loaded::value_with_ttl(loaded, ttl).tags(&tags))
+        .fetch_accepting(variant, codec::accepts_variant, move |_| async move {
+            Ok::<_, Infallible>(loaded)
         })
         .await;
     // A fresh variant already there (refreshed on its own) is kept, and is the answer: the
@@ -255,6 +332,50 @@ where
     };
     let _ = to_leader.send(own);
     Ok(Loaded::value_with_ttl(marker_entry, ttl))
+}
+
+/// The origin answered the revalidation of `stored` with `304 Not Modified`: the stored
+/// response, its header fields updated by the `304`'s, is stored again (with its body, its
+/// tags and the `304`'s) for the freshness the policy gives the updated response, and is
+/// this request's answer. If the policy no longer stores it, it goes to this request alone.
+fn not_modified<B: Body, E>(
+    config: &HttpConfig,
+    cache: &Cache,
+    asked: &http::request::Parts,
+    (stored, previous): (codec::CachedResponse, &Previous),
+    answer: &http::response::Parts,
+    tags: Result<Vec<Vec<u8>>, tags::OverLimit>,
+    to_leader: oneshot::Sender<Own<B, E>>,
+) -> Loaded {
+    let updated = revalidate::updated(&stored, answer);
+    let encoded = || {
+        let stored_at = SystemTime::now()
+            .checked_sub(policy::age(&answer.headers))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let fields: Vec<_> = updated.headers.iter().collect();
+        codec::encode_response(
+            stored_at,
+            updated.status,
+            &fields,
+            std::slice::from_ref(&stored.body),
+        )
+    };
+    if let (Verdict::Store(ttl, stale), Ok(tags)) = (config.verdict(cache, asked, &updated), tags) {
+        if let Some(entry) = encoded() {
+            let _ = to_leader.send(Own::Stored(Served::Revalidated(Some(ttl))));
+            return config.to_store(entry, ttl, stale, &tags).tags_of(previous);
+        }
+    }
+    let body = ResponseBody::replay(vec![stored.body], None, None, None);
+    let _ = to_leader.send(Own::Passed {
+        answer: Ok(marked(
+            Response::from_parts(updated, body),
+            Served::Revalidated(None),
+            &config.cache_status,
+        )),
+        failed: false,
+    });
+    Loaded::pass()
 }
 
 /// A run of the URL's loader whose request went to the variant's loader: the marker is stored

@@ -18,6 +18,7 @@
 //! | `hit` | `HIT` | from a fresh entry (L1 or the shared store) |
 //! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
+//! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
 //! | `hit; detail=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
 //! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
@@ -48,7 +49,11 @@
 //! | response 5xx (but 501) without explicit freshness | no; the origin's own response goes to the request that loaded it and to every request that waited for that load, in every process; a later request goes to the origin again (one load at a time) | the origin's answer, not one the layer makes up; a stale response may stand in for it (see [`stale_if_error`](crate::CacheBuilder::stale_if_error)); one private to its request (`no-store`, `private`, `Set-Cookie`) goes to that request only, its waiters get a stale response or the layer's `502` |
 //! | response `CDN-Cache-Control`, or a [`targeted_field`](RfcPolicy::targeted_field) of the operator's own | its directives decide for this cache, `Cache-Control` and `Expires` ignored; an invalid or empty one is ignored itself; forwarded downstream unchanged | RFC 9213 §2.1, §2.2 |
 //! | response `no-store`, `private`, `Set-Cookie` | no (`BYPASS`) | private to one client |
-//! | response `no-cache` | no (`BYPASS`) | may never be served without a reload, and the layer does not revalidate: storing it would only cost |
+//! | response `no-cache` (`no-cache="f"` read as plain `no-cache`) | with an `ETag` or `Last-Modified`, where the cache [keeps values](crate::CacheBuilder::keep_for_revalidation): stored fresh for 0, revalidated before each use; otherwise no (`BYPASS`) | RFC 9111 §5.2.2.4; without a validator nothing could revalidate it |
+//! | a stale entry the cache still keeps | reloaded with a conditional request (`If-None-Match` / `If-Modified-Since`), one per stampede; a `304` updates the stored fields and freshness, and the stored body is served | RFC 9111 §4.3.1, §4.3.4 |
+//! | response `must-revalidate`, `proxy-revalidate`, `s-maxage` | never served stale | RFC 9111 §4.2.4, §5.2.2.2, §5.2.2.8, §5.2.2.10 |
+//! | response `stale-while-revalidate=N`, `stale-if-error=N` | its own stale windows, at most [`max_response_stale`](StampedeLayer::max_response_stale) | RFC 5861 §3, §4 |
+//! | response `immutable` | nothing changes | RFC 8246: this cache never revalidates a fresh response anyway |
 //! | response `Vary: *`, or `Vary` naming more than 16 fields, or unreadable | no (`BYPASS`) | no later request can be matched to it |
 //! | response `Vary: a, b` | yes, per variant | keyed by the request's `a` and `b`, below |
 //! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes), with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
@@ -113,22 +118,26 @@
 //!
 //! # Not done (parts of RFC 9111 left out)
 //!
-//! - **Revalidation**: an entry past its freshness is reloaded, never revalidated with the
-//!   origin (no conditional request to it, no merging of a `304` into the entry).
-//! - **Stale responses against `must-revalidate`, `proxy-revalidate` and `s-maxage`**: stale
-//!   answers are served only when the operator turns on the cache's
-//!   [`stale`](crate::CacheBuilder::stale) or [`stale_if_error`](crate::CacheBuilder::stale_if_error)
-//!   window (off by default); that setting applies to every entry, as Varnish's grace and
-//!   nginx's `proxy_cache_use_stale` do. The response directives `stale-while-revalidate` and
-//!   `stale-if-error` are not read.
+//! - **Revalidation without a kept value**: only values the cache keeps past their freshness
+//!   ([`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation), or its stale
+//!   windows) are revalidated; otherwise a stale entry is reloaded in full and `no-cache`
+//!   responses pass.
+//! - **`no-cache` across processes**: one process's requests share one revalidation, but the
+//!   requests of another process that waited for it revalidate again, one at a time.
 //! - **Client freshness directives** other than `no-store`, `no-cache` and `max-age=0`
 //!   (`max-stale`, `min-fresh`, `max-age=N`, `only-if-cached`): ignored, as shared caches
 //!   usually do.
 //! - **Field-qualified `no-cache="f"` and `private="f"`**: treated as the unqualified forms
-//!   (not stored), rather than stored without the named fields.
+//!   (revalidated before each use; not stored), rather than stored without the named fields.
 //! - **Range requests**: passed through; a `206` is never stored or built from an entry.
 //! - **The apparent age** (`now - Date`): `Age` counts from when the response arrived less the
 //!   `Age` it carried, so a skewed origin clock never shortens or lengthens freshness.
+//! - **`Cache-Status`'s `ttl` on hits** (and a stale hit's negative `ttl`, RFC 9211 §3, for
+//!   which `detail=stale` stands): given on the response whose load stored the entry; `key`
+//!   is never sent (it may hold credentials).
+//! - **RFC 9211 §2's "should not" for responses the layer makes itself**: its own `502` /
+//!   `504` carry `Cache-Status` with `detail=`, so a response the origin never sent can always
+//!   be told apart.
 //!
 //! # Backpressure
 //!
@@ -187,6 +196,7 @@ mod load;
 mod parse;
 mod policy;
 mod purge;
+mod revalidate;
 mod service;
 mod slot;
 mod tags;
@@ -196,6 +206,6 @@ pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use key::{DefaultKey, MakeKey};
 pub use layer::StampedeLayer;
-pub use policy::{Decision, Policy, RfcPolicy};
+pub use policy::{Decision, Policy, RfcPolicy, Staleness};
 pub use purge::Purger;
 pub use service::Stampede;

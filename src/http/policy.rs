@@ -7,8 +7,8 @@
 use std::time::{Duration, SystemTime};
 
 use http::header::{
-    AGE, AUTHORIZATION, CACHE_CONTROL, DATE, EXPIRES, IF_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE,
-    PRAGMA, RANGE, SET_COOKIE,
+    AGE, AUTHORIZATION, CACHE_CONTROL, DATE, ETAG, EXPIRES, IF_MATCH, IF_RANGE,
+    IF_UNMODIFIED_SINCE, LAST_MODIFIED, PRAGMA, RANGE, SET_COOKIE,
 };
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
@@ -83,7 +83,20 @@ pub(crate) fn request_rule<B>(request: &Request<B>, honor_client_no_cache: bool)
 #[non_exhaustive]
 pub enum Decision {
     /// Store the response, fresh for this long from now (0 is the same as [`Pass`](Self::Pass)).
+    /// Past its freshness it may be served under the cache's own
+    /// [`stale`](crate::CacheBuilder::stale) windows.
     Store(Duration),
+    /// Store the response, fresh for `fresh_for` from now, with stale rules of its own. A
+    /// freshness of 0 stores a response that is never served without revalidating it first
+    /// (`no-cache`), if the cache keeps values for revalidation
+    /// ([`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation)); otherwise it
+    /// is passed.
+    StoreWith {
+        /// How long the response is fresh.
+        fresh_for: Duration,
+        /// How it may be served once it is not.
+        stale: Staleness,
+    },
     /// Hand the response to the request that loaded it and store nothing; the requests
     /// waiting for it go to the inner service themselves (a short "pass" marker tells
     /// them, see [`pass_ttl`](crate::CacheBuilder::pass_ttl)).
@@ -104,6 +117,48 @@ pub enum Decision {
     /// [`max_body_bytes`](super::StampedeLayer::max_body_bytes) cannot be shared: the waiting
     /// requests then get the layer's own `502 Bad Gateway`, as for [`Fail`](Self::Fail).
     Share,
+}
+
+/// How a stored response may be served past its freshness: its own stale-while-revalidate
+/// and stale-if-error windows (RFC 5861 §3, §4; `None`: the cache's), within the layer's
+/// [`max_response_stale`](super::StampedeLayer::max_response_stale).
+/// [`must_revalidate`](Self::must_revalidate) forbids both (RFC 9111 §4.2.4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Staleness {
+    /// How long past its freshness the response may be served while a reload revalidates it.
+    pub while_revalidating: Option<Duration>,
+    /// How long past its freshness the response may stand in for a reload that failed.
+    pub if_error: Option<Duration>,
+}
+
+impl Staleness {
+    /// The cache's windows: the response says nothing of its own.
+    pub fn cache_default() -> Self {
+        Staleness::default()
+    }
+
+    /// Never served stale: `must-revalidate`, `proxy-revalidate`, `s-maxage`, `no-cache`.
+    pub fn must_revalidate() -> Self {
+        Staleness {
+            while_revalidating: Some(Duration::ZERO),
+            if_error: Some(Duration::ZERO),
+        }
+    }
+
+    /// With a stale-while-revalidate window of its own.
+    #[must_use]
+    pub fn while_revalidating(mut self, window: Duration) -> Self {
+        self.while_revalidating = Some(window);
+        self
+    }
+
+    /// With a stale-if-error window of its own.
+    #[must_use]
+    pub fn if_error(mut self, window: Duration) -> Self {
+        self.if_error = Some(window);
+        self
+    }
 }
 
 /// Decides whether a response may be stored, and for how long; see
@@ -135,9 +190,8 @@ where
 /// In order, a response is:
 ///
 /// 1. passed if its status is `206` or `304` (answers to one request) or informational;
-/// 2. passed if it has `Set-Cookie`, or `Cache-Control` with `no-store`, `private` or
-///    `no-cache` (with or without field names), or a `max-age` / `s-maxage` that is not a
-///    number;
+/// 2. passed if it has `Set-Cookie`, or `Cache-Control` with `no-store` or `private` (with
+///    or without field names), or a `max-age` / `s-maxage` that is not a number;
 /// 3. passed if the request had `Authorization`, unless the response says `public`,
 ///    `s-maxage` or `must-revalidate`, or [`share_authorized`](Self::share_authorized) is on;
 /// 4. stored for its explicit freshness, if it has one (a server error too): `s-maxage`, else `max-age`, else
@@ -149,9 +203,21 @@ where
 ///    308, 404, 405, 410, 414, 501);
 /// 6. otherwise (or with a freshness of 0 or less) passed.
 ///
+/// A freshness of 0 or less passes, but for `no-cache` (RFC 9111 §5.2.2.4; `no-cache="field"`
+/// is read as plain `no-cache`, the stricter): a response with a validator (`ETag` or
+/// `Last-Modified`) is stored fresh for 0 and never served stale, so that each use
+/// revalidates it; one without a validator passes, as nothing could revalidate it.
+///
 /// A server error (a status of 5xx but `501`) that is not stored is a failed load rather than
 /// a pass: [`Decision::Share`] (its waiters get it), or [`Decision::Fail`] where 2 or 3 found
-/// it private to its request.
+/// it private to its request. A server error with `no-cache` is not stored either.
+///
+/// A stored response's [`Staleness`] follows its directives: `must-revalidate`,
+/// `proxy-revalidate` and `s-maxage` (RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10) forbid serving
+/// it stale; otherwise `stale-while-revalidate=N` and `stale-if-error=N` (RFC 5861) set its
+/// windows, and a response without them has the cache's. `immutable` (RFC 8246) changes
+/// nothing here: it tells clients not to revalidate a fresh response, and this cache never
+/// revalidates a fresh response either.
 ///
 /// The directives of 2 to 4 come from the first *targeted field* (RFC 9213) that the response
 /// carries, valid and not empty: the fields given to [`targeted_field`](Self::targeted_field),
@@ -264,12 +330,24 @@ impl Policy for RfcPolicy {
         }
         let (mut max_age, mut s_maxage) = (None, None);
         let mut allows_authorized = self.share_authorized;
+        let (mut no_cache, mut must_revalidate) = (false, false);
+        let mut stale = Staleness::default();
         let (directives, expires_counts) = self.directives(headers);
         for Directive { name, argument } in directives {
+            let seconds = || argument.as_deref().and_then(parse::delta_seconds);
             match name.as_str() {
                 "no-store" | "private" => return unstored(true),
-                "no-cache" => return unstored(false),
-                "public" | "must-revalidate" => allows_authorized = true,
+                "no-cache" => no_cache = true,
+                "public" => allows_authorized = true,
+                "must-revalidate" => {
+                    allows_authorized = true;
+                    must_revalidate = true;
+                }
+                "proxy-revalidate" => must_revalidate = true,
+                "stale-while-revalidate" => {
+                    stale.while_revalidating = stale.while_revalidating.or_else(seconds);
+                }
+                "stale-if-error" => stale.if_error = stale.if_error.or_else(seconds),
                 "max-age" | "s-maxage" => {
                     let Some(seconds) = argument.as_deref().and_then(parse::delta_seconds) else {
                         // An unreadable lifetime is no permission to store.
@@ -277,6 +355,7 @@ impl Policy for RfcPolicy {
                     };
                     if name == "s-maxage" {
                         allows_authorized = true;
+                        must_revalidate = true;
                         s_maxage.get_or_insert(seconds);
                     } else {
                         max_age.get_or_insert(seconds);
@@ -288,13 +367,30 @@ impl Policy for RfcPolicy {
         if request.headers.contains_key(AUTHORIZATION) && !allows_authorized {
             return unstored(true);
         }
+        if must_revalidate {
+            stale = Staleness::must_revalidate();
+        }
+        if no_cache {
+            let validated = headers.contains_key(ETAG) || headers.contains_key(LAST_MODIFIED);
+            return match unstored(false) {
+                Decision::Pass if validated => Decision::StoreWith {
+                    fresh_for: Duration::ZERO,
+                    stale: Staleness::must_revalidate(),
+                },
+                unstored => unstored,
+            };
+        }
         let explicit = s_maxage
             .or(max_age)
             .or_else(|| expires_lifetime(headers).filter(|_| expires_counts));
         let lifetime =
             explicit.or_else(|| self.default_ttl.filter(|_| cacheable_by_default(status)));
         match lifetime.map(|l| l.saturating_sub(age(headers))) {
-            Some(ttl) if !ttl.is_zero() => Decision::Store(ttl),
+            Some(ttl) if !ttl.is_zero() && stale == Staleness::default() => Decision::Store(ttl),
+            Some(ttl) if !ttl.is_zero() => Decision::StoreWith {
+                fresh_for: ttl,
+                stale,
+            },
             // A server error without freshness is the origin's answer to this load only.
             _ => unstored(false),
         }
@@ -401,6 +497,14 @@ mod tests {
         Decision::Store(Duration::from_secs(s))
     }
 
+    /// Stored for `s` seconds and never served stale.
+    fn strict(s: u64) -> Decision {
+        Decision::StoreWith {
+            fresh_for: Duration::from_secs(s),
+            stale: Staleness::must_revalidate(),
+        }
+    }
+
     #[test]
     fn ttl_comes_from_s_maxage_then_max_age_then_expires() {
         let p = RfcPolicy::new();
@@ -408,7 +512,8 @@ mod tests {
         assert_eq!(decide(&p, 200, &[(cc, "public, max-age=30")]), secs(30));
         assert_eq!(
             decide(&p, 200, &[(cc, "max-age=30, S-MAXAGE=\"7\"")]),
-            secs(7)
+            strict(7),
+            "s-maxage, which also forbids serving it stale (RFC 9111 §5.2.2.10)"
         );
         assert_eq!(
             decide(&p, 200, &[(cc, "max-age=99999999999999999999999")]),
@@ -538,7 +643,7 @@ mod tests {
                 200,
                 &[(cdn, "max-age=30, s-maxage=10"), (cc, "s-maxage=99")]
             ),
-            secs(10)
+            strict(10)
         );
         let expires = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(3600));
         assert_eq!(
@@ -678,17 +783,70 @@ mod tests {
     }
 
     #[test]
+    fn stale_rules_follow_the_response_directives() {
+        let p = RfcPolicy::new();
+        let cc = "cache-control";
+        // RFC 5861 §3, §4: the response's own windows; the first of each counts.
+        assert_eq!(
+            decide(
+                &p,
+                200,
+                &[(
+                    cc,
+                    "max-age=60, stale-while-revalidate=30, stale-if-error=600, stale-if-error=1"
+                )]
+            ),
+            Decision::StoreWith {
+                fresh_for: Duration::from_secs(60),
+                stale: Staleness::default()
+                    .while_revalidating(Duration::from_secs(30))
+                    .if_error(Duration::from_secs(600)),
+            }
+        );
+        assert_eq!(
+            decide(&p, 200, &[(cc, "max-age=60, stale-if-error=oops")]),
+            secs(60),
+            "an unreadable window is no window"
+        );
+        // RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10: never stale, whatever RFC 5861 says.
+        for prohibits in [
+            "max-age=60, must-revalidate, stale-while-revalidate=30",
+            "max-age=60, proxy-revalidate, stale-if-error=30",
+            "s-maxage=60, stale-while-revalidate=30",
+        ] {
+            assert_eq!(
+                decide(&p, 200, &[(cc, prohibits)]),
+                strict(60),
+                "{prohibits}"
+            );
+        }
+        // RFC 9111 §5.2.2.4: `no-cache` with a validator is stored, fresh for 0 and never
+        // served stale (a field-qualified one too, read as unqualified); without one it passes.
+        for validator in [
+            ("etag", "\"v1\""),
+            ("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ] {
+            for directive in ["no-cache, max-age=60", "no-cache=\"x-user\""] {
+                assert_eq!(
+                    decide(&p, 200, &[(cc, directive), validator]),
+                    strict(0),
+                    "{directive} {validator:?}"
+                );
+            }
+        }
+        // RFC 8246: `immutable` changes nothing for this cache.
+        assert_eq!(decide(&p, 200, &[(cc, "max-age=60, immutable")]), secs(60));
+    }
+
+    #[test]
     fn authorized_requests_need_the_response_to_allow_it() {
         let authorized = request(&[("authorization", "Bearer a")]);
         let ok = |cc: &str| response(200, &[("cache-control", cc.to_owned())]);
         let p = RfcPolicy::new();
         assert_eq!(p.decide(&authorized, &ok("max-age=60")), Decision::Pass);
-        for allowed in [
-            "public, max-age=60",
-            "s-maxage=60",
-            "must-revalidate, max-age=60",
-        ] {
-            assert_eq!(p.decide(&authorized, &ok(allowed)), secs(60), "{allowed}");
+        assert_eq!(p.decide(&authorized, &ok("public, max-age=60")), secs(60));
+        for allowed in ["s-maxage=60", "must-revalidate, max-age=60"] {
+            assert_eq!(p.decide(&authorized, &ok(allowed)), strict(60), "{allowed}");
         }
         assert_eq!(
             p.decide(&authorized, &ok("public, private, max-age=60")),

@@ -9,8 +9,9 @@
 //! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
+//! | [`Store::renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
 //! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
-//! | [`Store::put`] | unfenced write of the value (and a notification), the lock untouched |
+//! | [`Store::put`] | write of the value (and a notification) whatever the lock holds, the lock untouched; refused where the stored value's load started later ([`load_start`]) |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
 //! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
 //!
@@ -106,6 +107,21 @@ pub struct Lookup {
     pub lock: LockState,
 }
 
+/// What a [`Store::renew`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Renewal {
+    /// The value lives the new TTL, fresh again; the lock was dropped and followers notified,
+    /// as by a fill.
+    Renewed,
+    /// The lock no longer holds the token: nothing changed, as for a refused fill.
+    LockLost,
+    /// The lock holds the token but there is no value to renew (it expired, was evicted, or
+    /// the store cannot renew): nothing changed and the lock is still held, so the leader
+    /// fills the value's bytes instead.
+    NoValue,
+}
+
 /// A shared store of values and reload locks.
 ///
 /// The trait is object-safe (the engine holds an `Arc<dyn Store>`); each method returns a boxed
@@ -142,6 +158,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>>;
 
+    /// Fenced renewal, for a reload that found the value it reloads unchanged (it was
+    /// revalidated): if the lock of `key` still holds `token` and the value is there, sets the
+    /// value to expire `ttl` from now without rewriting it (its [`load_start`] stays the
+    /// first load's), drops the lock as [`fill`](Self::fill) does (a store that marks fresh
+    /// values marks it fresh again), and notifies as a fill does. The default renews nothing
+    /// ([`Renewal::NoValue`]): the engine then fills the bytes again.
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        let _ = (key, token, ttl);
+        Box::pin(async { Ok(Renewal::NoValue) })
+    }
+
     /// Deletes the lock of `key` if it holds `token`; returns whether it did.
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>>;
 
@@ -169,15 +201,21 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// Writes `value` for `ttl` whatever the lock holds, without touching the lock, and notifies
-    /// followers as a fill does. For a follower that gave up waiting and caches its own load
-    /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::WaitTimeoutPolicy::LoadAndCache)), and for
-    /// tools; the leader that still holds the lock overwrites the value when its fill lands.
+    /// followers as a fill does; returns `true`. For a follower that gave up waiting and caches
+    /// its own load ([`WaitTimeoutPolicy::LoadAndCache`](crate::WaitTimeoutPolicy::LoadAndCache)),
+    /// and for tools; the leader that still holds the lock overwrites the value when its fill
+    /// lands.
+    ///
+    /// Fenced by the values' load starts ([`load_start`]): where the stored value's load
+    /// started later than `value`'s, changes nothing and returns `false`, so a slow load
+    /// cannot overwrite a newer value. A value without a load start (foreign bytes, or written
+    /// by a release of this crate before load starts) neither refuses nor is refused.
     fn put(
         &self,
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>>;
+    ) -> BoxFuture<'_, Result<bool, StoreError>>;
 
     /// Reads the value of `key`, without touching the lock.
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;
@@ -246,6 +284,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// returns, and of every change made elsewhere once it hears of it.
     fn notifier(&self) -> Option<&Notifier> {
         None
+    }
+}
+
+/// When the load of a value the engine wrote started, in milliseconds since the UNIX epoch,
+/// as [`Store::put`]'s fence compares them: bytes 8 to 16 (big-endian) of a value that starts
+/// with the engine's header (`TS`, then a version of 2 or more). `None` for other bytes,
+/// which the fence lets any write replace.
+///
+/// Load starts are read on each process's wall clock: two loads started within the clocks'
+/// disagreement of each other are ordered as those clocks say, either being about as new.
+pub fn load_start(value: &[u8]) -> Option<u64> {
+    match value.get(..16)? {
+        [b'T', b'S', version, _, _, _, _, _, start @ ..] if *version >= 2 => {
+            Some(u64::from_be_bytes(start.try_into().ok()?))
+        }
+        _ => None,
     }
 }
 

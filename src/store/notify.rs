@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 use super::{KeyDigest, StoreKey};
 
@@ -34,6 +35,8 @@ pub struct Notifier {
     epoch: Arc<AtomicU64>,
     /// Whether notifications are being received, so that what L1 holds can be kept in step.
     live: Arc<AtomicBool>,
+    /// Woken when they are [restored](Notifier::restored).
+    back: Arc<Notify>,
 }
 
 impl Default for Notifier {
@@ -43,6 +46,7 @@ impl Default for Notifier {
             sent: Arc::default(),
             epoch: Arc::default(),
             live: Arc::new(AtomicBool::new(true)),
+            back: Arc::default(),
         }
     }
 }
@@ -187,7 +191,31 @@ impl Notifier {
         if !self.live.load(Ordering::SeqCst) {
             self.epoch.fetch_add(1, Ordering::SeqCst);
             self.live.store(true, Ordering::SeqCst);
+            self.back.notify_waiters();
         }
+    }
+
+    /// Waits at most `limit` for notifications to be received (a subscription on its way),
+    /// and answers whether they are: a reader that waits for a namespace's first subscription
+    /// can keep what it reads in L1.
+    pub async fn received_within(&self, limit: Duration) -> bool {
+        if self.live.load(Ordering::SeqCst) {
+            return true;
+        }
+        let back = self.back.notified();
+        tokio::pin!(back);
+        // Registered before the second look, so a restore in between is not missed.
+        back.as_mut().enable();
+        if !self.live.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout(limit, back).await;
+        }
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// A subscription failed: readers waiting in [`received_within`](Self::received_within)
+    /// stop waiting (notifications stay [lost](Self::lost) until one succeeds).
+    pub fn subscription_failed(&self) {
+        self.back.notify_waiters();
     }
 
     /// How many keys are watched (for tests and metrics).

@@ -7,6 +7,32 @@
 #[cfg(feature = "redis")]
 mod redis;
 
+/// `timed_test!(name)` runs `async fn name(stores: Vec<Shared>)`, a test that depends on
+/// timing, twice: as `name::memory` over `MemoryStore` on paused tokio time, which the store's
+/// expiries and the engine's timers follow, so the run is instant and its timing exact; and,
+/// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
+/// expiry follows moka's own clock, which paused time does not move: a test that waits for an
+/// L1 entry to expire is not a `timed_test!`.)
+#[allow(unused_macros)]
+macro_rules! timed_test {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
+
+            #[tokio::test(start_paused = true)]
+            async fn memory() {
+                super::$name(vec![Shared::memory()]).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name(vec![Shared::redis().await]).await;
+            }
+        }
+    };
+}
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +45,7 @@ use tower_stampede::{Cache, CacheBuilder};
 // Each test file uses some of them.
 #[cfg(feature = "redis")]
 #[allow(unused_imports)]
-pub use self::redis::{RedisCluster, RedisServer, TlsFiles};
+pub use self::redis::{calls, RedisCluster, RedisServer, TlsFiles};
 
 /// Counts calls to a backend.
 #[derive(Clone, Default)]
@@ -159,4 +185,52 @@ pub async fn start_leader(
     });
     started.notified().await;
     leader
+}
+
+/// A stampede of `callers` fetches of `key` spread over `instances`, where the stored value
+/// (`stale`) may be served stale: each caller gets it at once (`Outcome::Stale`) and one
+/// refresh starts, held until the returned notify is notified (it then loads `fresh`).
+/// Returns that notify and the count of loads, once every caller has its answer and exactly
+/// one load has begun.
+pub async fn stale_while_one_refreshes(
+    name: &str,
+    instances: &[Cache],
+    key: &'static str,
+    callers: usize,
+    stale: &str,
+    fresh: &'static str,
+) -> (Arc<Notify>, Counter) {
+    let loads = Counter::default();
+    let release = Arc::new(Notify::new());
+    let fetches: Vec<_> = (0..callers)
+        .map(|i| {
+            let (cache, loads, release) = (
+                instances[i % instances.len()].clone(),
+                loads.clone(),
+                release.clone(),
+            );
+            tokio::spawn(async move {
+                cache
+                    .fetch(key, move || async move {
+                        loads.hit();
+                        // The refresh takes as long as the test wants: nobody may wait for it.
+                        release.notified().await;
+                        Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(
+                            fresh.as_bytes(),
+                        )))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for fetch in fetches {
+        let fetched = fetch.await.unwrap().unwrap();
+        assert_eq!(
+            (fetched.value().unwrap().as_ref(), fetched.outcome()),
+            (stale.as_bytes(), tower_stampede::Outcome::Stale),
+            "{name}"
+        );
+    }
+    assert_eq!(loads.get(), 1, "{name}: one refresh");
+    (release, loads)
 }

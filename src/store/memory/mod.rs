@@ -8,8 +8,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{
-    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
-    Store, StoreError, StoreKey, Stored,
+    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
+    Notifier, Renewal, Store, StoreError, StoreKey, Stored,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -195,6 +195,15 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Drops the value of `key` as the store's own eviction would, leaving its lock: to test
+    /// what an evicted value costs (Redis evicts values under `maxmemory` as well). Returns
+    /// whether there was a live value.
+    pub fn evict(&self, key: &StoreKey) -> bool {
+        let now = Instant::now();
+        let removed = self.state().remove_value(key);
+        removed.is_some_and(|(_, expires)| expires > now)
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // No code path panics while holding the lock, and every write leaves the maps
         // consistent, so a poisoned lock still guards valid state.
@@ -225,8 +234,9 @@ impl MemoryStore {
         }
         let lock = match state.lock_holder(key, now) {
             Some(Holder::Failed) => LockState::Failed,
-            Some(Holder::Leader(_)) => LockState::HeldElsewhere,
-            None => {
+            // A lock held under the caller's own token is its own: taken again, as on Redis.
+            Some(Holder::Leader(held)) if held != token => LockState::HeldElsewhere,
+            Some(Holder::Leader(_)) | None => {
                 state
                     .locks
                     .insert(key.clone(), (Holder::Leader(token), expiry(now, lock_ttl)));
@@ -251,6 +261,24 @@ impl MemoryStore {
         true
     }
 
+    fn renew_now(&self, key: &StoreKey, token: LockToken, ttl: Duration) -> Renewal {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+            return Renewal::LockLost;
+        }
+        match state.values.get_mut(key) {
+            Some((_, expires)) if *expires > now => *expires = expiry(now, ttl),
+            _ => return Renewal::NoValue,
+        }
+        state.touch(key);
+        state.locks.remove(key);
+        state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
+        Renewal::Renewed
+    }
+
     fn release_now(&self, key: &StoreKey, token: LockToken) -> bool {
         let now = Instant::now();
         let mut state = self.state();
@@ -263,13 +291,24 @@ impl MemoryStore {
         true
     }
 
-    fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) {
+    fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut state = self.state();
+        let stored_start = state
+            .values
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .and_then(|(stored, _)| load_start(stored));
+        if let (Some(stored), Some(new)) = (stored_start, load_start(&value)) {
+            if stored > new {
+                return false;
+            }
+        }
         state.insert_value(key, value, expiry(now, ttl));
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);
+        true
     }
 
     fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
@@ -356,6 +395,16 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(result) })
     }
 
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        let result = self.renew_now(key, token, ttl);
+        Box::pin(async move { Ok(result) })
+    }
+
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
         let result = self.release_now(key, token);
         Box::pin(async move { Ok(result) })
@@ -376,9 +425,9 @@ impl Store for MemoryStore {
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.put_now(key, value, ttl);
-        Box::pin(async { Ok(()) })
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.put_now(key, value, ttl);
+        Box::pin(async move { Ok(result) })
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {

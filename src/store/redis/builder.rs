@@ -56,6 +56,8 @@ pub struct RedisStoreBuilder {
     pub(super) connection_timeout: Duration,
     pub(super) response_timeout: Duration,
     notifications: bool,
+    /// Whether a cluster's notifications use sharded pub/sub.
+    sharded_notifications: bool,
     /// PEM root certificates to trust instead of the system's.
     #[cfg(feature = "tls")]
     root_certificates: Option<Vec<u8>>,
@@ -72,7 +74,8 @@ impl fmt::Debug for RedisStoreBuilder {
         debug
             .field("connection_timeout", &self.connection_timeout)
             .field("response_timeout", &self.response_timeout)
-            .field("notifications", &self.notifications);
+            .field("notifications", &self.notifications)
+            .field("sharded_notifications", &self.sharded_notifications);
         #[cfg(feature = "tls")]
         debug.field(
             "tls_root_certificates",
@@ -93,6 +96,7 @@ impl RedisStoreBuilder {
             connection_timeout: Duration::from_secs(1),
             response_timeout: Duration::from_secs(1),
             notifications: true,
+            sharded_notifications: true,
             #[cfg(feature = "tls")]
             root_certificates: None,
         }
@@ -118,6 +122,20 @@ impl RedisStoreBuilder {
     /// (one per store, shared by its clones). Without it followers only poll. Default: on.
     pub fn notifications(mut self, on: bool) -> Self {
         self.notifications = on;
+        self
+    }
+
+    /// On a Redis Cluster, whether changes are published with sharded pub/sub (`SPUBLISH`,
+    /// Redis 7.0 and later: one message to the key's shard) rather than classic `PUBLISH`
+    /// (broadcast to every node). Default: on; a server without it is found out at the first
+    /// subscription, and classic pub/sub is used. One server always uses classic pub/sub:
+    /// there, sharding would save nothing.
+    ///
+    /// Every store subscribes to both, so it hears stores of either setting (and of releases
+    /// before this one, which publish on the classic channel); turn it off while a fleet is
+    /// upgraded from such a release, so the older processes keep hearing the newer ones.
+    pub fn sharded_notifications(mut self, on: bool) -> Self {
+        self.sharded_notifications = on;
         self
     }
 
@@ -173,8 +191,11 @@ impl RedisStoreBuilder {
                 Connection::Cluster(connection)
             }
         };
+        let sharded = Arc::new(AtomicBool::new(
+            self.sharded_notifications && !matches!(self.target, Target::Server(_)),
+        ));
         let notifications = if self.notifications {
-            match Notifications::connect(&self, &infos).await {
+            match Notifications::connect(&self, &infos, Arc::clone(&sharded)).await {
                 Ok(notifications) => Some(notifications),
                 Err(error) => {
                     warn!(%error, %address, "no fill notifications (the subscriber needs RESP3: Redis 6+); followers poll");
@@ -189,6 +210,7 @@ impl RedisStoreBuilder {
             address,
             notifications,
             pipelined: Arc::new(AtomicBool::new(true)),
+            sharded,
         })
     }
 

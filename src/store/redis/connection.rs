@@ -66,6 +66,20 @@ impl Connection {
             Connection::Cluster(connection) => connection.clone().subscribe(channel).await,
         }
     }
+
+    /// Subscribes to a shard channel (`SSUBSCRIBE`, Redis 7.0 and later), on the node that
+    /// serves its slot; the cluster client moves the subscription when the slot moves. One
+    /// server has no use for them (see `RedisStoreBuilder::sharded_notifications`).
+    #[cfg(feature = "cluster")]
+    pub(super) async fn ssubscribe(&self, channel: String) -> RedisResult<()> {
+        match self {
+            Connection::Server(_) => Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "sharded pub/sub is for a cluster",
+            ))),
+            Connection::Cluster(connection) => connection.clone().ssubscribe(channel).await,
+        }
+    }
 }
 
 async fn evalsha<T: FromRedisValue>(

@@ -68,9 +68,12 @@ use notifications::Notifications;
 /// With the `cluster` feature, `RedisStore::connect_cluster` (or `RedisStore::cluster_builder`)
 /// takes the URLs of some of the cluster's nodes (seeds: one that answers is enough) and
 /// discovers the rest. Every [`Store`](super::Store) method works as on one server. Fill
-/// notifications use classic pub/sub, which a cluster broadcasts to all its nodes: the store's
-/// subscriber listens on the node that serves the channel's slot (and moves with that slot),
-/// and hears the fills of keys on every node.
+/// notifications use sharded pub/sub (Redis 7.0 and later): a change is published only within
+/// the shard of its key (its master and replicas), on one of 16 shard channels of the
+/// namespace, instead of being broadcast to every node; the store's subscriber listens to all
+/// 16, each on the node that serves its slot (moving with that slot), and so hears the fills of
+/// keys on every node. A server without sharded pub/sub gets classic pub/sub, as one server
+/// does (see `RedisStoreBuilder::sharded_notifications`).
 ///
 /// ```no_run
 /// # #[cfg(feature = "cluster")]
@@ -102,6 +105,10 @@ pub struct RedisStore {
     /// Whether lookups pipeline plain commands (`SET … NX GET` needs Redis 7.0); cleared for
     /// good, in favour of the lookup script, when the server rejects it.
     pipelined: Arc<AtomicBool>,
+    /// Whether changes are published on the shard channels (a cluster, unless the builder
+    /// said otherwise); cleared for good when the subscriber finds no `SSUBSCRIBE` (before
+    /// Redis 7.0). Meanwhile the scripts fall back to `PUBLISH` by themselves.
+    sharded: Arc<AtomicBool>,
 }
 
 impl RedisStore {

@@ -1,5 +1,8 @@
-//! The Redis names of a store key: the key of its value, the key of its lock, and the channel
-//! on which its namespace's fills are published.
+//! The Redis names of a store key: the key of its value, the key of its lock, and the channels
+//! on which its namespace's fills are published (one classic channel, and on a Redis Cluster a
+//! small fixed family of shard channels).
+
+use std::sync::atomic::Ordering;
 
 use super::RedisStore;
 use crate::store::StoreKey;
@@ -19,6 +22,16 @@ impl RedisStore {
     /// marker): `{namespace}:{{digest}}:l`, in the slot of [`value_name`](Self::value_name).
     pub fn lock_name(key: &StoreKey) -> String {
         name(key, 'l')
+    }
+
+    /// What this store's scripts publish a change of a `namespace` key on: the shard channel
+    /// family on a cluster with sharded pub/sub, else the classic channel.
+    pub(super) fn fill_channel(&self, namespace: &str) -> String {
+        if self.sharded.load(Ordering::Relaxed) {
+            shard_channel_family(namespace)
+        } else {
+            channel(namespace)
+        }
     }
 }
 
@@ -48,14 +61,51 @@ pub(super) fn tag_names(namespace: &str) -> (String, String) {
 /// What follows the namespace in the name of its fill channel.
 const CHANNEL_SUFFIX: &str = ":filled";
 
-/// The channel on which fills and releases of a namespace's keys are published.
+/// The classic channel on which fills and releases of a namespace's keys are published: on one
+/// server, and on a cluster whose servers lack sharded pub/sub (before Redis 7.0).
 pub(super) fn channel(namespace: &str) -> String {
     format!("{namespace}{CHANNEL_SUFFIX}")
 }
 
-/// The namespace whose fill channel is `channel`, if it is one.
+/// The hash tags of a namespace's shard channels, `{namespace}:filled{<tag>}`: tag `i` hashes
+/// to a slot among the first 64 of the `i`-th sixteenth of the 16384 slots (a unit test checks
+/// it), so that every master of a cluster whose slots are split evenly among up to 16 masters
+/// serves at least one of them.
+///
+/// A script that publishes a change sends it (`SPUBLISH`) on the first of these channels that
+/// its own node serves, since a script may touch only its node's slots; a process subscribes to
+/// all of them (`SSUBSCRIBE`, each where its slot is served). So a fill costs one message to
+/// the key's shard (its master and replicas) instead of a broadcast to every node, and a process
+/// holds 16 subscriptions whatever the number of keys or nodes. A master that serves none of
+/// them (a cluster split very unevenly) publishes on the classic channel instead, which every
+/// process also subscribes to.
+pub(super) const SHARD_TAGS: [&str; 16] = [
+    "460", "131", "201", "50", "461", "130", "200", "51", "16", "247", "177", "426", "17", "246",
+    "176", "427",
+];
+
+/// What a script gets in place of the classic channel to publish on the namespace's shard
+/// channels: the classic channel then `{` (no namespace holds a brace), to which the script
+/// appends a tag and `}`.
+pub(super) fn shard_channel_family(namespace: &str) -> String {
+    format!("{namespace}{CHANNEL_SUFFIX}{{")
+}
+
+/// The namespace's shard channels, one per [`SHARD_TAGS`] tag.
+#[cfg(feature = "cluster")]
+pub(super) fn shard_channels(namespace: &str) -> impl Iterator<Item = String> + '_ {
+    SHARD_TAGS
+        .iter()
+        .map(move |tag| format!("{namespace}{CHANNEL_SUFFIX}{{{tag}}}"))
+}
+
+/// The namespace whose fill channel (classic or shard) is `channel`, if it is one.
 pub(super) fn namespace_of(channel: &str) -> Option<&str> {
-    channel.strip_suffix(CHANNEL_SUFFIX)
+    let classic = match channel.strip_suffix('}') {
+        Some(shard) => &shard[..shard.rfind('{')?],
+        None => channel,
+    };
+    classic.strip_suffix(CHANNEL_SUFFIX)
 }
 
 #[cfg(test)]
@@ -99,5 +149,51 @@ mod tests {
         assert_eq!(channel("app"), "app:filled");
         assert_eq!(namespace_of(&channel("app")), Some("app"));
         assert_eq!(namespace_of("app:other"), None);
+        assert_eq!(shard_channel_family("app"), "app:filled{");
+        assert_eq!(namespace_of("app:filled{460}"), Some("app"));
+        assert_eq!(namespace_of("app:filled}"), None);
+        assert_eq!(namespace_of("app:other{460}"), None);
+    }
+
+    #[cfg(feature = "cluster")]
+    #[test]
+    fn shard_channels_are_the_family_and_a_tag() {
+        let shards: Vec<String> = shard_channels("app").collect();
+        assert_eq!(shards.len(), 16);
+        assert_eq!(shards[0], "app:filled{460}");
+        for (shard, tag) in shards.iter().zip(SHARD_TAGS) {
+            assert_eq!(*shard, format!("{}{tag}}}", shard_channel_family("app")));
+            assert_eq!(namespace_of(shard), Some("app"));
+        }
+    }
+
+    /// Redis Cluster's slot of a hash tag: CRC16 (XMODEM) modulo 16384.
+    fn slot(tag: &str) -> u16 {
+        let mut crc: u16 = 0;
+        for byte in tag.bytes() {
+            crc ^= u16::from(byte) << 8;
+            for _ in 0..8 {
+                crc = if crc & 0x8000 != 0 {
+                    (crc << 1) ^ 0x1021
+                } else {
+                    crc << 1
+                };
+            }
+        }
+        crc % 16384
+    }
+
+    #[test]
+    fn shard_tags_spread_over_the_slots() {
+        // The CRC of `redis-cli CLUSTER KEYSLOT a`, as a check of the CRC itself.
+        assert_eq!(slot("a"), 15495);
+        for (i, tag) in SHARD_TAGS.iter().enumerate() {
+            let first = u16::try_from(i).unwrap() * 1024;
+            assert!(
+                (first..first + 64).contains(&slot(tag)),
+                "{tag}: {}",
+                slot(tag)
+            );
+        }
     }
 }

@@ -1,10 +1,15 @@
 //! Fill notifications over Redis pub/sub: the process's one subscriber connection, the
-//! channels it listens on, and how a message wakes this process's followers.
+//! channels it listens on (a namespace's classic channel, and on a Redis Cluster its shard
+//! channels, see [`SHARD_TAGS`](super::names::SHARD_TAGS)), and how a message wakes this
+//! process's followers.
 //!
 //! Pub/sub is lossy (a message sent while the subscriber reconnects is gone), so followers poll
 //! as well: a lost message costs latency, never correctness.
 
 use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+#[cfg(feature = "cluster")]
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use redis::aio::ConnectionManager;
@@ -13,6 +18,8 @@ use tracing::{debug, warn};
 
 use super::builder::{no_url, RedisStoreBuilder, Target};
 use super::connection::Connection;
+#[cfg(feature = "cluster")]
+use super::names::shard_channels;
 use super::names::{channel, namespace_of};
 use crate::store::{KeyDigest, Notifier, StoreKey};
 
@@ -26,6 +33,9 @@ pub(super) struct Notifications {
     /// What this store's messages say after the digest (`:` and 16 random hex digits), so its
     /// subscriber knows its own: the store told its notifier when the change was made.
     pub(super) origin: Arc<[u8; 17]>,
+    /// The store's choice of sharded pub/sub (see `RedisStore::sharded`): the shard channels
+    /// are subscribed to while it holds, and it is cleared if the server refuses them.
+    sharded: Arc<AtomicBool>,
 }
 
 /// A random origin tag, `:` and 16 hex digits.
@@ -51,13 +61,16 @@ impl Notifications {
     pub(super) async fn connect(
         builder: &RedisStoreBuilder,
         infos: &[ConnectionInfo],
+        sharded: Arc<AtomicBool>,
     ) -> RedisResult<Self> {
         let notifier = Notifier::new();
         let channels: Arc<Mutex<Channels>> = Arc::default();
         let origin = Arc::new(new_origin());
         let (wake, forget, own) = (notifier.clone(), Arc::clone(&channels), Arc::clone(&origin));
         let on_push = move |push: PushInfo| {
-            if push.kind == PushKind::Disconnection {
+            // This crate never unsubscribes: an `SUNSUBSCRIBE` comes from a node whose slot,
+            // with the shard channel in it, went elsewhere.
+            if matches!(push.kind, PushKind::Disconnection | PushKind::SUnsubscribe) {
                 // The connection resubscribes when it reconnects, but a single server's
                 // reconnects only when it is used, and a cluster's may have to find the
                 // channel's slot on another node: forget the channels, so the next watch
@@ -110,16 +123,17 @@ impl Notifications {
             notifier,
             channels,
             origin,
+            sharded,
         })
     }
 
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
     /// the subscription is in place, followers of that namespace poll.
     ///
-    /// After a dropped connection, the notifier counts notifications as lost until every
-    /// subscription asked for is in place again, so that L1 trusts nothing read meanwhile. A
-    /// first subscription is not waited for: a message sent before it is in place is lost,
-    /// which costs at most `l1_ttl_cap` of an old value in L1, as any lost message does.
+    /// Until every subscription asked for is in place (a namespace's first, or all of them
+    /// again after a dropped connection), the notifier counts notifications as lost, so that
+    /// L1 trusts nothing read meanwhile: a message sent before the subscription is in place
+    /// would be missed, and an old value kept in L1 for up to `l1_ttl_cap`.
     pub(super) fn ensure_subscribed(&self, namespace: &str) {
         let mut channels = crate::sync::lock(&self.channels);
         if channels.names.contains(namespace) {
@@ -128,11 +142,14 @@ impl Notifications {
         let namespace: Arc<str> = Arc::from(namespace);
         channels.names.insert(Arc::clone(&namespace));
         channels.pending += 1;
+        // Counted as pending first: only the completion of the last pending subscription,
+        // this one's or a later one's, restores the notifier.
+        self.notifier.lost();
         drop(channels);
         let (subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
-        let notifier = self.notifier.clone();
+        let (notifier, sharded) = (self.notifier.clone(), Arc::clone(&self.sharded));
         tokio::spawn(async move {
-            let subscribed = subscriber.subscribe(channel(&namespace)).await;
+            let subscribed = subscribe(&subscriber, &namespace, &sharded).await;
             let mut channels = crate::sync::lock(&channels);
             channels.pending = channels.pending.saturating_sub(1);
             match subscribed {
@@ -144,10 +161,45 @@ impl Notifications {
                     warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
                     // Forget it, so the next watch tries again.
                     channels.names.remove(&namespace);
+                    notifier.subscription_failed();
                 }
             }
         });
     }
+}
+
+/// Subscribes to the namespace's classic channel (every store publishes there where sharded
+/// pub/sub is off or missing), then, while the store shards, to its shard channels.
+async fn subscribe(
+    subscriber: &Connection,
+    namespace: &str,
+    sharded: &AtomicBool,
+) -> RedisResult<()> {
+    subscriber.subscribe(channel(namespace)).await?;
+    #[cfg(feature = "cluster")]
+    if sharded.load(Ordering::Relaxed) {
+        // One at a time: a command's channels must share a slot.
+        for shard in shard_channels(namespace) {
+            match subscriber.ssubscribe(shard).await {
+                Ok(()) => {}
+                Err(error)
+                    if error.code() == Some("ERR")
+                        && error.to_string().contains("unknown command") =>
+                {
+                    // Before Redis 7.0: the store publishes on the classic channel from now on
+                    // (its scripts already fell back to it).
+                    if sharded.swap(false, Ordering::Relaxed) {
+                        warn!("the cluster has no sharded pub/sub (Redis before 7.0); notifications use classic pub/sub");
+                    }
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+    #[cfg(not(feature = "cluster"))]
+    let _ = sharded;
+    Ok(())
 }
 
 /// The same connection settings, speaking RESP3 (which carries pub/sub messages as pushes).
@@ -159,14 +211,15 @@ fn resp3(info: ConnectionInfo) -> ConnectionInfo {
     info.set_redis_settings(settings)
 }
 
-/// A pub/sub message `[channel, digest]` wakes the followers of that key in this process.
+/// A pub/sub message `[channel, digest]`, classic or sharded, wakes the followers of that key
+/// in this process.
 ///
 /// A message is the key's digest, then (from this release on) its sender's origin tag: a
 /// message of this store's own is skipped, since the store told its notifier when it made the
 /// change (so the L1 entry a leader stamps after its own fill stays trusted). A message with
 /// no tag (an older release) counts as another process's.
 fn wake_followers(notifier: &Notifier, own: &[u8], push: PushInfo) {
-    if push.kind != PushKind::Message {
+    if !matches!(push.kind, PushKind::Message | PushKind::SMessage) {
         return;
     }
     let [Value::BulkString(channel), Value::BulkString(message)] = push.data.as_slice() else {

@@ -8,15 +8,16 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Script};
 
-use super::names::channel;
+use super::names::SHARD_TAGS;
 use crate::store::{LockToken, StoreKey};
 
 /// Get the value; if absent or about to expire, try to take the lock (a `fresh` marker does not
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
 /// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
 /// lock key of a foreign type, or holding a string that is no lock (see [`is_lock`]), counts
-/// as free. A lock that already holds `ARGV[1]` is ours: the
-/// pipelined lookup took it before a `GET` of a foreign type failed. Reply:
+/// as free. A lock that already holds our token (the first 33 bytes of `ARGV[1]`) is ours,
+/// taken again (its bound and TTL renewed): the pipelined lookup took it before a `GET` of a
+/// foreign type failed, or the caller asks again. Reply:
 /// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
 /// 1 = acquired, 2 = held elsewhere, 3 = held by the marker of a failed load.
 pub(super) static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
@@ -33,7 +34,7 @@ else
 end
 local l = redis.pcall('GET', KEYS[2])
 if l == 'failed' then return {v, ttl, 3} end
-if type(l) ~= 'string' or l == 'fresh' or l == ARGV[1]
+if type(l) ~= 'string' or l == 'fresh' or string.sub(l, 1, 33) == string.sub(ARGV[1], 1, 33)
     or not string.match(l, '^' .. string.rep('%x', 32) .. ':') then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {v, ttl, 1}
@@ -65,58 +66,127 @@ local function unlock(lock, l, life)
 end
 ";
 
+/// `publish(channel, message)`, which every script that changes a key calls: a classic
+/// channel gets a `PUBLISH`; a shard channel family (`<channel>{`, on a cluster: see
+/// [`SHARD_TAGS`]) gets an `SPUBLISH` on the first of its channels this node serves (the others
+/// answer an error and publish nothing), or, where none is served here or the server has no
+/// sharded pub/sub, a `PUBLISH` on the classic channel.
+fn publish_function() -> String {
+    let tags: Vec<String> = SHARD_TAGS.iter().map(|tag| format!("'{tag}'")).collect();
+    format!(
+        r"
+local function publish(channel, message)
+  if string.sub(channel, -1) == '{{' then
+    for _, tag in ipairs({{{tags}}}) do
+      if type(redis.pcall('SPUBLISH', channel .. tag .. '}}', message)) == 'number' then
+        return
+      end
+    end
+    channel = string.sub(channel, 1, -2)
+  end
+  redis.call('PUBLISH', channel, message)
+end
+",
+        tags = tags.join(",")
+    )
+}
+
+/// A script of `functions` (Lua function definitions) and the publish function, then `body`.
+fn publishing(functions: &str, body: &str) -> Script {
+    Script::new(&format!("{functions}{}{body}", publish_function()))
+}
+
 /// Fenced write: store the value only while the lock holds our token, then replace the lock
 /// by the `fresh` marker for as long as the value is fresh, and publish "filled" (`ARGV[4]` is
 /// the channel, `ARGV[5]` the key's digest).
 pub(super) static FILL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{LOCK_FUNCTIONS}{}",
+    publishing(
+        LOCK_FUNCTIONS,
         r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 unlock(KEYS[2], l, tonumber(ARGV[3]))
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+publish(ARGV[4], ARGV[5])
 return 1
-"
-    ))
+",
+    )
 });
 
-/// Compare-and-release of the lock: the `fresh` marker takes its place if the value is still
-/// fresh, else the lock is deleted; then publish "filled" so followers retry at once.
-pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{LOCK_FUNCTIONS}{}",
+/// Fenced renewal: while the lock holds our token, set the value (`KEYS[1]`) to expire in
+/// `ARGV[2]` ms without rewriting it (its load start too), replace the lock by the `fresh`
+/// marker as a fill does, and publish (`ARGV[3]`, `ARGV[4]`). Reply: 1 renewed, 0 the lock is
+/// not ours, 2 no value (the lock is kept: the leader fills instead).
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    publishing(
+        LOCK_FUNCTIONS,
         r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
-unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+if redis.call('PEXPIRE', KEYS[1], ARGV[2]) == 0 then return 2 end
+unlock(KEYS[2], l, tonumber(ARGV[2]))
+publish(ARGV[3], ARGV[4])
 return 1
-"
-    ))
+",
+    )
 });
+
+/// Compare-and-release of the lock (`KEYS[2]`, token `ARGV[1]`), which `RELEASE` and
+/// `REPAIR` share: the `fresh` marker takes its place if the value is still fresh, else the
+/// lock is deleted.
+const RELEASE_LOCK: &str = r"
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+";
+
+/// Compare-and-release of the lock, then publish "filled" so followers retry at once.
+pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    publishing(
+        LOCK_FUNCTIONS,
+        &format!("{RELEASE_LOCK}publish(ARGV[2], ARGV[3])\nreturn 1\n"),
+    )
+});
+
+/// The `fresh` marker put back: a lookup that found a fresh value without its marker (evicted,
+/// expired with a failure marker, or never set by a put) took the lock, and frees it as
+/// `RELEASE` does, but without publishing: nothing changed, and a notification would make
+/// every process drop the key from its L1.
+pub(super) static REPAIR: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{LOCK_FUNCTIONS}{RELEASE_LOCK}return 1\n")));
 
 /// Compare-and-replace of the lock by the failure marker (`failed`, which no lock equals),
 /// then publish so followers fail at once.
 pub(super) static FAIL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(&format!(
-        "{LOCK_FUNCTIONS}{}",
+    publishing(
+        LOCK_FUNCTIONS,
         r"
 if not owns(KEYS[1]) then return 0 end
 redis.call('SET', KEYS[1], 'failed', 'PX', ARGV[2])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+publish(ARGV[3], ARGV[4])
 return 1
-"
-    ))
+",
+    )
 });
 
-/// Unfenced write of the value, then publish "filled".
+/// Write of the value whatever the lock holds, fenced by load starts: refused (0) where the
+/// stored value's load started later than `ARGV[5]` (ms since the epoch; empty for a value
+/// without one), as [`load_start`](crate::store::load_start) reads it from the first 16
+/// bytes; else publish "filled".
 pub(super) static PUT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    publishing(
+        "",
         r"
+local new = tonumber(ARGV[5])
+local head = redis.pcall('GETRANGE', KEYS[1], 0, 15)
+if new and type(head) == 'string' and #head == 16 and string.sub(head, 1, 2) == 'TS'
+    and string.byte(head, 3) >= 2 then
+  local stored = 0
+  for i = 9, 16 do stored = stored * 256 + string.byte(head, i) end
+  if stored > new then return 0 end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('PUBLISH', ARGV[3], ARGV[4])
+publish(ARGV[3], ARGV[4])
 return 1
 ",
     )
@@ -126,10 +196,11 @@ return 1
 /// then refused; a failure or `fresh` marker), then publishes, as a fill does. `KEYS[1]` is
 /// the value, `KEYS[2]` the lock; `ARGV[1]` and `ARGV[2]` the channel and digest.
 pub(super) static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    publishing(
+        "",
         r"
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+publish(ARGV[1], ARGV[2])
 return 1
 ",
     )
@@ -139,7 +210,8 @@ return 1
 /// marker for the value's freshness (`ARGV[3]` ms, none if 0), then publishes (`ARGV[4]`,
 /// `ARGV[5]`).
 pub(super) static SET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    publishing(
+        "",
         r"
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local fresh = tonumber(ARGV[3])
@@ -148,7 +220,7 @@ if fresh >= 1 then
 else
   redis.call('DEL', KEYS[2])
 end
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+publish(ARGV[4], ARGV[5])
 return 1
 ",
     )
@@ -158,7 +230,8 @@ return 1
 /// the lock, then publishes (`ARGV[2]`, `ARGV[3]`). A value without expiry (a foreign write)
 /// gets one.
 pub(super) static EXPIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    publishing(
+        "",
         r"
 local keep = tonumber(ARGV[1])
 local life = redis.call('PTTL', KEYS[1])
@@ -168,7 +241,7 @@ elseif life == -1 or life > keep then
   redis.call('PEXPIRE', KEYS[1], keep)
 end
 redis.call('DEL', KEYS[2])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+publish(ARGV[2], ARGV[3])
 return 1
 ",
     )
@@ -178,12 +251,13 @@ return 1
 /// for each tag (`ARGV[3..]`, hex digests) in the versions hash (`KEYS[2]`), and publishes each
 /// tag on the channel `ARGV[1]`, tagged with the origin `ARGV[2]`.
 pub(super) static INVALIDATE_TAGS: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    publishing(
+        "",
         r"
 local clock = redis.call('INCR', KEYS[1])
 for i = 3, #ARGV do
   redis.call('HSET', KEYS[2], ARGV[i], clock)
-  redis.call('PUBLISH', ARGV[1], ARGV[i] .. ARGV[2])
+  publish(ARGV[1], ARGV[i] .. ARGV[2])
 end
 return clock
 ",
@@ -221,14 +295,15 @@ pub(super) fn command(args: usize, name: &str, key: &str) -> Cmd {
     command
 }
 
-/// Adds the arguments with which a script publishes "filled" for `key`: its namespace's
-/// channel, and the message: the key's digest then the store's `origin` tag.
-pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey, origin: &[u8]) {
+/// Adds the arguments with which a script publishes "filled" for `key`: `channel` (its
+/// namespace's classic channel or shard channel family), and the message: the key's digest
+/// then the store's `origin` tag.
+pub(super) fn publish_filled(call: &mut Cmd, key: &StoreKey, channel: String, origin: &[u8]) {
     let mut message = [0u8; 64 + 17];
     message[..64].copy_from_slice(&key.digest().hex_bytes());
     let len = 64 + origin.len().min(17);
     message[64..len].copy_from_slice(&origin[..len - 64]);
-    call.arg(channel(key.namespace())).arg(&message[..len]);
+    call.arg(channel).arg(&message[..len]);
 }
 
 /// Whether a lock key's value is a leader's lock: 32 hex digits (its token) and `:`. What

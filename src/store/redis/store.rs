@@ -8,15 +8,15 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::{debug, warn};
 
-use super::names::{channel, tag_names};
+use super::names::tag_names;
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
-    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, SET,
+    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
 };
 use super::RedisStore;
 use crate::store::{
-    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
-    Store, StoreError, StoreErrorKind, StoreKey, Stored,
+    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
+    Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -108,7 +108,12 @@ impl RedisStore {
             &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
         );
         call.arg(&token.hex_bytes()[..]);
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         call
     }
 
@@ -229,8 +234,11 @@ impl Store for RedisStore {
                     // answering, so that this flight's next lookup finds no lock of its own.
                     // A repair that fails costs nothing but the marker (the lock of a fresh
                     // value turns nobody away): the value in hand is still the answer.
-                    let repaired: Result<i64, StoreError> =
-                        self.run(&RELEASE, &self.release_call(&key, token)).await;
+                    // No notification: the value did not change, and every process's L1
+                    // may keep it (issue 16 #5: under `volatile-ttl` markers go first).
+                    let mut repair = script_call(&REPAIR, &[&value_name, &lock_name]);
+                    repair.arg(&token.hex_bytes()[..]);
+                    let repaired: Result<i64, StoreError> = self.run(&REPAIR, &repair).await;
                     if let Err(error) = repaired {
                         debug!(%error, "could not put the fresh marker back; answering the hit");
                     }
@@ -245,6 +253,12 @@ impl Store for RedisStore {
                     return self.lookup_by_script(script).await;
                 }
                 Some(b"failed") => LockState::Failed,
+                Some(held) if held.starts_with(&lock[..33]) => {
+                    // Our own lock (this caller asks again): the script takes it again,
+                    // renewing its TTL, as `MemoryStore` does.
+                    let script = script(&value_name, &lock_name, &lock);
+                    return self.lookup_by_script(script).await;
+                }
                 Some(held) if is_lock(held) => LockState::HeldElsewhere,
                 Some(_) => {
                     // Bytes this crate never wrote: no lock to wait for. The script takes the
@@ -272,8 +286,44 @@ impl Store for RedisStore {
         call.arg(&token.hex_bytes()[..])
             .arg(value.as_ref())
             .arg(millis(ttl));
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_fenced_change(&FILL, call, key.clone()))
+    }
+
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        let mut call = script_call(
+            &RENEW,
+            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
+        );
+        call.arg(&token.hex_bytes()[..]).arg(millis(ttl));
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        let key = key.clone();
+        Box::pin(async move {
+            let done: i64 = self.run(&RENEW, &call).await?;
+            Ok(match done {
+                1 => {
+                    self.changed_here(&key);
+                    Renewal::Renewed
+                }
+                2 => Renewal::NoValue,
+                _ => Renewal::LockLost,
+            })
+        })
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
@@ -297,16 +347,20 @@ impl Store for RedisStore {
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
         call.arg(value.as_ref()).arg(millis(ttl));
-        publish_filled(&mut call, key, self.origin());
-        let key = key.clone();
-        Box::pin(async move {
-            let _: i64 = self.run(&PUT, &call).await?;
-            self.changed_here(&key);
-            Ok(())
-        })
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        match load_start(&value) {
+            Some(started) => call.arg(itoa::Buffer::new().format(started)),
+            None => call.arg(""),
+        };
+        Box::pin(self.run_fenced_change(&PUT, call, key.clone()))
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
@@ -335,7 +389,12 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_fenced_change(&FAIL, call, key.clone()))
     }
 
@@ -350,7 +409,12 @@ impl Store for RedisStore {
             &INVALIDATE,
             &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
         );
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_change(&INVALIDATE, call, key.clone()))
     }
 
@@ -372,7 +436,12 @@ impl Store for RedisStore {
             millis(fresh_for.min(ttl))
         };
         call.arg(value.as_ref()).arg(millis(ttl)).arg(fresh);
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_change(&SET, call, key.clone()))
     }
 
@@ -382,7 +451,12 @@ impl Store for RedisStore {
             &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
         );
         call.arg(if keep.is_zero() { 0 } else { millis(keep) });
-        publish_filled(&mut call, key, self.origin());
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
         Box::pin(self.run_change(&EXPIRE, call, key.clone()))
     }
 
@@ -442,7 +516,7 @@ impl Store for RedisStore {
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let (clock, versions) = tag_names(namespace);
         let mut call = script_call(&INVALIDATE_TAGS, &[&clock, &versions]);
-        call.arg(channel(namespace)).arg(self.origin());
+        call.arg(self.fill_channel(namespace)).arg(self.origin());
         for tag in tags {
             call.arg(&tag.hex_bytes()[..]);
         }

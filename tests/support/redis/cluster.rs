@@ -1,14 +1,19 @@
-//! A three-master Redis Cluster on free loopback ports.
+//! A three-master Redis Cluster on free loopback ports, with or without a replica per master
+//! (to kill a master and watch its replica take over).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{free_port, spawn, ServerOptions, TempDir, TlsFiles};
 
-/// A Redis Cluster of three masters (no replicas) on free loopback ports, each node in a
-/// temporary directory of its own; every node is killed, and its directory removed, on drop.
+/// A Redis Cluster of three masters (and, from [`start_with_replicas`](Self::start_with_replicas),
+/// a replica each) on free loopback ports, each node in a temporary directory of its own; every
+/// node is killed, and its directory removed, on drop.
 pub struct RedisCluster {
+    /// The masters first, then the replicas (as `redis-cli --cluster create` assigns them).
     nodes: Vec<ClusterNode>,
+    /// The ports of the nodes killed by [`kill_master_of`](Self::kill_master_of).
+    killed: Vec<u16>,
     /// How the nodes are started, besides their ports and cluster settings.
     options: ServerOptions,
     /// `redis-cli` arguments that reach a node (TLS, credentials).
@@ -34,7 +39,51 @@ impl RedisCluster {
     /// Starts three `redis-server --cluster-enabled yes`, joins them with
     /// `redis-cli --cluster create`, and waits until every node reports `cluster_state:ok`.
     pub fn start() -> Self {
-        Self::start_with(ServerOptions::default(), Vec::new(), "redis://".to_owned())
+        Self::start_with(
+            ServerOptions::default(),
+            Vec::new(),
+            "redis://".to_owned(),
+            0,
+        )
+    }
+
+    /// Three masters whose `SPUBLISH` and `SSUBSCRIBE` are renamed away, as on a server without
+    /// sharded pub/sub (before Redis 7.0).
+    pub fn start_without_sharded_pubsub() -> Self {
+        let options = ServerOptions {
+            extra: [
+                "--rename-command",
+                "SPUBLISH",
+                "",
+                "--rename-command",
+                "SSUBSCRIBE",
+                "",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            tls: None,
+        };
+        Self::start_with(options, Vec::new(), "redis://".to_owned(), 0)
+    }
+
+    /// Three masters with a replica each, set for a quick failover: a node that answers no
+    /// ping for 1 s is failed, and a replica takes over however long ago it last heard its
+    /// master (`cluster-replica-validity-factor 0`). Returns once every replica is in sync.
+    pub fn start_with_replicas() -> Self {
+        let options = ServerOptions {
+            extra: [
+                "--cluster-node-timeout",
+                "1000",
+                "--cluster-replica-validity-factor",
+                "0",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            tls: None,
+        };
+        let cluster = Self::start_with(options, Vec::new(), "redis://".to_owned(), 1);
+        cluster.wait_replicas_in_sync(Duration::from_secs(30));
+        cluster
     }
 
     /// Like [`start`](Self::start), but every node speaks TLS only (the cluster bus too), with
@@ -63,13 +112,21 @@ impl RedisCluster {
             extra,
             tls: Some(tls.clone()),
         };
-        Self::start_with(options, cli, format!("rediss://{user}:{password}@"))
+        Self::start_with(options, cli, format!("rediss://{user}:{password}@"), 0)
     }
 
-    fn start_with(options: ServerOptions, cli: Vec<String>, url_prefix: String) -> Self {
-        let nodes = (0..3).map(|_| ClusterNode::start(&options)).collect();
+    fn start_with(
+        options: ServerOptions,
+        cli: Vec<String>,
+        url_prefix: String,
+        replicas: usize,
+    ) -> Self {
+        let nodes = (0..3 * (1 + replicas))
+            .map(|_| ClusterNode::start(&options))
+            .collect();
         let cluster = RedisCluster {
             nodes,
+            killed: Vec::new(),
             options,
             cli,
             url_prefix,
@@ -83,7 +140,11 @@ impl RedisCluster {
                 .into_iter()
                 .map(str::to_owned)
                 .chain(addresses)
-                .chain(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned))
+                .chain([
+                    "--cluster-replicas".to_owned(),
+                    replicas.to_string(),
+                    "--cluster-yes".to_owned(),
+                ])
                 .collect::<Vec<_>>(),
         );
         assert!(
@@ -110,23 +171,38 @@ impl RedisCluster {
             })
     }
 
+    /// Waits until every live node reports `cluster_state:ok` and knows every node.
     fn wait_ok(&self, limit: Duration) {
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
+        self.wait_for_each(limit, &["CLUSTER", "INFO"], |info| {
+            info.contains("cluster_state:ok") && info.contains(&known)
+        });
+    }
+
+    /// Waits until every replica's link to its master is up (the masters say so too).
+    fn wait_replicas_in_sync(&self, limit: Duration) {
+        self.wait_for_each(limit, &["INFO", "REPLICATION"], |info| {
+            info.contains("role:master") || info.contains("master_link_status:up")
+        });
+    }
+
+    /// Runs `command` on every live node until its output satisfies `ok`, for at most `limit`
+    /// in all.
+    fn wait_for_each(&self, limit: Duration, command: &[&str], ok: impl Fn(&str) -> bool) {
         let started = Instant::now();
-        for node in &self.nodes {
-            let args = [
-                "-p".to_owned(),
-                node.port.to_string(),
-                "CLUSTER".into(),
-                "INFO".into(),
-            ];
+        for node in self.live_nodes() {
+            let args: Vec<String> = ["-p".to_owned(), node.port.to_string()]
+                .into_iter()
+                .chain(command.iter().map(|s| (*s).to_owned()))
+                .collect();
             loop {
                 let info = String::from_utf8_lossy(&self.redis_cli(&args).stdout).into_owned();
-                if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                if ok(&info) {
                     break;
                 }
                 assert!(
                     started.elapsed() < limit,
-                    "the cluster is not ok after {limit:?}: node {} says {info:?}",
+                    "the cluster is not ready after {limit:?}: node {} says {info:?}",
                     node.port
                 );
                 std::thread::sleep(Duration::from_millis(20));
@@ -134,8 +210,79 @@ impl RedisCluster {
         }
     }
 
-    /// The URLs of the three nodes (seeds for a cluster client), with the credentials of a
-    /// secure cluster.
+    fn live_nodes(&self) -> impl Iterator<Item = &ClusterNode> {
+        self.nodes.iter().filter(|n| !self.killed.contains(&n.port))
+    }
+
+    /// Kills (SIGKILL) the master that serves `key`'s slot, and returns its port.
+    pub fn kill_master_of(&mut self, key: &str) -> u16 {
+        let port = self.node_of(key);
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster");
+        let _ = node.child.kill();
+        let _ = node.child.wait();
+        self.killed.push(port);
+        port
+    }
+
+    /// Waits, for at most `limit`, until a live node serves `key`'s slot as its master and
+    /// every live node reports `cluster_state:ok` (after [`kill_master_of`](Self::kill_master_of):
+    /// the failed master's replica has been promoted). Returns the port of the new master.
+    pub fn wait_promoted(&self, key: &str, limit: Duration) -> u16 {
+        let started = Instant::now();
+        loop {
+            let all_ok = self.live_nodes().all(|node| {
+                let args = [
+                    "-p".to_owned(),
+                    node.port.to_string(),
+                    "CLUSTER".into(),
+                    "INFO".into(),
+                ];
+                String::from_utf8_lossy(&self.redis_cli(&args).stdout).contains("cluster_state:ok")
+            });
+            if all_ok {
+                let master = self.node_of(key);
+                if !self.killed.contains(&master) {
+                    return master;
+                }
+            }
+            assert!(
+                started.elapsed() < limit,
+                "no replica took over the slot of {key:?} within {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Pub/sub messages the live nodes received from each other over the cluster bus so far
+    /// (classic and sharded: `cluster_stats_messages_publish[shard]_received` of `CLUSTER
+    /// INFO`); a node counts its messages once its bus has read them.
+    pub fn bus_publish_messages(&self) -> u64 {
+        self.live_nodes()
+            .map(|node| {
+                let info: String = self
+                    .query(node, redis::cmd("CLUSTER").arg("INFO"))
+                    .expect("CLUSTER INFO");
+                info.lines()
+                    .filter_map(|line| line.trim().split_once(':'))
+                    .filter(|(name, _)| {
+                        matches!(
+                            *name,
+                            "cluster_stats_messages_publish_received"
+                                | "cluster_stats_messages_publishshard_received"
+                        )
+                    })
+                    .map(|(_, count)| count.parse::<u64>().expect("a count"))
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// The URLs of the nodes (seeds for a cluster client), with the credentials of a secure
+    /// cluster.
     pub fn urls(&self) -> Vec<String> {
         self.ports()
             .into_iter()
@@ -147,16 +294,15 @@ impl RedisCluster {
         self.nodes.iter().map(|n| n.port).collect()
     }
 
-    /// The port of the master that serves `key`'s slot (plain clusters only).
+    /// The port of the master that serves `key`'s slot, as a live node sees it (plain clusters
+    /// only).
     pub fn node_of(&self, key: &str) -> u16 {
+        let node = self.live_nodes().next().expect("a live node");
         let slot: i64 = self
-            .query(
-                &self.nodes[0],
-                redis::cmd("CLUSTER").arg("KEYSLOT").arg(key),
-            )
+            .query(node, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
             .expect("CLUSTER KEYSLOT");
         let slots: redis::Value = self
-            .query(&self.nodes[0], redis::cmd("CLUSTER").arg("SLOTS"))
+            .query(node, redis::cmd("CLUSTER").arg("SLOTS"))
             .expect("CLUSTER SLOTS");
         let redis::Value::Array(ranges) = slots else {
             panic!("unexpected CLUSTER SLOTS reply {slots:?}");
@@ -185,14 +331,14 @@ impl RedisCluster {
     /// Empties every node's script cache, as a restart or a failover to a fresh node would
     /// (plain clusters only).
     pub fn flush_scripts(&self) {
-        for node in &self.nodes {
+        for node in self.live_nodes() {
             self.query::<()>(node, redis::cmd("SCRIPT").arg("FLUSH"))
                 .expect("SCRIPT FLUSH");
         }
     }
 
     /// How many keys each node holds, in the order of [`ports`](Self::ports) (plain clusters
-    /// only).
+    /// without replicas only).
     pub fn keys_per_node(&self) -> Vec<usize> {
         self.nodes
             .iter()

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# L1 hits of the `proxy` example against bare hyper (`examples/bare.rs`), over the wire, in turns.
+#
+# Builds both examples in release, starts `bare` (the origin of the proxy, and the yardstick)
+# and the proxy in front of it (the embedded memory store; with --redis, a redis-server of its
+# own on a free port), warms the page until the proxy answers `x-cache: HIT`, then runs
+# `wrk -t2 -c64 -d<S>s --latency` against the proxy and against bare in turns, ROUNDS times
+# (the order swaps every round, so neither always runs on a machine warmed by the other).
+# Prints req/s and p99 of each, and their ratios, per round; then the medians.
+#
+# Usage: ./scripts/bench-hits.sh [--rounds N] [--seconds S] [--redis] [--pin]
+#   --rounds N   rounds of the two wrk runs (default 3, at least 3 for a median worth reading)
+#   --seconds S  length of each wrk run (default 10)
+#   --redis      the proxy shares its cache through a redis-server (hits still come from L1)
+#   --pin        wrk on the last CPU, the server under test on the others (taskset); off by
+#                default: on 2 cores it leaves the servers one core each, which says less
+#                about either than letting the kernel share both
+# Needs `wrk` (Debian package `wrk`; installed with apt-get if missing and we may) and curl.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds=3
+seconds=10
+redis=0
+pin=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --rounds) rounds="$2"; shift 2 ;;
+    --seconds) seconds="$2"; shift 2 ;;
+    --redis) redis=1; shift ;;
+    --pin) pin=1; shift ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+case "$rounds:$seconds" in *[!0-9:]*|:*|*:) echo "error: --rounds and --seconds take whole numbers" >&2; exit 2 ;; esac
+if [ "$rounds" -lt 1 ] || [ "$seconds" -lt 1 ]; then
+  echo "error: --rounds and --seconds take 1 or more" >&2; exit 2
+fi
+
+if ! command -v wrk >/dev/null 2>&1; then
+  echo "==> wrk is missing: installing the Debian package wrk"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "error: wrk is missing and I cannot install it (not root, no sudo): apt-get install wrk" >&2
+      exit 1
+    fi
+  fi
+  if ! { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq wrk; } >/tmp/tower-stampede-apt.log 2>&1; then
+    echo "error: could not install wrk with apt-get; see /tmp/tower-stampede-apt.log" >&2
+    exit 1
+  fi
+fi
+for tool in curl awk; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "error: $tool is missing" >&2; exit 1; }
+done
+if [ "$redis" = 1 ] && ! command -v redis-server >/dev/null 2>&1; then
+  echo "error: --redis needs redis-server (Debian package redis-server)" >&2
+  exit 1
+fi
+
+echo "==> cargo build --release --example bare --example proxy"
+cargo build --release --quiet --example bare --example proxy
+bin=target/release/examples
+
+cpus=$(nproc)
+server_cpus=""
+wrk_cpus=""
+if [ "$pin" = 1 ]; then
+  if [ "$cpus" -lt 2 ]; then echo "error: --pin needs 2 CPUs or more" >&2; exit 2; fi
+  server_cpus="0-$((cpus - 2))"
+  wrk_cpus="$((cpus - 1))"
+fi
+# Runs a command on the given CPUs (all when none are given).
+on_cpus() {
+  local cpus="$1"; shift
+  if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi
+}
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# Starts a server that prints `listening on ADDR`; sets $addr.
+start() {
+  local name="$1"; shift
+  on_cpus "$server_cpus" "$@" >"$work/$name.out" 2>"$work/$name.err" &
+  pids+=("$!")
+  for _ in $(seq 100); do
+    addr=$(sed -n 's/^listening on //p' "$work/$name.out")
+    [ -n "$addr" ] && return 0
+    sleep 0.1
+  done
+  echo "error: $name did not start:" >&2
+  cat "$work/$name.err" >&2
+  exit 1
+}
+
+start bare "$bin/bare" --listen 127.0.0.1:0
+bare="$addr"
+proxy_args=(--listen 127.0.0.1:0 --origin "http://$bare")
+if [ "$redis" = 1 ]; then
+  port=$(awk 'BEGIN { srand(); print 20000 + int(rand() * 20000) }')
+  redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    >"$work/redis.out" 2>&1 &
+  pids+=("$!")
+  for _ in $(seq 50); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  proxy_args+=(--redis "redis://127.0.0.1:$port/")
+fi
+start proxy "$bin/proxy" "${proxy_args[@]}"
+proxy="$addr"
+
+url_proxy="http://$proxy/page"
+url_bare="http://$bare/page"
+for _ in $(seq 50); do
+  curl -s -o /dev/null -D - "$url_proxy" | grep -qi '^x-cache: HIT' && break
+  sleep 0.1
+done
+curl -s -o /dev/null -D - "$url_proxy" | grep -qi '^x-cache: HIT' \
+  || { echo "error: the proxy does not answer $url_proxy from its cache" >&2; exit 1; }
+store=$([ "$redis" = 1 ] && echo "redis" || echo "memory")
+echo "==> bare on $bare, proxy on $proxy (store: $store), page warm"
+echo "==> wrk -t2 -c64 -d${seconds}s --latency, $rounds rounds$([ "$pin" = 1 ] && echo ", wrk on CPU $wrk_cpus, servers on $server_cpus")"
+
+# Runs wrk against a URL; prints "req/s p99_ms".
+measure() {
+  on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$1" | awk '
+    /Requests\/sec:/ { rps = $2 }
+    $1 == "99%" {
+      v = $2; unit = v; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", v)
+      p99 = (unit == "us") ? v / 1000 : (unit == "s") ? v * 1000 : v
+    }
+    END { printf "%.0f %.3f\n", rps, p99 }'
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+printf '%-6s %12s %10s %12s %10s %9s %9s\n' round proxy_rps proxy_p99 bare_rps bare_p99 rps_ratio p99_ratio
+: >"$work/rounds"
+for round in $(seq "$rounds"); do
+  if [ $((round % 2)) = 1 ]; then
+    read -r prps pp99 < <(measure "$url_proxy")
+    read -r brps bp99 < <(measure "$url_bare")
+  else
+    read -r brps bp99 < <(measure "$url_bare")
+    read -r prps pp99 < <(measure "$url_proxy")
+  fi
+  ratio=$(awk -v p="$prps" -v b="$brps" 'BEGIN { printf "%.3f", (b > 0) ? p / b : 0 }')
+  p99ratio=$(awk -v p="$pp99" -v b="$bp99" 'BEGIN { printf "%.2f", (b > 0) ? p / b : 0 }')
+  printf '%-6s %12s %8sms %12s %8sms %9s %9s\n' "$round" "$prps" "$pp99" "$brps" "$bp99" "$ratio" "$p99ratio"
+  echo "$prps $pp99 $brps $bp99 $ratio $p99ratio" >>"$work/rounds"
+done
+column() { awk -v c="$1" '{ print $c }' "$work/rounds" | median; }
+printf '%-6s %12s %8sms %12s %8sms %9s %9s\n' median "$(column 1)" "$(column 2)" "$(column 3)" "$(column 4)" "$(column 5)" "$(column 6)"
+ratios=$(awk '{ printf "%s%s", sep, $5; sep = " " }' "$work/rounds")
+echo "==> proxy/bare req/s per round: $ratios; median $(column 5) (goal: >= 0.9); median p99 ratio $(column 6) (goal: <= 1.5)"

@@ -1,0 +1,69 @@
+//! Revalidation: a leader's loader is handed the stale value the store still keeps
+//! ([`Previous`]), and a "not modified" answer renews that value in the store (one fenced
+//! [`Store::renew`](crate::store::Store::renew), its bytes not sent again) instead of filling
+//! a new one.
+
+use std::time::{Duration, SystemTime};
+
+use super::follower::StaleValue;
+use super::leader::LockGuard;
+use super::{Fetched, Inner, Outcome, Previous};
+use crate::store::{Renewal, Stamp};
+
+impl Inner {
+    /// The value a leader's loader is handed: the stale value, unless a tag of it was
+    /// invalidated (the lookup that took the lock did not check its tags, and an outdated
+    /// value must not be renewed).
+    pub(super) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
+        let stale = stale?;
+        match &stale.tags {
+            Some(tagged) => {
+                matches!(self.tags_valid(tagged).await, Ok(Some(_))).then(|| stale.previous())
+            }
+            None => Some(stale.previous()),
+        }
+    }
+
+    /// The loader, started at `started`, found the stale value unchanged: the store renews
+    /// it, fresh for `ttl` (or the default TTL), without its bytes; a store that no longer
+    /// holds it (or cannot renew) gets it filled again, as loaded at `started`.
+    ///
+    /// A renewed value keeps the load start it was stored with: a write after a wait timeout
+    /// of a load that started between that and this revalidation may replace it, with what
+    /// the revalidation found to be the same value.
+    pub(super) async fn renew(
+        &self,
+        guard: &mut LockGuard,
+        stamp: Option<Stamp>,
+        stale: StaleValue,
+        ttl: Option<Duration>,
+        started: SystemTime,
+    ) -> Fetched {
+        let fill = self.ready_to_store(
+            &stale.payload,
+            ttl,
+            (started, stale.load_time),
+            stale.tags.as_ref(),
+            stale.windows,
+        );
+        let renewed = self
+            .store_call(self.store.renew(&guard.key, guard.token, fill.store_ttl))
+            .await;
+        let tagged = stale.tags.as_ref();
+        match renewed {
+            Ok(Renewal::NoValue) => {
+                self.fill_value(guard, stamp, &fill, tagged, stale.load_time)
+                    .await;
+            }
+            renewed => {
+                let written = renewed.map(|renewed| renewed == Renewal::Renewed);
+                self.after_write(guard, stamp, written, &fill, tagged, stale.load_time)
+                    .await;
+            }
+        }
+        Fetched {
+            value: Some(fill.value),
+            outcome: Outcome::Revalidated,
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! Typed values (feature `serde`): [`Cache::typed`] hands out a [`Typed`] handle whose
+//! [`get_or_load`](Typed::get_or_load) stores any serde type, encoded by a [`Codec`]
+//! ([`Postcard`] unless told otherwise), with the engine's whole protocol underneath.
+//!
+//! ```
+//! use serde::{Deserialize, Serialize};
+//! use tower_stampede::{store::MemoryStore, Cache};
+//!
+//! #[derive(Serialize, Deserialize, Debug, PartialEq)]
+//! struct User {
+//!     id: u64,
+//!     name: String,
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_stampede::Error> {
+//! let cache = Cache::builder(MemoryStore::new()).build();
+//! // Make the handle once and clone it; bump the version whenever `User` changes shape.
+//! let users = cache.typed::<User>().schema_version(2);
+//! let user = users
+//!     .get_or_load("user:42", || async {
+//!         // One call to the database per stampede, cluster-wide.
+//!         Ok::<_, std::io::Error>(User { id: 42, name: "Ada".into() })
+//!     })
+//!     .await?;
+//! assert_eq!(user.name, "Ada");
+//! // An L1 hit hands out the value decoded the first time: no decode, no allocation of a `User`.
+//! let again = users.get_or_load("user:42", || async { Err(std::io::Error::other("not called")) });
+//! assert!(std::sync::Arc::ptr_eq(&user, &again.await?));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What a stored value carries
+//!
+//! Each value is stored as an 8-byte **schema tag**, then the codec's bytes. The tag is a hash
+//! of the codec's [`name`](Codec::name), the schema name (by default
+//! [`std::any::type_name`] of `T`) and the [schema version](Typed::schema_version). A stored
+//! value whose tag is not this handle's, or whose bytes the codec cannot decode as `T` in full
+//! (another deploy's struct, another program's bytes, truncated bytes), is a miss: counted in
+//! [`Stats::corrupt_entries`](super::Stats::corrupt_entries) (and the
+//! `stampede_corrupt_entries_total` metric), reloaded with this call's loader and
+//! overwritten. It is never an error and never a panic. So when two deploys with different
+//! `T` share a namespace, each reads only its own values; the other's cost one load and are
+//! overwritten, and the last write wins.
+//!
+//! The limits of the tag: `type_name` is not guaranteed stable across compiler versions (a new
+//! compiler may make every value a miss, once), and it does not change when a struct's fields
+//! do. A compact format such as postcard stores no field names, so a changed struct may still
+//! decode, as the wrong values (a `u32` field that became a `u64` reads the same bytes). Give
+//! each type an explicit [`schema_version`](Typed::schema_version), and bump it with every
+//! change of its shape; [`schema_name`](Typed::schema_name) replaces `type_name` with a name
+//! of your own (then a rename or a compiler upgrade costs nothing).
+//!
+//! # Decoding
+//!
+//! A value is decoded when it comes from the store (once to check it, once for the caller) or
+//! from a load, and then kept beside its bytes while its L1 entry lives: an L1 hit hands out
+//! the same `Arc<T>` without decoding. The decoded values are held in a small moka cache of
+//! their own, bounded by the same [`l1_capacity`](super::CacheBuilder::l1_capacity) (weighed
+//! by the encoded size), and one is used only while L1 holds the very bytes it was decoded
+//! from, so it never outlives an invalidation.
+//!
+//! # One type per key
+//!
+//! A key holds one type. Within one process, a key read both raw and typed (or as two types)
+//! shares one L1 entry and one flight: a typed call that is handed bytes it cannot decode from
+//! this process's L1 forgets the L1 entry and reads the store again, with its own loader if
+//! it has not run yet; if that fails too, the call fails with [`ErrorKind::Decode`].
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::{BoxError, Cache, Config, Error, ErrorKind, Inner, Loaded};
+use crate::store::{KeyDigest, StoreKey};
+
+/// Length of the schema tag in front of every typed value.
+const TAG_LEN: usize = 8;
+
+/// How typed values become bytes and back: a serde data format.
+///
+/// Implement it to store values in another format (JSON for values other programs read,
+/// MessagePack, bincode, ...). Decoding must fail, never panic, on bytes it did not write.
+pub trait Codec: Clone + Send + Sync + 'static {
+    /// The format's name and major version, part of every value's schema tag: change it
+    /// whenever the format's bytes change, so values of the old format become misses.
+    fn name(&self) -> &str;
+
+    /// Appends `value`'s encoding to `out`.
+    ///
+    /// # Errors
+    ///
+    /// The format cannot encode the value (the load then fails with [`ErrorKind::Load`]).
+    fn encode<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), BoxError>;
+
+    /// Decodes a whole `T` from `bytes`.
+    ///
+    /// # Errors
+    ///
+    /// `bytes` are not one well-formed `T` (trailing bytes included).
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError>;
+}
+
+/// The default [`Codec`]: [postcard](https://docs.rs/postcard) 1, a compact binary format
+/// with a stable, documented wire format (varint integers, no field names).
+///
+/// Chosen over bincode 2, MessagePack (rmp-serde) and bitcode for size and decoding speed on
+/// typical rows (see the README's "Typed values"). Bytes left over after a value are an
+/// error, so a struct that lost fields does not decode.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Postcard;
+
+impl Codec for Postcard {
+    fn name(&self) -> &str {
+        "postcard/1"
+    }
+
+    fn encode<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), BoxError> {
+        postcard::to_io(value, out)?;
+        Ok(())
+    }
+
+    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
+        let (value, rest) = postcard::take_from_bytes(bytes)?;
+        if rest.is_empty() {
+            Ok(value)
+        } else {
+            Err(format!("{} bytes left over after the value", rest.len()).into())
+        }
+    }
+}
+
+/// A typed view of a [`Cache`], made by [`Cache::typed`]; see the [module docs](self).
+///
+/// Cheap to clone (it shares the cache); make it once rather than per call, since making it
+/// hashes the schema tag.
+pub struct Typed<T, C = Postcard> {
+    cache: Cache,
+    codec: C,
+    schema_name: Option<Arc<str>>,
+    schema_version: u32,
+    tag: [u8; TAG_LEN],
+    value: PhantomData<fn() -> T>,
+}
+
+impl<T, C: Clone> Clone for Typed<T, C> {
+    fn clone(&self) -> Self {
+        Typed {
+            cache: self.cache.clone(),
+            codec: self.codec.clone(),
+            schema_name: self.schema_name.clone(),
+            schema_version: self.schema_version,
+            tag: self.tag,
+            value: PhantomData,
+        }
+    }
+}
+
+impl<T, C: Codec> fmt::Debug for Typed<T, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Typed")
+            .field("codec", &self.codec.name())
+            .field("schema_name", &self.name())
+            .field("schema_version", &self.schema_version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cache {
+    /// A typed handle on this cache, for values of `T` encoded with [`Postcard`]; see the
+    /// [`typed`](super::typed) module.
+    pub fn typed<T>(&self) -> Typed<T> {
+        let mut typed = Typed {
+            cache: self.clone(),
+            codec: Postcard,
+            schema_name: None,
+            schema_version: 0,
+            tag: [0; TAG_LEN],
+            value: PhantomData,
+        };
+        typed.tag = typed.compute_tag();
+        typed
+    }
+}
+
+impl<T, C: Codec> Typed<T, C> {
+    /// The schema version of `T` (0 by default), part of every value's schema tag: bump it
+    /// whenever `T` changes shape, so that the values of the old shape become misses.
+    #[must_use]
+    pub fn schema_version(mut self, version: u32) -> Self {
+        self.schema_version = version;
+        self.tag = self.compute_tag();
+        self
+    }
+
+    /// A name for `T` in the schema tag, in place of [`std::any::type_name`] (which may
+    /// change with the compiler, or when the type is renamed or moved).
+    #[must_use]
+    pub fn schema_name(mut self, name: impl Into<Arc<str>>) -> Self {
+        self.schema_name = Some(name.into());
+        self.tag = self.compute_tag();
+        self
+    }
+
+    /// The same handle with another codec.
+    pub fn codec<D: Codec>(self, codec: D) -> Typed<T, D> {
+        let mut typed = Typed {
+            cache: self.cache,
+            codec,
+            schema_name: self.schema_name,
+            schema_version: self.schema_version,
+            tag: [0; TAG_LEN],
+            value: PhantomData,
+        };
+        typed.tag = typed.compute_tag();
+        typed
+    }
+
+    fn name(&self) -> &str {
+        self.schema_name
+            .as_deref()
+            .unwrap_or_else(|| std::any::type_name::<T>())
+    }
+
+    fn compute_tag(&self) -> [u8; TAG_LEN] {
+        let mut hash = Sha256::new();
+        for part in ["tower-stampede typed/1", self.codec.name(), self.name()] {
+            // Each part's length first, so no two lists of parts hash alike.
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part.as_bytes());
+        }
+        hash.update(self.schema_version.to_be_bytes());
+        let digest = hash.finalize();
+        let mut tag = [0; TAG_LEN];
+        tag.copy_from_slice(&digest[..TAG_LEN]);
+        tag
+    }
+}
+
+impl<T, C> Typed<T, C>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+    C: Codec,
+{
+    /// The value of `key`, as [`Cache::get_or_load`] finds it (L1, a flight, the store, or
+    /// `loader`, run at most once per stampede across every process), decoded as `T`. The
+    /// value is stored for the cache's default [`ttl`](super::CacheBuilder::ttl).
+    ///
+    /// A stored value that is not a `T` of this schema is a miss, reloaded and overwritten.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get_or_load`]; [`ErrorKind::Load`] also when the codec cannot encode the
+    /// loaded value, and [`ErrorKind::Decode`] when this process holds the key as another type
+    /// (see [One type per key](self#one-type-per-key)).
+    pub async fn get_or_load<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Arc<T>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let digest = KeyDigest::of(key.as_ref());
+        // The loader is taken by whichever attempt loads; a second attempt is rare.
+        let loader = Arc::new(Mutex::new(Some(loader)));
+        for attempt in 0..2 {
+            let (codec, tag, loader) = (self.codec.clone(), self.tag, Arc::clone(&loader));
+            let load = move |_| async move {
+                let loader = crate::sync::lock(&loader)
+                    .take()
+                    .ok_or("the loader already ran in a first attempt")?;
+                let value = loader().await.map_err(Into::into)?;
+                encode(&codec, tag, &value).map(Loaded::value)
+            };
+            let fetched = self
+                .cache
+                .fetch_digest(digest, self.accepts(), load)
+                .await?;
+            let bytes = fetched.value_or_pass()?;
+            if let Some(value) = self.decoded(&self.cache.inner, digest, &bytes).await {
+                return Ok(value);
+            }
+            if attempt == 0 {
+                // Another reader's bytes, from this process's L1 or flight.
+                self.cache.inner.corrupt_entry(&digest);
+                let key = StoreKey::new(Arc::clone(&self.cache.inner.config.namespace), digest);
+                self.cache.inner.forget_here(&key).await;
+            }
+        }
+        Err(Error::new(ErrorKind::Decode))
+    }
+
+    /// Writes `value` for `key`, fresh for `ttl`, as [`Cache::set`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::set`]; [`ErrorKind::Load`] when the codec cannot encode `value`.
+    pub async fn set(&self, key: impl AsRef<[u8]>, value: &T, ttl: Duration) -> Result<(), Error> {
+        let bytes = encode(&self.codec, self.tag, value).map_err(Error::load)?;
+        self.cache.set(key, bytes, ttl).await
+    }
+
+    /// Which stored values this handle reads: its schema tag, then a whole `T`.
+    fn accepts(&self) -> impl Fn(&Bytes) -> bool + Send + Sync + 'static {
+        let (codec, tag) = (self.codec.clone(), self.tag);
+        move |bytes: &Bytes| decode::<T, C>(&codec, tag, bytes).is_some()
+    }
+
+    /// The value `bytes` hold: the one decoded last time if L1 still holds those very bytes,
+    /// else decoded now (and kept for the next hit); `None` if they are not a `T`.
+    async fn decoded(&self, inner: &Inner, digest: KeyDigest, bytes: &Bytes) -> Option<Arc<T>> {
+        let kept = inner.decoded.as_ref();
+        if let Some(entry) = match kept {
+            Some(kept) => kept.get(&digest).await,
+            None => None,
+        } {
+            // The kept bytes are alive, so equal pointers and lengths mean equal contents.
+            if entry.bytes.as_ptr() == bytes.as_ptr() && entry.bytes.len() == bytes.len() {
+                if let Ok(value) = entry.value.downcast::<T>() {
+                    return Some(value);
+                }
+            }
+        }
+        let value = Arc::new(decode::<T, C>(&self.codec, self.tag, bytes)?);
+        if let Some(kept) = kept {
+            let entry = DecodedEntry {
+                bytes: bytes.clone(),
+                value: Arc::clone(&value) as Arc<dyn Any + Send + Sync>,
+            };
+            kept.insert(digest, entry).await;
+        }
+        Some(value)
+    }
+}
+
+/// `value` encoded behind its schema tag.
+fn encode<T: Serialize, C: Codec>(
+    codec: &C,
+    tag: [u8; TAG_LEN],
+    value: &T,
+) -> Result<Bytes, BoxError> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&tag);
+    codec.encode(value, &mut out)?;
+    Ok(Bytes::from(out))
+}
+
+/// The `T` behind `tag` in `bytes`, if that is what they hold.
+fn decode<T: DeserializeOwned, C: Codec>(codec: &C, tag: [u8; TAG_LEN], bytes: &[u8]) -> Option<T> {
+    let body = bytes.strip_prefix(&tag[..])?;
+    codec.decode(body).ok()
+}
+
+/// A decoded value, kept with the bytes it was decoded from.
+#[derive(Clone)]
+pub(super) struct DecodedEntry {
+    bytes: Bytes,
+    value: Arc<dyn Any + Send + Sync>,
+}
+
+/// The decoded values of typed hits, by key.
+pub(super) type Decoded = moka::future::Cache<KeyDigest, DecodedEntry>;
+
+/// The longest time to live given to moka: a year.
+const LONGEST_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// The cache of decoded values for `config`, or `None` when L1 is off.
+pub(super) fn build(config: &Config) -> Option<Decoded> {
+    (config.l1_capacity > 0).then(|| {
+        moka::future::Cache::builder()
+            .max_capacity(config.l1_capacity)
+            .weigher(|_key: &KeyDigest, entry: &DecodedEntry| {
+                u32::try_from(entry.bytes.len().saturating_add(96)).unwrap_or(u32::MAX)
+            })
+            // moka refuses (panics on) a time to live past 1000 years; a cap that long means
+            // "no cap" and a year is as good.
+            .time_to_live(config.l1_ttl_cap.min(LONGEST_TTL))
+            .build()
+    })
+}

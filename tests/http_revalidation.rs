@@ -1,0 +1,428 @@
+//! Revalidation and the stale rules of responses, through the real middleware over
+//! `MemoryStore` and (feature `redis`) a real `redis-server`: each test sends requests, then
+//! checks what reached the origin and which conditional header fields it saw. Each cites the
+//! RFC section it checks.
+//!
+//! The origin serves one document with an `ETag` of its version (or, dated, a `Last-Modified`
+//! of it) and answers `304` to an `If-None-Match` (`If-Modified-Since`) that names it. Responses are fresh for one second: the tests wait for
+//! that second to pass (there is no faster way to make a Redis value stale).
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use support::{Counter, Shared};
+use tower::ServiceExt;
+use tower_stampede::{Cache, StampedeLayer};
+
+/// Long enough for a response fresh for one second to be stale.
+const PAST_FRESHNESS: Duration = Duration::from_millis(1100);
+
+/// The origin of one document.
+#[derive(Clone)]
+struct Origin {
+    version: Arc<AtomicU32>,
+    cache_control: Arc<Mutex<&'static str>>,
+    calls: Counter,
+    /// The `If-None-Match` of each request that reached the origin.
+    conditions: Arc<Mutex<Vec<Option<HeaderValue>>>>,
+    /// The `If-Modified-Since` of each request that reached the origin.
+    since: Arc<Mutex<Vec<Option<HeaderValue>>>>,
+    /// Whether the document's validator is its `Last-Modified` (no `ETag`).
+    dated: bool,
+    /// While set, every answer is `503`.
+    failing: Arc<AtomicBool>,
+    /// How long each answer takes.
+    delay: Duration,
+}
+
+impl Origin {
+    fn new(cache_control: &'static str) -> Self {
+        Origin {
+            version: Arc::new(AtomicU32::new(1)),
+            cache_control: Arc::new(Mutex::new(cache_control)),
+            calls: Counter::default(),
+            conditions: Arc::default(),
+            since: Arc::default(),
+            dated: false,
+            failing: Arc::default(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    fn router(&self) -> Router {
+        let origin = self.clone();
+        Router::new().fallback(move |headers: HeaderMap| {
+            let origin = origin.clone();
+            async move {
+                tokio::time::sleep(origin.delay).await;
+                origin.answer(&headers)
+            }
+        })
+    }
+
+    fn answer(&self, headers: &HeaderMap) -> Response<Body> {
+        let n = self.calls.hit();
+        let asked = headers.get("if-none-match").cloned();
+        self.conditions.lock().unwrap().push(asked.clone());
+        if self.failing.load(Ordering::SeqCst) {
+            let mut response = Response::new(Body::from("down"));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            return response;
+        }
+        let since = headers.get("if-modified-since").cloned();
+        self.since.lock().unwrap().push(since.clone());
+        let version = self.version.load(Ordering::SeqCst);
+        let (validator, etag) = if self.dated {
+            // One date per version (a Wednesday, the 1st or later, of November 2023).
+            let modified = format!("Wed, {:02} Nov 2023 00:00:00 GMT", 1 + 7 * (version - 1));
+            ("last-modified", modified)
+        } else {
+            ("etag", format!("\"v{version}\""))
+        };
+        let asked = if self.dated { since } else { asked };
+        let unchanged = asked.is_some_and(|asked| asked.as_bytes() == etag.as_bytes());
+        let mut response = if unchanged {
+            let mut response = Response::new(Body::empty());
+            *response.status_mut() = StatusCode::NOT_MODIFIED;
+            response
+        } else {
+            Response::new(Body::from(format!("v{version} #{n}")))
+        };
+        let headers = response.headers_mut();
+        headers.insert(validator, HeaderValue::from_str(&etag).unwrap());
+        let cache_control = *self.cache_control.lock().unwrap();
+        headers.insert("cache-control", HeaderValue::from_static(cache_control));
+        headers.insert("x-answer", HeaderValue::from_str(&n.to_string()).unwrap());
+        response
+    }
+
+    fn conditions(&self) -> Vec<Option<HeaderValue>> {
+        self.conditions.lock().unwrap().clone()
+    }
+
+    fn since(&self) -> Vec<Option<HeaderValue>> {
+        self.since.lock().unwrap().clone()
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl Answer {
+    fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .map_or("", |v| v.to_str().unwrap())
+    }
+
+    fn body(&self) -> &str {
+        std::str::from_utf8(&self.body).unwrap()
+    }
+}
+
+async fn get_with(app: &Router, headers: &[(&'static str, &'static str)]) -> Answer {
+    let mut request = Request::get("http://app.test/doc")
+        .body(Body::empty())
+        .unwrap();
+    for (name, value) in headers {
+        request
+            .headers_mut()
+            .insert(*name, HeaderValue::from_static(value));
+    }
+    let (parts, body) = app.clone().oneshot(request).await.unwrap().into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+async fn get(app: &Router) -> Answer {
+    get_with(app, &[]).await
+}
+
+/// A cache that keeps values a minute past their freshness, to revalidate them, with a store
+/// timeout that a busy machine does not reach (a timed-out store call loads on its own).
+fn keeping(shared: &Shared) -> tower_stampede::CacheBuilder {
+    shared
+        .cache()
+        .keep_for_revalidation(Duration::from_secs(60))
+        .store_timeout(Duration::from_secs(2))
+}
+
+fn layered(origin: &Origin, cache: Cache) -> Router {
+    origin.router().layer(StampedeLayer::new(cache))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_response_is_revalidated_and_a_304_refreshes_it() {
+    for shared in Shared::both().await {
+        let origin = Origin::new("max-age=1");
+        let app = layered(&origin, keeping(&shared).build());
+        // The client's own conditional is answered by the layer, never sent on: the load
+        // asks for the full response (RFC 9111 §4.3.1 is for the cache's own validators).
+        let first = get_with(&app, &[("if-none-match", "\"client\"")]).await;
+        assert_eq!((first.x_cache(), first.body()), ("MISS", "v1 #1"));
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        // RFC 9111 §4.3.1: the reload of the stale response carries its `ETag`; §4.3.4: the
+        // `304` updates the stored header fields (`x-answer`), and the stored body is served.
+        let revalidated = get(&app).await;
+        assert_eq!(revalidated.status, StatusCode::OK, "{}", shared.name);
+        assert_eq!(revalidated.body(), "v1 #1", "{}", shared.name);
+        assert_eq!(revalidated.headers["x-answer"], "2", "{}", shared.name);
+        // RFC 9211 §2.2, §2.3, §2.5: a forward for a stale entry, answered `304`, stored again.
+        let cache_status = revalidated.headers["cache-status"].to_str().unwrap();
+        assert!(
+            cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=304; stored; ttl="),
+            "{}: {cache_status}",
+            shared.name
+        );
+        assert_eq!(
+            origin.conditions(),
+            [None, Some(HeaderValue::from_static("\"v1\""))],
+            "{}",
+            shared.name
+        );
+        // Fresh again: a hit, in another instance too.
+        let other = app_over(&origin, &shared).await;
+        for app in [&app, &other] {
+            let hit = get(app).await;
+            assert_eq!(
+                (hit.x_cache(), hit.body()),
+                ("HIT", "v1 #1"),
+                "{}",
+                shared.name
+            );
+            assert_eq!(hit.headers["x-answer"], "2", "{}", shared.name);
+        }
+        assert_eq!(origin.calls.get(), 2, "{}", shared.name);
+        // A changed document: the conditional reload gets a `200`, which replaces the entry.
+        origin.version.store(2, Ordering::SeqCst);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        let changed = get(&app).await;
+        assert_eq!(changed.body(), "v2 #3", "{}", shared.name);
+        assert_eq!(
+            origin.conditions()[2],
+            Some(HeaderValue::from_static("\"v1\"")),
+            "{}",
+            shared.name
+        );
+        assert_eq!(get(&other).await.body(), "v2 #3", "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_dated_by_last_modified_is_revalidated_with_if_modified_since() {
+    for shared in Shared::both().await {
+        let mut origin = Origin::new("max-age=1");
+        origin.dated = true;
+        let app = layered(&origin, keeping(&shared).build());
+        let first = get(&app).await;
+        assert_eq!((first.x_cache(), first.body()), ("MISS", "v1 #1"));
+        assert!(!first.headers.contains_key("etag"));
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        // RFC 9111 §4.3.1: without an entity tag, the reload carries `If-Modified-Since` with
+        // the stored `Last-Modified`; §4.3.4: the `304` refreshes the entry, whose body is
+        // served with the updated fields.
+        let revalidated = get(&app).await;
+        assert_eq!(
+            (revalidated.status, revalidated.body()),
+            (StatusCode::OK, "v1 #1"),
+            "{}",
+            shared.name
+        );
+        assert_eq!(revalidated.headers["x-answer"], "2", "{}", shared.name);
+        let modified = HeaderValue::from_static("Wed, 01 Nov 2023 00:00:00 GMT");
+        assert_eq!(origin.since(), [None, Some(modified)], "{}", shared.name);
+        assert_eq!(origin.conditions(), [None, None], "{}", shared.name);
+        assert_eq!(get(&app).await.x_cache(), "HIT", "{}", shared.name);
+        assert_eq!(origin.calls.get(), 2, "{}", shared.name);
+    }
+}
+
+/// Another instance (its own L1; for Redis its own connections) over the same store.
+async fn app_over(origin: &Origin, shared: &Shared) -> Router {
+    let cache = Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .keep_for_revalidation(Duration::from_secs(60))
+        .store_timeout(Duration::from_secs(2))
+        .build();
+    layered(origin, cache)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cache_is_stored_and_revalidated_before_each_use() {
+    for shared in Shared::both().await {
+        // RFC 9111 §5.2.2.4: stored, but never served without a successful revalidation.
+        let origin = Origin::new("no-cache, max-age=60");
+        let app = layered(&origin, keeping(&shared).build());
+        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        for n in 2..=3 {
+            let answer = get(&app).await;
+            assert_eq!(answer.body(), "v1 #1", "{}: the stored body", shared.name);
+            assert_eq!(
+                origin.calls.get(),
+                n,
+                "{}: revalidated each time",
+                shared.name
+            );
+            assert_eq!(
+                origin.conditions().last().cloned().flatten(),
+                Some(HeaderValue::from_static("\"v1\"")),
+                "{}",
+                shared.name
+            );
+        }
+        // A cache that keeps nothing past freshness cannot revalidate: it passes `no-cache`.
+        let plain = Origin::new("no-cache");
+        let bare = layered(&plain, shared.cache().namespace("bare").build());
+        for _ in 0..2 {
+            assert_eq!(get(&bare).await.x_cache(), "BYPASS", "{}", shared.name);
+        }
+        assert_eq!(plain.conditions(), [None, None], "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn must_revalidate_is_never_served_stale_even_within_the_operator_s_window() {
+    for shared in Shared::both().await {
+        for (directive, stale_served) in [
+            ("max-age=1", true),
+            // RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10 (and §4.2.4).
+            ("max-age=1, must-revalidate", false),
+            ("max-age=1, proxy-revalidate", false),
+            ("s-maxage=1", false),
+        ] {
+            let origin = Origin::new(directive);
+            // The operator serves anything stale for a minute, in place of an error too.
+            let cache = shared
+                .cache()
+                .namespace(directive)
+                .stale(Duration::from_secs(60))
+                .store_timeout(Duration::from_secs(2))
+                .build();
+            let app = layered(&origin, cache);
+            assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+            tokio::time::sleep(PAST_FRESHNESS).await;
+            origin.failing.store(true, Ordering::SeqCst);
+            let answer = get(&app).await;
+            assert_eq!(
+                answer.body() == "v1 #1",
+                stale_served,
+                "{}: {directive}: {} {}",
+                shared.name,
+                answer.status,
+                answer.body()
+            );
+            if !stale_served {
+                assert!(
+                    answer.status.is_server_error(),
+                    "{}: {directive}",
+                    shared.name
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_s_own_stale_windows_apply_where_the_operator_set_none() {
+    for shared in Shared::both().await {
+        // RFC 5861 §3: served stale at once while one reload revalidates it.
+        let origin = Origin::new("max-age=1, stale-while-revalidate=60");
+        let app = layered(&origin, keeping(&shared).namespace("swr").build());
+        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        let stale = get(&app).await;
+        assert_eq!(
+            (stale.x_cache(), stale.body()),
+            ("STALE", "v1 #1"),
+            "{}",
+            shared.name
+        );
+        // The background revalidation lands: fresh again (bounded wait).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while get(&app).await.x_cache() != "HIT" {
+            assert!(tokio::time::Instant::now() < deadline, "{}", shared.name);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(origin.calls.get(), 2, "{}: one revalidation", shared.name);
+        // RFC 5861 §4: served in place of a failed reload.
+        let origin = Origin::new("max-age=1, stale-if-error=60");
+        let app = layered(&origin, keeping(&shared).namespace("sie").build());
+        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        let stood_in = get(&app).await;
+        assert_eq!(
+            (stood_in.status, stood_in.body()),
+            (StatusCode::OK, "v1 #1"),
+            "{}",
+            shared.name
+        );
+        // RFC 5861 §4, within the operator's maximum: capped at 0, the response's window
+        // serves nothing.
+        let origin = Origin::new("max-age=1, stale-if-error=60");
+        let capped = StampedeLayer::new(keeping(&shared).namespace("capped").build())
+            .max_response_stale(Duration::ZERO);
+        let app = origin.router().layer(capped);
+        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        assert!(get(&app).await.status.is_server_error(), "{}", shared.name);
+        // Without them, the operator's (none) decides: a failed reload is no stale answer.
+        let origin = Origin::new("max-age=1");
+        let app = layered(&origin, keeping(&shared).namespace("none").build());
+        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        assert!(get(&app).await.status.is_server_error(), "{}", shared.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_conditional_request_per_stampede_over_four_instances() {
+    for shared in Shared::both().await {
+        // RFC 9111 §4.3.1, coalesced: a stale response is revalidated once, cluster-wide.
+        let mut origin = Origin::new("max-age=1");
+        origin.delay = Duration::from_millis(200);
+        let mut apps = vec![layered(&origin, keeping(&shared).build())];
+        for _ in 0..3 {
+            apps.push(app_over(&origin, &shared).await);
+        }
+        assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        let requests: Vec<_> = (0..200)
+            .map(|i| {
+                let app = apps[i % 4].clone();
+                tokio::spawn(async move { get(&app).await })
+            })
+            .collect();
+        for request in requests {
+            let answer = request.await.unwrap();
+            assert_eq!(
+                (answer.status, answer.body()),
+                (StatusCode::OK, "v1 #1"),
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(
+            origin.conditions(),
+            [None, Some(HeaderValue::from_static("\"v1\""))],
+            "{}: one conditional request",
+            shared.name
+        );
+    }
+}
