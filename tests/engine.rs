@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
-use support::{stale_while_one_refreshes, start_leader, Backing, Counter, Shared};
+use support::{stale_while_one_refreshes, start_leader, wait_until, Backing, Counter, Shared};
 use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
@@ -1942,12 +1942,8 @@ async fn a_result_for_waiters_goes_to_them_and_is_not_reused() {
                 cache.fetch("k", loader).await
             }));
         }
-        // The first load is held until every call has started (a bounded wait, no timing).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while loads.get() == 0 || started.get() < 20 {
-            assert!(tokio::time::Instant::now() < deadline, "{}", shared.name);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // The first load is held until every call has started.
+        wait_until(shared.name, || loads.get() > 0 && started.get() == 20).await;
         release.add_permits(1);
         let mut first = 0;
         for call in calls {

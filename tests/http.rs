@@ -18,7 +18,7 @@ use axum::Router;
 use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::BodyExt;
-use support::{Counter, Shared};
+use support::{wait_until, Counter, Shared};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_stampede::{Cache, StampedeLayer};
 
@@ -643,13 +643,8 @@ async fn a_server_error_goes_to_its_waiters_and_later_requests_reach_the_origin(
                 send(&app, "GET", "http://app.test/error").await
             }));
         }
-        // The first load is held until every request has been sent (a bounded wait, no
-        // timing).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while origin.get() == 0 || sent.get() < 100 {
-            assert!(tokio::time::Instant::now() < deadline, "{}", shared.name);
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        // The first load is held until every request has been sent.
+        wait_until(shared.name, || origin.get() > 0 && sent.get() == 100).await;
         release.add_permits(1);
         let mut first = 0;
         for request in requests {

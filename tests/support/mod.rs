@@ -61,6 +61,19 @@ impl Counter {
     }
 }
 
+/// Waits until `done` holds, looking every 5 ms; panics, saying `what`, after 30 s (a bound for
+/// a busy machine, not an assertion on time).
+pub async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: still waiting after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A store shared by the app instances of one test, and what keeps its data.
 pub struct Shared {
     /// `"memory"` or `"redis"`, for assertion messages.
