@@ -4,6 +4,9 @@
 //! store's "filled" notification or by a jittered backoff poll, and reads again until the
 //! value is there, the lock is free (then it leads), or the wait times out
 //! ([`WaitTimeoutPolicy`]).
+//!
+//! Past 500 lines: the loop of one flight reads every kind of entry (fresh, stale, corrupt, a
+//! pass, a failure marker, a result for the waiters of a load) and is read best in one piece.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

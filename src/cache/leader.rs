@@ -2,6 +2,10 @@
 //! its fenced fill, and the release of the lock on every path (the fill itself, an explicit
 //! token-checked release or failure marker, the [`LockGuard`] drop guard, the lock's TTL);
 //! and the loads made without the lock (after a wait timeout, or while the store fails).
+//!
+//! Past 500 lines: every kind of load result (a value, a pass, a failure, "not modified", a
+//! result for the waiters only) ends the lock's life here, and the paths that release it are
+//! read best side by side.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
