@@ -515,6 +515,78 @@ async fn a_body_that_fails_halfway_reaches_the_caller_and_is_not_cached() {
     }
 }
 
+/// RFC 9211 §2.8 (`detail`): the only responses the layer makes itself, a `502` when there is
+/// no answer of the origin to give (here: the inner service failed, and the failure is
+/// remembered across processes) and a `504` when the load timed out, say so in
+/// `Cache-Status`; neither reaches the origin again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layer_s_own_gateway_errors_say_so_in_cache_status() {
+    for shared in Shared::both().await {
+        let origin = Counter::default();
+        let inner = {
+            let origin = origin.clone();
+            service_fn(move |request: Request<()>| {
+                origin.hit();
+                async move {
+                    if request.uri().path() == "/slow" {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                    Err::<Response<Body>, _>(std::io::Error::other("origin unreachable"))
+                }
+            })
+        };
+        let instance = || {
+            let cache = shared
+                .cache()
+                .failure_ttl(Duration::from_secs(60))
+                .load_timeout(Duration::from_millis(200))
+                .build();
+            ServiceBuilder::new()
+                .layer(StampedeLayer::new(cache))
+                .service(inner.clone())
+        };
+        let (mut a, mut b) = (instance(), instance());
+        let get = |path: &str| {
+            Request::get(format!("http://app.test{path}"))
+                .body(())
+                .unwrap()
+        };
+        // The loading request gets the inner service's own error.
+        let failed = a.ready().await.unwrap().call(get("/down")).await;
+        assert!(failed.is_err(), "{}", shared.name);
+        // Another process, within failure_ttl: no origin answer to give, and none asked for.
+        let response = b.ready().await.unwrap().call(get("/down")).await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::BAD_GATEWAY,
+            "{}",
+            shared.name
+        );
+        assert_eq!(
+            response.headers()["cache-status"],
+            "tower-stampede; fwd=uri-miss; detail=no-origin-response",
+            "{}",
+            shared.name
+        );
+        assert_eq!(origin.get(), 1, "{}", shared.name);
+        // A load past load_timeout.
+        let response = a.ready().await.unwrap().call(get("/slow")).await.unwrap();
+        assert_eq!(
+            response.status(),
+            StatusCode::GATEWAY_TIMEOUT,
+            "{}",
+            shared.name
+        );
+        assert_eq!(
+            response.headers()["cache-status"],
+            "tower-stampede; fwd=uri-miss; detail=timeout",
+            "{}",
+            shared.name
+        );
+        assert_eq!(origin.get(), 2, "{}", shared.name);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_responses_while_refreshing_and_in_place_of_errors() {
     use std::sync::atomic::{AtomicBool, Ordering};
