@@ -17,12 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use axum::Router;
-use http_body_util::BodyExt;
+use support::http::{get, send, Answer};
 use support::{Counter, Shared};
 use tokio::sync::Notify;
-use tower::ServiceExt;
 use tower_stampede::{Cache, StampedeLayer};
 
 /// The failure guard on anything that waits for a notification: far beyond what it needs.
@@ -121,46 +120,6 @@ fn query(uri: &Uri) -> Vec<(String, String)> {
         .collect()
 }
 
-/// One response, read to the end.
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn x_cache(&self) -> &str {
-        self.headers
-            .get("x-cache")
-            .map_or("", |v| v.to_str().unwrap())
-    }
-}
-
-async fn send(app: &Router, method: &str, uri: &str, headers: &[(&str, &str)]) -> Answer {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .body(Body::empty())
-        .unwrap();
-    for (name, value) in headers {
-        request.headers_mut().append(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(value).unwrap(),
-        );
-    }
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8(body.collect().await.unwrap().to_bytes().to_vec()).unwrap(),
-    }
-}
-
-async fn get(app: &Router, uri: &str) -> Answer {
-    send(app, "GET", uri, &[]).await
-}
-
 /// An app instance: a cache of its own over store connections of its own.
 async fn instance(
     shared: &Shared,
@@ -211,13 +170,13 @@ async fn eventually(app: &Router, uri: &str, headers: &[(&str, &str)], version: 
     let deadline = tokio::time::Instant::now() + LIMIT;
     loop {
         let answer = send(app, "GET", uri, headers).await;
-        if at_version(&answer.body, &path, version) {
+        if at_version(answer.body(), &path, version) {
             return answer;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "{uri}: still {:?} ({}), not v{version}",
-            answer.body,
+            answer.body(),
             answer.x_cache()
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -227,16 +186,12 @@ async fn eventually(app: &Router, uri: &str, headers: &[(&str, &str)], version: 
 /// Caches `uri` in both apps (a loads it, b reads it from the store, then both from L1).
 async fn cached_in_both(apps: &[Router; 2], uri: &str, headers: &[(&str, &str)]) -> String {
     let first = send(&apps[0], "GET", uri, headers).await;
-    assert_eq!(first.x_cache(), "MISS", "{uri}: {}", first.body);
+    assert_eq!(first.x_cache(), "MISS", "{uri}: {}", first.body());
     for app in [&apps[1], &apps[0], &apps[1]] {
         let hit = send(app, "GET", uri, headers).await;
-        assert_eq!(
-            (hit.x_cache(), hit.body.as_str()),
-            ("HIT", first.body.as_str()),
-            "{uri}"
-        );
+        assert_eq!((hit.x_cache(), hit.body()), ("HIT", first.body()), "{uri}");
     }
-    first.body
+    first.body().to_owned()
 }
 
 /// RFC 9111 §4.4: a non-error response to an unsafe method (`POST`, `PUT`, `DELETE`, `PATCH`,
@@ -254,11 +209,16 @@ async fn unsafe_methods_invalidate_their_url_in_every_instance() {
             let version = origin.move_on();
             let changed = send(&apps[0], method, &uri, &[]).await;
             assert_eq!(changed.status, StatusCode::OK, "{}", shared.name);
-            assert_eq!(changed.body, "changed", "{}: the origin's own", shared.name);
+            assert_eq!(
+                changed.body(),
+                "changed",
+                "{}: the origin's own",
+                shared.name
+            );
             assert_eq!(changed.x_cache(), "", "{}: not marked", shared.name);
             let next = get(&apps[0], &uri).await;
             assert_eq!(next.x_cache(), "MISS", "{}: {method}", shared.name);
-            assert!(at_version(&next.body, &format!("/{method}"), version));
+            assert!(at_version(next.body(), &format!("/{method}"), version));
             let other = eventually(&apps[1], &uri, &[], version).await;
             assert_eq!(other.x_cache(), "HIT", "{}: from a's load", shared.name);
         }
@@ -293,7 +253,7 @@ async fn errors_and_safe_methods_invalidate_nothing() {
         for app in [&apps[0], &apps[1], &fresh] {
             let answer = get(app, &uri).await;
             assert_eq!(
-                (answer.x_cache(), answer.body.as_str()),
+                (answer.x_cache(), answer.body()),
                 ("HIT", body.as_str()),
                 "{}",
                 shared.name
@@ -334,7 +294,7 @@ async fn location_and_content_location_of_the_same_origin_are_invalidated() {
         // `/list/` and `/form` were never stored; `/elsewhere` is of another origin each time.
         let kept = get(&apps[1], &url("/elsewhere")).await;
         assert_eq!(kept.x_cache(), "HIT", "{}", shared.name);
-        assert!(at_version(&kept.body, "/elsewhere", 1), "{}", shared.name);
+        assert!(at_version(kept.body(), "/elsewhere", 1), "{}", shared.name);
     }
 }
 
@@ -361,10 +321,10 @@ async fn every_vary_variant_is_invalidated() {
                 let answer = eventually(app, &uri, headers, version).await;
                 let want = headers.first().map_or("", |(_, v)| *v);
                 assert!(
-                    answer.body.ends_with(want),
+                    answer.body().ends_with(want),
                     "{}: {} for {want:?}",
                     shared.name,
-                    answer.body
+                    answer.body()
                 );
             }
         }
@@ -417,15 +377,20 @@ async fn a_load_in_flight_when_its_url_changes_is_not_stored() {
             let changed = send(&apps[1], "POST", &uri, &[]).await;
             assert_eq!(changed.status, StatusCode::OK);
             let late = slow.await.unwrap();
-            assert!(late.body.contains(" v1 "), "{}: {}", shared.name, late.body);
+            assert!(
+                late.body().contains(" v1 "),
+                "{}: {}",
+                shared.name,
+                late.body()
+            );
             let name = path.split('?').next().unwrap();
             for app in &apps {
                 let answer = get(app, &uri).await;
                 assert!(
-                    at_version(&answer.body, name, 2),
+                    at_version(answer.body(), name, 2),
                     "{}: {path}: {} ({})",
                     shared.name,
-                    answer.body,
+                    answer.body(),
                     answer.x_cache()
                 );
             }
@@ -483,7 +448,8 @@ async fn without_the_endpoint_a_purge_goes_to_the_inner_service() {
         let calls = origin.calls.get();
         let purge = send(&apps[0], "PURGE", &uri, &[]).await;
         assert_eq!(
-            purge.body, "changed",
+            purge.body(),
+            "changed",
             "{}: the origin's answer",
             shared.name
         );
@@ -524,15 +490,12 @@ async fn the_purge_endpoint_removes_a_url_only_when_authorized() {
         assert_eq!(origin.calls.get(), calls, "{}: not called", shared.name);
         for app in &apps {
             let answer = send(app, "GET", &uri, &gzip).await;
-            assert_eq!(
-                (answer.x_cache(), answer.body.as_str()),
-                ("HIT", body.as_str())
-            );
+            assert_eq!((answer.x_cache(), answer.body()), ("HIT", body.as_str()));
         }
         let allowed = [("authorization", "Bearer let-me")];
         let purged = send(&apps[1], "PURGE", &uri, &allowed).await;
         assert_eq!(purged.status, StatusCode::OK, "{}", shared.name);
-        assert_eq!(purged.body, "purged\n");
+        assert_eq!(purged.body(), "purged\n");
         assert_eq!(origin.calls.get(), calls, "{}: not called", shared.name);
         for app in &apps {
             eventually(app, &uri, &gzip, 2).await;
@@ -554,12 +517,12 @@ async fn a_store_that_is_down_is_logged_answered_503_or_an_error() {
     let started = std::time::Instant::now();
     let changed = send(&app, "POST", &format!("{uri}?status=201"), &[]).await;
     assert_eq!(
-        (changed.status, changed.body.as_str()),
+        (changed.status, changed.body()),
         (StatusCode::CREATED, "changed")
     );
     let purge = send(&app, "PURGE", &uri, &[("authorization", "Bearer let-me")]).await;
     assert_eq!(purge.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(purge.body.contains("not the origin"), "{}", purge.body);
+    assert!(purge.body().contains("not the origin"), "{}", purge.body());
     let error = layer
         .purger()
         .purge_url(&uri.parse().unwrap())
@@ -604,7 +567,7 @@ async fn a_purge_of_a_tag_removes_every_response_that_carries_it() {
             eventually(app, &varied, &[], version).await;
             let kept = get(app, &other).await;
             assert_eq!(kept.x_cache(), "HIT", "{}: not tagged b", shared.name);
-            assert!(at_version(&kept.body, "/other", 1), "{}", shared.name);
+            assert!(at_version(kept.body(), "/other", 1), "{}", shared.name);
         }
     }
 }

@@ -14,12 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
 use axum::Router;
-use bytes::Bytes;
-use http_body_util::BodyExt;
+use support::http::{send, Answer};
 use support::{Counter, Shared};
-use tower::ServiceExt;
 use tower_stampede::{Cache, StampedeLayer};
 
 /// Long enough for a response fresh for one second to be stale.
@@ -113,39 +111,8 @@ impl Origin {
     }
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn x_cache(&self) -> &str {
-        self.headers
-            .get("x-cache")
-            .map_or("", |v| v.to_str().unwrap())
-    }
-
-    fn body(&self) -> &str {
-        std::str::from_utf8(&self.body).unwrap()
-    }
-}
-
 async fn get_with(app: &Router, headers: &[(&'static str, &'static str)]) -> Answer {
-    let mut request = Request::get("http://app.test/doc")
-        .body(Body::empty())
-        .unwrap();
-    for (name, value) in headers {
-        request
-            .headers_mut()
-            .insert(*name, HeaderValue::from_static(value));
-    }
-    let (parts, body) = app.clone().oneshot(request).await.unwrap().into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
+    send(app, "GET", "http://app.test/doc", headers).await
 }
 
 async fn get(app: &Router) -> Answer {

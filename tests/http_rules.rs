@@ -15,9 +15,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use axum::Router;
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use support::http::{get, send, send_raw, Answer};
 use support::{Counter, Shared};
-use tower::ServiceExt;
 use tower_stampede::http::{Decision, DefaultKey, Policy, RfcPolicy};
 use tower_stampede::{Cache, StampedeLayer};
 
@@ -153,61 +152,6 @@ type Pair = (&'static str, Vec<u8>);
 /// `h=name:value`, the query pair that makes the origin send a header.
 fn h(name: &str, value: &str) -> Vec<u8> {
     format!("{name}:{value}").into_bytes()
-}
-
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Answer {
-    fn x_cache(&self) -> &str {
-        self.headers
-            .get("x-cache")
-            .map_or("", |v| v.to_str().unwrap())
-    }
-
-    fn age(&self) -> Option<u64> {
-        let mut ages = self.headers.get_all("age").iter();
-        let age = ages.next()?.to_str().unwrap().parse().unwrap();
-        assert!(ages.next().is_none(), "one Age");
-        Some(age)
-    }
-
-    fn body(&self) -> &str {
-        std::str::from_utf8(&self.body).unwrap()
-    }
-}
-
-async fn send_raw(app: &Router, method: Method, uri: &str, headers: &[(&str, &[u8])]) -> Answer {
-    let mut request = Request::builder()
-        .method(method)
-        .uri(uri)
-        .body(Body::empty())
-        .unwrap();
-    for (name, value) in headers {
-        request.headers_mut().append(
-            HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_bytes(value).unwrap(),
-        );
-    }
-    let response = app.clone().oneshot(request).await.unwrap();
-    let (parts, body) = response.into_parts();
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
-}
-
-async fn send(app: &Router, method: Method, uri: &str, headers: &[(&str, &str)]) -> Answer {
-    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
-    send_raw(app, method, uri, &headers).await
-}
-
-async fn get(app: &Router, uri: &str) -> Answer {
-    send(app, Method::GET, uri, &[]).await
 }
 
 /// Two apps (two caches, so two L1s) over one store: the second app's hits come from the store.

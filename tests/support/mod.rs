@@ -4,6 +4,7 @@
 //! (servers, clusters, TLS files, free ports) are in [`redis`](self::redis).
 #![allow(dead_code, unreachable_pub)]
 
+pub mod http;
 #[cfg(feature = "redis")]
 mod redis;
 
