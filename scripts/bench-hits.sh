@@ -72,10 +72,11 @@ if [ "$pin" = 1 ]; then
   server_cpus="0-$((cpus - 2))"
   wrk_cpus="$((cpus - 1))"
 fi
-# Runs a command on the given CPUs (all when none are given).
+# Runs a command on the given CPUs (all when none are given), in place of the (sub)shell that
+# calls it: started in the background, `$!` is then the server itself, which cleanup kills.
 on_cpus() {
   local cpus="$1"; shift
-  if [ -n "$cpus" ]; then taskset -c "$cpus" "$@"; else "$@"; fi
+  if [ -n "$cpus" ]; then exec taskset -c "$cpus" "$@"; else exec "$@"; fi
 }
 
 work=$(mktemp -d)
