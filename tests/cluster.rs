@@ -22,7 +22,9 @@ async fn instance(cluster: &RedisCluster) -> RedisStore {
 }
 
 fn cache(store: RedisStore) -> CacheBuilder {
-    Cache::builder(store).namespace("test")
+    Cache::builder(store)
+        .namespace("test")
+        .store_timeout(support::PATIENT)
 }
 
 async fn never_called() -> Result<Loaded, std::io::Error> {

@@ -5,6 +5,10 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod http;
+
+/// The store timeout of the tests' caches ([`Shared::cache`]): far beyond a busy machine's
+/// round trip, far below anything a test waits for.
+pub const PATIENT: Duration = Duration::from_secs(2);
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -128,8 +132,15 @@ impl Shared {
     }
 
     /// A cache of its own (so its own L1) over the shared store, to configure and build.
+    ///
+    /// Its store calls may take [`PATIENT`]: the suite runs tests side by side on two cores,
+    /// and a call that waited longer than the default 50 ms for a CPU would count as a store
+    /// error and load with in-process protection only, so a test counting one load per
+    /// stampede would see one per process. Tests of slow stores set their own timeout.
     pub fn cache(&self) -> CacheBuilder {
-        Cache::builder_shared(Arc::clone(&self.store)).namespace("test")
+        Cache::builder_shared(Arc::clone(&self.store))
+            .namespace("test")
+            .store_timeout(PATIENT)
     }
 
     /// Another process's view of the same store: for Redis a store with connections of its
