@@ -179,6 +179,13 @@ async fn a_stale_response_is_revalidated_and_a_304_refreshes_it() {
         tokio::time::sleep(PAST_FRESHNESS).await;
         let changed = get(&app).await;
         assert_eq!(changed.body(), "v2 #3", "{}", shared.name);
+        // RFC 9211 §2.2: still a forward for a stale entry, though the origin sent a new one.
+        let cache_status = changed.headers["cache-status"].to_str().unwrap();
+        assert!(
+            cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=200; stored; ttl="),
+            "{}: {cache_status}",
+            shared.name
+        );
         assert_eq!(
             origin.conditions()[2],
             Some(HeaderValue::from_static("\"v1\"")),

@@ -45,6 +45,10 @@ pub(crate) enum Served {
     /// By this request's own load: `fwd=uri-miss; fwd-status=N`, with `stored; ttl=N` if it
     /// was stored for that long (`MISS`).
     Loaded(Option<Duration>),
+    /// By this request's own load of a stale entry, which the origin answered with a new
+    /// response (a `200` to the conditional reload): `fwd=stale; fwd-status=N`, with
+    /// `stored; ttl=N` if it was stored for that long (`MISS`).
+    Refreshed(Option<Duration>),
     /// By this request's own load, a revalidation of a stale entry that the origin answered
     /// with `304`: `fwd=stale; fwd-status=304`, with `stored; ttl=N` if the refreshed entry
     /// was stored for that long (`MISS`; `BYPASS` if it was not).
@@ -137,7 +141,10 @@ impl CacheStatus {
             let x_cache = match served {
                 Served::Hit | Served::Collapsed => HIT,
                 Served::Stale => STALE,
-                Served::Loaded(_) | Served::Revalidated(Some(_)) | Served::MadeUp(_) => MISS,
+                Served::Loaded(_)
+                | Served::Refreshed(_)
+                | Served::Revalidated(Some(_))
+                | Served::MadeUp(_) => MISS,
                 Served::Passed | Served::Request | Served::Unkeyed | Served::Revalidated(None) => {
                     BYPASS
                 }
@@ -159,7 +166,7 @@ impl CacheStatus {
         value.put_slice(match served {
             Served::Request => b"; fwd=request",
             Served::Unkeyed => b"; fwd=bypass",
-            Served::Revalidated(_) => b"; fwd=stale",
+            Served::Revalidated(_) | Served::Refreshed(_) => b"; fwd=stale",
             _ => b"; fwd=uri-miss",
         });
         let mut numbers = itoa::Buffer::new();
@@ -179,7 +186,9 @@ impl CacheStatus {
         }
         match served {
             Served::Collapsed => value.put_slice(b"; collapsed"),
-            Served::Loaded(Some(ttl)) | Served::Revalidated(Some(ttl)) => {
+            Served::Loaded(Some(ttl))
+            | Served::Refreshed(Some(ttl))
+            | Served::Revalidated(Some(ttl)) => {
                 value.put_slice(b"; stored; ttl=");
                 value.put_slice(numbers.format(ttl.as_secs()).as_bytes());
             }
@@ -252,6 +261,12 @@ mod tests {
                 500,
                 Served::Loaded(None),
                 "tower-stampede; fwd=uri-miss; fwd-status=500",
+                "MISS",
+            ),
+            (
+                200,
+                Served::Refreshed(Some(Duration::from_secs(45))),
+                "tower-stampede; fwd=stale; fwd-status=200; stored; ttl=45",
                 "MISS",
             ),
             (

@@ -161,6 +161,16 @@ where
     if let Some(stored) = &stored {
         revalidate::ask_if_changed(stored, &mut parts.headers);
     }
+    // What this load says in `Cache-Status` when it answers with what the origin sent: a
+    // forward for a stale entry, or for a missing one (RFC 9211 §2.2).
+    let refreshed = stored.is_some();
+    let own_load = move |ttl| {
+        if refreshed {
+            Served::Refreshed(ttl)
+        } else {
+            Served::Loaded(ttl)
+        }
+    };
     let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(error) => {
@@ -284,7 +294,7 @@ where
         return Ok(Loaded::for_waiters(entry));
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
-        let _ = to_leader.send(Own::Stored(Served::Loaded(Some(ttl))));
+        let _ = to_leader.send(Own::Stored(own_load(Some(ttl))));
         return Ok(loading.config.to_store(entry, ttl, stale, &tags));
     }
     // A response with `Vary`, loaded for the URL's key: the response goes under this request's
@@ -299,7 +309,7 @@ where
     // The marker is not tagged: a purge of a tag removes the responses that carry it, and a
     // request that follows the marker to one of them loads it again.
     let Some(marker_entry) = codec::encode_vary(&marker) else {
-        let _ = to_leader.send(Own::Variant(entry, Served::Loaded(None)));
+        let _ = to_leader.send(Own::Variant(entry, own_load(None)));
         return Ok(Loaded::pass());
     };
     let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
@@ -320,14 +330,14 @@ where
             {
                 Own::Variant(value, Served::Hit)
             }
-            _ => Own::Variant(entry, Served::Loaded(Some(ttl))),
+            _ => Own::Variant(entry, own_load(Some(ttl))),
         },
         Err(error) => {
             debug!(
                 error = &error as &dyn std::error::Error,
                 "the variant was not stored"
             );
-            Own::Variant(entry, Served::Loaded(None))
+            Own::Variant(entry, own_load(None))
         }
     };
     let _ = to_leader.send(own);

@@ -19,6 +19,7 @@
 //! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
 //! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
+//! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long |
 //! | `hit; detail=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
 //! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
