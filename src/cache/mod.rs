@@ -325,23 +325,23 @@ impl Cache {
         answer
     }
 
-    /// What `read` makes of the value of `key`, if L1 holds the value with nothing more to do
-    /// (no early refresh due) and `read` can answer with it (`Some`): then counted and traced
-    /// as any L1 hit. Else `None`, nothing is counted, and the caller goes on to
-    /// [`fetch_accepting`](Self::fetch_accepting). For a caller that has work to do before a
-    /// fetch that may load (the layer wraps its request into a loader): a hit skips that work.
+    /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value
+    /// with nothing more to do (no early refresh due) and `read` can answer with it (`Some`):
+    /// then counted and traced as any L1 hit. Else `None`, nothing is counted, and the caller
+    /// goes on to [`fetch_digest`](Self::fetch_digest) with the same digest. For a caller
+    /// that has work to do before a fetch that may load (the layer wraps its request into a
+    /// loader): a hit skips that work.
     pub(crate) async fn l1_hit<T>(
         &self,
-        key: &[u8],
+        digest: &KeyDigest,
         read: impl FnOnce(&Bytes) -> Option<T>,
     ) -> Option<T> {
-        let digest = KeyDigest::of(key);
-        let Some(l1::L1Hit::Fresh(value)) = self.inner.l1_get(&digest).await else {
+        let Some(l1::L1Hit::Fresh(value)) = self.inner.l1_get(digest).await else {
             return None;
         };
         let answer = read(&value)?;
         telemetry::outcome(Outcome::L1Hit);
-        fetch_span(&digest).record("outcome", Outcome::L1Hit.label());
+        fetch_span(digest).record("outcome", Outcome::L1Hit.label());
         Some(answer)
     }
 

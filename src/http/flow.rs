@@ -25,6 +25,7 @@ use super::layer::HttpConfig;
 use super::load::{load, Loading, Own, Step};
 use super::slot::Slot;
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
+use crate::store::KeyDigest;
 
 /// A cacheable request under the URL's key `primary`: served from the cache, by this
 /// request's own load, or (for a pass or a failed load elsewhere) by the inner service directly.
@@ -44,9 +45,11 @@ where
     let asked = Asked::of(&request);
     // The hot path: a response in L1 is answered before anything a load needs is built (the
     // slot, the loader and their clones). A vary marker takes the path below, from L1 again.
+    // Hashed once: for L1 here, and for the fetch below if L1 cannot answer.
+    let digest = KeyDigest::of(primary.as_bytes());
     let hit = loading
         .cache
-        .l1_hit(primary.as_bytes(), |value| match codec::decode(value) {
+        .l1_hit(&digest, |value| match codec::decode(value) {
             Ok(Stored::Response(cached)) => Some(cached),
             _ => None,
         });
@@ -59,7 +62,7 @@ where
         ));
     }
     // Boxed, so the future of a hit stays small to build and move.
-    Box::pin(fetch(loading, primary, request, asked)).await
+    Box::pin(fetch(loading, primary, digest, request, asked)).await
 }
 
 /// [`serve`] past L1: the URL's key through the engine (a flight, the store, or this
@@ -67,6 +70,7 @@ where
 async fn fetch<S, ReqBody, ResBody>(
     loading: Loading<S>,
     primary: String,
+    digest: KeyDigest,
     request: Request<ReqBody>,
     asked: Asked,
 ) -> Answer<ResBody, S::Error>
@@ -89,7 +93,7 @@ where
         move |previous| load(loading, primary, Step::Primary, slot, to_leader, previous)
     };
     let fetched = cache
-        .fetch_accepting(&primary, codec::accepts_primary, loader)
+        .fetch_digest(digest, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
         Some((Stored::Response(cached), outcome)) => {
