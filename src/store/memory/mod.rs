@@ -1,12 +1,12 @@
 //! `MemoryStore`: the embedded store, with the semantics of the Redis scripts.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use self::state::{Holder, State};
 use super::{
     load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
     Notifier, Renewal, Store, StoreError, StoreKey, Stored,
@@ -36,122 +36,6 @@ impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore::with_capacity(MemoryStore::DEFAULT_CAPACITY)
     }
-}
-
-/// What a value costs the store besides its bytes: its key and the maps' bookkeeping, about.
-const VALUE_OVERHEAD: usize = 160;
-
-/// How many values an eviction compares (Redis's `maxmemory-samples` default).
-const EVICTION_SAMPLES: usize = 5;
-
-/// Who holds a lock: a leader, or the marker of a failed load (which no token opens).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Holder {
-    Leader(LockToken),
-    Failed,
-}
-
-#[derive(Default)]
-struct State {
-    values: HashMap<StoreKey, (Bytes, Instant)>,
-    /// When each value was last written or read, on a counter of accesses (for eviction).
-    used: HashMap<StoreKey, u64>,
-    accesses: u64,
-    /// The bytes the values cost, and the most they may.
-    bytes: usize,
-    capacity: usize,
-    locks: HashMap<StoreKey, (Holder, Instant)>,
-    writes_since_sweep: usize,
-    /// Tag clocks by namespace, and the clock at which each tag was last invalidated.
-    tag_clocks: HashMap<String, u64>,
-    tag_versions: HashMap<StoreKey, u64>,
-}
-
-impl State {
-    fn live_value(&mut self, key: &StoreKey, now: Instant) -> Option<Stored> {
-        let stored = self
-            .values
-            .get(key)
-            .filter(|(_, expires)| *expires > now)
-            .map(|(bytes, expires)| Stored {
-                bytes: bytes.clone(),
-                ttl: Some(truncate_to_millis(*expires - now)),
-            });
-        if stored.is_some() {
-            self.touch(key);
-        }
-        stored
-    }
-
-    fn touch(&mut self, key: &StoreKey) {
-        self.accesses += 1;
-        if let Some(used) = self.used.get_mut(key) {
-            *used = self.accesses;
-        }
-    }
-
-    /// Stores a value, then evicts past the capacity.
-    fn insert_value(&mut self, key: &StoreKey, bytes: Bytes, expires: Instant) {
-        self.remove_value(key);
-        self.bytes += bytes.len() + VALUE_OVERHEAD;
-        self.values.insert(key.clone(), (bytes, expires));
-        self.accesses += 1;
-        self.used.insert(key.clone(), self.accesses);
-        while self.bytes > self.capacity && !self.values.is_empty() {
-            self.evict_one();
-        }
-    }
-
-    fn remove_value(&mut self, key: &StoreKey) -> Option<(Bytes, Instant)> {
-        let removed = self.values.remove(key)?;
-        self.used.remove(key);
-        self.bytes = self.bytes.saturating_sub(removed.0.len() + VALUE_OVERHEAD);
-        Some(removed)
-    }
-
-    /// Evicts the least recently used of a few sampled values.
-    fn evict_one(&mut self) {
-        let victim = self
-            .used
-            .iter()
-            .take(EVICTION_SAMPLES)
-            .min_by_key(|(_, used)| **used)
-            .map(|(key, _)| key.clone());
-        if let Some(key) = victim {
-            self.remove_value(&key);
-        }
-    }
-
-    fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<Holder> {
-        self.locks
-            .get(key)
-            .filter(|(_, expires)| *expires > now)
-            .map(|(holder, _)| *holder)
-    }
-
-    /// Counts a write and, once there have been as many writes as live entries, drops every
-    /// expired entry: the sweep's cost is spread over the writes that made it necessary.
-    fn wrote(&mut self, now: Instant) {
-        self.writes_since_sweep += 1;
-        if self.writes_since_sweep > self.values.len() + self.locks.len() {
-            let expired: Vec<StoreKey> = self
-                .values
-                .iter()
-                .filter(|(_, (_, expires))| *expires <= now)
-                .map(|(key, _)| key.clone())
-                .collect();
-            for key in &expired {
-                self.remove_value(key);
-            }
-            self.locks.retain(|_, (_, expires)| *expires > now);
-            self.writes_since_sweep = 0;
-        }
-    }
-}
-
-/// Redis reports remaining life in whole milliseconds; do the same so both stores agree.
-fn truncate_to_millis(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn expiry(now: Instant, ttl: Duration) -> Instant {
@@ -527,5 +411,6 @@ impl Store for MemoryStore {
     }
 }
 
+mod state;
 #[cfg(test)]
 mod tests;

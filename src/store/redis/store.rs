@@ -1,5 +1,9 @@
 //! `impl Store for RedisStore`: each call one round trip (a pipeline of plain commands, or a
 //! script), and how the replies are read.
+//!
+//! Past 500 lines: the `Store` contract is some twenty calls, each building its command and
+//! reading its reply next to it; the lookup, its pipeline and the script it falls back to
+//! are a third of it. Split by call, a call's command and reply would sit in two files.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

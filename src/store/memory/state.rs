@@ -1,0 +1,129 @@
+//! `MemoryStore`'s keyspace: its values, bounded in bytes and evicted as Redis's
+//! `allkeys-lru` does (the least recently used of a few sampled values), its locks, and its
+//! tag clocks, each entry with its expiry; expired entries are swept as writes happen.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::store::{LockToken, StoreKey, Stored};
+
+/// What a value costs the store besides its bytes: its key and the maps' bookkeeping, about.
+const VALUE_OVERHEAD: usize = 160;
+
+/// How many values an eviction compares (Redis's `maxmemory-samples` default).
+const EVICTION_SAMPLES: usize = 5;
+
+/// Who holds a lock: a leader, or the marker of a failed load (which no token opens).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holder {
+    Leader(LockToken),
+    Failed,
+}
+
+/// The keyspace: values (bounded in bytes, evicted as `allkeys-lru` does), locks and tag
+/// clocks, each with its expiry.
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) values: HashMap<StoreKey, (Bytes, Instant)>,
+    /// When each value was last written or read, on a counter of accesses (for eviction).
+    pub(super) used: HashMap<StoreKey, u64>,
+    pub(super) accesses: u64,
+    /// The bytes the values cost, and the most they may.
+    pub(super) bytes: usize,
+    pub(super) capacity: usize,
+    pub(super) locks: HashMap<StoreKey, (Holder, Instant)>,
+    pub(super) writes_since_sweep: usize,
+    /// Tag clocks by namespace, and the clock at which each tag was last invalidated.
+    pub(super) tag_clocks: HashMap<String, u64>,
+    pub(super) tag_versions: HashMap<StoreKey, u64>,
+}
+
+impl State {
+    pub(super) fn live_value(&mut self, key: &StoreKey, now: Instant) -> Option<Stored> {
+        let stored = self
+            .values
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(bytes, expires)| Stored {
+                bytes: bytes.clone(),
+                ttl: Some(truncate_to_millis(*expires - now)),
+            });
+        if stored.is_some() {
+            self.touch(key);
+        }
+        stored
+    }
+
+    pub(super) fn touch(&mut self, key: &StoreKey) {
+        self.accesses += 1;
+        if let Some(used) = self.used.get_mut(key) {
+            *used = self.accesses;
+        }
+    }
+
+    /// Stores a value, then evicts past the capacity.
+    pub(super) fn insert_value(&mut self, key: &StoreKey, bytes: Bytes, expires: Instant) {
+        self.remove_value(key);
+        self.bytes += bytes.len() + VALUE_OVERHEAD;
+        self.values.insert(key.clone(), (bytes, expires));
+        self.accesses += 1;
+        self.used.insert(key.clone(), self.accesses);
+        while self.bytes > self.capacity && !self.values.is_empty() {
+            self.evict_one();
+        }
+    }
+
+    pub(super) fn remove_value(&mut self, key: &StoreKey) -> Option<(Bytes, Instant)> {
+        let removed = self.values.remove(key)?;
+        self.used.remove(key);
+        self.bytes = self.bytes.saturating_sub(removed.0.len() + VALUE_OVERHEAD);
+        Some(removed)
+    }
+
+    /// Evicts the least recently used of a few sampled values.
+    pub(super) fn evict_one(&mut self) {
+        let victim = self
+            .used
+            .iter()
+            .take(EVICTION_SAMPLES)
+            .min_by_key(|(_, used)| **used)
+            .map(|(key, _)| key.clone());
+        if let Some(key) = victim {
+            self.remove_value(&key);
+        }
+    }
+
+    pub(super) fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<Holder> {
+        self.locks
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(holder, _)| *holder)
+    }
+
+    /// Counts a write and, once there have been as many writes as live entries, drops every
+    /// expired entry: the sweep's cost is spread over the writes that made it necessary.
+    pub(super) fn wrote(&mut self, now: Instant) {
+        self.writes_since_sweep += 1;
+        if self.writes_since_sweep > self.values.len() + self.locks.len() {
+            let expired: Vec<StoreKey> = self
+                .values
+                .iter()
+                .filter(|(_, (_, expires))| *expires <= now)
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in &expired {
+                self.remove_value(key);
+            }
+            self.locks.retain(|_, (_, expires)| *expires > now);
+            self.writes_since_sweep = 0;
+        }
+    }
+}
+
+/// Redis reports remaining life in whole milliseconds; do the same so both stores agree.
+pub(super) fn truncate_to_millis(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
