@@ -1473,3 +1473,90 @@ async fn cache_status_says_how_each_response_was_served_rfc_9211() {
         assert!(!hit.headers.contains_key("x-cache"), "{}", shared.name);
     }
 }
+
+/// L1 keeps a response with the fields of a plain hit made ready, for the layer whose hit
+/// made them: two layers over one cache (one L1) still mark their hits each with their own
+/// name (RFC 9211 §2), and a `HEAD` or a conditional request on such a hit is answered as
+/// from any entry (RFC 9110 §9.3.2, §13.1.1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_sharing_one_l1_mark_their_hits_with_their_own_names() {
+    for shared in Shared::both().await {
+        let origin = Origin::default();
+        let cache = shared.cache().build();
+        let plain = origin.router().layer(StampedeLayer::new(cache.clone()));
+        let named = origin.router().layer(
+            StampedeLayer::new(cache)
+                .cache_status_name("edge-7")
+                .x_cache(false),
+        );
+        let uri = url(
+            "/shared-l1",
+            &[
+                ("h", &h("cache-control", "max-age=60")),
+                ("h", &h("etag", "\"v1\"")),
+            ],
+        );
+        let marks = |answer: &Answer| {
+            let status: Vec<_> = answer
+                .headers
+                .get_all("cache-status")
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect();
+            (answer.status, status, answer.x_cache().to_owned())
+        };
+        let miss = get(&plain, &uri).await;
+        assert_eq!(miss.x_cache(), "MISS", "{}", shared.name);
+        let hit = get(&plain, &uri).await;
+        assert_eq!(
+            marks(&hit),
+            (
+                StatusCode::OK,
+                vec!["tower-stampede; hit".to_owned()],
+                "HIT".to_owned()
+            ),
+            "{}",
+            shared.name
+        );
+        assert_eq!(hit.body, miss.body, "{}", shared.name);
+        assert_eq!(
+            hit.headers["content-length"],
+            miss.body.len().to_string().as_str()
+        );
+        assert!(hit.headers.contains_key("age"), "{}", shared.name);
+        let other = get(&named, &uri).await;
+        assert_eq!(
+            marks(&other),
+            (
+                StatusCode::OK,
+                vec!["edge-7; hit".to_owned()],
+                String::new()
+            ),
+            "{}",
+            shared.name
+        );
+        let head = send(&plain, Method::HEAD, &uri, &[]).await;
+        assert_eq!(
+            (head.status, head.body.len(), head.x_cache()),
+            (StatusCode::OK, 0, "HIT"),
+            "{}",
+            shared.name
+        );
+        assert_eq!(
+            head.headers["content-length"],
+            miss.body.len().to_string().as_str()
+        );
+        let conditional = send(&plain, Method::GET, &uri, &[("if-none-match", "\"v1\"")]).await;
+        assert_eq!(
+            (
+                conditional.status,
+                conditional.body.len(),
+                conditional.x_cache()
+            ),
+            (StatusCode::NOT_MODIFIED, 0, "HIT"),
+            "{}",
+            shared.name
+        );
+        assert_eq!(origin.calls(), 1, "{}", shared.name);
+    }
+}

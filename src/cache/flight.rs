@@ -103,11 +103,11 @@ impl Inner {
         let (mut result, created) = loop {
             if let Some(hit) = self.l1_get(&digest).await {
                 let value = match hit {
-                    L1Hit::Fresh(value) => value,
+                    L1Hit::Fresh(entry) => entry.value.clone(),
                     L1Hit::RefreshDue(entry) => {
                         let loader = BoxLoader::new(accepts, loader);
                         self.refresh_early(digest, loader, entry.fresh_until);
-                        entry.value
+                        entry.value.clone()
                     }
                 };
                 return Ok(Fetched {

@@ -7,8 +7,9 @@
 //! invalidation of the key anywhere (or a lost subscription) moves the stamp on, and the next
 //! call reads the store again. While notifications are not received, nothing enters L1.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,11 +22,13 @@ use crate::store::{KeyDigest, Stamp};
 /// untagged value).
 pub(super) type TagStamps = Box<[(KeyDigest, Stamp)]>;
 
-/// The moka cache that holds L1.
-pub(super) type L1 = moka::future::Cache<KeyDigest, L1Entry>;
+/// The moka cache that holds L1. Its entries are shared: a hit clones a pointer, not the entry.
+pub(super) type L1 = moka::future::Cache<KeyDigest, Arc<L1Entry>>;
+
+/// A value as its reader decoded it, kept with its L1 entry (see [`L1Entry::decoded`]).
+type Decoded = Arc<dyn Any + Send + Sync>;
 
 /// An entry of L1: the value, how long it may live there, and what early refresh needs.
-#[derive(Clone)]
 pub(super) struct L1Entry {
     pub(super) value: Bytes,
     ttl: Duration,
@@ -41,6 +44,9 @@ pub(super) struct L1Entry {
     /// When the entry leaves L1, on tokio's clock (moka keeps a clock of its own, which
     /// paused test time does not move, and sweeps lazily).
     until: Instant,
+    /// The value as the first hit that read it decoded it (an HTTP response, a typed value),
+    /// so later hits skip the decode. Set once: it lives and dies with these very bytes.
+    decoded: OnceLock<Decoded>,
 }
 
 impl L1Entry {
@@ -50,24 +56,43 @@ impl L1Entry {
         let tags = self.tags.len().saturating_mul(48);
         u32::try_from(self.value.len().saturating_add(tags).saturating_add(96)).unwrap_or(u32::MAX)
     }
+
+    /// The value as `read` decodes it: decoded once, by the first hit, and shared by the hits
+    /// after it. `None` if `read` finds no `T` in the bytes. A reader of another type than the
+    /// first (two readers of one key) decodes on every hit, and is still answered.
+    pub(super) fn decoded<T: Any + Send + Sync>(
+        &self,
+        read: impl FnOnce(&Bytes) -> Option<T>,
+    ) -> Option<Arc<T>> {
+        if let Some(kept) = self.decoded.get() {
+            if let Ok(value) = Arc::clone(kept).downcast::<T>() {
+                return Some(value);
+            }
+            return read(&self.value).map(Arc::new);
+        }
+        let value = Arc::new(read(&self.value)?);
+        // Two first hits at once both decode; either's value is as good.
+        let _ = self.decoded.set(Arc::clone(&value) as Decoded);
+        Some(value)
+    }
 }
 
 /// What L1 answers for a key it holds a trusted entry of.
 pub(super) enum L1Hit {
-    /// The value; nothing more to do.
-    Fresh(Bytes),
+    /// The entry, whose value answers; nothing more to do.
+    Fresh(Arc<L1Entry>),
     /// The entry, whose refresh point has come: its value answers, and the caller starts an
     /// early refresh.
-    RefreshDue(L1Entry),
+    RefreshDue(Arc<L1Entry>),
 }
 
 struct L1Expiry;
 
-impl moka::Expiry<KeyDigest, L1Entry> for L1Expiry {
+impl moka::Expiry<KeyDigest, Arc<L1Entry>> for L1Expiry {
     fn expire_after_create(
         &self,
         _key: &KeyDigest,
-        value: &L1Entry,
+        value: &Arc<L1Entry>,
         _created_at: std::time::Instant,
     ) -> Option<Duration> {
         Some(value.ttl)
@@ -76,7 +101,7 @@ impl moka::Expiry<KeyDigest, L1Entry> for L1Expiry {
     fn expire_after_update(
         &self,
         _key: &KeyDigest,
-        value: &L1Entry,
+        value: &Arc<L1Entry>,
         _updated_at: std::time::Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
@@ -91,10 +116,10 @@ pub(super) fn build(config: &Config, bytes: &Arc<AtomicU64>) -> Option<L1> {
         let removed = Arc::clone(bytes);
         moka::future::Cache::builder()
             .max_capacity(config.l1_capacity)
-            .weigher(|_key: &KeyDigest, entry: &L1Entry| entry.weight())
+            .weigher(|_key: &KeyDigest, entry: &Arc<L1Entry>| entry.weight())
             .expire_after(L1Expiry)
             // Replaced, expired or evicted: no longer counted.
-            .eviction_listener(move |_key, entry: L1Entry, _cause| {
+            .eviction_listener(move |_key, entry: Arc<L1Entry>, _cause| {
                 let weight = u64::from(entry.weight());
                 let before = removed
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
@@ -143,7 +168,7 @@ impl Inner {
         {
             return Some(match entry.refresh_at {
                 Some(at) if now >= at => L1Hit::RefreshDue(entry),
-                _ => L1Hit::Fresh(entry.value),
+                _ => L1Hit::Fresh(entry),
             });
         }
         l1.invalidate(digest).await;
@@ -174,12 +199,54 @@ impl Inner {
                 stamp,
                 tags,
                 until: crate::sync::later(now, ttl),
+                decoded: OnceLock::new(),
             };
             // Counted before the insert, so the listener never takes off what was not added.
             let weight = u64::from(entry.weight());
             let bytes = self.l1_bytes.fetch_add(weight, Ordering::Relaxed) + weight;
             telemetry::l1_bytes(bytes);
-            l1.insert(digest, entry).await;
+            l1.insert(digest, Arc::new(entry)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+
+    use crate::store::{KeyDigest, MemoryStore};
+    use crate::Cache;
+
+    #[tokio::test]
+    async fn a_hit_decodes_once_per_entry_and_a_reader_of_another_type_each_time() {
+        let cache = Cache::builder(MemoryStore::new()).build();
+        let load = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"42")) };
+        cache.get_or_load("k", load).await.unwrap();
+        let digest = KeyDigest::of(b"k");
+        let decodes = AtomicUsize::new(0);
+        let number = |bytes: &Bytes| {
+            decodes.fetch_add(1, Ordering::Relaxed);
+            std::str::from_utf8(bytes).ok()?.parse::<u32>().ok()
+        };
+        let first = cache.l1_hit(&digest, number).await.unwrap();
+        let second = cache.l1_hit(&digest, number).await.unwrap();
+        assert_eq!((*first, decodes.load(Ordering::Relaxed)), (42, 1));
+        assert!(std::sync::Arc::ptr_eq(&first, &second));
+        let text = |bytes: &Bytes| {
+            decodes.fetch_add(1, Ordering::Relaxed);
+            Some(String::from_utf8_lossy(bytes).into_owned())
+        };
+        for _ in 0..2 {
+            assert_eq!(*cache.l1_hit(&digest, text).await.unwrap(), "42");
+        }
+        assert_eq!(decodes.load(Ordering::Relaxed), 3);
+        // Bytes the reader finds no value in: no hit, and nothing kept.
+        let load = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"x")) };
+        cache.get_or_load("n", load).await.unwrap();
+        let digest = KeyDigest::of(b"n");
+        assert!(cache.l1_hit(&digest, number).await.is_none());
+        assert!(cache.l1_hit(&digest, text).await.is_some());
     }
 }

@@ -3,17 +3,19 @@
 //! made by the layer itself; each marked with how it was answered (see
 //! [`cache_status`](super::cache_status)).
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
 use http::header::{AGE, CONTENT_LENGTH};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
 use super::cache_status::{CacheStatus, Detail, Served};
-use super::codec::{self, CachedResponse, Stored};
+use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
+use super::layer::HttpConfig;
 use crate::cache::Outcome;
 
 /// A response to a cacheable request, or the inner service's error.
@@ -64,7 +66,7 @@ pub(crate) fn own_entry<B: Body>(
     status: &CacheStatus,
 ) -> Response<ResponseBody<B>> {
     match codec::decode(entry) {
-        Ok(Stored::Response(cached)) => answer(cached, served, asked, status),
+        Ok(Stored::Response(cached)) => answer(&cached, served, asked, status),
         _ => synthesized(StatusCode::BAD_GATEWAY, Detail::NoOriginResponse, status),
     }
 }
@@ -92,26 +94,86 @@ where
     Ok(response.map(|_| ResponseBody::empty()))
 }
 
-/// The answer from a cached response: the response (without its body for a `HEAD`), or
-/// `304 Not Modified` if the request's preconditions say so; with `Age`, marked as `served`.
-pub(crate) fn answer<B: Body>(
+/// A stored response as L1 keeps it for hits: decoded once, with the fields of a plain hit (a
+/// `GET` without preconditions) made ready, so that such a hit clones one map and sets `Age`.
+pub(crate) struct HitReady {
     cached: CachedResponse,
-    served: Served,
+    /// The stored fields, then `Content-Length` where they lack it, `Age` (set again by each
+    /// hit, in place) and the marks of a hit, as [`answer`] adds them.
+    fields: HeaderMap,
+    /// The layer's configuration the marks are made for: a layer of another configuration
+    /// sharing the cache (and so L1) answers its hits with [`answer`] instead.
+    config: Arc<HttpConfig>,
+}
+
+impl HitReady {
+    pub(crate) fn new(cached: CachedResponse, config: &Arc<HttpConfig>) -> Self {
+        let mut fields = cached.headers.clone();
+        fields.reserve(ANSWER_FIELDS);
+        with_length(&mut fields, cached.status, cached.body.len());
+        fields.insert(AGE, HeaderValue::from_static("0"));
+        config
+            .cache_status
+            .mark(cached.status, &mut fields, Served::Hit);
+        HitReady {
+            cached,
+            fields,
+            config: Arc::clone(config),
+        }
+    }
+}
+
+/// The answer to a hit on `ready` in L1, for a layer of `config`: [`answer`]'s, built from the
+/// fields made ready where the request is a plain `GET` of that layer.
+pub(crate) fn hit<B: Body>(
+    ready: &HitReady,
     asked: &Asked,
-    status: &CacheStatus,
+    config: &Arc<HttpConfig>,
 ) -> Response<ResponseBody<B>> {
-    let now = SystemTime::now();
+    if asked.head || asked.conditions.is_some() || !Arc::ptr_eq(&ready.config, config) {
+        return answer(&ready.cached, Served::Hit, asked, &config.cache_status);
+    }
+    let mut response = Response::new(ResponseBody::cached(ready.cached.body.clone()));
+    *response.status_mut() = ready.cached.status;
+    *response.headers_mut() = ready.fields.clone();
+    response
+        .headers_mut()
+        .insert(AGE, age(&ready.cached, SystemTime::now()));
+    response
+}
+
+/// The `Age` of a cached response at `now` (RFC 9111 §4.2.3, from when it was generated),
+/// in seconds, at most 2^31 (§1.2.2).
+fn age(cached: &CachedResponse, now: SystemTime) -> HeaderValue {
     let age = now
         .duration_since(cached.stored_at)
         .unwrap_or_default()
         .as_secs()
         .min(1 << 31);
+    HeaderValue::from(age)
+}
+
+/// Says the length of a response's body where its fields do not and its status lets them
+/// (a `HEAD` or a `304` has no body to measure: they say the length of the `200`'s).
+fn with_length(fields: &mut HeaderMap, status: StatusCode, length: usize) {
+    if !fields.contains_key(CONTENT_LENGTH) && has_content(status) {
+        fields.insert(CONTENT_LENGTH, HeaderValue::from(length));
+    }
+}
+
+/// The answer from a cached response: the response (without its body for a `HEAD`), or
+/// `304 Not Modified` if the request's preconditions say so; with `Age`, marked as `served`.
+pub(crate) fn answer<B: Body>(
+    cached: &CachedResponse,
+    served: Served,
+    asked: &Asked,
+    status: &CacheStatus,
+) -> Response<ResponseBody<B>> {
+    let now = SystemTime::now();
     let not_modified = asked
         .conditions
         .as_ref()
-        .is_some_and(|c| c.not_modified(&cached, now));
-    // A HEAD or a 304 has no body to measure: say the length of the 200's.
-    let length = cached.body.len();
+        .is_some_and(|c| c.not_modified(cached, now));
     let mut response = if not_modified {
         let mut response = Response::new(ResponseBody::empty());
         *response.status_mut() = StatusCode::NOT_MODIFIED;
@@ -125,19 +187,15 @@ pub(crate) fn answer<B: Body>(
         let body = if asked.head {
             ResponseBody::empty()
         } else {
-            ResponseBody::cached(cached.body)
+            ResponseBody::cached(cached.body.clone())
         };
         let mut response = Response::new(body);
         *response.status_mut() = cached.status;
-        *response.headers_mut() = cached.headers;
+        *response.headers_mut() = cached.headers.clone();
         response
     };
-    if !response.headers().contains_key(CONTENT_LENGTH) && has_content(cached.status) {
-        response
-            .headers_mut()
-            .insert(CONTENT_LENGTH, HeaderValue::from(length));
-    }
-    response.headers_mut().insert(AGE, HeaderValue::from(age));
+    with_length(response.headers_mut(), cached.status, cached.body.len());
+    response.headers_mut().insert(AGE, age(cached, now));
     marked(response, served, status)
 }
 

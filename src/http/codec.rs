@@ -124,10 +124,10 @@ pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
     Some(buf.freeze())
 }
 
-/// Fields an answer from the cache adds to the stored ones (`Age`, `x-cache`, and
-/// `Content-Length` when missing): room is made for them when an entry is decoded, so the
+/// Fields an answer from the cache adds to the stored ones (`Age`, `x-cache`, `Cache-Status`,
+/// and `Content-Length` when missing): room is made for them when an entry is decoded, so the
 /// answer does not grow the map again.
-const ANSWER_FIELDS: usize = 3;
+pub(crate) const ANSWER_FIELDS: usize = 4;
 
 /// Decodes an entry written by [`encode_response`] or [`encode_vary`].
 pub(crate) fn decode(entry: &Bytes) -> Result<Stored, Malformed> {

@@ -17,7 +17,9 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
 
-use super::answer::{answer, marked, own_entry, served, synthesized, without_body, Answer, Asked};
+use super::answer::{
+    self, answer, marked, own_entry, served, synthesized, without_body, Answer, Asked, HitReady,
+};
 use super::body::ResponseBody;
 use super::cache_status::{CacheStatus, Detail, Served};
 use super::codec::{self, Stored};
@@ -47,19 +49,15 @@ where
     // slot, the loader and their clones). A vary marker takes the path below, from L1 again.
     // Hashed once: for L1 here, and for the fetch below if L1 cannot answer.
     let digest = KeyDigest::of(primary.as_bytes());
+    // Decoded once per L1 entry, with a plain hit's fields made ready.
     let hit = loading
         .cache
         .l1_hit(&digest, |value| match codec::decode(value) {
-            Ok(Stored::Response(cached)) => Some(cached),
+            Ok(Stored::Response(cached)) => Some(HitReady::new(cached, &loading.config)),
             _ => None,
         });
-    if let Some(cached) = hit.await {
-        return Ok(answer(
-            cached,
-            Served::Hit,
-            &asked,
-            &loading.config.cache_status,
-        ));
+    if let Some(ready) = hit.await {
+        return Ok(answer::hit(&ready, &asked, &loading.config));
     }
     // Boxed, so the future of a hit stays small to build and move.
     Box::pin(fetch(loading, primary, digest, request, asked)).await
@@ -98,7 +96,7 @@ where
     let (marker, outcome) = match decoded(&fetched) {
         Some((Stored::Response(cached), outcome)) => {
             let served = own_served(outcome, &mut from_loader);
-            return Ok(answer(cached, served, &asked, status));
+            return Ok(answer(&cached, served, &asked, status));
         }
         Some((Stored::Vary(marker), outcome)) => (marker, outcome),
         // The colder paths are boxed, so the future of every request stays small to build
@@ -175,7 +173,7 @@ where
     match decoded(&fetched) {
         Some((Stored::Response(cached), outcome)) => {
             let served = own_served(outcome, &mut from_loader);
-            Ok(answer(cached, served, &asked, status))
+            Ok(answer(&cached, served, &asked, status))
         }
         _ => {
             Box::pin(answer_without_entry(
@@ -219,7 +217,7 @@ where
             } else {
                 found
             };
-            Ok(answer(cached, served(outcome), asked, status))
+            Ok(answer(&cached, served(outcome), asked, status))
         }
         (_, Some(failure)) => without_body(failure, asked),
         (_, None) => Ok(synthesized(
