@@ -11,6 +11,7 @@ use http::header::AUTHORIZATION;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Uri};
 use sha2::{Digest, Sha256};
+use tower_stampede::http::OriginKey;
 
 /// A caching reverse proxy with cache-stampede protection (tower-stampede).
 #[derive(Debug, Parser)]
@@ -297,6 +298,11 @@ impl Origin {
             authority,
             host,
         })
+    }
+
+    /// The layer's key of the requests this proxy sends to the origin: the origin's URL.
+    pub(crate) fn key(&self) -> OriginKey {
+        OriginKey::new(self.scheme.clone(), self.authority.clone())
     }
 
     /// The origin's URI for a request's path and query (the request's URI, taken apart: its

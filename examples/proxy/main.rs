@@ -90,7 +90,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
-use tower::{service_fn, ServiceBuilder};
+use tower::{service_fn, Layer};
 use tower_stampede::http::RfcPolicy;
 use tower_stampede::store::{MemoryStore, RedisStore};
 use tower_stampede::{Cache, StampedeLayer};
@@ -176,8 +176,9 @@ fn bad_gateway(message: String) -> Response<ProxyBody> {
     response
 }
 
-/// Sends every request to the origin's URI before the layer sees it, so that the cache key is
-/// the origin's URL, not the `Host` the client happened to use for this proxy.
+/// Sends a request to the origin's URI. Only requests that go to the origin pay for it: the
+/// layer keys every request by the origin's URL already ([`Origin::key`]), whatever `Host`
+/// the client used for this proxy.
 fn to_origin_uri(origin: &Origin, request: &mut Request<Incoming>) {
     let uri = std::mem::take(request.uri_mut());
     *request.uri_mut() = origin.uri_for(uri);
@@ -311,7 +312,9 @@ async fn run(args: Args) -> Result<(), String> {
     } else {
         RfcPolicy::new().default_ttl(args.ttl)
     };
-    let mut layer = StampedeLayer::new(cache).policy(policy);
+    let mut layer = StampedeLayer::new(cache)
+        .policy(policy)
+        .make_key(args.origin.key());
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
     }
@@ -323,20 +326,11 @@ async fn run(args: Args) -> Result<(), String> {
         client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()),
         origin: args.origin.clone(),
     });
-    let inner = {
+    let inner = service_fn(move |request: Request<Incoming>| {
         let forwarder = Arc::clone(&forwarder);
-        service_fn(move |request: Request<Incoming>| {
-            let forwarder = Arc::clone(&forwarder);
-            async move { Ok::<_, Infallible>(forward(forwarder, request).await) }
-        })
-    };
-    let service = ServiceBuilder::new()
-        .map_request(move |mut request| {
-            to_origin_uri(&forwarder.origin, &mut request);
-            request
-        })
-        .layer(layer)
-        .service(inner);
+        async move { Ok::<_, Infallible>(forward(forwarder, request).await) }
+    });
+    let service = layer.layer(inner);
 
     let listener = TcpListener::bind(args.listen)
         .await

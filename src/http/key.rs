@@ -34,6 +34,7 @@
 
 use http::header::{AUTHORIZATION, HOST};
 use http::request::Parts;
+use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName};
 
 /// Makes the cache key of a request; see [`StampedeLayer::make_key`](super::StampedeLayer::make_key).
@@ -84,25 +85,80 @@ impl DefaultKey {
                 .map(|h| h.as_bytes())
                 .unwrap_or_default(),
         };
-        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let method = request.method.as_str();
-        let mut key =
-            String::with_capacity(8 + method.len() + scheme.len() + authority.len() + path.len());
-        key.push_str("http\0");
-        key.push_str(method);
-        key.push('\0');
-        key.push_str(scheme);
-        key.push('\0');
-        // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is
-        // enough. Most authorities have nothing to escape: copied whole.
-        match std::str::from_utf8(authority) {
-            Ok(plain) if authority.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
-            _ => key.extend(authority.escape_ascii().map(char::from)),
-        }
-        key.push('\0');
-        key.push_str(path);
-        key
+        key_of(request, scheme, authority)
     }
+}
+
+/// The key of a reverse proxy with one origin: the [`DefaultKey`] of the request as it is sent
+/// to the origin (the origin's scheme and authority, the request's method, path and query),
+/// whatever `Host` or absolute URI the client used.
+///
+/// It saves such a proxy from rewriting every request's URI before the layer sees it (a
+/// parse and an allocation per request, hits included): the rewrite can wait for the requests
+/// that do reach the origin, and the keys stay those of the origin's URLs.
+///
+/// ```
+/// use http::uri::{Authority, Scheme};
+/// use http::Request;
+/// use tower_stampede::http::{DefaultKey, OriginKey};
+///
+/// let key = OriginKey::new(Scheme::HTTP, Authority::from_static("origin:8080"));
+/// let (from_client, _) = Request::get("/page?q=1").header("host", "proxy.example").body(()).unwrap().into_parts();
+/// let (to_origin, _) = Request::get("http://origin:8080/page?q=1").body(()).unwrap().into_parts();
+/// assert_eq!(key.key(&from_client), DefaultKey.key(&to_origin));
+/// ```
+#[derive(Clone, Debug)]
+pub struct OriginKey {
+    scheme: Scheme,
+    authority: Authority,
+}
+
+impl OriginKey {
+    /// The key of requests sent on to the origin at `scheme://authority`.
+    pub fn new(scheme: Scheme, authority: Authority) -> Self {
+        OriginKey { scheme, authority }
+    }
+
+    /// The key of a request; never `None`.
+    pub fn key(&self, request: &Parts) -> String {
+        key_of(
+            request,
+            self.scheme.as_str(),
+            self.authority.as_str().as_bytes(),
+        )
+    }
+}
+
+impl MakeKey for OriginKey {
+    fn make_key(&self, request: &Parts) -> Option<String> {
+        Some(self.key(request))
+    }
+}
+
+/// The [`DefaultKey`] format: method, scheme, authority and path with query, NUL-separated.
+fn key_of(request: &Parts, scheme: &str, authority: &[u8]) -> String {
+    let path = request
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let method = request.method.as_str();
+    let mut key =
+        String::with_capacity(8 + method.len() + scheme.len() + authority.len() + path.len());
+    key.push_str("http\0");
+    key.push_str(method);
+    key.push('\0');
+    key.push_str(scheme);
+    key.push('\0');
+    // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is
+    // enough. Most authorities have nothing to escape: copied whole.
+    match std::str::from_utf8(authority) {
+        Ok(plain) if authority.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
+        _ => key.extend(authority.escape_ascii().map(char::from)),
+    }
+    key.push('\0');
+    key.push_str(path);
+    key
 }
 
 /// Whether `escape_ascii` leaves a byte as it is.
