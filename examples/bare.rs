@@ -1,13 +1,16 @@
 //! Bare hyper: the yardstick of the `proxy` example's cache hits. It answers every request
 //! with one static page (1 KiB unless `--body-bytes` says otherwise), looking nothing up, with
-//! the fields a hit from the proxy carries when `bare` is its origin: `Content-Type`,
-//! `Cache-Control`, `Content-Length`, `Date` (hyper's), `Age` and `x-cache: HIT`. It serves
+//! the fields a hit from the proxy carries when a `bare --origin` is its origin:
+//! `Content-Type`, `Cache-Control`, `Content-Length`, `Date` (hyper's), `Age`, `x-cache: HIT`
+//! and `Cache-Status: tower-stampede; hit`. With `--origin` it leaves out the last two, which
+//! the proxy adds (an origin sending them would make the proxy's answers longer). It serves
 //! through the same server loop as the proxy (`shared/serve.rs`: hyper-util's `auto` server,
 //! the same runtime), so the difference between the two is the cache's work alone.
 //!
 //! ```sh
 //! cargo run --release --example bare -- --listen 127.0.0.1:8080
-//! cargo run --release --example proxy -- --listen 127.0.0.1:8081 --origin http://127.0.0.1:8080
+//! cargo run --release --example bare -- --listen 127.0.0.1:8079 --origin
+//! cargo run --release --example proxy -- --listen 127.0.0.1:8081 --origin http://127.0.0.1:8079
 //! wrk -t2 -c64 -d10s --latency http://127.0.0.1:8080/page   # bare
 //! wrk -t2 -c64 -d10s --latency http://127.0.0.1:8081/page   # the proxy's L1 hits
 //! ```
@@ -43,15 +46,21 @@ struct Args {
     /// Size of the page
     #[arg(long, value_name = "N", default_value = "1024")]
     body_bytes: usize,
+
+    /// Serve as the proxy's origin: without `x-cache` and `Cache-Status`, which the proxy adds
+    #[arg(long)]
+    origin: bool,
 }
 
 static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
 
-/// The page, with the fields of a hit from the proxy (hyper adds `Content-Length` and `Date`).
-fn page(body: &Bytes) -> Response<Full<Bytes>> {
+/// The page, with the fields of a hit from the proxy (hyper adds `Content-Length` and `Date`),
+/// or those of its origin.
+fn page(body: &Bytes, origin: bool) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body.clone()));
     let headers = response.headers_mut();
-    headers.reserve(6);
+    headers.reserve(7);
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/html; charset=utf-8"),
@@ -61,7 +70,14 @@ fn page(body: &Bytes) -> Response<Full<Bytes>> {
         HeaderValue::from_static("public, max-age=3600"),
     );
     headers.insert(AGE, HeaderValue::from_static("0"));
+    if origin {
+        return response;
+    }
     headers.insert(X_CACHE.clone(), HeaderValue::from_static("HIT"));
+    headers.insert(
+        CACHE_STATUS.clone(),
+        HeaderValue::from_static("tower-stampede; hit"),
+    );
     response
 }
 
@@ -86,8 +102,9 @@ async fn run(args: Args) -> Result<(), String> {
             .take(args.body_bytes)
             .collect::<Vec<u8>>(),
     );
+    let origin = args.origin;
     let service = service_fn(move |_request: Request<Incoming>| {
-        std::future::ready(Ok::<_, Infallible>(page(&body)))
+        std::future::ready(Ok::<_, Infallible>(page(&body, origin)))
     });
     let listener = TcpListener::bind(args.listen)
         .await

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # L1 hits of the `proxy` example against bare hyper (`examples/bare.rs`), over the wire, in turns.
 #
-# Builds both examples in release, starts `bare` (the origin of the proxy, and the yardstick)
-# and the proxy in front of it (the embedded memory store; with --redis, a redis-server of its
+# Builds both examples in release, starts `bare --origin` (the origin of the proxy), `bare`
+# (the yardstick: the same page with the proxy's `x-cache` and `Cache-Status`) and the proxy
+# in front of the origin (the embedded memory store; with --redis, a redis-server of its
 # own on a free port), warms the page until the proxy answers `x-cache: HIT`, then runs
 # `wrk -t2 -c64 -d<S>s --latency` against the proxy and against bare in turns, ROUNDS times
 # (the order swaps every round, so neither always runs on a machine warmed by the other).
@@ -103,9 +104,11 @@ start() {
   exit 1
 }
 
+start origin "$bin/bare" --listen 127.0.0.1:0 --origin
+origin="$addr"
 start bare "$bin/bare" --listen 127.0.0.1:0
 bare="$addr"
-proxy_args=(--listen 127.0.0.1:0 --origin "http://$bare")
+proxy_args=(--listen 127.0.0.1:0 --origin "http://$origin")
 if [ "$redis" = 1 ]; then
   port=$(awk 'BEGIN { srand(); print 20000 + int(rand() * 20000) }')
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
