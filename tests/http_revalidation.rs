@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
 use axum::Router;
 use support::http::{send, Answer};
-use support::{Counter, Shared};
+use support::{wait_until, Counter, Shared};
 use tower_stampede::{Cache, StampedeLayer};
 
 /// Long enough for a response fresh for one second to be stale.
@@ -39,6 +39,11 @@ struct Origin {
     failing: Arc<AtomicBool>,
     /// How long each answer takes.
     delay: Duration,
+    /// While set, each answer waits for a permit of `gate`.
+    gated: Arc<AtomicBool>,
+    /// Requests that reached the origin, counted before the gate.
+    arrived: Counter,
+    gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl Origin {
@@ -52,6 +57,9 @@ impl Origin {
             dated: false,
             failing: Arc::default(),
             delay: Duration::ZERO,
+            gated: Arc::default(),
+            arrived: Counter::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
         }
     }
 
@@ -60,7 +68,11 @@ impl Origin {
         Router::new().fallback(move |headers: HeaderMap| {
             let origin = origin.clone();
             async move {
+                origin.arrived.hit();
                 tokio::time::sleep(origin.delay).await;
+                if origin.gated.load(Ordering::SeqCst) {
+                    origin.gate.acquire().await.unwrap().forget();
+                }
                 origin.answer(&headers)
             }
         })
@@ -396,6 +408,81 @@ async fn one_conditional_request_per_stampede_over_four_instances() {
             origin.conditions(),
             [None, Some(HeaderValue::from_static("\"v1\""))],
             "{}: one conditional request",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidation() {
+    for shared in Shared::both().await {
+        // RFC 9111 §4.3.1: a stale response (never served stale: no window) is reloaded with
+        // its validator; the origin answers `503` without freshness to that reload.
+        let origin = Origin::new("max-age=1");
+        let apps = [
+            layered(&origin, keeping(&shared).build()),
+            app_over(&origin, &shared).await,
+        ];
+        assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        origin.gated.store(true, Ordering::SeqCst);
+        let sent = Counter::default();
+        let requests: Vec<_> = (0..20)
+            .map(|i| {
+                let (app, sent) = (apps[i % 2].clone(), sent.clone());
+                tokio::spawn(async move {
+                    sent.hit();
+                    get(&app).await
+                })
+            })
+            .collect();
+        // The reload is held until every request has been sent.
+        wait_until(shared.name, || origin.arrived.get() > 1 && sent.get() == 20).await;
+        origin.gated.store(false, Ordering::SeqCst);
+        origin.gate.add_permits(20);
+        for request in requests {
+            // The requests that waited for the reload get the origin's own answer.
+            let answer = request.await.unwrap();
+            assert_eq!(
+                (answer.status, answer.body()),
+                (StatusCode::SERVICE_UNAVAILABLE, "down"),
+                "{}",
+                shared.name
+            );
+        }
+        // The `503` was for those requests only, and the stale response is still kept: the
+        // next request revalidates it again (§4.3.1), the origin answers `304`, and the kept
+        // body is served, refreshed (§4.3.4).
+        origin.failing.store(false, Ordering::SeqCst);
+        let calls = origin.calls.get();
+        let revalidated = get(&apps[1]).await;
+        assert_eq!(
+            (revalidated.status, revalidated.body()),
+            (StatusCode::OK, "v1 #1"),
+            "{}",
+            shared.name
+        );
+        assert_eq!(origin.calls.get(), calls + 1, "{}", shared.name);
+        let conditions = origin.conditions();
+        assert!(
+            conditions[1..]
+                .iter()
+                .all(|asked| asked.as_ref().is_some_and(|v| v == "\"v1\"")),
+            "{}: every reload after the first load was conditional: {conditions:?}",
+            shared.name
+        );
+        let cache_status = revalidated.headers["cache-status"].to_str().unwrap();
+        assert!(
+            cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=304; stored; ttl="),
+            "{}: {cache_status}",
+            shared.name
+        );
+        let hit = get(&apps[0]).await;
+        assert_eq!(
+            (hit.x_cache(), hit.body()),
+            ("HIT", "v1 #1"),
+            "{}",
             shared.name
         );
     }
