@@ -442,12 +442,19 @@ async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidatio
         origin.gated.store(false, Ordering::SeqCst);
         origin.gate.add_permits(20);
         for request in requests {
-            // The requests that waited for the reload get the origin's own answer.
+            // The requests that waited for the reload get the origin's own answer, and say
+            // they went forward for a stale entry (RFC 9211 §2.2), as the reload's own does.
             let answer = request.await.unwrap();
             assert_eq!(
                 (answer.status, answer.body()),
                 (StatusCode::SERVICE_UNAVAILABLE, "down"),
                 "{}",
+                shared.name
+            );
+            let cache_status = answer.headers["cache-status"].to_str().unwrap();
+            assert!(
+                cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=503"),
+                "{}: {cache_status}",
                 shared.name
             );
         }
@@ -485,5 +492,77 @@ async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidatio
             "{}",
             shared.name
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_status() {
+    for shared in Shared::both().await {
+        // RFC 9211 §2.2, §2.3: a request that waited for the reload of its stale entry went
+        // forward because the entry was stale, and the next hop answered what it answered:
+        // `304`, or a new `200`; in every instance, not only the reload's own.
+        let origin = Origin::new("max-age=1");
+        let mut apps = vec![layered(&origin, keeping(&shared).build())];
+        for _ in 0..2 {
+            apps.push(app_over(&origin, &shared).await);
+        }
+        assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+        for (version, body, fwd_status) in [(1, "v1 #1", 304), (2, "v2 #3", 200)] {
+            origin.version.store(version, Ordering::SeqCst);
+            tokio::time::sleep(PAST_FRESHNESS).await;
+            origin.gated.store(true, Ordering::SeqCst);
+            let (arrived, sent) = (origin.arrived.get(), Counter::default());
+            let requests: Vec<_> = (0..30)
+                .map(|i| {
+                    let (app, sent) = (apps[i % 3].clone(), sent.clone());
+                    tokio::spawn(async move {
+                        sent.hit();
+                        (i % 3, get(&app).await)
+                    })
+                })
+                .collect();
+            // The reload is held until every request has been sent.
+            wait_until(shared.name, || {
+                origin.arrived.get() > arrived && sent.get() == 30
+            })
+            .await;
+            origin.gated.store(false, Ordering::SeqCst);
+            origin.gate.add_permits(30);
+            let collapsed =
+                format!("tower-stampede; fwd=stale; fwd-status={fwd_status}; collapsed");
+            let own = format!("tower-stampede; fwd=stale; fwd-status={fwd_status}; stored; ttl=");
+            let (mut reloads, mut collapsed_in) = (0, [0; 3]);
+            for request in requests {
+                let (app, answer) = request.await.unwrap();
+                assert_eq!(
+                    (answer.status, answer.body()),
+                    (StatusCode::OK, body),
+                    "{}",
+                    shared.name
+                );
+                let cache_status = answer.headers["cache-status"].to_str().unwrap();
+                if cache_status == collapsed {
+                    collapsed_in[app] += 1;
+                } else if cache_status.starts_with(&own) {
+                    reloads += 1;
+                } else {
+                    // Sent after the reload ended: a hit.
+                    assert_eq!(cache_status, "tower-stampede; hit", "{}", shared.name);
+                }
+            }
+            assert_eq!(reloads, 1, "{}: one reload", shared.name);
+            assert_eq!(
+                origin.arrived.get(),
+                arrived + 1,
+                "{}: one conditional request",
+                shared.name
+            );
+            assert!(
+                collapsed_in.iter().sum::<usize>() > 15 && collapsed_in.iter().all(|n| *n > 0),
+                "{}: most of the stampede, in each instance, waited for the reload: \
+                 {collapsed_in:?}",
+                shared.name
+            );
+        }
     }
 }

@@ -26,7 +26,7 @@ use tracing::debug;
 
 use super::answer::{marked, Answer};
 use super::body::ResponseBody;
-use super::cache_status::Served;
+use super::cache_status::{Forward, Served};
 use super::codec::{self, VaryMarker};
 use super::key;
 use super::layer::HttpConfig;
@@ -278,7 +278,13 @@ where
         .iter()
         .filter(|(name, _)| policy::is_stored_header(name, &parts.headers))
         .collect();
-    let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks) else {
+    let forward = if refreshed {
+        Forward::Refreshed
+    } else {
+        Forward::Loaded
+    };
+    let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
+    else {
         let body = ResponseBody::replay(chunks, None, None, None);
         let _ = to_leader.send(passed(body, ttl.is_none()));
         return match ttl {
@@ -368,6 +374,7 @@ fn not_modified<B: Body, E>(
             updated.status,
             &fields,
             std::slice::from_ref(&stored.body),
+            Forward::Revalidated,
         )
     };
     if let (Verdict::Store(ttl, stale), Ok(tags)) = (config.verdict(cache, asked, &updated), tags) {

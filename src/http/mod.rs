@@ -17,6 +17,7 @@
 //! | --- | --- | --- |
 //! | `hit` | `HIT` | from a fresh entry (L1 or the shared store) |
 //! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
+//! | `fwd=stale; fwd-status=304; collapsed` | `HIT` | another request's revalidation of the stale entry answered this one (here or in another process): the origin answered `304` (`fwd-status=200`, or a server error's status, when it sent a new response) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
 //! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
 //! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long |
