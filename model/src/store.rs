@@ -285,6 +285,21 @@ impl StoreModel {
         state.lock == Lock::Held(t)
     }
 
+    /// `RELEASE`'s compare-and-release (which `REPAIR` shares) by process `p`'s token: the
+    /// lock goes as `unlock` lets it go; returns whether it did.
+    fn release(&self, state: &mut State, p: usize) -> bool {
+        let me = Self::own(state, p);
+        let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
+            state.lock != Lock::Free
+        } else {
+            self.owns(state, me)
+        };
+        if releases {
+            Self::unlock(state);
+        }
+        releases
+    }
+
     /// `unlock`: the `fresh` marker while the value is fresh, else nothing.
     fn unlock(state: &mut State) {
         state.lock = match state.value {
@@ -518,15 +533,7 @@ impl Model for StoreModel {
             Action::Repair(p) => {
                 // `REPAIR` with our token: `RELEASE`'s compare-and-release, without a
                 // publish (nothing changed); whatever it answers, the hit is the answer.
-                let me = Self::own(&state, p);
-                let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
-                    state.lock != Lock::Free
-                } else {
-                    self.owns(&state, me)
-                };
-                if releases {
-                    Self::unlock(&mut state);
-                }
+                self.release(&mut state, p);
                 Self::answer(&mut state, p);
             }
             Action::Fill(p) => {
@@ -564,14 +571,7 @@ impl Model for StoreModel {
                 if state.answer {
                     // The answer is the flight's; its lock is released (`RELEASE`, token
                     // checked), which publishes.
-                    let me = Self::own(&state, p);
-                    let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
-                        state.lock != Lock::Free
-                    } else {
-                        self.owns(&state, me)
-                    };
-                    if releases {
-                        Self::unlock(&mut state);
+                    if self.release(&mut state, p) {
                         Self::publish(&mut state);
                     }
                     Self::answer(&mut state, p);
@@ -594,13 +594,7 @@ impl Model for StoreModel {
                     Kind::Request => {}
                     // A speculative refresh only releases (`RELEASE`).
                     Kind::Refresh => {
-                        let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
-                            state.lock != Lock::Free
-                        } else {
-                            self.owns(&state, me)
-                        };
-                        if releases {
-                            Self::unlock(&mut state);
+                        if self.release(&mut state, p) {
                             Self::publish(&mut state);
                         }
                     }

@@ -138,6 +138,29 @@ impl RedisStore {
         call
     }
 
+    /// A fenced write of `bytes` for `ttl` (`FILL`, `ANSWER`): `script` on the Redis keys
+    /// `names` (the value's, the lock's, then any other), with the lock's `token`, publishing
+    /// `key`'s change.
+    fn fenced_write(
+        &self,
+        script: &'static Script,
+        names: &[&str],
+        key: &StoreKey,
+        token: LockToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let mut call = script_call(script, names);
+        call.arg(&token.hex_bytes()[..]).arg(bytes).arg(millis(ttl));
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        Box::pin(self.run_fenced_change(script, call, key.clone()))
+    }
+
     /// The tag this store's messages carry (none without notifications).
     fn origin(&self) -> &[u8] {
         self.notifications.as_ref().map_or(&[], |n| &n.origin[..])
@@ -300,20 +323,8 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(
-            &FILL,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
-        call.arg(&token.hex_bytes()[..])
-            .arg(value.as_ref())
-            .arg(millis(ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_fenced_change(&FILL, call, key.clone()))
+        let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
+        self.fenced_write(&FILL, &[&value_name, &lock_name], key, token, &value, ttl)
     }
 
     fn renew(
@@ -412,24 +423,12 @@ impl Store for RedisStore {
         answer: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(
-            &ANSWER,
-            &[
-                &RedisStore::value_name(key),
-                &RedisStore::lock_name(key),
-                &RedisStore::waiters_name(key),
-            ],
-        );
-        call.arg(&token.hex_bytes()[..])
-            .arg(answer.as_ref())
-            .arg(millis(ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_fenced_change(&ANSWER, call, key.clone()))
+        let names = [
+            &RedisStore::value_name(key)[..],
+            &RedisStore::lock_name(key),
+            &RedisStore::waiters_name(key),
+        ];
+        self.fenced_write(&ANSWER, &names, key, token, &answer, ttl)
     }
 
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
