@@ -371,7 +371,7 @@ async fn until_looked_up(shared: &Shared, before: u64) {
         }
         return;
     }
-    let _ = before;
+    let _ = (shared, before);
     tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
