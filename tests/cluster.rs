@@ -140,6 +140,23 @@ async fn every_store_call_works_on_every_node() {
         assert!(stored.ttl.is_some_and(|left| left <= ttl));
         store.put(&key, "put".into(), ttl).await.unwrap();
         assert_eq!(store.get(&key).await.unwrap().unwrap().bytes, "put");
+        // A load's answer for its waiters goes beside the value (a third key in its slot).
+        let lookup = store
+            .lookup(&key, token, ttl, LockWhen::LifeAtMost(ttl))
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Acquired);
+        assert!(!store
+            .answer_waiters(&key, other, "x".into(), ttl)
+            .await
+            .unwrap());
+        assert!(store
+            .answer_waiters(&key, token, "answer".into(), ttl)
+            .await
+            .unwrap());
+        let answer = store.waiters_answer(&key).await.unwrap().unwrap();
+        assert_eq!(answer.bytes, "answer");
+        assert_eq!(store.get(&key).await.unwrap().unwrap().bytes, "put");
         // Nobody holds the lock now: a stale-enough value lets a lookup take it again.
         let lookup = store
             .lookup(&key, token, ttl, LockWhen::LifeAtMost(ttl))

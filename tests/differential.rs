@@ -1,5 +1,6 @@
 //! The differential test of the store contract (issue 16): random sequences of store calls
-//! (lookup, fill, release, extend, fail, put, get, invalidate, set, expire, tag calls), time
+//! (lookup, fill, release, extend, fail, put, get, invalidate, set, expire, tag calls, the
+//! answer for a load's waiters and its read), time
 //! advances, evictions and a full server, run against the embedded `MemoryStore` and a real
 //! `redis-server`, with their answers compared call by call. `MemoryStore` claims Redis's
 //! semantics; here is where the claim is checked.
@@ -135,6 +136,15 @@ enum Op {
     Get {
         key: usize,
     },
+    AnswerWaiters {
+        key: usize,
+        token: usize,
+        value: u8,
+        ttl: u8,
+    },
+    WaitersAnswer {
+        key: usize,
+    },
     Invalidate {
         key: usize,
     },
@@ -172,7 +182,10 @@ enum Op {
 impl Op {
     /// Whether the call may be refused by a full server: it writes, or may.
     fn may_write(self) -> bool {
-        !matches!(self, Op::Get { .. } | Op::TagClock | Op::TagVersions)
+        !matches!(
+            self,
+            Op::Get { .. } | Op::WaitersAnswer { .. } | Op::TagClock | Op::TagVersions
+        )
     }
 }
 
@@ -199,6 +212,9 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, token, ttl)| Op::Fail { key, token, ttl }),
         2 => (key.clone(), 0..5u8, 1..7u8).prop_map(|(key, value, ttl)| Op::Put { key, value, ttl }),
         2 => key.clone().prop_map(|key| Op::Get { key }),
+        2 => (key.clone(), token.clone(), 0..5u8, 1..7u8)
+            .prop_map(|(key, token, value, ttl)| Op::AnswerWaiters { key, token, value, ttl }),
+        1 => key.clone().prop_map(|key| Op::WaitersAnswer { key }),
         1 => key.clone().prop_map(|key| Op::Invalidate { key }),
         1 => (key.clone(), 0..5u8, 0..7u8, 1..7u8).prop_map(|(key, value, fresh_for, ttl)| {
             Op::Set { key, value, fresh_for, ttl }
@@ -382,6 +398,16 @@ impl Stores {
                 .await
                 .map(Answer::Done),
             Op::Get { key: k } => store.get(key(k)).await.map(Answer::Value),
+            Op::AnswerWaiters {
+                key: k,
+                token: t,
+                value: v,
+                ttl,
+            } => store
+                .answer_waiters(key(k), token(t), value(v), units(ttl))
+                .await
+                .map(Answer::Done),
+            Op::WaitersAnswer { key: k } => store.waiters_answer(key(k)).await.map(Answer::Value),
             Op::Invalidate { key: k } => store.invalidate(key(k)).await.map(|()| Answer::Unit),
             Op::Set {
                 key: k,
@@ -418,11 +444,12 @@ impl Stores {
                 let by = units(by);
                 self.memory_rt.block_on(tokio::time::advance(by));
                 let mut script = redis::cmd("EVAL");
-                script.arg(ADVANCE).arg(2 * KEYS);
+                script.arg(ADVANCE).arg(3 * KEYS);
                 for key in &case.keys {
                     script
                         .arg(RedisStore::value_name(key))
-                        .arg(RedisStore::lock_name(key));
+                        .arg(RedisStore::lock_name(key))
+                        .arg(RedisStore::waiters_name(key));
                 }
                 script.arg(by.as_millis() as u64);
                 self.redis_command(script).unwrap();
@@ -511,6 +538,16 @@ impl Stores {
             };
             let redis = self.redis_rt.block_on(self.redis.get(&case.keys[key]));
             let memory = self.memory_get(case, key);
+            let (Ok(redis), Ok(memory)) = (redis, memory) else {
+                return Err(TestCaseError::fail(format!("{at}: a final read failed")));
+            };
+            compare(&at, &Answer::Value(memory), &Answer::Value(redis))?;
+            let redis = self
+                .redis_rt
+                .block_on(self.redis.waiters_answer(&case.keys[key]));
+            let memory = self
+                .memory_rt
+                .block_on(async { case.memory.waiters_answer(&case.keys[key]).await });
             let (Ok(redis), Ok(memory)) = (redis, memory) else {
                 return Err(TestCaseError::fail(format!("{at}: a final read failed")));
             };

@@ -17,7 +17,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Response, StatusCode};
 use axum::Router;
 use support::http::{send, Answer};
-use support::{Counter, Shared};
+use support::{wait_until, Counter, Shared};
 use tower_stampede::{Cache, StampedeLayer};
 
 /// Long enough for a response fresh for one second to be stale.
@@ -39,6 +39,11 @@ struct Origin {
     failing: Arc<AtomicBool>,
     /// How long each answer takes.
     delay: Duration,
+    /// While set, each answer waits for a permit of `gate`.
+    gated: Arc<AtomicBool>,
+    /// Requests that reached the origin, counted before the gate.
+    arrived: Counter,
+    gate: Arc<tokio::sync::Semaphore>,
 }
 
 impl Origin {
@@ -52,6 +57,9 @@ impl Origin {
             dated: false,
             failing: Arc::default(),
             delay: Duration::ZERO,
+            gated: Arc::default(),
+            arrived: Counter::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
         }
     }
 
@@ -60,7 +68,11 @@ impl Origin {
         Router::new().fallback(move |headers: HeaderMap| {
             let origin = origin.clone();
             async move {
+                origin.arrived.hit();
                 tokio::time::sleep(origin.delay).await;
+                if origin.gated.load(Ordering::SeqCst) {
+                    origin.gate.acquire().await.unwrap().forget();
+                }
                 origin.answer(&headers)
             }
         })
@@ -398,5 +410,159 @@ async fn one_conditional_request_per_stampede_over_four_instances() {
             "{}: one conditional request",
             shared.name
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidation() {
+    for shared in Shared::both().await {
+        // RFC 9111 §4.3.1: a stale response (never served stale: no window) is reloaded with
+        // its validator; the origin answers `503` without freshness to that reload.
+        let origin = Origin::new("max-age=1");
+        let apps = [
+            layered(&origin, keeping(&shared).build()),
+            app_over(&origin, &shared).await,
+        ];
+        assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+        tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        origin.gated.store(true, Ordering::SeqCst);
+        let sent = Counter::default();
+        let requests: Vec<_> = (0..20)
+            .map(|i| {
+                let (app, sent) = (apps[i % 2].clone(), sent.clone());
+                tokio::spawn(async move {
+                    sent.hit();
+                    get(&app).await
+                })
+            })
+            .collect();
+        // The reload is held until every request has been sent.
+        wait_until(shared.name, || origin.arrived.get() > 1 && sent.get() == 20).await;
+        origin.gated.store(false, Ordering::SeqCst);
+        origin.gate.add_permits(20);
+        for request in requests {
+            // The requests that waited for the reload get the origin's own answer, and say
+            // they went forward for a stale entry (RFC 9211 §2.2), as the reload's own does.
+            let answer = request.await.unwrap();
+            assert_eq!(
+                (answer.status, answer.body()),
+                (StatusCode::SERVICE_UNAVAILABLE, "down"),
+                "{}",
+                shared.name
+            );
+            let cache_status = answer.headers["cache-status"].to_str().unwrap();
+            assert!(
+                cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=503"),
+                "{}: {cache_status}",
+                shared.name
+            );
+        }
+        // The `503` was for those requests only, and the stale response is still kept: the
+        // next request revalidates it again (§4.3.1), the origin answers `304`, and the kept
+        // body is served, refreshed (§4.3.4).
+        origin.failing.store(false, Ordering::SeqCst);
+        let calls = origin.calls.get();
+        let revalidated = get(&apps[1]).await;
+        assert_eq!(
+            (revalidated.status, revalidated.body()),
+            (StatusCode::OK, "v1 #1"),
+            "{}",
+            shared.name
+        );
+        assert_eq!(origin.calls.get(), calls + 1, "{}", shared.name);
+        let conditions = origin.conditions();
+        assert!(
+            conditions[1..]
+                .iter()
+                .all(|asked| asked.as_ref().is_some_and(|v| v == "\"v1\"")),
+            "{}: every reload after the first load was conditional: {conditions:?}",
+            shared.name
+        );
+        let cache_status = revalidated.headers["cache-status"].to_str().unwrap();
+        assert!(
+            cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=304; stored; ttl="),
+            "{}: {cache_status}",
+            shared.name
+        );
+        let hit = get(&apps[0]).await;
+        assert_eq!(
+            (hit.x_cache(), hit.body()),
+            ("HIT", "v1 #1"),
+            "{}",
+            shared.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_status() {
+    for shared in Shared::both().await {
+        // RFC 9211 §2.2, §2.3: a request that waited for the reload of its stale entry went
+        // forward because the entry was stale, and the next hop answered what it answered:
+        // `304`, or a new `200`; in every instance, not only the reload's own.
+        let origin = Origin::new("max-age=1");
+        let mut apps = vec![layered(&origin, keeping(&shared).build())];
+        for _ in 0..2 {
+            apps.push(app_over(&origin, &shared).await);
+        }
+        assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+        for (version, body, fwd_status) in [(1, "v1 #1", 304), (2, "v2 #3", 200)] {
+            origin.version.store(version, Ordering::SeqCst);
+            tokio::time::sleep(PAST_FRESHNESS).await;
+            origin.gated.store(true, Ordering::SeqCst);
+            let (arrived, sent) = (origin.arrived.get(), Counter::default());
+            let requests: Vec<_> = (0..30)
+                .map(|i| {
+                    let (app, sent) = (apps[i % 3].clone(), sent.clone());
+                    tokio::spawn(async move {
+                        sent.hit();
+                        (i % 3, get(&app).await)
+                    })
+                })
+                .collect();
+            // The reload is held until every request has been sent.
+            wait_until(shared.name, || {
+                origin.arrived.get() > arrived && sent.get() == 30
+            })
+            .await;
+            origin.gated.store(false, Ordering::SeqCst);
+            origin.gate.add_permits(30);
+            let collapsed =
+                format!("tower-stampede; fwd=stale; fwd-status={fwd_status}; collapsed");
+            let own = format!("tower-stampede; fwd=stale; fwd-status={fwd_status}; stored; ttl=");
+            let (mut reloads, mut collapsed_in) = (0, [0; 3]);
+            for request in requests {
+                let (app, answer) = request.await.unwrap();
+                assert_eq!(
+                    (answer.status, answer.body()),
+                    (StatusCode::OK, body),
+                    "{}",
+                    shared.name
+                );
+                let cache_status = answer.headers["cache-status"].to_str().unwrap();
+                if cache_status == collapsed {
+                    collapsed_in[app] += 1;
+                } else if cache_status.starts_with(&own) {
+                    reloads += 1;
+                } else {
+                    // Sent after the reload ended: a hit.
+                    assert_eq!(cache_status, "tower-stampede; hit", "{}", shared.name);
+                }
+            }
+            assert_eq!(reloads, 1, "{}: one reload", shared.name);
+            assert_eq!(
+                origin.arrived.get(),
+                arrived + 1,
+                "{}: one conditional request",
+                shared.name
+            );
+            assert!(
+                collapsed_in.iter().sum::<usize>() > 15 && collapsed_in.iter().all(|n| *n > 0),
+                "{}: most of the stampede, in each instance, waited for the reload: \
+                 {collapsed_in:?}",
+                shared.name
+            );
+        }
     }
 }

@@ -356,3 +356,194 @@ async fn a_value_s_own_window_serves_it_stale_where_the_cache_would_not(stores: 
         assert_eq!(leading.await.unwrap().unwrap().value().unwrap(), "p2");
     }
 }
+
+/// Returns once `cache`'s store has seen a lookup after `before` (the pipelined lookup's
+/// `SET … NX` on Redis), so that a follower just started is waiting for the load; over
+/// memory (paused time) a step of time lets it look up.
+async fn until_looked_up(shared: &Shared, before: u64) {
+    #[cfg(feature = "redis")]
+    if shared.name == "redis" {
+        let mut conn = shared.connection().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while support::calls(&mut conn, "set").await <= before {
+            assert!(tokio::time::Instant::now() < deadline, "no lookup in 30 s");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        return;
+    }
+    let _ = (shared, before);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
+/// `SET` calls the Redis server has run (0 over memory).
+async fn sets(shared: &Shared) -> u64 {
+    #[cfg(feature = "redis")]
+    if shared.name == "redis" {
+        return support::calls(&mut shared.connection().await, "set").await;
+    }
+    let _ = shared;
+    0
+}
+
+timed_test!(a_result_for_waiters_keeps_the_value_kept_for_revalidation);
+/// RFC 9111 §4.3.1 and §4.3.4, in the engine: a load whose result is for its waiters only
+/// (`Loaded::for_waiters`, what the HTTP layer answers for an origin's `5xx`) gives it to the
+/// call that waited for it, in another process, and leaves the value kept for revalidation:
+/// the next load's loader is handed it, and "not modified" renews it.
+async fn a_result_for_waiters_keeps_the_value_kept_for_revalidation(stores: Vec<Shared>) {
+    for shared in stores {
+        // Never served stale: the follower waits for the reload.
+        stale_value(&shared, "page", "v1", short("v1").must_revalidate()).await;
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let leading = tokio::spawn({
+            let cache = keeping(&shared).build();
+            let (seen, started, release) = (seen.clone(), started.clone(), release.clone());
+            async move {
+                cache
+                    .fetch_revalidating("page", move |previous: Option<Previous>| async move {
+                        seen.lock()
+                            .unwrap()
+                            .push(previous.map(|p| p.value().clone()));
+                        started.notify_one();
+                        release.notified().await;
+                        Ok::<_, std::io::Error>(Loaded::for_waiters(Bytes::from_static(b"503")))
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        let before = sets(&shared).await;
+        let other = Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .keep_for_revalidation(Duration::from_secs(60))
+            .store_timeout(support::PATIENT)
+            .build();
+        let following = tokio::spawn(async move { other.fetch("page", never_called).await });
+        until_looked_up(&shared, before).await;
+        release.notify_one();
+        let led = leading.await.unwrap().unwrap();
+        assert_eq!(
+            (led.value().unwrap().as_ref(), led.outcome()),
+            (&b"503"[..], Outcome::Leader),
+            "{}",
+            shared.name
+        );
+        let followed = following.await.unwrap().unwrap();
+        assert_eq!(
+            (followed.value().unwrap().as_ref(), followed.outcome()),
+            (&b"503"[..], Outcome::Follower),
+            "{}: the waiter got the load's result",
+            shared.name
+        );
+        // The next load is a revalidation of the kept value, which "not modified" renews.
+        let next = keeping(&shared).build();
+        let revalidated = next
+            .fetch_revalidating("page", {
+                let seen = seen.clone();
+                move |previous| async move {
+                    seen.lock()
+                        .unwrap()
+                        .push(previous.map(|p| p.value().clone()));
+                    Ok::<_, std::io::Error>(Loaded::not_modified_with_ttl(Duration::from_secs(60)))
+                }
+            })
+            .await;
+        let v1 = Some(Bytes::from_static(b"v1"));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [v1.clone(), v1],
+            "{}: both loads were handed the kept value",
+            shared.name
+        );
+        let revalidated = revalidated.unwrap();
+        assert_eq!(
+            (revalidated.value().unwrap().as_ref(), revalidated.outcome()),
+            (&b"v1"[..], Outcome::Revalidated),
+            "{}",
+            shared.name
+        );
+        let later = shared.cache().build();
+        let hit = later.fetch("page", never_called).await.unwrap();
+        assert_eq!(
+            (hit.value().unwrap().as_ref(), hit.outcome()),
+            (&b"v1"[..], Outcome::L2Hit),
+            "{}: fresh again for every process",
+            shared.name
+        );
+    }
+}
+
+/// The store's answer for waiters: fenced by the lock's token, it keeps the answer beside the
+/// value (which stays, bytes and life), frees the lock, and the answer can be read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answer_waiters_is_fenced_and_keeps_the_value() {
+    for shared in Shared::both().await {
+        let store = &shared.store;
+        let cache = shared.cache().build();
+        let key = cache.store_key("answered");
+        let (ours, theirs) = (LockToken::random(), LockToken::random());
+        let (lock_ttl, stale_below) = (Duration::from_secs(5), Duration::from_secs(600));
+        let kept = Bytes::from_static(b"kept for revalidation");
+        // A value stale under the bound, and our lock on it.
+        let lookup = store
+            .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+        assert!(store
+            .fill(&key, ours, kept.clone(), Duration::from_secs(60))
+            .await
+            .unwrap());
+        let lookup = store
+            .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+        let answer = Bytes::from_static(b"503 for the waiters");
+        let ttl = Duration::from_secs(3);
+        // Another token's answer changes nothing.
+        assert!(
+            !store
+                .answer_waiters(&key, theirs, answer.clone(), ttl)
+                .await
+                .unwrap(),
+            "{}",
+            shared.name
+        );
+        assert_eq!(
+            store.waiters_answer(&key).await.unwrap(),
+            None,
+            "{}",
+            shared.name
+        );
+        assert!(
+            store
+                .answer_waiters(&key, ours, answer.clone(), ttl)
+                .await
+                .unwrap(),
+            "{}",
+            shared.name
+        );
+        let read = store.waiters_answer(&key).await.unwrap().unwrap();
+        assert_eq!(read.bytes, answer, "{}", shared.name);
+        assert!(read.ttl.is_some_and(|t| t <= ttl), "{}", shared.name);
+        let value = store.get(&key).await.unwrap().unwrap();
+        assert_eq!(value.bytes, kept, "{}: the value stays", shared.name);
+        assert!(
+            value
+                .ttl
+                .is_some_and(|t| t > ttl && t <= Duration::from_secs(60)),
+            "{}: with its life",
+            shared.name
+        );
+        // The lock is free (ours no more): the next lookup of the stale value takes it.
+        assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
+        let lookup = store
+            .lookup(&key, theirs, lock_ttl, LockWhen::LifeAtMost(stale_below))
+            .await
+            .unwrap();
+        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+        assert_eq!(lookup.value.unwrap().bytes, kept, "{}", shared.name);
+    }
+}

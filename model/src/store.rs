@@ -1,6 +1,6 @@
 //! The store protocol of `RedisStore` (and `MemoryStore`, which has its semantics): P processes
-//! look one key up, lead, fill, release, fail and follow, against one value and one lock slot,
-//! with every fault the protocol must survive.
+//! look one key up, lead, fill, release, fail, answer their waiters and follow, against one
+//! value, one lock slot and one waiters' slot, with every fault the protocol must survive.
 //!
 //! Each action stands for one Redis round trip, atomic as Redis runs it: a Lua script in
 //! `src/store/redis/scripts.rs` or one command of the lookup pipeline in
@@ -15,8 +15,9 @@
 //!
 //! What the model leaves out: the tag clock (tags), `put` (the `LoadAndCache` policy, fenced
 //! by load starts rather than by the lock, issue 16 #6), corrupt entries (`LockWhen::Always`),
-//! the stale window (serving a stale value decides nothing about the lock), and the value's
-//! `GET` and `PTTL` are read in one step.
+//! the stale window (serving a stale value decides nothing about the lock), the age of a
+//! waiters' answer (a follower takes any answer it finds; the code takes one written since it
+//! began to wait), and the value's `GET` and `PTTL` are read in one step.
 
 use std::fmt;
 
@@ -32,6 +33,9 @@ pub enum Flaw {
     ReleaseIgnoresToken,
     /// A follower's wait has no poll and no timer: only a notification ends it.
     NoPoll,
+    /// `ANSWER` writes the waiters' answer in the value's place (as `FILL` would), so the
+    /// value kept for revalidation is gone.
+    AnswerReplacesValue,
 }
 
 /// The model's bounds.
@@ -115,7 +119,13 @@ pub enum Pc {
     Loading {
         /// Ghost: an invalidation (or `SET`) completed since the load started.
         outdated: bool,
+        /// The lookup that made it leader found a value (stale): kept for revalidation, so a
+        /// result for the waiters only goes beside it (`ANSWER`), not in its place.
+        kept: bool,
     },
+    /// A follower that waited took the lock of a value still stale: about to read the
+    /// waiters' key (`Store::waiters_answer`) before it loads.
+    ReadingAnswer,
     /// A follower waiting for a notification or its poll.
     Waiting,
 }
@@ -133,6 +143,8 @@ pub struct Proc {
     pub polls: u8,
     /// A "filled" notification arrived since the watch was marked seen.
     pub heard: bool,
+    /// The flight has waited for another leader.
+    pub followed: bool,
 }
 
 /// The whole system, with ghost variables that record what the properties judge.
@@ -142,6 +154,8 @@ pub struct State {
     pub value: Option<Value>,
     /// The lock key.
     pub lock: Lock,
+    /// The waiters' key holds a load's answer for its waiters (`ANSWER`).
+    pub answer: bool,
     /// The processes.
     pub procs: Vec<Proc>,
     /// Invalidations left.
@@ -157,6 +171,8 @@ pub struct State {
     pub dead_fill: bool,
     /// Ghost: a fill landed from a load that started before a completed invalidation.
     pub old_fill: bool,
+    /// Ghost: an answer for the waiters took the place of the value it found kept.
+    pub kept_lost: bool,
 }
 
 /// One step.
@@ -175,6 +191,15 @@ pub enum Action {
     Repair(usize),
     /// The load succeeds: `FILL`.
     Fill(usize),
+    /// The load's result is for its waiters only, and the value it found is kept: `ANSWER`
+    /// (the result in the waiters' key, the value untouched, the lock freed as `RELEASE`
+    /// frees it, publish).
+    Answer(usize),
+    /// The follower reads the waiters' key: with an answer there, it takes it and frees the
+    /// lock it just took (`RELEASE`); else it leads.
+    ReadAnswer(usize),
+    /// The waiters' key's TTL runs out.
+    AnswerExpires,
     /// The load fails: `FAIL` (a request) or `RELEASE` (a speculative refresh).
     LoadFails(usize),
     /// A notification wakes the waiting follower.
@@ -241,7 +266,7 @@ impl StoreModel {
     /// An invalidation completed: every load running now is older than it.
     fn outdate_loads(state: &mut State) {
         for proc in &mut state.procs {
-            if let Pc::Loading { outdated } = &mut proc.pc {
+            if let Pc::Loading { outdated, .. } = &mut proc.pc {
                 *outdated = true;
             }
         }
@@ -258,6 +283,21 @@ impl StoreModel {
     /// The `owns` check of the fenced scripts (`LOCK_FUNCTIONS`).
     fn owns(&self, state: &State, t: Token) -> bool {
         state.lock == Lock::Held(t)
+    }
+
+    /// `RELEASE`'s compare-and-release (which `REPAIR` shares) by process `p`'s token: the
+    /// lock goes as `unlock` lets it go; returns whether it did.
+    fn release(&self, state: &mut State, p: usize) -> bool {
+        let me = Self::own(state, p);
+        let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
+            state.lock != Lock::Free
+        } else {
+            self.owns(state, me)
+        };
+        if releases {
+            Self::unlock(state);
+        }
+        releases
     }
 
     /// `unlock`: the `fresh` marker while the value is fresh, else nothing.
@@ -278,11 +318,23 @@ impl StoreModel {
         proc.kind = Kind::Request;
         proc.polls = 0;
         proc.heard = false;
+        proc.followed = false;
     }
 
-    /// The flight leads: the load starts.
+    /// The flight took the lock: a request that waited, finding the value still stale, reads
+    /// the waiters' key first (`resolve_key`); otherwise the load starts, the value it found
+    /// kept.
     fn lead(state: &mut State, p: usize) {
-        state.procs[p].pc = Pc::Loading { outdated: false };
+        let proc = &mut state.procs[p];
+        let stale = state.value.is_some_and(|v| !v.fresh);
+        proc.pc = if proc.followed && proc.kind == Kind::Request && stale {
+            Pc::ReadingAnswer
+        } else {
+            Pc::Loading {
+                outdated: false,
+                kept: state.value.is_some(),
+            }
+        };
     }
 
     /// Another leader holds the lock: a request waits (or times out, after its last poll); a
@@ -295,6 +347,7 @@ impl StoreModel {
             _ if proc.polls == 0 && !self.flawed(Flaw::NoPoll) => {}
             _ => {
                 proc.pc = Pc::Waiting;
+                proc.followed = true;
                 return;
             }
         }
@@ -319,6 +372,7 @@ impl Model for StoreModel {
             started: 0,
             polls: 0,
             heard: false,
+            followed: false,
         };
         // Cold (no value) or warm (a fresh value whose marker stands).
         [
@@ -329,6 +383,7 @@ impl Model for StoreModel {
         .map(|(value, lock)| State {
             value,
             lock,
+            answer: false,
             procs: vec![idle; self.processes],
             invalidations: self.invalidations,
             sets: self.invalidations,
@@ -336,6 +391,7 @@ impl Model for StoreModel {
             dead: 0,
             dead_fill: false,
             old_fill: false,
+            kept_lost: false,
         })
         .collect()
     }
@@ -365,10 +421,14 @@ impl Model for StoreModel {
                     }
                 }
                 Pc::Repairing => actions.push(Action::Repair(p)),
-                Pc::Loading { .. } => {
+                Pc::Loading { kept, .. } => {
                     actions.push(Action::Fill(p));
                     actions.push(Action::LoadFails(p));
+                    if kept && !refresh {
+                        actions.push(Action::Answer(p));
+                    }
                 }
+                Pc::ReadingAnswer => actions.push(Action::ReadAnswer(p)),
                 Pc::Waiting => {
                     if proc.heard {
                         actions.push(Action::Notified(p));
@@ -384,6 +444,9 @@ impl Model for StoreModel {
         }
         if matches!(state.lock, Lock::Held(_) | Lock::Failed) {
             actions.push(Action::LockExpires);
+        }
+        if state.answer {
+            actions.push(Action::AnswerExpires);
         }
         match state.value {
             Some(Value { fresh: true, .. }) => actions.push(Action::FreshnessEnds),
@@ -470,20 +533,12 @@ impl Model for StoreModel {
             Action::Repair(p) => {
                 // `REPAIR` with our token: `RELEASE`'s compare-and-release, without a
                 // publish (nothing changed); whatever it answers, the hit is the answer.
-                let me = Self::own(&state, p);
-                let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
-                    state.lock != Lock::Free
-                } else {
-                    self.owns(&state, me)
-                };
-                if releases {
-                    Self::unlock(&mut state);
-                }
+                self.release(&mut state, p);
                 Self::answer(&mut state, p);
             }
             Action::Fill(p) => {
                 // `FILL`: fenced write, `fresh` marker, publish.
-                let Pc::Loading { outdated } = state.procs[p].pc else {
+                let Pc::Loading { outdated, .. } = state.procs[p].pc else {
                     return None;
                 };
                 let me = Self::own(&state, p);
@@ -496,6 +551,38 @@ impl Model for StoreModel {
                 }
                 Self::answer(&mut state, p);
             }
+            Action::Answer(p) => {
+                // `ANSWER`: fenced like `FILL`; the value stays, the lock goes as `RELEASE`
+                // lets it go.
+                let me = Self::own(&state, p);
+                if self.owns(&state, me) {
+                    state.answer = true;
+                    let kept = state.value.is_some();
+                    if self.flawed(Flaw::AnswerReplacesValue) {
+                        state.value = None;
+                    }
+                    state.kept_lost |= kept && state.value.is_none();
+                    Self::unlock(&mut state);
+                    Self::publish(&mut state);
+                }
+                Self::answer(&mut state, p);
+            }
+            Action::ReadAnswer(p) => {
+                if state.answer {
+                    // The answer is the flight's; its lock is released (`RELEASE`, token
+                    // checked), which publishes.
+                    if self.release(&mut state, p) {
+                        Self::publish(&mut state);
+                    }
+                    Self::answer(&mut state, p);
+                } else {
+                    state.procs[p].pc = Pc::Loading {
+                        outdated: false,
+                        kept: state.value.is_some(),
+                    };
+                }
+            }
+            Action::AnswerExpires => state.answer = false,
             Action::LoadFails(p) => {
                 let me = Self::own(&state, p);
                 match state.procs[p].kind {
@@ -507,13 +594,7 @@ impl Model for StoreModel {
                     Kind::Request => {}
                     // A speculative refresh only releases (`RELEASE`).
                     Kind::Refresh => {
-                        let releases = if self.flawed(Flaw::ReleaseIgnoresToken) {
-                            state.lock != Lock::Free
-                        } else {
-                            self.owns(&state, me)
-                        };
-                        if releases {
-                            Self::unlock(&mut state);
+                        if self.release(&mut state, p) {
                             Self::publish(&mut state);
                         }
                     }
@@ -562,6 +643,7 @@ impl Model for StoreModel {
                 // Everything is gone; subscribers reconnect (no message: followers poll).
                 state.restarts -= 1;
                 state.value = None;
+                state.answer = false;
                 Self::void_lock(&mut state);
             }
         }
@@ -589,6 +671,10 @@ impl Model for StoreModel {
                 |_, s: &State| !s.old_fill,
             ),
             Property::always(
+                "an answer for the waiters leaves the value it found",
+                |_, s: &State| !s.kept_lost,
+            ),
+            Property::always(
                 "the fresh marker stands only on a fresh value",
                 |_, s: &State| s.lock != Lock::Fresh || s.value.is_some_and(|v| v.fresh),
             ),
@@ -611,7 +697,7 @@ impl Model for StoreModel {
             Property::sometimes("a load outlives an invalidation", |_, s: &State| {
                 s.procs
                     .iter()
-                    .any(|proc| proc.pc == Pc::Loading { outdated: true })
+                    .any(|proc| matches!(proc.pc, Pc::Loading { outdated: true, .. }))
             }),
             Property::sometimes("a follower makes its last lookup", |_, s: &State| {
                 s.procs
@@ -621,6 +707,14 @@ impl Model for StoreModel {
             Property::sometimes("a hit puts the fresh marker back", |_, s: &State| {
                 s.procs.iter().any(|proc| proc.pc == Pc::Repairing)
             }),
+            Property::sometimes(
+                "a waiter finds the answer beside the kept value",
+                |_, s: &State| {
+                    s.answer
+                        && s.value.is_some()
+                        && s.procs.iter().any(|proc| proc.pc == Pc::ReadingAnswer)
+                },
+            ),
         ]
     }
 }

@@ -113,3 +113,14 @@ fn a_wait_without_a_poll_is_caught() {
     let steps = counterexample(Flaw::NoPoll, "every flight answers");
     assert!(steps.iter().any(|step| step.starts_with("Take")));
 }
+
+/// An answer for the waiters written in the value's place loses the value kept for
+/// revalidation (the next load could not revalidate it).
+#[test]
+fn an_answer_that_replaces_the_value_is_caught() {
+    let steps = counterexample(
+        Flaw::AnswerReplacesValue,
+        "an answer for the waiters leaves the value it found",
+    );
+    assert!(steps.iter().any(|step| step.starts_with("Answer")));
+}

@@ -96,7 +96,11 @@ impl Loaded {
     /// this process and in every other that shares the store: not a failure they share (see
     /// [`failure_ttl`](CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
     /// of them to the backend. A call that starts after the load ended does not get it: it
-    /// loads again, one load at a time across processes, as for any miss.
+    /// loads again, one load at a time across processes, as for any miss. A value the store
+    /// keeps past its freshness for revalidation (see
+    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)) stays, and is the
+    /// [`Previous`] value of that next load: this result is kept beside it for the waiters
+    /// ([`Store::answer_waiters`](crate::store::Store::answer_waiters)).
     ///
     /// Where a stale value may stand in for a failed load (see
     /// [`stale_if_error`](CacheBuilder::stale_if_error)), it does, and this result is treated

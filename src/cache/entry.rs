@@ -23,7 +23,10 @@
 //! digest).
 //!
 //! A waiters' answer (kind 3) is the payload of a load whose result is not kept (see
-//! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it.
+//! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it: in
+//! the value's place, or beside a value kept for revalidation, which it must not replace (see
+//! [`Store::answer_waiters`](crate::store::Store::answer_waiters)). Its bytes are the same in
+//! both places, so the header's versions are unchanged.
 //!
 //! The header tells values from "pass" markers and carries how long the load took, and its
 //! magic lets the engine tell its own entries from foreign or corrupt bytes, which are treated

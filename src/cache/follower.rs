@@ -346,12 +346,20 @@ impl Inner {
             if let Some(stale) = stale.take_if(|_| serve_stale) {
                 return Ok(stale.answer());
             }
+            if followed && found.lock == LockState::Acquired && stale.is_some() {
+                // The load this flight waited for ended without a new value: it may have
+                // answered its waiters beside the value it kept for revalidation.
+                if let Some(payload) = self.waiters_answer(&key, &loader.reader, started).await {
+                    spawn_release(&self.store, &key, token);
+                    return Ok(Fetched {
+                        value: Some(payload),
+                        outcome: Outcome::Follower,
+                    });
+                }
+            }
             if let Some((Ok(Entry::ForWaiters { payload }), ttl)) = &found.entry {
-                // The result of a load that kept nothing, for the calls that waited for it:
-                // this one did if it was written since this flight first read the key (its
-                // age, from the store's own clock, is less than this flight's wait).
-                let written_ago = config.waiters_ttl().saturating_sub(ttl.unwrap_or_default());
-                if followed && written_ago < started.elapsed() {
+                // The result of a load that kept nothing, for the calls that waited for it.
+                if followed && self.answered_since(*ttl, started) {
                     if found.lock == LockState::Acquired {
                         spawn_release(&self.store, &key, token);
                     }
@@ -451,6 +459,41 @@ impl Inner {
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
             waiting.ended = Some(wait_for_fill(&mut filled, pause).await);
+        }
+    }
+
+    /// Whether a waiters' answer with `ttl` left in the store was written since a flight that
+    /// started at `started` first read the key (its age, from the store's own clock, is less
+    /// than the flight's wait): that flight waited for the load that wrote it.
+    fn answered_since(&self, ttl: Option<Duration>, started: Instant) -> bool {
+        let written_ago = self
+            .config
+            .waiters_ttl()
+            .saturating_sub(ttl.unwrap_or_default());
+        written_ago < started.elapsed()
+    }
+
+    /// The answer a load left for its waiters beside the value (see
+    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)), if it was written since
+    /// the flight that started at `started` first read the key and its caller can read it.
+    /// One store read, made only by a follower that finds the lock free and the value it
+    /// waited for still stale.
+    async fn waiters_answer(
+        &self,
+        key: &StoreKey,
+        reader: &Reader,
+        started: Instant,
+    ) -> Option<Bytes> {
+        let stored = self
+            .store_call(self.store.waiters_answer(key))
+            .await
+            .ok()
+            .flatten()?;
+        match reader.decode(&stored.bytes) {
+            Ok(Entry::ForWaiters { payload }) if self.answered_since(stored.ttl, started) => {
+                Some(payload)
+            }
+            _ => None,
         }
     }
 

@@ -292,6 +292,7 @@ impl Inner {
         if !loaded.tags.is_empty() {
             self.tags_seen.store(true, Ordering::Relaxed);
         }
+        let kept = stale.is_some();
         if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
             (&loaded.kind, stale, had_previous)
         {
@@ -325,13 +326,18 @@ impl Inner {
                 })
             }
             (LoadedKind::ForWaiters { bytes }, _) => {
-                // Kept for as long as the followers take to read it; never in L1.
+                // Kept for as long as the followers take to read it; never in L1. A value
+                // kept past its freshness stays in its place, for the next load to revalidate:
+                // the answer goes beside it (the followers that find it still stale look
+                // there); else it takes the value's place, where followers find it at once.
                 let answer = entry::encode_for_waiters(&bytes, started_at, load_time);
                 let ttl = self.config.waiters_ttl();
-                if let Ok(filled) = self
-                    .store_call(self.store.fill(&guard.key, token, answer, ttl))
-                    .await
-                {
+                let written = if kept {
+                    self.store.answer_waiters(&guard.key, token, answer, ttl)
+                } else {
+                    self.store.fill(&guard.key, token, answer, ttl)
+                };
+                if let Ok(filled) = self.store_call(written).await {
                     guard.disarm();
                     if !filled {
                         telemetry::lock(LockEvent::Lost);

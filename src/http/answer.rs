@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::cache_status::{CacheStatus, Detail, Served};
+use super::cache_status::{CacheStatus, Detail, Forward, Served};
 use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use super::layer::HttpConfig;
@@ -32,13 +32,22 @@ pub(crate) fn marked<B>(
     response
 }
 
-/// How an answer from an entry was served, by the fetch's outcome alone (a leader's load may
-/// say more, see [`Own::Stored`](super::load::Own::Stored)).
-pub(crate) fn served(outcome: Outcome) -> Served {
-    match outcome {
-        Outcome::Leader | Outcome::Uncached | Outcome::Degraded => Served::Loaded(None),
-        Outcome::Stale => Served::Stale,
-        Outcome::Follower => Served::Collapsed,
+/// How an answer from an entry was served, by the fetch's outcome and how the load that stored
+/// the entry went `forward` (see [`codec::forward`]), which a request collapsed onto that load
+/// says too (a leader's load may say more, see [`Own::Stored`](super::load::Own::Stored)).
+pub(crate) fn served(outcome: Outcome, forward: Forward) -> Served {
+    match (outcome, forward) {
+        (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Loaded) => {
+            Served::Loaded(None)
+        }
+        (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Refreshed) => {
+            Served::Refreshed(None)
+        }
+        (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Revalidated) => {
+            Served::Revalidated(None)
+        }
+        (Outcome::Stale, _) => Served::Stale,
+        (Outcome::Follower, forward) => Served::Collapsed(forward),
         _ => Served::Hit,
     }
 }

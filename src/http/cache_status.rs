@@ -39,9 +39,12 @@ pub(crate) enum Served {
     /// with a negative `ttl`; the layer does not know the entry's freshness here, so `detail`
     /// says it (`fwd=stale` is for a request that went forward because its entry was stale).
     Stale,
-    /// By another request's load (here or in another process), collapsed with it:
-    /// `fwd=uri-miss; fwd-status=N; collapsed` (`HIT`).
-    Collapsed,
+    /// By another request's load (here or in another process), collapsed with it, as the
+    /// entry that load stored says it went forward (RFC 9211 §2.2, §2.3): `fwd=uri-miss;
+    /// fwd-status=N; collapsed` for a missing entry, `fwd=stale; fwd-status=N; collapsed` for
+    /// a stale one the origin answered with a new response, `fwd=stale; fwd-status=304;
+    /// collapsed` for a stale one it answered `304` (`HIT`).
+    Collapsed(Forward),
     /// By this request's own load: `fwd=uri-miss; fwd-status=N`, with `stored; ttl=N` if it
     /// was stored for that long (`MISS`).
     Loaded(Option<Duration>),
@@ -66,6 +69,21 @@ pub(crate) enum Served {
     /// Made by the layer, with no answer of the origin to give: `fwd=uri-miss; detail=D`
     /// (`MISS`).
     MadeUp(Detail),
+}
+
+/// Why a load went to the origin and what the origin answered, as a request collapsed onto
+/// it says (RFC 9211 §2.2, §2.3): the entry the load stored carries it (see
+/// [`codec`](super::codec)), so a request that waited for the load in another process says it
+/// too. The names are those of the load's own [`Served`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Forward {
+    /// No entry to revalidate: `fwd=uri-miss`, and the stored response's status.
+    Loaded,
+    /// A stale entry, which the origin answered with a new response (a `200` to the
+    /// conditional reload, or a server error for the waiters): `fwd=stale`, and its status.
+    Refreshed,
+    /// A stale entry, which the origin answered `304`: `fwd=stale; fwd-status=304`.
+    Revalidated,
 }
 
 /// Why the layer made a response itself, as `Cache-Status`'s `detail` says it.
@@ -139,7 +157,7 @@ impl CacheStatus {
     pub(crate) fn mark(&self, status: StatusCode, headers: &mut HeaderMap, served: Served) {
         if self.x_cache {
             let x_cache = match served {
-                Served::Hit | Served::Collapsed => HIT,
+                Served::Hit | Served::Collapsed(_) => HIT,
                 Served::Stale => STALE,
                 Served::Loaded(_)
                 | Served::Refreshed(_)
@@ -166,7 +184,9 @@ impl CacheStatus {
         value.put_slice(match served {
             Served::Request => b"; fwd=request",
             Served::Unkeyed => b"; fwd=bypass",
-            Served::Revalidated(_) | Served::Refreshed(_) => b"; fwd=stale",
+            Served::Revalidated(_)
+            | Served::Refreshed(_)
+            | Served::Collapsed(Forward::Refreshed | Forward::Revalidated) => b"; fwd=stale",
             _ => b"; fwd=uri-miss",
         });
         let mut numbers = itoa::Buffer::new();
@@ -177,7 +197,9 @@ impl CacheStatus {
             }
             _ => {
                 let status = match served {
-                    Served::Revalidated(_) => StatusCode::NOT_MODIFIED,
+                    Served::Revalidated(_) | Served::Collapsed(Forward::Revalidated) => {
+                        StatusCode::NOT_MODIFIED
+                    }
                     _ => status,
                 };
                 value.put_slice(b"; fwd-status=");
@@ -185,7 +207,7 @@ impl CacheStatus {
             }
         }
         match served {
-            Served::Collapsed => value.put_slice(b"; collapsed"),
+            Served::Collapsed(_) => value.put_slice(b"; collapsed"),
             Served::Loaded(Some(ttl))
             | Served::Refreshed(Some(ttl))
             | Served::Revalidated(Some(ttl)) => {
@@ -247,8 +269,28 @@ mod tests {
             ),
             (
                 503,
-                Served::Collapsed,
+                Served::Collapsed(Forward::Loaded),
                 "tower-stampede; fwd=uri-miss; fwd-status=503; collapsed",
+                "HIT",
+            ),
+            // RFC 9211 §2.2, §2.3: collapsed onto the reload of a stale entry, which the
+            // origin answered with a new response, or with `304`.
+            (
+                200,
+                Served::Collapsed(Forward::Refreshed),
+                "tower-stampede; fwd=stale; fwd-status=200; collapsed",
+                "HIT",
+            ),
+            (
+                503,
+                Served::Collapsed(Forward::Refreshed),
+                "tower-stampede; fwd=stale; fwd-status=503; collapsed",
+                "HIT",
+            ),
+            (
+                200,
+                Served::Collapsed(Forward::Revalidated),
+                "tower-stampede; fwd=stale; fwd-status=304; collapsed",
                 "HIT",
             ),
             (

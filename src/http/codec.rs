@@ -2,11 +2,18 @@
 //! the "vary marker" a response with `Vary` leaves under its URL's key (see [`key`](super::key)):
 //!
 //! ```text
-//! response: version (1) | 0 | stored at (u64) | status (u16) | header count (u16)
+//! response: version (1) | 0, 3 or 4 | stored at (u64) | status (u16) | header count (u16)
 //!           | { name len (u16) | name | value len (u32) | value }* | body
 //! vary:     version (1) | 2 | stored at (u64) | ttl (u64) | generation (u64)
 //!           | name count (u16) | { name len (u16) | name }*
 //! ```
+//!
+//! A response's kind says how the load that stored it went to the origin ([`Forward`]), for
+//! the requests collapsed onto that load, here or in another process (RFC 9211 §2.2, §2.3):
+//! 0 for a missing entry, 3 for a stale one the origin answered with a new response, 4 for a
+//! stale one it answered `304`. Kind 0 is what the release before kinds 3 and 4 wrote and
+//! reads: that release's entries are read as they are, and it reads an entry of kind 3 or 4
+//! as malformed (a miss, loaded again and overwritten), as it would any other version's.
 //!
 //! Integers are big-endian; times are milliseconds (since the Unix epoch for "stored at"). The
 //! body is the rest of the entry, so a decoded body shares the entry's buffer instead of
@@ -19,12 +26,17 @@ use std::time::{Duration, SystemTime};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::cache_status::Forward;
 use super::parse::MAX_VARY_NAMES;
 
 const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;
 /// Kind 1 was the vary marker without a generation: no longer read.
 const KIND_VARY: u8 = 2;
+/// A response stored by the reload of a stale entry, which the origin answered with it.
+const KIND_REFRESHED: u8 = 3;
+/// A response stored by the reload of a stale entry, which the origin answered with `304`.
+const KIND_REVALIDATED: u8 = 4;
 
 /// What a decoded entry holds: a stored response, or the vary marker under a URL's key.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,13 +83,14 @@ impl VaryMarker {
 pub(crate) struct Malformed;
 
 /// Encodes a response: when it was stored, its status, the headers to keep and the body
-/// chunks, in one buffer. Returns `None` if a header is too long to encode (over 4 GiB) or
-/// there are over 65535.
+/// chunks, in one buffer, and how the load that stored it went `forward`. Returns `None` if a
+/// header is too long to encode (over 4 GiB) or there are over 65535.
 pub(crate) fn encode_response(
     stored_at: SystemTime,
     status: StatusCode,
     headers: &[(&HeaderName, &HeaderValue)],
     body: &[Bytes],
+    forward: Forward,
 ) -> Option<Bytes> {
     let count = u16::try_from(headers.len()).ok()?;
     let header_len: usize = headers
@@ -87,7 +100,11 @@ pub(crate) fn encode_response(
     let body_len: usize = body.iter().map(Bytes::len).sum();
     let mut buf = BytesMut::with_capacity(14 + header_len + body_len);
     buf.put_u8(VERSION);
-    buf.put_u8(KIND_RESPONSE);
+    buf.put_u8(match forward {
+        Forward::Loaded => KIND_RESPONSE,
+        Forward::Refreshed => KIND_REFRESHED,
+        Forward::Revalidated => KIND_REVALIDATED,
+    });
     buf.put_u64(millis_since_epoch(stored_at));
     buf.put_u16(status.as_u16());
     buf.put_u16(count);
@@ -140,7 +157,9 @@ pub(crate) fn decode(entry: &Bytes) -> Result<Stored, Malformed> {
         .checked_add(Duration::from_millis(buf.get_u64()))
         .ok_or(Malformed)?;
     match kind {
-        KIND_RESPONSE => decode_response(stored_at, buf).map(Stored::Response),
+        KIND_RESPONSE | KIND_REFRESHED | KIND_REVALIDATED => {
+            decode_response(stored_at, buf).map(Stored::Response)
+        }
         KIND_VARY => decode_vary(stored_at, buf).map(Stored::Vary),
         _ => Err(Malformed),
     }
@@ -195,6 +214,16 @@ fn decode_vary(stored_at: SystemTime, mut buf: Bytes) -> Result<VaryMarker, Malf
         generation,
         names,
     })
+}
+
+/// How the load that stored the response `entry` (one [`decode`] accepts) went to the origin;
+/// read only for a request collapsed onto that load, or the load's own.
+pub(crate) fn forward(entry: &Bytes) -> Forward {
+    match entry.get(1) {
+        Some(&KIND_REFRESHED) => Forward::Refreshed,
+        Some(&KIND_REVALIDATED) => Forward::Revalidated,
+        _ => Forward::Loaded,
+    }
 }
 
 /// Whether the engine may hand these bytes to the layer as the entry under a URL's key: a
@@ -257,6 +286,7 @@ mod tests {
             status,
             &headers.iter().collect::<Vec<_>>(),
             &body,
+            Forward::Loaded,
         )
         .unwrap()
     }
@@ -273,6 +303,32 @@ mod tests {
         let values: Vec<_> = decoded.headers.get_all("x-multi").iter().collect();
         assert_eq!(values, ["one", "two"], "order of repeated headers kept");
         assert_eq!(decoded.body, "hello world");
+    }
+
+    /// How a response's load went forward rides in its kind, which the decoder reads as a
+    /// response whatever it says; kind 0 is byte for byte what the release before the other
+    /// kinds wrote, so each release reads the other's plain entries.
+    #[test]
+    fn the_load_s_forward_is_kept_and_kind_0_is_the_previous_release_s() {
+        let (status, headers, body) = sample();
+        let fields: Vec<_> = headers.iter().collect();
+        let mut decoded = Vec::new();
+        for forward in [Forward::Loaded, Forward::Refreshed, Forward::Revalidated] {
+            let entry = encode_response(at(7), status, &fields, &body, forward).unwrap();
+            assert_eq!(super::forward(&entry), forward);
+            assert!(accepts_primary(&entry) && accepts_variant(&entry));
+            decoded.push(decode(&entry).unwrap());
+        }
+        assert!(decoded.windows(2).all(|pair| pair[0] == pair[1]));
+        let previous = b"\x02\x00\x00\x00\x00\x00\x00\x00\x00\x07\x00\xc8\x00\x00body";
+        let entry = encode_response(
+            at(7),
+            StatusCode::OK,
+            &[],
+            &[Bytes::from_static(b"body")],
+            Forward::Loaded,
+        );
+        assert_eq!(entry.as_deref(), Some(&previous[..]));
     }
 
     #[test]
@@ -315,7 +371,7 @@ mod tests {
             .collect();
         let value = HeaderValue::from_static("v");
         let many: Vec<_> = names.iter().map(|name| (name, &value)).collect();
-        let entry = encode_response(at(0), status, &many, &body).unwrap();
+        let entry = encode_response(at(0), status, &many, &body, Forward::Loaded).unwrap();
         assert!(decode(&entry).is_err(), "too many headers");
         // A count that promises more than the entry holds.
         let mut lying = entry[..14].to_vec();
@@ -396,7 +452,7 @@ mod tests {
         #[test]
         fn arbitrary_bytes_decode_or_fail_without_panic(
             bytes in proptest::collection::vec(any::<u8>(), 0..512),
-            kind in 0u8..3,
+            kind in 0u8..5,
             prefixed in any::<bool>(),
         ) {
             let mut entry = Vec::new();
@@ -421,7 +477,7 @@ mod tests {
             let status = StatusCode::from_u16(status).unwrap();
             let pairs: Vec<_> = headers.iter().map(|(n, v)| (n, v)).collect();
             let chunks: Vec<Bytes> = body.iter().cloned().map(Bytes::from).collect();
-            let entry = encode_response(at(stored_at), status, &pairs, &chunks).unwrap();
+            let entry = encode_response(at(stored_at), status, &pairs, &chunks, Forward::Loaded).unwrap();
             let Ok(Stored::Response(decoded)) = decode(&entry) else {
                 return Err(TestCaseError::fail("not a response"));
             };

@@ -21,7 +21,7 @@ use super::answer::{
     self, answer, marked, own_entry, served, synthesized, without_body, Answer, Asked, HitReady,
 };
 use super::body::ResponseBody;
-use super::cache_status::{CacheStatus, Detail, Served};
+use super::cache_status::{CacheStatus, Detail, Forward, Served};
 use super::codec::{self, Stored};
 use super::layer::HttpConfig;
 use super::load::{load, Loading, Own, Step};
@@ -94,11 +94,11 @@ where
         .fetch_digest(digest, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome)) => {
-            let served = own_served(outcome, &mut from_loader);
+        Some((Stored::Response(cached), outcome, forward)) => {
+            let served = own_served(outcome, forward, &mut from_loader);
             return Ok(answer(&cached, served, &asked, status));
         }
-        Some((Stored::Vary(marker), outcome)) => (marker, outcome),
+        Some((Stored::Vary(marker), outcome, _)) => (marker, outcome),
         // The colder paths are boxed, so the future of every request stays small to build
         // and move.
         None => {
@@ -171,8 +171,8 @@ where
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome)) => {
-            let served = own_served(outcome, &mut from_loader);
+        Some((Stored::Response(cached), outcome, forward)) => {
+            let served = own_served(outcome, forward, &mut from_loader);
             Ok(answer(&cached, served, &asked, status))
         }
         _ => {
@@ -210,14 +210,14 @@ where
         })
         .await;
     match (decoded(&fetched), failure) {
-        (Some((Stored::Response(cached), found)), _) => {
+        (Some((Stored::Response(cached), found, forward)), _) => {
             // Stale if either the marker or the variant was.
             let outcome = if outcome == Outcome::Stale {
                 outcome
             } else {
                 found
             };
-            Ok(answer(&cached, served(outcome), asked, status))
+            Ok(answer(&cached, served(outcome, forward), asked, status))
         }
         (_, Some(failure)) => without_body(failure, asked),
         (_, None) => Ok(synthesized(
@@ -228,24 +228,27 @@ where
     }
 }
 
-/// How the response this request is answered with was served: by the fetch's outcome, or as
-/// this request's own load tells (stored, for how long, or revalidated).
+/// How the response this request is answered with was served: by the fetch's outcome and the
+/// entry's `forward`, or as this request's own load tells (stored, for how long, or
+/// revalidated).
 fn own_served<B: Body, E>(
     outcome: Outcome,
+    forward: Forward,
     from_loader: &mut oneshot::Receiver<Own<B, E>>,
 ) -> Served {
     match from_loader.try_recv() {
         Ok(Own::Stored(served)) if outcome == Outcome::Leader => served,
-        _ => served(outcome),
+        _ => served(outcome, forward),
     }
 }
 
-/// The entry a fetch found, decoded, and how it was found.
-fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Outcome)> {
+/// The entry a fetch found, decoded, how it was found, and how the load that stored it went
+/// to the origin.
+fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Outcome, Forward)> {
     let fetched = fetched.as_ref().ok()?;
     let value = fetched.value()?;
     match codec::decode(value) {
-        Ok(stored) => Some((stored, fetched.outcome())),
+        Ok(stored) => Some((stored, fetched.outcome(), codec::forward(value))),
         Err(codec::Malformed) => {
             // The engine only hands over entries the codec accepts: a bug, not bad bytes.
             warn!("cached entry is not a response; passing the request through");

@@ -26,7 +26,7 @@ use tracing::debug;
 
 use super::answer::{marked, Answer};
 use super::body::ResponseBody;
-use super::cache_status::Served;
+use super::cache_status::{Forward, Served};
 use super::codec::{self, VaryMarker};
 use super::key;
 use super::layer::HttpConfig;
@@ -161,15 +161,17 @@ where
     if let Some(stored) = &stored {
         revalidate::ask_if_changed(stored, &mut parts.headers);
     }
-    // What this load says in `Cache-Status` when it answers with what the origin sent: a
-    // forward for a stale entry, or for a missing one (RFC 9211 §2.2).
-    let refreshed = stored.is_some();
-    let own_load = move |ttl| {
-        if refreshed {
-            Served::Refreshed(ttl)
-        } else {
-            Served::Loaded(ttl)
-        }
+    // What this load says in `Cache-Status` when it answers with what the origin sent, and
+    // its entry says for the requests collapsed onto it: a forward for a stale entry, or for
+    // a missing one (RFC 9211 §2.2).
+    let forward = if stored.is_some() {
+        Forward::Refreshed
+    } else {
+        Forward::Loaded
+    };
+    let own_load = move |ttl| match forward {
+        Forward::Loaded => Served::Loaded(ttl),
+        Forward::Refreshed | Forward::Revalidated => Served::Refreshed(ttl),
     };
     let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
         Ok(response) => response,
@@ -278,7 +280,8 @@ where
         .iter()
         .filter(|(name, _)| policy::is_stored_header(name, &parts.headers))
         .collect();
-    let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks) else {
+    let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
+    else {
         let body = ResponseBody::replay(chunks, None, None, None);
         let _ = to_leader.send(passed(body, ttl.is_none()));
         return match ttl {
@@ -368,6 +371,7 @@ fn not_modified<B: Body, E>(
             updated.status,
             &fields,
             std::slice::from_ref(&stored.body),
+            Forward::Revalidated,
         )
     };
     if let (Verdict::Store(ttl, stale), Ok(tags)) = (config.verdict(cache, asked, &updated), tags) {

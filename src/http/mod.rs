@@ -17,9 +17,10 @@
 //! | --- | --- | --- |
 //! | `hit` | `HIT` | from a fresh entry (L1 or the shared store) |
 //! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
+//! | `fwd=stale; fwd-status=304; collapsed` | `HIT` | another request's revalidation of the stale entry answered this one (here or in another process): the origin answered `304` (`fwd-status=200`, or a server error's status, when it sent a new response) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
 //! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
-//! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long |
+//! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long (without `stored` if it was not: a server error) |
 //! | `hit; detail=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
 //! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
@@ -51,7 +52,7 @@
 //! | response `CDN-Cache-Control`, or a [`targeted_field`](RfcPolicy::targeted_field) of the operator's own | its directives decide for this cache, `Cache-Control` and `Expires` ignored; an invalid or empty one is ignored itself; forwarded downstream unchanged | RFC 9213 §2.1, §2.2 |
 //! | response `no-store`, `private`, `Set-Cookie` | no (`BYPASS`) | private to one client |
 //! | response `no-cache` (`no-cache="f"` read as plain `no-cache`) | with an `ETag` or `Last-Modified`, where the cache [keeps values](crate::CacheBuilder::keep_for_revalidation): stored fresh for 0, revalidated before each use; otherwise no (`BYPASS`) | RFC 9111 §5.2.2.4; without a validator nothing could revalidate it |
-//! | a stale entry the cache still keeps | reloaded with a conditional request (`If-None-Match` / `If-Modified-Since`), one per stampede; a `304` updates the stored fields and freshness, and the stored body is served | RFC 9111 §4.3.1, §4.3.4 |
+//! | a stale entry the cache still keeps | reloaded with a conditional request (`If-None-Match` / `If-Modified-Since`), one per stampede; a `304` updates the stored fields and freshness, and the stored body is served; a server error without explicit freshness goes to the requests that waited for that reload and leaves the entry kept, so the next request revalidates it again | RFC 9111 §4.3.1, §4.3.4 |
 //! | response `must-revalidate`, `proxy-revalidate`, `s-maxage` | never served stale | RFC 9111 §4.2.4, §5.2.2.2, §5.2.2.8, §5.2.2.10 |
 //! | response `stale-while-revalidate=N`, `stale-if-error=N` | its own stale windows, at most [`max_response_stale`](StampedeLayer::max_response_stale) | RFC 5861 §3, §4 |
 //! | response `immutable` | nothing changes | RFC 8246: this cache never revalidates a fresh response anyway |

@@ -11,6 +11,8 @@
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
 //! | [`Store::renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
 //! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
+//! | [`Store::answer_waiters`] | fenced write of a load's answer for its waiters only, beside the value (which stays, for the next load to revalidate), then drop the lock |
+//! | [`Store::waiters_answer`] | a plain read of that answer and its remaining life |
 //! | [`Store::put`] | write of the value (and a notification) whatever the lock holds, the lock untouched; refused where the stored value's load started later ([`load_start`]) |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
 //! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
@@ -172,6 +174,33 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
         let _ = (key, token, ttl);
         Box::pin(async { Ok(Renewal::NoValue) })
+    }
+
+    /// Fenced answer of a load for the calls that waited for it only (see
+    /// [`Loaded::for_waiters`](crate::Loaded::for_waiters)), kept beside the value: if the
+    /// lock of `key` holds `token`, keeps `answer` for `ttl` in the key's waiters' slot (read
+    /// by [`waiters_answer`](Self::waiters_answer)), leaves the value as it is (a value kept
+    /// past its freshness stays, so the next load still revalidates it), frees the lock as
+    /// [`release`](Self::release) does, notifies as a fill does, and returns `true`.
+    /// Otherwise (the lock is not ours) changes nothing and returns `false`.
+    ///
+    /// The default has no waiters' slot: it [`fill`](Self::fill)s `answer` in the value's
+    /// place, where followers read it too, and the value kept for revalidation is lost.
+    fn answer_waiters(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        answer: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.fill(key, token, answer, ttl)
+    }
+
+    /// Reads the waiters' slot of `key` (see [`answer_waiters`](Self::answer_waiters)): the
+    /// answer and its remaining life, if one is there. The default has no such slot: `None`.
+    fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        let _ = key;
+        Box::pin(async { Ok(None) })
     }
 
     /// Deletes the lock of `key` if it holds `token`; returns whether it did.

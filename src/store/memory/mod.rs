@@ -175,6 +175,40 @@ impl MemoryStore {
         true
     }
 
+    fn answer_waiters_now(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        answer: Bytes,
+        ttl: Duration,
+    ) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+            return false;
+        }
+        state
+            .waiters
+            .insert(key.clone(), (answer, expiry(now, ttl)));
+        state.locks.remove(key);
+        state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
+        true
+    }
+
+    fn waiters_answer_now(&self, key: &StoreKey) -> Option<Stored> {
+        let now = Instant::now();
+        self.state()
+            .waiters
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(bytes, expires)| Stored {
+                bytes: bytes.clone(),
+                ttl: Some(state::truncate_to_millis(*expires - now)),
+            })
+    }
+
     fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut state = self.state();
@@ -326,6 +360,22 @@ impl Store for MemoryStore {
         failure_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let result = self.fail_now(key, token, failure_ttl);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn answer_waiters(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        answer: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let result = self.answer_waiters_now(key, token, answer, ttl);
+        Box::pin(async move { Ok(result) })
+    }
+
+    fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        let result = self.waiters_answer_now(key);
         Box::pin(async move { Ok(result) })
     }
 

@@ -1,6 +1,7 @@
 //! `MemoryStore`'s keyspace: its values, bounded in bytes and evicted as Redis's
-//! `allkeys-lru` does (the least recently used of a few sampled values), its locks, and its
-//! tag clocks, each entry with its expiry; expired entries are swept as writes happen.
+//! `allkeys-lru` does (the least recently used of a few sampled values), its locks, the
+//! answers of loads for their waiters, and its tag clocks, each entry with its expiry; expired
+//! entries are swept as writes happen.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -35,6 +36,9 @@ pub(super) struct State {
     pub(super) bytes: usize,
     pub(super) capacity: usize,
     pub(super) locks: HashMap<StoreKey, (Holder, Instant)>,
+    /// Answers of loads for their waiters only, beside the values (see
+    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)): a few seconds each.
+    pub(super) waiters: HashMap<StoreKey, (Bytes, Instant)>,
     pub(super) writes_since_sweep: usize,
     /// Tag clocks by namespace, and the clock at which each tag was last invalidated.
     pub(super) tag_clocks: HashMap<String, u64>,
@@ -107,7 +111,7 @@ impl State {
     /// expired entry: the sweep's cost is spread over the writes that made it necessary.
     pub(super) fn wrote(&mut self, now: Instant) {
         self.writes_since_sweep += 1;
-        if self.writes_since_sweep > self.values.len() + self.locks.len() {
+        if self.writes_since_sweep > self.values.len() + self.locks.len() + self.waiters.len() {
             let expired: Vec<StoreKey> = self
                 .values
                 .iter()
@@ -118,6 +122,7 @@ impl State {
                 self.remove_value(key);
             }
             self.locks.retain(|_, (_, expires)| *expires > now);
+            self.waiters.retain(|_, (_, expires)| *expires > now);
             self.writes_since_sweep = 0;
         }
     }

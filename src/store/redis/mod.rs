@@ -18,6 +18,10 @@
 //! - `<token>:<refresh below, ms>`: a leader's lock. The second part is the remaining life
 //!   below which a value counts as stale, which the fill uses to set the `fresh` marker;
 //! - `failed`: the last load failed (followers fail at once instead of each retrying).
+//!
+//! Beside them, the waiters' key (`…:w`) holds, for a few seconds, the answer of a load for the
+//! calls that waited for it only, written by `ANSWER` where the value is kept for the next
+//! load to revalidate (see `Store::answer_waiters`).
 
 mod builder;
 mod connection;

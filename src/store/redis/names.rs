@@ -1,4 +1,5 @@
-//! The Redis names of a store key: the key of its value, the key of its lock, and the channels
+//! The Redis names of a store key: the key of its value, the key of its lock, the key of the
+//! answer of a load for its waiters, and the channels
 //! on which its namespace's fills are published (one classic channel, and on a Redis Cluster a
 //! small fixed family of shard channels).
 
@@ -22,6 +23,13 @@ impl RedisStore {
     /// marker): `{namespace}:{{digest}}:l`, in the slot of [`value_name`](Self::value_name).
     pub fn lock_name(key: &StoreKey) -> String {
         name(key, 'l')
+    }
+
+    /// The name of the Redis key that holds the answer of a load for its waiters only (see
+    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)):
+    /// `{namespace}:{{digest}}:w`, in the slot of [`value_name`](Self::value_name).
+    pub fn waiters_name(key: &StoreKey) -> String {
+        name(key, 'w')
     }
 
     /// What this store's scripts publish a change of a `namespace` key on: the shard channel

@@ -113,6 +113,24 @@ return 1
     )
 });
 
+/// Fenced answer for a load's waiters, beside the value: while the lock holds our token,
+/// keep the answer (`ARGV[2]`) for `ARGV[3]` ms in the waiters' key (`KEYS[3]`), leave the
+/// value (`KEYS[1]`) as it is, free the lock as `RELEASE` does, and publish (`ARGV[4]`,
+/// `ARGV[5]`).
+pub(super) static ANSWER: LazyLock<Script> = LazyLock::new(|| {
+    publishing(
+        LOCK_FUNCTIONS,
+        r"
+local held, l = owns(KEYS[2])
+if not held then return 0 end
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+publish(ARGV[4], ARGV[5])
+return 1
+",
+    )
+});
+
 /// Fenced renewal: while the lock holds our token, set the value (`KEYS[1]`) to expire in
 /// `ARGV[2]` ms without rewriting it (its load start too), replace the lock by the `fresh`
 /// marker as a fill does, and publish (`ARGV[3]`, `ARGV[4]`). Reply: 1 renewed, 0 the lock is

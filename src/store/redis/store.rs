@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use super::names::tag_names;
 use super::scripts::{
-    command, is_lock, lock_value, publish_filled, script_call, EXPIRE, EXTEND, FAIL, FILL,
+    command, is_lock, lock_value, publish_filled, script_call, ANSWER, EXPIRE, EXTEND, FAIL, FILL,
     INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
 };
 use super::RedisStore;
@@ -73,6 +73,23 @@ impl RedisStore {
         Ok(value.and_then(|value| stored(value, pttl)))
     }
 
+    /// A plain read of the Redis key `name` and its remaining life: one pipelined `GET` and
+    /// `PTTL`.
+    async fn read_key(&self, name: String) -> Result<Option<Stored>, StoreError> {
+        let mut pipeline = Pipeline::with_capacity(2);
+        pipeline
+            .add_command(command(2, "GET", &name))
+            .add_command(command(2, "PTTL", &name))
+            .ignore_errors();
+        type Reply = (RedisResult<Option<Vec<u8>>>, RedisResult<i64>);
+        let (value, pttl): Reply = self
+            .connection
+            .pipeline(&pipeline)
+            .await
+            .map_err(|error| self.error(error))?;
+        self.read(value, pttl)
+    }
+
     /// Whether a pipelined command's error sends the call to its script: a server that does not
     /// know `SET … NX GET` (before Redis 7.0) gets the script from now on, and a key of a
     /// foreign type gets it for this call.
@@ -119,6 +136,29 @@ impl RedisStore {
             self.origin(),
         );
         call
+    }
+
+    /// A fenced write of `bytes` for `ttl` (`FILL`, `ANSWER`): `script` on the Redis keys
+    /// `names` (the value's, the lock's, then any other), with the lock's `token`, publishing
+    /// `key`'s change.
+    fn fenced_write(
+        &self,
+        script: &'static Script,
+        names: &[&str],
+        key: &StoreKey,
+        token: LockToken,
+        bytes: &[u8],
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let mut call = script_call(script, names);
+        call.arg(&token.hex_bytes()[..]).arg(bytes).arg(millis(ttl));
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        Box::pin(self.run_fenced_change(script, call, key.clone()))
     }
 
     /// The tag this store's messages carry (none without notifications).
@@ -283,20 +323,8 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(
-            &FILL,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
-        call.arg(&token.hex_bytes()[..])
-            .arg(value.as_ref())
-            .arg(millis(ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_fenced_change(&FILL, call, key.clone()))
+        let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
+        self.fenced_write(&FILL, &[&value_name, &lock_name], key, token, &value, ttl)
     }
 
     fn renew(
@@ -368,21 +396,7 @@ impl Store for RedisStore {
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        let value_name = RedisStore::value_name(key);
-        let mut pipeline = Pipeline::with_capacity(2);
-        pipeline
-            .add_command(command(2, "GET", &value_name))
-            .add_command(command(2, "PTTL", &value_name))
-            .ignore_errors();
-        Box::pin(async move {
-            type Reply = (RedisResult<Option<Vec<u8>>>, RedisResult<i64>);
-            let (value, pttl): Reply = self
-                .connection
-                .pipeline(&pipeline)
-                .await
-                .map_err(|error| self.error(error))?;
-            self.read(value, pttl)
-        })
+        Box::pin(self.read_key(RedisStore::value_name(key)))
     }
 
     fn fail(
@@ -400,6 +414,25 @@ impl Store for RedisStore {
             self.origin(),
         );
         Box::pin(self.run_fenced_change(&FAIL, call, key.clone()))
+    }
+
+    fn answer_waiters(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        answer: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let names = [
+            &RedisStore::value_name(key)[..],
+            &RedisStore::lock_name(key),
+            &RedisStore::waiters_name(key),
+        ];
+        self.fenced_write(&ANSWER, &names, key, token, &answer, ttl)
+    }
+
+    fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        Box::pin(self.read_key(RedisStore::waiters_name(key)))
     }
 
     fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
