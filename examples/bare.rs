@@ -2,8 +2,9 @@
 //! with one static page (1 KiB unless `--body-bytes` says otherwise), looking nothing up, with
 //! the fields a hit from the proxy carries when a `bare --origin` is its origin:
 //! `Content-Type`, `Cache-Control`, `Content-Length`, `Date` (hyper's), `Age`, `x-cache: HIT`
-//! and `Cache-Status: tower-stampede; hit`. With `--origin` it leaves out the last two, which
-//! the proxy adds (an origin sending them would make the proxy's answers longer). It serves
+//! and `Cache-Status: tower-stampede; hit; ttl=3599` (as long as the proxy's, whose `ttl`
+//! counts down from 3600). With `--origin` it leaves out the last two, which the proxy adds
+//! (an origin sending them would make the proxy's answers longer). It serves
 //! through the same server loop as the proxy (`shared/serve.rs`: hyper-util's `auto` server,
 //! the same runtime), so the difference between the two is the cache's work alone.
 //!
@@ -76,7 +77,7 @@ fn page(body: &Bytes, origin: bool) -> Response<Full<Bytes>> {
     headers.insert(X_CACHE.clone(), HeaderValue::from_static("HIT"));
     headers.insert(
         CACHE_STATUS.clone(),
-        HeaderValue::from_static("tower-stampede; hit"),
+        HeaderValue::from_static("tower-stampede; hit; ttl=3599"),
     );
     response
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::time::Instant;
 
 use super::entry::Windows;
 use crate::store::KeyDigest;
@@ -260,6 +261,8 @@ impl Outcome {
 pub struct Fetched {
     pub(super) value: Option<Bytes>,
     pub(super) outcome: Outcome,
+    /// When the value stops (or stopped) being fresh, for an answer from the cache.
+    pub(super) fresh_until: Option<Instant>,
 }
 
 impl Fetched {
@@ -276,6 +279,13 @@ impl Fetched {
     /// How the call was answered.
     pub fn outcome(&self) -> Outcome {
         self.outcome
+    }
+
+    /// When the value stops being fresh (a hit, from L1 or the store) or stopped being fresh
+    /// (a stale value), as far as this process knows; `None` for an answer from a load. For
+    /// a remaining freshness to show, as RFC 9211's `ttl` does (negative once stale).
+    pub fn fresh_until(&self) -> Option<Instant> {
+        self.fresh_until
     }
 
     /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.

@@ -102,17 +102,18 @@ impl Inner {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
             if let Some(hit) = self.l1_get(&digest).await {
-                let value = match hit {
-                    L1Hit::Fresh(entry) => entry.value.clone(),
+                let entry = match hit {
+                    L1Hit::Fresh(entry) => entry,
                     L1Hit::RefreshDue(entry) => {
                         let loader = BoxLoader::new(accepts, loader);
                         self.refresh_early(digest, loader, entry.fresh_until);
-                        entry.value.clone()
+                        entry
                     }
                 };
                 return Ok(Fetched {
-                    value: Some(value),
+                    value: Some(entry.value.clone()),
                     outcome: Outcome::L1Hit,
+                    fresh_until: Some(entry.fresh_until),
                 });
             }
             let mut flights = self.flights();

@@ -101,10 +101,17 @@ impl StaleValue {
 
     /// The stale value as a flight's answer.
     pub(super) fn answer(self) -> Fetched {
+        let fresh_until = self.fresh_until();
         Fetched {
             value: Some(self.payload),
             outcome: Outcome::Stale,
+            fresh_until,
         }
+    }
+
+    /// When the value stopped being fresh (as near as the store's TTL says).
+    pub(super) fn fresh_until(&self) -> Option<Instant> {
+        self.read_at.checked_sub(self.staleness)
     }
 }
 
@@ -354,6 +361,7 @@ impl Inner {
                     return Ok(Fetched {
                         value: Some(payload),
                         outcome: Outcome::Follower,
+                        fresh_until: None,
                     });
                 }
             }
@@ -366,6 +374,7 @@ impl Inner {
                     return Ok(Fetched {
                         value: Some(payload.clone()),
                         outcome: Outcome::Follower,
+                        fresh_until: None,
                     });
                 }
                 if found.lock == LockState::NotRequested && !overwriting {
@@ -389,6 +398,7 @@ impl Inner {
                     return Ok(Fetched {
                         value: None,
                         outcome: Outcome::Pass,
+                        fresh_until: None,
                     })
                 }
                 (
@@ -422,6 +432,7 @@ impl Inner {
                         } else {
                             Outcome::L2Hit
                         },
+                        fresh_until: Some(fresh_until),
                     });
                 }
                 (_, Some((Err(Corrupt), _))) if !overwriting => {

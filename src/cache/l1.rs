@@ -230,8 +230,8 @@ mod tests {
             decodes.fetch_add(1, Ordering::Relaxed);
             std::str::from_utf8(bytes).ok()?.parse::<u32>().ok()
         };
-        let first = cache.l1_hit(&digest, number).await.unwrap();
-        let second = cache.l1_hit(&digest, number).await.unwrap();
+        let (first, _) = cache.l1_hit(&digest, number).await.unwrap();
+        let (second, _) = cache.l1_hit(&digest, number).await.unwrap();
         assert_eq!((*first, decodes.load(Ordering::Relaxed)), (42, 1));
         assert!(std::sync::Arc::ptr_eq(&first, &second));
         let text = |bytes: &Bytes| {
@@ -239,7 +239,7 @@ mod tests {
             Some(String::from_utf8_lossy(bytes).into_owned())
         };
         for _ in 0..2 {
-            assert_eq!(*cache.l1_hit(&digest, text).await.unwrap(), "42");
+            assert_eq!(*cache.l1_hit(&digest, text).await.unwrap().0, "42");
         }
         assert_eq!(decodes.load(Ordering::Relaxed), 3);
         // Bytes the reader finds no value in: no hit, and nothing kept.

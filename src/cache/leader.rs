@@ -219,6 +219,7 @@ impl Inner {
                     Ok(Fetched {
                         value: Some(stale.payload.clone()),
                         outcome: Outcome::Stale,
+                        fresh_until: stale.fresh_until(),
                     }),
                     Some(until),
                 )));
@@ -280,10 +281,7 @@ impl Inner {
                 return match stale {
                     Some(stale) if self.serves_on_error(&stale) => {
                         warn!(key = ?guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
-                        Ok(Fetched {
-                            value: Some(stale.payload),
-                            outcome: Outcome::Stale,
-                        })
+                        Ok(stale.answer())
                     }
                     _ => Err(error),
                 };
@@ -312,6 +310,7 @@ impl Inner {
                 Ok(Fetched {
                     value: Some(bytes),
                     outcome: Outcome::Leader,
+                    fresh_until: None,
                 })
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
@@ -323,6 +322,7 @@ impl Inner {
                 Ok(Fetched {
                     value: Some(fill.value),
                     outcome: Outcome::Leader,
+                    fresh_until: None,
                 })
             }
             (LoadedKind::ForWaiters { bytes }, _) => {
@@ -346,6 +346,7 @@ impl Inner {
                 Ok(Fetched {
                     value: Some(bytes),
                     outcome: Outcome::Leader,
+                    fresh_until: None,
                 })
             }
             // `load` lets "not modified" through only with a previous value, which renewed.
@@ -363,6 +364,7 @@ impl Inner {
                 Ok(Fetched {
                     value: None,
                     outcome: Outcome::Pass,
+                    fresh_until: None,
                 })
             }
         }
@@ -452,15 +454,18 @@ impl Inner {
                 Ok(Fetched {
                     value: Some(bytes),
                     outcome,
+                    fresh_until: None,
                 })
             }
             LoadedKind::ForWaiters { bytes } => Ok(Fetched {
                 value: Some(bytes),
                 outcome,
+                fresh_until: None,
             }),
             LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched {
                 value: None,
                 outcome: Outcome::Pass,
+                fresh_until: None,
             }),
         }
     }
@@ -482,12 +487,14 @@ impl Inner {
                 return Ok(Fetched {
                     value: Some(bytes),
                     outcome: Outcome::Leader,
+                    fresh_until: None,
                 })
             }
             LoadedKind::Pass | LoadedKind::NotModified { .. } => {
                 return Ok(Fetched {
                     value: None,
                     outcome: Outcome::Pass,
+                    fresh_until: None,
                 })
             }
         };
@@ -499,6 +506,7 @@ impl Inner {
             return Ok(Fetched {
                 value: Some(bytes),
                 outcome: Outcome::Leader,
+                fresh_until: None,
             });
         };
         let load_time = started.elapsed();
@@ -536,6 +544,7 @@ impl Inner {
         Ok(Fetched {
             value: Some(fill.value),
             outcome: Outcome::Leader,
+            fresh_until: None,
         })
     }
 }

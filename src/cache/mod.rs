@@ -328,7 +328,8 @@ impl Cache {
     /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value
     /// with nothing more to do (no early refresh due) and `read` can answer with it (`Some`):
     /// then counted and traced as any L1 hit. `read` runs once per L1 entry: its answer is
-    /// kept with the entry and shared by the hits after it. Else `None`, nothing is counted, and the caller
+    /// kept with the entry and shared by the hits after it. With it, when the value stops
+    /// being fresh ([`Fetched::fresh_until`]). Else `None`, nothing is counted, and the caller
     /// goes on to [`fetch_digest`](Self::fetch_digest) with the same digest. For a caller
     /// that has work to do before a fetch that may load (the layer wraps its request into a
     /// loader): a hit skips that work.
@@ -336,11 +337,11 @@ impl Cache {
         &self,
         digest: &KeyDigest,
         read: impl FnOnce(&Bytes) -> Option<T>,
-    ) -> Option<Arc<T>> {
+    ) -> Option<(Arc<T>, tokio::time::Instant)> {
         let Some(l1::L1Hit::Fresh(entry)) = self.inner.l1_get(digest).await else {
             return None;
         };
-        let answer = entry.decoded(read)?;
+        let answer = (entry.decoded(read)?, entry.fresh_until);
         telemetry::outcome(Outcome::L1Hit);
         fetch_span(digest).record("outcome", Outcome::L1Hit.label());
         Some(answer)

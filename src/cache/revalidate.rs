@@ -64,6 +64,7 @@ impl Inner {
         Fetched {
             value: Some(fill.value),
             outcome: Outcome::Revalidated,
+            fresh_until: None,
         }
     }
 }

@@ -6,13 +6,15 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
-use http::header::{AGE, CONTENT_LENGTH};
+use http::header::{Entry, AGE, CONTENT_LENGTH};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::cache_status::{CacheStatus, Detail, Forward, Served};
+use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
 use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use super::layer::HttpConfig;
@@ -35,7 +37,7 @@ pub(crate) fn marked<B>(
 /// How an answer from an entry was served, by the fetch's outcome and how the load that stored
 /// the entry went `forward` (see [`codec::forward`]), which a request collapsed onto that load
 /// says too (a leader's load may say more, see [`Own::Stored`](super::load::Own::Stored)).
-pub(crate) fn served(outcome: Outcome, forward: Forward) -> Served {
+pub(crate) fn served(outcome: Outcome, forward: Forward, fresh_until: Option<Instant>) -> Served {
     match (outcome, forward) {
         (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Loaded) => {
             Served::Loaded(None)
@@ -46,9 +48,9 @@ pub(crate) fn served(outcome: Outcome, forward: Forward) -> Served {
         (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Revalidated) => {
             Served::Revalidated(None)
         }
-        (Outcome::Stale, _) => Served::Stale,
+        (Outcome::Stale, _) => Served::Stale(ttl(fresh_until, Instant::now())),
         (Outcome::Follower, forward) => Served::Collapsed(forward),
-        _ => Served::Hit,
+        _ => Served::Hit(ttl(fresh_until, Instant::now())),
     }
 }
 
@@ -123,7 +125,7 @@ impl HitReady {
         fields.insert(AGE, HeaderValue::from_static("0"));
         config
             .cache_status
-            .mark(cached.status, &mut fields, Served::Hit);
+            .mark(cached.status, &mut fields, Served::Hit(None));
         HitReady {
             cached,
             fields,
@@ -132,22 +134,29 @@ impl HitReady {
     }
 }
 
-/// The answer to a hit on `ready` in L1, for a layer of `config`: [`answer`]'s, built from the
-/// fields made ready where the request is a plain `GET` of that layer.
+/// The answer to a hit on `ready` in L1, fresh until `fresh_until`, for a layer of `config`:
+/// [`answer`]'s, built from the fields made ready where the request is a plain `GET` of that
+/// layer (`Age` and our `Cache-Status` member, the last, set in place).
 pub(crate) fn hit<B: Body>(
     ready: &HitReady,
+    fresh_until: Instant,
     asked: &Asked,
     config: &Arc<HttpConfig>,
 ) -> Response<ResponseBody<B>> {
+    let ttl = ttl(Some(fresh_until), Instant::now());
     if asked.head || asked.conditions.is_some() || !Arc::ptr_eq(&ready.config, config) {
-        return answer(&ready.cached, Served::Hit, asked, &config.cache_status);
+        return answer(&ready.cached, Served::Hit(ttl), asked, &config.cache_status);
     }
     let mut response = Response::new(ResponseBody::cached(ready.cached.body.clone()));
     *response.status_mut() = ready.cached.status;
-    *response.headers_mut() = ready.fields.clone();
-    response
-        .headers_mut()
-        .insert(AGE, age(&ready.cached, SystemTime::now()));
+    let fields = response.headers_mut();
+    *fields = ready.fields.clone();
+    fields.insert(AGE, age(&ready.cached, SystemTime::now()));
+    if let Entry::Occupied(mut ours) = fields.entry(&CACHE_STATUS) {
+        if let Some(last) = ours.iter_mut().next_back() {
+            *last = config.cache_status.hit(ttl);
+        }
+    }
     response
 }
 

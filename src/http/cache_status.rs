@@ -4,13 +4,15 @@
 //! Every response the layer handles gets one `Cache-Status` member under the layer's cache
 //! name, appended after any the response already carries: RFC 9211 §2 lists the caches in
 //! order, the one closest to the origin first, so a `Cache-Status` of the origin's own cache
-//! stays in front. The fixed values (a hit, a stale answer) are made once, when the layer is
-//! configured; the others are written per response with `itoa`, off the hit path.
+//! stays in front. The fixed values (a hit or a stale answer whose freshness is not known)
+//! are made once, when the layer is configured; the others are written per response with
+//! `itoa` (on a hit, only the member itself: see [`answer::hit`](super::answer::hit)).
 
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tokio::time::Instant;
 
 /// `Cache-Status` (RFC 9211).
 pub(crate) static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -25,20 +27,38 @@ const BYPASS: HeaderValue = HeaderValue::from_static("BYPASS");
 /// `x-cache`: a stale response.
 const STALE: HeaderValue = HeaderValue::from_static("STALE");
 
+/// RFC 9211 §2.4's `ttl` of a response fresh until `fresh_until` (if known), at `now`: its
+/// remaining freshness in whole seconds, or, once stale, how long it has been stale as a
+/// negative number (at least 1: a `ttl` of 0 would still read as fresh).
+pub(crate) fn ttl(fresh_until: Option<Instant>, now: Instant) -> Option<i64> {
+    let fresh_until = fresh_until?;
+    let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+    Some(match fresh_until.checked_duration_since(now) {
+        Some(left) => seconds(left),
+        None => {
+            let stale = now.saturating_duration_since(fresh_until);
+            let whole = seconds(stale).saturating_add(i64::from(stale.subsec_nanos() > 0));
+            -whole.max(1)
+        }
+    })
+}
+
 /// The cache name used in `Cache-Status` unless one is configured.
 pub(crate) const DEFAULT_NAME: &str = "tower-stampede";
 
 /// How a response was served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Served {
-    /// From a fresh entry: `hit` (`x-cache: HIT`).
-    Hit,
+    /// From a fresh entry: `hit; ttl=N`, with its remaining freshness in seconds when known
+    /// (RFC 9211 §2.1, §2.4) (`x-cache: HIT`).
+    Hit(Option<i64>),
     /// From an entry that is past its freshness, served while a load refreshes it, or in place
-    /// of a failed one: `hit; detail=stale` (`STALE`). RFC 9211 §2.1 calls a response from the
-    /// cache that this request did not wait on the origin for a hit, and §3 marks a stale one
-    /// with a negative `ttl`; the layer does not know the entry's freshness here, so `detail`
-    /// says it (`fwd=stale` is for a request that went forward because its entry was stale).
-    Stale,
+    /// of a failed one: `hit; ttl=-N; detail=stale` (`STALE`). RFC 9211 §2.1 calls a response
+    /// from the cache that this request did not wait on the origin for a hit, and §2.4 marks a
+    /// stale one with a negative `ttl`; `detail` says it too, for readers of the crate's
+    /// earlier `hit; detail=stale` (`fwd=stale` is for a request that went forward because
+    /// its entry was stale).
+    Stale(Option<i64>),
     /// By another request's load (here or in another process), collapsed with it, as the
     /// entry that load stored says it went forward (RFC 9211 §2.2, §2.3): `fwd=uri-miss;
     /// fwd-status=N; collapsed` for a missing entry, `fwd=stale; fwd-status=N; collapsed` for
@@ -157,8 +177,8 @@ impl CacheStatus {
     pub(crate) fn mark(&self, status: StatusCode, headers: &mut HeaderMap, served: Served) {
         if self.x_cache {
             let x_cache = match served {
-                Served::Hit | Served::Collapsed(_) => HIT,
-                Served::Stale => STALE,
+                Served::Hit(_) | Served::Collapsed(_) => HIT,
+                Served::Stale(_) => STALE,
                 Served::Loaded(_)
                 | Served::Refreshed(_)
                 | Served::Revalidated(Some(_))
@@ -170,11 +190,32 @@ impl CacheStatus {
             headers.insert(X_CACHE.clone(), x_cache);
         }
         let value = match served {
-            Served::Hit => self.hit.clone(),
-            Served::Stale => self.stale.clone(),
+            Served::Hit(ttl) => self.hit(ttl),
+            Served::Stale(None) => self.stale.clone(),
+            Served::Stale(Some(ttl)) => self.with_ttl(ttl, b"; detail=stale"),
             _ => self.written(status, served),
         };
         headers.append(CACHE_STATUS.clone(), value);
+    }
+
+    /// The value of a hit on an entry fresh for `ttl` more seconds (if known).
+    pub(crate) fn hit(&self, ttl: Option<i64>) -> HeaderValue {
+        match ttl {
+            Some(ttl) => self.with_ttl(ttl, b""),
+            None => self.hit.clone(),
+        }
+    }
+
+    /// `hit; ttl=N`, then `rest`.
+    fn with_ttl(&self, ttl: i64, rest: &[u8]) -> HeaderValue {
+        let mut numbers = itoa::Buffer::new();
+        let ttl = numbers.format(ttl).as_bytes();
+        let mut value = BytesMut::with_capacity(self.name.len() + 11 + ttl.len() + rest.len());
+        value.put_slice(&self.name);
+        value.put_slice(b"; hit; ttl=");
+        value.put_slice(ttl);
+        value.put_slice(rest);
+        HeaderValue::from_maybe_shared(value.freeze()).unwrap_or_else(|_| self.hit.clone())
     }
 
     /// A value with a status, a TTL or a detail in it.
@@ -260,11 +301,24 @@ mod tests {
     fn each_way_of_serving_has_its_rfc_9211_parameters() {
         let status = CacheStatus::default();
         let cases = [
-            (200, Served::Hit, "tower-stampede; hit", "HIT"),
+            (200, Served::Hit(None), "tower-stampede; hit", "HIT"),
             (
                 200,
-                Served::Stale,
+                Served::Hit(Some(42)),
+                "tower-stampede; hit; ttl=42",
+                "HIT",
+            ),
+            (
+                200,
+                Served::Stale(None),
                 "tower-stampede; hit; detail=stale",
+                "STALE",
+            ),
+            // RFC 9211 §2.4: a stale response has a negative `ttl`.
+            (
+                200,
+                Served::Stale(Some(-7)),
+                "tower-stampede; hit; ttl=-7; detail=stale",
                 "STALE",
             ),
             (
@@ -364,21 +418,35 @@ mod tests {
     }
 
     #[test]
+    fn ttl_is_whole_seconds_left_or_negative_once_stale_rfc_9211_2_4() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        assert_eq!(ttl(None, now), None);
+        assert_eq!(ttl(Some(now + ms(59_700)), now), Some(59));
+        assert_eq!(ttl(Some(now + ms(300)), now), Some(0));
+        assert_eq!(ttl(Some(now), now), Some(0));
+        let later = now + ms(10_000);
+        assert_eq!(ttl(Some(later - ms(300)), later), Some(-1));
+        assert_eq!(ttl(Some(later - ms(2_000)), later), Some(-2));
+        assert_eq!(ttl(Some(later - ms(2_500)), later), Some(-3));
+    }
+
+    #[test]
     fn names_are_tokens_or_strings_and_x_cache_is_optional() {
         let status = CacheStatus::new("edge \"7\"\u{e9}", false);
         assert_eq!(
-            marked(&status, 200, Served::Hit),
+            marked(&status, 200, Served::Hit(None)),
             ("\"edge \\\"7\\\"\"; hit".to_owned(), None)
         );
         let status = CacheStatus::new("", true);
-        assert_eq!(marked(&status, 200, Served::Hit).0, "\"\"; hit");
+        assert_eq!(marked(&status, 200, Served::Hit(None)).0, "\"\"; hit");
     }
 
     #[test]
     fn an_origin_cache_status_stays_first() {
         let mut headers = HeaderMap::new();
         headers.insert(&CACHE_STATUS, HeaderValue::from_static("OriginCache; hit"));
-        CacheStatus::default().mark(StatusCode::OK, &mut headers, Served::Hit);
+        CacheStatus::default().mark(StatusCode::OK, &mut headers, Served::Hit(None));
         let values: Vec<_> = headers.get_all(&CACHE_STATUS).iter().collect();
         assert_eq!(values, ["OriginCache; hit", "tower-stampede; hit"]);
     }

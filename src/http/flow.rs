@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
@@ -56,8 +57,8 @@ where
             Ok(Stored::Response(cached)) => Some(HitReady::new(cached, &loading.config)),
             _ => None,
         });
-    if let Some(ready) = hit.await {
-        return Ok(answer::hit(&ready, &asked, &loading.config));
+    if let Some((ready, fresh_until)) = hit.await {
+        return Ok(answer::hit(&ready, fresh_until, &asked, &loading.config));
     }
     // Boxed, so the future of a hit stays small to build and move.
     Box::pin(fetch(loading, primary, digest, request, asked)).await
@@ -94,11 +95,11 @@ where
         .fetch_digest(digest, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome, forward)) => {
-            let served = own_served(outcome, forward, &mut from_loader);
+        Some((Stored::Response(cached), outcome, forward, fresh_until)) => {
+            let served = own_served(outcome, forward, fresh_until, &mut from_loader);
             return Ok(answer(&cached, served, &asked, status));
         }
-        Some((Stored::Vary(marker), outcome, _)) => (marker, outcome),
+        Some((Stored::Vary(marker), outcome, _, _)) => (marker, outcome),
         // The colder paths are boxed, so the future of every request stays small to build
         // and move.
         None => {
@@ -171,8 +172,8 @@ where
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome, forward)) => {
-            let served = own_served(outcome, forward, &mut from_loader);
+        Some((Stored::Response(cached), outcome, forward, fresh_until)) => {
+            let served = own_served(outcome, forward, fresh_until, &mut from_loader);
             Ok(answer(&cached, served, &asked, status))
         }
         _ => {
@@ -210,14 +211,19 @@ where
         })
         .await;
     match (decoded(&fetched), failure) {
-        (Some((Stored::Response(cached), found, forward)), _) => {
+        (Some((Stored::Response(cached), found, forward, fresh_until)), _) => {
             // Stale if either the marker or the variant was.
             let outcome = if outcome == Outcome::Stale {
                 outcome
             } else {
                 found
             };
-            Ok(answer(&cached, served(outcome, forward), asked, status))
+            Ok(answer(
+                &cached,
+                served(outcome, forward, fresh_until),
+                asked,
+                status,
+            ))
         }
         (_, Some(failure)) => without_body(failure, asked),
         (_, None) => Ok(synthesized(
@@ -234,21 +240,29 @@ where
 fn own_served<B: Body, E>(
     outcome: Outcome,
     forward: Forward,
+    fresh_until: Option<Instant>,
     from_loader: &mut oneshot::Receiver<Own<B, E>>,
 ) -> Served {
     match from_loader.try_recv() {
         Ok(Own::Stored(served)) if outcome == Outcome::Leader => served,
-        _ => served(outcome, forward),
+        _ => served(outcome, forward, fresh_until),
     }
 }
 
 /// The entry a fetch found, decoded, how it was found, and how the load that stored it went
 /// to the origin.
-fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Outcome, Forward)> {
+fn decoded(
+    fetched: &Result<Fetched, crate::Error>,
+) -> Option<(Stored, Outcome, Forward, Option<Instant>)> {
     let fetched = fetched.as_ref().ok()?;
     let value = fetched.value()?;
     match codec::decode(value) {
-        Ok(stored) => Some((stored, fetched.outcome(), codec::forward(value))),
+        Ok(stored) => Some((
+            stored,
+            fetched.outcome(),
+            codec::forward(value),
+            fetched.fresh_until(),
+        )),
         Err(codec::Malformed) => {
             // The engine only hands over entries the codec accepts: a bug, not bad bytes.
             warn!("cached entry is not a response; passing the request through");

@@ -331,7 +331,7 @@ where
             (Outcome::L1Hit | Outcome::L2Hit | Outcome::Follower, Some(value))
                 if value != entry =>
             {
-                Own::Variant(value, Served::Hit)
+                Own::Variant(value, Served::Hit(None))
             }
             _ => Own::Variant(entry, own_load(Some(ttl))),
         },

@@ -15,13 +15,13 @@
 //!
 //! | `Cache-Status` | `x-cache` | meaning |
 //! | --- | --- | --- |
-//! | `hit` | `HIT` | from a fresh entry (L1 or the shared store) |
+//! | `hit; ttl=42` | `HIT` | from a fresh entry (L1 or the shared store), fresh for 42 more seconds (RFC 9211 §2.4) |
 //! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
 //! | `fwd=stale; fwd-status=304; collapsed` | `HIT` | another request's revalidation of the stale entry answered this one (here or in another process): the origin answered `304` (`fwd-status=200`, or a server error's status, when it sent a new response) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
 //! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
 //! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long (without `stored` if it was not: a server error) |
-//! | `hit; detail=stale` | `STALE` | a stale response, served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
+//! | `hit; ttl=-3; detail=stale` | `STALE` | a stale response (stale for 3 seconds: a negative `ttl`), served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
 //! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
 //! | `fwd=bypass; fwd-status=200` | `BYPASS` | passed to the inner service: the key cannot describe the request |
@@ -135,9 +135,9 @@
 //! - **Range requests**: passed through; a `206` is never stored or built from an entry.
 //! - **The apparent age** (`now - Date`): `Age` counts from when the response arrived less the
 //!   `Age` it carried, so a skewed origin clock never shortens or lengthens freshness.
-//! - **`Cache-Status`'s `ttl` on hits** (and a stale hit's negative `ttl`, RFC 9211 §3, for
-//!   which `detail=stale` stands): given on the response whose load stored the entry; `key`
-//!   is never sent (it may hold credentials).
+//! - **`Cache-Status`'s `key`**: never sent (it may hold credentials). `ttl` is on hits,
+//!   stale hits and the response whose load stored the entry, not on responses collapsed onto
+//!   a load.
 //! - **RFC 9211 §2's "should not" for responses the layer makes itself**: its own `502` /
 //!   `504` carry `Cache-Status` with `detail=`, so a response the origin never sent can always
 //!   be told apart.

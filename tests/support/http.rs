@@ -79,3 +79,21 @@ pub async fn send(
 pub async fn get(app: &Router, uri: &str) -> Answer {
     send(app, "GET", uri, &[]).await
 }
+
+/// A `Cache-Status` member without its `ttl` parameter (RFC 9211 §2.4), and that `ttl`: the
+/// rest can be compared whole while the clock moves the `ttl`.
+#[allow(dead_code)]
+pub fn split_ttl(member: &str) -> (String, Option<i64>) {
+    let mut ttl = None;
+    let rest: Vec<&str> = member
+        .split("; ")
+        .filter(|parameter| match parameter.strip_prefix("ttl=") {
+            Some(value) => {
+                ttl = Some(value.parse().expect("an integer ttl"));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (rest.join("; "), ttl)
+}
