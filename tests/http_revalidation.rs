@@ -535,7 +535,9 @@ async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_s
             // would then come after the reload, a hit): a pause lets them get there.
             tokio::time::sleep(Duration::from_millis(300)).await;
             origin.gated.store(false, Ordering::SeqCst);
-            origin.gate.add_permits(30);
+            // A permit for each request held at the gate, and no more: a permit left over
+            // would let the next round's reload through at once, before anyone waits on it.
+            origin.gate.add_permits(origin.arrived.get() - arrived);
             let collapsed =
                 format!("tower-stampede; fwd=stale; fwd-status={fwd_status}; collapsed");
             let own = format!("tower-stampede; fwd=stale; fwd-status={fwd_status}; stored; ttl=");
@@ -566,13 +568,10 @@ async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_s
                 "{}: one conditional request",
                 shared.name
             );
-            // How many waited (rather than came after the reload, as hits) is the scheduler's
-            // doing; that some did, and said so as above, is the point. Over the memory store
-            // every request sometimes comes after the reload, though it is held 300 ms: not
-            // understood yet (see the closing note of stop 20), so only Redis must show it.
             assert!(
-                shared.name != "redis" || collapsed_in.iter().sum::<usize>() > 0,
-                "{}: some of the stampede waited for the reload: {collapsed_in:?}",
+                collapsed_in.iter().sum::<usize>() > 15 && collapsed_in.iter().all(|n| *n > 0),
+                "{}: most of the stampede, in each instance, waited for the reload: \
+                 {collapsed_in:?}",
                 shared.name
             );
         }
