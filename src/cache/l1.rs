@@ -175,6 +175,23 @@ impl Inner {
         None
     }
 
+    /// Keeps `value`, decoded from `bytes`, with the L1 entry of the key if that entry holds
+    /// these very bytes (the same buffer: alive, so equal pointers and lengths mean equal
+    /// contents), so the first hit on the entry does not decode them again.
+    pub(super) async fn l1_keep_decoded<T: Any + Send + Sync>(
+        &self,
+        digest: &KeyDigest,
+        bytes: &Bytes,
+        value: &Arc<T>,
+    ) {
+        let Some(l1) = &self.l1 else { return };
+        if let Some(entry) = l1.get(digest).await {
+            if entry.value.as_ptr() == bytes.as_ptr() && entry.value.len() == bytes.len() {
+                let _ = entry.decoded.set(Arc::clone(value) as Decoded);
+            }
+        }
+    }
+
     /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap),
     /// if `stamp` (taken before the value was read) is still current.
     pub(super) async fn l1_insert(

@@ -123,9 +123,6 @@ struct Inner {
     known_versions: tags::KnownVersions,
     next_flight: AtomicU64,
     counters: Counters,
-    /// Typed values decoded from the bytes L1 holds (`None` when L1 is off).
-    #[cfg(feature = "serde")]
-    decoded: Option<typed::Decoded>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -160,8 +157,6 @@ impl Cache {
                 notifier,
                 store,
                 l1: l1::build(&config, &l1_bytes),
-                #[cfg(feature = "serde")]
-                decoded: typed::build(&config),
                 l1_bytes,
                 breaker: Arc::new(Breaker::new(
                     config.breaker_threshold,

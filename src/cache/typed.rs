@@ -55,11 +55,9 @@
 //! # Decoding
 //!
 //! A value is decoded when it comes from the store (once to check it, once for the caller) or
-//! from a load, and then kept beside its bytes while its L1 entry lives: an L1 hit hands out
-//! the same `Arc<T>` without decoding. The decoded values are held in a small moka cache of
-//! their own, bounded by the same [`l1_capacity`](super::CacheBuilder::l1_capacity) (weighed
-//! by the encoded size), and one is used only while L1 holds the very bytes it was decoded
-//! from, so it never outlives an invalidation.
+//! from a load, and kept with its L1 entry (or, if that entry was not there yet, by the first
+//! L1 hit on it): the hits after it hand out the same `Arc<T>` without decoding. It lives and dies
+//! with the entry, so it never outlives an invalidation.
 //!
 //! # One type per key
 //!
@@ -68,7 +66,6 @@
 //! this process's L1 forgets the L1 entry and reads the store again, with its own loader if
 //! it has not run yet; if that fails too, the call fails with [`ErrorKind::Decode`].
 
-use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -80,7 +77,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{BoxError, Cache, Config, Error, ErrorKind, Inner, Loaded};
+use super::{BoxError, Cache, Error, ErrorKind, Loaded};
 use crate::store::{KeyDigest, StoreKey};
 
 /// Length of the schema tag in front of every typed value.
@@ -273,6 +270,10 @@ where
         E: Into<BoxError>,
     {
         let digest = KeyDigest::of(key.as_ref());
+        let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
+        if let Some((value, _)) = self.cache.l1_hit(&digest, read).await {
+            return Ok(value);
+        }
         // The loader is taken by whichever attempt loads; a second attempt is rare.
         let loader = Arc::new(Mutex::new(Some(loader)));
         for attempt in 0..2 {
@@ -289,7 +290,11 @@ where
                 .fetch_digest(digest, self.accepts(), load)
                 .await?;
             let bytes = fetched.value_or_pass()?;
-            if let Some(value) = self.decoded(&self.cache.inner, digest, &bytes).await {
+            if let Some(value) = read(&bytes).map(Arc::new) {
+                self.cache
+                    .inner
+                    .l1_keep_decoded(&digest, &bytes, &value)
+                    .await;
                 return Ok(value);
             }
             if attempt == 0 {
@@ -317,32 +322,6 @@ where
         let (codec, tag) = (self.codec.clone(), self.tag);
         move |bytes: &Bytes| decode::<T, C>(&codec, tag, bytes).is_some()
     }
-
-    /// The value `bytes` hold: the one decoded last time if L1 still holds those very bytes,
-    /// else decoded now (and kept for the next hit); `None` if they are not a `T`.
-    async fn decoded(&self, inner: &Inner, digest: KeyDigest, bytes: &Bytes) -> Option<Arc<T>> {
-        let kept = inner.decoded.as_ref();
-        if let Some(entry) = match kept {
-            Some(kept) => kept.get(&digest).await,
-            None => None,
-        } {
-            // The kept bytes are alive, so equal pointers and lengths mean equal contents.
-            if entry.bytes.as_ptr() == bytes.as_ptr() && entry.bytes.len() == bytes.len() {
-                if let Ok(value) = entry.value.downcast::<T>() {
-                    return Some(value);
-                }
-            }
-        }
-        let value = Arc::new(decode::<T, C>(&self.codec, self.tag, bytes)?);
-        if let Some(kept) = kept {
-            let entry = DecodedEntry {
-                bytes: bytes.clone(),
-                value: Arc::clone(&value) as Arc<dyn Any + Send + Sync>,
-            };
-            kept.insert(digest, entry).await;
-        }
-        Some(value)
-    }
 }
 
 /// `value` encoded behind its schema tag.
@@ -361,32 +340,4 @@ fn encode<T: Serialize, C: Codec>(
 fn decode<T: DeserializeOwned, C: Codec>(codec: &C, tag: [u8; TAG_LEN], bytes: &[u8]) -> Option<T> {
     let body = bytes.strip_prefix(&tag[..])?;
     codec.decode(body).ok()
-}
-
-/// A decoded value, kept with the bytes it was decoded from.
-#[derive(Clone)]
-pub(super) struct DecodedEntry {
-    bytes: Bytes,
-    value: Arc<dyn Any + Send + Sync>,
-}
-
-/// The decoded values of typed hits, by key.
-pub(super) type Decoded = moka::future::Cache<KeyDigest, DecodedEntry>;
-
-/// The longest time to live given to moka: a year.
-const LONGEST_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
-
-/// The cache of decoded values for `config`, or `None` when L1 is off.
-pub(super) fn build(config: &Config) -> Option<Decoded> {
-    (config.l1_capacity > 0).then(|| {
-        moka::future::Cache::builder()
-            .max_capacity(config.l1_capacity)
-            .weigher(|_key: &KeyDigest, entry: &DecodedEntry| {
-                u32::try_from(entry.bytes.len().saturating_add(96)).unwrap_or(u32::MAX)
-            })
-            // moka refuses (panics on) a time to live past 1000 years; a cap that long means
-            // "no cap" and a year is as good.
-            .time_to_live(config.l1_ttl_cap.min(LONGEST_TTL))
-            .build()
-    })
 }
