@@ -103,7 +103,7 @@ impl Inner {
         let (mut result, created) = loop {
             if let Some(hit) = self.l1_get(&digest).await {
                 let entry = match hit {
-                    L1Hit::Fresh(entry) => entry,
+                    L1Hit::Fresh(entry, _) => entry,
                     L1Hit::RefreshDue(entry) => {
                         let loader = BoxLoader::new(accepts, loader);
                         self.refresh_early(digest, loader, entry.fresh_until);

@@ -79,8 +79,8 @@ impl L1Entry {
 
 /// What L1 answers for a key it holds a trusted entry of.
 pub(super) enum L1Hit {
-    /// The entry, whose value answers; nothing more to do.
-    Fresh(Arc<L1Entry>),
+    /// The entry, whose value answers, and when it was read; nothing more to do.
+    Fresh(Arc<L1Entry>, Instant),
     /// The entry, whose refresh point has come: its value answers, and the caller starts an
     /// early refresh.
     RefreshDue(Arc<L1Entry>),
@@ -168,7 +168,7 @@ impl Inner {
         {
             return Some(match entry.refresh_at {
                 Some(at) if now >= at => L1Hit::RefreshDue(entry),
-                _ => L1Hit::Fresh(entry),
+                _ => L1Hit::Fresh(entry, now),
             });
         }
         l1.invalidate(digest).await;
@@ -247,8 +247,8 @@ mod tests {
             decodes.fetch_add(1, Ordering::Relaxed);
             std::str::from_utf8(bytes).ok()?.parse::<u32>().ok()
         };
-        let (first, _) = cache.l1_hit(&digest, number).await.unwrap();
-        let (second, _) = cache.l1_hit(&digest, number).await.unwrap();
+        let first = cache.l1_hit(&digest, number).await.unwrap().value;
+        let second = cache.l1_hit(&digest, number).await.unwrap().value;
         assert_eq!((*first, decodes.load(Ordering::Relaxed)), (42, 1));
         assert!(std::sync::Arc::ptr_eq(&first, &second));
         let text = |bytes: &Bytes| {
@@ -256,7 +256,7 @@ mod tests {
             Some(String::from_utf8_lossy(bytes).into_owned())
         };
         for _ in 0..2 {
-            assert_eq!(*cache.l1_hit(&digest, text).await.unwrap().0, "42");
+            assert_eq!(*cache.l1_hit(&digest, text).await.unwrap().value, "42");
         }
         assert_eq!(decodes.load(Ordering::Relaxed), 3);
         // Bytes the reader finds no value in: no hit, and nothing kept.

@@ -134,6 +134,14 @@ impl std::fmt::Debug for Cache {
     }
 }
 
+/// What [`Cache::l1_hit`] found: the value as its reader decoded it, when it stops being
+/// fresh, and when L1 was read (one clock reading for the caller's own times too).
+pub(crate) struct L1Found<T> {
+    pub(crate) value: Arc<T>,
+    pub(crate) fresh_until: tokio::time::Instant,
+    pub(crate) read_at: tokio::time::Instant,
+}
+
 impl Cache {
     /// A builder for a cache over `store`.
     pub fn builder(store: impl Store) -> CacheBuilder {
@@ -323,8 +331,7 @@ impl Cache {
     /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value
     /// with nothing more to do (no early refresh due) and `read` can answer with it (`Some`):
     /// then counted and traced as any L1 hit. `read` runs once per L1 entry: its answer is
-    /// kept with the entry and shared by the hits after it. With it, when the value stops
-    /// being fresh ([`Fetched::fresh_until`]). Else `None`, nothing is counted, and the caller
+    /// kept with the entry and shared by the hits after it. Else `None`, nothing is counted, and the caller
     /// goes on to [`fetch_digest`](Self::fetch_digest) with the same digest. For a caller
     /// that has work to do before a fetch that may load (the layer wraps its request into a
     /// loader): a hit skips that work.
@@ -332,14 +339,18 @@ impl Cache {
         &self,
         digest: &KeyDigest,
         read: impl FnOnce(&Bytes) -> Option<T>,
-    ) -> Option<(Arc<T>, tokio::time::Instant)> {
-        let Some(l1::L1Hit::Fresh(entry)) = self.inner.l1_get(digest).await else {
+    ) -> Option<L1Found<T>> {
+        let Some(l1::L1Hit::Fresh(entry, read_at)) = self.inner.l1_get(digest).await else {
             return None;
         };
-        let answer = (entry.decoded(read)?, entry.fresh_until);
+        let found = L1Found {
+            value: entry.decoded(read)?,
+            fresh_until: entry.fresh_until,
+            read_at,
+        };
         telemetry::outcome(Outcome::L1Hit);
         fetch_span(digest).record("outcome", Outcome::L1Hit.label());
-        Some(answer)
+        Some(found)
     }
 
     /// How long the store keeps values past their freshness (for stale windows and

@@ -271,8 +271,8 @@ where
     {
         let digest = KeyDigest::of(key.as_ref());
         let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
-        if let Some((value, _)) = self.cache.l1_hit(&digest, read).await {
-            return Ok(value);
+        if let Some(found) = self.cache.l1_hit(&digest, read).await {
+            return Ok(found.value);
         }
         // The loader is taken by whichever attempt loads; a second attempt is rare.
         let loader = Arc::new(Mutex::new(Some(loader)));

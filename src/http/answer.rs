@@ -4,7 +4,7 @@
 //! [`cache_status`](super::cache_status)).
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -18,7 +18,7 @@ use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATU
 use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use super::layer::HttpConfig;
-use crate::cache::Outcome;
+use crate::cache::{L1Found, Outcome};
 
 /// A response to a cacheable request, or the inner service's error.
 pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
@@ -115,6 +115,10 @@ pub(crate) struct HitReady {
     /// The layer's configuration the marks are made for: a layer of another configuration
     /// sharing the cache (and so L1) answers its hits with [`answer`] instead.
     config: Arc<HttpConfig>,
+    /// The response's age when the fields were made, and when (on the monotonic clock a hit
+    /// reads anyway): a hit's `Age` counts on from there, without a read of the wall clock.
+    age_then: Duration,
+    made_at: Instant,
 }
 
 impl HitReady {
@@ -126,24 +130,27 @@ impl HitReady {
         config
             .cache_status
             .mark(cached.status, &mut fields, Served::Hit(None));
+        let (made_at, now) = (Instant::now(), SystemTime::now());
         HitReady {
+            age_then: now.duration_since(cached.stored_at).unwrap_or_default(),
             cached,
             fields,
             config: Arc::clone(config),
+            made_at,
         }
     }
 }
 
-/// The answer to a hit on `ready` in L1, fresh until `fresh_until`, for a layer of `config`:
-/// [`answer`]'s, built from the fields made ready where the request is a plain `GET` of that
-/// layer (`Age` and our `Cache-Status` member, the last, set in place).
+/// The answer to a hit in L1 (`found`), for a layer of `config`: [`answer`]'s, built from the
+/// fields made ready where the request is a plain `GET` of that layer (`Age` and our
+/// `Cache-Status` member, the last, set in place).
 pub(crate) fn hit<B: Body>(
-    ready: &HitReady,
-    fresh_until: Instant,
+    found: &L1Found<HitReady>,
     asked: &Asked,
     config: &Arc<HttpConfig>,
 ) -> Response<ResponseBody<B>> {
-    let ttl = ttl(Some(fresh_until), Instant::now());
+    let ready = &found.value;
+    let ttl = ttl(Some(found.fresh_until), found.read_at);
     if asked.head || asked.conditions.is_some() || !Arc::ptr_eq(&ready.config, config) {
         return answer(&ready.cached, Served::Hit(ttl), asked, &config.cache_status);
     }
@@ -151,7 +158,8 @@ pub(crate) fn hit<B: Body>(
     *response.status_mut() = ready.cached.status;
     let fields = response.headers_mut();
     *fields = ready.fields.clone();
-    fields.insert(AGE, age(&ready.cached, SystemTime::now()));
+    let age = ready.age_then + found.read_at.saturating_duration_since(ready.made_at);
+    fields.insert(AGE, age_value(age));
     if let Entry::Occupied(mut ours) = fields.entry(&CACHE_STATUS) {
         if let Some(last) = ours.iter_mut().next_back() {
             *last = config.cache_status.hit(ttl);
@@ -160,15 +168,14 @@ pub(crate) fn hit<B: Body>(
     response
 }
 
-/// The `Age` of a cached response at `now` (RFC 9111 §4.2.3, from when it was generated),
-/// in seconds, at most 2^31 (§1.2.2).
+/// The `Age` of a cached response at `now` (RFC 9111 §4.2.3, from when it was generated).
 fn age(cached: &CachedResponse, now: SystemTime) -> HeaderValue {
-    let age = now
-        .duration_since(cached.stored_at)
-        .unwrap_or_default()
-        .as_secs()
-        .min(1 << 31);
-    HeaderValue::from(age)
+    age_value(now.duration_since(cached.stored_at).unwrap_or_default())
+}
+
+/// An `Age` field value: whole seconds, at most 2^31 (RFC 9111 §1.2.2).
+fn age_value(age: Duration) -> HeaderValue {
+    HeaderValue::from(age.as_secs().min(1 << 31))
 }
 
 /// Says the length of a response's body where its fields do not and its status lets them

@@ -57,8 +57,8 @@ where
             Ok(Stored::Response(cached)) => Some(HitReady::new(cached, &loading.config)),
             _ => None,
         });
-    if let Some((ready, fresh_until)) = hit.await {
-        return Ok(answer::hit(&ready, fresh_until, &asked, &loading.config));
+    if let Some(found) = hit.await {
+        return Ok(answer::hit(&found, &asked, &loading.config));
     }
     // Boxed, so the future of a hit stays small to build and move.
     Box::pin(fetch(loading, primary, digest, request, asked)).await
