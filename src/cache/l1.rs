@@ -177,7 +177,8 @@ impl Inner {
 
     /// Keeps `value`, decoded from `bytes`, with the L1 entry of the key if that entry holds
     /// these very bytes (the same buffer: alive, so equal pointers and lengths mean equal
-    /// contents), so the first hit on the entry does not decode them again.
+    /// contents), so the first hit on the entry does not decode them again. For typed values.
+    #[cfg(feature = "serde")]
     pub(super) async fn l1_keep_decoded<T: Any + Send + Sync>(
         &self,
         digest: &KeyDigest,
