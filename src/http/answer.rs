@@ -18,7 +18,7 @@ use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATU
 use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use super::layer::HttpConfig;
-use crate::cache::{L1Found, Outcome};
+use crate::cache::{Fetched, L1Found, Outcome};
 
 /// A response to a cacheable request, or the inner service's error.
 pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
@@ -34,23 +34,42 @@ pub(crate) fn marked<B>(
     response
 }
 
-/// How an answer from an entry was served, by the fetch's outcome and how the load that stored
-/// the entry went `forward` (see [`codec::forward`]), which a request collapsed onto that load
-/// says too (a leader's load may say more, see [`Own::Stored`](super::load::Own::Stored)).
-pub(crate) fn served(outcome: Outcome, forward: Forward, fresh_until: Option<Instant>) -> Served {
-    match (outcome, forward) {
-        (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Loaded) => {
-            Served::Loaded(None)
+/// How a fetch found the entry it answers with: the fetch's outcome, how the load that stored
+/// the entry went forward (see [`codec::forward`]), and when the entry stops, or stopped,
+/// being fresh ([`Fetched::fresh_until`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found {
+    pub(crate) outcome: Outcome,
+    pub(crate) forward: Forward,
+    pub(crate) fresh_until: Option<Instant>,
+}
+
+impl Found {
+    pub(crate) fn of(fetched: &Fetched, entry: &Bytes) -> Self {
+        Found {
+            outcome: fetched.outcome(),
+            forward: codec::forward(entry),
+            fresh_until: fetched.fresh_until(),
         }
-        (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Refreshed) => {
-            Served::Refreshed(None)
+    }
+
+    /// How an answer from the entry was served, by the fetch alone; a request collapsed onto
+    /// a load says how that load went forward (a leader's own load may say more, see
+    /// [`Own::Stored`](super::load::Own::Stored)).
+    pub(crate) fn served(self) -> Served {
+        let ttl = || ttl(self.fresh_until, Instant::now());
+        match self.outcome {
+            Outcome::Leader | Outcome::Uncached | Outcome::Degraded => match self.forward {
+                Forward::Loaded => Served::Loaded(None),
+                Forward::Refreshed => Served::Refreshed(None),
+                Forward::Revalidated => Served::Revalidated(None),
+            },
+            // A stale answer's `ttl` is negative: an entry answered as stale though fresh
+            // itself (a fresh variant under a stale vary marker) says no `ttl`.
+            Outcome::Stale => Served::Stale(ttl().filter(|ttl| *ttl < 0)),
+            Outcome::Follower => Served::Collapsed(self.forward),
+            _ => Served::Hit(ttl()),
         }
-        (Outcome::Leader | Outcome::Uncached | Outcome::Degraded, Forward::Revalidated) => {
-            Served::Revalidated(None)
-        }
-        (Outcome::Stale, _) => Served::Stale(ttl(fresh_until, Instant::now())),
-        (Outcome::Follower, forward) => Served::Collapsed(forward),
-        _ => Served::Hit(ttl(fresh_until, Instant::now())),
     }
 }
 
@@ -242,4 +261,39 @@ pub(crate) fn synthesized<B: Body>(
         .headers_mut()
         .insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
     marked(response, Served::MadeUp(detail), status)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::{Forward, Found, Served};
+    use crate::cache::Outcome;
+
+    /// RFC 9211 §2.4: a hit's `ttl` is what is left of its freshness; a stale answer's is
+    /// negative, and an answer counted stale for another reason (a stale vary marker over a
+    /// fresh variant) says none rather than a positive one.
+    #[test]
+    fn a_stale_answer_never_says_a_positive_ttl() {
+        let found = |outcome, fresh_until| Found {
+            outcome,
+            forward: Forward::Loaded,
+            fresh_until: Some(fresh_until),
+        };
+        let (later, earlier) = (
+            Instant::now() + Duration::from_secs(30),
+            Instant::now() - Duration::from_millis(2500),
+        );
+        assert!(matches!(
+            found(Outcome::L2Hit, later).served(),
+            Served::Hit(Some(29 | 30))
+        ));
+        assert_eq!(
+            found(Outcome::Stale, earlier).served(),
+            Served::Stale(Some(-3))
+        );
+        assert_eq!(found(Outcome::Stale, later).served(), Served::Stale(None));
+    }
 }

@@ -13,16 +13,15 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::{oneshot, watch};
-use tokio::time::Instant;
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
 
 use super::answer::{
-    self, answer, marked, own_entry, served, synthesized, without_body, Answer, Asked, HitReady,
+    self, answer, marked, own_entry, synthesized, without_body, Answer, Asked, Found, HitReady,
 };
 use super::body::ResponseBody;
-use super::cache_status::{CacheStatus, Detail, Forward, Served};
+use super::cache_status::{CacheStatus, Detail, Served};
 use super::codec::{self, Stored};
 use super::layer::HttpConfig;
 use super::load::{load, Loading, Own, Step};
@@ -95,11 +94,11 @@ where
         .fetch_digest(digest, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome, forward, fresh_until)) => {
-            let served = own_served(outcome, forward, fresh_until, &mut from_loader);
+        Some((Stored::Response(cached), found)) => {
+            let served = own_served(found, &mut from_loader);
             return Ok(answer(&cached, served, &asked, status));
         }
-        Some((Stored::Vary(marker), outcome, _, _)) => (marker, outcome),
+        Some((Stored::Vary(marker), found)) => (marker, found.outcome),
         // The colder paths are boxed, so the future of every request stays small to build
         // and move.
         None => {
@@ -172,8 +171,8 @@ where
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
-        Some((Stored::Response(cached), outcome, forward, fresh_until)) => {
-            let served = own_served(outcome, forward, fresh_until, &mut from_loader);
+        Some((Stored::Response(cached), found)) => {
+            let served = own_served(found, &mut from_loader);
             Ok(answer(&cached, served, &asked, status))
         }
         _ => {
@@ -211,19 +210,12 @@ where
         })
         .await;
     match (decoded(&fetched), failure) {
-        (Some((Stored::Response(cached), found, forward, fresh_until)), _) => {
+        (Some((Stored::Response(cached), mut found)), _) => {
             // Stale if either the marker or the variant was.
-            let outcome = if outcome == Outcome::Stale {
-                outcome
-            } else {
-                found
-            };
-            Ok(answer(
-                &cached,
-                served(outcome, forward, fresh_until),
-                asked,
-                status,
-            ))
+            if outcome == Outcome::Stale {
+                found.outcome = outcome;
+            }
+            Ok(answer(&cached, found.served(), asked, status))
         }
         (_, Some(failure)) => without_body(failure, asked),
         (_, None) => Ok(synthesized(
@@ -234,35 +226,21 @@ where
     }
 }
 
-/// How the response this request is answered with was served: by the fetch's outcome and the
-/// entry's `forward`, or as this request's own load tells (stored, for how long, or
-/// revalidated).
-fn own_served<B: Body, E>(
-    outcome: Outcome,
-    forward: Forward,
-    fresh_until: Option<Instant>,
-    from_loader: &mut oneshot::Receiver<Own<B, E>>,
-) -> Served {
+/// How the response this request is answered with was served: as the fetch `found` it, or
+/// as this request's own load tells (stored, for how long, or revalidated).
+fn own_served<B: Body, E>(found: Found, from_loader: &mut oneshot::Receiver<Own<B, E>>) -> Served {
     match from_loader.try_recv() {
-        Ok(Own::Stored(served)) if outcome == Outcome::Leader => served,
-        _ => served(outcome, forward, fresh_until),
+        Ok(Own::Stored(served)) if found.outcome == Outcome::Leader => served,
+        _ => found.served(),
     }
 }
 
-/// The entry a fetch found, decoded, how it was found, and how the load that stored it went
-/// to the origin.
-fn decoded(
-    fetched: &Result<Fetched, crate::Error>,
-) -> Option<(Stored, Outcome, Forward, Option<Instant>)> {
+/// The entry a fetch found, decoded, and how it was found.
+fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Found)> {
     let fetched = fetched.as_ref().ok()?;
     let value = fetched.value()?;
     match codec::decode(value) {
-        Ok(stored) => Some((
-            stored,
-            fetched.outcome(),
-            codec::forward(value),
-            fetched.fresh_until(),
-        )),
+        Ok(stored) => Some((stored, Found::of(fetched, value))),
         Err(codec::Malformed) => {
             // The engine only hands over entries the codec accepts: a bug, not bad bytes.
             warn!("cached entry is not a response; passing the request through");
