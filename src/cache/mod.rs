@@ -331,10 +331,10 @@ impl Cache {
     /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value
     /// with nothing more to do (no early refresh due) and `read` can answer with it (`Some`):
     /// then counted and traced as any L1 hit. `read` runs once per L1 entry: its answer is
-    /// kept with the entry and shared by the hits after it. Else `None`, nothing is counted, and the caller
-    /// goes on to [`fetch_digest`](Self::fetch_digest) with the same digest. For a caller
-    /// that has work to do before a fetch that may load (the layer wraps its request into a
-    /// loader): a hit skips that work.
+    /// kept with the entry and shared by the hits after it. Else `None`, nothing is counted,
+    /// and the caller goes on to [`fetch_digest`](Self::fetch_digest) with the same digest.
+    /// For a caller that has work to do before a fetch that may load (the layer wraps its
+    /// request into a loader): a hit skips that work.
     pub(crate) async fn l1_hit<T: std::any::Any + Send + Sync>(
         &self,
         digest: &KeyDigest,

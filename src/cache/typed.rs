@@ -56,8 +56,8 @@
 //!
 //! A value is decoded when it comes from the store (once to check it, once for the caller) or
 //! from a load, and kept with its L1 entry (or, if that entry was not there yet, by the first
-//! L1 hit on it): the hits after it hand out the same `Arc<T>` without decoding. It lives and dies
-//! with the entry, so it never outlives an invalidation.
+//! L1 hit on it): the hits after it hand out the same `Arc<T>` without decoding. It lives and
+//! dies with the entry, so it never outlives an invalidation.
 //!
 //! # One type per key
 //!

@@ -20,6 +20,9 @@
 //! copying it. Anything malformed, including entries of another version of this codec and
 //! vary markers of kind 1 (from before markers had a generation), decodes to [`Malformed`]:
 //! the engine then treats the entry as a miss and overwrites it.
+//!
+//! Past 500 lines only with its tests: the codec is about 260 lines, and the tests of every
+//! kind, of the previous release's bytes and of malformed entries stand next to it.
 
 use std::time::{Duration, SystemTime};
 

@@ -103,7 +103,8 @@ impl DefaultKey {
 /// use tower_stampede::http::{DefaultKey, OriginKey};
 ///
 /// let key = OriginKey::new(Scheme::HTTP, Authority::from_static("origin:8080"));
-/// let (from_client, _) = Request::get("/page?q=1").header("host", "proxy.example").body(()).unwrap().into_parts();
+/// let from_client = Request::get("/page?q=1").header("host", "proxy.example");
+/// let (from_client, _) = from_client.body(()).unwrap().into_parts();
 /// let (to_origin, _) = Request::get("http://origin:8080/page?q=1").body(()).unwrap().into_parts();
 /// assert_eq!(key.key(&from_client), DefaultKey.key(&to_origin));
 /// ```
