@@ -132,12 +132,25 @@ impl MemoryStore {
     }
 
     fn fill_now(&self, key: &StoreKey, token: LockToken, value: Bytes, ttl: Duration) -> bool {
+        self.fenced_write(key, token, |state, now| {
+            state.insert_value(key, value, expiry(now, ttl));
+        })
+    }
+
+    /// If the lock of `key` holds `token`: `write`, then free the lock and notify, as a fill
+    /// does (`true`); else nothing (`false`).
+    fn fenced_write(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        write: impl FnOnce(&mut State, Instant),
+    ) -> bool {
         let now = Instant::now();
         let mut state = self.state();
         if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
             return false;
         }
-        state.insert_value(key, value, expiry(now, ttl));
+        write(&mut state, now);
         state.locks.remove(key);
         state.wrote(now);
         drop(state);
@@ -182,19 +195,11 @@ impl MemoryStore {
         answer: Bytes,
         ttl: Duration,
     ) -> bool {
-        let now = Instant::now();
-        let mut state = self.state();
-        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
-            return false;
-        }
-        state
-            .waiters
-            .insert(key.clone(), (answer, expiry(now, ttl)));
-        state.locks.remove(key);
-        state.wrote(now);
-        drop(state);
-        self.notifier.notify(key);
-        true
+        self.fenced_write(key, token, |state, now| {
+            state
+                .waiters
+                .insert(key.clone(), (answer, expiry(now, ttl)));
+        })
     }
 
     fn waiters_answer_now(&self, key: &StoreKey) -> Option<Stored> {
