@@ -7,7 +7,10 @@
 # own on a free port), warms the page until the proxy answers `x-cache: HIT`, then runs
 # `wrk -t2 -c64 -d<S>s --latency` against the proxy and against bare in turns, ROUNDS times
 # (the order swaps every round, so neither always runs on a machine warmed by the other).
-# Prints req/s and p99 of each, and their ratios, per round; then the medians.
+# Prints req/s and p99 of each, and their ratios, per round; then the medians. Also the CPU time
+# each server spent per request (user + system, from /proc/PID/stat over its wrk run, in µs)
+# and bare's over the proxy's: the cost of the cache's work, which is steadier than the req/s
+# ratio on a shared machine (wrk's share of the two cores moves req/s more than it moves these).
 #
 # Usage: ./scripts/bench-hits.sh [--rounds N] [--seconds S] [--redis] [--pin]
 #   --rounds N   rounds of the two wrk runs (default 3, at least 3 for a median worth reading)
@@ -108,6 +111,7 @@ start origin "$bin/bare" --listen 127.0.0.1:0 --origin
 origin="$addr"
 start bare "$bin/bare" --listen 127.0.0.1:0
 bare="$addr"
+bare_pid="${pids[-1]}"
 proxy_args=(--listen 127.0.0.1:0 --origin "http://$origin")
 if [ "$redis" = 1 ]; then
   port=$(awk 'BEGIN { srand(); print 20000 + int(rand() * 20000) }')
@@ -122,6 +126,7 @@ if [ "$redis" = 1 ]; then
 fi
 start proxy "$bin/proxy" "${proxy_args[@]}"
 proxy="$addr"
+proxy_pid="${pids[-1]}"
 
 url_proxy="http://$proxy/page"
 url_bare="http://$bare/page"
@@ -135,35 +140,47 @@ store=$([ "$redis" = 1 ] && echo "redis" || echo "memory")
 echo "==> bare on $bare, proxy on $proxy (store: $store), page warm"
 echo "==> wrk -t2 -c64 -d${seconds}s --latency, $rounds rounds$([ "$pin" = 1 ] && echo ", wrk on CPU $wrk_cpus, servers on $server_cpus")"
 
-# Runs wrk against a URL; prints "req/s p99_ms".
+# CPU time a process has used so far (user + system), in clock ticks.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+ticks_per_second=$(getconf CLK_TCK)
+
+# Runs wrk against a URL served by process PID; prints "req/s p99_ms cpu_us_per_request".
 measure() {
-  on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$1" | awk '
+  local before after
+  before=$(cpu_ticks "$2")
+  on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$1" >"$work/wrk.out"
+  after=$(cpu_ticks "$2")
+  awk -v ticks=$((after - before)) -v hz="$ticks_per_second" '
     /Requests\/sec:/ { rps = $2 }
+    / requests in / { requests = $1 }
     $1 == "99%" {
       v = $2; unit = v; sub(/[0-9.]+/, "", unit); sub(/[a-z]+$/, "", v)
       p99 = (unit == "us") ? v / 1000 : (unit == "s") ? v * 1000 : v
     }
-    END { printf "%.0f %.3f\n", rps, p99 }'
+    END { printf "%.0f %.3f %.2f\n", rps, p99, (requests > 0) ? ticks * 1e6 / hz / requests : 0 }' "$work/wrk.out"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-printf '%-6s %12s %10s %12s %10s %9s %9s\n' round proxy_rps proxy_p99 bare_rps bare_p99 rps_ratio p99_ratio
+printf '%-6s %10s %10s %10s %10s %9s %9s %8s %8s %9s\n' round proxy_rps proxy_p99 bare_rps bare_p99 rps_ratio p99_ratio proxy_us bare_us cpu_ratio
+row() { printf '%-6s %10s %8sms %10s %8sms %9s %9s %8s %8s %9s\n' "$@"; }
 : >"$work/rounds"
 for round in $(seq "$rounds"); do
   if [ $((round % 2)) = 1 ]; then
-    read -r prps pp99 < <(measure "$url_proxy")
-    read -r brps bp99 < <(measure "$url_bare")
+    read -r prps pp99 pcpu < <(measure "$url_proxy" "$proxy_pid")
+    read -r brps bp99 bcpu < <(measure "$url_bare" "$bare_pid")
   else
-    read -r brps bp99 < <(measure "$url_bare")
-    read -r prps pp99 < <(measure "$url_proxy")
+    read -r brps bp99 bcpu < <(measure "$url_bare" "$bare_pid")
+    read -r prps pp99 pcpu < <(measure "$url_proxy" "$proxy_pid")
   fi
   ratio=$(awk -v p="$prps" -v b="$brps" 'BEGIN { printf "%.3f", (b > 0) ? p / b : 0 }')
   p99ratio=$(awk -v p="$pp99" -v b="$bp99" 'BEGIN { printf "%.2f", (b > 0) ? p / b : 0 }')
-  printf '%-6s %12s %8sms %12s %8sms %9s %9s\n' "$round" "$prps" "$pp99" "$brps" "$bp99" "$ratio" "$p99ratio"
-  echo "$prps $pp99 $brps $bp99 $ratio $p99ratio" >>"$work/rounds"
+  cpuratio=$(awk -v p="$pcpu" -v b="$bcpu" 'BEGIN { printf "%.3f", (p > 0) ? b / p : 0 }')
+  row "$round" "$prps" "$pp99" "$brps" "$bp99" "$ratio" "$p99ratio" "$pcpu" "$bcpu" "$cpuratio"
+  echo "$prps $pp99 $brps $bp99 $ratio $p99ratio $pcpu $bcpu $cpuratio" >>"$work/rounds"
 done
 column() { awk -v c="$1" '{ print $c }' "$work/rounds" | median; }
-printf '%-6s %12s %8sms %12s %8sms %9s %9s\n' median "$(column 1)" "$(column 2)" "$(column 3)" "$(column 4)" "$(column 5)" "$(column 6)"
+row median "$(column 1)" "$(column 2)" "$(column 3)" "$(column 4)" "$(column 5)" "$(column 6)" "$(column 7)" "$(column 8)" "$(column 9)"
 ratios=$(awk '{ printf "%s%s", sep, $5; sep = " " }' "$work/rounds")
 echo "==> proxy/bare req/s per round: $ratios; median $(column 5) (goal: >= 0.9); median p99 ratio $(column 6) (goal: <= 1.5)"
+echo "==> CPU per request: proxy $(column 7) us, bare $(column 8) us; bare/proxy median $(column 9)"

@@ -110,22 +110,22 @@ impl Inner {
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
         for key in keys {
-            self.forget_here(key).await;
+            self.forget_here(key);
         }
         let result = self.store_call(call).await;
         for key in keys {
-            self.forget_here(key).await;
+            self.forget_here(key);
         }
         result.map_err(Error::store)
     }
 
     /// Drops `key` from this process's L1 and moves its stamp on.
-    pub(super) async fn forget_here(&self, key: &StoreKey) {
+    pub(super) fn forget_here(&self, key: &StoreKey) {
         if let Some(notifier) = self.notifier() {
             notifier.notify(key);
         }
         if let Some(l1) = &self.l1 {
-            l1.invalidate(key.digest()).await;
+            l1.invalidate(key.digest());
         }
     }
 }

@@ -101,7 +101,7 @@ impl Inner {
     {
         let mut l1_checked_twice = false;
         let (mut result, created) = loop {
-            if let Some(hit) = self.l1_get(&digest).await {
+            if let Some(hit) = self.l1_get(&digest) {
                 let entry = match hit {
                     L1Hit::Fresh(entry, _) => entry,
                     L1Hit::RefreshDue(entry) => {

@@ -418,8 +418,7 @@ impl Inner {
                         payload.clone(),
                         fresh_for,
                         load_time,
-                    )
-                    .await;
+                    );
                     let fresh_until = crate::sync::later(Instant::now(), fresh_for);
                     let due = self.refresh_point(fresh_until, load_time);
                     if due.is_some_and(|at| Instant::now() >= at) {

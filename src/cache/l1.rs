@@ -23,7 +23,7 @@ use crate::store::{KeyDigest, Stamp};
 pub(super) type TagStamps = Box<[(KeyDigest, Stamp)]>;
 
 /// The moka cache that holds L1. Its entries are shared: a hit clones a pointer, not the entry.
-pub(super) type L1 = moka::future::Cache<KeyDigest, Arc<L1Entry>>;
+pub(super) type L1 = moka::sync::Cache<KeyDigest, Arc<L1Entry>>;
 
 /// A value as its reader decoded it, kept with its L1 entry (see [`L1Entry::decoded`]).
 type Decoded = Arc<dyn Any + Send + Sync>;
@@ -114,7 +114,7 @@ impl moka::Expiry<KeyDigest, Arc<L1Entry>> for L1Expiry {
 pub(super) fn build(config: &Config, bytes: &Arc<AtomicU64>) -> Option<L1> {
     (config.l1_capacity > 0).then(|| {
         let removed = Arc::clone(bytes);
-        moka::future::Cache::builder()
+        moka::sync::Cache::builder()
             .max_capacity(config.l1_capacity)
             .weigher(|_key: &KeyDigest, entry: &Arc<L1Entry>| entry.weight())
             .expire_after(L1Expiry)
@@ -155,9 +155,9 @@ impl Inner {
     /// The L1 entry of a key, if it is there and nothing has been heard of the key since it
     /// was read; an entry that is no longer trusted is dropped. Reads the clock once, for both
     /// the entry's end in L1 and its refresh point.
-    pub(super) async fn l1_get(&self, digest: &KeyDigest) -> Option<L1Hit> {
+    pub(super) fn l1_get(&self, digest: &KeyDigest) -> Option<L1Hit> {
         let l1 = self.l1.as_ref()?;
-        let entry = l1.get(digest).await?;
+        let entry = l1.get(digest)?;
         let now = Instant::now();
         if self.stamp(digest) == Some(entry.stamp)
             && now < entry.until
@@ -171,7 +171,7 @@ impl Inner {
                 _ => L1Hit::Fresh(entry, now),
             });
         }
-        l1.invalidate(digest).await;
+        l1.invalidate(digest);
         None
     }
 
@@ -179,14 +179,14 @@ impl Inner {
     /// these very bytes (the same buffer: alive, so equal pointers and lengths mean equal
     /// contents), so the first hit on the entry does not decode them again. For typed values.
     #[cfg(feature = "serde")]
-    pub(super) async fn l1_keep_decoded<T: Any + Send + Sync>(
+    pub(super) fn l1_keep_decoded<T: Any + Send + Sync>(
         &self,
         digest: &KeyDigest,
         bytes: &Bytes,
         value: &Arc<T>,
     ) {
         let Some(l1) = &self.l1 else { return };
-        if let Some(entry) = l1.get(digest).await {
+        if let Some(entry) = l1.get(digest) {
             if entry.value.as_ptr() == bytes.as_ptr() && entry.value.len() == bytes.len() {
                 let _ = entry.decoded.set(Arc::clone(value) as Decoded);
             }
@@ -195,7 +195,7 @@ impl Inner {
 
     /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap),
     /// if `stamp` (taken before the value was read) is still current.
-    pub(super) async fn l1_insert(
+    pub(super) fn l1_insert(
         &self,
         stamp: Option<Stamp>,
         tags: TagStamps,
@@ -223,7 +223,7 @@ impl Inner {
             let weight = u64::from(entry.weight());
             let bytes = self.l1_bytes.fetch_add(weight, Ordering::Relaxed) + weight;
             telemetry::l1_bytes(bytes);
-            l1.insert(digest, Arc::new(entry)).await;
+            l1.insert(digest, Arc::new(entry));
         }
     }
 }
@@ -248,8 +248,8 @@ mod tests {
             decodes.fetch_add(1, Ordering::Relaxed);
             std::str::from_utf8(bytes).ok()?.parse::<u32>().ok()
         };
-        let first = cache.l1_hit(&digest, number).await.unwrap().value;
-        let second = cache.l1_hit(&digest, number).await.unwrap().value;
+        let first = cache.l1_hit(&digest, number).unwrap().value;
+        let second = cache.l1_hit(&digest, number).unwrap().value;
         assert_eq!((*first, decodes.load(Ordering::Relaxed)), (42, 1));
         assert!(std::sync::Arc::ptr_eq(&first, &second));
         let text = |bytes: &Bytes| {
@@ -257,14 +257,14 @@ mod tests {
             Some(String::from_utf8_lossy(bytes).into_owned())
         };
         for _ in 0..2 {
-            assert_eq!(*cache.l1_hit(&digest, text).await.unwrap().value, "42");
+            assert_eq!(*cache.l1_hit(&digest, text).unwrap().value, "42");
         }
         assert_eq!(decodes.load(Ordering::Relaxed), 3);
         // Bytes the reader finds no value in: no hit, and nothing kept.
         let load = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"x")) };
         cache.get_or_load("n", load).await.unwrap();
         let digest = KeyDigest::of(b"n");
-        assert!(cache.l1_hit(&digest, number).await.is_none());
-        assert!(cache.l1_hit(&digest, text).await.is_some());
+        assert!(cache.l1_hit(&digest, number).is_none());
+        assert!(cache.l1_hit(&digest, text).is_some());
     }
 }

@@ -136,8 +136,7 @@ impl Inner {
                 ready.value.clone(),
                 ready.fresh_for,
                 load_time,
-            )
-            .await;
+            );
         }
     }
 
@@ -448,8 +447,7 @@ impl Inner {
                         bytes.clone(),
                         ttl,
                         started.elapsed(),
-                    )
-                    .await;
+                    );
                 }
                 Ok(Fetched {
                     value: Some(bytes),

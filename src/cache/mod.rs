@@ -335,12 +335,12 @@ impl Cache {
     /// and the caller goes on to [`fetch_digest`](Self::fetch_digest) with the same digest.
     /// For a caller that has work to do before a fetch that may load (the layer wraps its
     /// request into a loader): a hit skips that work.
-    pub(crate) async fn l1_hit<T: std::any::Any + Send + Sync>(
+    pub(crate) fn l1_hit<T: std::any::Any + Send + Sync>(
         &self,
         digest: &KeyDigest,
         read: impl FnOnce(&Bytes) -> Option<T>,
     ) -> Option<L1Found<T>> {
-        let Some(l1::L1Hit::Fresh(entry, read_at)) = self.inner.l1_get(digest).await else {
+        let Some(l1::L1Hit::Fresh(entry, read_at)) = self.inner.l1_get(digest) else {
             return None;
         };
         let found = L1Found {

@@ -169,8 +169,7 @@ impl Inner {
                         payload,
                         fresh_for,
                         load_time,
-                    )
-                    .await;
+                    );
                     return;
                 }
                 (LockState::HeldElsewhere, Some((_, ttl))) => {

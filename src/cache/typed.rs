@@ -271,7 +271,7 @@ where
     {
         let digest = KeyDigest::of(key.as_ref());
         let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
-        if let Some(found) = self.cache.l1_hit(&digest, read).await {
+        if let Some(found) = self.cache.l1_hit(&digest, read) {
             return Ok(found.value);
         }
         // The loader is taken by whichever attempt loads; a second attempt is rare.
@@ -291,17 +291,14 @@ where
                 .await?;
             let bytes = fetched.value_or_pass()?;
             if let Some(value) = read(&bytes).map(Arc::new) {
-                self.cache
-                    .inner
-                    .l1_keep_decoded(&digest, &bytes, &value)
-                    .await;
+                self.cache.inner.l1_keep_decoded(&digest, &bytes, &value);
                 return Ok(value);
             }
             if attempt == 0 {
                 // Another reader's bytes, from this process's L1 or flight.
                 self.cache.inner.corrupt_entry(&digest);
                 let key = StoreKey::new(Arc::clone(&self.cache.inner.config.namespace), digest);
-                self.cache.inner.forget_here(&key).await;
+                self.cache.inner.forget_here(&key);
             }
         }
         Err(Error::new(ErrorKind::Decode))

@@ -9,6 +9,8 @@
 //! or, when no answer of the origin is to be had (a load that failed without one, here or
 //! elsewhere, or timed out), with a gateway error the layer makes itself.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
@@ -29,43 +31,31 @@ use super::slot::Slot;
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 use crate::store::KeyDigest;
 
-/// A cacheable request under the URL's key `primary`: served from the cache, by this
-/// request's own load, or (for a pass or a failed load elsewhere) by the inner service directly.
-pub(crate) async fn serve<S, ReqBody, ResBody>(
-    loading: Loading<S>,
-    primary: String,
-    request: Request<ReqBody>,
-) -> Answer<ResBody, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Send + 'static,
-    ResBody: Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Send + 'static,
-{
-    let asked = Asked::of(&request);
-    // The hot path: a response in L1 is answered before anything a load needs is built (the
-    // slot, the loader and their clones). A vary marker takes the path below, from L1 again.
-    // Hashed once: for L1 here, and for the fetch below if L1 cannot answer.
-    let digest = KeyDigest::of(primary.as_bytes());
+/// The hot path of a cacheable request: its answer from a plain response in L1 (the key
+/// hashed to `digest`), made as the request is called, before anything a load needs is built
+/// (the slot, the loader and their clones, the request's future). `None` if L1 holds no
+/// response for the key ready to answer (a vary marker takes [`fetch`], which looks in L1
+/// again).
+pub(crate) fn from_l1<B: Body>(
+    cache: &Cache,
+    digest: &KeyDigest,
+    asked: &Asked,
+    config: &Arc<HttpConfig>,
+) -> Option<Response<ResponseBody<B>>> {
     // Decoded once per L1 entry, with a plain hit's fields made ready.
-    let hit = loading
-        .cache
-        .l1_hit(&digest, |value| match codec::decode(value) {
-            Ok(Stored::Response(cached)) => Some(HitReady::new(cached, &loading.config)),
-            _ => None,
-        });
-    if let Some(found) = hit.await {
-        return Ok(answer::hit(&found, &asked, &loading.config));
-    }
-    // Boxed, so the future of a hit stays small to build and move.
-    Box::pin(fetch(loading, primary, digest, request, asked)).await
+    let found = cache.l1_hit(digest, |value| match codec::decode(value) {
+        Ok(Stored::Response(cached)) => Some(HitReady::new(cached, config)),
+        _ => None,
+    })?;
+    Some(answer::hit(&found, asked, config))
 }
 
-/// [`serve`] past L1: the URL's key through the engine (a flight, the store, or this
-/// request's own load), then its variant's key if it holds a vary marker.
-async fn fetch<S, ReqBody, ResBody>(
+/// A cacheable request under the URL's key `primary` (hashed to `digest`) that L1 did not
+/// answer ([`from_l1`]): served from the cache, by this request's own load, or (for a pass or
+/// a failed load elsewhere) by the inner service directly. The URL's key goes through the
+/// engine (a flight, the store, or this request's own load), then its variant's key if it
+/// holds a vary marker.
+pub(crate) async fn fetch<S, ReqBody, ResBody>(
     loading: Loading<S>,
     primary: String,
     digest: KeyDigest,

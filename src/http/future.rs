@@ -22,6 +22,9 @@ pub struct ResponseFuture<F, B: Body, E> {
     kind: Kind<F, B, E>,
 }
 
+// `Ready` holds a whole response, unboxed: it is the answer of an L1 hit, whose allocation it
+// saves; the `Inner` future (a `Oneshot` holding the request) is as large in practice.
+#[allow(clippy::large_enum_variant)]
 #[pin_project(project = KindProj)]
 enum Kind<F, B: Body, E> {
     /// Straight to the inner service; the response is marked as served so if `mark` is set,
@@ -31,6 +34,11 @@ enum Kind<F, B: Body, E> {
         future: F,
         mark: Option<Served>,
         config: Arc<HttpConfig>,
+    },
+    /// Answered already: a hit in L1, answered as the request was called.
+    Ready {
+        #[pin]
+        future: std::future::Ready<Result<Response<ResponseBody<B>>, E>>,
     },
     /// Through the cache, through an invalidation (an unsafe method), or answered by the
     /// layer (a purge).
@@ -46,6 +54,14 @@ impl<F, B: Body, E> ResponseFuture<F, B, E> {
                 future,
                 mark,
                 config,
+            },
+        }
+    }
+
+    pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
+        ResponseFuture {
+            kind: Kind::Ready {
+                future: std::future::ready(Ok(response)),
             },
         }
     }
@@ -78,6 +94,7 @@ where
                     None => response,
                 }))
             }
+            KindProj::Ready { future } => future.poll(cx),
             KindProj::Boxed { future } => future.as_mut().poll(cx),
         }
     }
@@ -87,6 +104,7 @@ impl<F, B: Body, E> std::fmt::Debug for ResponseFuture<F, B, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match &self.kind {
             Kind::Inner { .. } => "Inner",
+            Kind::Ready { .. } => "Ready",
             Kind::Boxed { .. } => "Boxed",
         };
         f.debug_struct("ResponseFuture")

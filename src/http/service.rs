@@ -11,9 +11,10 @@ use http_body::Body;
 use tower::util::Oneshot;
 use tower::Service;
 
+use super::answer::Asked;
 use super::body::ResponseBody;
 use super::cache_status::Served;
-use super::flow::serve;
+use super::flow::{fetch, from_l1};
 use super::future::ResponseFuture;
 use super::layer::HttpConfig;
 use super::load::Loading;
@@ -21,6 +22,7 @@ use super::policy::{self, RequestRule};
 use super::purge::{self, Purger};
 use super::{invalidate, key};
 use crate::cache::Cache;
+use crate::store::KeyDigest;
 
 /// The middleware service; see the [module docs](super) and [`StampedeLayer`](super::StampedeLayer).
 ///
@@ -115,12 +117,19 @@ where
             RequestRule::Bypass => (request, Served::Request),
             RequestRule::Cache => match self.primary_key(request) {
                 (request, Some(primary)) => {
+                    let asked = Asked::of(&request);
+                    // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
+                    let digest = KeyDigest::of(primary.as_bytes());
+                    if let Some(response) = from_l1(&self.cache, &digest, &asked, &config) {
+                        return ResponseFuture::ready(response);
+                    }
                     let loading = Loading {
                         inner,
                         cache: self.cache.clone(),
                         config,
                     };
-                    return ResponseFuture::boxed(Box::pin(serve(loading, primary, request)));
+                    let fetched = fetch(loading, primary, digest, request, asked);
+                    return ResponseFuture::boxed(Box::pin(fetched));
                 }
                 // The key cannot describe the request.
                 (request, None) => (request, Served::Unkeyed),
