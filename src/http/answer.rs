@@ -3,6 +3,7 @@
 //! made by the layer itself; each marked with how it was answered (see
 //! [`cache_status`](super::cache_status)).
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -192,9 +193,24 @@ fn age(cached: &CachedResponse, now: SystemTime) -> HeaderValue {
     age_value(now.duration_since(cached.stored_at).unwrap_or_default())
 }
 
-/// An `Age` field value: whole seconds, at most 2^31 (RFC 9111 §1.2.2).
+thread_local! {
+    /// The `Age` value this thread made last, and its seconds (see [`age_value`]).
+    static LAST_AGE: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+}
+
+/// An `Age` field value: whole seconds, at most 2^31 (RFC 9111 §1.2.2). The value made last
+/// on this thread is made again only when the seconds change: the hits of a hot entry within
+/// one second share it (a clone shares its bytes).
 fn age_value(age: Duration) -> HeaderValue {
-    HeaderValue::from(age.as_secs().min(1 << 31))
+    let seconds = age.as_secs().min(1 << 31);
+    LAST_AGE.with_borrow_mut(|last| match last {
+        Some((made, value)) if *made == seconds => value.clone(),
+        _ => {
+            let value = HeaderValue::from(seconds);
+            *last = Some((seconds, value.clone()));
+            value
+        }
+    })
 }
 
 /// Says the length of a response's body where its fields do not and its status lets them
@@ -271,6 +287,16 @@ mod tests {
 
     use super::{Forward, Found, Served};
     use crate::cache::Outcome;
+
+    /// RFC 9111 §5.1, §1.2.2: `Age` is whole seconds, at most 2^31; the last value made on
+    /// a thread is reused for the same seconds only.
+    #[test]
+    fn age_says_its_own_seconds_each_time() {
+        for seconds in [0, 0, 1, 1, 0, 7, 1 << 31, 1 << 40, 7] {
+            let value = super::age_value(Duration::from_millis(seconds * 1000 + 999));
+            assert_eq!(value.to_str().unwrap(), seconds.min(1 << 31).to_string());
+        }
+    }
 
     /// RFC 9211 §2.4: a hit's `ttl` is what is left of its freshness; a stale answer's is
     /// negative, and an answer counted stale for another reason (a stale vary marker over a

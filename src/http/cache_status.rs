@@ -8,6 +8,7 @@
 //! are made once, when the layer is configured; the others are written per response with
 //! `itoa` (on a hit, only the member itself: see [`answer::hit`](super::answer::hit)).
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -41,6 +42,12 @@ pub(crate) fn ttl(fresh_until: Option<Instant>, now: Instant) -> Option<i64> {
             -whole.max(1)
         }
     })
+}
+
+thread_local! {
+    /// The hit value this thread made last ([`CacheStatus::hit`]): the name, the `ttl`, the
+    /// value. A clone shares its bytes.
+    static LAST_HIT: RefCell<Option<(Bytes, i64, HeaderValue)>> = const { RefCell::new(None) };
 }
 
 /// The cache name used in `Cache-Status` unless one is configured.
@@ -199,11 +206,20 @@ impl CacheStatus {
     }
 
     /// The value of a hit on an entry fresh for `ttl` more seconds (if known).
+    /// The value made last on this thread is made again only when its `ttl` (or the name)
+    /// changes: the hits of a hot entry within one second share it.
     pub(crate) fn hit(&self, ttl: Option<i64>) -> HeaderValue {
-        match ttl {
-            Some(ttl) => self.with_ttl(ttl, b""),
-            None => self.hit.clone(),
-        }
+        let Some(ttl) = ttl else {
+            return self.hit.clone();
+        };
+        LAST_HIT.with_borrow_mut(|last| match last {
+            Some((name, made, value)) if *made == ttl && *name == self.name => value.clone(),
+            _ => {
+                let value = self.with_ttl(ttl, b"");
+                *last = Some((self.name.clone(), ttl, value.clone()));
+                value
+            }
+        })
     }
 
     /// `hit; ttl=N`, then `rest`.
@@ -429,6 +445,20 @@ mod tests {
         assert_eq!(ttl(Some(later - ms(300)), later), Some(-1));
         assert_eq!(ttl(Some(later - ms(2_000)), later), Some(-2));
         assert_eq!(ttl(Some(later - ms(2_500)), later), Some(-3));
+    }
+
+    #[test]
+    fn a_hit_value_made_again_says_its_own_name_and_ttl() {
+        // The last value made on a thread is reused only for the same name and ttl.
+        let (ours, theirs) = (CacheStatus::default(), CacheStatus::new("edge", false));
+        for _ in 0..2 {
+            for ttl in [59, 59, 58, -1, 58] {
+                for (status, name) in [(&ours, DEFAULT_NAME), (&theirs, "edge")] {
+                    let value = status.hit(Some(ttl));
+                    assert_eq!(value.to_str().unwrap(), format!("{name}; hit; ttl={ttl}"));
+                }
+            }
+        }
     }
 
     #[test]
