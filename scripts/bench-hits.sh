@@ -148,7 +148,7 @@ ticks_per_second=$(getconf CLK_TCK)
 measure() {
   local before after
   before=$(cpu_ticks "$2")
-  on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$1" >"$work/wrk.out"
+  (on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$1") >"$work/wrk.out"
   after=$(cpu_ticks "$2")
   awk -v ticks=$((after - before)) -v hz="$ticks_per_second" '
     /Requests\/sec:/ { rps = $2 }

@@ -1,0 +1,208 @@
+//! The L2 hit against a plain `GET`, in turns: `l2_hit` measures each for seconds on end, so a
+//! shared machine whose speed drifts between the two moves their ratio by more than the
+//! difference it is after. Here both run in short blocks, one after the other, many times
+//! over (the order swapped every block), and the ratio is taken per block: the median of
+//! those ratios is the figure, with its quartiles.
+//!
+//! Three contestants, over loopback to a `redis-server` this bench starts, for a 2 KiB and a
+//! 64 KiB value: a plain `GET` with the redis crate; the engine's lookup as its three plain
+//! commands, pipelined with the redis crate (the protocol's floor); and the engine's L2 hit
+//! (`Cache::fetch`, L1 off).
+//!
+//! ```sh
+//! cargo bench --bench l2_turns            # 60 blocks of 100 calls each
+//! cargo bench --bench l2_turns -- 200 50  # 200 blocks of 50
+//! ```
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use support::RedisServer;
+use tower_stampede::store::RedisStore;
+use tower_stampede::{Cache, Outcome};
+
+fn main() {
+    // `cargo bench` passes `--bench`; numbers are ours.
+    let numbers: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let blocks = numbers.first().copied().unwrap_or(60).max(3);
+    let calls = numbers.get(1).copied().unwrap_or(100).max(1);
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (cache, plain) = runtime.block_on(async {
+        let store = RedisStore::connect(server.url())
+            .await
+            .expect("connect the store");
+        let plain = server
+            .client()
+            .get_connection_manager()
+            .await
+            .expect("a plain connection");
+        (Cache::builder(store).l1_capacity(0).build(), plain)
+    });
+    println!("{blocks} blocks of {calls} calls each, in turns; per call, median of the blocks");
+    println!(
+        "{:<8} {:>10} {:>10} {:>10} {:>22} {:>22}",
+        "value", "GET", "pipeline", "L2 hit", "pipeline/GET (q1-q3)", "L2 hit/GET (q1-q3)"
+    );
+    for (label, size) in [("2 KiB", 2048), ("64 KiB", 64 * 1024)] {
+        let value = Bytes::from(vec![b'v'; size]);
+        let contest = runtime.block_on(Contest::set_up(&cache, plain.clone(), size, value));
+        let mut times: [Vec<f64>; 3] = Default::default();
+        for block in 0..blocks {
+            for turn in 0..3 {
+                let who = (block + turn) % 3;
+                let started = Instant::now();
+                runtime.block_on(contest.run(who, calls));
+                times[who].push(per_call(started.elapsed(), calls));
+            }
+        }
+        let ratio = |of: usize| -> Vec<f64> {
+            let mut r: Vec<f64> = (0..blocks).map(|b| times[of][b] / times[0][b]).collect();
+            r.sort_by(f64::total_cmp);
+            r
+        };
+        let (pipeline, hit) = (ratio(1), ratio(2));
+        let spread = |r: &[f64]| {
+            format!(
+                "{:.3} ({:.3}-{:.3})",
+                median(r),
+                r[r.len() / 4],
+                r[r.len() * 3 / 4]
+            )
+        };
+        let medians = times.clone().map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            median(&t)
+        });
+        println!(
+            "{:<8} {:>8.1}µs {:>8.1}µs {:>8.1}µs {:>22} {:>22}",
+            label,
+            medians[0],
+            medians[1],
+            medians[2],
+            spread(&pipeline),
+            spread(&hit)
+        );
+    }
+}
+
+/// The three contestants for one value size.
+struct Contest<'a> {
+    cache: &'a Cache,
+    plain: ConnectionManager,
+    key: String,
+    plain_key: String,
+    lock_key: String,
+}
+
+impl<'a> Contest<'a> {
+    async fn set_up(
+        cache: &'a Cache,
+        mut plain: ConnectionManager,
+        size: usize,
+        value: Bytes,
+    ) -> Self {
+        let contest = Contest {
+            cache,
+            key: format!("turns-page-{size}"),
+            plain_key: format!("turns-plain-page-{size}"),
+            lock_key: format!("turns-plain-lock-{size}"),
+            plain: plain.clone(),
+        };
+        let loaded = value.clone();
+        cache
+            .get_or_load(&contest.key, move || async move {
+                Ok::<_, std::io::Error>(loaded)
+            })
+            .await
+            .expect("the first load");
+        let fetched = cache
+            .fetch(&contest.key, not_called)
+            .await
+            .expect("an L2 hit");
+        assert_eq!(fetched.outcome(), Outcome::L2Hit);
+        assert_eq!(fetched.value(), Some(&value));
+        let _: () = plain
+            .set(&contest.plain_key, value.as_ref())
+            .await
+            .expect("SET the plain value");
+        // A `fresh` marker refuses the `SET … NX GET`, as a fresh value's marker does.
+        let _: () = plain
+            .pset_ex(&contest.lock_key, "fresh", 3_600_000)
+            .await
+            .expect("SET the plain marker");
+        contest
+    }
+
+    /// `calls` calls of contestant `who`: 0 the plain `GET`, 1 the pipeline, 2 the L2 hit.
+    async fn run(&self, who: usize, calls: usize) {
+        for _ in 0..calls {
+            let length = match who {
+                0 => {
+                    let bytes: Vec<u8> =
+                        self.plain.clone().get(&self.plain_key).await.expect("GET");
+                    bytes.len()
+                }
+                1 => {
+                    type Reply = (Option<Vec<u8>>, Option<Vec<u8>>, i64);
+                    let (held, bytes, _pttl): Reply = redis::pipe()
+                        .cmd("SET")
+                        .arg(&self.lock_key)
+                        .arg("token")
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(5000)
+                        .arg("GET")
+                        .cmd("GET")
+                        .arg(&self.plain_key)
+                        .cmd("PTTL")
+                        .arg(&self.plain_key)
+                        .query_async(&mut self.plain.clone())
+                        .await
+                        .expect("the pipeline");
+                    assert!(held.is_some(), "the marker refuses the lock");
+                    bytes.map_or(0, |b| b.len())
+                }
+                _ => {
+                    let fetched = self
+                        .cache
+                        .fetch(&self.key, not_called)
+                        .await
+                        .expect("an L2 hit");
+                    assert_eq!(fetched.outcome(), Outcome::L2Hit);
+                    fetched.value().map_or(0, Bytes::len)
+                }
+            };
+            std::hint::black_box(length);
+        }
+    }
+}
+
+fn per_call(elapsed: Duration, calls: usize) -> f64 {
+    elapsed.as_secs_f64() * 1e6 / calls as f64
+}
+
+/// The median of sorted numbers.
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+async fn not_called() -> Result<tower_stampede::Loaded, std::io::Error> {
+    Err(std::io::Error::other("not called"))
+}
