@@ -12,41 +12,28 @@
 //! cargo bench --bench l2_hit
 //! ```
 
+#[path = "shared/redis_bench.rs"]
+mod redis_bench;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use redis::AsyncCommands;
-use support::RedisServer;
-use tower_stampede::store::RedisStore;
 use tower_stampede::{Cache, Outcome};
 
 fn l2_hit(c: &mut Criterion) {
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (cache, unnotified, plain) = runtime.block_on(async {
-        let store = RedisStore::connect(server.url())
-            .await
-            .expect("connect the store");
-        let plain = server
-            .client()
-            .get_connection_manager()
-            .await
-            .expect("a plain connection");
-        let unnotified = Cache::builder(store.clone())
-            .l1_capacity(0)
-            .notifications(false)
-            .build();
-        (
-            Cache::builder(store).l1_capacity(0).build(),
-            unnotified,
-            plain,
-        )
-    });
+    let redis_bench::Bench {
+        server: _server,
+        runtime,
+        store,
+        plain,
+    } = redis_bench::start();
+    let unnotified = Cache::builder(store.clone())
+        .l1_capacity(0)
+        .notifications(false)
+        .build();
+    let cache = Cache::builder(store).l1_capacity(0).build();
     // A small value (a database row, a fragment) and a page-sized one.
     for (label, size) in [("2 KiB", 2048), ("64 KiB", 64 * 1024)] {
         let value = Bytes::from(vec![b'v'; size]);

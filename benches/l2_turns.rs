@@ -14,6 +14,8 @@
 //! cargo bench --bench l2_turns -- 200 50  # 200 blocks of 50
 //! ```
 
+#[path = "shared/redis_bench.rs"]
+mod redis_bench;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -22,8 +24,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
-use support::RedisServer;
-use tower_stampede::store::RedisStore;
 use tower_stampede::{Cache, Outcome};
 
 fn main() {
@@ -34,22 +34,13 @@ fn main() {
         .collect();
     let blocks = numbers.first().copied().unwrap_or(60).max(3);
     let calls = numbers.get(1).copied().unwrap_or(100).max(1);
-    let server = RedisServer::start();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (cache, plain) = runtime.block_on(async {
-        let store = RedisStore::connect(server.url())
-            .await
-            .expect("connect the store");
-        let plain = server
-            .client()
-            .get_connection_manager()
-            .await
-            .expect("a plain connection");
-        (Cache::builder(store).l1_capacity(0).build(), plain)
-    });
+    let redis_bench::Bench {
+        server: _server,
+        runtime,
+        store,
+        plain,
+    } = redis_bench::start();
+    let cache = Cache::builder(store).l1_capacity(0).build();
     println!("{blocks} blocks of {calls} calls each, in turns; per call, median of the blocks");
     println!(
         "{:<8} {:>10} {:>10} {:>10} {:>22} {:>22}",
