@@ -23,6 +23,14 @@ use crate::store::{KeyDigest, Stamp};
 pub(super) type TagStamps = Box<[(KeyDigest, Stamp)]>;
 
 /// The moka cache that holds L1. Its entries are shared: a hit clones a pointer, not the entry.
+///
+/// moka's `sync` cache, called from async code: its reads never wait, so a hit is answered
+/// without a future (the HTTP layer answers it within `call`). A write (an insert or an
+/// invalidation, after a load or a notification, never on a hit) may wait when moka's write
+/// log is full (384 writes) while another thread holds its housekeeping: it then sleeps the
+/// thread 50 µs at a time until the log drains. The `future` cache yields there instead, but
+/// costs every hit a future; under a storm of writes that outruns housekeeping, this one
+/// holds a worker thread for such short sleeps.
 pub(super) type L1 = moka::sync::Cache<KeyDigest, Arc<L1Entry>>;
 
 /// A value as its reader decoded it, kept with its L1 entry (see [`L1Entry::decoded`]).
