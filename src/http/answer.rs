@@ -15,7 +15,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
+use super::cache_status::{made_once, ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
 use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use super::layer::HttpConfig;
@@ -194,7 +194,7 @@ fn age(cached: &CachedResponse, now: SystemTime) -> HeaderValue {
 }
 
 thread_local! {
-    /// The `Age` value this thread made last, and its seconds (see [`age_value`]).
+    /// The `Age` value this thread made last, made of its seconds (see [`age_value`]).
     static LAST_AGE: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
 }
 
@@ -203,14 +203,11 @@ thread_local! {
 /// one second share it (a clone shares its bytes).
 fn age_value(age: Duration) -> HeaderValue {
     let seconds = age.as_secs().min(1 << 31);
-    LAST_AGE.with_borrow_mut(|last| match last {
-        Some((made, value)) if *made == seconds => value.clone(),
-        _ => {
-            let value = HeaderValue::from(seconds);
-            *last = Some((seconds, value.clone()));
-            value
-        }
-    })
+    made_once(
+        &LAST_AGE,
+        |made| *made == seconds,
+        || (seconds, HeaderValue::from(seconds)),
+    )
 }
 
 /// Says the length of a response's body where its fields do not and its status lets them

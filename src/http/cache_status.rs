@@ -9,6 +9,7 @@
 //! `itoa` (on a hit, only the member itself: see [`answer::hit`](super::answer::hit)).
 
 use std::cell::RefCell;
+use std::thread::LocalKey;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -44,10 +45,32 @@ pub(crate) fn ttl(fresh_until: Option<Instant>, now: Instant) -> Option<i64> {
     })
 }
 
+/// A field value made per response, and what it was made of, as a thread keeps the last one
+/// it made (see [`made_once`]).
+type LastMade<K> = LocalKey<RefCell<Option<(K, HeaderValue)>>>;
+
+/// The value `make` makes (with what it made it of), or the one this thread made last if
+/// `same` says it was made of the same: the hits of a hot entry within one second share one
+/// value, whose clones share its bytes. For `Cache-Status` here, `Age` in `answer`.
+pub(crate) fn made_once<K>(
+    last: &'static LastMade<K>,
+    same: impl FnOnce(&K) -> bool,
+    make: impl FnOnce() -> (K, HeaderValue),
+) -> HeaderValue {
+    last.with_borrow_mut(|last| match last {
+        Some((made_of, value)) if same(made_of) => value.clone(),
+        _ => {
+            let (made_of, value) = make();
+            *last = Some((made_of, value.clone()));
+            value
+        }
+    })
+}
+
 thread_local! {
-    /// The hit value this thread made last ([`CacheStatus::hit`]): the name, the `ttl`, the
-    /// value. A clone shares its bytes.
-    static LAST_HIT: RefCell<Option<(Bytes, i64, HeaderValue)>> = const { RefCell::new(None) };
+    /// The hit value this thread made last ([`CacheStatus::hit`]), made of the name and the
+    /// `ttl`.
+    static LAST_HIT: RefCell<Option<((Bytes, i64), HeaderValue)>> = const { RefCell::new(None) };
 }
 
 /// The cache name used in `Cache-Status` unless one is configured.
@@ -212,14 +235,11 @@ impl CacheStatus {
         let Some(ttl) = ttl else {
             return self.hit.clone();
         };
-        LAST_HIT.with_borrow_mut(|last| match last {
-            Some((name, made, value)) if *made == ttl && *name == self.name => value.clone(),
-            _ => {
-                let value = self.with_ttl(ttl, b"");
-                *last = Some((self.name.clone(), ttl, value.clone()));
-                value
-            }
-        })
+        made_once(
+            &LAST_HIT,
+            |(name, made)| *made == ttl && *name == self.name,
+            || ((self.name.clone(), ttl), self.with_ttl(ttl, b"")),
+        )
     }
 
     /// `hit; ttl=N`, then `rest`.
