@@ -97,45 +97,49 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let config = Arc::clone(&self.config);
-        if config.purge.is_some() && request.method().as_str() == "PURGE" {
-            let purger = Purger::new(self.cache.clone(), config);
+        // The inner service and the configuration are cloned only by the paths that keep
+        // them: an L1 hit, answered here, needs neither. A clone of the inner service is only
+        // ever called through `Oneshot`, which polls it ready first.
+        if self.config.purge.is_some() && request.method().as_str() == "PURGE" {
+            let purger = Purger::new(self.cache.clone(), Arc::clone(&self.config));
             let (parts, _body) = request.into_parts();
             return ResponseFuture::boxed(Box::pin(purge::endpoint(purger, parts)));
         }
-        // A clone is only ever called through `Oneshot`, which polls it ready first.
-        let inner = self.inner.clone();
-        let (bypassed, served) = match policy::request_rule(&request, config.honor_client_no_cache)
-        {
-            RequestRule::Ignore => {
-                return ResponseFuture::inner(Oneshot::new(inner, request), None, config)
-            }
-            RequestRule::Invalidate => {
-                let sent = invalidate::send_unsafe(inner, self.cache.clone(), config, request);
-                return ResponseFuture::boxed(Box::pin(sent));
-            }
-            RequestRule::Bypass => (request, Served::Request),
-            RequestRule::Cache => match self.primary_key(request) {
-                (request, Some(primary)) => {
-                    let asked = Asked::of(&request);
-                    // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
-                    let digest = KeyDigest::of(primary.as_bytes());
-                    if let Some(response) = from_l1(&self.cache, &digest, &asked, &config) {
-                        return ResponseFuture::ready(response);
-                    }
-                    let loading = Loading {
-                        inner,
-                        cache: self.cache.clone(),
-                        config,
-                    };
-                    let fetched = fetch(loading, primary, digest, request, asked);
-                    return ResponseFuture::boxed(Box::pin(fetched));
+        let (bypassed, served) =
+            match policy::request_rule(&request, self.config.honor_client_no_cache) {
+                RequestRule::Ignore => {
+                    let inner = Oneshot::new(self.inner.clone(), request);
+                    return ResponseFuture::inner(inner, None, Arc::clone(&self.config));
                 }
-                // The key cannot describe the request.
-                (request, None) => (request, Served::Unkeyed),
-            },
-        };
+                RequestRule::Invalidate => {
+                    let (inner, config) = (self.inner.clone(), Arc::clone(&self.config));
+                    let sent = invalidate::send_unsafe(inner, self.cache.clone(), config, request);
+                    return ResponseFuture::boxed(Box::pin(sent));
+                }
+                RequestRule::Bypass => (request, Served::Request),
+                RequestRule::Cache => match self.primary_key(request) {
+                    (request, Some(primary)) => {
+                        let asked = Asked::of(&request);
+                        // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
+                        let digest = KeyDigest::of(primary.as_bytes());
+                        if let Some(response) = from_l1(&self.cache, &digest, &asked, &self.config)
+                        {
+                            return ResponseFuture::ready(response);
+                        }
+                        let loading = Loading {
+                            inner: self.inner.clone(),
+                            cache: self.cache.clone(),
+                            config: Arc::clone(&self.config),
+                        };
+                        let fetched = fetch(loading, primary, digest, request, asked);
+                        return ResponseFuture::boxed(Box::pin(fetched));
+                    }
+                    // The key cannot describe the request.
+                    (request, None) => (request, Served::Unkeyed),
+                },
+            };
         crate::cache::telemetry::lookup("bypass");
-        ResponseFuture::inner(Oneshot::new(inner, bypassed), Some(served), config)
+        let inner = Oneshot::new(self.inner.clone(), bypassed);
+        ResponseFuture::inner(inner, Some(served), Arc::clone(&self.config))
     }
 }
