@@ -12,6 +12,7 @@
 //! ```sh
 //! cargo bench --bench l2_turns            # 60 blocks of 100 calls each
 //! cargo bench --bench l2_turns -- 200 50  # 200 blocks of 50
+//! L2_TURNS_ONLY=2 cargo bench --bench l2_turns  # the L2 hit alone (0: GET, 1: pipeline), to profile
 //! ```
 
 #[path = "shared/redis_bench.rs"]
@@ -41,6 +42,19 @@ fn main() {
         plain,
     } = redis_bench::start();
     let cache = Cache::builder(store).l1_capacity(0).build();
+    // One contestant alone, for a profiler or `strace -c`: no turns, no ratios.
+    if let Some(only) = std::env::var("L2_TURNS_ONLY")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        let value = Bytes::from(vec![b'v'; 2048]);
+        let contest = runtime.block_on(Contest::set_up(&cache, plain, 2048, value));
+        let started = Instant::now();
+        runtime.block_on(contest.run(only % 3, blocks * calls));
+        let per = per_call(started.elapsed(), blocks * calls);
+        println!("contestant {} alone: {per:.1}µs per call", only % 3);
+        return;
+    }
     println!("{blocks} blocks of {calls} calls each, in turns; per call, median of the blocks");
     println!(
         "{:<8} {:>10} {:>10} {:>10} {:>22} {:>22}",

@@ -1,16 +1,23 @@
-//! Flights: concurrent misses of one key in this process share one flight, a task of its own
-//! that resolves the key once (one store round trip, at most one load) and hands every caller
-//! the same answer. The task runs to the end even if every caller goes away, and leaves the
+//! Flights: concurrent misses of one key in this process share one flight, which resolves the
+//! key once (one store round trip, at most one load) and hands every caller the same answer.
+//! The caller that starts a flight drives it within its own task ([`Carried`]): no task of its
+//! own, no hop through the scheduler between the store's reply and the answer. A flight runs to
+//! the end even if every caller goes away (it becomes a task of its own then), and leaves the
 //! map of flights however it ends ([`Landing`]).
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{poll_fn, Future};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::entry::{self, Entry};
 use super::l1::L1Hit;
@@ -100,7 +107,7 @@ impl Inner {
         E: Into<BoxError>,
     {
         let mut l1_checked_twice = false;
-        let (mut result, created) = loop {
+        let (mut result, flight) = loop {
             if let Some(hit) = self.l1_get(&digest) {
                 let entry = match hit {
                     L1Hit::Fresh(entry, _) => entry,
@@ -118,7 +125,7 @@ impl Inner {
             }
             let mut flights = self.flights();
             if let Some(flight) = flights.get(&digest) {
-                break (flight.result.clone(), false);
+                break (flight.result.clone(), None);
             }
             // A flight may have filled L1 and landed since the look above: look once more
             // rather than pay a store round trip.
@@ -142,18 +149,35 @@ impl Inner {
                 digest,
                 id,
             };
-            tokio::spawn(fly(landing, tx, loader));
-            break (rx, true);
+            let flight: BoxFuture<'static, ()> =
+                Box::pin(fly(landing, tx, loader).in_current_span());
+            break (rx, Some(flight));
+        };
+        let created = flight.is_some();
+        let mut carried = Carried {
+            flight,
+            runtime: created.then(Handle::try_current).and_then(Result::ok),
         };
         let joined_at = (!created).then(Instant::now);
-        let answer = match result.wait_for(servable).await {
-            Ok(answer) => answer.clone().map_or_else(
-                || Err(Error::new(ErrorKind::LoadPanicked)),
-                |(answer, _)| answer,
-            ),
-            // The flight's task ended without an answer: it panicked or its runtime shut down.
-            Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+        let answer = {
+            let mut posted = pin!(result.wait_for(servable));
+            poll_fn(|cx| {
+                // The flight first: what it posts is then read in the same turn.
+                carried.poll_flight(cx);
+                posted.as_mut().poll(cx).map(|posted| match posted {
+                    Ok(answer) => answer.clone().map_or_else(
+                        || Err(Error::new(ErrorKind::LoadPanicked)),
+                        |(answer, _)| answer,
+                    ),
+                    // The flight ended without an answer: it panicked or its runtime shut down.
+                    Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+                })
+            })
+            .await
         };
+        // A flight that posted an early answer (a stale value served while it refreshes) goes
+        // on as a task of its own.
+        drop(carried);
         if let Some(joined_at) = joined_at {
             telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
         }
@@ -175,6 +199,36 @@ impl Inner {
     pub(super) fn flights(&self) -> MutexGuard<'_, HashMap<KeyDigest, FlightHandle>> {
         // Nothing panics while the map is locked; a poisoned map is still consistent.
         crate::sync::lock(&self.flights)
+    }
+}
+
+/// A flight driven by the caller that started it, polled beside that caller's wait for its
+/// answer. Dropped before the flight ends (the caller went away, or took an early answer),
+/// it hands the flight to the runtime it started on, as a task of its own; with no runtime to
+/// take it, the flight is dropped, and [`Landing`] and the leader's lock guard clean up.
+struct Carried {
+    flight: Option<BoxFuture<'static, ()>>,
+    runtime: Option<Handle>,
+}
+
+impl Carried {
+    /// Polls the flight, if it has not ended. A panic in it ends it, as it would end a task:
+    /// its callers are told the flight ended without an answer.
+    fn poll_flight(&mut self, cx: &mut Context<'_>) {
+        if let Some(flight) = self.flight.as_mut() {
+            match catch_unwind(AssertUnwindSafe(|| flight.as_mut().poll(cx))) {
+                Ok(Poll::Pending) => {}
+                Ok(Poll::Ready(())) | Err(_) => self.flight = None,
+            }
+        }
+    }
+}
+
+impl Drop for Carried {
+    fn drop(&mut self) {
+        if let (Some(flight), Some(runtime)) = (self.flight.take(), self.runtime.as_ref()) {
+            runtime.spawn(flight);
+        }
     }
 }
 
@@ -201,4 +255,55 @@ async fn fly(landing: Landing, result: watch::Sender<Posted>, loader: BoxLoader)
     let answer = inner.resolve(landing.digest, loader, &result).await;
     drop(landing);
     result.send_replace(Some((answer, None)));
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::runtime::Handle;
+
+    use super::Carried;
+
+    #[test]
+    fn a_panic_in_a_carried_flight_ends_the_flight_not_its_caller() {
+        let mut carried = Carried {
+            flight: Some(Box::pin(async { panic!("a flight that panics") })),
+            runtime: None,
+        };
+        let waker = std::task::Waker::noop();
+        carried.poll_flight(&mut std::task::Context::from_waker(waker));
+        assert!(carried.flight.is_none(), "the panicked flight is dropped");
+    }
+
+    #[tokio::test]
+    async fn a_carried_flight_dropped_before_its_end_runs_to_the_end_as_a_task() {
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ended);
+        let mut carried = Carried {
+            flight: Some(Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                flag.store(true, Ordering::SeqCst);
+            })),
+            runtime: Some(Handle::current()),
+        };
+        // Polled once (the sleep is pending), then its caller goes away.
+        poll_fn(|cx| {
+            carried.poll_flight(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        assert!(carried.flight.is_some());
+        drop(carried);
+        for _ in 0..200 {
+            if ended.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the flight did not run to its end once its caller went away");
+    }
 }

@@ -14,10 +14,12 @@
 //!    with a jittered exponential backoff, until the value is there, the lock is free again
 //!    (then it leads), or the wait times out (then [`WaitTimeoutPolicy`] decides).
 //!
-//! A flight runs in its own task: a caller that goes away does not cancel the load, which fills
-//! the cache for everyone else. The lock is released on every path: by the fill itself, by an
-//! explicit token-checked release when a load fails, by a drop guard if the flight's task is
-//! torn down, and by the lock's TTL if the whole process dies.
+//! A flight outlives its callers: the caller that starts it drives it, and hands it to the
+//! runtime as a task of its own if it goes away first; the load itself runs in a task of its
+//! own. A caller that goes away does not cancel the load, which fills the cache for everyone
+//! else. The lock is released on every path: by the fill itself, by an explicit token-checked
+//! release when a load fails, by a drop guard if the flight is torn down, and by the lock's
+//! TTL if the whole process dies.
 //!
 //! If the store fails or is slower than [`store_timeout`](CacheBuilder::store_timeout), the
 //! flight loads by itself: protection falls back to one load per process, never to an error.
