@@ -17,7 +17,6 @@ use bytes::Bytes;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use super::entry::{self, Entry};
 use super::l1::L1Hit;
@@ -149,21 +148,27 @@ impl Inner {
                 digest,
                 id,
             };
-            let flight: BoxFuture<'static, ()> =
-                Box::pin(fly(landing, tx, loader).in_current_span());
-            break (rx, Some(flight));
+            let flight: BoxFuture<'static, FlightResult> =
+                Box::pin(fly(landing, tx.clone(), loader));
+            break (rx, Some((flight, tx)));
         };
         let created = flight.is_some();
-        let mut carried = Carried {
-            flight,
-            runtime: created.then(Handle::try_current).and_then(Result::ok),
+        let mut carried = match flight {
+            Some((flight, posts)) => Carried {
+                flight: Some(flight),
+                posts: Some(posts),
+                runtime: Handle::try_current().ok(),
+            },
+            None => Carried::default(),
         };
         let joined_at = (!created).then(Instant::now);
         let answer = {
             let mut posted = pin!(result.wait_for(servable));
             poll_fn(|cx| {
-                // The flight first: what it posts is then read in the same turn.
-                carried.poll_flight(cx);
+                // The flight first: the caller that started it takes its answer from it.
+                if let Some(answer) = carried.poll_flight(cx) {
+                    return Poll::Ready(answer);
+                }
                 posted.as_mut().poll(cx).map(|posted| match posted {
                     Ok(answer) => answer.clone().map_or_else(
                         || Err(Error::new(ErrorKind::LoadPanicked)),
@@ -202,38 +207,58 @@ impl Inner {
     }
 }
 
-/// A flight driven by the caller that started it, polled beside that caller's wait for its
-/// answer. Dropped before the flight ends (the caller went away, or took an early answer),
-/// it hands the flight to the runtime it started on, as a task of its own; with no runtime to
-/// take it, the flight is dropped, and [`Landing`] and the leader's lock guard clean up.
+/// A flight driven by the caller that started it, polled beside that caller's wait for an
+/// early answer. Its answer goes to that caller, and through the flight's watch to the callers
+/// that joined it, if any did. Dropped before the flight ends (the caller went away, or took an
+/// early answer), it hands the flight to the runtime it started on, as a task of its own that
+/// posts the answer; with no runtime to take it, the flight is dropped, its joiners are told it
+/// ended without an answer, and [`Landing`] and the leader's lock guard clean up.
+#[derive(Default)]
 struct Carried {
-    flight: Option<BoxFuture<'static, ()>>,
+    flight: Option<BoxFuture<'static, FlightResult>>,
+    /// Where the answer is posted for the callers that joined the flight.
+    posts: Option<watch::Sender<Posted>>,
     runtime: Option<Handle>,
 }
 
 impl Carried {
-    /// Polls the flight, if it has not ended. A panic in it ends it, as it would end a task:
-    /// its callers are told the flight ended without an answer.
-    fn poll_flight(&mut self, cx: &mut Context<'_>) {
-        if let Some(flight) = self.flight.as_mut() {
-            match catch_unwind(AssertUnwindSafe(|| flight.as_mut().poll(cx))) {
-                Ok(Poll::Pending) => {}
-                Ok(Poll::Ready(())) | Err(_) => self.flight = None,
+    /// Polls the flight, if it has not ended: its answer once it ends. A panic in it ends it,
+    /// as it would end a task: it answers that it ended without an answer.
+    fn poll_flight(&mut self, cx: &mut Context<'_>) -> Option<FlightResult> {
+        let flight = self.flight.as_mut()?;
+        let answer = match catch_unwind(AssertUnwindSafe(|| flight.as_mut().poll(cx))) {
+            Ok(Poll::Pending) => return None,
+            Ok(Poll::Ready(answer)) => answer,
+            Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+        };
+        self.flight = None;
+        if let Some(posts) = self.posts.take() {
+            // The flight has landed, so no caller joins it any more: one receiver is the
+            // caller that carries it, any other is a caller that joined. Alone, it skips the
+            // post (and the wake of every waiter slot of the watch it costs).
+            if posts.receiver_count() > 1 {
+                posts.send_replace(Some((answer.clone(), None)));
             }
         }
+        Some(answer)
     }
 }
 
 impl Drop for Carried {
     fn drop(&mut self) {
-        if let (Some(flight), Some(runtime)) = (self.flight.take(), self.runtime.as_ref()) {
-            runtime.spawn(flight);
+        if let (Some(flight), Some(posts), Some(runtime)) =
+            (self.flight.take(), self.posts.take(), self.runtime.as_ref())
+        {
+            runtime.spawn(async move {
+                let answer = flight.await;
+                posts.send_replace(Some((answer, None)));
+            });
         }
     }
 }
 
-/// Removes a flight from the map when its task ends, whichever way it ends (even if the task
-/// is dropped before it first runs, as when its runtime shuts down).
+/// Removes a flight from the map when it ends, whichever way it ends (even if it is dropped
+/// before it first runs, as when its runtime shuts down).
 struct Landing {
     inner: Arc<Inner>,
     digest: KeyDigest,
@@ -249,61 +274,110 @@ impl Drop for Landing {
     }
 }
 
-/// A flight's task: resolve the key, then land (leave the map) and publish the answer.
-async fn fly(landing: Landing, result: watch::Sender<Posted>, loader: BoxLoader) {
+/// A flight: resolve the key (posting an early answer through `early` where there is one),
+/// then land (leave the map) and answer.
+async fn fly(landing: Landing, early: watch::Sender<Posted>, loader: BoxLoader) -> FlightResult {
     let inner = Arc::clone(&landing.inner);
-    let answer = inner.resolve(landing.digest, loader, &result).await;
+    let answer = inner.resolve(landing.digest, loader, &early).await;
     drop(landing);
-    result.send_replace(Some((answer, None)));
+    answer
 }
 
 #[cfg(test)]
 mod tests {
     use std::future::poll_fn;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
+    use bytes::Bytes;
     use tokio::runtime::Handle;
+    use tokio::sync::watch;
 
-    use super::Carried;
+    use super::{Carried, FlightResult, Posted};
+    use crate::{ErrorKind, Fetched, Outcome};
+
+    fn answer(value: &'static str) -> FlightResult {
+        Ok(Fetched {
+            value: Some(Bytes::from_static(value.as_bytes())),
+            outcome: Outcome::L2Hit,
+            fresh_until: None,
+        })
+    }
+
+    fn value(answer: &FlightResult) -> Option<Bytes> {
+        answer
+            .as_ref()
+            .ok()
+            .and_then(|fetched| fetched.value.clone())
+    }
+
+    /// A carried flight, and a receiver of its watch besides the carrier's own.
+    fn carry(
+        flight: super::BoxFuture<'static, FlightResult>,
+    ) -> (Carried, watch::Receiver<Posted>, watch::Receiver<Posted>) {
+        let (posts, own) = watch::channel(None);
+        let joined = own.clone();
+        let carried = Carried {
+            flight: Some(flight),
+            posts: Some(posts),
+            runtime: Handle::try_current().ok(),
+        };
+        (carried, own, joined)
+    }
+
+    #[test]
+    fn a_carried_flight_answers_its_carrier_and_posts_for_a_caller_that_joined() {
+        let mut cx = Context::from_waker(Waker::noop());
+        let (mut carried, _own, joined) = carry(Box::pin(async { answer("v") }));
+        let got = carried.poll_flight(&mut cx).expect("the flight ended");
+        assert_eq!(value(&got).as_deref(), Some(&b"v"[..]));
+        let posted = joined
+            .borrow()
+            .clone()
+            .expect("posted for the caller that joined");
+        assert_eq!(value(&posted.0).as_deref(), Some(&b"v"[..]));
+        // Alone, the carrier takes the answer and nothing is posted.
+        let (mut carried, own, joined) = carry(Box::pin(async { answer("w") }));
+        drop(joined);
+        assert!(carried.poll_flight(&mut cx).is_some());
+        assert!(own.borrow().is_none(), "nobody joined: nothing to post");
+    }
 
     #[test]
     fn a_panic_in_a_carried_flight_ends_the_flight_not_its_caller() {
-        let mut carried = Carried {
-            flight: Some(Box::pin(async { panic!("a flight that panics") })),
-            runtime: None,
-        };
-        let waker = std::task::Waker::noop();
-        carried.poll_flight(&mut std::task::Context::from_waker(waker));
+        let mut cx = Context::from_waker(Waker::noop());
+        let (mut carried, _own, joined) = carry(Box::pin(async { panic!("a flight that panics") }));
+        let got = carried
+            .poll_flight(&mut cx)
+            .expect("the panic ended the flight");
+        assert_eq!(got.map(|_| ()).unwrap_err().kind(), ErrorKind::LoadPanicked);
         assert!(carried.flight.is_none(), "the panicked flight is dropped");
+        let posted = joined
+            .borrow()
+            .clone()
+            .expect("the caller that joined is told");
+        assert_eq!(
+            posted.0.map(|_| ()).unwrap_err().kind(),
+            ErrorKind::LoadPanicked
+        );
     }
 
     #[tokio::test]
     async fn a_carried_flight_dropped_before_its_end_runs_to_the_end_as_a_task() {
-        let ended = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&ended);
-        let mut carried = Carried {
-            flight: Some(Box::pin(async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                flag.store(true, Ordering::SeqCst);
-            })),
-            runtime: Some(Handle::current()),
-        };
-        // Polled once (the sleep is pending), then its caller goes away.
-        poll_fn(|cx| {
-            carried.poll_flight(cx);
-            std::task::Poll::Ready(())
-        })
-        .await;
+        let (mut carried, _own, mut joined) = carry(Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            answer("late")
+        }));
+        // Polled once (the sleep is pending), then its carrier goes away.
+        poll_fn(|cx| Poll::Ready(carried.poll_flight(cx))).await;
         assert!(carried.flight.is_some());
         drop(carried);
-        for _ in 0..200 {
-            if ended.load(Ordering::SeqCst) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("the flight did not run to its end once its caller went away");
+        let posted = tokio::time::timeout(Duration::from_secs(5), joined.wait_for(Option::is_some))
+            .await
+            .expect("the flight ran to its end once its carrier went away")
+            .expect("and posted its answer")
+            .clone()
+            .expect("an answer");
+        assert_eq!(value(&posted.0).as_deref(), Some(&b"late"[..]));
     }
 }

@@ -270,7 +270,9 @@ impl Inner {
         early: &watch::Sender<Posted>,
     ) -> FlightResult {
         let mut waiting = Waiting::default();
-        let answer = self.resolve_key(digest, loader, early, &mut waiting).await;
+        // Boxed: the protocol's state is over a kilobyte, and a future is moved as it nests (into
+        // the flight, into its box); in a box it is written once.
+        let answer = Box::pin(self.resolve_key(digest, loader, early, &mut waiting)).await;
         if let (Some(since), Some(ended)) = (waiting.since, waiting.ended) {
             let waited = since.elapsed();
             debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
@@ -419,9 +421,10 @@ impl Inner {
                         fresh_for,
                         load_time,
                     );
-                    let fresh_until = crate::sync::later(Instant::now(), fresh_for);
+                    let now = Instant::now();
+                    let fresh_until = crate::sync::later(now, fresh_for);
                     let due = self.refresh_point(fresh_until, load_time);
-                    if due.is_some_and(|at| Instant::now() >= at) {
+                    if due.is_some_and(|at| now >= at) {
                         self.refresh_early(digest, loader, fresh_until);
                     }
                     return Ok(Fetched {
