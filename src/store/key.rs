@@ -9,8 +9,19 @@ use sha2::{Digest as _, Sha256};
 ///
 /// User-controlled input (a URL, a header) never reaches a store raw and never makes a store key
 /// long; a cryptographic hash keeps a crafted key from colliding with another page's.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct KeyDigest([u8; 32]);
+
+/// Hashed by its first eight bytes: a SHA-256 digest is already evenly spread, and every map
+/// keyed by digests (L1, the flights, the notifier's, the embedded store's) hashes one per
+/// call. The map's own hasher still keys it (std's `RandomState`: SipHash), and equality still
+/// compares all 32 bytes.
+impl std::hash::Hash for KeyDigest {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let [a, b, c, d, e, f, g, h, ..] = self.0;
+        state.write_u64(u64::from_le_bytes([a, b, c, d, e, f, g, h]));
+    }
+}
 
 impl KeyDigest {
     /// The digest of a logical key.
@@ -80,10 +91,18 @@ impl fmt::Display for KeyDigest {
 /// A key as a store sees it: a namespace and the digest of the logical key.
 ///
 /// Stores derive their own key names from it (see `RedisStore::value_name`).
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoreKey {
     namespace: Arc<str>,
     digest: KeyDigest,
+}
+
+/// Hashed by its digest alone: keys of one map nearly always share their namespace, so
+/// hashing it would spread nothing; equality still compares the namespace.
+impl std::hash::Hash for StoreKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state);
+    }
 }
 
 impl StoreKey {
