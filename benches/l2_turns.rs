@@ -4,15 +4,16 @@
 //! over (the order swapped every block), and the ratio is taken per block: the median of
 //! those ratios is the figure, with its quartiles.
 //!
-//! Three contestants, over loopback to a `redis-server` this bench starts, for a 2 KiB and a
+//! Four contestants, over loopback to a `redis-server` this bench starts, for a 2 KiB and a
 //! 64 KiB value: a plain `GET` with the redis crate; the engine's lookup as its three plain
-//! commands, pipelined with the redis crate (the protocol's floor); and the engine's L2 hit
-//! (`Cache::fetch`, L1 off).
+//! commands, pipelined with the redis crate (the protocol's floor); the `RedisStore`'s lookup
+//! alone (`Store::lookup`: what the store adds to the floor); and the engine's L2 hit
+//! (`Cache::fetch`, L1 off: what the engine adds to the store).
 //!
 //! ```sh
 //! cargo bench --bench l2_turns            # 60 blocks of 100 calls each
 //! cargo bench --bench l2_turns -- 200 50  # 200 blocks of 50
-//! L2_TURNS_ONLY=2 cargo bench --bench l2_turns  # the L2 hit alone (0: GET, 1: pipeline), to profile
+//! L2_TURNS_ONLY=3 cargo bench --bench l2_turns  # the L2 hit alone (0 GET, 1 pipeline, 2 lookup), to profile
 //! ```
 
 #[path = "shared/redis_bench.rs"]
@@ -25,6 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
+use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Outcome};
 
 fn main() {
@@ -50,38 +52,44 @@ fn main() {
         let value = Bytes::from(vec![b'v'; 2048]);
         let contest = runtime.block_on(Contest::set_up(&cache, plain, 2048, value));
         let started = Instant::now();
-        runtime.block_on(contest.run(only % 3, blocks * calls));
+        runtime.block_on(contest.run(only % CONTESTANTS, blocks * calls));
         let per = per_call(started.elapsed(), blocks * calls);
-        println!("contestant {} alone: {per:.1}µs per call", only % 3);
+        println!(
+            "contestant {} alone: {per:.1}µs per call",
+            only % CONTESTANTS
+        );
         return;
     }
     println!("{blocks} blocks of {calls} calls each, in turns; per call, median of the blocks");
     println!(
-        "{:<8} {:>10} {:>10} {:>10} {:>22} {:>22}",
-        "value", "GET", "pipeline", "L2 hit", "pipeline/GET (q1-q3)", "L2 hit/GET (q1-q3)"
+        "{:<8} {:>9} {:>9} {:>9} {:>9} {:>20} {:>20} {:>20}",
+        "value",
+        "GET",
+        "pipeline",
+        "lookup",
+        "L2 hit",
+        "pipeline/GET (q1-q3)",
+        "lookup/GET (q1-q3)",
+        "L2 hit/GET (q1-q3)"
     );
     for (label, size) in [("2 KiB", 2048), ("64 KiB", 64 * 1024)] {
         let value = Bytes::from(vec![b'v'; size]);
         let contest = runtime.block_on(Contest::set_up(&cache, plain.clone(), size, value));
-        let mut times: [Vec<f64>; 3] = Default::default();
+        let mut times: [Vec<f64>; CONTESTANTS] = Default::default();
         for block in 0..blocks {
-            for turn in 0..3 {
-                let who = (block + turn) % 3;
+            for turn in 0..CONTESTANTS {
+                let who = (block + turn) % CONTESTANTS;
                 let started = Instant::now();
                 runtime.block_on(contest.run(who, calls));
                 times[who].push(per_call(started.elapsed(), calls));
             }
         }
-        let ratio = |of: usize| -> Vec<f64> {
+        let spread = |of: usize| {
             let mut r: Vec<f64> = (0..blocks).map(|b| times[of][b] / times[0][b]).collect();
             r.sort_by(f64::total_cmp);
-            r
-        };
-        let (pipeline, hit) = (ratio(1), ratio(2));
-        let spread = |r: &[f64]| {
             format!(
                 "{:.3} ({:.3}-{:.3})",
-                median(r),
+                median(&r),
                 r[r.len() / 4],
                 r[r.len() * 3 / 4]
             )
@@ -91,18 +99,24 @@ fn main() {
             median(&t)
         });
         println!(
-            "{:<8} {:>8.1}µs {:>8.1}µs {:>8.1}µs {:>22} {:>22}",
+            "{:<8} {:>7.1}µs {:>7.1}µs {:>7.1}µs {:>7.1}µs {:>20} {:>20} {:>20}",
             label,
             medians[0],
             medians[1],
             medians[2],
-            spread(&pipeline),
-            spread(&hit)
+            medians[3],
+            spread(1),
+            spread(2),
+            spread(3)
         );
     }
 }
 
-/// The three contestants for one value size.
+/// How many contestants there are: the plain `GET`, the pipeline, the store's lookup, the L2
+/// hit.
+const CONTESTANTS: usize = 4;
+
+/// The contestants for one value size.
 struct Contest<'a> {
     cache: &'a Cache,
     plain: ConnectionManager,
@@ -150,7 +164,8 @@ impl<'a> Contest<'a> {
         contest
     }
 
-    /// `calls` calls of contestant `who`: 0 the plain `GET`, 1 the pipeline, 2 the L2 hit.
+    /// `calls` calls of contestant `who`: 0 the plain `GET`, 1 the pipeline, 2 the store's
+    /// lookup (`Store::lookup`, without the engine), 3 the L2 hit.
     async fn run(&self, who: usize, calls: usize) {
         for _ in 0..calls {
             let length = match who {
@@ -178,6 +193,22 @@ impl<'a> Contest<'a> {
                         .expect("the pipeline");
                     assert!(held.is_some(), "the marker refuses the lock");
                     bytes.map_or(0, |b| b.len())
+                }
+                2 => {
+                    let key = self.cache.store_key(&self.key);
+                    let found = self
+                        .cache
+                        .store()
+                        .lookup(
+                            &key,
+                            LockToken::random(),
+                            Duration::from_secs(5),
+                            LockWhen::LifeAtMost(Duration::ZERO),
+                        )
+                        .await
+                        .expect("the store's lookup");
+                    assert_eq!(found.lock, LockState::NotRequested);
+                    found.value.map_or(0, |v| v.bytes.len())
                 }
                 _ => {
                     let fetched = self
