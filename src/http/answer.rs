@@ -15,10 +15,11 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::body::ResponseBody;
-use super::cache_status::{made_once, ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
+use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
 use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use super::layer::HttpConfig;
+use super::memo::made_once;
 use crate::cache::{Fetched, L1Found, Outcome};
 
 /// A response to a cacheable request, or the inner service's error.

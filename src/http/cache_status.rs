@@ -9,12 +9,13 @@
 //! `itoa` (on a hit, only the member itself: see [`answer::hit`](super::answer::hit)).
 
 use std::cell::RefCell;
-use std::thread::LocalKey;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
+
+use super::memo::made_once;
 
 /// `Cache-Status` (RFC 9211).
 pub(crate) static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -41,28 +42,6 @@ pub(crate) fn ttl(fresh_until: Option<Instant>, now: Instant) -> Option<i64> {
             let stale = now.saturating_duration_since(fresh_until);
             let whole = seconds(stale).saturating_add(i64::from(stale.subsec_nanos() > 0));
             -whole.max(1)
-        }
-    })
-}
-
-/// A field value made per response, and what it was made of, as a thread keeps the last one
-/// it made (see [`made_once`]).
-type LastMade<K> = LocalKey<RefCell<Option<(K, HeaderValue)>>>;
-
-/// The value `make` makes (with what it made it of), or the one this thread made last if
-/// `same` says it was made of the same: the hits of a hot entry within one second share one
-/// value, whose clones share its bytes. For `Cache-Status` here, `Age` in `answer`.
-pub(crate) fn made_once<K>(
-    last: &'static LastMade<K>,
-    same: impl FnOnce(&K) -> bool,
-    make: impl FnOnce() -> (K, HeaderValue),
-) -> HeaderValue {
-    last.with_borrow_mut(|last| match last {
-        Some((made_of, value)) if same(made_of) => value.clone(),
-        _ => {
-            let (made_of, value) = make();
-            *last = Some((made_of, value.clone()));
-            value
         }
     })
 }

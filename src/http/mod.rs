@@ -196,6 +196,7 @@ mod invalidate;
 mod key;
 mod layer;
 mod load;
+mod memo;
 mod parse;
 mod policy;
 mod purge;
