@@ -232,7 +232,10 @@ impl Carried {
             Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
         };
         self.flight = None;
-        if let Some(posts) = self.posts.take() {
+        // The sender stays until the carrier is dropped, after its own wait on the watch: the
+        // last sender's drop wakes every waiter, and the carrier's own wake would cost its task
+        // a spurious poll (and its scheduler a turn) on every flight.
+        if let Some(posts) = &self.posts {
             // The flight has landed, so no caller joins it any more: one receiver is the
             // caller that carries it, any other is a caller that joined. Alone, it skips the
             // post (and the wake of every waiter slot of the watch it costs).
@@ -285,16 +288,20 @@ async fn fly(landing: Landing, early: watch::Sender<Posted>, loader: BoxLoader) 
 
 #[cfg(test)]
 mod tests {
-    use std::future::poll_fn;
-    use std::task::{Context, Poll, Waker};
+    use std::future::{poll_fn, Future};
+    use std::pin::pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Wake, Waker};
     use std::time::Duration;
 
     use bytes::Bytes;
     use tokio::runtime::Handle;
-    use tokio::sync::watch;
+    use tokio::sync::{oneshot, watch};
 
     use super::{Carried, FlightResult, Posted};
-    use crate::{ErrorKind, Fetched, Outcome};
+    use crate::store::MemoryStore;
+    use crate::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 
     fn answer(value: &'static str) -> FlightResult {
         Ok(Fetched {
@@ -359,6 +366,58 @@ mod tests {
         assert_eq!(
             posted.0.map(|_| ()).unwrap_err().kind(),
             ErrorKind::LoadPanicked
+        );
+    }
+
+    /// Counts the wakes of the task it is the waker of.
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_caller_carrying_a_flight_is_woken_by_the_flight_alone() {
+        // Its own wait on the flight's watch (for an early answer) must not wake it when the
+        // flight ends: that wake cost every L2 hit a spurious poll and a scheduler turn.
+        let cache = Cache::builder(MemoryStore::new()).l1_capacity(0).build();
+        let (loaded, load) = oneshot::channel::<()>();
+        let mut fetch = pin!(cache.fetch("carried", move || async move {
+            let _ = load.await;
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
+        }));
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let woken = || wakes.0.load(Ordering::Relaxed);
+        assert!(fetch.as_mut().poll(&mut cx).is_pending(), "the load waits");
+        loaded.send(()).expect("the load is waiting");
+        // Polled each time it is woken, as a task is, until it answers.
+        let (fetched, woken_at_last_poll) = loop {
+            let before = woken();
+            tokio::time::timeout(Duration::from_secs(5), async {
+                while woken() == before {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+            .expect("the flight wakes its carrier");
+            let at_poll = woken();
+            if let Poll::Ready(fetched) = fetch.as_mut().poll(&mut cx) {
+                break (fetched, at_poll);
+            }
+        };
+        assert_eq!(fetched.expect("loaded").outcome(), Outcome::Leader);
+        assert_eq!(
+            woken(),
+            woken_at_last_poll,
+            "the end of the flight woke its own carrier"
         );
     }
 
