@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::pin;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::entry::{self, Entry};
@@ -38,6 +38,77 @@ fn servable(posted: &Posted) -> bool {
         None => false,
         Some((_, None)) => true,
         Some((_, Some(until))) => Instant::now() < *until,
+    }
+}
+
+/// Where a flight posts for the callers that joined it: its early answer, then its answer.
+///
+/// The caller that carries the flight reads an early answer right after the poll of the
+/// flight that posted it (the post is made within that poll), and takes the answer from the
+/// flight itself: it waits on nothing here. Only callers that joined wait, so a flight that
+/// nobody joined wakes nobody and posts nothing but an early answer.
+#[derive(Default)]
+pub(super) struct Posts {
+    posted: Mutex<Posted>,
+    /// Whether anything was ever posted: the carrier's look after each poll reads only this.
+    any: AtomicBool,
+    /// Set when the flight has ended, with its answer posted or without one.
+    ended: AtomicBool,
+    /// How many callers joined the flight (counted under the lock of the map of flights).
+    joined: AtomicUsize,
+    changed: Notify,
+}
+
+impl Posts {
+    /// Posts `posted` for the callers that joined the flight, and for those that join later.
+    pub(super) fn post(&self, posted: Posted) {
+        *crate::sync::lock(&self.posted) = posted;
+        self.any.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// The flight has ended: callers still waiting take what is posted, or learn that it
+    /// ended without an answer.
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// What is posted, if a caller may take it now.
+    fn servable(&self) -> Option<FlightResult> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let posted = crate::sync::lock(&self.posted);
+        servable(&posted).then(|| posted.as_ref().map(|(answer, _)| answer.clone()))?
+    }
+
+    /// The wait of a caller that joined the flight: for a servable post, or for the end.
+    async fn wait(&self) -> FlightResult {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = pin!(changed);
+            // Registered before the look, so a post or an end in between wakes it.
+            changed.as_mut().enable();
+            if let Some(answer) = self.servable() {
+                return answer;
+            }
+            if self.ended.load(Ordering::Acquire) {
+                // Ended with nothing to take: it panicked, or its runtime shut down.
+                return Err(Error::new(ErrorKind::LoadPanicked));
+            }
+            changed.await;
+        }
+    }
+}
+
+/// The flight's end, however it ends: dropped with the flight (or with the task that took it
+/// over), it tells the callers still waiting.
+struct Poster(Arc<Posts>);
+
+impl Drop for Poster {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 
@@ -85,10 +156,10 @@ impl BoxLoader {
     }
 }
 
-/// One flight in progress: its id (so only it removes itself) and where its result appears.
+/// One flight in progress: its id (so only it removes itself) and where it posts.
 pub(super) struct FlightHandle {
     id: u64,
-    result: watch::Receiver<Posted>,
+    posts: Arc<Posts>,
 }
 
 impl Inner {
@@ -106,7 +177,7 @@ impl Inner {
         E: Into<BoxError>,
     {
         let mut l1_checked_twice = false;
-        let (mut result, flight) = loop {
+        let flight = loop {
             if let Some(hit) = self.l1_get(&digest) {
                 let entry = match hit {
                     L1Hit::Fresh(entry, _) => entry,
@@ -124,7 +195,8 @@ impl Inner {
             }
             let mut flights = self.flights();
             if let Some(flight) = flights.get(&digest) {
-                break (flight.result.clone(), None);
+                flight.posts.joined.fetch_add(1, Ordering::Relaxed);
+                break Err(Arc::clone(&flight.posts));
             }
             // A flight may have filled L1 and landed since the look above: look once more
             // rather than pay a store round trip.
@@ -135,12 +207,12 @@ impl Inner {
             }
             let loader = BoxLoader::new(accepts, loader);
             let id = self.next_flight.fetch_add(1, Ordering::Relaxed);
-            let (tx, rx) = watch::channel(None);
+            let posts = Arc::new(Posts::default());
             flights.insert(
                 digest,
                 FlightHandle {
                     id,
-                    result: rx.clone(),
+                    posts: Arc::clone(&posts),
                 },
             );
             let landing = Landing {
@@ -149,43 +221,29 @@ impl Inner {
                 id,
             };
             let flight: BoxFuture<'static, FlightResult> =
-                Box::pin(fly(landing, tx.clone(), loader));
-            break (rx, Some((flight, tx)));
-        };
-        let created = flight.is_some();
-        let mut carried = match flight {
-            Some((flight, posts)) => Carried {
+                Box::pin(fly(landing, Arc::clone(&posts), loader));
+            break Ok(Carried {
                 flight: Some(flight),
-                posts: Some(posts),
+                poster: Some(Poster(posts)),
                 runtime: Handle::try_current().ok(),
-            },
-            None => Carried::default(),
+            });
         };
-        let joined_at = (!created).then(Instant::now);
-        let answer = {
-            let mut posted = pin!(result.wait_for(servable));
-            poll_fn(|cx| {
-                // The flight first: the caller that started it takes its answer from it.
-                if let Some(answer) = carried.poll_flight(cx) {
-                    return Poll::Ready(answer);
-                }
-                posted.as_mut().poll(cx).map(|posted| match posted {
-                    Ok(answer) => answer.clone().map_or_else(
-                        || Err(Error::new(ErrorKind::LoadPanicked)),
-                        |(answer, _)| answer,
-                    ),
-                    // The flight ended without an answer: it panicked or its runtime shut down.
-                    Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
-                })
-            })
-            .await
+        let created = flight.is_ok();
+        let answer = match flight {
+            Ok(mut carried) => {
+                let answer = poll_fn(|cx| carried.poll(cx)).await;
+                // A flight that posted an early answer (a stale value served while it
+                // refreshes) goes on as a task of its own.
+                drop(carried);
+                answer
+            }
+            Err(posts) => {
+                let joined_at = Instant::now();
+                let answer = posts.wait().await;
+                telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
+                answer
+            }
         };
-        // A flight that posted an early answer (a stale value served while it refreshes) goes
-        // on as a task of its own.
-        drop(carried);
-        if let Some(joined_at) = joined_at {
-            telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
-        }
         answer.map(|mut fetched| {
             // Only the caller that started the flight gave it its loader.
             if !created
@@ -207,21 +265,30 @@ impl Inner {
     }
 }
 
-/// A flight driven by the caller that started it, polled beside that caller's wait for an
-/// early answer. Its answer goes to that caller, and through the flight's watch to the callers
-/// that joined it, if any did. Dropped before the flight ends (the caller went away, or took an
-/// early answer), it hands the flight to the runtime it started on, as a task of its own that
-/// posts the answer; with no runtime to take it, the flight is dropped, its joiners are told it
+/// A flight driven by the caller that started it. Its answer goes to that caller, and is
+/// posted for the callers that joined it, if any did; an early answer it posts is taken by
+/// that caller too. Dropped before the flight ends (the caller went away, or took an early
+/// answer), it hands the flight to the runtime it started on, as a task of its own that posts
+/// the answer; with no runtime to take it, the flight is dropped, its joiners are told it
 /// ended without an answer, and [`Landing`] and the leader's lock guard clean up.
-#[derive(Default)]
 struct Carried {
     flight: Option<BoxFuture<'static, FlightResult>>,
-    /// Where the answer is posted for the callers that joined the flight.
-    posts: Option<watch::Sender<Posted>>,
+    poster: Option<Poster>,
     runtime: Option<Handle>,
 }
 
 impl Carried {
+    /// The flight's answer once it ends, or an early answer it has posted.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<FlightResult> {
+        if let Some(answer) = self.poll_flight(cx) {
+            return Poll::Ready(answer);
+        }
+        match self.poster.as_ref().and_then(|poster| poster.0.servable()) {
+            Some(early) => Poll::Ready(early),
+            None => Poll::Pending,
+        }
+    }
+
     /// Polls the flight, if it has not ended: its answer once it ends. A panic in it ends it,
     /// as it would end a task: it answers that it ended without an answer.
     fn poll_flight(&mut self, cx: &mut Context<'_>) -> Option<FlightResult> {
@@ -232,15 +299,11 @@ impl Carried {
             Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
         };
         self.flight = None;
-        // The sender stays until the carrier is dropped, after its own wait on the watch: the
-        // last sender's drop wakes every waiter, and the carrier's own wake would cost its task
-        // a spurious poll (and its scheduler a turn) on every flight.
-        if let Some(posts) = &self.posts {
-            // The flight has landed, so no caller joins it any more: one receiver is the
-            // caller that carries it, any other is a caller that joined. Alone, it skips the
-            // post (and the wake of every waiter slot of the watch it costs).
-            if posts.receiver_count() > 1 {
-                posts.send_replace(Some((answer.clone(), None)));
+        if let Some(Poster(posts)) = &self.poster {
+            // The flight has landed, so no caller joins it any more. Alone, its carrier posts
+            // nothing (and wakes nobody).
+            if posts.joined.load(Ordering::Relaxed) > 0 {
+                posts.post(Some((answer.clone(), None)));
             }
         }
         Some(answer)
@@ -249,12 +312,14 @@ impl Carried {
 
 impl Drop for Carried {
     fn drop(&mut self) {
-        if let (Some(flight), Some(posts), Some(runtime)) =
-            (self.flight.take(), self.posts.take(), self.runtime.as_ref())
-        {
+        if let (Some(flight), Some(poster), Some(runtime)) = (
+            self.flight.take(),
+            self.poster.take(),
+            self.runtime.as_ref(),
+        ) {
             runtime.spawn(async move {
                 let answer = flight.await;
-                posts.send_replace(Some((answer, None)));
+                poster.0.post(Some((answer, None)));
             });
         }
     }
@@ -279,7 +344,7 @@ impl Drop for Landing {
 
 /// A flight: resolve the key (posting an early answer through `early` where there is one),
 /// then land (leave the map) and answer.
-async fn fly(landing: Landing, early: watch::Sender<Posted>, loader: BoxLoader) -> FlightResult {
+async fn fly(landing: Landing, early: Arc<Posts>, loader: BoxLoader) -> FlightResult {
     let inner = Arc::clone(&landing.inner);
     let answer = inner.resolve(landing.digest, loader, &early).await;
     drop(landing);
@@ -297,9 +362,9 @@ mod tests {
 
     use bytes::Bytes;
     use tokio::runtime::Handle;
-    use tokio::sync::{oneshot, watch};
+    use tokio::sync::oneshot;
 
-    use super::{Carried, FlightResult, Posted};
+    use super::{Carried, FlightResult, Poster, Posts};
     use crate::store::MemoryStore;
     use crate::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 
@@ -318,53 +383,116 @@ mod tests {
             .and_then(|fetched| fetched.value.clone())
     }
 
-    /// A carried flight, and a receiver of its watch besides the carrier's own.
+    /// A carried flight, and where it posts, with `joined` callers counted as joined.
     fn carry(
         flight: super::BoxFuture<'static, FlightResult>,
-    ) -> (Carried, watch::Receiver<Posted>, watch::Receiver<Posted>) {
-        let (posts, own) = watch::channel(None);
-        let joined = own.clone();
+        joined: usize,
+    ) -> (Carried, Arc<Posts>) {
+        let posts = Arc::new(Posts::default());
+        posts.joined.store(joined, Ordering::Relaxed);
         let carried = Carried {
             flight: Some(flight),
-            posts: Some(posts),
+            poster: Some(Poster(Arc::clone(&posts))),
             runtime: Handle::try_current().ok(),
         };
-        (carried, own, joined)
+        (carried, posts)
     }
 
     #[test]
     fn a_carried_flight_answers_its_carrier_and_posts_for_a_caller_that_joined() {
         let mut cx = Context::from_waker(Waker::noop());
-        let (mut carried, _own, joined) = carry(Box::pin(async { answer("v") }));
+        let (mut carried, posts) = carry(Box::pin(async { answer("v") }), 1);
         let got = carried.poll_flight(&mut cx).expect("the flight ended");
         assert_eq!(value(&got).as_deref(), Some(&b"v"[..]));
-        let posted = joined
-            .borrow()
-            .clone()
-            .expect("posted for the caller that joined");
-        assert_eq!(value(&posted.0).as_deref(), Some(&b"v"[..]));
+        let posted = posts.servable().expect("posted for the caller that joined");
+        assert_eq!(value(&posted).as_deref(), Some(&b"v"[..]));
         // Alone, the carrier takes the answer and nothing is posted.
-        let (mut carried, own, joined) = carry(Box::pin(async { answer("w") }));
-        drop(joined);
+        let (mut carried, posts) = carry(Box::pin(async { answer("w") }), 0);
         assert!(carried.poll_flight(&mut cx).is_some());
-        assert!(own.borrow().is_none(), "nobody joined: nothing to post");
+        assert!(posts.servable().is_none(), "nobody joined: nothing to post");
     }
 
     #[test]
     fn a_panic_in_a_carried_flight_ends_the_flight_not_its_caller() {
         let mut cx = Context::from_waker(Waker::noop());
-        let (mut carried, _own, joined) = carry(Box::pin(async { panic!("a flight that panics") }));
+        let (mut carried, posts) = carry(Box::pin(async { panic!("a flight that panics") }), 1);
         let got = carried
             .poll_flight(&mut cx)
             .expect("the panic ended the flight");
         assert_eq!(got.map(|_| ()).unwrap_err().kind(), ErrorKind::LoadPanicked);
         assert!(carried.flight.is_none(), "the panicked flight is dropped");
-        let posted = joined
-            .borrow()
-            .clone()
-            .expect("the caller that joined is told");
+        let posted = posts.servable().expect("the caller that joined is told");
         assert_eq!(
-            posted.0.map(|_| ()).unwrap_err().kind(),
+            posted.map(|_| ()).unwrap_err().kind(),
+            ErrorKind::LoadPanicked
+        );
+    }
+
+    #[tokio::test]
+    async fn a_carried_flight_dropped_before_its_end_runs_to_the_end_as_a_task() {
+        let (mut carried, posts) = carry(
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                answer("late")
+            }),
+            1,
+        );
+        // Polled once (the sleep is pending), then its carrier goes away.
+        poll_fn(|cx| Poll::Ready(carried.poll_flight(cx))).await;
+        assert!(carried.flight.is_some());
+        drop(carried);
+        let posted = tokio::time::timeout(Duration::from_secs(5), posts.wait())
+            .await
+            .expect("the flight ran to its end once its carrier went away");
+        assert_eq!(value(&posted).as_deref(), Some(&b"late"[..]));
+    }
+
+    #[tokio::test]
+    async fn the_carrier_takes_an_early_answer_and_the_flight_goes_on() {
+        let posts = Arc::new(Posts::default());
+        posts.joined.store(1, Ordering::Relaxed);
+        let (go, went) = oneshot::channel::<()>();
+        let early = Arc::clone(&posts);
+        let mut carried = Carried {
+            flight: Some(Box::pin(async move {
+                // Posted within the poll, as a leader posts the stale value it refreshes.
+                early.post(Some((answer("stale"), None)));
+                let _ = went.await;
+                answer("fresh")
+            })),
+            poster: Some(Poster(Arc::clone(&posts))),
+            runtime: Handle::try_current().ok(),
+        };
+        let got = poll_fn(|cx| carried.poll(cx)).await;
+        assert_eq!(value(&got).as_deref(), Some(&b"stale"[..]));
+        drop(carried);
+        go.send(()).expect("the flight goes on as a task");
+        let fresh = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match posts.servable() {
+                    Some(answer) if value(&answer).as_deref() == Some(&b"fresh"[..]) => break,
+                    _ => tokio::task::yield_now().await,
+                }
+            }
+        })
+        .await;
+        assert!(fresh.is_ok(), "the flight posted its answer as a task");
+    }
+
+    #[test]
+    fn a_caller_that_joined_a_flight_dropped_without_a_runtime_is_told_at_once() {
+        let (mut carried, posts) = carry(Box::pin(std::future::pending()), 1);
+        carried.runtime = None;
+        assert!(carried
+            .poll_flight(&mut Context::from_waker(Waker::noop()))
+            .is_none());
+        drop(carried);
+        let mut wait = pin!(posts.wait());
+        let Poll::Ready(told) = wait.as_mut().poll(&mut Context::from_waker(Waker::noop())) else {
+            panic!("the caller that joined still waits for a flight that is gone");
+        };
+        assert_eq!(
+            told.map(|_| ()).unwrap_err().kind(),
             ErrorKind::LoadPanicked
         );
     }
@@ -419,24 +547,5 @@ mod tests {
             woken_at_last_poll,
             "the end of the flight woke its own carrier"
         );
-    }
-
-    #[tokio::test]
-    async fn a_carried_flight_dropped_before_its_end_runs_to_the_end_as_a_task() {
-        let (mut carried, _own, mut joined) = carry(Box::pin(async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            answer("late")
-        }));
-        // Polled once (the sleep is pending), then its carrier goes away.
-        poll_fn(|cx| Poll::Ready(carried.poll_flight(cx))).await;
-        assert!(carried.flight.is_some());
-        drop(carried);
-        let posted = tokio::time::timeout(Duration::from_secs(5), joined.wait_for(Option::is_some))
-            .await
-            .expect("the flight ran to its end once its carrier went away")
-            .expect("and posted its answer")
-            .clone()
-            .expect("an answer");
-        assert_eq!(value(&posted.0).as_deref(), Some(&b"late"[..]));
     }
 }

@@ -13,12 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::entry::{Corrupt, Entry, Tagged, Windows};
-use super::flight::{BoxLoader, FlightResult, Posted, Reader};
+use super::flight::{BoxLoader, FlightResult, Posts, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
@@ -267,7 +266,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &watch::Sender<Posted>,
+        early: &Posts,
     ) -> FlightResult {
         let mut waiting = Waiting::default();
         // Boxed: the protocol's state is over a kilobyte, and a future is moved as it nests (into
@@ -285,7 +284,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &watch::Sender<Posted>,
+        early: &Posts,
         waiting: &mut Waiting,
     ) -> FlightResult {
         let config = &self.config;

@@ -12,13 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
 use super::entry::{self, Tagged, Windows};
-use super::flight::{BoxLoader, FlightResult, Posted};
+use super::flight::{BoxLoader, FlightResult, Posts};
 use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
@@ -206,7 +205,7 @@ impl Inner {
         token: LockToken,
         loader: BoxLoader,
         stale: Option<StaleValue>,
-        early: Option<&watch::Sender<Posted>>,
+        early: Option<&Posts>,
     ) -> FlightResult {
         if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
         {
@@ -214,7 +213,7 @@ impl Inner {
                 // Servable to the callers that join this flight only while it is within the
                 // stale window; later joiners wait for the load's answer.
                 let until = crate::sync::later(Instant::now(), left);
-                early.send_replace(Some((
+                early.post(Some((
                     Ok(Fetched {
                         value: Some(stale.payload.clone()),
                         outcome: Outcome::Stale,
