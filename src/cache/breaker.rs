@@ -139,6 +139,16 @@ impl Inner {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.store_call_from(Instant::now(), call).await
+    }
+
+    /// [`store_call`](Self::store_call), its timeout counted from `now`, a clock reading its
+    /// caller has just taken (and uses for what the call answers: one reading, not two).
+    pub(super) async fn store_call_from<T>(
+        &self,
+        now: Instant,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let trial = match self.breaker.admit() {
             Admit::Call => None,
             Admit::Probe => Some(Trial {
@@ -153,7 +163,7 @@ impl Inner {
             }
         };
         let timeout = self.config.store_timeout;
-        let result = match tokio::time::timeout(timeout, call).await {
+        let result = match tokio::time::timeout_at(crate::sync::later(now, timeout), call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(timeout)),
         };

@@ -204,9 +204,11 @@ impl Inner {
 
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
-    /// read wakes the next wait.
+    /// read wakes the next wait. `now` is the clock read just before it: the store timeout
+    /// runs from it.
     pub(super) async fn look_up(
         &self,
+        now: Instant,
         key: &StoreKey,
         token: LockToken,
         lock_when: LockWhen,
@@ -217,7 +219,8 @@ impl Inner {
             filled.mark_seen();
         }
         let lookup = self
-            .store_call(
+            .store_call_from(
+                now,
                 self.store
                     .lookup(key, token, self.config.lock_ttl, lock_when),
             )
@@ -291,7 +294,6 @@ impl Inner {
         let keep = config.keep();
         let key = StoreKey::new(Arc::clone(&config.namespace), digest);
         let token = LockToken::random();
-        let started = Instant::now();
         let mut backoff = Backoff::new(config);
         // Set when a corrupt entry is seen: the next lookup (only) counts every value as
         // stale, so it takes the lock to overwrite the entry.
@@ -300,8 +302,20 @@ impl Inner {
         let mut followed = false;
         // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
         let mut last_stale = None;
-        let mut filled = self.watch_fills_subscribed(&key).await;
+        // The protocol's rarer waits are boxed, here and below: its state stays small for the
+        // common case, a lookup that finds the value (the state is moved once, into its box).
+        let mut filled = Box::pin(self.watch_fills_subscribed(&key)).await;
+        // When this flight first read the key. Each lookup's clock reading (this one for the
+        // first) also times what it finds: a hit is fresh for what the store says is left,
+        // counted from just before the request, which errs by one round trip on the safe side.
+        let started = Instant::now();
+        let mut first_read = true;
         loop {
+            let read_at = if std::mem::take(&mut first_read) {
+                started
+            } else {
+                Instant::now()
+            };
             let overwriting = std::mem::take(&mut overwrite);
             // Taken before the read, so that a change heard after it keeps the value out of L1.
             let stamp = self.stamp(&digest);
@@ -311,7 +325,7 @@ impl Inner {
                 LockWhen::LifeAtMost(keep)
             };
             let mut found = match self
-                .look_up(&key, token, lock_when, &loader.reader, &mut filled)
+                .look_up(read_at, &key, token, lock_when, &loader.reader, &mut filled)
                 .await
             {
                 Ok(found) => found,
@@ -357,7 +371,9 @@ impl Inner {
             if followed && found.lock == LockState::Acquired && stale.is_some() {
                 // The load this flight waited for ended without a new value: it may have
                 // answered its waiters beside the value it kept for revalidation.
-                if let Some(payload) = self.waiters_answer(&key, &loader.reader, started).await {
+                if let Some(payload) =
+                    Box::pin(self.waiters_answer(&key, &loader.reader, started)).await
+                {
                     spawn_release(&self.store, &key, token);
                     return Ok(Fetched {
                         value: Some(payload),
@@ -420,10 +436,9 @@ impl Inner {
                         fresh_for,
                         load_time,
                     );
-                    let now = Instant::now();
-                    let fresh_until = crate::sync::later(now, fresh_for);
+                    let fresh_until = crate::sync::later(read_at, fresh_for);
                     let due = self.refresh_point(fresh_until, load_time);
-                    if due.is_some_and(|at| now >= at) {
+                    if due.is_some_and(|at| read_at >= at) {
                         self.refresh_early(digest, loader, fresh_until);
                     }
                     return Ok(Fetched {
@@ -465,12 +480,10 @@ impl Inner {
                 waiting.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 let stamp = self.stamp(&digest);
-                return self
-                    .after_wait_timeout(stamp, &key, loader, last_stale)
-                    .await;
+                return Box::pin(self.after_wait_timeout(stamp, &key, loader, last_stale)).await;
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
-            waiting.ended = Some(wait_for_fill(&mut filled, pause).await);
+            waiting.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
         }
     }
 

@@ -116,6 +116,7 @@ impl Inner {
             let stamp = self.stamp(&digest);
             let found = match self
                 .look_up(
+                    Instant::now(),
                     &key,
                     token,
                     LockWhen::Early {

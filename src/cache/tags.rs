@@ -140,7 +140,8 @@ impl Inner {
         else {
             return Ok(());
         };
-        match self.tags_valid(tagged).await? {
+        // Boxed: most values have no tags, and a lookup's state stays small without this wait.
+        match Box::pin(self.tags_valid(tagged)).await? {
             Some(stamps) => found.tag_stamps = stamps,
             None => {
                 found.entry = Some((Err(Corrupt), *ttl));

@@ -27,26 +27,31 @@ use super::{KeyDigest, StoreKey};
 /// The same counts stamp L1 entries: an entry read before a notification of its key's
 /// bucket is no longer trusted ([`stamp`](Self::stamp)), and neither is any entry read before
 /// notifications were [lost](Self::lost).
-#[derive(Clone)]
-pub struct Notifier {
-    watched: Arc<Mutex<HashMap<StoreKey, watch::Sender<u64>>>>,
-    sent: Arc<Buckets>,
+///
+/// Cloned into every watch: one shared allocation, so a clone is one count.
+#[derive(Clone, Default)]
+pub struct Notifier(Arc<Shared>);
+
+/// What the clones of a [`Notifier`] share.
+struct Shared {
+    watched: Mutex<HashMap<StoreKey, watch::Sender<u64>>>,
+    sent: Buckets,
     /// Counts the times notifications may have been lost (and came back).
-    epoch: Arc<AtomicU64>,
+    epoch: AtomicU64,
     /// Whether notifications are being received, so that what L1 holds can be kept in step.
-    live: Arc<AtomicBool>,
+    live: AtomicBool,
     /// Woken when they are [restored](Notifier::restored).
-    back: Arc<Notify>,
+    back: Notify,
 }
 
-impl Default for Notifier {
+impl Default for Shared {
     fn default() -> Self {
-        Notifier {
-            watched: Arc::default(),
-            sent: Arc::default(),
-            epoch: Arc::default(),
-            live: Arc::new(AtomicBool::new(true)),
-            back: Arc::default(),
+        Shared {
+            watched: Mutex::default(),
+            sent: Buckets::default(),
+            epoch: AtomicU64::new(0),
+            live: AtomicBool::new(true),
+            back: Notify::new(),
         }
     }
 }
@@ -124,7 +129,7 @@ impl Notifier {
 
     fn watched(&self) -> MutexGuard<'_, HashMap<StoreKey, watch::Sender<u64>>> {
         // Nothing panics while the map is locked; a poisoned map is still consistent.
-        crate::sync::lock(&self.watched)
+        crate::sync::lock(&self.0.watched)
     }
 
     /// Starts watching `key`: the returned [`FillWatch`] wakes on every later notification.
@@ -132,7 +137,7 @@ impl Notifier {
         FillWatch {
             notifier: self.clone(),
             key: key.clone(),
-            seen: self.sent.of(key).load(Ordering::SeqCst),
+            seen: self.0.sent.of(key).load(Ordering::SeqCst),
             receiver: None,
         }
     }
@@ -154,7 +159,7 @@ impl Notifier {
     pub fn notify(&self, key: &StoreKey) {
         // Count first, then wake the registered: a follower that registers after the count
         // sees it moved, one that registered before is woken.
-        self.sent.of(key).fetch_add(1, Ordering::SeqCst);
+        self.0.sent.of(key).fetch_add(1, Ordering::SeqCst);
         if let Some(sender) = self.watched().get(key) {
             sender.send_modify(|generation| *generation = generation.wrapping_add(1));
         }
@@ -165,15 +170,15 @@ impl Notifier {
     pub fn stamp(&self, digest: &KeyDigest) -> Option<Stamp> {
         // Epoch first: a loss after this read moves it, so the stamp goes out of date.
         let stamp = self.stamp_anyway(digest);
-        self.live.load(Ordering::SeqCst).then_some(stamp)
+        self.0.live.load(Ordering::SeqCst).then_some(stamp)
     }
 
     /// What this process has heard of the key `digest` so far, even while notifications are
     /// lost: such a stamp goes out of date when they are [`restored`](Self::restored).
     pub fn stamp_anyway(&self, digest: &KeyDigest) -> Stamp {
         Stamp {
-            epoch: self.epoch.load(Ordering::SeqCst),
-            bucket: self.sent.of_digest(digest).load(Ordering::SeqCst),
+            epoch: self.0.epoch.load(Ordering::SeqCst),
+            bucket: self.0.sent.of_digest(digest).load(Ordering::SeqCst),
         }
     }
 
@@ -181,17 +186,17 @@ impl Notifier {
     /// yet): every stamp taken so far goes out of date, and none is given until
     /// [`restored`](Self::restored).
     pub fn lost(&self) {
-        self.live.store(false, Ordering::SeqCst);
-        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.0.live.store(false, Ordering::SeqCst);
+        self.0.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Notifications are received again, if they were [lost](Self::lost): what was read
     /// meanwhile goes out of date too.
     pub fn restored(&self) {
-        if !self.live.load(Ordering::SeqCst) {
-            self.epoch.fetch_add(1, Ordering::SeqCst);
-            self.live.store(true, Ordering::SeqCst);
-            self.back.notify_waiters();
+        if !self.0.live.load(Ordering::SeqCst) {
+            self.0.epoch.fetch_add(1, Ordering::SeqCst);
+            self.0.live.store(true, Ordering::SeqCst);
+            self.0.back.notify_waiters();
         }
     }
 
@@ -199,23 +204,23 @@ impl Notifier {
     /// and answers whether they are: a reader that waits for a namespace's first subscription
     /// can keep what it reads in L1.
     pub async fn received_within(&self, limit: Duration) -> bool {
-        if self.live.load(Ordering::SeqCst) {
+        if self.0.live.load(Ordering::SeqCst) {
             return true;
         }
-        let back = self.back.notified();
+        let back = self.0.back.notified();
         tokio::pin!(back);
         // Registered before the second look, so a restore in between is not missed.
         back.as_mut().enable();
-        if !self.live.load(Ordering::SeqCst) {
+        if !self.0.live.load(Ordering::SeqCst) {
             let _ = tokio::time::timeout(limit, back).await;
         }
-        self.live.load(Ordering::SeqCst)
+        self.0.live.load(Ordering::SeqCst)
     }
 
     /// A subscription failed: readers waiting in [`received_within`](Self::received_within)
     /// stop waiting (notifications stay [lost](Self::lost) until one succeeds).
     pub fn subscription_failed(&self) {
-        self.back.notify_waiters();
+        self.0.back.notify_waiters();
     }
 
     /// How many keys are watched (for tests and metrics).
@@ -244,7 +249,7 @@ impl FillWatch {
             Some(receiver) => {
                 receiver.borrow_and_update();
             }
-            None => self.seen = self.notifier.sent.of(&self.key).load(Ordering::SeqCst),
+            None => self.seen = self.notifier.0.sent.of(&self.key).load(Ordering::SeqCst),
         }
     }
 
@@ -254,7 +259,7 @@ impl FillWatch {
             Some(receiver) => receiver,
             None => {
                 let receiver = self.receiver.insert(self.notifier.register(&self.key));
-                let sent = self.notifier.sent.of(&self.key).load(Ordering::SeqCst);
+                let sent = self.notifier.0.sent.of(&self.key).load(Ordering::SeqCst);
                 if sent != self.seen {
                     // Something of this key's bucket was notified since the mark, perhaps
                     // this key: wake now rather than risk a lost notification.
