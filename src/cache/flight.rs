@@ -112,15 +112,55 @@ impl Drop for Poster {
     }
 }
 
-/// Which stored payloads a flight's caller can read: a stored value whose payload it cannot
-/// read is treated as a corrupt entry (a miss, counted and overwritten). Built once per
-/// flight, never on an L1 hit.
-#[derive(Clone)]
-pub(super) struct Reader(Arc<dyn Fn(&Bytes) -> bool + Send + Sync>);
+/// A flight's loader, and which stored payloads its caller can read: a stored value whose
+/// payload it cannot read is treated as a corrupt entry (a miss, counted and overwritten).
+/// Built once per flight, never on an L1 hit, in one allocation (none for a loader that
+/// captures nothing).
+pub(super) struct BoxLoader(Box<dyn Load>);
 
-impl Reader {
+/// What a [`BoxLoader`] holds: the caller's loader and its test of payloads.
+trait Load: Send {
+    fn accepts(&self) -> &(dyn Fn(&Bytes) -> bool + Send + Sync);
+
+    fn run(
+        self: Box<Self>,
+        previous: Option<Previous>,
+    ) -> BoxFuture<'static, Result<Loaded, BoxError>>;
+}
+
+/// A [`Load`] of a caller's test `accepts` and its `loader`.
+struct Parts<A, F> {
+    accepts: A,
+    loader: F,
+}
+
+impl<A, F, Fut, E> Load for Parts<A, F>
+where
+    A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+    F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+    E: Into<BoxError>,
+{
+    fn accepts(&self) -> &(dyn Fn(&Bytes) -> bool + Send + Sync) {
+        &self.accepts
+    }
+
+    fn run(
+        self: Box<Self>,
+        previous: Option<Previous>,
+    ) -> BoxFuture<'static, Result<Loaded, BoxError>> {
+        let loader = self.loader;
+        Box::pin(async move { loader(previous).await.map_err(Into::into) })
+    }
+}
+
+/// Which stored payloads a flight's caller can read (borrowed from its [`BoxLoader`]).
+#[derive(Clone, Copy)]
+pub(super) struct Reader<'a>(&'a (dyn Fn(&Bytes) -> bool + Send + Sync));
+
+impl Reader<'_> {
     /// Decodes a store entry; a value this reader's caller cannot read is corrupt.
-    pub(super) fn decode(&self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
+    pub(super) fn decode(self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
         match entry::decode(bytes)? {
             Entry::Value { payload, .. } | Entry::ForWaiters { payload } if !(self.0)(&payload) => {
                 Err(entry::Corrupt)
@@ -128,15 +168,6 @@ impl Reader {
             entry => Ok(entry),
         }
     }
-}
-
-/// A boxed loader, handed the value it reloads when there is one.
-type Run = Box<dyn FnOnce(Option<Previous>) -> BoxFuture<'static, Result<Loaded, BoxError>> + Send>;
-
-/// A flight's loader, and what its caller can read.
-pub(super) struct BoxLoader {
-    pub(super) run: Run,
-    pub(super) reader: Reader,
 }
 
 impl BoxLoader {
@@ -147,12 +178,20 @@ impl BoxLoader {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        BoxLoader {
-            run: Box::new(move |previous| {
-                Box::pin(async move { loader(previous).await.map_err(Into::into) })
-            }),
-            reader: Reader(Arc::new(accepts)),
-        }
+        BoxLoader(Box::new(Parts { accepts, loader }))
+    }
+
+    /// What its caller can read.
+    pub(super) fn reader(&self) -> Reader<'_> {
+        Reader(self.0.accepts())
+    }
+
+    /// Starts the load, handed the value it reloads when there is one.
+    pub(super) fn run(
+        self,
+        previous: Option<Previous>,
+    ) -> BoxFuture<'static, Result<Loaded, BoxError>> {
+        self.0.run(previous)
     }
 }
 

@@ -212,7 +212,7 @@ impl Inner {
         key: &StoreKey,
         token: LockToken,
         lock_when: LockWhen,
-        reader: &Reader,
+        reader: Reader<'_>,
         filled: &mut Option<FillWatch>,
     ) -> Result<Found, StoreError> {
         if let Some(filled) = filled.as_mut() {
@@ -324,8 +324,9 @@ impl Inner {
             } else {
                 LockWhen::LifeAtMost(keep)
             };
+            let reader = loader.reader();
             let mut found = match self
-                .look_up(read_at, &key, token, lock_when, &loader.reader, &mut filled)
+                .look_up(read_at, &key, token, lock_when, reader, &mut filled)
                 .await
             {
                 Ok(found) => found,
@@ -371,9 +372,8 @@ impl Inner {
             if followed && found.lock == LockState::Acquired && stale.is_some() {
                 // The load this flight waited for ended without a new value: it may have
                 // answered its waiters beside the value it kept for revalidation.
-                if let Some(payload) =
-                    Box::pin(self.waiters_answer(&key, &loader.reader, started)).await
-                {
+                let reader = loader.reader();
+                if let Some(payload) = Box::pin(self.waiters_answer(&key, reader, started)).await {
                     spawn_release(&self.store, &key, token);
                     return Ok(Fetched {
                         value: Some(payload),
@@ -437,8 +437,7 @@ impl Inner {
                         load_time,
                     );
                     let fresh_until = crate::sync::later(read_at, fresh_for);
-                    let due = self.refresh_point(fresh_until, load_time);
-                    if due.is_some_and(|at| read_at >= at) {
+                    if self.refresh_due(read_at, fresh_until, load_time) {
                         self.refresh_early(digest, loader, fresh_until);
                     }
                     return Ok(Fetched {
@@ -506,7 +505,7 @@ impl Inner {
     async fn waiters_answer(
         &self,
         key: &StoreKey,
-        reader: &Reader,
+        reader: Reader<'_>,
         started: Instant,
     ) -> Option<Bytes> {
         let stored = self

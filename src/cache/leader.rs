@@ -152,7 +152,7 @@ impl Inner {
         let config = &self.config;
         let started = Instant::now();
         let had_previous = previous.is_some();
-        let mut task = tokio::spawn((loader.run)(previous));
+        let mut task = tokio::spawn(loader.run(previous));
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));

@@ -41,6 +41,22 @@ fn lead_time(load_time: Duration, beta: f64, draw: impl FnOnce() -> f64) -> Opti
     Some(Duration::try_from_secs_f64(delta * (MARGIN - beta * u.ln())).unwrap_or(Duration::MAX))
 }
 
+/// More than the most `−ln u` can be in [`lead_time`]: `u` is at least 2⁻⁵³ (one less a draw
+/// of `rand`'s 53-bit floats in [0, 1)), and 53·ln 2 is about 36.74.
+const MOST_NEG_LN: f64 = 37.0;
+
+/// Whether a value fresh for `fresh_for` more, whose load took `load_time`, may be due for an
+/// early refresh: whether the longest lead [`lead_time`] can draw reaches it. Where it cannot
+/// (most hits: a value is seldom within a few load times of its expiry), nothing need be
+/// drawn.
+fn may_be_due(fresh_for: Duration, load_time: Duration, beta: f64) -> bool {
+    if beta <= 0.0 || beta.is_nan() {
+        return false;
+    }
+    let delta = load_time.max(Duration::from_millis(1)).as_secs_f64();
+    fresh_for.as_secs_f64() <= delta * (MARGIN + beta * MOST_NEG_LN)
+}
+
 /// Marks an early refresh of a key as over when dropped, however its task ends.
 struct Refreshing {
     inner: Arc<Inner>,
@@ -68,6 +84,22 @@ impl Inner {
             rand::random::<f64>,
         )?;
         Some(fresh_until.checked_sub(lead).unwrap_or_else(Instant::now))
+    }
+
+    /// Whether a value read at `now`, fresh until `fresh_until`, whose load took `load_time`,
+    /// is due for an early refresh: its [`refresh_point`](Self::refresh_point) is past, drawn
+    /// only where a draw could make it so.
+    pub(super) fn refresh_due(
+        &self,
+        now: Instant,
+        fresh_until: Instant,
+        load_time: Duration,
+    ) -> bool {
+        let fresh_for = fresh_until.saturating_duration_since(now);
+        may_be_due(fresh_for, load_time, self.config.early_refresh_beta)
+            && self
+                .refresh_point(fresh_until, load_time)
+                .is_some_and(|at| now >= at)
     }
 
     /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
@@ -114,6 +146,7 @@ impl Inner {
         let mut fresh_until = None;
         loop {
             let stamp = self.stamp(&digest);
+            let reader = loader.reader();
             let found = match self
                 .look_up(
                     Instant::now(),
@@ -123,7 +156,7 @@ impl Inner {
                         life: below,
                         fresh_above: config.keep(),
                     },
-                    &loader.reader,
+                    reader,
                     &mut filled,
                 )
                 .await
@@ -233,5 +266,22 @@ mod tests {
         );
         // The largest draw is bounded, never a panic.
         assert!(lead_time(MS * 100, f64::MAX, || 0.999_999).is_some());
+    }
+
+    #[test]
+    fn no_draw_is_needed_where_none_could_make_a_value_due() {
+        // The largest draw `rand` makes: u = 2^-53.
+        let largest = || 1.0 - f64::EPSILON / 2.0;
+        for (load_ms, beta) in [(0, 1.0), (100, 1.0), (100, 4.0), (3_000, 0.5)] {
+            let load = MS * load_ms;
+            let longest = lead_time(load, beta, largest).expect("a lead");
+            // Fresh for at most the longest lead: a draw decides.
+            assert!(may_be_due(longest, load, beta), "{load:?} {beta}");
+            // A little longer (the bound is 37 where the most is 36.74): no draw could make
+            // it due.
+            let beyond = longest + load.max(MS).mul_f64(beta * 0.3);
+            assert!(!may_be_due(beyond, load, beta), "{load:?} {beta}");
+        }
+        assert!(!may_be_due(MS, MS, 0.0), "no early refresh at all");
     }
 }
