@@ -50,7 +50,8 @@ fn name(key: &StoreKey, suffix: char) -> String {
     let mut name = String::with_capacity(namespace.len() + 70);
     name.push_str(namespace);
     name.push_str(":{");
-    name.extend(key.digest().hex_bytes().map(char::from));
+    // Hex digits are ASCII: pushed as one `str`, not 64 `char`s encoded one by one.
+    name.push_str(std::str::from_utf8(&key.digest().hex_bytes()).unwrap_or_default());
     name.push_str("}:");
     name.push(suffix);
     name
