@@ -33,12 +33,17 @@ const MARGIN: f64 = 1.1;
 /// which spreads refreshes (XFetch, Vattani et al., VLDB 2015, with one draw per
 /// value instead of one per request).
 fn lead_time(load_time: Duration, beta: f64, draw: impl FnOnce() -> f64) -> Option<Duration> {
+    lead(load_time, beta, || -(1.0 - draw()).ln())
+}
+
+/// `δ·(1.1 + β·x)` for `x` = `neg_ln_u()` (taken only when β is positive), as [`lead_time`]
+/// reckons it; `None` when β is not positive.
+fn lead(load_time: Duration, beta: f64, neg_ln_u: impl FnOnce() -> f64) -> Option<Duration> {
     if beta <= 0.0 || beta.is_nan() {
         return None;
     }
     let delta = load_time.max(Duration::from_millis(1)).as_secs_f64();
-    let u = 1.0 - draw();
-    Some(Duration::try_from_secs_f64(delta * (MARGIN - beta * u.ln())).unwrap_or(Duration::MAX))
+    Some(Duration::try_from_secs_f64(delta * (MARGIN + beta * neg_ln_u())).unwrap_or(Duration::MAX))
 }
 
 /// More than the most `−ln u` can be in [`lead_time`]: `u` is at least 2⁻⁵³ (one less a draw
@@ -50,11 +55,7 @@ const MOST_NEG_LN: f64 = 37.0;
 /// (most hits: a value is seldom within a few load times of its expiry), nothing need be
 /// drawn.
 fn may_be_due(fresh_for: Duration, load_time: Duration, beta: f64) -> bool {
-    if beta <= 0.0 || beta.is_nan() {
-        return false;
-    }
-    let delta = load_time.max(Duration::from_millis(1)).as_secs_f64();
-    fresh_for.as_secs_f64() <= delta * (MARGIN + beta * MOST_NEG_LN)
+    lead(load_time, beta, || MOST_NEG_LN).is_some_and(|longest| fresh_for <= longest)
 }
 
 /// Marks an early refresh of a key as over when dropped, however its task ends.
