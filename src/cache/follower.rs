@@ -16,8 +16,9 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use super::carry::Posts;
 use super::entry::{Corrupt, Entry, Tagged, Windows};
-use super::flight::{BoxLoader, FlightResult, Posts, Reader};
+use super::flight::{BoxLoader, FlightResult, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};

@@ -16,8 +16,9 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
+use super::carry::Posts;
 use super::entry::{self, Tagged, Windows};
-use super::flight::{BoxLoader, FlightResult, Posts};
+use super::flight::{BoxLoader, FlightResult};
 use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};

@@ -59,6 +59,7 @@
 
 mod answer;
 mod breaker;
+mod carry;
 mod config;
 mod correct;
 pub(crate) mod entry;
