@@ -1978,3 +1978,49 @@ async fn a_result_for_waiters_goes_to_them_and_is_not_reused() {
         }
     }
 }
+
+/// The span of each fetch (`stampede.fetch`) records its outcome, and for a call that did not
+/// hit L1 how long it waited, for a subscriber that wants it. Without one the engine neither
+/// enters, records nor times it (that cost an L2 hit about a point of a `GET`), and answers the
+/// same. One thread, so the thread-local subscriber sees every task.
+#[tokio::test]
+async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
+    use tracing_subscriber::fmt::format::FmtSpan;
+
+    let cache = Cache::builder(MemoryStore::new()).build();
+    let load = || async { Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v"))) };
+    let untraced = cache.fetch("untraced", load).await.unwrap();
+    assert_eq!(untraced.outcome(), Outcome::Leader);
+    assert_eq!(untraced.value().unwrap(), "v");
+
+    let logs = support::Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for expected in [Outcome::Leader, Outcome::L1Hit] {
+        let fetched = cache.fetch("traced", load).await.unwrap();
+        assert_eq!(fetched.outcome(), expected);
+    }
+    let text = logs.text();
+    let closed: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("stampede.fetch{") && line.contains("close"))
+        .collect();
+    let outcome = |outcome: Outcome| format!("outcome=\"{}\"", outcome.label());
+    assert_eq!(closed.len(), 2, "{text}");
+    assert!(
+        closed[0].contains(&outcome(Outcome::Leader)) && closed[0].contains("wait_ms="),
+        "{text}"
+    );
+    assert!(
+        closed[1].contains(&outcome(Outcome::L1Hit)) && !closed[1].contains("wait_ms="),
+        "{text}"
+    );
+}

@@ -4,12 +4,11 @@
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{Counter, RedisServer};
+use support::{Counter, Logs, RedisServer};
 use tokio::sync::Notify;
 use tower_stampede::store::RedisStore;
 use tower_stampede::{Cache, Loaded, Outcome};
@@ -140,21 +139,6 @@ async fn wrong_or_missing_credentials_fail_without_showing_the_password() {
     }
 }
 
-/// Collects everything the engine and the store log, on this thread.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// One thread (`current_thread`), so the thread-local log subscriber sees every task.
 #[tokio::test]
 async fn passwords_never_reach_the_logs() {
@@ -188,7 +172,7 @@ async fn passwords_never_reach_the_logs() {
     let fetched = cache.fetch("after", load(b"b")).await.unwrap();
     assert_eq!(fetched.outcome(), Outcome::Degraded);
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(
         logs.contains(&format!("redis://***@127.0.0.1:{}/", server.port())),
         "the store's failure is logged with its address: {logs}"

@@ -4,6 +4,7 @@
 //! posts (see [`carry`](super::carry)). A flight runs to the end even if every caller goes
 //! away, and leaves the map of flights however it ends ([`Landing`]).
 
+use std::collections::hash_map;
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::sync::atomic::Ordering;
@@ -228,8 +229,11 @@ struct Landing {
 impl Drop for Landing {
     fn drop(&mut self) {
         let mut flights = self.inner.flights();
-        if flights.get(&self.digest).is_some_and(|f| f.id == self.id) {
-            flights.remove(&self.digest);
+        // One hash of the key: found and removed through its entry.
+        if let hash_map::Entry::Occupied(flight) = flights.entry(self.digest) {
+            if flight.get().id == self.id {
+                flight.remove();
+            }
         }
     }
 }
@@ -237,8 +241,7 @@ impl Drop for Landing {
 /// A flight: resolve the key (posting an early answer through `early` where there is one),
 /// then land (leave the map) and answer.
 async fn fly(landing: Landing, early: Arc<Posts>, loader: BoxLoader) -> FlightResult {
-    let inner = Arc::clone(&landing.inner);
-    let answer = inner.resolve(landing.digest, loader, &early).await;
+    let answer = landing.inner.resolve(landing.digest, loader, &early).await;
     drop(landing);
     answer
 }

@@ -116,7 +116,7 @@ impl StaleValue {
 }
 
 /// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
-pub(super) async fn wait_for_fill(filled: &mut Option<FillWatch>, pause: Duration) -> WaitEnd {
+pub(super) async fn wait_for_fill(filled: &mut Option<FillWatch<'_>>, pause: Duration) -> WaitEnd {
     let pause = tokio::time::sleep(pause);
     match filled {
         Some(filled) => {
@@ -180,7 +180,7 @@ impl Inner {
     /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
     /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
     /// the fallback for lost notifications.
-    pub(super) fn watch_fills(&self, key: &StoreKey) -> Option<FillWatch> {
+    pub(super) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
         if self.config.notifications {
             self.store.subscribe(key)
         } else {
@@ -193,11 +193,15 @@ impl Inner {
     /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
     /// first reads of a new process would all be missed by L1. No wait while the breaker is
     /// open (the lookup will not be made).
-    pub(super) async fn watch_fills_subscribed(&self, key: &StoreKey) -> Option<FillWatch> {
+    pub(super) async fn watch_fills_subscribed<'a>(
+        &'a self,
+        key: &'a StoreKey,
+    ) -> Option<FillWatch<'a>> {
         let filled = self.watch_fills(key);
         if let (Some(_), Some(notifier)) = (&filled, self.notifier()) {
-            if self.breaker.is_closed() {
-                notifier.received_within(self.config.store_timeout).await;
+            if !notifier.receiving() && self.breaker.is_closed() {
+                // Boxed: a rare wait, kept out of every lookup's state.
+                Box::pin(notifier.received_within(self.config.store_timeout)).await;
             }
         }
         filled
@@ -214,7 +218,7 @@ impl Inner {
         token: LockToken,
         lock_when: LockWhen,
         reader: Reader<'_>,
-        filled: &mut Option<FillWatch>,
+        filled: &mut Option<FillWatch<'_>>,
     ) -> Result<Found, StoreError> {
         if let Some(filled) = filled.as_mut() {
             filled.mark_seen();
@@ -305,7 +309,7 @@ impl Inner {
         let mut last_stale = None;
         // The protocol's rarer waits are boxed, here and below: its state stays small for the
         // common case, a lookup that finds the value (the state is moved once, into its box).
-        let mut filled = Box::pin(self.watch_fills_subscribed(&key)).await;
+        let mut filled = self.watch_fills_subscribed(&key).await;
         // When this flight first read the key. Each lookup's clock reading (this one for the
         // first) also times what it finds: a hit is fresh for what the store says is left,
         // counted from just before the request, which errs by one round trip on the safe side.
@@ -410,6 +414,8 @@ impl Inner {
                         tagged,
                         speculative: false,
                     };
+                    // The leader waits for no fill: its watch (which borrows the key) ends.
+                    drop(filled);
                     return Box::pin(self.lead(seen, key, token, loader, stale, Some(early))).await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {

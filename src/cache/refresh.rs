@@ -181,6 +181,8 @@ impl Inner {
                         tagged,
                         speculative: true,
                     };
+                    // The leader waits for no fill: its watch (which borrows the key) ends.
+                    drop(filled);
                     if let Err(error) = self.lead(seen, key, token, loader, None, None).await {
                         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }

@@ -253,7 +253,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// [`release`](Self::release) of `key`, by any process, wakes the watch. Followers wait on
     /// it and poll as well, so a store may lose notifications (Redis pub/sub does) at the cost
     /// of latency only. The default has no notifications: followers only poll.
-    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+    fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
         let _ = key;
         None
     }

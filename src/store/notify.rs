@@ -28,7 +28,7 @@ use super::{KeyDigest, StoreKey};
 /// bucket is no longer trusted ([`stamp`](Self::stamp)), and neither is any entry read before
 /// notifications were [lost](Self::lost).
 ///
-/// Cloned into every watch: one shared allocation, so a clone is one count.
+/// Cloned into the store's tasks: one shared allocation, so a clone is one count.
 #[derive(Clone, Default)]
 pub struct Notifier(Arc<Shared>);
 
@@ -133,10 +133,11 @@ impl Notifier {
     }
 
     /// Starts watching `key`: the returned [`FillWatch`] wakes on every later notification.
-    pub fn watch(&self, key: &StoreKey) -> FillWatch {
+    /// It borrows the notifier and the key: making one reads a counter and nothing more.
+    pub fn watch<'a>(&'a self, key: &'a StoreKey) -> FillWatch<'a> {
         FillWatch {
-            notifier: self.clone(),
-            key: key.clone(),
+            notifier: self,
+            key,
             seen: self.0.sent.of(key).load(Ordering::SeqCst),
             receiver: None,
         }
@@ -200,11 +201,17 @@ impl Notifier {
         }
     }
 
+    /// Whether notifications are being received (not [lost](Self::lost) since they were last
+    /// [restored](Self::restored)).
+    pub fn receiving(&self) -> bool {
+        self.0.live.load(Ordering::SeqCst)
+    }
+
     /// Waits at most `limit` for notifications to be received (a subscription on its way),
     /// and answers whether they are: a reader that waits for a namespace's first subscription
     /// can keep what it reads in L1.
     pub async fn received_within(&self, limit: Duration) -> bool {
-        if self.0.live.load(Ordering::SeqCst) {
+        if self.receiving() {
             return true;
         }
         let back = self.0.back.notified();
@@ -233,23 +240,23 @@ impl Notifier {
 ///
 /// Call [`mark_seen`](Self::mark_seen) before reading the store, then wait on
 /// [`changed`](Self::changed): a notification sent between the two is not lost.
-pub struct FillWatch {
-    notifier: Notifier,
-    key: StoreKey,
+pub struct FillWatch<'a> {
+    notifier: &'a Notifier,
+    key: &'a StoreKey,
     /// The key's bucket count when last marked seen.
     seen: u64,
     /// Set by the first wait.
     receiver: Option<watch::Receiver<u64>>,
 }
 
-impl FillWatch {
+impl FillWatch<'_> {
     /// Forgets every notification so far.
     pub fn mark_seen(&mut self) {
         match self.receiver.as_mut() {
             Some(receiver) => {
                 receiver.borrow_and_update();
             }
-            None => self.seen = self.notifier.0.sent.of(&self.key).load(Ordering::SeqCst),
+            None => self.seen = self.notifier.0.sent.of(self.key).load(Ordering::SeqCst),
         }
     }
 
@@ -258,8 +265,8 @@ impl FillWatch {
         let receiver = match self.receiver.as_mut() {
             Some(receiver) => receiver,
             None => {
-                let receiver = self.receiver.insert(self.notifier.register(&self.key));
-                let sent = self.notifier.0.sent.of(&self.key).load(Ordering::SeqCst);
+                let receiver = self.receiver.insert(self.notifier.register(self.key));
+                let sent = self.notifier.0.sent.of(self.key).load(Ordering::SeqCst);
                 if sent != self.seen {
                     // Something of this key's bucket was notified since the mark, perhaps
                     // this key: wake now rather than risk a lost notification.
@@ -275,7 +282,7 @@ impl FillWatch {
     }
 }
 
-impl Drop for FillWatch {
+impl Drop for FillWatch<'_> {
     fn drop(&mut self) {
         if self.receiver.is_none() {
             // Never registered.
@@ -284,15 +291,15 @@ impl Drop for FillWatch {
         let mut watched = self.notifier.watched();
         // This watch's receiver still counts: remove the key when it is the last one.
         if watched
-            .get(&self.key)
+            .get(self.key)
             .is_some_and(|sender| sender.receiver_count() <= 1)
         {
-            watched.remove(&self.key);
+            watched.remove(self.key);
         }
     }
 }
 
-impl std::fmt::Debug for FillWatch {
+impl std::fmt::Debug for FillWatch<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FillWatch").field("key", &self.key).finish()
     }
@@ -309,7 +316,7 @@ mod tests {
     }
 
     /// The watch wakes, and (marked seen again) does not wake a second time.
-    async fn woken_once(watch: &mut FillWatch) {
+    async fn woken_once(watch: &mut FillWatch<'_>) {
         tokio::time::timeout(Duration::from_secs(5), watch.changed())
             .await
             .expect("woken");
@@ -323,8 +330,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_notification_between_mark_and_wait_is_not_lost() {
-        let notifier = Notifier::new();
-        let mut watch = notifier.watch(&key("a"));
+        let (notifier, a) = (Notifier::new(), key("a"));
+        let mut watch = notifier.watch(&a);
         watch.mark_seen();
         notifier.notify(&key("b"));
         notifier.notify(&key("a"));
@@ -333,8 +340,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_notification_before_the_first_wait_is_not_lost() {
-        let notifier = Notifier::new();
-        let mut watch = notifier.watch(&key("a"));
+        let (notifier, a) = (Notifier::new(), key("a"));
+        let mut watch = notifier.watch(&a);
         watch.mark_seen();
         // Sent while the follower was reading the store, before it registered by waiting.
         notifier.notify(&key("a"));
@@ -348,10 +355,10 @@ mod tests {
 
     #[tokio::test]
     async fn keys_are_forgotten_with_their_last_watch() {
-        let notifier = Notifier::new();
-        let mut first = notifier.watch(&key("a"));
-        let mut second = notifier.watch(&key("a"));
-        let unregistered = notifier.watch(&key("a"));
+        let (notifier, a) = (Notifier::new(), key("a"));
+        let mut first = notifier.watch(&a);
+        let mut second = notifier.watch(&a);
+        let unregistered = notifier.watch(&a);
         for watch in [&mut first, &mut second] {
             let _ = tokio::time::timeout(Duration::from_millis(1), watch.changed()).await;
         }

@@ -52,6 +52,28 @@ use tower_stampede::{Cache, CacheBuilder};
 #[allow(unused_imports)]
 pub use self::redis::{calls, RedisCluster, RedisServer, TlsFiles};
 
+/// Collects what a `tracing` subscriber writes (its writer is a clone), as text.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Logs {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// Counts calls to a backend.
 #[derive(Clone, Default)]
 pub struct Counter(Arc<AtomicUsize>);

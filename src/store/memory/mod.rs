@@ -384,7 +384,7 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(result) })
     }
 
-    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+    fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
         Some(self.notifier.watch(key))
     }
 

@@ -435,7 +435,7 @@ impl Store for RedisStore {
         Box::pin(self.read_key(RedisStore::waiters_name(key)))
     }
 
-    fn subscribe(&self, key: &StoreKey) -> Option<FillWatch> {
+    fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
         let notifications = self.notifications.as_ref()?;
         notifications.ensure_subscribed(key.namespace());
         Some(notifications.notifier.watch(key))
