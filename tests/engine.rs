@@ -1985,8 +1985,6 @@ async fn a_result_for_waiters_goes_to_them_and_is_not_reused() {
 /// same. One thread, so the thread-local subscriber sees every task.
 #[tokio::test]
 async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
-    use tracing_subscriber::fmt::format::FmtSpan;
-
     let cache = Cache::builder(MemoryStore::new()).build();
     let load = || async { Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v"))) };
     let untraced = cache.fetch("untraced", load).await.unwrap();
@@ -1994,16 +1992,7 @@ async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
     assert_eq!(untraced.value().unwrap(), "v");
 
     let logs = support::Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_span_events(FmtSpan::CLOSE)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = logs.capture();
     for expected in [Outcome::Leader, Outcome::L1Hit] {
         let fetched = cache.fetch("traced", load).await.unwrap();
         assert_eq!(fetched.outcome(), expected);

@@ -878,3 +878,34 @@ async fn hits_share_the_cached_body_instead_of_copying_it() {
     // Both hits hand out the same bytes L1 holds: no copy per response.
     assert_eq!(bodies[1].as_ptr(), bodies[2].as_ptr());
 }
+
+/// The layer's L1 hits, answered before any fetch, are traced as every fetch is: a
+/// `stampede.fetch` span with the outcome, for a subscriber that wants it (without one, the
+/// hit records nothing). One thread, so the thread-local subscriber sees every task.
+#[tokio::test]
+async fn the_layer_s_hits_and_misses_are_traced_for_a_subscriber() {
+    use tower_stampede::Outcome;
+
+    let logs = support::Logs::default();
+    let _guard = logs.capture();
+    let origin = Counter::default();
+    let app = Shared::memory().app(&origin);
+    for expected in ["MISS", "HIT"] {
+        let (status, headers, _) = send(&app, "GET", "http://app.test/page").await;
+        assert_eq!(
+            (status, x_cache(&headers)),
+            (StatusCode::OK, Some(expected))
+        );
+    }
+    let text = logs.text();
+    let outcomes: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("stampede.fetch{") && line.contains("close"))
+        .filter_map(|line| line.split("outcome=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(
+        outcomes,
+        [Outcome::Leader.label(), Outcome::L1Hit.label()],
+        "{text}"
+    );
+}

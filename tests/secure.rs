@@ -143,15 +143,7 @@ async fn wrong_or_missing_credentials_fail_without_showing_the_password() {
 #[tokio::test]
 async fn passwords_never_reach_the_logs() {
     let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = logs.capture();
 
     let mut server = RedisServer::start_with(&ACL);
     let store = RedisStore::connect(alice_url("redis", server.port()))

@@ -358,7 +358,10 @@ impl Cache {
             read_at,
         };
         telemetry::outcome(Outcome::L1Hit);
-        fetch_span(digest).record("outcome", Outcome::L1Hit.label());
+        let span = fetch_span(digest);
+        if !span.is_disabled() {
+            span.record("outcome", Outcome::L1Hit.label());
+        }
         Some(found)
     }
 

@@ -57,6 +57,19 @@ pub use self::redis::{calls, RedisCluster, RedisServer, TlsFiles};
 pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl Logs {
+    /// Sends what this thread traces, at debug level and with each span's fields when it
+    /// closes, here, until the guard is dropped.
+    pub fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
     /// Everything written so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
