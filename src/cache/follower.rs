@@ -307,8 +307,9 @@ impl Inner {
         let mut followed = false;
         // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
         let mut last_stale = None;
-        // The protocol's rarer waits are boxed, here and below: its state stays small for the
-        // common case, a lookup that finds the value (the state is moved once, into its box).
+        // The protocol's rarer waits are boxed (the first subscription's, in
+        // `watch_fills_subscribed`, and those below): its state stays small for the common
+        // case, a lookup that finds the value (the state is moved once, into its box).
         let mut filled = self.watch_fills_subscribed(&key).await;
         // When this flight first read the key. Each lookup's clock reading (this one for the
         // first) also times what it finds: a hit is fresh for what the store says is left,

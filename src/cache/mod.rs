@@ -304,35 +304,32 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let span = fetch_span(&digest);
-        // The span is entered, recorded and timed only for a subscriber that wants it: with
-        // `tracing`'s `log` feature (which `axum` turns on), even a disabled span asks the
-        // logger at each poll and record, which an L2 hit measured (about a point of a `GET`).
-        let traced = !span.is_disabled();
-        let started = traced.then(Instant::now);
+        // A span to enter, record and time only for a subscriber that wants it (see
+        // `fetch_span`), with the moment the fetch started.
+        let traced = fetch_span(&digest).map(|span| (span, Instant::now()));
         let fetch = self.inner.fetch_digest(digest, accepts, loader);
-        let answer = if traced {
-            fetch.instrument(span.clone()).await
-        } else {
-            fetch.await
+        let answer = match &traced {
+            Some((span, _)) => fetch.instrument(span.clone()).await,
+            None => fetch.await,
         };
-        match &answer {
-            Ok(fetched) => {
-                telemetry::outcome(fetched.outcome);
-                if traced {
-                    span.record("outcome", fetched.outcome.label());
-                }
-            }
-            Err(error) => {
-                span.record("outcome", "error");
-                debug!(parent: &span, error = error as &dyn std::error::Error, "no value");
+        if let Ok(fetched) = &answer {
+            telemetry::outcome(fetched.outcome);
+        }
+        if let Some((span, started)) = &traced {
+            span.record(
+                "outcome",
+                answer
+                    .as_ref()
+                    .map_or("error", |fetched| fetched.outcome.label()),
+            );
+            // An L1 hit waited for nothing.
+            if !matches!(&answer, Ok(fetched) if fetched.outcome == Outcome::L1Hit) {
+                span.record("wait_ms", started.elapsed().as_secs_f64() * 1000.0);
             }
         }
-        if let (Some(started), false) = (
-            started,
-            matches!(&answer, Ok(f) if f.outcome == Outcome::L1Hit),
-        ) {
-            span.record("wait_ms", started.elapsed().as_secs_f64() * 1000.0);
+        if let Err(error) = &answer {
+            let span = traced.as_ref().and_then(|(span, _)| span.id());
+            debug!(parent: span, error = error as &dyn std::error::Error, "no value");
         }
         answer
     }
@@ -358,8 +355,7 @@ impl Cache {
             read_at,
         };
         telemetry::outcome(Outcome::L1Hit);
-        let span = fetch_span(digest);
-        if !span.is_disabled() {
+        if let Some(span) = fetch_span(digest) {
             span.record("outcome", Outcome::L1Hit.label());
         }
         Some(found)
@@ -397,13 +393,16 @@ impl Cache {
     }
 }
 
-/// The span of one fetch of `digest`: its outcome, and how long a caller that did not hit L1
-/// waited.
-fn fetch_span(digest: &KeyDigest) -> tracing::Span {
-    debug_span!(
+/// The span of one fetch of `digest` (its outcome, and how long a caller that did not hit L1
+/// waited), if a subscriber wants it. A disabled span is not kept: with `tracing`'s `log`
+/// feature (which `axum` turns on), even a disabled span asks the logger at each poll and
+/// record, which an L2 hit measured (about a point of a `GET`).
+fn fetch_span(digest: &KeyDigest) -> Option<tracing::Span> {
+    let span = debug_span!(
         "stampede.fetch",
         key = %digest,
         outcome = tracing::field::Empty,
         wait_ms = tracing::field::Empty,
-    )
+    );
+    (!span.is_disabled()).then_some(span)
 }

@@ -171,7 +171,7 @@ impl Notifier {
     pub fn stamp(&self, digest: &KeyDigest) -> Option<Stamp> {
         // Epoch first: a loss after this read moves it, so the stamp goes out of date.
         let stamp = self.stamp_anyway(digest);
-        self.0.live.load(Ordering::SeqCst).then_some(stamp)
+        self.receiving().then_some(stamp)
     }
 
     /// What this process has heard of the key `digest` so far, even while notifications are
@@ -194,7 +194,7 @@ impl Notifier {
     /// Notifications are received again, if they were [lost](Self::lost): what was read
     /// meanwhile goes out of date too.
     pub fn restored(&self) {
-        if !self.0.live.load(Ordering::SeqCst) {
+        if !self.receiving() {
             self.0.epoch.fetch_add(1, Ordering::SeqCst);
             self.0.live.store(true, Ordering::SeqCst);
             self.0.back.notify_waiters();
@@ -218,10 +218,10 @@ impl Notifier {
         tokio::pin!(back);
         // Registered before the second look, so a restore in between is not missed.
         back.as_mut().enable();
-        if !self.0.live.load(Ordering::SeqCst) {
+        if !self.receiving() {
             let _ = tokio::time::timeout(limit, back).await;
         }
-        self.0.live.load(Ordering::SeqCst)
+        self.receiving()
     }
 
     /// A subscription failed: readers waiting in [`received_within`](Self::received_within)
