@@ -60,6 +60,16 @@ impl Logs {
     /// Sends what this thread traces, at debug level and with each span's fields when it
     /// closes, here, until the guard is dropped.
     pub fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        // While exactly one subscriber exists, tracing-core decides a callsite's interest, at
+        // its first use, from the subscriber of the thread that uses it alone: a callsite
+        // first reached by another test's thread, which has none, would be cached as "never",
+        // and this thread's subscriber would miss it (one run in seven of a test here). A
+        // second subscriber, kept for the life of the test binary, makes every registration
+        // ask all of them.
+        static SECOND: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+            tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+        });
+        std::sync::LazyLock::force(&SECOND);
         let logs = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
