@@ -189,17 +189,23 @@ fn saturating_millis(d: Duration) -> u32 {
 
 /// Decodes an entry; anything that is not a well-formed entry of this version (or of
 /// version 1) is [`Corrupt`].
-pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
+pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
     let header_len = match bytes.get(..3) {
         Some([m1, m2, VERSION]) if [*m1, *m2] == *MAGIC => HEADER_LEN,
         Some([m1, m2, VERSION_1]) if [*m1, *m2] == *MAGIC => HEADER_1_LEN,
         _ => return Err(Corrupt),
     };
     let header = bytes.get(..header_len).ok_or(Corrupt)?;
-    let load_ms = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
+    let (flags, load_ms) = (
+        header[3],
+        u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
+    );
     let load_time = Duration::from_millis(u64::from(load_ms));
-    let mut rest = bytes.slice(header_len..);
-    let windows = if header[3] & WINDOWS != 0 {
+    // What follows the header, in place: a slice would make the bytes shared (one allocation,
+    // when they came from a `Vec`) only to drop the header.
+    bytes.advance(header_len);
+    let mut rest = bytes;
+    let windows = if flags & WINDOWS != 0 {
         if rest.remaining() < 8 {
             return Err(Corrupt);
         }
@@ -212,7 +218,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
     } else {
         None
     };
-    match header[3] & !WINDOWS {
+    match flags & !WINDOWS {
         KIND_VALUE => Ok(Entry::Value {
             payload: rest,
             load_time,
@@ -242,7 +248,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Entry, Corrupt> {
                 windows,
             })
         }
-        KIND_PASS if windows.is_none() && bytes.len() == header_len => Ok(Entry::Pass),
+        KIND_PASS if windows.is_none() && !rest.has_remaining() => Ok(Entry::Pass),
         KIND_WAITERS if windows.is_none() => Ok(Entry::ForWaiters { payload: rest }),
         _ => Err(Corrupt),
     }
@@ -261,7 +267,7 @@ mod tests {
     fn round_trips() {
         let (v, _) = encode_value(b"hello", at(5), Duration::from_millis(1234), None, None);
         assert_eq!(
-            decode(&v),
+            decode(v.clone()),
             Ok(Entry::Value {
                 payload: Bytes::from_static(b"hello"),
                 load_time: Duration::from_millis(1234),
@@ -282,7 +288,7 @@ mod tests {
         );
         assert_eq!(payload, "tagged");
         assert_eq!(
-            decode(&v),
+            decode(v.clone()),
             Ok(Entry::Value {
                 payload: Bytes::from_static(b"tagged"),
                 load_time: Duration::from_millis(7),
@@ -290,15 +296,15 @@ mod tests {
                 windows: None,
             })
         );
-        assert_eq!(decode(&encode_pass(at(5))), Ok(Entry::Pass));
+        assert_eq!(decode(encode_pass(at(5))), Ok(Entry::Pass));
         assert_eq!(
-            decode(&encode_for_waiters(b"503", at(5), Duration::ZERO)),
+            decode(encode_for_waiters(b"503", at(5), Duration::ZERO)),
             Ok(Entry::ForWaiters {
                 payload: Bytes::from_static(b"503")
             })
         );
         assert_eq!(
-            decode(&encode_value(b"", at(5), Duration::MAX, None, None).0),
+            decode(encode_value(b"", at(5), Duration::MAX, None, None).0),
             Ok(Entry::Value {
                 payload: Bytes::new(),
                 load_time: Duration::from_millis(u64::from(u32::MAX)),
@@ -317,7 +323,7 @@ mod tests {
         let (v, payload) = encode_value(b"w", at(5), Duration::from_millis(3), None, Some(windows));
         assert_eq!(payload, "w");
         assert_eq!(
-            decode(&v),
+            decode(v.clone()),
             Ok(Entry::Value {
                 payload: Bytes::from_static(b"w"),
                 load_time: Duration::from_millis(3),
@@ -336,7 +342,7 @@ mod tests {
         };
         let (v, _) = encode_value(b"wt", at(5), Duration::ZERO, Some(&tagged), Some(windows));
         assert_eq!(
-            decode(&v),
+            decode(v.clone()),
             Ok(Entry::Value {
                 payload: Bytes::from_static(b"wt"),
                 load_time: Duration::ZERO,
@@ -351,7 +357,7 @@ mod tests {
             if_error: None,
         };
         let Ok(Entry::Value { windows, .. }) =
-            decode(&encode_value(b"", at(5), Duration::ZERO, None, Some(huge)).0)
+            decode(encode_value(b"", at(5), Duration::ZERO, None, Some(huge)).0)
         else {
             panic!("not a value")
         };
@@ -382,7 +388,7 @@ mod tests {
     fn version_1_entries_are_read() {
         let v1 = Bytes::from_static(b"TS\x01\x00\x00\x00\x00\x07old");
         assert_eq!(
-            decode(&v1),
+            decode(v1.clone()),
             Ok(Entry::Value {
                 payload: Bytes::from_static(b"old"),
                 load_time: Duration::from_millis(7),
@@ -391,7 +397,7 @@ mod tests {
             })
         );
         let pass = Bytes::from_static(b"TS\x01\x01\x00\x00\x00\x00");
-        assert_eq!(decode(&pass), Ok(Entry::Pass));
+        assert_eq!(decode(pass.clone()), Ok(Entry::Pass));
         assert_eq!(
             crate::store::load_start(&v1),
             None,
@@ -419,7 +425,7 @@ mod tests {
             b"TS\x02\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
         ] {
             assert_eq!(
-                decode(&Bytes::copy_from_slice(bad)),
+                decode(Bytes::copy_from_slice(bad)),
                 Err(Corrupt),
                 "{bad:?}"
             );
@@ -456,7 +462,7 @@ mod tests {
     #[test]
     fn payload_shares_the_buffer() {
         let (v, _) = encode_value(b"abc", at(5), Duration::ZERO, None, None);
-        let Ok(Entry::Value { payload, .. }) = decode(&v) else {
+        let Ok(Entry::Value { payload, .. }) = decode(v.clone()) else {
             panic!("not a value")
         };
         assert_eq!(payload.as_ptr(), v[HEADER_LEN..].as_ptr());

@@ -71,7 +71,7 @@ pub(super) struct Reader<'a>(&'a (dyn Fn(&Bytes) -> bool + Send + Sync));
 
 impl Reader<'_> {
     /// Decodes a store entry; a value this reader's caller cannot read is corrupt.
-    pub(super) fn decode(self, bytes: &Bytes) -> Result<Entry, entry::Corrupt> {
+    pub(super) fn decode(self, bytes: Bytes) -> Result<Entry, entry::Corrupt> {
         match entry::decode(bytes)? {
             Entry::Value { payload, .. } | Entry::ForWaiters { payload } if !(self.0)(&payload) => {
                 Err(entry::Corrupt)

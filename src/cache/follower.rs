@@ -234,7 +234,7 @@ impl Inner {
             lock: lookup.lock,
             entry: lookup
                 .value
-                .map(|stored| (reader.decode(&stored.bytes), stored.ttl)),
+                .map(|stored| (reader.decode(stored.bytes), stored.ttl)),
             tag_stamps: TagStamps::default(),
             outdated: false,
         };
@@ -440,7 +440,7 @@ impl Inner {
                         stamp,
                         found.tag_stamps,
                         digest,
-                        payload.clone(),
+                        &payload,
                         fresh_for,
                         load_time,
                     );
@@ -521,7 +521,7 @@ impl Inner {
             .await
             .ok()
             .flatten()?;
-        match reader.decode(&stored.bytes) {
+        match reader.decode(stored.bytes) {
             Ok(Entry::ForWaiters { payload }) if self.answered_since(stored.ttl, started) => {
                 Some(payload)
             }

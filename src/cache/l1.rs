@@ -208,7 +208,7 @@ impl Inner {
         stamp: Option<Stamp>,
         tags: TagStamps,
         digest: KeyDigest,
-        value: Bytes,
+        value: &Bytes,
         fresh_for: Duration,
         load_time: Duration,
     ) {
@@ -219,7 +219,9 @@ impl Inner {
             let fresh_until = crate::sync::later(now, fresh_for);
             let entry = L1Entry {
                 refresh_at: self.refresh_point(fresh_until, load_time),
-                value,
+                // Cloned only here: with L1 off (or a value it does not keep), bytes read
+                // from the store stay unshared (a clone of bytes from a `Vec` allocates).
+                value: value.clone(),
                 ttl,
                 fresh_until,
                 stamp,

@@ -133,7 +133,7 @@ impl Inner {
                 stamp,
                 tags,
                 digest,
-                ready.value.clone(),
+                &ready.value,
                 ready.fresh_for,
                 load_time,
             );
@@ -444,7 +444,7 @@ impl Inner {
                         stamp,
                         TagStamps::default(),
                         digest,
-                        bytes.clone(),
+                        &bytes,
                         ttl,
                         started.elapsed(),
                     );

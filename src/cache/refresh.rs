@@ -203,7 +203,7 @@ impl Inner {
                         stamp,
                         found.tag_stamps,
                         digest,
-                        payload,
+                        &payload,
                         fresh_for,
                         load_time,
                     );

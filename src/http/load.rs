@@ -405,7 +405,7 @@ async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Lo
     let stored = cache.store().get(&cache.store_key(primary)).await;
     let still_there = stored.ok().flatten().is_some_and(|stored| {
         matches!(
-            crate::cache::entry::decode(&stored.bytes),
+            crate::cache::entry::decode(stored.bytes),
             Ok(crate::cache::entry::Entry::Value { payload, .. })
                 if matches!(codec::decode(&payload), Ok(codec::Stored::Vary(held)) if held.generation == marker.generation)
         )

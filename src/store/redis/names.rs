@@ -3,7 +3,10 @@
 //! on which its namespace's fills are published (one classic channel, and on a Redis Cluster a
 //! small fixed family of shard channels).
 
+use std::io::Write;
 use std::sync::atomic::Ordering;
+
+use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
 use crate::store::StoreKey;
@@ -16,20 +19,20 @@ impl RedisStore {
     /// Cluster slot (the scripts touch both in one call); [`StoreKey`] namespaces never hold a
     /// brace that could move the tag.
     pub fn value_name(key: &StoreKey) -> String {
-        name(key, 'v')
+        KeyName::value(key).to_name()
     }
 
     /// The name of the Redis key that holds the lock of `key` (or its `fresh` or `failed`
     /// marker): `{namespace}:{{digest}}:l`, in the slot of [`value_name`](Self::value_name).
     pub fn lock_name(key: &StoreKey) -> String {
-        name(key, 'l')
+        KeyName::lock(key).to_name()
     }
 
     /// The name of the Redis key that holds the answer of a load for its waiters only (see
     /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)):
     /// `{namespace}:{{digest}}:w`, in the slot of [`value_name`](Self::value_name).
     pub fn waiters_name(key: &StoreKey) -> String {
-        name(key, 'w')
+        KeyName::waiters(key).to_name()
     }
 
     /// What this store's scripts publish a change of a `namespace` key on: the shard channel
@@ -43,18 +46,72 @@ impl RedisStore {
     }
 }
 
-/// `{namespace}:{{digest}}:{suffix}`, written straight into one allocation (key names are
-/// built on every store call).
-fn name(key: &StoreKey, suffix: char) -> String {
-    let namespace = key.namespace();
-    let mut name = String::with_capacity(namespace.len() + 70);
-    name.push_str(namespace);
-    name.push_str(":{");
-    // Hex digits are ASCII: pushed as one `str`, not 64 `char`s encoded one by one.
-    name.push_str(std::str::from_utf8(&key.digest().hex_bytes()).unwrap_or_default());
-    name.push_str("}:");
-    name.push(suffix);
-    name
+/// One of the Redis keys of a store key, `{namespace}:{{digest}}:{suffix}`, as the store's
+/// commands take it: an argument that writes itself straight into its command's buffer, with
+/// no `String` of its own (key names go into every store call, two or three at a time).
+#[derive(Clone, Copy)]
+pub(super) struct KeyName<'a> {
+    key: &'a StoreKey,
+    suffix: u8,
+}
+
+impl<'a> KeyName<'a> {
+    /// The key of the value ([`RedisStore::value_name`]).
+    pub(super) fn value(key: &'a StoreKey) -> Self {
+        KeyName { key, suffix: b'v' }
+    }
+
+    /// The key of the lock and its markers ([`RedisStore::lock_name`]).
+    pub(super) fn lock(key: &'a StoreKey) -> Self {
+        KeyName { key, suffix: b'l' }
+    }
+
+    /// The key of the answer for waiters ([`RedisStore::waiters_name`]).
+    pub(super) fn waiters(key: &'a StoreKey) -> Self {
+        KeyName { key, suffix: b'w' }
+    }
+
+    /// The keys of the value and of the lock, in the order the scripts take them.
+    pub(super) fn value_and_lock(key: &'a StoreKey) -> [Self; 2] {
+        [KeyName::value(key), KeyName::lock(key)]
+    }
+
+    /// Its length in bytes.
+    fn len(self) -> usize {
+        self.key.namespace().len() + ":{".len() + 64 + "}:".len() + 1
+    }
+
+    /// Hands what follows the namespace to `put`, in order: `:{`, the digest's hex digits,
+    /// `}:` and the suffix, all ASCII.
+    fn after_namespace(self, mut put: impl FnMut(&[u8])) {
+        put(b":{");
+        put(&self.key.digest().hex_bytes());
+        put(b"}:");
+        put(&[self.suffix]);
+    }
+
+    /// As a `String`, for [`RedisStore::value_name`] and its kin.
+    fn to_name(self) -> String {
+        let mut name = String::with_capacity(self.len());
+        name.push_str(self.key.namespace());
+        // ASCII: one `char` per byte.
+        self.after_namespace(|part| name.extend(part.iter().copied().map(char::from)));
+        name
+    }
+}
+
+impl ToRedisArgs for KeyName<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let mut arg = out.writer_for_next_arg();
+        // A command's buffer is a `Vec`: a write into it does not fail.
+        let _ = arg.write_all(self.key.namespace().as_bytes());
+        self.after_namespace(|part| {
+            let _ = arg.write_all(part);
+        });
+    }
 }
 
 /// The names of a namespace's tag clock and of the hash of its tags' versions:
@@ -143,6 +200,27 @@ mod tests {
         let digest = key.digest().to_hex();
         assert_eq!(RedisStore::value_name(&key), format!("ns:{{{digest}}}:v"));
         assert_eq!(RedisStore::lock_name(&key), format!("ns:{{{digest}}}:l"));
+    }
+
+    #[test]
+    fn a_name_written_into_a_command_is_the_name() {
+        // The commands take `KeyName`s, written into their buffers; users and tests read the
+        // `String`s: both must be the same bytes, whatever the namespace's characters.
+        for namespace in ["app", "ünïcödé-名前", ""] {
+            let key = key(namespace, b"key");
+            let names = [
+                (KeyName::value(&key), RedisStore::value_name(&key)),
+                (KeyName::lock(&key), RedisStore::lock_name(&key)),
+                (KeyName::waiters(&key), RedisStore::waiters_name(&key)),
+            ];
+            for (name, string) in names {
+                assert_eq!(name.len(), string.len());
+                let (mut written, mut expected) = (redis::cmd("GET"), redis::cmd("GET"));
+                written.arg(name).arg("next");
+                expected.arg(string.as_str()).arg("next");
+                assert_eq!(written.get_packed_command(), expected.get_packed_command());
+            }
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::{debug, warn};
 
-use super::names::tag_names;
+use super::names::{tag_names, KeyName};
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, ANSWER, EXPIRE, EXTEND, FAIL, FILL,
     INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
@@ -75,19 +75,21 @@ impl RedisStore {
 
     /// A plain read of the Redis key `name` and its remaining life: one pipelined `GET` and
     /// `PTTL`.
-    async fn read_key(&self, name: String) -> Result<Option<Stored>, StoreError> {
+    fn read_key(&self, name: KeyName<'_>) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         let mut pipeline = Pipeline::with_capacity(2);
         pipeline
-            .add_command(command(2, "GET", &name))
-            .add_command(command(2, "PTTL", &name))
+            .add_command(command(2, "GET", name))
+            .add_command(command(2, "PTTL", name))
             .ignore_errors();
-        type Reply = (RedisResult<Option<Vec<u8>>>, RedisResult<i64>);
-        let (value, pttl): Reply = self
-            .connection
-            .pipeline(&pipeline)
-            .await
-            .map_err(|error| self.error(error))?;
-        self.read(value, pttl)
+        Box::pin(async move {
+            type Reply = (RedisResult<Option<Vec<u8>>>, RedisResult<i64>);
+            let (value, pttl): Reply = self
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| self.error(error))?;
+            self.read(value, pttl)
+        })
     }
 
     /// Whether a pipelined command's error sends the call to its script: a server that does not
@@ -124,10 +126,7 @@ fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
 
 impl RedisStore {
     fn release_call(&self, key: &StoreKey, token: LockToken) -> Cmd {
-        let mut call = script_call(
-            &RELEASE,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
+        let mut call = script_call(&RELEASE, &KeyName::value_and_lock(key));
         call.arg(&token.hex_bytes()[..]);
         publish_filled(
             &mut call,
@@ -144,7 +143,7 @@ impl RedisStore {
     fn fenced_write(
         &self,
         script: &'static Script,
-        names: &[&str],
+        names: &[KeyName<'_>],
         key: &StoreKey,
         token: LockToken,
         bytes: &[u8],
@@ -197,7 +196,6 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
         // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
         // no remaining life exceeds (a fill under that lock then leaves no marker: the next
         // lookup takes the lock of a fresh value and puts the marker back).
@@ -211,18 +209,18 @@ impl Store for RedisStore {
         };
         let lock = lock_value(token, fresh_above);
         let lock_ms = millis(lock_ttl);
-        let script = move |value_name: &str, lock_name: &str, lock: &[u8]| {
-            let mut call = script_call(&LOOKUP, &[value_name, lock_name]);
+        let script = move |key: &StoreKey, lock: &[u8]| {
+            let mut call = script_call(&LOOKUP, &KeyName::value_and_lock(key));
             call.arg(lock).arg(lock_ms).arg(below);
             call
         };
         if by_script || !self.pipelined.load(Ordering::Relaxed) {
-            return Box::pin(self.lookup_by_script(script(&value_name, &lock_name, &lock)));
+            return Box::pin(self.lookup_by_script(script(key, &lock)));
         }
         // One round trip of three plain commands: the lock is taken only where no `fresh`
         // marker stands, which is where the value is stale or absent.
         let mut pipeline = Pipeline::with_capacity(3);
-        let mut take = command(7, "SET", &lock_name);
+        let mut take = command(7, "SET", KeyName::lock(key));
         take.arg(&lock[..])
             .arg("NX")
             .arg("PX")
@@ -230,8 +228,8 @@ impl Store for RedisStore {
             .arg("GET");
         pipeline
             .add_command(take)
-            .add_command(command(2, "GET", &value_name))
-            .add_command(command(2, "PTTL", &value_name))
+            .add_command(command(2, "GET", KeyName::value(key)))
+            .add_command(command(2, "PTTL", KeyName::value(key)))
             .ignore_errors();
         let key = key.clone();
         Box::pin(async move {
@@ -250,7 +248,7 @@ impl Store for RedisStore {
                 Err(error) if self.pipeline_refused(&error) => {
                     // A server before Redis 7.0, or a lock key of a foreign type: the script
                     // decides (and counts a foreign lock key as free).
-                    let script = script(&value_name, &lock_name, &lock);
+                    let script = script(&key, &lock);
                     return self.lookup_by_script(script).await;
                 }
                 Err(error) if error.code() == Some("OOM") => {
@@ -280,7 +278,7 @@ impl Store for RedisStore {
                     // value turns nobody away): the value in hand is still the answer.
                     // No notification: the value did not change, and every process's L1
                     // may keep it (issue 16 #5: under `volatile-ttl` markers go first).
-                    let mut repair = script_call(&REPAIR, &[&value_name, &lock_name]);
+                    let mut repair = script_call(&REPAIR, &KeyName::value_and_lock(&key));
                     repair.arg(&token.hex_bytes()[..]);
                     let repaired: Result<i64, StoreError> = self.run(&REPAIR, &repair).await;
                     if let Err(error) = repaired {
@@ -293,14 +291,14 @@ impl Store for RedisStore {
                 Some(b"fresh") => {
                     // The value is gone or stale but its marker still stands (the value was
                     // evicted, or this lookup wants to refresh early): the script decides.
-                    let script = script(&value_name, &lock_name, &lock);
+                    let script = script(&key, &lock);
                     return self.lookup_by_script(script).await;
                 }
                 Some(b"failed") => LockState::Failed,
                 Some(held) if held.starts_with(&lock[..33]) => {
                     // Our own lock (this caller asks again): the script takes it again,
                     // renewing its TTL, as `MemoryStore` does.
-                    let script = script(&value_name, &lock_name, &lock);
+                    let script = script(&key, &lock);
                     return self.lookup_by_script(script).await;
                 }
                 Some(held) if is_lock(held) => LockState::HeldElsewhere,
@@ -308,7 +306,7 @@ impl Store for RedisStore {
                     // Bytes this crate never wrote: no lock to wait for. The script takes the
                     // lock in their place (one more round trip).
                     warn!(key = ?key, "a lock key holds bytes that are no lock; replacing them");
-                    let script = script(&value_name, &lock_name, &lock);
+                    let script = script(&key, &lock);
                     return self.lookup_by_script(script).await;
                 }
             };
@@ -323,8 +321,14 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let (value_name, lock_name) = (RedisStore::value_name(key), RedisStore::lock_name(key));
-        self.fenced_write(&FILL, &[&value_name, &lock_name], key, token, &value, ttl)
+        self.fenced_write(
+            &FILL,
+            &KeyName::value_and_lock(key),
+            key,
+            token,
+            &value,
+            ttl,
+        )
     }
 
     fn renew(
@@ -333,10 +337,7 @@ impl Store for RedisStore {
         token: LockToken,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
-        let mut call = script_call(
-            &RENEW,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
+        let mut call = script_call(&RENEW, &KeyName::value_and_lock(key));
         call.arg(&token.hex_bytes()[..]).arg(millis(ttl));
         publish_filled(
             &mut call,
@@ -369,7 +370,7 @@ impl Store for RedisStore {
         token: LockToken,
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&EXTEND, &[&RedisStore::lock_name(key)]);
+        let mut call = script_call(&EXTEND, &[KeyName::lock(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(lock_ttl));
         Box::pin(self.run_fenced(&EXTEND, call))
     }
@@ -380,7 +381,7 @@ impl Store for RedisStore {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&PUT, &[&RedisStore::value_name(key)]);
+        let mut call = script_call(&PUT, &[KeyName::value(key)]);
         call.arg(value.as_ref()).arg(millis(ttl));
         publish_filled(
             &mut call,
@@ -396,7 +397,7 @@ impl Store for RedisStore {
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        Box::pin(self.read_key(RedisStore::value_name(key)))
+        self.read_key(KeyName::value(key))
     }
 
     fn fail(
@@ -405,7 +406,7 @@ impl Store for RedisStore {
         token: LockToken,
         failure_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&FAIL, &[&RedisStore::lock_name(key)]);
+        let mut call = script_call(&FAIL, &[KeyName::lock(key)]);
         call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
         publish_filled(
             &mut call,
@@ -424,15 +425,15 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
         let names = [
-            &RedisStore::value_name(key)[..],
-            &RedisStore::lock_name(key),
-            &RedisStore::waiters_name(key),
+            KeyName::value(key),
+            KeyName::lock(key),
+            KeyName::waiters(key),
         ];
         self.fenced_write(&ANSWER, &names, key, token, &answer, ttl)
     }
 
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        Box::pin(self.read_key(RedisStore::waiters_name(key)))
+        self.read_key(KeyName::waiters(key))
     }
 
     fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
@@ -442,10 +443,7 @@ impl Store for RedisStore {
     }
 
     fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(
-            &INVALIDATE,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
+        let mut call = script_call(&INVALIDATE, &KeyName::value_and_lock(key));
         publish_filled(
             &mut call,
             key,
@@ -462,10 +460,7 @@ impl Store for RedisStore {
         fresh_for: Duration,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(
-            &SET,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
+        let mut call = script_call(&SET, &KeyName::value_and_lock(key));
         // A freshness under 1 ms leaves no marker (0), as `millis` would round it up.
         let fresh = if fresh_for.is_zero() {
             0
@@ -483,10 +478,7 @@ impl Store for RedisStore {
     }
 
     fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(
-            &EXPIRE,
-            &[&RedisStore::value_name(key), &RedisStore::lock_name(key)],
-        );
+        let mut call = script_call(&EXPIRE, &KeyName::value_and_lock(key));
         call.arg(if keep.is_zero() { 0 } else { millis(keep) });
         publish_filled(
             &mut call,
@@ -506,7 +498,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let clock: Option<Vec<u8>> = self
                 .connection
-                .query(&command(2, "GET", &clock))
+                .query(&command(2, "GET", clock.as_str()))
                 .await
                 .map_err(|error| self.error(error))?;
             match clock {
@@ -527,7 +519,7 @@ impl Store for RedisStore {
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
         let (_, versions) = tag_names(namespace);
-        let mut call = command(2 + tags.len(), "HMGET", &versions);
+        let mut call = command(2 + tags.len(), "HMGET", versions.as_str());
         for tag in tags {
             call.arg(&tag.hex_bytes()[..]);
         }
@@ -552,7 +544,7 @@ impl Store for RedisStore {
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         let (clock, versions) = tag_names(namespace);
-        let mut call = script_call(&INVALIDATE_TAGS, &[&clock, &versions]);
+        let mut call = script_call(&INVALIDATE_TAGS, &[clock.as_str(), versions.as_str()]);
         call.arg(self.fill_channel(namespace)).arg(self.origin());
         for tag in tags {
             call.arg(&tag.hex_bytes()[..]);
