@@ -11,14 +11,12 @@ use std::time::Duration;
 use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
+use support::observed::Observed;
 use support::{stale_while_one_refreshes, start_leader, wait_until, Backing, Counter, Shared};
 use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
-use tower_stampede::store::{
-    BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Lookup, MemoryStore, Store, StoreError,
-    StoreKey, Stored,
-};
+use tower_stampede::store::{LockState, LockToken, LockWhen, MemoryStore, Store};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
 impl Shared {
@@ -884,157 +882,6 @@ async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
             .unwrap();
         assert_eq!(value, "second try", "{}", shared.name);
         assert_eq!(loads.get(), 1);
-    }
-}
-
-/// Another store seen through a wrapper that counts its lookups and, if asked, answers them
-/// late (after they took effect), as a slow network would, fails every fill, or leaves its
-/// lookups and reads unanswered for good while it [hangs](Observed::hang).
-#[derive(Debug)]
-struct Observed {
-    inner: Arc<dyn Store>,
-    lookups: std::sync::atomic::AtomicUsize,
-    lookup_delay: Duration,
-    fills_fail: bool,
-    hanging: std::sync::atomic::AtomicBool,
-}
-
-impl Observed {
-    fn new(inner: &Arc<dyn Store>, lookup_delay: Duration) -> Arc<Self> {
-        Arc::new(Observed {
-            inner: Arc::clone(inner),
-            lookups: Default::default(),
-            lookup_delay,
-            fills_fail: false,
-            hanging: Default::default(),
-        })
-    }
-
-    /// A store whose fills all fail (and change nothing), its other calls going through.
-    fn failing_fills(inner: &Arc<dyn Store>) -> Arc<Self> {
-        Arc::new(Observed {
-            inner: Arc::clone(inner),
-            lookups: Default::default(),
-            lookup_delay: Duration::ZERO,
-            fills_fail: true,
-            hanging: Default::default(),
-        })
-    }
-
-    /// From now on, lookups and reads never answer (`true`), or answer again (`false`).
-    fn hang(&self, hanging: bool) {
-        self.hanging
-            .store(hanging, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    fn hanging(&self) -> bool {
-        self.hanging.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn lookups(&self) -> usize {
-        self.lookups.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-impl Store for Observed {
-    fn lookup(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-        lock_when: LockWhen,
-    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        self.lookups
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        if self.hanging() {
-            return Box::pin(std::future::pending());
-        }
-        let key = key.clone();
-        Box::pin(async move {
-            let answer = self.inner.lookup(&key, token, lock_ttl, lock_when).await;
-            tokio::time::sleep(self.lookup_delay).await;
-            answer
-        })
-    }
-
-    fn fill(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        if self.fills_fail {
-            return Box::pin(async { Err(StoreError::new("fills fail")) });
-        }
-        self.inner.fill(key, token, value, ttl)
-    }
-
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.inner.release(key, token)
-    }
-
-    fn extend(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.inner.extend(key, token, lock_ttl)
-    }
-
-    fn put(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.inner.put(key, value, ttl)
-    }
-
-    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        if self.hanging() {
-            return Box::pin(std::future::pending());
-        }
-        self.inner.get(key)
-    }
-
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.invalidate(key)
-    }
-
-    fn set(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        fresh_for: Duration,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.set(key, value, fresh_for, ttl)
-    }
-
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.expire(key, keep)
-    }
-
-    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
-        self.inner.tag_clock(namespace)
-    }
-
-    fn tag_versions(
-        &self,
-        namespace: &str,
-        tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
-        self.inner.tag_versions(namespace, tags)
-    }
-
-    fn invalidate_tags(
-        &self,
-        namespace: &str,
-        tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.invalidate_tags(namespace, tags)
     }
 }
 

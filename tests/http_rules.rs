@@ -1200,6 +1200,63 @@ async fn stale_variants_are_served_while_refreshing_and_in_place_of_errors() {
     }
 }
 
+/// A stale vary marker whose request went to its variant's load (the variant was not
+/// stored) is stored again by the URL's loader without a request, after one store read: is
+/// the marker still the one this request followed? That read is bounded as the engine's own
+/// are: a store that never answers it (a Redis that froze between the lookup and the read)
+/// costs `store_timeout`, then a new generation is stored, which is always safe. Unbounded,
+/// the read hung the marker's refresh (its lock held and renewed) until `load_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marker_restored_while_the_store_stalls_its_read_waits_only_the_store_timeout() {
+    for shared in Shared::both().await {
+        let origin = Origin::default();
+        let observed = support::observed::Observed::new(&shared.store, Duration::ZERO);
+        let store: Arc<dyn tower_stampede::store::Store> = observed.clone();
+        let cache = Cache::builder_shared(store)
+            .namespace("http-restore-stalled")
+            .stale(Duration::from_secs(60))
+            .early_refresh(0.0)
+            .store_timeout(Duration::from_millis(500))
+            .load_timeout(Duration::from_secs(600))
+            .build();
+        let app = origin.router().layer(StampedeLayer::new(cache));
+        let uri = url(
+            "/restore-stalled",
+            &[
+                ("h", &h("cache-control", "max-age=1")),
+                ("h", &h("vary", "accept-encoding")),
+                ("echo", b"accept-encoding"),
+            ],
+        );
+        let gzip = [("accept-encoding", "gzip")];
+        assert_eq!(send(&app, Method::GET, &uri, &gzip).await.x_cache(), "MISS");
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        // The marker is stale and this request's variant not stored: its load takes the
+        // request, and the marker's refresh restores the marker, reading it first; the read
+        // never answers.
+        observed.hang_reads(true);
+        let fills = observed.fills();
+        let answer = send(&app, Method::GET, &uri, &[("accept-encoding", "br")]).await;
+        assert_eq!(
+            (answer.status, answer.body()),
+            (StatusCode::OK, "GET /restore-stalled #2 br"),
+            "{}",
+            shared.name
+        );
+        support::wait_until("the marker is stored again past its stalled read", || {
+            observed.fills() >= fills + 2
+        })
+        .await;
+        observed.hang_reads(false);
+        assert_eq!(
+            origin.calls.get(),
+            2,
+            "{}: the marker was restored, not loaded",
+            shared.name
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_varying_hot_page_is_refreshed_early_and_always_answered() {
     for shared in Shared::both().await {

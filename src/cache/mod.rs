@@ -84,7 +84,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
-use crate::store::{KeyDigest, Notifier, Store, StoreKey};
+use crate::store::{KeyDigest, Notifier, Store, StoreError, StoreKey, Stored};
 use answer::Counters;
 use breaker::Breaker;
 use flight::FlightHandle;
@@ -382,6 +382,14 @@ impl Cache {
     /// The store this cache shares with other processes.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// What the store holds under `key`, read as the engine's own store calls are: within
+    /// [`store_timeout`](CacheBuilder::store_timeout), counted by the circuit breaker, and
+    /// not sent while it is open. For the layer's reads outside a fetch.
+    pub(crate) async fn read_stored(&self, key: &str) -> Result<Option<Stored>, StoreError> {
+        let key = self.store_key(key);
+        self.inner.store_call(self.inner.store.get(&key)).await
     }
 
     /// The store key of a logical key, as this cache names it (for tools and tests).

@@ -402,7 +402,9 @@ fn not_modified<B: Body, E>(
 /// lock, so an invalidation after this read voids it and its fill is refused: either way no
 /// old variant comes back. One store read, once per marker that goes stale.
 async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Loaded, BoxError> {
-    let stored = cache.store().get(&cache.store_key(primary)).await;
+    // A read that fails (the store slow, down, or its breaker open) finds no marker: a new
+    // generation, which is always safe.
+    let stored = cache.read_stored(primary).await;
     let still_there = stored.ok().flatten().is_some_and(|stored| {
         matches!(
             crate::cache::entry::decode(stored.bytes),

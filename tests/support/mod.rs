@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod http;
+pub mod observed;
 
 /// The store timeout of the tests' caches ([`Shared::cache`]): far beyond a busy machine's
 /// round trip, far below anything a test waits for.

@@ -1,0 +1,180 @@
+//! A store seen through a wrapper that observes its calls and can slow, fail or stall them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tower_stampede::store::{
+    BoxFuture, KeyDigest, LockToken, LockWhen, Lookup, Store, StoreError, StoreKey, Stored,
+};
+
+/// Another store seen through a wrapper that counts its lookups and fills and, if asked,
+/// answers lookups late (after they took effect), as a slow network would, fails every fill,
+/// or leaves its lookups and reads unanswered for good while it [hangs](Observed::hang) (its
+/// reads alone, while [they hang](Observed::hang_reads)).
+#[derive(Debug)]
+pub struct Observed {
+    inner: Arc<dyn Store>,
+    lookups: std::sync::atomic::AtomicUsize,
+    lookup_delay: Duration,
+    fills_fail: bool,
+    hanging: std::sync::atomic::AtomicBool,
+    reads_hang: std::sync::atomic::AtomicBool,
+    fills: std::sync::atomic::AtomicUsize,
+}
+
+impl Observed {
+    pub fn new(inner: &Arc<dyn Store>, lookup_delay: Duration) -> Arc<Self> {
+        Arc::new(Observed {
+            inner: Arc::clone(inner),
+            lookups: Default::default(),
+            lookup_delay,
+            fills_fail: false,
+            hanging: Default::default(),
+            reads_hang: Default::default(),
+            fills: Default::default(),
+        })
+    }
+
+    /// A store whose fills all fail (and change nothing), its other calls going through.
+    pub fn failing_fills(inner: &Arc<dyn Store>) -> Arc<Self> {
+        Arc::new(Observed {
+            inner: Arc::clone(inner),
+            lookups: Default::default(),
+            lookup_delay: Duration::ZERO,
+            fills_fail: true,
+            hanging: Default::default(),
+            reads_hang: Default::default(),
+            fills: Default::default(),
+        })
+    }
+
+    /// From now on, lookups and reads never answer (`true`), or answer again (`false`).
+    pub fn hang(&self, hanging: bool) {
+        self.hanging
+            .store(hanging, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on, reads (`Store::get`) never answer (`true`), or answer again (`false`);
+    /// lookups go on.
+    pub fn hang_reads(&self, hanging: bool) {
+        self.reads_hang
+            .store(hanging, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn hanging(&self) -> bool {
+        self.hanging.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn lookups(&self) -> usize {
+        self.lookups.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The fills asked of it so far (failed ones included).
+    pub fn fills(&self) -> usize {
+        self.fills.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Store for Observed {
+    fn lookup(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
+        self.lookups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.hanging() {
+            return Box::pin(std::future::pending());
+        }
+        let key = key.clone();
+        Box::pin(async move {
+            let answer = self.inner.lookup(&key, token, lock_ttl, lock_when).await;
+            tokio::time::sleep(self.lookup_delay).await;
+            answer
+        })
+    }
+
+    fn fill(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.fills.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.fills_fail {
+            return Box::pin(async { Err(StoreError::new("fills fail")) });
+        }
+        self.inner.fill(key, token, value, ttl)
+    }
+
+    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.inner.release(key, token)
+    }
+
+    fn extend(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.inner.extend(key, token, lock_ttl)
+    }
+
+    fn put(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.inner.put(key, value, ttl)
+    }
+
+    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        if self.hanging() || self.reads_hang.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
+        self.inner.get(key)
+    }
+
+    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.invalidate(key)
+    }
+
+    fn set(
+        &self,
+        key: &StoreKey,
+        value: Bytes,
+        fresh_for: Duration,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.set(key, value, fresh_for, ttl)
+    }
+
+    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.expire(key, keep)
+    }
+
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.inner.tag_clock(namespace)
+    }
+
+    fn tag_versions(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
+        self.inner.tag_versions(namespace, tags)
+    }
+
+    fn invalidate_tags(
+        &self,
+        namespace: &str,
+        tags: &[KeyDigest],
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.invalidate_tags(namespace, tags)
+    }
+}
