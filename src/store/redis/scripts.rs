@@ -336,17 +336,14 @@ pub(super) fn is_lock(value: &[u8]) -> bool {
 /// A leader's lock value: its token, then the remaining life (ms) below which the value it
 /// loads counts as stale, so the fill knows how long the value stays fresh.
 pub(super) fn lock_value(token: LockToken, refresh_below: u64) -> LockValue {
-    let mut lock = LockValue {
-        bytes: [0; LOCK_VALUE_MAX],
-        len: LOCK_VALUE_MAX,
-    };
-    lock.bytes[..32].copy_from_slice(&token.hex_bytes());
-    lock.bytes[32] = b':';
     let mut below = itoa::Buffer::new();
     let digits = below.format(refresh_below).as_bytes();
-    lock.len = 33 + digits.len();
-    lock.bytes[33..lock.len].copy_from_slice(digits);
-    lock
+    let len = 33 + digits.len();
+    let mut bytes = [0; LOCK_VALUE_MAX];
+    bytes[..32].copy_from_slice(&token.hex_bytes());
+    bytes[32] = b':';
+    bytes[33..len].copy_from_slice(digits);
+    LockValue { bytes, len }
 }
 
 /// The longest lock value: 32 hex digits, `:`, and the 20 digits of the largest `u64`.
