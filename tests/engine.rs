@@ -1753,6 +1753,61 @@ async fn a_stale_value_has_no_marker_and_one_lookup_takes_the_lock() {
     assert_eq!(fresh.value().unwrap(), "new");
 }
 
+timed_test!(an_answer_written_before_a_call_began_is_not_its_answer);
+/// `Loaded::for_waiters` answers the calls that began before the answer was written, however
+/// late the store's replies come: a call that began just after it, then waited for another
+/// holder of the lock (as another process's follower holds it a moment to read the answer),
+/// loads. Its lookups answer 50 ms after they take effect, so that the answer's age, read from
+/// the store, is less than the call's wait by the time the reply is in.
+async fn an_answer_written_before_a_call_began_is_not_its_answer(stores: Vec<Shared>) {
+    for shared in stores {
+        let writer = shared.cache().build();
+        let answered = writer
+            .fetch("k", || async {
+                Ok::<_, std::io::Error>(Loaded::for_waiters(Bytes::from_static(b"503")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(answered.outcome(), Outcome::Leader, "{}", shared.name);
+        let key = writer.store_key("k");
+        let holder = LockToken::random();
+        let taken = shared
+            .store
+            .lookup(&key, holder, Duration::from_secs(5), LockWhen::Always)
+            .await
+            .unwrap();
+        assert_eq!(taken.lock, LockState::Acquired, "{}", shared.name);
+        let late = Cache::builder_shared(Observed::new(&shared.store, Duration::from_millis(50)))
+            .namespace("test")
+            .store_timeout(support::PATIENT)
+            .build();
+        let loads = Counter::default();
+        let call = tokio::spawn({
+            let loads = loads.clone();
+            async move {
+                late.fetch("k", move || async move {
+                    loads.hit();
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
+                })
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(shared.store.release(&key, holder).await.unwrap());
+        let fetched = call.await.unwrap().unwrap();
+        assert_eq!(
+            (
+                fetched.value().unwrap().as_ref(),
+                fetched.outcome(),
+                loads.get()
+            ),
+            (&b"new"[..], Outcome::Leader, 1),
+            "{}",
+            shared.name
+        );
+    }
+}
+
 /// `Loaded::for_waiters`: the calls that waited for the load, in this process (one flight)
 /// and in another (a follower of the lock), get its result; nothing is kept for the calls
 /// that come after the load ended: each loads again, one at a time.

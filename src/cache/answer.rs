@@ -97,8 +97,10 @@ impl Loaded {
     /// this process and in every other that shares the store: not a failure they share (see
     /// [`failure_ttl`](CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
     /// of them to the backend. A call that starts after the load ended does not get it: it
-    /// loads again, one load at a time across processes, as for any miss. A value the store
-    /// keeps past its freshness for revalidation (see
+    /// loads again, one load at a time across processes, as for any miss. (A call is told
+    /// from a waiter by the store's clock, read in whole milliseconds and a round trip late:
+    /// one that joined less than a round trip before the load ended loads again too.) A value
+    /// the store keeps past its freshness for revalidation (see
     /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)) stays, and is the
     /// [`Previous`] value of that next load: this result is kept beside it for the waiters
     /// ([`Store::answer_waiters`](crate::store::Store::answer_waiters)).

@@ -27,6 +27,10 @@ use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
 
+/// The step of the store's clock as the engine reads it (Redis's `PTTL`: milliseconds): a
+/// remaining life read from the store errs by up to one step.
+const STORE_CLOCK_STEP: Duration = Duration::from_millis(1);
+
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
 pub(super) struct Found {
@@ -390,7 +394,7 @@ impl Inner {
             }
             if let Some((Ok(Entry::ForWaiters { payload }), ttl)) = &found.entry {
                 // The result of a load that kept nothing, for the calls that waited for it.
-                if followed && self.answered_since(*ttl, started) {
+                if followed && self.answered_since(*ttl, started, read_at) {
                     if found.lock == LockState::Acquired {
                         spawn_release(&self.store, &key, token);
                     }
@@ -494,15 +498,21 @@ impl Inner {
         }
     }
 
-    /// Whether a waiters' answer with `ttl` left in the store was written since a flight that
-    /// started at `started` first read the key (its age, from the store's own clock, is less
-    /// than the flight's wait): that flight waited for the load that wrote it.
-    fn answered_since(&self, ttl: Option<Duration>, started: Instant) -> bool {
+    /// Whether a waiters' answer with `ttl` left in the store, as read by a request sent at
+    /// `asked`, was written since a flight that started at `started` first read the key: that
+    /// flight waited for the load that wrote it.
+    ///
+    /// The answer's age comes from the store's own clock, read at `asked` or later, and in
+    /// whole milliseconds (Redis's `PTTL`), so it must be below the flight's wait up to
+    /// `asked` by one step of that clock: then the answer was written after the flight
+    /// started, however long the reply took. An answer written before is never taken; a
+    /// caller that joined less than a round trip before the load ended loads again instead.
+    fn answered_since(&self, ttl: Option<Duration>, started: Instant, asked: Instant) -> bool {
         let written_ago = self
             .config
             .waiters_ttl()
             .saturating_sub(ttl.unwrap_or_default());
-        written_ago < started.elapsed()
+        written_ago.saturating_add(STORE_CLOCK_STEP) <= asked.saturating_duration_since(started)
     }
 
     /// The answer a load left for its waiters beside the value (see
@@ -516,13 +526,16 @@ impl Inner {
         reader: Reader<'_>,
         started: Instant,
     ) -> Option<Bytes> {
+        let asked = Instant::now();
         let stored = self
             .store_call(self.store.waiters_answer(key))
             .await
             .ok()
             .flatten()?;
         match reader.decode(stored.bytes) {
-            Ok(Entry::ForWaiters { payload }) if self.answered_since(stored.ttl, started) => {
+            Ok(Entry::ForWaiters { payload })
+                if self.answered_since(stored.ttl, started, asked) =>
+            {
                 Some(payload)
             }
             _ => None,

@@ -302,6 +302,9 @@ pub async fn stale_while_one_refreshes(
             "{name}"
         );
     }
+    // The refresh runs in the background: a caller answered stale may return before its
+    // loader is first polled.
+    wait_until(&format!("{name}: the refresh"), || loads.get() >= 1).await;
     assert_eq!(loads.get(), 1, "{name}: one refresh");
     (release, loads)
 }
