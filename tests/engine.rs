@@ -1755,57 +1755,71 @@ async fn a_stale_value_has_no_marker_and_one_lookup_takes_the_lock() {
 
 timed_test!(an_answer_written_before_a_call_began_is_not_its_answer);
 /// `Loaded::for_waiters` answers the calls that began before the answer was written, however
-/// late the store's replies come: a call that began just after it, then waited for another
-/// holder of the lock (as another process's follower holds it a moment to read the answer),
-/// loads. Its lookups answer 50 ms after they take effect, so that the answer's age, read from
-/// the store, is less than the call's wait by the time the reply is in.
+/// late the store's replies come and however the writer was configured: a call that began just
+/// after it, then waited for another holder of the lock (as another process's follower holds
+/// it a moment to read the answer), loads. First its lookups answer 50 ms after they take
+/// effect, so that the answer's age, read from the store, is less than the call's wait by the
+/// time the reply is in; then the answer's writer keeps it far longer than the call's cache
+/// would (a longer backoff), so that its age is not what that cache's own setting says.
 async fn an_answer_written_before_a_call_began_is_not_its_answer(stores: Vec<Shared>) {
     for shared in stores {
-        let writer = shared.cache().build();
-        let answered = writer
-            .fetch("k", || async {
-                Ok::<_, std::io::Error>(Loaded::for_waiters(Bytes::from_static(b"503")))
+        let late_replies = shared.cache().build();
+        answer_then_call(&shared, &late_replies, "late", Duration::from_millis(50)).await;
+        let longer_life = shared
+            .cache()
+            .backoff(Duration::from_millis(10), Duration::from_secs(10))
+            .build();
+        answer_then_call(&shared, &longer_life, "long", Duration::ZERO).await;
+    }
+}
+
+/// `writer` answers the waiters of `key` (nobody waits); another holder takes the lock, a call
+/// over a store whose lookups answer `late` begins and waits, and the lock is freed: the call
+/// must load.
+async fn answer_then_call(shared: &Shared, writer: &Cache, key: &'static str, late: Duration) {
+    let answered = writer
+        .fetch(key, || async {
+            Ok::<_, std::io::Error>(Loaded::for_waiters(Bytes::from_static(b"503")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(answered.outcome(), Outcome::Leader, "{}", shared.name);
+    let store_key = writer.store_key(key);
+    let holder = LockToken::random();
+    let taken = shared
+        .store
+        .lookup(&store_key, holder, Duration::from_secs(5), LockWhen::Always)
+        .await
+        .unwrap();
+    assert_eq!(taken.lock, LockState::Acquired, "{}", shared.name);
+    let call = Cache::builder_shared(Observed::new(&shared.store, late))
+        .namespace("test")
+        .store_timeout(support::PATIENT)
+        .build();
+    let loads = Counter::default();
+    let calling = tokio::spawn({
+        let loads = loads.clone();
+        async move {
+            call.fetch(key, move || async move {
+                loads.hit();
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
             })
             .await
-            .unwrap();
-        assert_eq!(answered.outcome(), Outcome::Leader, "{}", shared.name);
-        let key = writer.store_key("k");
-        let holder = LockToken::random();
-        let taken = shared
-            .store
-            .lookup(&key, holder, Duration::from_secs(5), LockWhen::Always)
-            .await
-            .unwrap();
-        assert_eq!(taken.lock, LockState::Acquired, "{}", shared.name);
-        let late = Cache::builder_shared(Observed::new(&shared.store, Duration::from_millis(50)))
-            .namespace("test")
-            .store_timeout(support::PATIENT)
-            .build();
-        let loads = Counter::default();
-        let call = tokio::spawn({
-            let loads = loads.clone();
-            async move {
-                late.fetch("k", move || async move {
-                    loads.hit();
-                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"new")))
-                })
-                .await
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(shared.store.release(&key, holder).await.unwrap());
-        let fetched = call.await.unwrap().unwrap();
-        assert_eq!(
-            (
-                fetched.value().unwrap().as_ref(),
-                fetched.outcome(),
-                loads.get()
-            ),
-            (&b"new"[..], Outcome::Leader, 1),
-            "{}",
-            shared.name
-        );
-    }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(shared.store.release(&store_key, holder).await.unwrap());
+    let fetched = calling.await.unwrap().unwrap();
+    assert_eq!(
+        (
+            fetched.value().unwrap().as_ref(),
+            fetched.outcome(),
+            loads.get()
+        ),
+        (&b"new"[..], Outcome::Leader, 1),
+        "{}: {key}",
+        shared.name
+    );
 }
 
 /// `Loaded::for_waiters`: the calls that waited for the load, in this process (one flight)

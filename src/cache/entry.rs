@@ -26,7 +26,11 @@
 //! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it: in
 //! the value's place, or beside a value kept for revalidation, which it must not replace (see
 //! [`Store::answer_waiters`](crate::store::Store::answer_waiters)). Its bytes are the same in
-//! both places, so the header's versions are unchanged.
+//! both places, so the header's versions are unchanged. Its kind has the [`LIFE`] bit set, and
+//! how long the store keeps it (u32 milliseconds, big-endian) right after the header: a reader
+//! tells its age from that and its remaining life, whatever its own configuration. An answer
+//! without the bit (from a release before it) is read with the reader's own idea of that life;
+//! a release before the bit reads an answer with it as a foreign entry (a miss, overwritten).
 //!
 //! The header tells values from "pass" markers and carries how long the load took, and its
 //! magic lets the engine tell its own entries from foreign or corrupt bytes, which are treated
@@ -48,6 +52,8 @@ const KIND_TAGGED: u8 = 2;
 const KIND_WAITERS: u8 = 3;
 /// The kind bit of a value whose stale windows follow the header.
 const WINDOWS: u8 = 0x10;
+/// The kind bit of a waiters' answer whose life in the store follows the header.
+const LIFE: u8 = 0x20;
 /// The most tags a value may carry.
 pub(crate) const MAX_TAGS: usize = 1024;
 /// Length of the header in front of the payload.
@@ -69,8 +75,12 @@ pub(crate) enum Entry {
     /// "Do not wait for this key, go to the backend": its last load was not cacheable.
     Pass,
     /// The result of the last load, for the calls that waited for it only: a call that
-    /// started after it was written loads again.
-    ForWaiters { payload: Bytes },
+    /// started after it was written loads again. `life`: how long its writer had the store
+    /// keep it (its age is that less its remaining life); `None` if it does not say.
+    ForWaiters {
+        payload: Bytes,
+        life: Option<Duration>,
+    },
 }
 
 /// The tags of a value: the namespace's tag clock read before the value was loaded, and the
@@ -153,14 +163,17 @@ pub(crate) fn encode_value(
     (encoded, payload)
 }
 
-/// Encodes a waiters' answer, from a load that started at `started` and took `load_time`.
+/// Encodes a waiters' answer, from a load that started at `started` and took `load_time`, to
+/// be kept in the store for `life`.
 pub(crate) fn encode_for_waiters(
     payload: &[u8],
     started: SystemTime,
     load_time: Duration,
+    life: Duration,
 ) -> Bytes {
-    let mut buf = BytesMut::with_capacity(HEADER_LEN + payload.len());
-    put_header(&mut buf, KIND_WAITERS, started, load_time);
+    let mut buf = BytesMut::with_capacity(HEADER_LEN + 4 + payload.len());
+    put_header(&mut buf, KIND_WAITERS | LIFE, started, load_time);
+    buf.put_u32(saturating_millis(life));
     buf.put_slice(payload);
     buf.freeze()
 }
@@ -249,7 +262,17 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
             })
         }
         KIND_PASS if windows.is_none() && !rest.has_remaining() => Ok(Entry::Pass),
-        KIND_WAITERS if windows.is_none() => Ok(Entry::ForWaiters { payload: rest }),
+        KIND_WAITERS if windows.is_none() => Ok(Entry::ForWaiters {
+            payload: rest,
+            life: None,
+        }),
+        kind if kind == KIND_WAITERS | LIFE && windows.is_none() && rest.remaining() >= 4 => {
+            let life = Duration::from_millis(u64::from(rest.get_u32()));
+            Ok(Entry::ForWaiters {
+                payload: rest,
+                life: Some(life),
+            })
+        }
         _ => Err(Corrupt),
     }
 }
@@ -298,9 +321,26 @@ mod tests {
         );
         assert_eq!(decode(encode_pass(at(5))), Ok(Entry::Pass));
         assert_eq!(
-            decode(encode_for_waiters(b"503", at(5), Duration::ZERO)),
+            decode(encode_for_waiters(
+                b"503",
+                at(5),
+                Duration::ZERO,
+                Duration::from_millis(2_500)
+            )),
             Ok(Entry::ForWaiters {
-                payload: Bytes::from_static(b"503")
+                payload: Bytes::from_static(b"503"),
+                life: Some(Duration::from_millis(2_500)),
+            })
+        );
+        // An answer from a release before its life was written: the reader's own idea.
+        let mut older = BytesMut::new();
+        put_header(&mut older, KIND_WAITERS, at(5), Duration::ZERO);
+        older.put_slice(b"503");
+        assert_eq!(
+            decode(older.freeze()),
+            Ok(Entry::ForWaiters {
+                payload: Bytes::from_static(b"503"),
+                life: None,
             })
         );
         assert_eq!(
@@ -423,6 +463,9 @@ mod tests {
             // Windows cut short, and a pass marker with windows.
             b"TS\x02\x10\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
             b"TS\x02\x11\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            // A waiters' answer whose life is cut short; the life bit on a value.
+            b"TS\x02\x23\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"TS\x02\x20\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00value",
         ] {
             assert_eq!(
                 decode(Bytes::copy_from_slice(bad)),
@@ -451,6 +494,7 @@ mod tests {
             encode_value(b"v", started, Duration::ZERO, None, Some(windows)).0,
             encode_value(b"v", started, Duration::ZERO, Some(&tagged), Some(windows)).0,
             encode_pass(started),
+            encode_for_waiters(b"503", started, Duration::ZERO, Duration::from_secs(1)),
         ] {
             assert_eq!(crate::store::load_start(&encoded), Some(1_790_000_000_123));
         }

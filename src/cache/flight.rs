@@ -73,7 +73,9 @@ impl Reader<'_> {
     /// Decodes a store entry; a value this reader's caller cannot read is corrupt.
     pub(super) fn decode(self, bytes: Bytes) -> Result<Entry, entry::Corrupt> {
         match entry::decode(bytes)? {
-            Entry::Value { payload, .. } | Entry::ForWaiters { payload } if !(self.0)(&payload) => {
+            Entry::Value { payload, .. } | Entry::ForWaiters { payload, .. }
+                if !(self.0)(&payload) =>
+            {
                 Err(entry::Corrupt)
             }
             entry => Ok(entry),

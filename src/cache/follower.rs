@@ -392,9 +392,9 @@ impl Inner {
                     });
                 }
             }
-            if let Some((Ok(Entry::ForWaiters { payload }), ttl)) = &found.entry {
+            if let Some((Ok(Entry::ForWaiters { payload, life }), ttl)) = &found.entry {
                 // The result of a load that kept nothing, for the calls that waited for it.
-                if followed && self.answered_since(*ttl, started, read_at) {
+                if followed && self.answered_since(*life, *ttl, started, read_at) {
                     if found.lock == LockState::Acquired {
                         spawn_release(&self.store, &key, token);
                     }
@@ -502,15 +502,21 @@ impl Inner {
     /// `asked`, was written since a flight that started at `started` first read the key: that
     /// flight waited for the load that wrote it.
     ///
-    /// The answer's age comes from the store's own clock, read at `asked` or later, and in
-    /// whole milliseconds (Redis's `PTTL`), so it must be below the flight's wait up to
-    /// `asked` by one step of that clock: then the answer was written after the flight
-    /// started, however long the reply took. An answer written before is never taken; a
-    /// caller that joined less than a round trip before the load ended loads again instead.
-    fn answered_since(&self, ttl: Option<Duration>, started: Instant, asked: Instant) -> bool {
-        let written_ago = self
-            .config
-            .waiters_ttl()
+    /// Its age is the `life` its writer gave it (or, if it does not say, this cache's) less
+    /// `ttl`, which the store's own clock tells, read at `asked` or later and in whole
+    /// milliseconds (Redis's `PTTL`). So the age must be below the flight's wait up to `asked`
+    /// by one step of that clock: then the answer was written after the flight started,
+    /// however long the reply took. An answer written before is never taken; a caller that
+    /// joined less than a round trip before the load ended loads again instead.
+    fn answered_since(
+        &self,
+        life: Option<Duration>,
+        ttl: Option<Duration>,
+        started: Instant,
+        asked: Instant,
+    ) -> bool {
+        let written_ago = life
+            .unwrap_or_else(|| self.config.waiters_ttl())
             .saturating_sub(ttl.unwrap_or_default());
         written_ago.saturating_add(STORE_CLOCK_STEP) <= asked.saturating_duration_since(started)
     }
@@ -533,8 +539,8 @@ impl Inner {
             .ok()
             .flatten()?;
         match reader.decode(stored.bytes) {
-            Ok(Entry::ForWaiters { payload })
-                if self.answered_since(stored.ttl, started, asked) =>
+            Ok(Entry::ForWaiters { payload, life })
+                if self.answered_since(life, stored.ttl, started, asked) =>
             {
                 Some(payload)
             }

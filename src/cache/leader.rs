@@ -329,8 +329,8 @@ impl Inner {
                 // kept past its freshness stays in its place, for the next load to revalidate:
                 // the answer goes beside it (the followers that find it still stale look
                 // there); else it takes the value's place, where followers find it at once.
-                let answer = entry::encode_for_waiters(&bytes, started_at, load_time);
                 let ttl = self.config.waiters_ttl();
+                let answer = entry::encode_for_waiters(&bytes, started_at, load_time, ttl);
                 let written = if kept {
                     self.store.answer_waiters(&guard.key, token, answer, ttl)
                 } else {
