@@ -76,10 +76,13 @@ pub(crate) enum Entry {
     Pass,
     /// The result of the last load, for the calls that waited for it only: a call that
     /// started after it was written loads again. `life`: how long its writer had the store
-    /// keep it (its age is that less its remaining life); `None` if it does not say.
+    /// keep it (its age is that less its remaining life); `None` if it does not say. `load`:
+    /// when its load started and how long it took, in the writer's milliseconds, which with
+    /// the payload tell this answer from another.
     ForWaiters {
         payload: Bytes,
         life: Option<Duration>,
+        load: (u64, u32),
     },
 }
 
@@ -214,6 +217,10 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
         u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
     );
     let load_time = Duration::from_millis(u64::from(load_ms));
+    let load_start = header
+        .get(8..16)
+        .and_then(|start| start.try_into().ok())
+        .map_or(0, u64::from_be_bytes);
     // What follows the header, in place: a slice would make the bytes shared (one allocation,
     // when they came from a `Vec`) only to drop the header.
     bytes.advance(header_len);
@@ -265,12 +272,14 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
         KIND_WAITERS if windows.is_none() => Ok(Entry::ForWaiters {
             payload: rest,
             life: None,
+            load: (load_start, load_ms),
         }),
         kind if kind == KIND_WAITERS | LIFE && windows.is_none() && rest.remaining() >= 4 => {
             let life = Duration::from_millis(u64::from(rest.get_u32()));
             Ok(Entry::ForWaiters {
                 payload: rest,
                 life: Some(life),
+                load: (load_start, load_ms),
             })
         }
         _ => Err(Corrupt),
@@ -330,6 +339,7 @@ mod tests {
             Ok(Entry::ForWaiters {
                 payload: Bytes::from_static(b"503"),
                 life: Some(Duration::from_millis(2_500)),
+                load: (5, 0),
             })
         );
         // An answer from a release before its life was written: the reader's own idea.
@@ -341,6 +351,7 @@ mod tests {
             Ok(Entry::ForWaiters {
                 payload: Bytes::from_static(b"503"),
                 life: None,
+                load: (5, 0),
             })
         );
         assert_eq!(
