@@ -217,10 +217,8 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
         u32::from_be_bytes([header[4], header[5], header[6], header[7]]),
     );
     let load_time = Duration::from_millis(u64::from(load_ms));
-    let load_start = header
-        .get(8..16)
-        .and_then(|start| start.try_into().ok())
-        .map_or(0, u64::from_be_bytes);
+    // Version 1 carries none: 0, the earliest.
+    let load_start = crate::store::load_start(header).unwrap_or(0);
     // What follows the header, in place: a slice would make the bytes shared (one allocation,
     // when they came from a `Vec`) only to drop the header.
     bytes.advance(header_len);

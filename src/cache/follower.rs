@@ -7,6 +7,7 @@
 //!
 //! Past 500 lines: the loop of one flight reads every kind of entry (fresh, stale, corrupt, a
 //! pass, a failure marker, a result for the waiters of a load) and is read best in one piece.
+//! How a waiter tells its load's result from an earlier one is in [`waiters`](super::waiters).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,27 +23,11 @@ use super::flight::{BoxLoader, FlightResult, Reader};
 use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
 use super::telemetry::{self, LockEvent, WaitEnd};
+use super::waiters::{Earlier, WaitersAnswer};
 use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, Previous, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
-
-/// The step of the store's clock as the engine reads it (Redis's `PTTL`: milliseconds): a
-/// remaining life read from the store errs by up to one step.
-const STORE_CLOCK_STEP: Duration = Duration::from_millis(1);
-
-/// What stood in a key's answer for waiters (see
-/// [`Loaded::for_waiters`](crate::Loaded::for_waiters)) when a flight first waited for another
-/// leader: an answer that stood then is an earlier load's, not the flight's to take, and one
-/// that differs was written since, by the load it waited for.
-enum Earlier {
-    /// Not read (the flight has not waited, or the read failed): the answer's age decides.
-    Unknown,
-    /// No answer stood.
-    Nothing,
-    /// This one did: when its load started and how long it took, and its payload.
-    Answer((u64, u32), Bytes),
-}
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
@@ -408,23 +393,15 @@ impl Inner {
                     });
                 }
             }
-            if let Some((
-                Ok(Entry::ForWaiters {
-                    payload,
-                    life,
-                    load,
-                }),
-                ttl,
-            )) = &found.entry
-            {
+            let in_place = found.entry.as_ref();
+            if let Some(answer) = in_place.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)) {
                 // The result of a load that kept nothing, for the calls that waited for it.
-                let answer = (*load, payload, *life, *ttl);
-                if followed && self.takes_answer(&earlier, answer, started, read_at) {
+                if followed && self.takes_answer(&earlier, &answer, started, read_at) {
                     if found.lock == LockState::Acquired {
                         spawn_release(&self.store, &key, token);
                     }
                     return Ok(Fetched {
-                        value: Some(payload.clone()),
+                        value: Some(answer.payload),
                         outcome: Outcome::Follower,
                         fresh_until: None,
                     });
@@ -499,16 +476,12 @@ impl Inner {
                 (LockState::Failed, _) => return Err(Error::new(ErrorKind::RecentFailure)),
                 (LockState::HeldElsewhere, entry) => {
                     if !followed {
-                        earlier = match entry {
-                            Some((Ok(Entry::ForWaiters { payload, load, .. }), _)) => {
-                                Earlier::Answer(load, payload)
-                            }
+                        earlier = if stale.is_some() {
                             // The load's answer would go beside the value it keeps.
-                            _ if stale.is_some() => {
-                                let reader = loader.reader();
-                                Box::pin(self.earlier_answer(&key, reader)).await
-                            }
-                            _ => Earlier::Nothing,
+                            let reader = loader.reader();
+                            Box::pin(self.earlier_answer(&key, reader)).await
+                        } else {
+                            Earlier::in_place(entry.as_ref())
                         };
                     }
                     if stale.is_some() {
@@ -533,103 +506,6 @@ impl Inner {
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
             waiting.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
-        }
-    }
-
-    /// Whether a waiters' answer with `ttl` left in the store, as read by a request sent at
-    /// `asked`, was written since a flight that started at `started` first read the key: that
-    /// flight waited for the load that wrote it.
-    ///
-    /// Its age is the `life` its writer gave it (or, if it does not say, this cache's) less
-    /// `ttl`, which the store's own clock tells, read at `asked` or later and in whole
-    /// milliseconds (Redis's `PTTL`). So the age must be below the flight's wait up to `asked`
-    /// by one step of that clock: then the answer was written after the flight started,
-    /// however long the reply took. An answer written before is never taken; a caller that
-    /// joined less than a round trip before the load ended loads again instead.
-    fn answered_since(
-        &self,
-        life: Option<Duration>,
-        ttl: Option<Duration>,
-        started: Instant,
-        asked: Instant,
-    ) -> bool {
-        let written_ago = life
-            .unwrap_or_else(|| self.config.waiters_ttl())
-            .saturating_sub(ttl.unwrap_or_default());
-        written_ago.saturating_add(STORE_CLOCK_STEP) <= asked.saturating_duration_since(started)
-    }
-
-    /// Whether a flight that first waited when `earlier` stood takes `answer` (when its load
-    /// started and took, its payload, life and remaining life), read by a request sent at
-    /// `asked`. One that differs from what stood then was written since, by a load the flight
-    /// waited for: it does, however late the store's replies. The one that stood then, or
-    /// any where nothing was read, was written before the flight waited, and perhaps before it
-    /// began: its age decides ([`answered_since`](Self::answered_since)).
-    fn takes_answer(
-        &self,
-        earlier: &Earlier,
-        answer: ((u64, u32), &Bytes, Option<Duration>, Option<Duration>),
-        started: Instant,
-        asked: Instant,
-    ) -> bool {
-        let (load, payload, life, ttl) = answer;
-        match earlier {
-            Earlier::Answer(seen, seen_payload) if *seen == load && seen_payload == payload => {
-                self.answered_since(life, ttl, started, asked)
-            }
-            Earlier::Unknown => self.answered_since(life, ttl, started, asked),
-            Earlier::Answer(..) | Earlier::Nothing => true,
-        }
-    }
-
-    /// What stands in the waiters' slot of `key` (see
-    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
-    /// read, made when a flight first waits for a load of a value kept past its freshness.
-    async fn earlier_answer(&self, key: &StoreKey, reader: Reader<'_>) -> Earlier {
-        match self.store_call(self.store.waiters_answer(key)).await {
-            Ok(Some(stored)) => match reader.decode(stored.bytes) {
-                Ok(Entry::ForWaiters { payload, load, .. }) => Earlier::Answer(load, payload),
-                _ => Earlier::Nothing,
-            },
-            Ok(None) => Earlier::Nothing,
-            Err(_) => Earlier::Unknown,
-        }
-    }
-
-    /// The answer a load left for its waiters beside the value (see
-    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)), if it was written since
-    /// the flight that started at `started` first read the key (and first waited when
-    /// `earlier` stood, see [`takes_answer`](Self::takes_answer)) and its caller can read it.
-    /// One store read, made only by a follower that finds the lock free and the value it
-    /// waited for still stale.
-    async fn waiters_answer(
-        &self,
-        key: &StoreKey,
-        reader: Reader<'_>,
-        earlier: &Earlier,
-        started: Instant,
-    ) -> Option<Bytes> {
-        let asked = Instant::now();
-        let stored = self
-            .store_call(self.store.waiters_answer(key))
-            .await
-            .ok()
-            .flatten()?;
-        match reader.decode(stored.bytes) {
-            Ok(Entry::ForWaiters {
-                payload,
-                life,
-                load,
-            }) if self.takes_answer(
-                earlier,
-                (load, &payload, life, stored.ttl),
-                started,
-                asked,
-            ) =>
-            {
-                Some(payload)
-            }
-            _ => None,
         }
     }
 
@@ -696,38 +572,6 @@ mod tests {
                 "{pause:?}"
             );
         }
-    }
-
-    /// A waiter takes an answer that differs from the one that stood when it first waited,
-    /// however old the store says it is (the read went out late, as on a busy machine); the
-    /// one that stood then, or any where nothing was read, only if its age says it was
-    /// written since the flight began.
-    #[tokio::test(start_paused = true)]
-    async fn a_waiter_tells_its_load_s_answer_from_an_earlier_one() {
-        let cache = crate::Cache::builder(crate::store::MemoryStore::new()).build();
-        let inner = &cache.inner;
-        let started = Instant::now();
-        tokio::time::advance(Duration::from_millis(10)).await;
-        let asked = Instant::now();
-        let payload = Bytes::from_static(b"503");
-        let life = Some(Duration::from_secs(2));
-        // 30 ms old by the store's clock when read, 10 ms into the flight.
-        let old = Some(Duration::from_millis(2_000 - 30));
-        let answer = ((7, 1), &payload, life, old);
-        assert!(!inner.answered_since(life, old, started, asked));
-        assert!(inner.takes_answer(&Earlier::Nothing, answer, started, asked));
-        let other = Earlier::Answer((6, 1), payload.clone());
-        assert!(inner.takes_answer(&other, answer, started, asked));
-        let other_payload = Earlier::Answer((7, 1), Bytes::from_static(b"502"));
-        assert!(inner.takes_answer(&other_payload, answer, started, asked));
-        let same = Earlier::Answer((7, 1), payload.clone());
-        assert!(!inner.takes_answer(&same, answer, started, asked));
-        assert!(!inner.takes_answer(&Earlier::Unknown, answer, started, asked));
-        // 5 ms old: written since the flight began, its age says, whatever stood.
-        let recent = Some(Duration::from_millis(2_000 - 5));
-        let answer = ((7, 1), &payload, life, recent);
-        assert!(inner.takes_answer(&same, answer, started, asked));
-        assert!(inner.takes_answer(&Earlier::Unknown, answer, started, asked));
     }
 
     #[test]

@@ -74,6 +74,7 @@ mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
 pub mod typed;
+mod waiters;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
