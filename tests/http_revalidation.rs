@@ -330,11 +330,15 @@ async fn must_revalidate_is_never_served_stale_even_within_the_operator_s_window
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_s_own_stale_windows_apply_where_the_operator_set_none() {
     for shared in Shared::both().await {
-        // RFC 5861 §3: served stale at once while one reload revalidates it.
+        // RFC 5861 §3: served stale at once while one reload revalidates it. The reload
+        // waits at the origin's gate until the stale answer is in: a reload that ends in the
+        // poll that starts it (an origin that answers without waiting, over the embedded
+        // store) rightly answers with its fresh result instead.
         let origin = Origin::new("max-age=1, stale-while-revalidate=60");
         let app = layered(&origin, keeping(&shared).namespace("swr").build());
         assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
         tokio::time::sleep(PAST_FRESHNESS).await;
+        origin.gated.store(true, Ordering::SeqCst);
         let stale = get(&app).await;
         assert_eq!(
             (stale.x_cache(), stale.body()),
@@ -342,6 +346,8 @@ async fn a_response_s_own_stale_windows_apply_where_the_operator_set_none() {
             "{}",
             shared.name
         );
+        origin.gated.store(false, Ordering::SeqCst);
+        origin.gate.add_permits(1);
         // The background revalidation lands: fresh again (bounded wait).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while get(&app).await.x_cache() != "HIT" {
