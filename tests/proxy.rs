@@ -237,7 +237,9 @@ fn proxy_binary() -> &'static Path {
 struct Proxy {
     child: Child,
     addr: SocketAddr,
-    /// Where it serves metrics, if it was asked to (`--metrics`).
+    /// Where it serves metrics, if it was asked to (`--metrics`): read by the metrics test
+    /// alone, which needs the `metrics` feature.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     metrics: Option<SocketAddr>,
 }
 
