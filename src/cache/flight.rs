@@ -153,10 +153,15 @@ impl Inner {
                 });
             }
             let mut flights = self.flights();
-            if let Some(flight) = flights.get(&digest) {
-                flight.posts.join();
-                break Role::Joined(Arc::clone(&flight.posts));
-            }
+            // One hash of the key, whether it joins a flight or starts one.
+            let vacant = match flights.entry(digest) {
+                hash_map::Entry::Occupied(flight) => {
+                    let posts = &flight.get().posts;
+                    posts.join();
+                    break Role::Joined(Arc::clone(posts));
+                }
+                hash_map::Entry::Vacant(vacant) => vacant,
+            };
             // A flight may have filled L1 and landed since the look above: look once more
             // rather than pay a store round trip.
             let in_l1 = self.l1.as_ref().is_some_and(|l1| l1.contains_key(&digest));
@@ -167,13 +172,10 @@ impl Inner {
             let loader = BoxLoader::new(accepts, loader);
             let id = self.next_flight.fetch_add(1, Ordering::Relaxed);
             let posts = Arc::new(Posts::default());
-            flights.insert(
-                digest,
-                FlightHandle {
-                    id,
-                    posts: Arc::clone(&posts),
-                },
-            );
+            vacant.insert(FlightHandle {
+                id,
+                posts: Arc::clone(&posts),
+            });
             let landing = Landing {
                 inner: Arc::clone(self),
                 digest,
