@@ -62,7 +62,12 @@ pub(super) enum Earlier {
 impl Earlier {
     /// What a lookup's entry says stood: the answer in the value's place, or nothing.
     pub(super) fn in_place(entry: Option<&(Result<Entry, Corrupt>, Option<Duration>)>) -> Self {
-        match entry.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)) {
+        Earlier::stood(entry.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)))
+    }
+
+    /// What a read that answered says stood: `answer`, or nothing.
+    fn stood(answer: Option<WaitersAnswer>) -> Self {
+        match answer {
             Some(answer) => Earlier::Answer(answer.load, answer.payload),
             None => Earlier::Nothing,
         }
@@ -116,11 +121,9 @@ impl Inner {
     /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
     /// read, made when a flight first waits for a load of a value kept past its freshness.
     pub(super) async fn earlier_answer(&self, key: &StoreKey, reader: Reader<'_>) -> Earlier {
-        match self.read_waiters_answer(key, reader).await {
-            Ok(Some(answer)) => Earlier::Answer(answer.load, answer.payload),
-            Ok(None) => Earlier::Nothing,
-            Err(()) => Earlier::Unknown,
-        }
+        self.read_waiters_answer(key, reader)
+            .await
+            .map_or(Earlier::Unknown, Earlier::stood)
     }
 
     /// The answer a load left for its waiters beside the value, if the flight that started at
