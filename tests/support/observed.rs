@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tower_stampede::store::{
-    BoxFuture, KeyDigest, LockToken, LockWhen, Lookup, Store, StoreError, StoreKey, Stored,
+    BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Renewal, Store,
+    StoreError, StoreKey, Stored,
 };
 
 /// Another store seen through a wrapper that counts its lookups and fills and, if asked,
@@ -25,24 +26,20 @@ pub struct Observed {
 
 impl Observed {
     pub fn new(inner: &Arc<dyn Store>, lookup_delay: Duration) -> Arc<Self> {
-        Arc::new(Observed {
-            inner: Arc::clone(inner),
-            lookups: Default::default(),
-            lookup_delay,
-            fills_fail: false,
-            hanging: Default::default(),
-            reads_hang: Default::default(),
-            fills: Default::default(),
-        })
+        Observed::built(inner, lookup_delay, false)
     }
 
     /// A store whose fills all fail (and change nothing), its other calls going through.
     pub fn failing_fills(inner: &Arc<dyn Store>) -> Arc<Self> {
+        Observed::built(inner, Duration::ZERO, true)
+    }
+
+    fn built(inner: &Arc<dyn Store>, lookup_delay: Duration, fills_fail: bool) -> Arc<Self> {
         Arc::new(Observed {
             inner: Arc::clone(inner),
             lookups: Default::default(),
-            lookup_delay: Duration::ZERO,
-            fills_fail: true,
+            lookup_delay,
+            fills_fail,
             hanging: Default::default(),
             reads_hang: Default::default(),
             fills: Default::default(),
@@ -111,8 +108,51 @@ impl Store for Observed {
         self.inner.fill(key, token, value, ttl)
     }
 
+    // Every other call goes through as it is, the trait's defaults included: without these,
+    // the wrapper would lose the inner store's renewals, waiters' slot, failure markers and
+    // notifications.
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        self.inner.renew(key, token, ttl)
+    }
+
+    fn answer_waiters(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        answer: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.inner.answer_waiters(key, token, answer, ttl)
+    }
+
+    fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        self.inner.waiters_answer(key)
+    }
+
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.inner.release(key, token)
+    }
+
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        failure_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.inner.fail(key, token, failure_ttl)
+    }
+
+    fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
+        self.inner.subscribe(key)
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier()
     }
 
     fn extend(
