@@ -41,6 +41,28 @@ pub(super) struct Found {
 }
 
 impl Found {
+    /// The value found, taken out, if the lookup calls it fresh (it did not ask for the lock)
+    /// and it is a value this caller reads.
+    fn take_fresh(&mut self) -> Option<FreshValue> {
+        let fresh = self.lock == LockState::NotRequested
+            && matches!(&self.entry, Some((Ok(Entry::Value { .. }), _)));
+        let Some((
+            Ok(Entry::Value {
+                payload, load_time, ..
+            }),
+            ttl,
+        )) = self.entry.take_if(|_| fresh)
+        else {
+            return None;
+        };
+        Some(FreshValue {
+            payload,
+            load_time,
+            ttl,
+            tag_stamps: std::mem::take(&mut self.tag_stamps),
+        })
+    }
+
     /// Whether the value found carried tags (or was outdated by them).
     pub(super) fn tagged(&self) -> bool {
         self.outdated
@@ -49,6 +71,27 @@ impl Found {
                 Some((Ok(Entry::Value { tags: Some(_), .. }), _))
             )
     }
+}
+
+/// A fresh value a lookup found, with its remaining life in the store and its tags' stamps.
+struct FreshValue {
+    payload: Bytes,
+    load_time: Duration,
+    ttl: Option<Duration>,
+    tag_stamps: TagStamps,
+}
+
+/// A flight's first lookup, made before the protocol's loop (see [`Inner::resolve`]), and what
+/// the loop goes on with.
+struct FirstRead<'a> {
+    key: &'a StoreKey,
+    token: LockToken,
+    filled: Option<FillWatch<'a>>,
+    /// When the flight first read the key.
+    started: Instant,
+    /// The stamp taken before that read.
+    stamp: Option<Stamp>,
+    found: Result<Found, StoreError>,
 }
 
 /// A value past its freshness that the store still keeps, what its header said, and how far
@@ -278,10 +321,35 @@ impl Inner {
         loader: BoxLoader,
         early: &Posts,
     ) -> FlightResult {
+        let key = StoreKey::new(Arc::clone(&self.config.namespace), digest);
+        let token = LockToken::random();
+        let mut filled = self.watch_fills_subscribed(&key).await;
+        // When this flight first read the key. Each lookup's clock reading (this one for the
+        // first) also times what it finds: a hit is fresh for what the store says is left,
+        // counted from just before the request, which errs by one round trip on the safe side.
+        let started = Instant::now();
+        // Taken before the read, so that a change heard after it keeps the value out of L1.
+        let stamp = self.stamp(&digest);
+        let lock_when = LockWhen::LifeAtMost(self.config.keep());
+        let reader = loader.reader();
+        let mut found = self
+            .look_up(started, &key, token, lock_when, reader, &mut filled)
+            .await;
+        // The common case, a fresh value, is answered here: the protocol's loop, whose state
+        // is over a kilobyte, starts (in a box) only for what else a lookup finds.
+        if let Ok(Some(fresh)) = found.as_mut().map(Found::take_fresh) {
+            return Ok(self.stored_hit(digest, fresh, stamp, started, loader, false));
+        }
+        let first = FirstRead {
+            key: &key,
+            token,
+            filled,
+            started,
+            stamp,
+            found,
+        };
         let mut waiting = Waiting::default();
-        // Boxed: the protocol's state is over a kilobyte, and a future is moved as it nests (into
-        // the flight, into its box); in a box it is written once.
-        let answer = Box::pin(self.resolve_key(digest, loader, early, &mut waiting)).await;
+        let answer = Box::pin(self.resolve_key(first, loader, early, &mut waiting)).await;
         if let (Some(since), Some(ended)) = (waiting.since, waiting.ended) {
             let waited = since.elapsed();
             debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
@@ -290,17 +358,59 @@ impl Inner {
         answer
     }
 
-    async fn resolve_key(
+    /// A fresh value found in the store as a flight's answer (through L1, and with an early
+    /// refresh where one is due); `followed`: the flight waited for another leader's load.
+    fn stored_hit(
         self: &Arc<Self>,
         digest: KeyDigest,
+        fresh: FreshValue,
+        stamp: Option<Stamp>,
+        read_at: Instant,
+        loader: BoxLoader,
+        followed: bool,
+    ) -> Fetched {
+        let FreshValue {
+            payload,
+            load_time,
+            ttl,
+            tag_stamps,
+        } = fresh;
+        let fresh_for = ttl.unwrap_or_default().saturating_sub(self.config.keep());
+        self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
+        let fresh_until = crate::sync::later(read_at, fresh_for);
+        if self.refresh_due(read_at, fresh_until, load_time) {
+            self.refresh_early(digest, loader, fresh_until);
+        }
+        Fetched {
+            value: Some(payload),
+            outcome: if followed {
+                Outcome::Follower
+            } else {
+                Outcome::L2Hit
+            },
+            fresh_until: Some(fresh_until),
+        }
+    }
+
+    /// The protocol's loop, from the flight's first lookup.
+    async fn resolve_key(
+        self: &Arc<Self>,
+        first: FirstRead<'_>,
         loader: BoxLoader,
         early: &Posts,
         waiting: &mut Waiting,
     ) -> FlightResult {
         let config = &self.config;
         let keep = config.keep();
-        let key = StoreKey::new(Arc::clone(&config.namespace), digest);
-        let token = LockToken::random();
+        let FirstRead {
+            key,
+            token,
+            mut filled,
+            started,
+            stamp: first_stamp,
+            found: first_found,
+        } = first;
+        let digest = *key.digest();
         let mut backoff = Backoff::new(config);
         // Set when a corrupt entry is seen: the next lookup (only) counts every value as
         // stale, so it takes the lock to overwrite the entry.
@@ -311,34 +421,29 @@ impl Inner {
         let mut earlier = Earlier::Unknown;
         // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
         let mut last_stale = None;
-        // The protocol's rarer waits are boxed (the first subscription's, in
-        // `watch_fills_subscribed`, and those below): its state stays small for the common
-        // case, a lookup that finds the value (the state is moved once, into its box).
-        let mut filled = self.watch_fills_subscribed(&key).await;
-        // When this flight first read the key. Each lookup's clock reading (this one for the
-        // first) also times what it finds: a hit is fresh for what the store says is left,
-        // counted from just before the request, which errs by one round trip on the safe side.
-        let started = Instant::now();
-        let mut first_read = true;
+        // The first lookup's, made before the loop.
+        let mut first = Some((first_stamp, first_found));
         loop {
-            let read_at = if std::mem::take(&mut first_read) {
-                started
-            } else {
-                Instant::now()
-            };
             let overwriting = std::mem::take(&mut overwrite);
-            // Taken before the read, so that a change heard after it keeps the value out of L1.
-            let stamp = self.stamp(&digest);
-            let lock_when = if overwriting {
-                LockWhen::Always
-            } else {
-                LockWhen::LifeAtMost(keep)
+            let (read_at, stamp, found) = match first.take() {
+                Some((stamp, found)) => (started, stamp, found),
+                None => {
+                    let read_at = Instant::now();
+                    // Taken before the read (as the first lookup's).
+                    let stamp = self.stamp(&digest);
+                    let lock_when = if overwriting {
+                        LockWhen::Always
+                    } else {
+                        LockWhen::LifeAtMost(keep)
+                    };
+                    let reader = loader.reader();
+                    let found = self
+                        .look_up(read_at, key, token, lock_when, reader, &mut filled)
+                        .await;
+                    (read_at, stamp, found)
+                }
             };
-            let reader = loader.reader();
-            let mut found = match self
-                .look_up(read_at, &key, token, lock_when, reader, &mut filled)
-                .await
-            {
+            let mut found = match found {
                 Ok(found) => found,
                 Err(error) if error.skipped() => {
                     debug!(key = ?digest, "circuit open; loading with in-process protection only");
@@ -348,7 +453,7 @@ impl Inner {
                     warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
                     // A lookup that timed out may still have taken the lock: free it, or every
                     // other process would wait for its TTL.
-                    spawn_release(&self.store, &key, token);
+                    spawn_release(&self.store, key, token);
                     return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
                 }
             };
@@ -358,7 +463,7 @@ impl Inner {
                 // (Not a tagged one: its tags would need checking; this flight reloads it.)
                 if let Some((Ok(Entry::Value { tags: None, .. }), Some(ttl))) = &found.entry {
                     if *ttl > keep {
-                        spawn_release(&self.store, &key, token);
+                        spawn_release(&self.store, key, token);
                         found.lock = LockState::NotRequested;
                     }
                 }
@@ -367,6 +472,9 @@ impl Inner {
                 LockState::Acquired => telemetry::lock(LockEvent::Acquired),
                 LockState::HeldElsewhere => telemetry::lock(LockEvent::Contended),
                 _ => {}
+            }
+            if let Some(fresh) = found.take_fresh() {
+                return Ok(self.stored_hit(digest, fresh, stamp, read_at, loader, followed));
             }
             let mut stale = StaleValue::of(&found, keep);
             let serve_stale = stale.as_ref().is_some_and(|stale| match found.lock {
@@ -383,9 +491,9 @@ impl Inner {
                 // The load this flight waited for ended without a new value: it may have
                 // answered its waiters beside the value it kept for revalidation.
                 let reader = loader.reader();
-                let answer = self.waiters_answer(&key, reader, &earlier, started);
+                let answer = self.waiters_answer(key, reader, &earlier, started);
                 if let Some(payload) = Box::pin(answer).await {
-                    spawn_release(&self.store, &key, token);
+                    spawn_release(&self.store, key, token);
                     return Ok(Fetched {
                         value: Some(payload),
                         outcome: Outcome::Follower,
@@ -398,7 +506,7 @@ impl Inner {
                 // The result of a load that kept nothing, for the calls that waited for it.
                 if followed && self.takes_answer(&earlier, &answer, started, read_at) {
                     if found.lock == LockState::Acquired {
-                        spawn_release(&self.store, &key, token);
+                        spawn_release(&self.store, key, token);
                     }
                     return Ok(Fetched {
                         value: Some(answer.payload),
@@ -421,8 +529,9 @@ impl Inner {
                         tagged,
                         speculative: false,
                     };
-                    // The leader waits for no fill: its watch (which borrows the key) ends.
+                    // The leader waits for no fill: its watch ends.
                     drop(filled);
+                    let key = key.clone();
                     return Box::pin(self.lead(seen, key, token, loader, stale, Some(early))).await;
                 }
                 (_, Some((Ok(Entry::Pass), _))) => {
@@ -431,38 +540,6 @@ impl Inner {
                         outcome: Outcome::Pass,
                         fresh_until: None,
                     })
-                }
-                (
-                    LockState::NotRequested,
-                    Some((
-                        Ok(Entry::Value {
-                            payload, load_time, ..
-                        }),
-                        ttl,
-                    )),
-                ) => {
-                    let fresh_for = ttl.unwrap_or_default().saturating_sub(keep);
-                    self.l1_insert(
-                        stamp,
-                        found.tag_stamps,
-                        digest,
-                        &payload,
-                        fresh_for,
-                        load_time,
-                    );
-                    let fresh_until = crate::sync::later(read_at, fresh_for);
-                    if self.refresh_due(read_at, fresh_until, load_time) {
-                        self.refresh_early(digest, loader, fresh_until);
-                    }
-                    return Ok(Fetched {
-                        value: Some(payload),
-                        outcome: if followed {
-                            Outcome::Follower
-                        } else {
-                            Outcome::L2Hit
-                        },
-                        fresh_until: Some(fresh_until),
-                    });
                 }
                 (_, Some((Err(Corrupt), _))) if !overwriting => {
                     if found.outdated {
@@ -479,7 +556,7 @@ impl Inner {
                         earlier = if stale.is_some() {
                             // The load's answer would go beside the value it keeps.
                             let reader = loader.reader();
-                            Box::pin(self.earlier_answer(&key, reader)).await
+                            Box::pin(self.earlier_answer(key, reader)).await
                         } else {
                             Earlier::in_place(entry.as_ref())
                         };
@@ -502,7 +579,7 @@ impl Inner {
                 waiting.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 let stamp = self.stamp(&digest);
-                return Box::pin(self.after_wait_timeout(stamp, &key, loader, last_stale)).await;
+                return Box::pin(self.after_wait_timeout(stamp, key, loader, last_stale)).await;
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
             waiting.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
