@@ -190,7 +190,7 @@ impl fmt::Debug for LockToken {
 fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        out.extend(hex_pair(*b).map(char::from));
+        out.extend(HEX_PAIRS[usize::from(*b)].map(char::from));
     }
     out
 }
@@ -199,15 +199,23 @@ fn hex(bytes: &[u8]) -> String {
 fn hex_array<const N: usize, const M: usize>(bytes: &[u8; N]) -> [u8; M] {
     let mut out = [0u8; M];
     for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
-        pair.copy_from_slice(&hex_pair(*b));
+        pair.copy_from_slice(&HEX_PAIRS[usize::from(*b)]);
     }
     out
 }
 
-fn hex_pair(b: u8) -> [u8; 2] {
+/// The two lowercase hex digits of each byte: one load per byte, where key names (three per
+/// lookup) and lock values are written.
+const HEX_PAIRS: [[u8; 2]; 256] = {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]
-}
+    let mut pairs = [[0; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        pairs[b] = [DIGITS[b >> 4], DIGITS[b & 0xf]];
+        b += 1;
+    }
+    pairs
+};
 
 #[cfg(test)]
 mod tests {
@@ -264,5 +272,16 @@ mod tests {
         assert_eq!(&token.hex_bytes()[..], token.to_hex().as_bytes());
         let digest = KeyDigest::of(b"key");
         assert_eq!(&digest.hex_bytes()[..], digest.to_hex().as_bytes());
+    }
+
+    #[test]
+    fn every_byte_is_written_as_its_two_lowercase_hex_digits() {
+        for byte in 0..=u8::MAX {
+            let written = HEX_PAIRS[usize::from(byte)];
+            assert_eq!(written, format!("{byte:02x}").as_bytes(), "byte {byte}");
+        }
+        let bytes: [u8; 4] = [0x00, 0x9f, 0xa0, 0xff];
+        assert_eq!(hex_array::<4, 8>(&bytes), *b"009fa0ff");
+        assert_eq!(hex(&bytes), "009fa0ff");
     }
 }
