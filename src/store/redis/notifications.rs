@@ -52,7 +52,35 @@ fn new_origin() -> [u8; 17] {
 #[derive(Default)]
 struct Channels {
     names: HashSet<Arc<str>>,
+    /// The namespace of `names` that was watched last: a store serves one namespace more
+    /// often than not, and this is one comparison where the set would hash the name.
+    last: Option<Arc<str>>,
     pending: usize,
+}
+
+impl Channels {
+    /// Whether `namespace`'s channel is subscribed (or being subscribed).
+    fn has(&mut self, namespace: &str) -> bool {
+        if self.last.as_deref() == Some(namespace) {
+            return true;
+        }
+        let Some(name) = self.names.get(namespace) else {
+            return false;
+        };
+        self.last = Some(Arc::clone(name));
+        true
+    }
+
+    /// Forgets `namespace`'s channel (or all of them), so the next watch subscribes again.
+    fn forget(&mut self, namespace: Option<&str>) {
+        match namespace {
+            Some(namespace) => {
+                self.names.remove(namespace);
+            }
+            None => self.names.clear(),
+        }
+        self.last = None;
+    }
 }
 
 impl Notifications {
@@ -76,7 +104,7 @@ impl Notifications {
                 // channel's slot on another node: forget the channels, so the next watch
                 // subscribes again (and so reconnects). Meanwhile, followers poll, and L1
                 // trusts nothing it held (messages may be lost while the link is down).
-                crate::sync::lock(&forget).names.clear();
+                crate::sync::lock(&forget).forget(None);
                 wake.lost();
             } else {
                 wake_followers(&wake, &own[..], push);
@@ -136,7 +164,7 @@ impl Notifications {
     /// would be missed, and an old value kept in L1 for up to `l1_ttl_cap`.
     pub(super) fn ensure_subscribed(&self, namespace: &str) {
         let mut channels = crate::sync::lock(&self.channels);
-        if channels.names.contains(namespace) {
+        if channels.has(namespace) {
             return;
         }
         let namespace: Arc<str> = Arc::from(namespace);
@@ -160,7 +188,7 @@ impl Notifications {
                 Err(error) => {
                     warn!(%error, %namespace, "cannot subscribe to fill notifications; followers poll");
                     // Forget it, so the next watch tries again.
-                    channels.names.remove(&namespace);
+                    channels.forget(Some(&namespace));
                     notifier.subscription_failed();
                 }
             }
@@ -237,5 +265,25 @@ fn wake_followers(notifier: &Notifier, own: &[u8], push: PushInfo) {
         notifier.notify(&StoreKey::new(Arc::from(namespace), digest));
     } else {
         debug!("ignored a foreign message on a fill channel");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_channel_is_not_counted_subscribed_through_the_last_watched() {
+        let mut channels = Channels::default();
+        assert!(!channels.has("a"));
+        channels.names.insert(Arc::from("a"));
+        channels.names.insert(Arc::from("b"));
+        assert!(channels.has("a"), "from the set");
+        assert!(channels.has("a"), "as the last watched");
+        channels.forget(Some("a"));
+        assert!(!channels.has("a"), "forgotten");
+        assert!(channels.has("b"));
+        channels.forget(None);
+        assert!(!channels.has("b"), "all forgotten");
     }
 }
