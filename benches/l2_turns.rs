@@ -16,6 +16,7 @@
 //! cargo bench --bench l2_turns             # 3000 blocks of 1 call each
 //! cargo bench --bench l2_turns -- 60 100   # 60 blocks of 100
 //! L2_TURNS_ONLY=3 cargo bench --bench l2_turns  # the L2 hit alone (0 GET, 1 pipeline, 2 lookup), to profile
+//! L2_TURNS_ONLY=3 L2_TURNS_SIZE=65536 cargo bench --bench l2_turns  # the same, for 64 KiB (default 2048)
 //! ```
 
 #[path = "shared/redis_bench.rs"]
@@ -51,8 +52,12 @@ fn main() {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let value = Bytes::from(vec![b'v'; 2048]);
-        let contest = runtime.block_on(Contest::set_up(&cache, plain, 2048, value));
+        let size = std::env::var("L2_TURNS_SIZE")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(2048);
+        let value = Bytes::from(vec![b'v'; size]);
+        let contest = runtime.block_on(Contest::set_up(&cache, plain, size, value));
         let started = Instant::now();
         runtime.block_on(contest.run(only % CONTESTANTS, blocks * calls));
         let per = per_call(started.elapsed(), blocks * calls);
