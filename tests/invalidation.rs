@@ -666,3 +666,37 @@ async fn eventually_tagged(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
+
+/// A tagged value that an instance read from the store (an L2 hit, not its own load) and
+/// keeps in L1 is kept there with its tags' stamps: an `invalidate_tag` in another instance
+/// reaches that L1 copy too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidated() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let (writer, reader) = (&caches[0], &caches[1]);
+        let db = Database::at(1);
+        assert_eq!(db.read_tagged(writer, "row", &["users"]).await, "v1");
+        let first = reader.fetch("row", never_loads).await.unwrap();
+        assert_eq!(first.outcome(), Outcome::L2Hit, "{}", shared.name);
+        let again = reader.fetch("row", never_loads).await.unwrap();
+        assert_eq!(
+            again.outcome(),
+            Outcome::L1Hit,
+            "{}: kept in L1",
+            shared.name
+        );
+        db.move_to(2);
+        writer.invalidate_tag("users").await.unwrap();
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while db.read_tagged(reader, "row", &["users"]).await != "v2" {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: L1 still serves v1",
+                shared.name
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(db.loads.get(), 2, "{}: one load, one reload", shared.name);
+    }
+}
