@@ -224,9 +224,11 @@ mod tests {
     fn a_name_written_into_a_command_is_the_name() {
         // The commands take `KeyName`s, written into their buffers; users and tests read the
         // `String`s: both must be the same bytes, whatever the namespace's characters.
-        // The last is too long to be put together on the stack.
-        let long = "n".repeat(NAME_ON_STACK);
-        for namespace in ["app", "ünïcödé-名前", "", &long] {
+        // The longest namespace whose names are put together on the stack, one byte more, and
+        // one far too long for it.
+        let (fits, over, long) = ("n".repeat(187), "n".repeat(188), "n".repeat(NAME_ON_STACK));
+        assert_eq!(KeyName::value(&key(&fits, b"k")).len(), NAME_ON_STACK);
+        for namespace in ["app", "ünïcödé-名前", "", &fits, &over, &long] {
             let key = key(namespace, b"key");
             let names = [
                 (KeyName::value(&key), RedisStore::value_name(&key)),
