@@ -363,7 +363,7 @@ mod tests {
                 .make_key
                 .make_key(&parts("GET", "http://a.example/x", &[]))
                 .unwrap(),
-            &HeaderMap::new(),
+            false,
         );
         assert_eq!(keys.len(), 2);
         assert!(keys.contains(&get));

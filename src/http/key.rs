@@ -25,14 +25,17 @@
 //! unreachable too. The price: when a marker is loaded again (it expired), the URL's other
 //! variants are loaded again as well, each once, even if they were still fresh.
 //!
-//! Requests with `Authorization` are keyed apart from requests without it, whatever the
-//! [`MakeKey`]: an anonymous request never gets a response stored for a request with
-//! credentials, nor the other way round.
+//! Requests with credentials (`Authorization`, or a cookie the [`Policy`](super::Policy) does
+//! not ignore: [`Policy::credentialed`](super::Policy::credentialed)) are keyed apart from
+//! requests without, whatever the [`MakeKey`]: an anonymous request never gets a response
+//! stored for a request with credentials, nor the other way round. All requests with
+//! credentials share one key per URL: a response to one is stored only when it says it may be
+//! shared, or varies on what tells them apart (`Vary: Cookie`).
 //!
 //! Every key is hashed before it reaches the store, so neither a 64 KB URL nor a thousand
 //! header values make a long store key, and no request byte reaches Redis raw.
 
-use http::header::{AUTHORIZATION, HOST};
+use http::header::HOST;
 use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName};
@@ -44,8 +47,8 @@ use http::{HeaderMap, HeaderName};
 /// inner service without the cache (`x-cache: BYPASS`).
 ///
 /// `HEAD` requests are answered from the `GET` entry, so the key is made for them with
-/// [`Parts::method`] set to `GET`. Requests with `Authorization` get a key apart from the
-/// one returned here (see the [module docs](super#keys)).
+/// [`Parts::method`] set to `GET`. Requests with credentials get a key apart from the one
+/// returned here (see the [module docs](super#keys)).
 ///
 /// Closures `Fn(&http::request::Parts) -> Option<String>` implement it. To add a request
 /// header to the key (a tenant, a locale), extend the [`DefaultKey`]; see
@@ -174,16 +177,17 @@ impl MakeKey for DefaultKey {
 }
 
 /// The primary key the layer uses for a request whose [`MakeKey`] said `key`: the same, or a
-/// key apart for requests with `Authorization`.
-pub(crate) fn primary(key: String, request: &HeaderMap) -> String {
-    if request.contains_key(AUTHORIZATION) {
+/// key apart for requests with credentials.
+pub(crate) fn primary(key: String, credentialed: bool) -> String {
+    if credentialed {
         authorized(&key)
     } else {
         key
     }
 }
 
-/// The primary key of requests with `Authorization` whose [`MakeKey`] said `key`.
+/// The primary key of requests with credentials (`Authorization`, cookies) whose [`MakeKey`]
+/// said `key`.
 pub(crate) fn authorized(key: &str) -> String {
     // Length-prefixed, so no key of another shape can equal it.
     format!("authorized\0{}\0{key}", key.len())
@@ -255,12 +259,9 @@ mod tests {
     }
 
     #[test]
-    fn authorized_requests_are_keyed_apart() {
-        let anonymous = HeaderMap::new();
-        let mut authorized = HeaderMap::new();
-        authorized.insert(AUTHORIZATION, HeaderValue::from_static("Bearer a"));
-        assert_eq!(primary("k".into(), &anonymous), "k");
-        assert_ne!(primary("k".into(), &authorized), "k");
+    fn requests_with_credentials_are_keyed_apart() {
+        assert_eq!(primary("k".into(), false), "k");
+        assert_ne!(primary("k".into(), true), "k");
     }
 
     #[test]

@@ -44,7 +44,8 @@
 //! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
 //! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
 //! | request with `If-None-Match` / `If-Modified-Since` | yes | answered `304` from an entry with a matching `ETag` / `Last-Modified` |
-//! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without it | RFC 9111 §3.5; credentials never decide what anonymous requests get |
+//! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, with explicit freshness, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without credentials | RFC 9111 §3.5; credentials never decide what anonymous requests get |
+//! | request with `Cookie` | as with `Authorization`, or per cookie value if the response has `Vary: Cookie`; cookies the policy [ignores](RfcPolicy::ignore_cookie) (or [all](RfcPolicy::ignore_all_cookies)) do not count | a cookie usually names a user: stricter than RFC 9111, as Varnish is |
 //! | [`MakeKey`] returns `None` | no (`BYPASS`) | the key cannot describe the request |
 //! | response 200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501 | with explicit freshness, or with a [`default_ttl`](RfcPolicy::default_ttl) | cacheable by default, but a cache that invents freshness must be told to |
 //! | other statuses (but 206, 304, 1xx) | only with explicit freshness | RFC 9111 §3 |
@@ -190,6 +191,7 @@ mod body;
 mod cache_status;
 mod codec;
 mod conditional;
+mod credentials;
 mod flow;
 mod future;
 mod invalidate;

@@ -7,12 +7,13 @@
 use std::time::{Duration, SystemTime};
 
 use http::header::{
-    AGE, AUTHORIZATION, CACHE_CONTROL, DATE, ETAG, EXPIRES, IF_MATCH, IF_RANGE,
-    IF_UNMODIFIED_SINCE, LAST_MODIFIED, PRAGMA, RANGE, SET_COOKIE,
+    AGE, CACHE_CONTROL, COOKIE, DATE, ETAG, EXPIRES, IF_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE,
+    LAST_MODIFIED, PRAGMA, RANGE, SET_COOKIE,
 };
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
 use super::cache_status::X_CACHE;
+use super::credentials::{CookieRule, Credentials};
 use super::invalidate;
 use super::parse::{self, Directive};
 use super::targeted;
@@ -174,6 +175,15 @@ impl Staleness {
 pub trait Policy: Send + Sync + 'static {
     /// What to do with `response`.
     fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision;
+
+    /// Whether `request` carries credentials: the layer keys the requests that do apart from
+    /// those that do not, so that neither is ever answered with a response stored for the
+    /// other (a signed-in user never gets the anonymous page, nor the other way round).
+    /// Default: it has `Authorization` or `Cookie`. [`RfcPolicy`] leaves out the cookies it
+    /// [ignores](RfcPolicy::ignore_cookie).
+    fn credentialed(&self, request: &request::Parts) -> bool {
+        Credentials::any_in(&request.headers)
+    }
 }
 
 impl<F> Policy for F
@@ -192,15 +202,19 @@ where
 /// 1. passed if its status is `206` or `304` (answers to one request) or informational;
 /// 2. passed if it has `Set-Cookie`, or `Cache-Control` with `no-store` or `private` (with
 ///    or without field names), or a `max-age` / `s-maxage` that is not a number;
-/// 3. passed if the request had `Authorization`, unless the response says `public`,
-///    `s-maxage` or `must-revalidate`, or [`share_authorized`](Self::share_authorized) is on;
+/// 3. passed if the request had credentials (RFC 9111 §3.5), unless the response says it may
+///    be shared: `public`, `s-maxage` or `must-revalidate`. Credentials are `Authorization`
+///    (unless [`share_authorized`](Self::share_authorized) is on) and cookies (but those
+///    [ignored](Self::ignore_cookie)); a response with `Vary: Cookie` may be stored for a
+///    request with cookies too, as one variant per cookie value;
 /// 4. stored for its explicit freshness, if it has one (a server error too): `s-maxage`, else `max-age`, else
 ///    `Expires` less `Date` (an `Expires` that is not a date, or several that disagree, is in
 ///    the past: RFC 9111 §5.3, §4.2.1), less the `Age` it arrived with (its first member; an
 ///    `Age` that is not a number is ignored: §5.1);
 /// 5. without explicit freshness, stored for the [`default_ttl`](Self::default_ttl) (less its
-///    `Age`) if one is set and its status is cacheable by default (200, 203, 204, 300, 301,
-///    308, 404, 405, 410, 414, 501);
+///    `Age`) if one is set, its status is cacheable by default (200, 203, 204, 300, 301,
+///    308, 404, 405, 410, 414, 501) and the request had no credentials (but an
+///    `Authorization` shared by [`share_authorized`](Self::share_authorized));
 /// 6. otherwise (or with a freshness of 0 or less) passed.
 ///
 /// A freshness of 0 or less passes, but for `no-cache` (RFC 9111 §5.2.2.4; `no-cache="field"`
@@ -230,6 +244,7 @@ where
 pub struct RfcPolicy {
     default_ttl: Option<Duration>,
     share_authorized: bool,
+    cookies: CookieRule,
     /// The targeted fields this cache obeys, in order of precedence (RFC 9213 §2.1).
     targets: Vec<HeaderName>,
 }
@@ -239,6 +254,7 @@ impl Default for RfcPolicy {
         RfcPolicy {
             default_ttl: None,
             share_authorized: false,
+            cookies: CookieRule::default(),
             targets: vec![targeted::CDN_CACHE_CONTROL.clone()],
         }
     }
@@ -266,6 +282,34 @@ impl RfcPolicy {
     #[must_use]
     pub fn share_authorized(mut self, on: bool) -> Self {
         self.share_authorized = on;
+        self
+    }
+
+    /// A cookie that personalises nothing (an analytics or consent cookie), named exactly as
+    /// sent: a request whose cookies are all ignored is cached as one without cookies (one
+    /// entry with the requests that have none), while any other cookie makes the request
+    /// one with credentials (see [`RfcPolicy`], rule 3). Give one call per name. Default:
+    /// none, every cookie is a credential.
+    ///
+    /// ```
+    /// use tower_stampede::http::RfcPolicy;
+    ///
+    /// let policy = RfcPolicy::new().ignore_cookie("_ga").ignore_cookie("consent");
+    /// ```
+    #[must_use]
+    pub fn ignore_cookie(mut self, name: &str) -> Self {
+        self.cookies.ignore(name);
+        self
+    }
+
+    /// Whether every cookie is ignored, for a service whose responses never depend on
+    /// cookies: requests with cookies are then cached exactly as those without, and share
+    /// their entries (a response with `Set-Cookie` is still never stored). Only for services
+    /// that know this of every route: a page that greets its user by a session cookie is then
+    /// served to everyone. Default: off.
+    #[must_use]
+    pub fn ignore_all_cookies(mut self, on: bool) -> Self {
+        self.cookies.ignore_all(on);
         self
     }
 
@@ -307,6 +351,10 @@ impl RfcPolicy {
 }
 
 impl Policy for RfcPolicy {
+    fn credentialed(&self, request: &request::Parts) -> bool {
+        Credentials::of(&request.headers, &self.cookies).any()
+    }
+
     fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
         let (status, headers) = (response.status, &response.headers);
         // What is not stored: a pass, but for a server error, a failed load (shared with the
@@ -329,7 +377,8 @@ impl Policy for RfcPolicy {
             return unstored(true);
         }
         let (mut max_age, mut s_maxage) = (None, None);
-        let mut allows_authorized = self.share_authorized;
+        // Whether the response says it may be shared (RFC 9111 §3.5).
+        let mut shared = false;
         let (mut no_cache, mut must_revalidate) = (false, false);
         let mut stale = Staleness::default();
         let (directives, expires_counts) = self.directives(headers);
@@ -338,9 +387,9 @@ impl Policy for RfcPolicy {
             match name.as_str() {
                 "no-store" | "private" => return unstored(true),
                 "no-cache" => no_cache = true,
-                "public" => allows_authorized = true,
+                "public" => shared = true,
                 "must-revalidate" => {
-                    allows_authorized = true;
+                    shared = true;
                     must_revalidate = true;
                 }
                 "proxy-revalidate" => must_revalidate = true,
@@ -354,7 +403,7 @@ impl Policy for RfcPolicy {
                         return unstored(false);
                     };
                     if name == "s-maxage" {
-                        allows_authorized = true;
+                        shared = true;
                         must_revalidate = true;
                         s_maxage.get_or_insert(seconds);
                     } else {
@@ -364,7 +413,16 @@ impl Policy for RfcPolicy {
                 _ => {}
             }
         }
-        if request.headers.contains_key(AUTHORIZATION) && !allows_authorized {
+        let credentials = Credentials::of(&request.headers, &self.cookies);
+        let varies_on_cookie =
+            || matches!(parse::vary(headers), parse::Vary::Names(names) if names.contains(&COOKIE));
+        if credentials.any()
+            && !credentials.allow(
+                shared,
+                self.share_authorized,
+                credentials.cookies && varies_on_cookie(),
+            )
+        {
             return unstored(true);
         }
         if must_revalidate {
@@ -383,8 +441,12 @@ impl Policy for RfcPolicy {
         let explicit = s_maxage
             .or(max_age)
             .or_else(|| expires_lifetime(headers).filter(|_| expires_counts));
-        let lifetime =
-            explicit.or_else(|| self.default_ttl.filter(|_| cacheable_by_default(status)));
+        let lifetime = explicit.or_else(|| {
+            self.default_ttl.filter(|_| {
+                cacheable_by_default(status)
+                    && credentials.may_invent_freshness(self.share_authorized)
+            })
+        });
         match lifetime.map(|l| l.saturating_sub(age(headers))) {
             Some(ttl) if !ttl.is_zero() && stale == Staleness::default() => Decision::Store(ttl),
             Some(ttl) if !ttl.is_zero() => Decision::StoreWith {
@@ -854,6 +916,74 @@ mod tests {
         );
         let shared = RfcPolicy::new().share_authorized(true);
         assert_eq!(shared.decide(&authorized, &ok("max-age=60")), secs(60));
+        // No invented freshness for a request with credentials, even where it may be shared.
+        let heuristic = RfcPolicy::new().default_ttl(Duration::from_secs(9));
+        assert_eq!(heuristic.decide(&authorized, &ok("public")), Decision::Pass);
+        assert_eq!(
+            heuristic
+                .share_authorized(true)
+                .decide(&authorized, &ok("public")),
+            secs(9)
+        );
+    }
+
+    /// RFC 9111 §3.5 applied to cookies: as for `Authorization`, but for cookies the policy
+    /// ignores, and for a response that varies on `Cookie` (stored per cookie value).
+    #[test]
+    fn cookies_are_credentials_but_those_ignored() {
+        let ok = |pairs: &[(&'static str, &str)]| {
+            let pairs: Vec<_> = pairs.iter().map(|(n, v)| (*n, (*v).to_owned())).collect();
+            response(200, &pairs)
+        };
+        let p = RfcPolicy::new()
+            .default_ttl(Duration::from_secs(9))
+            .ignore_cookie("_ga");
+        let session = request(&[("cookie", "_ga=1; session=a")]);
+        let analytics = request(&[("cookie", "_ga=1")]);
+        assert!(p.credentialed(&session) && !p.credentialed(&analytics));
+        assert!(RfcPolicy::new().credentialed(&analytics));
+        assert!(RfcPolicy::new()
+            .ignore_all_cookies(true)
+            .credentialed(&request(&[
+                ("cookie", "s=1"),
+                ("authorization", "Bearer a")
+            ])));
+        assert_eq!(p.decide(&session, &ok(&[])), Decision::Pass);
+        assert_eq!(p.decide(&analytics, &ok(&[])), secs(9));
+        let cc = "cache-control";
+        assert_eq!(
+            p.decide(&session, &ok(&[(cc, "max-age=60")])),
+            Decision::Pass
+        );
+        assert_eq!(
+            p.decide(&session, &ok(&[(cc, "public, max-age=60")])),
+            secs(60)
+        );
+        assert_eq!(p.decide(&session, &ok(&[(cc, "public")])), Decision::Pass);
+        assert_eq!(
+            p.decide(
+                &session,
+                &ok(&[(cc, "max-age=60"), ("vary", "Accept, Cookie")])
+            ),
+            secs(60)
+        );
+        assert_eq!(
+            p.decide(&session, &ok(&[("vary", "cookie")])),
+            Decision::Pass
+        );
+        assert_eq!(
+            p.share_authorized(true)
+                .decide(&session, &ok(&[(cc, "max-age=60")])),
+            Decision::Pass
+        );
+        let everything = RfcPolicy::new()
+            .default_ttl(Duration::from_secs(9))
+            .ignore_all_cookies(true);
+        assert_eq!(everything.decide(&session, &ok(&[])), secs(9));
+        assert_eq!(
+            everything.decide(&session, &ok(&[("set-cookie", "a=b")])),
+            Decision::Pass
+        );
     }
 
     #[test]

@@ -65,16 +65,17 @@ impl<S> Stampede<S> {
     }
 
     /// The request's key under the [`MakeKey`](super::MakeKey), made apart for requests with
-    /// `Authorization` (see [`key::primary`]); `None` if it cannot describe the request.
+    /// credentials (see [`key::primary`]); `None` if it cannot describe the request.
     fn primary_key<B>(&self, request: Request<B>) -> (Request<B>, Option<String>) {
         // A HEAD is answered from the GET entry, so its key is the GET's.
         let (mut parts, body) = request.into_parts();
         let method = std::mem::replace(&mut parts.method, Method::GET);
-        let key = self.config.make_key.make_key(&parts);
+        let primary = self.config.make_key.make_key(&parts).map(|key| {
+            let credentialed = self.config.policy.credentialed(&parts);
+            key::primary(key, credentialed)
+        });
         parts.method = method;
-        let request = Request::from_parts(parts, body);
-        let primary = key.map(|key| key::primary(key, request.headers()));
-        (request, primary)
+        (Request::from_parts(parts, body), primary)
     }
 }
 

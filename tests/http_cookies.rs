@@ -1,0 +1,252 @@
+//! Requests with cookies are requests with credentials (RFC 9111 §3.5 applied to `Cookie` as
+//! to `Authorization`): no user is served another user's page, through the real middleware
+//! over `MemoryStore` and (feature `redis`) a real `redis-server`, two instances each.
+//!
+//! The origin greets the user from the request's `Cookie`, as a session-authenticated app
+//! does, with the `Cache-Control` (and `Vary`) the query asks for: `/dash?cc=max-age%3D30`.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::http::{HeaderMap, HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use support::http::{send, Answer};
+use support::{Counter, Shared};
+use tower_stampede::http::RfcPolicy;
+use tower_stampede::StampedeLayer;
+
+/// An origin that greets the user from the `Cookie` it was sent, and counts its calls.
+fn origin(calls: &Counter) -> Router {
+    let calls = calls.clone();
+    Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
+        let n = calls.hit();
+        async move {
+            let cookie = headers
+                .get("cookie")
+                .map_or("nobody", |c| c.to_str().unwrap_or("?"))
+                .to_owned();
+            let mut response: Response = format!("hello {cookie} #{n}").into_response();
+            for pair in uri.query().unwrap_or("").split('&') {
+                let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+                let value = value
+                    .replace("%3D", "=")
+                    .replace("%2C", ",")
+                    .replace('+', " ");
+                let name = match name {
+                    "cc" => "cache-control",
+                    "vary" => "vary",
+                    _ => continue,
+                };
+                response
+                    .headers_mut()
+                    .insert(name, HeaderValue::from_str(&value).unwrap());
+            }
+            response
+        }
+    })
+}
+
+/// Two instances (two L1s) over one store, behind layers with the policy `policy` makes.
+fn instances(shared: &Shared, calls: &Counter, policy: impl Fn() -> RfcPolicy) -> [Router; 2] {
+    [0, 1].map(|_| origin(calls).layer(StampedeLayer::new(shared.cache().build()).policy(policy())))
+}
+
+async fn as_user(app: &Router, uri: &str, cookie: &str) -> Answer {
+    send(app, "GET", uri, &[("cookie", cookie)]).await
+}
+
+async fn anonymous(app: &Router, uri: &str) -> Answer {
+    send(app, "GET", uri, &[]).await
+}
+
+/// The issue's scenario: a handler that greets the user from a `session` cookie and sends no
+/// `Cache-Control` (with a default TTL), or only `max-age=30` (meaning "the browser may keep
+/// it"). RFC 9111 §3.5 lets a shared cache store neither for a request with `Authorization`;
+/// the layer treats `Cookie` the same way, so each user gets their own page and nothing is
+/// stored. With `public, max-age=30` the response says it may be shared, and is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_for_one_cookie_is_never_served_for_another_rfc_9111_3_5() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, || {
+            RfcPolicy::new().default_ttl(Duration::from_secs(30))
+        });
+        for path in ["/dash", "/dash?cc=max-age%3D30"] {
+            let before = calls.get();
+            for (app, user) in [
+                (&one, "alice"),
+                (&one, "bob"),
+                (&two, "bob"),
+                (&one, "alice"),
+            ] {
+                let cookie = format!("session={user}");
+                let answer = as_user(app, &format!("http://app.test{path}"), &cookie).await;
+                assert!(
+                    answer.body().starts_with(&format!("hello {cookie} #")),
+                    "{} {path}: {user} got {:?}",
+                    shared.name,
+                    answer.body()
+                );
+                assert_eq!(answer.x_cache(), "BYPASS", "{} {path}", shared.name);
+            }
+            assert_eq!(
+                calls.get() - before,
+                4,
+                "{} {path}: nothing stored",
+                shared.name
+            );
+        }
+        let public = "http://app.test/news?cc=public%2C+max-age%3D30";
+        let alice = as_user(&one, public, "session=alice").await;
+        assert_eq!(alice.x_cache(), "MISS", "{}", shared.name);
+        for app in [&one, &two] {
+            let bob = as_user(app, public, "session=bob").await;
+            assert_eq!(
+                (bob.x_cache(), bob.body()),
+                ("HIT", alice.body()),
+                "{}: the response said it may be shared",
+                shared.name
+            );
+        }
+    }
+}
+
+/// Whether a page stored for a request without cookies answers one with cookies: it does
+/// not. Requests with cookies are keyed apart (as those with `Authorization` are), so a
+/// signed-in user never gets the anonymous page (which would show them signed out), and an
+/// anonymous user never gets a page stored for a request with cookies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_with_and_without_cookies_never_share_an_entry() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, || {
+            RfcPolicy::new().default_ttl(Duration::from_secs(30))
+        });
+        let home = "http://app.test/home";
+        let first = anonymous(&one, home).await;
+        assert_eq!(first.x_cache(), "MISS", "{}", shared.name);
+        assert_eq!(
+            anonymous(&two, home).await.body(),
+            first.body(),
+            "{}",
+            shared.name
+        );
+        let signed_in = as_user(&two, home, "session=alice").await;
+        assert!(
+            signed_in.body().starts_with("hello session=alice #"),
+            "{}: {:?}",
+            shared.name,
+            signed_in.body()
+        );
+        let public = "http://app.test/home2?cc=public%2C+max-age%3D30";
+        let stored = as_user(&one, public, "session=alice").await;
+        assert_eq!(stored.x_cache(), "MISS", "{}", shared.name);
+        let nobody = anonymous(&two, public).await;
+        assert_eq!(nobody.x_cache(), "MISS", "{}", shared.name);
+        assert!(
+            nobody.body().starts_with("hello nobody #"),
+            "{}",
+            shared.name
+        );
+    }
+}
+
+/// The way out for cookies that personalise nothing: an ignored cookie name does not
+/// prevent sharing (such requests share one entry with those without cookies); any other
+/// cookie does. `ignore_all_cookies` says the whole service is public.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignored_cookies_do_not_prevent_sharing_and_others_do() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, || {
+            RfcPolicy::new()
+                .default_ttl(Duration::from_secs(30))
+                .ignore_cookie("_ga")
+                .ignore_cookie("consent")
+        });
+        let page = "http://app.test/page";
+        let first = as_user(&one, page, "_ga=GA1.1; consent=yes").await;
+        assert_eq!(first.x_cache(), "MISS", "{}", shared.name);
+        for answer in [
+            as_user(&two, page, "_ga=GA1.2").await,
+            anonymous(&one, page).await,
+        ] {
+            assert_eq!(
+                (answer.x_cache(), answer.body()),
+                ("HIT", first.body()),
+                "{}",
+                shared.name
+            );
+        }
+        let personal = as_user(&two, page, "_ga=GA1.2; session=bob").await;
+        assert_eq!(personal.x_cache(), "BYPASS", "{}", shared.name);
+        assert!(
+            personal
+                .body()
+                .starts_with("hello _ga=GA1.2; session=bob #"),
+            "{}",
+            shared.name
+        );
+
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, || {
+            RfcPolicy::new()
+                .default_ttl(Duration::from_secs(30))
+                .ignore_all_cookies(true)
+        });
+        let public = "http://app.test/public";
+        let first = as_user(&one, public, "session=alice").await;
+        let second = as_user(&two, public, "session=bob").await;
+        assert_eq!(
+            [first.x_cache(), second.x_cache()],
+            ["MISS", "HIT"],
+            "{}: every cookie ignored",
+            shared.name
+        );
+        assert_eq!(
+            anonymous(&one, public).await.x_cache(),
+            "HIT",
+            "{}",
+            shared.name
+        );
+    }
+}
+
+/// `Vary: Cookie` keeps working: a response that says it varies on `Cookie` is stored as one
+/// variant per cookie value (without `public`), so each user gets their own page from the
+/// cache and never another's. A default TTL is never applied to it: without explicit
+/// freshness it is not stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vary_cookie_stores_one_variant_per_cookie() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, || {
+            RfcPolicy::new().default_ttl(Duration::from_secs(30))
+        });
+        let varied = "http://app.test/mine?cc=max-age%3D30&vary=Cookie";
+        let alice = as_user(&one, varied, "session=alice").await;
+        let bob = as_user(&two, varied, "session=bob").await;
+        assert_eq!(
+            [alice.x_cache(), bob.x_cache()],
+            ["MISS", "MISS"],
+            "{}",
+            shared.name
+        );
+        for (app, user, first) in [(&two, "alice", &alice), (&one, "bob", &bob)] {
+            let again = as_user(app, varied, &format!("session={user}")).await;
+            assert_eq!(
+                (again.x_cache(), again.body()),
+                ("HIT", first.body()),
+                "{}",
+                shared.name
+            );
+        }
+        let heuristic = "http://app.test/mine2?vary=Cookie";
+        for _ in 0..2 {
+            let answer = as_user(&one, heuristic, "session=alice").await;
+            assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
+        }
+    }
+}
