@@ -6,6 +6,7 @@ use http::{request, HeaderMap, HeaderName};
 use tower::Layer;
 
 use super::cache_status::CacheStatus;
+use super::poisoning::Unkeyed;
 use super::{tags, DefaultKey, MakeKey, Policy, Purger, RfcPolicy, Stampede};
 use crate::cache::Cache;
 
@@ -33,6 +34,54 @@ impl StampedeLayer {
     /// their caller intact and are not stored. Default: 1 MiB.
     pub fn max_body_bytes(mut self, limit: usize) -> Self {
         Arc::make_mut(&mut self.config).max_body_bytes = limit;
+        self
+    }
+
+    /// The most bytes a stored response's header fields may take (each counted as its name,
+    /// its value and 4 bytes for `: ` and the line's end); a response with more streams
+    /// through to its caller and is not stored, so that one response cannot make every hit
+    /// send a huge header block (or fill the store with one). Default: 32 KiB, the
+    /// total Varnish allows.
+    pub fn max_header_bytes(mut self, limit: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_header_bytes = limit;
+        self
+    }
+
+    /// A request header your own load balancer or proxy sets on every request, replacing
+    /// whatever a client sent, such as `X-Forwarded-Proto`: `GET`s and `HEAD`s that carry it
+    /// are cached (it stays out of the key), instead of passed. Give one call per header.
+    ///
+    /// By default a `GET` or `HEAD` that carries a well-known forwarding or rewrite header
+    /// (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`, `X-Forwarded-Scheme`,
+    /// `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), a method override
+    /// (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`) or a body passes:
+    /// frameworks reflect these in the page (links to `http://evil.example/`, the `/admin`
+    /// page under another URL, a `DELETE`'s answer), and one attacker's request would
+    /// otherwise become every user's page. Trust only a header the load balancer overwrites;
+    /// one it appends to (`Forwarded`, often) still carries what the client sent.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use tower_stampede::{store::MemoryStore, Cache, StampedeLayer};
+    ///
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let layer = StampedeLayer::new(cache)
+    ///     .trust_header(HeaderName::from_static("x-forwarded-proto"))
+    ///     .pass_header(HeaderName::from_static("x-theme"));
+    /// ```
+    pub fn trust_header(mut self, name: HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).unkeyed.trust(&name);
+        self
+    }
+
+    /// A request header your application reflects in its responses without naming it in
+    /// `Vary` (a theme, a debug switch, a header of its own framework): `GET`s and `HEAD`s
+    /// that carry it pass (neither stored nor answered from the cache), as those with a
+    /// forwarding header do (see [`trust_header`](Self::trust_header)). To cache such
+    /// requests per value instead, add the header to the key
+    /// ([`make_key`](Self::make_key)). Give one call per header.
+    pub fn pass_header(mut self, name: HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).unkeyed.pass(name);
         self
     }
 
@@ -255,6 +304,9 @@ pub(crate) type Authorize = Arc<dyn Fn(&request::Parts) -> bool + Send + Sync>;
 #[derive(Clone)]
 pub(crate) struct HttpConfig {
     pub(crate) max_body_bytes: usize,
+    pub(crate) max_header_bytes: usize,
+    /// The request headers that make a `GET` or `HEAD` pass.
+    pub(crate) unkeyed: Unkeyed,
     pub(crate) make_key: Arc<dyn MakeKey>,
     pub(crate) policy: Arc<dyn Policy>,
     pub(crate) honor_client_no_cache: bool,
@@ -281,6 +333,8 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             max_body_bytes: 1024 * 1024,
+            max_header_bytes: 32 * 1024,
+            unkeyed: Unkeyed::default(),
             make_key: Arc::new(DefaultKey),
             policy: Arc::new(RfcPolicy::new()),
             honor_client_no_cache: false,
@@ -297,6 +351,8 @@ impl std::fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpConfig")
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_header_bytes", &self.max_header_bytes)
+            .field("unkeyed", &self.unkeyed)
             .field("honor_client_no_cache", &self.honor_client_no_cache)
             .field("tag_headers", &self.tag_headers)
             .field("keep_tag_headers", &self.keep_tag_headers)

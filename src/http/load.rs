@@ -113,6 +113,16 @@ impl HttpConfig {
         }
     }
 
+    /// Whether a response's header fields are within
+    /// [`max_header_bytes`](super::StampedeLayer::max_header_bytes).
+    fn headers_fit(&self, headers: &HeaderMap) -> bool {
+        let mut bytes = 0usize;
+        headers.iter().all(|(name, value)| {
+            bytes = bytes.saturating_add(name.as_str().len() + value.len() + 4);
+            bytes <= self.max_header_bytes
+        })
+    }
+
     /// A response's entry to store for `ttl`, with its stale windows (within the layer's
     /// maximum) and tags.
     fn to_store(&self, entry: Bytes, ttl: Duration, stale: Staleness, tags: &[Vec<u8>]) -> Loaded {
@@ -226,6 +236,18 @@ where
             return Ok(Loaded::pass());
         }
     };
+    if !loading.config.headers_fit(&parts.headers) {
+        // As for a body over the limit: not stored, and a server error's answer that cannot
+        // be shared fails its waiters.
+        debug!("response header fields over the limit; passed");
+        let failed = ttl.is_none();
+        let _ = to_leader.send(passed(ResponseBody::inner(body), failed));
+        return if failed {
+            Err("the response's header fields are too large to share".into())
+        } else {
+            Ok(Loaded::pass())
+        };
+    }
     let (tags, names) = match (ttl, tags) {
         (None, _) => (Vec::new(), Vec::new()),
         (Some(_), Err(_)) => {
@@ -375,7 +397,7 @@ fn not_modified<B: Body, E>(
         )
     };
     if let (Verdict::Store(ttl, stale), Ok(tags)) = (config.verdict(cache, asked, &updated), tags) {
-        if let Some(entry) = encoded() {
+        if let Some(entry) = encoded().filter(|_| config.headers_fit(&updated.headers)) {
             let _ = to_leader.send(Own::Stored(Served::Revalidated(Some(ttl))));
             return config.to_store(entry, ttl, stale, &tags).tags_of(previous);
         }

@@ -43,6 +43,7 @@
 //! | request `Cache-Control: no-store` | no (`BYPASS`) | the client asks that nothing be stored |
 //! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
 //! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
+//! | `GET` or `HEAD` with a method override (`X-HTTP-Method-Override`, ...), a body, a forwarding or rewrite header (`X-Forwarded-Host`, `X-Forwarded-Proto`, `Forwarded`, `X-Original-URL`, ...) or a [`pass_header`](StampedeLayer::pass_header) | no (`BYPASS`); cached if the header is one your load balancer sets ([`trust_header`](StampedeLayer::trust_header)) | cache poisoning: the origin may answer from what the key leaves out (listed in `trust_header`) |
 //! | request with `If-None-Match` / `If-Modified-Since` | yes | answered `304` from an entry with a matching `ETag` / `Last-Modified` |
 //! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, with explicit freshness, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without credentials | RFC 9111 §3.5; credentials never decide what anonymous requests get |
 //! | request with `Cookie` | as with `Authorization`, or per cookie value if the response has `Vary: Cookie`; cookies the policy [ignores](RfcPolicy::ignore_cookie) (or [all](RfcPolicy::ignore_all_cookies)) do not count | a cookie usually names a user: stricter than RFC 9111, as Varnish is |
@@ -60,6 +61,7 @@
 //! | response `Vary: *`, or `Vary` naming more than 16 fields, or unreadable | no (`BYPASS`) | no later request can be matched to it |
 //! | response `Vary: a, b` | yes, per variant | keyed by the request's `a` and `b`, below |
 //! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes), with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
+//! | header fields over [`max_header_bytes`](StampedeLayer::max_header_bytes) (32 KiB) | no (`BYPASS`) | streamed through intact; no hit sends a huge header block |
 //!
 //! Freshness comes from `s-maxage`, then `max-age` (of the targeted field when there is one),
 //! then `Expires` less `Date`, then the policy's default TTL, less the `Age` the response
@@ -200,6 +202,7 @@ mod layer;
 mod load;
 mod memo;
 mod parse;
+mod poisoning;
 mod policy;
 mod purge;
 mod revalidate;

@@ -16,6 +16,7 @@ use super::cache_status::X_CACHE;
 use super::credentials::{CookieRule, Credentials};
 use super::invalidate;
 use super::parse::{self, Directive};
+use super::poisoning::Unkeyed;
 use super::targeted;
 
 /// What the layer does with a request.
@@ -30,13 +31,19 @@ pub(crate) enum RequestRule {
     /// pass it on, and invalidate its URL if the response is not an error (RFC 9111 §4.4).
     Invalidate,
     /// A cacheable method that must not be answered from the cache (`no-store`, a range, a
-    /// precondition other than `If-None-Match` / `If-Modified-Since`, or a reload the layer
-    /// honours): pass it on, marked `x-cache: BYPASS`.
+    /// precondition other than `If-None-Match` / `If-Modified-Since`, a reload the layer
+    /// honours, or what could [poison](super::poisoning) the cache): pass it on, marked
+    /// `x-cache: BYPASS`.
     Bypass,
 }
 
-/// Decides what to do with a request, before its key is made.
-pub(crate) fn request_rule<B>(request: &Request<B>, honor_client_no_cache: bool) -> RequestRule {
+/// Decides what to do with a request, before its key is made: `unkeyed` names what makes a
+/// `GET` or `HEAD` pass.
+pub(crate) fn request_rule<B>(
+    request: &Request<B>,
+    honor_client_no_cache: bool,
+    unkeyed: &Unkeyed,
+) -> RequestRule {
     let method = request.method();
     if method != Method::GET && method != Method::HEAD {
         return if invalidate::is_safe(method) || method == Method::CONNECT {
@@ -46,6 +53,10 @@ pub(crate) fn request_rule<B>(request: &Request<B>, honor_client_no_cache: bool)
         };
     }
     let headers = request.headers();
+    if unkeyed.poisons(headers) {
+        tracing::debug!("a request that could poison the cache; passed");
+        return RequestRule::Bypass;
+    }
     // Ranges and these preconditions get answers for this request only (206, 412) that the
     // layer does not compute from an entry.
     const ANSWERED_BY_THE_ORIGIN: [HeaderName; 4] =
@@ -1000,24 +1011,29 @@ mod tests {
         for method in ["POST", "PUT", "DELETE", "PATCH", "PURGE", "FROB"] {
             let method = Method::from_bytes(method.as_bytes()).unwrap();
             assert_eq!(
-                request_rule(&with(method.clone(), &[]), false),
+                request_rule(&with(method.clone(), &[]), false, &Unkeyed::default()),
                 RequestRule::Invalidate,
                 "{method}"
             );
         }
+        let overridden = with(Method::POST, &[("x-http-method-override", "PUT")]);
+        assert_eq!(
+            request_rule(&overridden, false, &Unkeyed::default()),
+            RequestRule::Invalidate
+        );
         for method in [Method::OPTIONS, Method::TRACE, Method::CONNECT] {
             assert_eq!(
-                request_rule(&with(method.clone(), &[]), false),
+                request_rule(&with(method.clone(), &[]), false, &Unkeyed::default()),
                 RequestRule::Ignore,
                 "{method}"
             );
         }
         assert_eq!(
-            request_rule(&with(Method::GET, &[]), false),
+            request_rule(&with(Method::GET, &[]), false, &Unkeyed::default()),
             RequestRule::Cache
         );
         assert_eq!(
-            request_rule(&with(Method::HEAD, &[]), false),
+            request_rule(&with(Method::HEAD, &[]), false, &Unkeyed::default()),
             RequestRule::Cache
         );
         for (name, value) in [
@@ -1026,9 +1042,16 @@ mod tests {
             ("if-unmodified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
             ("if-range", "\"v1\""),
             ("cache-control", "no-store"),
+            ("x-http-method-override", "DELETE"),
+            ("content-length", "5"),
+            ("x-forwarded-host", "evil.example"),
         ] {
             let request = with(Method::GET, &[(name, value)]);
-            assert_eq!(request_rule(&request, false), RequestRule::Bypass, "{name}");
+            assert_eq!(
+                request_rule(&request, false, &Unkeyed::default()),
+                RequestRule::Bypass,
+                "{name}"
+            );
         }
         for (name, value) in [
             ("if-none-match", "\"v1\""),
@@ -1036,7 +1059,11 @@ mod tests {
             ("authorization", "Bearer a"),
         ] {
             let request = with(Method::GET, &[(name, value)]);
-            assert_eq!(request_rule(&request, false), RequestRule::Cache, "{name}");
+            assert_eq!(
+                request_rule(&request, false, &Unkeyed::default()),
+                RequestRule::Cache,
+                "{name}"
+            );
         }
         for reload in [
             &[("cache-control", "no-cache")][..],
@@ -1045,12 +1072,12 @@ mod tests {
         ] {
             let request = with(Method::GET, reload);
             assert_eq!(
-                request_rule(&request, false),
+                request_rule(&request, false, &Unkeyed::default()),
                 RequestRule::Cache,
                 "{reload:?}"
             );
             assert_eq!(
-                request_rule(&request, true),
+                request_rule(&request, true, &Unkeyed::default()),
                 RequestRule::Bypass,
                 "{reload:?}"
             );
@@ -1059,7 +1086,10 @@ mod tests {
             Method::GET,
             &[("pragma", "no-cache"), ("cache-control", "max-age=5")],
         );
-        assert_eq!(request_rule(&request, true), RequestRule::Cache);
+        assert_eq!(
+            request_rule(&request, true, &Unkeyed::default()),
+            RequestRule::Cache
+        );
     }
 
     use proptest::strategy::Strategy;

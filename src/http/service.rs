@@ -106,8 +106,10 @@ where
             let (parts, _body) = request.into_parts();
             return ResponseFuture::boxed(Box::pin(purge::endpoint(purger, parts)));
         }
+        let (honor_client_no_cache, unkeyed) =
+            (self.config.honor_client_no_cache, &self.config.unkeyed);
         let (bypassed, served) =
-            match policy::request_rule(&request, self.config.honor_client_no_cache) {
+            match policy::request_rule(&request, honor_client_no_cache, unkeyed) {
                 RequestRule::Ignore => {
                     let inner = Oneshot::new(self.inner.clone(), request);
                     return ResponseFuture::inner(inner, None, Arc::clone(&self.config));

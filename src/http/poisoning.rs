@@ -1,0 +1,118 @@
+//! Requests that could poison the cache: a `GET` or `HEAD` whose response may depend on what
+//! the key leaves out, so that one client's request would become everyone's page. By default
+//! the layer passes them (neither stored nor answered from the cache):
+//!
+//! - a **method override** (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`),
+//!   which many frameworks obey: a `GET` that the origin runs as a `DELETE`;
+//! - a **request body** (`Content-Length` other than 0, or `Transfer-Encoding`), which some
+//!   frameworks read on a `GET` as they would on a `POST`;
+//! - a **forwarding or rewrite header** (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`,
+//!   `X-Forwarded-Scheme`, `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), which frameworks
+//!   reflect in links and redirects or route by;
+//! - any header the operator names as one the application reflects
+//!   ([`pass_header`](super::StampedeLayer::pass_header)).
+//!
+//! A forwarding header that the operator's own load balancer sets on every request, replacing
+//! whatever a client sent, cannot come from an attacker: naming it with
+//! [`trust_header`](super::StampedeLayer::trust_header) lets such requests be cached again.
+//!
+//! A body is known by its framing headers: an HTTP/2 or HTTP/3 request may carry one without
+//! `Content-Length`, which the layer cannot see without reading it; an application that reads
+//! the bodies of `GET`s should refuse such requests itself.
+
+use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderName};
+
+/// The headers that make a `GET` or `HEAD` pass unless trusted: method overrides, then the
+/// well-known forwarding and rewrite headers.
+const UNKEYED: [&str; 10] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-forwarded-host",
+    "x-host",
+    "x-forwarded-proto",
+    "x-forwarded-scheme",
+    "forwarded",
+    "x-original-url",
+    "x-rewrite-url",
+];
+
+/// The request headers that make a `GET` or `HEAD` pass.
+#[derive(Clone, Debug)]
+pub(crate) struct Unkeyed {
+    names: Vec<HeaderName>,
+}
+
+impl Default for Unkeyed {
+    fn default() -> Self {
+        Unkeyed {
+            names: UNKEYED.map(HeaderName::from_static).to_vec(),
+        }
+    }
+}
+
+impl Unkeyed {
+    /// Requests with `name` no longer pass for it.
+    pub(crate) fn trust(&mut self, name: &HeaderName) {
+        self.names.retain(|held| held != name);
+    }
+
+    /// Requests with `name` pass.
+    pub(crate) fn pass(&mut self, name: HeaderName) {
+        if !self.names.contains(&name) {
+            self.names.push(name);
+        }
+    }
+
+    /// Whether a `GET` or `HEAD` with these headers must pass: it has a body or one of the
+    /// headers. One walk over the request's field names, which are few.
+    pub(crate) fn poisons(&self, headers: &HeaderMap) -> bool {
+        headers.keys().any(|name| {
+            *name == TRANSFER_ENCODING
+                || (*name == CONTENT_LENGTH
+                    && headers
+                        .get_all(CONTENT_LENGTH)
+                        .iter()
+                        .any(|length| length.as_bytes().trim_ascii() != b"0"))
+                || self.names.contains(name)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(*name, HeaderValue::from_static(value));
+        }
+        headers
+    }
+
+    #[test]
+    fn overrides_bodies_and_forwarding_headers_pass_unless_trusted() {
+        let mut unkeyed = Unkeyed::default();
+        let plain = headers(&[("accept", "*/*"), ("content-length", "0")]);
+        assert!(!unkeyed.poisons(&plain));
+        for name in UNKEYED {
+            assert!(unkeyed.poisons(&headers(&[(name, "x")])), "{name}");
+        }
+        for body in [
+            &[("content-length", "7")][..],
+            &[("content-length", "0"), ("content-length", "7")],
+            &[("transfer-encoding", "chunked")],
+        ] {
+            assert!(unkeyed.poisons(&headers(body)), "{body:?}");
+        }
+        let proto = HeaderName::from_static("x-forwarded-proto");
+        unkeyed.trust(&proto);
+        assert!(!unkeyed.poisons(&headers(&[("x-forwarded-proto", "https")])));
+        assert!(unkeyed.poisons(&headers(&[("x-forwarded-host", "evil")])));
+        unkeyed.pass(HeaderName::from_static("x-theme"));
+        assert!(unkeyed.poisons(&headers(&[("x-theme", "dark")])));
+    }
+}
