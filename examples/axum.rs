@@ -7,6 +7,11 @@
 //! ```
 //!
 //! `LISTEN` sets the address (default `127.0.0.1:3000`).
+//!
+//! The route's `Cache-Control` decides how long its page is shared (the layer gives every
+//! stored response the freshness its policy finds, so the cache's own `ttl` does not apply
+//! here). A request with a cookie or `Authorization` gets its own page: `max-age` lets
+//! browsers keep it, not a shared cache (`public` would).
 
 use std::time::Duration;
 
@@ -22,7 +27,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .namespace("axum-example"),
         Err(_) => Cache::builder(MemoryStore::new()),
     }
-    .ttl(Duration::from_secs(30))
     .build();
 
     let app = Router::new()

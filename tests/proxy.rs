@@ -49,69 +49,95 @@ fn big_body() -> Vec<u8> {
 
 /// A slow origin on a free loopback port, counting every request it receives.
 async fn start_origin(counter: Counter) -> SocketAddr {
-    let app = Router::new().fallback(move |method: Method, uri: Uri, body: Bytes| {
-        let counter = counter.clone();
-        async move {
-            let n = counter.hit();
-            tokio::time::sleep(ORIGIN_DELAY).await;
-            let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
-            let body = if method == Method::POST {
-                [b"posted:".as_slice(), &body].concat()
-            } else if uri.path() == "/short" {
-                // Fresh for one second; the body tells which origin request made it.
-                return (
-                    [
-                        (header::CACHE_CONTROL, "max-age=1"),
-                        (header::CONTENT_TYPE, "text/plain"),
-                    ],
-                    format!("load {n}").into_bytes(),
-                )
-                    .into_response();
-            } else if uri.path() == "/counted" {
-                // Fresh for a minute; the body tells which origin request made it, and
-                // `?tags=a+b` tags it.
-                let mut response = (
+    let app = Router::new().fallback(
+        move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            let counter = counter.clone();
+            async move {
+                let n = counter.hit();
+                tokio::time::sleep(ORIGIN_DELAY).await;
+                let path = uri.path_and_query().map_or("/", |p| p.as_str()).to_owned();
+                let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+                let body = if uri.path().starts_with("/dash") {
+                    // A page for the user its session cookie names; `/dash-public` says it may be
+                    // shared, `/dash` says nothing of its freshness.
+                    let page = format!("hello {} #{n}", header("cookie").unwrap_or("nobody"));
+                    if uri.path() == "/dash-public" {
+                        return ([(header::CACHE_CONTROL, "public, max-age=30")], page)
+                            .into_response();
+                    }
+                    return page.into_response();
+                } else if uri.path() == "/reflect" {
+                    // What frameworks answer from: a method override, a rewrite, a forwarded
+                    // host, a GET's body.
+                    let page = if let Some(method) = header("x-http-method-override") {
+                        format!("{method} done")
+                    } else if let Some(path) = header("x-original-url") {
+                        format!("the page at {path}")
+                    } else {
+                        let host = header("x-forwarded-host").unwrap_or("origin");
+                        let scheme = header("x-forwarded-proto").unwrap_or("http");
+                        let query = String::from_utf8_lossy(&body);
+                        format!("<a href=\"{scheme}://{host}/next\"> {query}")
+                    };
+                    return ([(header::CACHE_CONTROL, "max-age=60")], page).into_response();
+                } else if method == Method::POST {
+                    [b"posted:".as_slice(), &body].concat()
+                } else if uri.path() == "/short" {
+                    // Fresh for one second; the body tells which origin request made it.
+                    return (
+                        [
+                            (header::CACHE_CONTROL, "max-age=1"),
+                            (header::CONTENT_TYPE, "text/plain"),
+                        ],
+                        format!("load {n}").into_bytes(),
+                    )
+                        .into_response();
+                } else if uri.path() == "/counted" {
+                    // Fresh for a minute; the body tells which origin request made it, and
+                    // `?tags=a+b` tags it.
+                    let mut response = (
+                        [
+                            (header::CACHE_CONTROL, "max-age=60"),
+                            (header::CONTENT_TYPE, "text/plain"),
+                        ],
+                        format!("load {n}").into_bytes(),
+                    )
+                        .into_response();
+                    if let Some(tags) = uri.query().and_then(|q| q.strip_prefix("tags=")) {
+                        let tags = tags.replace('+', " ");
+                        response
+                            .headers_mut()
+                            .insert("surrogate-key", tags.parse().expect("tags"));
+                    }
+                    return response;
+                } else if uri.path() == "/bare" {
+                    // No explicit freshness at all.
+                    return format!("bare #{n}").into_response();
+                } else if uri.path() == "/fail" {
+                    // A server error without explicit freshness; the body tells which origin
+                    // request made it.
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("x-origin-error", "1")],
+                        format!("down #{n}"),
+                    )
+                        .into_response();
+                } else if uri.path() == "/big" {
+                    big_body()
+                } else {
+                    origin_body(&path)
+                };
+                (
                     [
                         (header::CACHE_CONTROL, "max-age=60"),
-                        (header::CONTENT_TYPE, "text/plain"),
+                        (header::CONTENT_TYPE, "application/octet-stream"),
                     ],
-                    format!("load {n}").into_bytes(),
+                    body,
                 )
-                    .into_response();
-                if let Some(tags) = uri.query().and_then(|q| q.strip_prefix("tags=")) {
-                    let tags = tags.replace('+', " ");
-                    response
-                        .headers_mut()
-                        .insert("surrogate-key", tags.parse().expect("tags"));
-                }
-                return response;
-            } else if uri.path() == "/bare" {
-                // No explicit freshness at all.
-                return format!("bare #{n}").into_response();
-            } else if uri.path() == "/fail" {
-                // A server error without explicit freshness; the body tells which origin
-                // request made it.
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    [("x-origin-error", "1")],
-                    format!("down #{n}"),
-                )
-                    .into_response();
-            } else if uri.path() == "/big" {
-                big_body()
-            } else {
-                origin_body(&path)
-            };
-            (
-                [
-                    (header::CACHE_CONTROL, "max-age=60"),
-                    (header::CONTENT_TYPE, "application/octet-stream"),
-                ],
-                body,
-            )
-                .into_response()
-        }
-    });
+                    .into_response()
+            }
+        },
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind the origin");
@@ -917,6 +943,138 @@ async fn two_proxies(
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     start_proxies(2, proxy_args(origin, test, args)).await
+}
+
+/// `Cookie: session=...` with the header value `cookie`, on `proxy`.
+async fn as_user(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    proxy: &Proxy,
+    path: &str,
+    cookie: &str,
+) -> Answer {
+    let request = request("GET", &proxy.url(path), &[("cookie", cookie)]);
+    send(client, request).await.unwrap()
+}
+
+/// The scenario through two proxies with `--ttl-secs 30`: a page that greets the user
+/// from the session cookie and says nothing of its freshness goes to each user as their own
+/// (RFC 9111 §3.5, applied to `Cookie` as to `Authorization`; no invented freshness for it);
+/// a page that says `public` is shared. `--ignore-cookie` names a cookie that personalises
+/// nothing: requests with it alone are cached; `--ignore-all-cookies` shares every page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_user_gets_their_own_page_through_the_proxies() {
+    let redis = RedisServer::start();
+    let origin = start_origin(Counter::default()).await;
+    let client = client(1);
+    let proxies = two_proxies(origin, "cookies", &redis, &["--ttl-secs", "30"]).await;
+    for (proxy, user) in [(0, "alice"), (1, "bob"), (0, "bob"), (1, "alice")] {
+        let cookie = format!("session={user}");
+        let answer = as_user(&client, &proxies[proxy], "/dash", &cookie).await;
+        let body = String::from_utf8_lossy(&answer.body).into_owned();
+        assert!(
+            body.starts_with(&format!("hello {cookie} #")),
+            "{user} got {body:?}"
+        );
+        assert_eq!(answer.x_cache.as_deref(), Some("BYPASS"), "{user}");
+    }
+    let alice = as_user(&client, &proxies[0], "/dash-public", "session=alice").await;
+    let bob = as_user(&client, &proxies[1], "/dash-public", "session=bob").await;
+    assert_eq!(
+        [alice.x_cache.as_deref(), bob.x_cache.as_deref()],
+        [Some("MISS"), Some("HIT")]
+    );
+    assert_eq!(bob.body, alice.body, "the page said it may be shared");
+
+    let extra = [
+        "--ttl-secs",
+        "30",
+        "--ignore-cookie",
+        "_ga",
+        "--ignore-cookie",
+        "consent",
+    ];
+    let proxies = two_proxies(origin, "ignored-cookies", &redis, &extra).await;
+    let first = as_user(&client, &proxies[0], "/dash", "_ga=1; consent=yes").await;
+    let second = as_user(&client, &proxies[1], "/dash", "_ga=2").await;
+    assert_eq!(
+        [first.x_cache.as_deref(), second.x_cache.as_deref()],
+        [Some("MISS"), Some("HIT")]
+    );
+    let personal = as_user(&client, &proxies[1], "/dash", "_ga=2; session=bob").await;
+    assert_eq!(personal.x_cache.as_deref(), Some("BYPASS"));
+    assert!(personal.body.starts_with(b"hello _ga=2; session=bob #"));
+
+    let extra = ["--ttl-secs", "30", "--ignore-all-cookies"];
+    let proxies = two_proxies(origin, "all-cookies", &redis, &extra).await;
+    let first = as_user(&client, &proxies[0], "/dash", "session=alice").await;
+    let second = as_user(&client, &proxies[1], "/dash", "session=bob").await;
+    assert_eq!(
+        [first.x_cache.as_deref(), second.x_cache.as_deref()],
+        [Some("MISS"), Some("HIT")],
+        "--ignore-all-cookies shares everything"
+    );
+}
+
+/// Cache poisoning through the proxies, one attacker's request then plain ones: a method
+/// override, a `GET` with a body, a forwarded host and a rewritten URL each go to the origin
+/// uncached, and the victims (on either proxy) get the page the URL names. A header the load
+/// balancer sets (`--trust-header`) is cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_attackers_request_becomes_the_page_of_the_proxies() {
+    let redis = RedisServer::start();
+    let origin = start_origin(Counter::default()).await;
+    let client = client(1);
+    let extra = ["--trust-header", "x-forwarded-proto"];
+    let proxies = two_proxies(origin, "poisoning", &redis, &extra).await;
+    let with_body = |url: &str| {
+        Request::get(url)
+            .body(Full::new(Bytes::from_static(b"q=POISON")))
+            .expect("a request")
+    };
+    let attacks = [
+        request(
+            "GET",
+            &proxies[0].url("/reflect?1"),
+            &[("x-http-method-override", "DELETE")],
+        ),
+        with_body(&proxies[0].url("/reflect?2")),
+        request(
+            "GET",
+            &proxies[0].url("/reflect?3"),
+            &[("x-forwarded-host", "evil.example")],
+        ),
+        request(
+            "GET",
+            &proxies[0].url("/reflect?4"),
+            &[("x-original-url", "/admin")],
+        ),
+    ];
+    for (i, attack) in attacks.into_iter().enumerate() {
+        let path = format!("/reflect?{}", i + 1);
+        let attacked = send(&client, attack).await.unwrap();
+        assert_eq!(attacked.x_cache.as_deref(), Some("BYPASS"), "{path}");
+        let honest = "<a href=\"http://origin/next\"> ";
+        for proxy in [&proxies[1], &proxies[0]] {
+            let victim = send(&client, get(&proxy.url(&path))).await.unwrap();
+            assert_eq!(String::from_utf8_lossy(&victim.body), honest, "{path}");
+        }
+    }
+    let proto = [("x-forwarded-proto", "https")];
+    let first = send(
+        &client,
+        request("GET", &proxies[0].url("/reflect?lb"), &proto),
+    )
+    .await;
+    let second = send(
+        &client,
+        request("GET", &proxies[1].url("/reflect?lb"), &proto),
+    )
+    .await;
+    assert_eq!(
+        [first.unwrap().x_cache, second.unwrap().x_cache].map(|mark| mark.unwrap_or_default()),
+        ["MISS", "HIT"],
+        "--trust-header"
+    );
 }
 
 /// RFC 9111 §4.4 across processes: a `POST` through proxy A evicts the page that proxy B

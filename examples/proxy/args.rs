@@ -9,7 +9,7 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use http::header::AUTHORIZATION;
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Uri};
+use http::{HeaderName, HeaderValue, Uri};
 use sha2::{Digest, Sha256};
 use tower_stampede::http::OriginKey;
 
@@ -85,6 +85,27 @@ pub(crate) struct Args {
     /// Prefix of the cache's keys in the store
     #[arg(long, value_name = "NS", value_parser = namespace, default_value = "proxy")]
     pub(crate) namespace: String,
+
+    /// A cookie that personalises nothing (analytics, consent): requests whose cookies are
+    /// all ignored are cached as requests without cookies. Repeat for each name. Any other
+    /// cookie makes a request private: its response is stored only if the origin says
+    /// `public`, `s-maxage` or `must-revalidate` (or `Vary: Cookie`), and gets no --ttl-secs
+    #[arg(long = "ignore-cookie", value_name = "NAME")]
+    pub(crate) ignore_cookies: Vec<String>,
+
+    /// Every cookie is ignored: the origin's pages never depend on cookies, so requests with
+    /// and without them share one entry (a response with Set-Cookie is still never stored)
+    #[arg(long)]
+    pub(crate) ignore_all_cookies: bool,
+
+    /// A forwarding header the load balancer in front of this proxy sets on every request,
+    /// replacing any a client sent (e.g. x-forwarded-proto): GET and HEAD requests with it
+    /// are cached. Repeat for each name. By default a request with a forwarding or rewrite
+    /// header (X-Forwarded-Host, X-Forwarded-Proto, Forwarded, X-Original-URL, ...), a
+    /// method override or a body is passed to the origin, never cached: the origin may
+    /// answer from it, and one client's request would become every client's page
+    #[arg(long = "trust-header", value_name = "NAME", value_parser = header_name)]
+    pub(crate) trust_headers: Vec<HeaderName>,
 
     /// Largest response body that is cached (default: 1048576)
     #[arg(long, value_name = "N", value_parser = byte_count)]
@@ -193,6 +214,10 @@ fn beta(text: &str) -> Result<f64, String> {
 fn byte_count(text: &str) -> Result<usize, String> {
     text.parse::<usize>()
         .map_err(|_| "not a number of bytes".to_owned())
+}
+
+fn header_name(text: &str) -> Result<HeaderName, String> {
+    HeaderName::from_bytes(text.as_bytes()).map_err(|_| "not a header name".to_owned())
 }
 
 fn namespace(text: &str) -> Result<String, String> {

@@ -59,6 +59,15 @@
 //! compared in constant time and never printed; being a command-line argument, it is visible
 //! to other users of the machine in its process list: give it on a machine of one's own.
 //!
+//! A request with a cookie or `Authorization` gets its own page: its response is stored only
+//! if the origin says it may be shared (`public`, `s-maxage`, `must-revalidate`, or per cookie
+//! with `Vary: Cookie`), never for `--ttl-secs`; `--ignore-cookie NAME` (repeatable) names
+//! cookies that personalise nothing, `--ignore-all-cookies` says no page depends on cookies.
+//! A `GET` with a method override, a body or a forwarding header (`X-Forwarded-Host`,
+//! `Forwarded`, `X-Original-URL`, ...) goes to the origin uncached, so that no client's
+//! request becomes everyone's page; `--trust-header NAME` (repeatable) names one the load
+//! balancer in front sets on every request, which is then cached.
+//!
 //! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
 //! client sent: every proxy in front of one origin shares one entry per URL. Hop-by-hop headers
 //! are dropped both ways; `Host` is set to the origin's authority. An origin that cannot be
@@ -307,14 +316,18 @@ async fn run(args: Args) -> Result<(), String> {
     let cache = build_cache(&args).await?;
     // Responses without explicit freshness, with a status cacheable by default, are kept for
     // --ttl-secs; with 0 (the default), not at all.
-    let policy = if args.ttl.is_zero() {
-        RfcPolicy::new()
-    } else {
-        RfcPolicy::new().default_ttl(args.ttl)
-    };
-    let mut layer = StampedeLayer::new(cache)
-        .policy(policy)
-        .make_key(args.origin.key());
+    let mut policy = RfcPolicy::new().ignore_all_cookies(args.ignore_all_cookies);
+    if !args.ttl.is_zero() {
+        policy = policy.default_ttl(args.ttl);
+    }
+    for name in &args.ignore_cookies {
+        policy = policy.ignore_cookie(name);
+    }
+    let mut layer = StampedeLayer::new(cache).make_key(args.origin.key());
+    for name in &args.trust_headers {
+        layer = layer.trust_header(name.clone());
+    }
+    layer = layer.policy(policy);
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
     }
