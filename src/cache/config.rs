@@ -136,6 +136,9 @@ impl CacheBuilder {
     }
 
     /// How long a loaded value stays fresh when its loader does not say. Default: 60 s.
+    ///
+    /// The HTTP layer always says (a response's own freshness, or the policy's
+    /// [`default_ttl`](crate::http::RfcPolicy::default_ttl)), so this does not apply to it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config.ttl = ttl;
         self

@@ -108,15 +108,7 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.append(*name, HeaderValue::from_static(value));
-        }
-        headers
-    }
+    use crate::http::tags::tests::headers;
 
     #[test]
     fn every_cookie_counts_but_those_ignored() {

@@ -223,7 +223,7 @@ impl StampedeLayer {
 
     /// Turns on the purge endpoint, for the requests `authorize` allows: a `PURGE` of a URL
     /// removes its stored responses (every `Vary` variant, with and without
-    /// `Authorization`), and a `PURGE` with a [tag header field](Self::tag_headers)
+    /// credentials), and a `PURGE` with a [tag header field](Self::tag_headers)
     /// (`Surrogate-Key: t1 t2`) removes every response carrying one of those tags instead, in
     /// every process that shares the store. Off by default: then a `PURGE` goes to the inner
     /// service like any other unsafe method.

@@ -87,6 +87,10 @@
 //! the field names: a hit is two lookups (each an L1 hit or one store round trip), and a miss
 //! loads once for both keys, one flight per key as for any other.
 //!
+//! Requests with credentials (`Authorization`, or a cookie the policy does not ignore) are
+//! keyed apart from those without: a page stored for anonymous requests never answers a
+//! signed-in user (it would show them signed out), nor the other way round.
+//!
 //! Keys are hashed before they reach the store: a 64 KB URL or a thousand header values never
 //! make a long store key.
 //!
@@ -96,7 +100,7 @@
 //! `HEAD`, `OPTIONS`, `TRACE` and `CONNECT`) invalidates the stored responses of its URL
 //! before it is sent on (RFC 9111 §4.4), so the client that changed a resource reads the
 //! change next: those under the key a `GET` of that URL (with the request's headers) would
-//! have, with and without `Authorization`, every `Vary` variant included, and likewise for
+//! have, with and without credentials, every `Vary` variant included, and likewise for
 //! the URLs in its `Location` and `Content-Location` when they are of the same origin
 //! (relative, or the same scheme and authority). The invalidation reaches every process
 //! that shares the store, and a load of the URL in progress anywhere cannot store its (older)

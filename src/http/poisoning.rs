@@ -83,15 +83,7 @@ impl Unkeyed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        let mut headers = HeaderMap::new();
-        for (name, value) in pairs {
-            headers.append(*name, HeaderValue::from_static(value));
-        }
-        headers
-    }
+    use crate::http::tags::tests::headers;
 
     #[test]
     fn overrides_bodies_and_forwarding_headers_pass_unless_trusted() {

@@ -1,8 +1,8 @@
 //! The one place that decides what is cached: request rules, the replaceable response
 //! [`Policy`] and its default, [`RfcPolicy`], and which headers are stored.
 //!
-//! Past 500 lines because of its tests: the rules are about 460 lines, and the tests of every
-//! rule stay beside it, so that one file shows what is cached and the proof of it.
+//! Past 500 lines because of its tests: the rules are about 540 lines (370 of code), and the
+//! tests of every rule stay beside it, so that one file shows what is cached and the proof of it.
 
 use std::time::{Duration, SystemTime};
 

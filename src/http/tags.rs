@@ -63,11 +63,12 @@ pub(crate) fn remove(headers: &mut HeaderMap, names: &[HeaderName]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn headers(fields: &[(&'static str, &str)]) -> HeaderMap {
+    /// A header map of these fields (the HTTP tests of other files build theirs here too).
+    pub(crate) fn headers(fields: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
         for (name, value) in fields {
             map.append(*name, HeaderValue::from_str(value).unwrap());
