@@ -190,6 +190,49 @@ fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache, prefix: &str) -> Vec
     unreachable!("some key lands on every node")
 }
 
+/// `invalidate_many` of keys on every master (and two keys in one slot's pipeline) removes
+/// each, and another instance's L1 copies go too: a cluster pipeline may not cross slots, so
+/// the store sends one per slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_many_reaches_keys_on_every_node() {
+    let cluster = RedisCluster::start();
+    let a = cache(instance(&cluster).await).build();
+    let b = cache(instance(&cluster).await).build();
+    let mut keys = keys_on_each_node(&cluster, &a, "many");
+    keys.push(keys[0].clone());
+    let loads = Counter::default();
+    let read = |cache: &Cache, key: &str| {
+        let (cache, key, loads) = (cache.clone(), key.to_owned(), loads.clone());
+        async move {
+            cache
+                .get_or_load(&key, move || async move {
+                    Ok::<_, std::io::Error>(Bytes::from(format!("load {}", loads.hit())))
+                })
+                .await
+                .unwrap()
+        }
+    };
+    for key in &keys[..3] {
+        read(&a, key).await;
+        read(&b, key).await;
+    }
+    assert_eq!(loads.get(), 3);
+    a.invalidate_many(&keys).await.unwrap();
+    for key in &keys[..3] {
+        read(&a, key).await;
+    }
+    assert_eq!(loads.get(), 6, "each key gone from the store");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for key in &keys[..3] {
+        // Loads 1 to 3 were before the invalidation.
+        while read(&b, key).await.as_ref() <= b"load 3".as_slice() {
+            assert!(tokio::time::Instant::now() < deadline, "{key}: still held");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    assert_eq!(loads.get(), 6, "b reads a's reloads");
+}
+
 /// A follower is woken by a fill on any node, published with sharded pub/sub (the default) or
 /// by a store that does not shard (as an older release, or `sharded_notifications(false)`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

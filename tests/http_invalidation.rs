@@ -668,3 +668,133 @@ async fn the_purge_endpoint_purges_tags_when_asked() {
         }
     }
 }
+
+/// Commands the Redis server behind `shared` has run since its stats were reset, by name
+/// (`INFO commandstats`), but for those of the test itself (`info`, `config`); none for the
+/// embedded store.
+async fn commands(shared: &Shared) -> Vec<(String, u64)> {
+    #[cfg(feature = "redis")]
+    if let support::Backing::Redis(_) = shared.backing {
+        let mut connection = shared.connection().await;
+        let info: String = ::redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        return info
+            .lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                let calls = rest.split(',').next()?.parse().ok()?;
+                (!name.starts_with("info") && !name.starts_with("config"))
+                    .then(|| (name.to_owned(), calls))
+            })
+            .collect();
+    }
+    let _ = shared;
+    Vec::new()
+}
+
+/// Resets the command counts of the Redis server behind `shared` (see [`commands`]).
+async fn reset_commands(shared: &Shared) {
+    #[cfg(feature = "redis")]
+    if let support::Backing::Redis(_) = shared.backing {
+        let mut connection = shared.connection().await;
+        let () = ::redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+    let _ = shared;
+}
+
+/// Invalidation on unsafe methods is the layer's choice (RFC 9111 §4.4 asks for it, and it
+/// stays on by default), for services where every call is a `POST` (gRPC, GraphQL,
+/// JSON-RPC). Off, 1,000 `POST`s cost the store nothing (not one call, not one Redis
+/// command) and the stored page stays. On, each `POST` is one store call (one pipelined
+/// round trip on Redis) however many keys it invalidates: here four, its URL and its
+/// `Location`, each with and without `Authorization` (four `EVALSHA`s in the pipeline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_invalidation_is_a_choice_and_one_round_trip() {
+    const POSTS: usize = 1_000;
+    for shared in Shared::both().await {
+        for on in [false, true] {
+            let what = format!(
+                "{}, invalidation {}",
+                shared.name,
+                if on { "on" } else { "off" }
+            );
+            let origin = Origin::new();
+            let observed = support::observed::Observed::new(&shared.store, Duration::ZERO);
+            let cache = Cache::builder_shared(observed.clone())
+                .namespace(if on { "rpc-on" } else { "rpc-off" })
+                .build();
+            let layer = StampedeLayer::new(cache).invalidate_on_unsafe(on);
+            let app = origin.router().layer(layer);
+            let rpc = url("/rpc?location=/created/7");
+            assert_eq!(get(&app, &rpc).await.x_cache(), "MISS", "{what}");
+            assert_eq!(get(&app, &rpc).await.x_cache(), "HIT", "{what}");
+            reset_commands(&shared).await;
+            let calls = observed.calls();
+            for _ in 0..POSTS {
+                let answer = send(&app, "POST", &rpc, &[]).await;
+                assert_eq!(answer.status, StatusCode::OK, "{what}");
+            }
+            let calls = observed.calls() - calls;
+            let commands = commands(&shared).await;
+            let count = |command: &str| {
+                commands
+                    .iter()
+                    .find(|(name, _)| name == command)
+                    .map_or(0, |(_, calls)| *calls)
+            };
+            // The first pipeline met a server without the script: its calls were refused,
+            // the script loaded and the pipeline sent again.
+            let evalsha = count("evalsha") - 4 * count("script|load");
+            if on {
+                assert_eq!(calls, POSTS, "{what}: one store call per POST");
+                if shared.name == "redis" {
+                    assert_eq!(evalsha, 4 * POSTS as u64, "{what}: {commands:?}");
+                }
+                assert_eq!(get(&app, &rpc).await.x_cache(), "MISS", "{what}");
+            } else {
+                assert_eq!(calls, 0, "{what}: no store call");
+                assert!(commands.is_empty(), "{what}: {commands:?}");
+                assert_eq!(get(&app, &rpc).await.x_cache(), "HIT", "{what}: kept");
+            }
+        }
+    }
+}
+
+/// A predicate picks the unsafe requests that invalidate (RFC 9111 §4.4 for those): a
+/// `POST /graphql` leaves the stored `GET /graphql` as it was, a `POST /page` invalidates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_predicate_picks_the_unsafe_requests_that_invalidate() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let picked = |cache| {
+            StampedeLayer::new(cache).invalidate_on_unsafe_if(|request: &http::request::Parts| {
+                request.uri.path() != "/graphql"
+            })
+        };
+        let apps = apps(&shared, &origin, picked).await;
+        let (graphql, page) = (url("/graphql"), url("/page"));
+        let kept = cached_in_both(&apps, &graphql, &[]).await;
+        cached_in_both(&apps, &page, &[]).await;
+        let version = origin.move_on();
+        assert_eq!(
+            send(&apps[0], "POST", &graphql, &[]).await.body(),
+            "changed"
+        );
+        assert_eq!(send(&apps[0], "POST", &page, &[]).await.body(), "changed");
+        let next = get(&apps[0], &page).await;
+        assert_eq!(next.x_cache(), "MISS", "{}", shared.name);
+        assert!(at_version(next.body(), "/page", version));
+        eventually(&apps[1], &page, &[], version).await;
+        for app in &apps {
+            let graphql = get(app, &graphql).await;
+            assert_eq!((graphql.x_cache(), graphql.body()), ("HIT", kept.as_str()));
+        }
+    }
+}

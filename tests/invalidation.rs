@@ -244,6 +244,41 @@ async fn invalidate_reaches_every_instances_l1() {
     }
 }
 
+/// `invalidate_many` is `invalidate` for each key, in one store call: a load of one key in
+/// flight cannot fill afterwards (the fence), and another key held in every instance's L1
+/// is read again everywhere once the notification is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_many_fences_and_reaches_every_l1_for_each_key() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let (db, held) = (Database::at(1), Database::at(1));
+        for cache in &caches {
+            assert_eq!(held.read(cache, "held").await, "v1");
+        }
+        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
+        db.move_to(2);
+        held.move_to(2);
+        caches[1]
+            .invalidate_many(["row", "held", "absent"])
+            .await
+            .unwrap();
+        finish.notify_one();
+        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        for cache in &caches {
+            assert_eq!(
+                db.read(cache, "row").await,
+                "v2",
+                "{}: refused",
+                shared.name
+            );
+            eventually(&held, cache, "held", "v2").await;
+        }
+        assert_eq!(db.loads.get(), 2, "{}", shared.name);
+        assert_eq!(held.loads.get(), 2, "{}: one reload", shared.name);
+        caches[0].invalidate_many(Vec::<&str>::new()).await.unwrap();
+    }
+}
+
 async fn never_loads() -> Result<tower_stampede::Loaded, std::io::Error> {
     panic!("this loader must not run")
 }

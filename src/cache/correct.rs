@@ -1,5 +1,5 @@
-//! Correcting the cache: [`Cache::invalidate`], [`Cache::set`] and [`Cache::expire`] change a
-//! key in the store and in every process's L1.
+//! Correcting the cache: [`Cache::invalidate`] (and [`Cache::invalidate_many`]),
+//! [`Cache::set`] and [`Cache::expire`] change a key in the store and in every process's L1.
 //!
 //! Each is one store call that also voids the key's reload lock, so a load that started
 //! before the change cannot fill its (older) result after it: its fenced fill is refused,
@@ -39,6 +39,28 @@ impl Cache {
         let key = self.store_key(key);
         let store = Arc::clone(&self.inner.store);
         self.inner.correct(&key, store.invalidate(&key)).await
+    }
+
+    /// [`invalidate`](Self::invalidate)s each of `keys`, in one store call (one round trip on
+    /// Redis; on a Redis Cluster, one per slot, all at once) however many there are.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Store`](super::ErrorKind::Store) as for [`invalidate`](Self::invalidate),
+    /// for all of them: some keys may have been removed from the store, others not.
+    pub async fn invalidate_many<I, K>(&self, keys: I) -> Result<(), Error>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<[u8]>,
+    {
+        let keys: Vec<StoreKey> = keys.into_iter().map(|key| self.store_key(key)).collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let store = Arc::clone(&self.inner.store);
+        self.inner
+            .correct_all(&keys, store.invalidate_many(&keys))
+            .await
     }
 
     /// Writes `value` for `key`, fresh for `ttl`, through to the store, and drops the key

@@ -114,29 +114,16 @@ where
     Ok(response.map(ResponseBody::inner))
 }
 
-/// Invalidates every key (each one store call, concurrently). The calls run in tasks of their
-/// own, so they finish even if the caller goes away. The first error, if any.
+/// Invalidates every key, in one store call. The call runs in a task of its own, so it
+/// finishes even if the caller goes away.
 pub(crate) async fn invalidate_keys(cache: &Cache, keys: Vec<String>) -> Result<(), Error> {
-    let calls: Vec<_> = keys
-        .into_iter()
-        .map(|key| {
-            let cache = cache.clone();
-            tokio::spawn(async move { cache.invalidate(key).await })
-        })
-        .collect();
-    let mut result = Ok(());
-    for call in calls {
-        let outcome = match call.await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(Error::store(StoreError::new(
-                "the invalidation was cancelled before it reached the store",
-            ))),
-        };
-        if result.is_ok() {
-            result = outcome;
-        }
+    let cache = cache.clone();
+    match tokio::spawn(async move { cache.invalidate_many(keys).await }).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(Error::store(StoreError::new(
+            "the invalidation was cancelled before it reached the store",
+        ))),
     }
-    result
 }
 
 /// The URL that `reference` (a `Location` or `Content-Location` value, maybe relative) names,

@@ -281,6 +281,43 @@ impl StampedeLayer {
         self
     }
 
+    /// Whether a non-error response to an unsafe method (`POST`, `PUT`, `DELETE`, ...)
+    /// invalidates the stored responses of its URL (RFC 9111 §4.4; see the
+    /// [module docs](super#invalidation)). Default: on. Off, unsafe requests go to the inner
+    /// service and cost the store nothing: for services where a `POST` changes no page
+    /// the layer stores (gRPC, GraphQL, JSON-RPC); see also
+    /// [`invalidate_on_unsafe_if`](Self::invalidate_on_unsafe_if).
+    pub fn invalidate_on_unsafe(mut self, on: bool) -> Self {
+        Arc::make_mut(&mut self.config).unsafe_invalidation = if on {
+            UnsafeInvalidation::Always
+        } else {
+            UnsafeInvalidation::Never
+        };
+        self
+    }
+
+    /// Invalidates after the unsafe requests that `invalidates` says change what the layer
+    /// stores, and only those (RFC 9111 §4.4 for them); the others go to the inner service
+    /// and cost the store nothing. For an app that serves pages and an API of `POST`s (a
+    /// GraphQL endpoint) under one layer:
+    ///
+    /// ```
+    /// use http::request::Parts;
+    /// use tower_stampede::{store::MemoryStore, Cache, StampedeLayer};
+    ///
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let layer = StampedeLayer::new(cache)
+    ///     .invalidate_on_unsafe_if(|request: &Parts| request.uri.path() != "/graphql");
+    /// ```
+    pub fn invalidate_on_unsafe_if(
+        mut self,
+        invalidates: impl Fn(&request::Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Arc::make_mut(&mut self.config).unsafe_invalidation =
+            UnsafeInvalidation::If(Arc::new(invalidates));
+        self
+    }
+
     /// A handle that purges stored responses by URL or by tag from application code, in
     /// every process that shares the store; see [`Purger`]. It keys URLs as this layer does
     /// now: take it once the layer is configured.
@@ -297,8 +334,18 @@ impl<S> Layer<S> for StampedeLayer {
     }
 }
 
-/// Decides whether a `PURGE` may remove anything; see [`StampedeLayer::purge`].
+/// A decision on a request's head: whether a `PURGE` may remove anything (see
+/// [`StampedeLayer::purge`]), whether an unsafe request invalidates.
 pub(crate) type Authorize = Arc<dyn Fn(&request::Parts) -> bool + Send + Sync>;
+
+/// Which unsafe requests invalidate their URL; see [`StampedeLayer::invalidate_on_unsafe`].
+#[derive(Clone)]
+pub(crate) enum UnsafeInvalidation {
+    Always,
+    Never,
+    /// Those the predicate picks.
+    If(Authorize),
+}
 
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
@@ -317,9 +364,19 @@ pub(crate) struct HttpConfig {
     pub(crate) purge: Option<Authorize>,
     /// How responses are marked (`Cache-Status`, `x-cache`).
     pub(crate) cache_status: CacheStatus,
+    pub(crate) unsafe_invalidation: UnsafeInvalidation,
 }
 
 impl HttpConfig {
+    /// Whether a non-error response to the unsafe `request` invalidates what it names.
+    pub(crate) fn invalidates_after(&self, request: &request::Parts) -> bool {
+        match &self.unsafe_invalidation {
+            UnsafeInvalidation::Always => true,
+            UnsafeInvalidation::Never => false,
+            UnsafeInvalidation::If(invalidates) => invalidates(request),
+        }
+    }
+
     /// Removes the tag header fields from a response on its way to a client (or into the
     /// cache), unless they are kept.
     pub(crate) fn strip_tags(&self, headers: &mut HeaderMap) {
@@ -343,6 +400,7 @@ impl Default for HttpConfig {
             max_response_stale: std::time::Duration::from_secs(3600),
             purge: None,
             cache_status: CacheStatus::default(),
+            unsafe_invalidation: UnsafeInvalidation::Always,
         }
     }
 }
@@ -359,6 +417,14 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_response_stale", &self.max_response_stale)
             .field("purge", &if self.purge.is_some() { "on" } else { "off" })
             .field("cache_status", &self.cache_status)
+            .field(
+                "invalidate_on_unsafe",
+                &match self.unsafe_invalidation {
+                    UnsafeInvalidation::Always => "always",
+                    UnsafeInvalidation::Never => "never",
+                    UnsafeInvalidation::If(_) => "if",
+                },
+            )
             .finish_non_exhaustive()
     }
 }

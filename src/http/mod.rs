@@ -39,7 +39,7 @@
 //! | `GET` | yes | the method caches are for |
 //! | `HEAD` | from the `GET` entry, without a body | a `HEAD` miss loads with a `GET` (as nginx and Varnish do), so `HEAD`s are coalesced and fill the entry for `GET`s |
 //! | `OPTIONS`, `TRACE`, `CONNECT` | no, untouched | not cacheable |
-//! | `POST`, `PUT`, `DELETE`, `PATCH`, any other method | no; a 2xx or 3xx response invalidates the URL | unsafe: RFC 9111 §4.4 (below) |
+//! | `POST`, `PUT`, `DELETE`, `PATCH`, any other method | no; a 2xx or 3xx response invalidates the URL, unless [turned off](StampedeLayer::invalidate_on_unsafe) | unsafe: RFC 9111 §4.4 (below) |
 //! | request `Cache-Control: no-store` | no (`BYPASS`) | the client asks that nothing be stored |
 //! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
 //! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
@@ -102,10 +102,20 @@
 //! change next: those under the key a `GET` of that URL (with the request's headers) would
 //! have, with and without credentials, every `Vary` variant included, and likewise for
 //! the URLs in its `Location` and `Content-Location` when they are of the same origin
-//! (relative, or the same scheme and authority). The invalidation reaches every process
-//! that shares the store, and a load of the URL in progress anywhere cannot store its (older)
-//! response afterwards (see [`Cache::invalidate`](crate::Cache::invalidate)). If the store
-//! cannot be reached, a warning is logged and the response is sent on unchanged.
+//! (relative, or the same scheme and authority). All of them go in one store call (one
+//! round trip on Redis; on a Redis Cluster, one per slot, all at once). The invalidation
+//! reaches every process that shares the store, and a load of the URL in progress anywhere
+//! cannot store its (older) response afterwards (see
+//! [`Cache::invalidate`](crate::Cache::invalidate)). If the store cannot be reached, a
+//! warning is logged and the response is sent on unchanged. Where unsafe requests change no
+//! stored page (gRPC, GraphQL, JSON-RPC: every call a `POST`), turn it off with
+//! [`invalidate_on_unsafe(false)`](StampedeLayer::invalidate_on_unsafe), or pick the
+//! requests that invalidate with
+//! [`invalidate_on_unsafe_if`](StampedeLayer::invalidate_on_unsafe_if): the others cost the
+//! store nothing.
+//!
+//! A URL's query-string variants are other URLs: a `POST /p/2` does not reach a stored
+//! `/p/2?ref=x`. Reach them by tagging the responses (below) and purging the tag.
 //!
 //! **Tags**: a response's `Surrogate-Key` (space-separated, as Fastly and Varnish xkey write
 //! it) or `Cache-Tag` (comma-separated) names tags that are stored with it (the fields are

@@ -115,7 +115,14 @@ where
                     return ResponseFuture::inner(inner, None, Arc::clone(&self.config));
                 }
                 RequestRule::Invalidate => {
+                    let (parts, body) = request.into_parts();
+                    let invalidates = self.config.invalidates_after(&parts);
+                    let request = Request::from_parts(parts, body);
                     let (inner, config) = (self.inner.clone(), Arc::clone(&self.config));
+                    if !invalidates {
+                        let inner = Oneshot::new(inner, request);
+                        return ResponseFuture::inner(inner, None, config);
+                    }
                     let sent = invalidate::send_unsafe(inner, self.cache.clone(), config, request);
                     return ResponseFuture::boxed(Box::pin(sent));
                 }

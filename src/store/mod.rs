@@ -15,6 +15,7 @@
 //! | [`Store::waiters_answer`] | a plain read of that answer and its remaining life |
 //! | [`Store::put`] | write of the value (and a notification) whatever the lock holds, the lock untouched; refused where the stored value's load started later ([`load_start`]) |
 //! | [`Store::get`] | a plain read of the value and its remaining life |
+//! | [`Store::invalidate`], [`Store::invalidate_many`] | remove the value (of each key) and void its lock, whoever holds it, then notify |
 //! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
 //!
 //! Two implementations ship with the crate: [`MemoryStore`], the embedded default (one process,
@@ -263,6 +264,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// and the next lookup takes the lock. Then notifies every process, as a fill does (its
     /// followers wake, its L1 drops the key). Removing what is not there is not an error.
     fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// [`invalidate`](Self::invalidate)s each of `keys`, with the same fence and
+    /// notifications, in one round trip (on a Redis Cluster, one per slot, all at once): for
+    /// a change that names several keys (an HTTP URL with and without credentials, its
+    /// `Location`). The default invalidates them one after the other, a call each.
+    fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
+        let keys = keys.to_vec();
+        Box::pin(async move {
+            for key in &keys {
+                self.invalidate(key).await?;
+            }
+            Ok(())
+        })
+    }
 
     /// Writes `value` for `ttl`, fresh for `fresh_for` (at most `ttl`), and voids the lock of
     /// `key` as [`invalidate`](Self::invalidate) does, so a load that started before cannot

@@ -9,7 +9,7 @@ use tower_stampede::store::{
     StoreError, StoreKey, Stored,
 };
 
-/// Another store seen through a wrapper that counts its lookups and fills and, if asked,
+/// Another store seen through a wrapper that counts its calls, lookups and fills and, if asked,
 /// answers lookups late (after they took effect), as a slow network would, fails every fill,
 /// or leaves its lookups and reads unanswered for good while it [hangs](Observed::hang) (its
 /// reads alone, while [they hang](Observed::hang_reads)).
@@ -22,6 +22,7 @@ pub struct Observed {
     hanging: std::sync::atomic::AtomicBool,
     reads_hang: std::sync::atomic::AtomicBool,
     fills: std::sync::atomic::AtomicUsize,
+    calls: std::sync::atomic::AtomicUsize,
 }
 
 impl Observed {
@@ -43,6 +44,7 @@ impl Observed {
             hanging: Default::default(),
             reads_hang: Default::default(),
             fills: Default::default(),
+            calls: Default::default(),
         })
     }
 
@@ -67,6 +69,16 @@ impl Observed {
         self.lookups.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// The calls asked of it so far, of every kind (each one round trip on Redis, but on a
+    /// cluster), watches and the notifier aside.
+    pub fn calls(&self) -> usize {
+        self.calls.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn count(&self) {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// The fills asked of it so far (failed ones included).
     pub fn fills(&self) -> usize {
         self.fills.load(std::sync::atomic::Ordering::SeqCst)
@@ -81,6 +93,7 @@ impl Store for Observed {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
+        self.count();
         self.lookups
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.hanging() {
@@ -101,6 +114,7 @@ impl Store for Observed {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.count();
         self.fills.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.fills_fail {
             return Box::pin(async { Err(StoreError::new("fills fail")) });
@@ -117,6 +131,7 @@ impl Store for Observed {
         token: LockToken,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+        self.count();
         self.inner.renew(key, token, ttl)
     }
 
@@ -127,14 +142,17 @@ impl Store for Observed {
         answer: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.count();
         self.inner.answer_waiters(key, token, answer, ttl)
     }
 
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        self.count();
         self.inner.waiters_answer(key)
     }
 
     fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.count();
         self.inner.release(key, token)
     }
 
@@ -144,6 +162,7 @@ impl Store for Observed {
         token: LockToken,
         failure_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.count();
         self.inner.fail(key, token, failure_ttl)
     }
 
@@ -161,6 +180,7 @@ impl Store for Observed {
         token: LockToken,
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.count();
         self.inner.extend(key, token, lock_ttl)
     }
 
@@ -170,10 +190,12 @@ impl Store for Observed {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.count();
         self.inner.put(key, value, ttl)
     }
 
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
+        self.count();
         if self.hanging() || self.reads_hang.load(std::sync::atomic::Ordering::SeqCst) {
             return Box::pin(std::future::pending());
         }
@@ -181,7 +203,13 @@ impl Store for Observed {
     }
 
     fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.count();
         self.inner.invalidate(key)
+    }
+
+    fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.count();
+        self.inner.invalidate_many(keys)
     }
 
     fn set(
@@ -191,14 +219,17 @@ impl Store for Observed {
         fresh_for: Duration,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.count();
         self.inner.set(key, value, fresh_for, ttl)
     }
 
     fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.count();
         self.inner.expire(key, keep)
     }
 
     fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
+        self.count();
         self.inner.tag_clock(namespace)
     }
 
@@ -207,6 +238,7 @@ impl Store for Observed {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
+        self.count();
         self.inner.tag_versions(namespace, tags)
     }
 
@@ -215,6 +247,7 @@ impl Store for Observed {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.count();
         self.inner.invalidate_tags(namespace, tags)
     }
 }

@@ -393,6 +393,13 @@ impl Store for MemoryStore {
         Box::pin(async { Ok(()) })
     }
 
+    fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
+        for key in keys {
+            self.change(key, |_, _| None);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
     fn set(
         &self,
         key: &StoreKey,

@@ -5,6 +5,10 @@
 use redis::aio::{ConnectionLike, ConnectionManager};
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
+#[cfg(feature = "cluster")]
+use redis::cluster_routing::Slot;
+#[cfg(feature = "cluster")]
+use redis::Arg;
 use std::fmt;
 
 use redis::{
@@ -46,6 +50,55 @@ impl Connection {
             Connection::Server(connection) => pipeline.query_async(&mut connection.clone()).await,
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => pipeline.query_async(&mut connection.clone()).await,
+        }
+    }
+
+    /// Runs `calls`, each an `EVALSHA` of `script` whose keys share one slot, pipelined: one
+    /// round trip on one server; on a cluster, whose pipelines may not cross slots, one
+    /// pipeline per slot, all at once. A `NOSCRIPT` reply loads the script and runs the
+    /// pipeline again, so its calls must be safe to repeat. The first error, if any.
+    pub(super) async fn invoke_pipelined(
+        &self,
+        script: &Script,
+        calls: Vec<Cmd>,
+    ) -> RedisResult<()> {
+        match self {
+            Connection::Server(connection) => {
+                pipelined(script, &calls, &mut connection.clone()).await
+            }
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(connection) => {
+                let mut slots: Vec<(Slot, Vec<Cmd>)> = Vec::new();
+                for call in calls {
+                    // An `EVALSHA`'s first key (its fourth argument) decides its slot.
+                    let slot = match call.args_iter().nth(3) {
+                        Some(Arg::Simple(key)) => Slot::for_key(key),
+                        _ => Slot::for_key(b""),
+                    };
+                    match slots.iter_mut().find(|(s, _)| *s == slot) {
+                        Some((_, group)) => group.push(call),
+                        None => slots.push((slot, vec![call])),
+                    }
+                }
+                let mut runs = tokio::task::JoinSet::new();
+                for (_, group) in slots {
+                    let (script, mut connection) = (script.clone(), connection.clone());
+                    runs.spawn(async move { pipelined(&script, &group, &mut connection).await });
+                }
+                let mut result = Ok(());
+                while let Some(ran) = runs.join_next().await {
+                    let ran = ran.unwrap_or_else(|_| {
+                        Err(RedisError::from((
+                            ErrorKind::Io,
+                            "a pipeline of the cluster was cancelled",
+                        )))
+                    });
+                    if result.is_ok() {
+                        result = ran;
+                    }
+                }
+                result
+            }
         }
     }
 
@@ -91,6 +144,25 @@ async fn evalsha<T: FromRedisValue>(
         Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script.load_async(connection).await?;
             call.query_async(connection).await
+        }
+        answer => answer,
+    }
+}
+
+/// `calls` (`EVALSHA`s of `script`) in one pipeline, loading the script on `NOSCRIPT`.
+async fn pipelined(
+    script: &Script,
+    calls: &[Cmd],
+    connection: &mut impl ConnectionLike,
+) -> RedisResult<()> {
+    let mut pipeline = Pipeline::with_capacity(calls.len());
+    for call in calls {
+        pipeline.add_command(call.clone()).ignore();
+    }
+    match pipeline.query_async(connection).await {
+        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(connection).await?;
+            pipeline.query_async(connection).await
         }
         answer => answer,
     }

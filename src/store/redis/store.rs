@@ -125,6 +125,18 @@ fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
 }
 
 impl RedisStore {
+    /// The `INVALIDATE` script's call for `key`.
+    fn invalidate_call(&self, key: &StoreKey) -> Cmd {
+        let mut call = script_call(&INVALIDATE, &KeyName::value_and_lock(key));
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        call
+    }
+
     fn release_call(&self, key: &StoreKey, token: LockToken) -> Cmd {
         let mut call = script_call(&RELEASE, &KeyName::value_and_lock(key));
         call.arg(&token.hex_bytes()[..]);
@@ -443,14 +455,21 @@ impl Store for RedisStore {
     }
 
     fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(&INVALIDATE, &KeyName::value_and_lock(key));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
+        let call = self.invalidate_call(key);
         Box::pin(self.run_change(&INVALIDATE, call, key.clone()))
+    }
+
+    fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
+        let calls = keys.iter().map(|key| self.invalidate_call(key)).collect();
+        let keys = keys.to_vec();
+        Box::pin(async move {
+            let ran = self.connection.invoke_pipelined(&INVALIDATE, calls).await;
+            // Whatever the answer: the changes may have been made.
+            for key in &keys {
+                self.changed_here(key);
+            }
+            ran.map_err(|error| self.error(error))
+        })
     }
 
     fn set(
