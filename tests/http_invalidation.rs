@@ -161,12 +161,7 @@ fn at_version(body: &str, path: &str, version: u32) -> bool {
 /// `GET`s `uri` on `app` (with `headers`) until it answers `version` (the change has reached
 /// that instance), within [`LIMIT`].
 async fn eventually(app: &Router, uri: &str, headers: &[(&str, &str)], version: u32) -> Answer {
-    let path = uri
-        .trim_start_matches("http://app.test")
-        .split('?')
-        .next()
-        .unwrap()
-        .to_owned();
+    let path = uri.parse::<Uri>().unwrap().path().to_owned();
     let deadline = tokio::time::Instant::now() + LIMIT;
     loop {
         let answer = send(app, "GET", uri, headers).await;
@@ -795,6 +790,64 @@ async fn a_predicate_picks_the_unsafe_requests_that_invalidate() {
         for app in &apps {
             let graphql = get(app, &graphql).await;
             assert_eq!((graphql.x_cache(), graphql.body()), ("HIT", kept.as_str()));
+        }
+    }
+}
+
+/// Behind a load balancer that ends TLS, the layer sees `GET /p/5` with `Host: shop.example`,
+/// and the app's code names the page as its users do, `https://shop.example/p/5`. A purge that
+/// returns `Ok` has removed the page from every instance, whichever scheme it names; a purge
+/// of a path alone, which the layer could never have stored a page under (no authority), is
+/// an error and removes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_that_returns_ok_removed_the_page_under_either_scheme() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (a, layer) = instance(&shared, &origin, StampedeLayer::new).await;
+        let (b, _) = instance(&shared, &origin, StampedeLayer::new).await;
+        let apps = [a, b];
+        let purger = layer.purger();
+        let host = [("host", "shop.example")];
+        let kept = cached_in_both(&apps, "/p/5", &host).await;
+        let error = purger
+            .purge_url(&"/p/5".parse().unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.kind(),
+            tower_stampede::ErrorKind::Url,
+            "{}",
+            shared.name
+        );
+        for app in &apps {
+            let answer = send(app, "GET", "/p/5", &host).await;
+            assert_eq!((answer.x_cache(), answer.body()), ("HIT", kept.as_str()));
+        }
+        for purged in ["https://shop.example/p/5", "http://shop.example/p/5"] {
+            for app in &apps {
+                let answer = send(app, "GET", "/p/5", &host).await;
+                assert!(at_version(
+                    answer.body(),
+                    "/p/5",
+                    origin.version.load(Ordering::SeqCst)
+                ));
+            }
+            let version = origin.move_on();
+            purger.purge_url(&purged.parse().unwrap()).await.unwrap();
+            for app in &apps {
+                eventually(app, "/p/5", &host, version).await;
+            }
+        }
+        // Requests in absolute form with `https` (a client-side layer) are purged alike.
+        let secure = "https://shop.example/q/1";
+        cached_in_both(&apps, secure, &[]).await;
+        let version = origin.move_on();
+        purger
+            .purge_url(&"http://shop.example/q/1".parse().unwrap())
+            .await
+            .unwrap();
+        for app in &apps {
+            eventually(app, secure, &[], version).await;
         }
     }
 }

@@ -46,6 +46,10 @@ pub enum ErrorKind {
     /// `serde`) was handed, twice, a value from this process that is not of its type: the key
     /// is also read raw or as another type in this process.
     Decode,
+    /// A purge named a URL the layer could never have stored a response under: one without
+    /// an authority (`/p/5`), or of a scheme other than `http` and `https`
+    /// ([`Purger::purge_url`](crate::http::Purger::purge_url)). Nothing was removed.
+    Url,
 }
 
 impl Error {
@@ -104,6 +108,7 @@ impl fmt::Display for Error {
             ErrorKind::Pass => "the key is marked pass",
             ErrorKind::Store => "the change did not reach the store",
             ErrorKind::Decode => "the value in this process is not of the requested type",
+            ErrorKind::Url => "the URL names no page the layer could store: it needs a scheme (http or https) and an authority",
         })
     }
 }

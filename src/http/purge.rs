@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HOST};
+use http::uri::Scheme;
 use http::{request, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use tracing::warn;
@@ -15,7 +16,7 @@ use super::invalidate::{invalidate_keys, url_keys};
 use super::layer::HttpConfig;
 use super::tags;
 use crate::cache::Cache;
-use crate::Error;
+use crate::{Error, ErrorKind};
 
 /// Purges stored responses by URL or by tag, in every process that shares the store; from
 /// [`StampedeLayer::purger`](super::StampedeLayer::purger).
@@ -77,26 +78,47 @@ impl Purger {
     }
 
     /// Removes the stored responses for a `GET` of `uri`: every `Vary` variant, for requests
-    /// with and without `Authorization`. An absolute URI is keyed with its authority (as the
-    /// [`DefaultKey`](super::DefaultKey) keys requests in absolute form, or origin-form
-    /// requests with that `Host`); for a [`MakeKey`](super::MakeKey) that reads other request
-    /// headers (a tenant), use [`purge_request`](Self::purge_request).
+    /// with and without `Authorization`, under both the `http` and the `https` form of the URL.
+    /// Both, because the layer keys a request as it sees it: behind a load balancer that
+    /// ends TLS, `https://shop.example/p/5` reaches it as `GET /p/5` with
+    /// `Host: shop.example`, keyed as `http://shop.example/p/5` by the
+    /// [`DefaultKey`](super::DefaultKey). The authority is the `Host` of requests in
+    /// origin-form (or the authority of absolute ones); a [`MakeKey`](super::MakeKey) that
+    /// maps it ([`DefaultKey::authority`](super::DefaultKey::authority)) maps it here too.
+    /// For a [`MakeKey`](super::MakeKey) that reads other request headers (a tenant), use
+    /// [`purge_request`](Self::purge_request).
     ///
     /// # Errors
+    ///
+    /// [`ErrorKind::Url`](crate::ErrorKind::Url) for a URL without an authority (`/p/5`)
+    /// or of another scheme than `http` and `https`: no page was stored under it, and nothing
+    /// is removed.
     ///
     /// [`ErrorKind::Store`](crate::ErrorKind::Store) if the store could not be reached: this
     /// process's memory has forgotten the responses, but the store and other processes may
     /// still hold them.
     pub async fn purge_url(&self, uri: &Uri) -> Result<(), Error> {
-        let mut request = Request::new(());
-        *request.uri_mut() = uri.clone();
-        if let Some(host) = uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        {
-            request.headers_mut().insert(HOST, host);
+        let known = uri
+            .scheme()
+            .is_some_and(|scheme| *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS);
+        let Some(authority) = uri.authority().filter(|_| known) else {
+            return Err(Error::new(ErrorKind::Url));
+        };
+        let mut keys = Vec::new();
+        for scheme in [Scheme::HTTP, Scheme::HTTPS] {
+            let mut parts = uri.clone().into_parts();
+            parts.scheme = Some(scheme);
+            let Ok(uri) = Uri::from_parts(parts) else {
+                return Err(Error::new(ErrorKind::Url));
+            };
+            let mut request = Request::new(());
+            *request.uri_mut() = uri;
+            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+                request.headers_mut().insert(HOST, host);
+            }
+            url_keys(&self.config, &request.into_parts().0, &mut keys);
         }
-        self.purge_request(&request.into_parts().0).await
+        invalidate_keys(&self.cache, keys).await
     }
 
     /// Removes the stored responses for a `GET` of the URL of `request`, keyed with its
