@@ -6,7 +6,7 @@
 //! The origin serves a "resource" whose version the test moves on: `GET /any/path` answers
 //! `/any/path v{version} #{call}` (and `?vary=NAME` varies it on that request header, echoed
 //! in the body; `?tags=a+b` tags it with `Surrogate-Key: a b`; `?slow=MS` reads the version,
-//! then takes that long). Any other method answers `changed` with the status, `Location` and
+//! then takes that long; `?held` waits until the test releases it). Any other method answers `changed` with the status, `Location` and
 //! `Content-Location` its query asks for. Tests that wait for another instance to hear of a
 //! change poll with a bounded deadline; none sleeps and hopes.
 
@@ -28,19 +28,24 @@ use tower_stampede::{Cache, StampedeLayer};
 const LIMIT: Duration = Duration::from_secs(5);
 
 /// The origin of every test: a resource whose version the test moves on.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Origin {
     version: Arc<AtomicU32>,
     calls: Counter,
     /// Told when a slow `GET` has read the version.
     read: Arc<Notify>,
+    /// Lets held `GET`s (`?held`) answer, one per permit.
+    release: Arc<tokio::sync::Semaphore>,
 }
 
 impl Origin {
     fn new() -> Self {
-        let origin = Origin::default();
-        origin.version.store(1, Ordering::SeqCst);
-        origin
+        Origin {
+            version: Arc::new(AtomicU32::new(1)),
+            calls: Counter::default(),
+            read: Arc::default(),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
     }
 
     fn move_on(&self) -> u32 {
@@ -90,6 +95,7 @@ impl Origin {
                     self.read.notify_one();
                     tokio::time::sleep(Duration::from_millis(value.parse().unwrap())).await;
                 }
+                "held" => self.release.acquire().await.unwrap().forget(),
                 "vary" => {
                     set(&mut response, "vary", value);
                     for v in headers.get_all(value.as_str()) {
@@ -849,5 +855,51 @@ async fn a_purge_that_returns_ok_removed_the_page_under_either_scheme() {
         for app in &apps {
             eventually(app, secure, &[], version).await;
         }
+    }
+}
+
+/// Two instances behind a load balancer that forwards each request with the instance's own
+/// address as `Host`, keyed by one configured authority (`DefaultKey::authority`), share one
+/// cache: a cold stampede over both costs one load, and a `POST` through one is seen by the
+/// other's next `GET` (RFC 9111 §4.4 across instances).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_keyed_by_one_authority_share_one_cache() {
+    use tower_stampede::http::DefaultKey;
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let site = |cache| {
+            let key = DefaultKey.authority(http::uri::Authority::from_static("shop.example"));
+            StampedeLayer::new(cache).make_key(key)
+        };
+        let apps = apps(&shared, &origin, site).await;
+        let hosts = [[("host", "10.0.0.1:8080")], [("host", "10.0.0.2:8080")]];
+        let sent = Counter::default();
+        let mut requests = Vec::new();
+        for i in 0..40 {
+            let (app, host, sent) = (apps[i % 2].clone(), hosts[i % 2], sent.clone());
+            requests.push(tokio::spawn(async move {
+                sent.hit();
+                send(&app, "GET", "/hot?held", &host).await
+            }));
+        }
+        // The first load is held until every request has been sent.
+        support::wait_until(shared.name, || origin.calls.get() > 0 && sent.get() == 40).await;
+        origin.release.add_permits(40);
+        for request in requests {
+            let answer = request.await.unwrap();
+            assert!(at_version(answer.body(), "/hot", 1), "{}", shared.name);
+        }
+        assert_eq!(origin.calls.get(), 1, "{}: one load for both", shared.name);
+
+        cached_in_both(&apps, "/p/2", &hosts[0]).await;
+        let version = origin.move_on();
+        assert_eq!(
+            send(&apps[0], "POST", "/p/2", &hosts[0]).await.body(),
+            "changed"
+        );
+        let next = send(&apps[0], "GET", "/p/2", &hosts[0]).await;
+        assert_eq!(next.x_cache(), "MISS", "{}", shared.name);
+        let seen = eventually(&apps[1], "/p/2", &hosts[1], version).await;
+        assert_eq!(seen.x_cache(), "HIT", "{}: a's reload", shared.name);
     }
 }

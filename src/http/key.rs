@@ -35,6 +35,8 @@
 //! Every key is hashed before it reaches the store, so neither a 64 KB URL nor a thousand
 //! header values make a long store key, and no request byte reaches Redis raw.
 
+use std::sync::Arc;
+
 use http::header::HOST;
 use http::request::Parts;
 use http::uri::{Authority, Scheme};
@@ -72,23 +74,117 @@ where
 /// Parts are separated by NUL, which no URI or header value can hold, so two requests share
 /// a key only if all their parts match. A request in origin-form (`GET /path`, as servers
 /// receive them) is keyed with the `http` scheme and its `Host` header.
+///
+/// # One site under several names
+///
+/// Instances that each see their own `Host` (a load balancer that forwards each request with
+/// the instance's address, or a site served under several names) key one page apart, so they
+/// share nothing: a stampede costs a load per name, and a `POST` through one name leaves the
+/// page stored under the others. [`authority`](Self::authority) keys every request under one
+/// authority whatever its `Host`; [`aliases`](Self::aliases) keys the requests for a list of
+/// names under one of them, and any other `Host` as it is. Both make a [`SiteKey`]:
+///
+/// ```
+/// use http::uri::Authority;
+/// use http::Request;
+/// use tower_stampede::http::DefaultKey;
+///
+/// let shop = Authority::from_static("shop.example");
+/// let fixed = DefaultKey.authority(shop.clone());
+/// let aliased = DefaultKey.aliases(shop, [Authority::from_static("10.0.0.1:8080")]);
+/// let request = |host| Request::get("/p/2").header("host", host).body(()).unwrap().into_parts().0;
+/// let (instance, site, other) = (request("10.0.0.1:8080"), request("shop.example"), request("b.example"));
+/// assert_eq!(fixed.key(&instance), DefaultKey.key(&site));
+/// assert_eq!(aliased.key(&instance), DefaultKey.key(&site));
+/// assert_eq!(fixed.key(&other), DefaultKey.key(&site));
+/// assert_eq!(aliased.key(&other), DefaultKey.key(&other), "not an alias: keyed as it is");
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultKey;
 
 impl DefaultKey {
     /// The key of a request; never `None`.
     pub fn key(&self, request: &Parts) -> String {
-        let uri = &request.uri;
-        let scheme = uri.scheme_str().unwrap_or("http");
-        let authority = match uri.authority() {
-            Some(authority) => authority.as_str().as_bytes(),
-            None => request
-                .headers
-                .get(HOST)
-                .map(|h| h.as_bytes())
-                .unwrap_or_default(),
+        let scheme = request.uri.scheme_str().unwrap_or("http");
+        key_of(request, scheme, own_authority(request))
+    }
+
+    /// This key for a site whose every request is keyed under `authority`, whatever its
+    /// URI's authority or `Host`: for instances of one site that each see their own `Host`.
+    /// Requests for other sites must not reach a layer keyed so: they would share the site's
+    /// pages.
+    pub fn authority(self, authority: Authority) -> SiteKey {
+        SiteKey {
+            canonical: authority,
+            aliases: None,
+        }
+    }
+
+    /// This key for a site whose requests for `canonical` or any of `aliases` (their URI's
+    /// authority, or `Host`, written as the field carries it: with its port if it has one;
+    /// ASCII case aside) are keyed under `canonical`, so that they share one cache; any other
+    /// request is keyed with its own authority.
+    pub fn aliases(
+        self,
+        canonical: Authority,
+        aliases: impl IntoIterator<Item = Authority>,
+    ) -> SiteKey {
+        SiteKey {
+            canonical,
+            aliases: Some(aliases.into_iter().collect()),
+        }
+    }
+}
+
+/// The [`DefaultKey`] of a site known under several authorities, keyed under one of them;
+/// from [`DefaultKey::authority`] or [`DefaultKey::aliases`].
+#[derive(Clone, Debug)]
+pub struct SiteKey {
+    canonical: Authority,
+    /// The site's names; `None`: every request is the site's.
+    aliases: Option<Arc<[Authority]>>,
+}
+
+impl SiteKey {
+    /// The key of a request; never `None`.
+    pub fn key(&self, request: &Parts) -> String {
+        let scheme = request.uri.scheme_str().unwrap_or("http");
+        let own = own_authority(request);
+        let authority = if self.names(own) {
+            self.canonical.as_str().as_bytes()
+        } else {
+            own
         };
         key_of(request, scheme, authority)
+    }
+
+    /// Whether a request with this authority (or `Host`) is one of the site's.
+    fn names(&self, authority: &[u8]) -> bool {
+        let Some(aliases) = &self.aliases else {
+            return true;
+        };
+        let authority = authority.trim_ascii();
+        std::iter::once(&self.canonical)
+            .chain(aliases.iter())
+            .any(|name| name.as_str().as_bytes().eq_ignore_ascii_case(authority))
+    }
+}
+
+impl MakeKey for SiteKey {
+    fn make_key(&self, request: &Parts) -> Option<String> {
+        Some(self.key(request))
+    }
+}
+
+/// The authority a request names: its URI's, or its `Host` (empty without either).
+fn own_authority(request: &Parts) -> &[u8] {
+    match request.uri.authority() {
+        Some(authority) => authority.as_str().as_bytes(),
+        None => request
+            .headers
+            .get(HOST)
+            .map(|h| h.as_bytes())
+            .unwrap_or_default(),
     }
 }
 
@@ -248,6 +344,26 @@ mod tests {
         assert_ne!(a, DefaultKey.key(&parts("https://a.example/x?y=1", &[])));
         let odd = DefaultKey.key(&parts("/", &[]));
         assert_eq!(odd, "http\0GET\0http\0\0/");
+    }
+
+    #[test]
+    fn a_site_is_keyed_under_one_authority() {
+        let shop = Authority::from_static("shop.example");
+        let fixed = DefaultKey.authority(shop.clone());
+        let aliased = DefaultKey.aliases(shop, [Authority::from_static("10.0.0.1:8080")]);
+        let canonical = DefaultKey.key(&parts("/p?q=1", &[("host", "shop.example")]));
+        for host in ["shop.example", "SHOP.example", "10.0.0.1:8080"] {
+            let request = parts("/p?q=1", &[("host", host)]);
+            assert_eq!(fixed.key(&request), canonical, "{host}");
+            assert_eq!(aliased.key(&request), canonical, "{host}");
+        }
+        let absolute = parts("http://10.0.0.1:8080/p?q=1", &[]);
+        assert_eq!(aliased.key(&absolute), canonical, "absolute form");
+        let other = parts("/p?q=1", &[("host", "10.0.0.1:9090")]);
+        assert_eq!(fixed.key(&other), canonical);
+        assert_eq!(aliased.key(&other), DefaultKey.key(&other), "not an alias");
+        let secure = parts("https://10.0.0.1:8080/p?q=1", &[]);
+        assert_ne!(aliased.key(&secure), canonical, "the scheme stays");
     }
 
     #[test]

@@ -80,7 +80,8 @@
 //! [`MakeKey`] names a request's URL: [`DefaultKey`] (method, scheme, authority or `Host`,
 //! path and query) unless replaced with [`StampedeLayer::make_key`], which shows how to add a
 //! tenant or a locale; a reverse proxy with one origin keys by the origin's URL with
-//! [`OriginKey`]. A response with `Vary` is stored under a variant key: the URL's key and
+//! [`OriginKey`]; instances of one site that each see their own `Host` share one cache with
+//! a [`SiteKey`] ([`DefaultKey::authority`], [`DefaultKey::aliases`]). A response with `Vary` is stored under a variant key: the URL's key and
 //! the request's values of each field `Vary` names (names lowercase; each field line trimmed,
 //! lines joined by `,`; absent and empty fields differ), so `Accept-Encoding: gzip` and
 //! `identity` never get each other's body. The URL's key then holds a small vary marker with
@@ -227,7 +228,7 @@ mod targeted;
 
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
-pub use key::{DefaultKey, MakeKey, OriginKey};
+pub use key::{DefaultKey, MakeKey, OriginKey, SiteKey};
 pub use layer::StampedeLayer;
 pub use policy::{Decision, Policy, RfcPolicy, Staleness};
 pub use purge::Purger;

@@ -84,7 +84,7 @@ impl Purger {
     /// `Host: shop.example`, keyed as `http://shop.example/p/5` by the
     /// [`DefaultKey`](super::DefaultKey). The authority is the `Host` of requests in
     /// origin-form (or the authority of absolute ones); a [`MakeKey`](super::MakeKey) that
-    /// maps it ([`DefaultKey::authority`](super::DefaultKey::authority)) maps it here too.
+    /// maps it ([`SiteKey`](super::SiteKey)) maps it here too.
     /// For a [`MakeKey`](super::MakeKey) that reads other request headers (a tenant), use
     /// [`purge_request`](Self::purge_request).
     ///
