@@ -731,11 +731,13 @@ async fn stale_responses_are_served_while_one_proxy_refreshes() {
 }
 
 #[test]
-fn bad_refresh_settings_are_usage_errors() {
+fn bad_refresh_and_key_settings_are_usage_errors() {
     for (flag, value) in [
         ("--early-refresh-beta", "-1"),
         ("--early-refresh-beta", "NaN"),
         ("--stale-secs", "soon"),
+        ("--cache-authority", "user@shop.example"),
+        ("--cache-authority", "shop example"),
     ] {
         let output = Command::new(proxy_binary())
             .args(["--listen", "127.0.0.1:0", "--origin", "http://127.0.0.1:1"])
@@ -1107,6 +1109,55 @@ async fn a_post_through_one_proxy_evicts_the_page_from_the_others_memory() {
         (Some("HIT"), &b"load 3"[..])
     );
     assert_eq!(origin_requests.get(), 3, "one load between the two proxies");
+}
+
+/// `--cache-authority`: proxies in front of copies of one site at different addresses (each
+/// proxy its own origin, so each keyed its own origin's URLs) key by one authority, so they
+/// share one cache: a cold stampede over both loads once, and a `POST` through one is seen by
+/// the other's next `GET` (RFC 9111 §4.4 across proxies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxies_keyed_by_one_cache_authority_share_one_cache() {
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let namespace = unique_namespace("cache-authority");
+    let mut proxies = Vec::new();
+    for _ in 0..2 {
+        let origin = start_origin(origin_requests.clone()).await;
+        let args = [
+            "--listen",
+            "127.0.0.1:0",
+            "--origin",
+            &format!("http://{origin}"),
+            "--namespace",
+            &namespace,
+            "--redis",
+            &redis.url(),
+            "--store-timeout-ms",
+            "2000",
+            "--cache-authority",
+            "shop.example",
+        ];
+        proxies.extend(start_proxies(1, args.map(str::to_owned).to_vec()).await);
+    }
+    for answer in burst(&proxies, 40, "/hot").await {
+        let answer = answer.unwrap();
+        assert_eq!(answer.body, origin_body("/hot"));
+    }
+    assert_eq!(origin_requests.get(), 1, "one load for both proxies");
+
+    let client = client(8);
+    let (a, b) = (&proxies[0], &proxies[1]);
+    assert_eq!(
+        cached_everywhere(&client, &proxies, "/counted").await,
+        "load 2"
+    );
+    let posted = send(&client, request("POST", &a.url("/counted"), &[]))
+        .await
+        .unwrap();
+    assert_eq!(posted.body, "posted:", "the origin's own answer");
+    let reloaded = eventually(&client, b, "/counted", "load 4").await;
+    assert_eq!(reloaded.x_cache.as_deref(), Some("MISS"));
+    assert_eq!(origin_requests.get(), 4);
 }
 
 /// `--purge-token`: a `PURGE` without `Authorization: Bearer TOKEN` (or with another token)

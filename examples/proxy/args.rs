@@ -82,6 +82,12 @@ pub(crate) struct Args {
     #[arg(long = "store-timeout-ms", value_name = "MS", value_parser = positive_millis)]
     pub(crate) store_timeout: Option<Duration>,
 
+    /// Key the cache by this authority (host[:port]) instead of the origin's: proxies whose
+    /// origins are copies of one site at different addresses then share one cache over one
+    /// store (default: the origin's authority)
+    #[arg(long, value_name = "AUTHORITY", value_parser = cache_authority)]
+    pub(crate) cache_authority: Option<Authority>,
+
     /// Prefix of the cache's keys in the store
     #[arg(long, value_name = "NS", value_parser = namespace, default_value = "proxy")]
     pub(crate) namespace: String,
@@ -279,6 +285,16 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
+/// An authority to key the cache by: a host, and a port if any; no user info.
+fn cache_authority(text: &str) -> Result<Authority, String> {
+    let bad = || format!("{text:?} is not a host[:port] (expected e.g. shop.example)");
+    let authority: Authority = text.parse().map_err(|_| bad())?;
+    if authority.host().is_empty() || authority.as_str().contains('@') {
+        return Err(bad());
+    }
+    Ok(authority)
+}
+
 /// An IP address and port, or a host name that resolves to one (`localhost:8080`).
 fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     if let Ok(addr) = text.parse() {
@@ -325,9 +341,11 @@ impl Origin {
         })
     }
 
-    /// The layer's key of the requests this proxy sends to the origin: the origin's URL.
-    pub(crate) fn key(&self) -> OriginKey {
-        OriginKey::new(self.scheme.clone(), self.authority.clone())
+    /// The layer's key of the requests this proxy sends to the origin: the origin's URL, with
+    /// `authority` in place of the origin's if one is given (`--cache-authority`).
+    pub(crate) fn key(&self, authority: Option<&Authority>) -> OriginKey {
+        let authority = authority.unwrap_or(&self.authority);
+        OriginKey::new(self.scheme.clone(), authority.clone())
     }
 
     /// The origin's URI for a request's path and query (the request's URI, taken apart: its

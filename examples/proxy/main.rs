@@ -69,7 +69,9 @@
 //! balancer in front sets on every request, which is then cached.
 //!
 //! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
-//! client sent: every proxy in front of one origin shares one entry per URL. Hop-by-hop headers
+//! client sent: every proxy in front of one origin shares one entry per URL; proxies in front
+//! of copies of one site at different addresses share them with `--cache-authority
+//! shop.example`, which keys by that authority instead of the origin's. Hop-by-hop headers
 //! are dropped both ways; `Host` is set to the origin's authority. An origin that cannot be
 //! reached becomes a `502 Bad Gateway`. Upgrades (WebSocket) are not proxied.
 //!
@@ -323,7 +325,8 @@ async fn run(args: Args) -> Result<(), String> {
     for name in &args.ignore_cookies {
         policy = policy.ignore_cookie(name);
     }
-    let mut layer = StampedeLayer::new(cache).make_key(args.origin.key());
+    let mut layer =
+        StampedeLayer::new(cache).make_key(args.origin.key(args.cache_authority.as_ref()));
     for name in &args.trust_headers {
         layer = layer.trust_header(name.clone());
     }
