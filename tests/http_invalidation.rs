@@ -22,6 +22,7 @@ use axum::Router;
 use support::http::{get, send, Answer};
 use support::{Counter, Shared};
 use tokio::sync::Notify;
+use tower_stampede::http::Purger;
 use tower_stampede::{Cache, StampedeLayer};
 
 /// The failure guard on anything that waits for a notification: far beyond what it needs.
@@ -152,6 +153,13 @@ async fn apps(
         instance(shared, origin, layer).await.0,
         instance(shared, origin, layer).await.0,
     ]
+}
+
+/// Two app instances with the default layer, and the first one's [`Purger`].
+async fn apps_and_purger(shared: &Shared, origin: &Origin) -> ([Router; 2], Purger) {
+    let (a, layer) = instance(shared, origin, StampedeLayer::new).await;
+    let (b, _) = instance(shared, origin, StampedeLayer::new).await;
+    ([a, b], layer.purger())
 }
 
 /// A URL of the test origin.
@@ -405,10 +413,7 @@ async fn a_load_in_flight_when_its_url_changes_is_not_stored() {
 async fn the_purger_purges_a_url_everywhere() {
     for shared in Shared::both().await {
         let origin = Origin::new();
-        let (a, layer) = instance(&shared, &origin, StampedeLayer::new).await;
-        let (b, _) = instance(&shared, &origin, StampedeLayer::new).await;
-        let apps = [a, b];
-        let purger = layer.purger();
+        let (apps, purger) = apps_and_purger(&shared, &origin).await;
         let plain = url("/page");
         let varied = url("/varied?vary=accept-encoding");
         let gzip = [("accept-encoding", "gzip")];
@@ -674,62 +679,25 @@ async fn the_purge_endpoint_purges_tags_when_asked() {
 /// (`INFO commandstats`), but for those of the test itself (`info`, `config`); none for the
 /// embedded store.
 async fn commands(shared: &Shared) -> Vec<(String, u64)> {
-    #[cfg(feature = "redis")]
-    if let support::Backing::Redis(_) = shared.backing {
-        let mut connection = shared.connection().await;
-        let info: String = ::redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        return info
-            .lines()
-            .filter_map(|line| {
-                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-                let calls = rest.split(',').next()?.parse().ok()?;
-                (!name.starts_with("info") && !name.starts_with("config"))
-                    .then(|| (name.to_owned(), calls))
-            })
-            .collect();
-    }
-    let _ = shared;
-    Vec::new()
+    let info = shared.info("commandstats").await.unwrap_or_default();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (!name.starts_with("info") && !name.starts_with("config"))
+                .then(|| (name.to_owned(), calls))
+        })
+        .collect()
 }
 
 /// The reads from clients' sockets the Redis server behind `shared` has processed since its
 /// stats were reset (`total_reads_processed` of `INFO stats`): a pipeline sent in one write is
 /// one read, so this counts round trips; 0 for the embedded store.
 async fn reads(shared: &Shared) -> u64 {
-    #[cfg(feature = "redis")]
-    if let support::Backing::Redis(_) = shared.backing {
-        let mut connection = shared.connection().await;
-        let info: String = ::redis::cmd("INFO")
-            .arg("stats")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        return info
-            .lines()
-            .find_map(|line| line.strip_prefix("total_reads_processed:"))
-            .map(|reads| reads.trim().parse().unwrap())
-            .unwrap();
-    }
-    let _ = shared;
-    0
-}
-
-/// Resets the command counts of the Redis server behind `shared` (see [`commands`]).
-async fn reset_commands(shared: &Shared) {
-    #[cfg(feature = "redis")]
-    if let support::Backing::Redis(_) = shared.backing {
-        let mut connection = shared.connection().await;
-        let () = ::redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-    }
-    let _ = shared;
+    let info = shared.info("stats").await.unwrap_or_default();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_reads_processed:"))
+        .map_or(0, |reads| reads.trim().parse().unwrap())
 }
 
 /// Invalidation on unsafe methods is the layer's choice (RFC 9111 §4.4 asks for it, and it
@@ -762,7 +730,7 @@ async fn unsafe_invalidation_is_a_choice_and_one_round_trip() {
             let rpc = url("/rpc?location=/created/7");
             assert_eq!(get(&app, &rpc).await.x_cache(), "MISS", "{what}");
             assert_eq!(get(&app, &rpc).await.x_cache(), "HIT", "{what}");
-            reset_commands(&shared).await;
+            shared.reset_stats().await;
             let calls = observed.calls();
             for _ in 0..POSTS {
                 let answer = send(&app, "POST", &rpc, &[]).await;
@@ -840,10 +808,7 @@ async fn a_predicate_picks_the_unsafe_requests_that_invalidate() {
 async fn a_purge_that_returns_ok_removed_the_page_under_either_scheme() {
     for shared in Shared::both().await {
         let origin = Origin::new();
-        let (a, layer) = instance(&shared, &origin, StampedeLayer::new).await;
-        let (b, _) = instance(&shared, &origin, StampedeLayer::new).await;
-        let apps = [a, b];
-        let purger = layer.purger();
+        let (apps, purger) = apps_and_purger(&shared, &origin).await;
         let host = [("host", "shop.example")];
         let kept = cached_in_both(&apps, "/p/5", &host).await;
         let error = purger

@@ -217,6 +217,37 @@ impl Shared {
         }
     }
 
+    /// A section of the Redis server's `INFO` (`stats`, `commandstats`); `None` for the
+    /// embedded store.
+    pub async fn info(&self, section: &str) -> Option<String> {
+        #[cfg(feature = "redis")]
+        if let Backing::Redis(_) = self.backing {
+            let mut connection = self.connection().await;
+            let info: String = ::redis::cmd("INFO")
+                .arg(section)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            return Some(info);
+        }
+        let _ = section;
+        None
+    }
+
+    /// Resets the Redis server's statistics (`CONFIG RESETSTAT`), as [`info`](Self::info)
+    /// reads them; nothing for the embedded store.
+    pub async fn reset_stats(&self) {
+        #[cfg(feature = "redis")]
+        if let Backing::Redis(_) = self.backing {
+            let mut connection = self.connection().await;
+            let () = ::redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+        }
+    }
+
     /// A plain connection to the Redis server, to look behind the engine's back.
     #[cfg(feature = "redis")]
     pub async fn connection(&self) -> ::redis::aio::MultiplexedConnection {
