@@ -336,7 +336,7 @@ impl<S> Layer<S> for StampedeLayer {
 
 /// A decision on a request's head: whether a `PURGE` may remove anything (see
 /// [`StampedeLayer::purge`]), whether an unsafe request invalidates.
-pub(crate) type Authorize = Arc<dyn Fn(&request::Parts) -> bool + Send + Sync>;
+pub(crate) type RequestCheck = Arc<dyn Fn(&request::Parts) -> bool + Send + Sync>;
 
 /// Which unsafe requests invalidate their URL; see [`StampedeLayer::invalidate_on_unsafe`].
 #[derive(Clone)]
@@ -344,7 +344,7 @@ pub(crate) enum UnsafeInvalidation {
     Always,
     Never,
     /// Those the predicate picks.
-    If(Authorize),
+    If(RequestCheck),
 }
 
 /// The layer's settings, shared by every service it makes.
@@ -361,7 +361,7 @@ pub(crate) struct HttpConfig {
     pub(crate) keep_tag_headers: bool,
     pub(crate) max_response_stale: std::time::Duration,
     /// The purge endpoint's authorization; `None` while the endpoint is off.
-    pub(crate) purge: Option<Authorize>,
+    pub(crate) purge: Option<RequestCheck>,
     /// How responses are marked (`Cache-Status`, `x-cache`).
     pub(crate) cache_status: CacheStatus,
     pub(crate) unsafe_invalidation: UnsafeInvalidation,
