@@ -274,3 +274,76 @@ async fn the_first_stampede_after_redis_returns_is_one_load() {
     assert!(seen.errors.is_empty(), "{:?}", seen.errors);
     assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
 }
+
+/// How long the instances stay idle after Redis is back before the stampede: longer than the
+/// store's reconnect backoff (at most 1 s between attempts, plus as much jitter), so a
+/// reconnection that runs by itself has had its chance; an idle spell, not a wait for speed.
+const IDLE_AFTER_RESTART: Duration = Duration::from_secs(3);
+
+/// A blip of Redis with fewer failed calls than the circuit breaker's threshold (issue 29):
+/// three instances, Redis killed, one request per instance while it is down (the breaker stays
+/// closed, so its probe never runs), Redis restarted empty on the same port, the instances
+/// idle; then a stampede must be one load across them. Before, the connection kept the failed
+/// result of its one reconnect attempt and handed it to the next call, however much later:
+/// each instance's first lookup failed, and the stampede cost one load per instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blip_with_fewer_failures_than_the_threshold_then_idle_is_one_load() {
+    let mut server = RedisServer::start();
+    let instances = instances(&server, 3).await;
+    server.kill();
+    for (n, cache) in instances.iter().enumerate() {
+        let value = cache
+            .get_or_load(format!("during-{n}"), || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"x"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(value, "x");
+        assert!(cache.store_available(), "fewer failures than the threshold");
+    }
+    // The reconnect attempt that the failed call started gives up while Redis is down.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    server.restart();
+    tokio::time::sleep(IDLE_AFTER_RESTART).await;
+    let seen = stampede(
+        &instances,
+        "after-blip",
+        300,
+        Duration::from_millis(200),
+        async {},
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+}
+
+/// Redis killed and restarted empty while the instances are idle, with no call at all in
+/// between (issue 29): the next stampede is one load across them. Before, each instance's
+/// connection was still the one Redis had closed; the first lookup on it failed, and the
+/// stampede cost one load per instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_while_idle_the_next_stampede_is_one_load() {
+    let mut server = RedisServer::start();
+    let instances = instances(&server, 3).await;
+    let seen = stampede(
+        &instances,
+        "before-idle",
+        30,
+        Duration::from_millis(50),
+        async {},
+    )
+    .await;
+    assert_eq!(seen.loads, 1);
+    server.restart();
+    tokio::time::sleep(IDLE_AFTER_RESTART).await;
+    let seen = stampede(
+        &instances,
+        "after-idle",
+        300,
+        Duration::from_millis(200),
+        async {},
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+}

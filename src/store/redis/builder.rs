@@ -13,6 +13,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo, RedisResult};
 use tracing::warn;
 
 use super::connection::{store_error, Connection};
+use super::link::Link;
 use super::notifications::Notifications;
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
@@ -168,7 +169,12 @@ impl RedisStoreBuilder {
                 let connection = ConnectionManager::new_with_config(client, self.manager_config())
                     .await
                     .map_err(|e| store_error(format_args!("cannot connect to {address}"), e))?;
-                Connection::Server(connection)
+                Connection::Server(Link::watched(
+                    connection,
+                    address.clone(),
+                    self.connection_timeout
+                        .saturating_add(self.response_timeout),
+                ))
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(_) => {
@@ -195,7 +201,7 @@ impl RedisStoreBuilder {
             self.sharded_notifications && !matches!(self.target, Target::Server(_)),
         ));
         let notifications = if self.notifications {
-            match Notifications::connect(&self, &infos, Arc::clone(&sharded)).await {
+            match Notifications::connect(&self, &infos, Arc::clone(&sharded), &connection).await {
                 Ok(notifications) => Some(notifications),
                 Err(error) => {
                     warn!(%error, %address, "no fill notifications (the subscriber needs RESP3: Redis 6+); followers poll");

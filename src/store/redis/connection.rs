@@ -1,8 +1,8 @@
-//! The connection of a `RedisStore`: one server or a Redis Cluster, cheap to clone and never
-//! locked; how a script runs on it (`EVALSHA`, reloaded on `NOSCRIPT`) and how its errors
-//! become store errors.
+//! The connection of a `RedisStore`: one server (a [`Link`]) or a Redis Cluster, cheap to
+//! clone and never locked; how a script runs on it (`EVALSHA`, reloaded on `NOSCRIPT`) and how
+//! its errors become store errors.
 
-use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::aio::ConnectionLike;
 #[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 #[cfg(feature = "cluster")]
@@ -15,14 +15,15 @@ use redis::{
     Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisResult, Script, ServerErrorKind,
 };
 
+use super::link::Link;
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// A connection to one server or to a cluster; cheap to clone, never locked.
 #[derive(Clone)]
 pub(super) enum Connection {
-    /// One server, reconnecting by itself.
-    Server(ConnectionManager),
+    /// One server, reconnecting by itself, through an outage of any length.
+    Server(Link),
     /// A Redis Cluster: each command goes to the node that serves its first key's slot
     /// (following `MOVED` and `ASK`); the connections to the nodes reconnect by themselves.
     #[cfg(feature = "cluster")]
@@ -38,7 +39,11 @@ impl Connection {
         call: &Cmd,
     ) -> RedisResult<T> {
         match self {
-            Connection::Server(connection) => evalsha(script, call, &mut connection.clone()).await,
+            Connection::Server(link) => {
+                let answer = evalsha(script, call, &mut link.manager()?).await;
+                link.saw(&answer);
+                answer
+            }
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => evalsha(script, call, &mut connection.clone()).await,
         }
@@ -47,7 +52,11 @@ impl Connection {
     /// Runs a pipeline: its commands go out in one write and their replies come back together.
     pub(super) async fn pipeline<T: FromRedisValue>(&self, pipeline: &Pipeline) -> RedisResult<T> {
         match self {
-            Connection::Server(connection) => pipeline.query_async(&mut connection.clone()).await,
+            Connection::Server(link) => {
+                let answer = pipeline.query_async(&mut link.manager()?).await;
+                link.saw(&answer);
+                answer
+            }
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => pipeline.query_async(&mut connection.clone()).await,
         }
@@ -63,8 +72,10 @@ impl Connection {
         calls: Vec<Cmd>,
     ) -> RedisResult<()> {
         match self {
-            Connection::Server(connection) => {
-                pipelined(script, &calls, &mut connection.clone()).await
+            Connection::Server(link) => {
+                let answer = pipelined(script, &calls, &mut link.manager()?).await;
+                link.saw(&answer);
+                answer
             }
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => {
@@ -105,16 +116,30 @@ impl Connection {
     /// Runs one plain command.
     pub(super) async fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
         match self {
-            Connection::Server(connection) => command.query_async(&mut connection.clone()).await,
+            Connection::Server(link) => {
+                let answer = command.query_async(&mut link.manager()?).await;
+                link.saw(&answer);
+                answer
+            }
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => command.query_async(&mut connection.clone()).await,
+        }
+    }
+
+    /// Checks the connection in the background, when it may have been lost (see
+    /// [`Link::check`]); a cluster's connections look after themselves.
+    pub(super) fn check(&self) {
+        match self {
+            Connection::Server(link) => link.check(),
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(_) => {}
         }
     }
 
     /// Subscribes to a channel (on a connection that speaks RESP3 and has a push sender).
     pub(super) async fn subscribe(&self, channel: String) -> RedisResult<()> {
         match self {
-            Connection::Server(connection) => connection.clone().subscribe(channel).await,
+            Connection::Server(link) => link.manager_anyway().subscribe(channel).await,
             #[cfg(feature = "cluster")]
             Connection::Cluster(connection) => connection.clone().subscribe(channel).await,
         }

@@ -7,6 +7,7 @@
 //! | `builder.rs` | `RedisStoreBuilder`: URLs, timeouts, TLS, redacted addresses |
 //! | `names.rs` | the names of a key's value and lock in Redis, and of the fill channels |
 //! | `connection.rs` | the connection to a server or a cluster; running scripts; errors |
+//! | `link.rs` | one server's connection, kept up through an outage, failing calls at once while down |
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
 //! | `store.rs` | `impl Store for RedisStore`, and reading the replies |
@@ -25,6 +26,7 @@
 
 mod builder;
 mod connection;
+mod link;
 mod names;
 mod notifications;
 mod scripts;

@@ -18,6 +18,7 @@ use tracing::{debug, warn};
 
 use super::builder::{no_url, RedisStoreBuilder, Target};
 use super::connection::Connection;
+use super::link::Link;
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
 use super::names::{channel, namespace_of};
@@ -90,11 +91,13 @@ impl Notifications {
         builder: &RedisStoreBuilder,
         infos: &[ConnectionInfo],
         sharded: Arc<AtomicBool>,
+        store: &Connection,
     ) -> RedisResult<Self> {
         let notifier = Notifier::new();
         let channels: Arc<Mutex<Channels>> = Arc::default();
         let origin = Arc::new(new_origin());
         let (wake, forget, own) = (notifier.clone(), Arc::clone(&channels), Arc::clone(&origin));
+        let store = store.clone();
         let on_push = move |push: PushInfo| {
             // This crate never unsubscribes: an `SUNSUBSCRIBE` comes from a node whose slot,
             // with the shard channel in it, went elsewhere.
@@ -106,6 +109,9 @@ impl Notifications {
                 // trusts nothing it held (messages may be lost while the link is down).
                 crate::sync::lock(&forget).forget(None);
                 wake.lost();
+                // The server may be gone: the store's connection is checked now, so that one
+                // the server closed while nobody used it reconnects before the next call.
+                store.check();
             } else {
                 wake_followers(&wake, &own[..], push);
             }
@@ -133,7 +139,9 @@ impl Notifications {
                         .await?,
                 );
                 // Lazy: it connects on the first subscription.
-                Connection::Server(ConnectionManager::new_lazy_with_config(client, config)?)
+                Connection::Server(Link::waiting(ConnectionManager::new_lazy_with_config(
+                    client, config,
+                )?))
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(_) => {
