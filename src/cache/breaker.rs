@@ -5,16 +5,21 @@
 //! once, instead of paying the store timeout. Then ONE trial asks the store (half-open): the
 //! next store call, made for real (the flight that makes it keeps its answer, so a lookup
 //! that takes the lock leads as usual), or a timer's read of a probe key, which runs every
-//! `open_for` while the breaker is open, with or without traffic. If the store answers, the
-//! breaker closes and protection across processes resumes; if not, it stays open for another
-//! `open_for`. So the first stampede after the store returns is protected across processes
-//! even if nothing was asked of it meanwhile. Each change of state is logged once.
+//! `open_for` from the first failed call until the store answers, with or without traffic. If
+//! the store answers, the breaker closes and protection across processes resumes; if not, it
+//! stays open for another `open_for`. So the first stampede after the store returns is
+//! protected across processes even if nothing was asked of it meanwhile. Each change of state
+//! is logged once.
+//!
+//! The breaker also keeps what a health check reads: when the store last answered, and how
+//! many times it answered again after failing (L1 drops what it loaded while the store
+//! failed, once the store answers again).
 //!
 //! Every store call of the engine goes through [`Inner::store_call`], which bounds it by the
 //! store timeout, counts its failures, and asks the breaker first.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,7 +38,6 @@ pub(crate) enum Admit {
     Skip,
     /// Open, and time for the trial: make the call, and report it with
     /// [`probed`](Breaker::probed).
-    /// Open, and time to probe: skip the call, and start the probe.
     Probe,
 }
 
@@ -43,11 +47,46 @@ enum State {
     Open { until: Instant, probing: bool },
 }
 
+/// The breaker's state, and what the health check reads.
+#[derive(Debug)]
+struct Status {
+    state: State,
+    /// Whether the background check runs: from the first failure of a spell until the store
+    /// answers again.
+    checking: bool,
+    /// When the store last answered a call (when that call was made).
+    answered: Option<Instant>,
+}
+
+/// What the background check is to do now.
+enum Check {
+    /// The store answers: the check ends.
+    Done,
+    /// The breaker is open, its trial not due or under way: wait.
+    Wait,
+    /// Calls have failed, the breaker is closed: ask the store.
+    Ask,
+    /// The breaker is open, and its trial is due: this is it.
+    Trial,
+}
+
+/// What [`Breaker::record`] changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Recorded {
+    /// The call opened the breaker.
+    pub(crate) opened: bool,
+    /// The call is the first failure of a spell: the caller starts the background check.
+    pub(crate) start_check: bool,
+}
+
 #[derive(Debug)]
 pub(crate) struct Breaker {
     threshold: u32,
     open_for: Duration,
-    state: Mutex<State>,
+    status: Mutex<Status>,
+    /// How many times the store answered again after failing: a value loaded while it was
+    /// failing is kept in L1 only until this moves on.
+    recoveries: AtomicU64,
 }
 
 impl Breaker {
@@ -56,24 +95,40 @@ impl Breaker {
         Breaker {
             threshold,
             open_for,
-            state: Mutex::new(State::Closed { failures: 0 }),
+            status: Mutex::new(Status {
+                state: State::Closed { failures: 0 },
+                checking: false,
+                answered: None,
+            }),
+            recoveries: AtomicU64::new(0),
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn status(&self) -> MutexGuard<'_, Status> {
         // No code path panics while holding the lock, and every state is valid.
-        crate::sync::lock(&self.state)
+        crate::sync::lock(&self.status)
     }
 
     /// Whether the store is believed to answer (the breaker is closed).
     pub(crate) fn is_closed(&self) -> bool {
-        matches!(*self.state(), State::Closed { .. })
+        matches!(self.status().state, State::Closed { .. })
+    }
+
+    /// When the store last answered a call of the engine, if it ever did.
+    #[allow(dead_code)]
+    pub(crate) fn answered(&self) -> Option<Instant> {
+        self.status().answered
+    }
+
+    /// How many times the store answered again after failing.
+    pub(crate) fn recoveries(&self) -> u64 {
+        self.recoveries.load(Ordering::SeqCst)
     }
 
     /// Asks to make a store call.
     pub(crate) fn admit(&self) -> Admit {
-        let mut state = self.state();
-        match &mut *state {
+        let mut status = self.status();
+        match &mut status.state {
             State::Closed { .. } => Admit::Call,
             State::Open { until, probing } => {
                 if *probing || Instant::now() < *until {
@@ -86,48 +141,84 @@ impl Breaker {
         }
     }
 
-    /// Records the outcome of a call that was made; returns `true` if it opened the breaker.
-    pub(crate) fn record(&self, ok: bool) -> bool {
-        let mut state = self.state();
-        match (&mut *state, ok) {
+    /// Records the outcome of a call that was made at `at`.
+    pub(crate) fn record(&self, ok: bool, at: Instant) -> Recorded {
+        let mut status = self.status();
+        if ok {
+            status.answered = Some(at);
+        }
+        let mut recorded = Recorded::default();
+        match (&mut status.state, ok) {
             (State::Closed { failures }, true) => {
+                if *failures > 0 {
+                    self.recoveries.fetch_add(1, Ordering::SeqCst);
+                }
                 *failures = 0;
-                false
             }
             (State::Closed { failures }, false) => {
                 *failures = failures.saturating_add(1);
-                if self.threshold == 0 || *failures < self.threshold {
-                    return false;
+                if !status.checking {
+                    status.checking = true;
+                    recorded.start_check = true;
+                }
+                let State::Closed { failures } = status.state else {
+                    return recorded;
+                };
+                if self.threshold == 0 || failures < self.threshold {
+                    return recorded;
                 }
                 warn!(
-                    failures = *failures,
+                    failures,
                     open_for = ?self.open_for,
                     "store failing: circuit open, loading with in-process protection only"
                 );
-                *state = State::Open {
+                status.state = State::Open {
                     until: crate::sync::later(Instant::now(), self.open_for),
                     probing: false,
                 };
                 telemetry::breaker_open(true);
-                true
+                recorded.opened = true;
             }
             // A call admitted before the breaker opened: it changes nothing now.
-            (State::Open { .. }, _) => false,
+            (State::Open { .. }, _) => {}
         }
+        recorded
     }
 
     /// Records the outcome of a probe.
     pub(crate) fn probed(&self, ok: bool) {
-        let mut state = self.state();
+        let mut status = self.status();
         if ok {
             info!("store answering again: circuit closed, protection across processes resumes");
-            *state = State::Closed { failures: 0 };
+            status.state = State::Closed { failures: 0 };
+            status.answered = Some(Instant::now());
+            self.recoveries.fetch_add(1, Ordering::SeqCst);
             telemetry::breaker_open(false);
         } else {
-            *state = State::Open {
+            status.state = State::Open {
                 until: crate::sync::later(Instant::now(), self.open_for),
                 probing: false,
             };
+        }
+    }
+
+    /// What the background check does now; ends it (for the next failure to start another)
+    /// once the store answers.
+    fn check(&self) -> Check {
+        let mut status = self.status();
+        match &status.state {
+            State::Closed { failures: 0 } => {
+                status.checking = false;
+                Check::Done
+            }
+            State::Closed { .. } => Check::Ask,
+            State::Open { .. } => {
+                drop(status);
+                match self.admit() {
+                    Admit::Probe => Check::Trial,
+                    Admit::Call | Admit::Skip => Check::Wait,
+                }
+            }
         }
     }
 }
@@ -173,35 +264,62 @@ impl Inner {
         }
         match trial {
             Some(mut trial) => trial.report(result.is_ok()),
-            None if self.breaker.record(result.is_ok()) => {
-                self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
-                self.probe_while_open();
+            None => {
+                let recorded = self.breaker.record(result.is_ok(), now);
+                if recorded.opened {
+                    self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+                }
+                if recorded.start_check {
+                    self.check_while_failing();
+                }
             }
-            None => {}
         }
         result
     }
 
-    /// While the breaker is open, asks the store every `open_for` whether it answers again (a
-    /// read of a probe key, bounded by the store timeout), unless a call's trial is under way;
-    /// ends once the breaker is closed. Without a runtime, calls' trials alone close it.
-    fn probe_while_open(&self) {
+    /// The key the engine reads to ask the store whether it answers.
+    pub(super) fn probe_key(&self) -> StoreKey {
+        StoreKey::new(
+            Arc::clone(&self.config.namespace),
+            KeyDigest::of(b"tower-stampede:probe"),
+        )
+    }
+
+    /// From the first failed call of a spell until the store answers again, asks it every
+    /// `open_for` whether it does (a read of a probe key, bounded by the store timeout): while
+    /// the breaker is open, as its trial (unless a call's trial is under way); while it is
+    /// closed, as a plain read. So the store's return is found out with or without traffic:
+    /// the breaker closes, and what L1 kept while the store failed is dropped (see
+    /// [`Breaker::recoveries`]). Without a runtime, calls alone find it out.
+    fn check_while_failing(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, breaker) = (Arc::clone(&self.store), Arc::clone(&self.breaker));
-        let key = StoreKey::new(
-            Arc::clone(&self.config.namespace),
-            KeyDigest::of(b"tower-stampede:probe"),
+        let (store, breaker, key) = (
+            Arc::clone(&self.store),
+            Arc::clone(&self.breaker),
+            self.probe_key(),
         );
         let (timeout, open_for) = (self.config.store_timeout, self.config.breaker_open_for);
         runtime.spawn(async move {
             loop {
                 tokio::time::sleep(open_for).await;
-                match breaker.admit() {
-                    Admit::Call => return,
-                    Admit::Skip => continue,
-                    Admit::Probe => {
+                match breaker.check() {
+                    Check::Done => return,
+                    Check::Wait => continue,
+                    Check::Ask => {
+                        let asked = Instant::now();
+                        let answered = matches!(
+                            tokio::time::timeout(timeout, store.get(&key)).await,
+                            Ok(Ok(_))
+                        );
+                        // A failed check is not a failed call: it neither opens the breaker
+                        // nor counts in the stats.
+                        if answered {
+                            breaker.record(true, asked);
+                        }
+                    }
+                    Check::Trial => {
                         let mut trial = Trial {
                             breaker: &breaker,
                             reported: false,
@@ -211,9 +329,6 @@ impl Inner {
                             Ok(Ok(_))
                         );
                         trial.report(answered);
-                        if answered {
-                            return;
-                        }
                     }
                 }
             }
@@ -251,12 +366,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn opens_after_the_threshold_probes_once_and_closes() {
         let breaker = Breaker::new(3, Duration::from_secs(1));
-        assert!(!breaker.record(false));
-        assert!(!breaker.record(true));
+        let now = Instant::now();
+        let first = breaker.record(false, now);
+        assert!(!first.opened && first.start_check);
+        assert!(!breaker.record(true, now).opened);
+        assert_eq!(breaker.recoveries(), 1, "answered again after a failure");
         // Failures must be consecutive.
-        assert!(!breaker.record(false));
-        assert!(!breaker.record(false));
-        assert!(breaker.record(false), "the third failure in a row opens it");
+        assert!(!breaker.record(false, now).opened);
+        assert!(!breaker.record(false, now).start_check, "one check at a time");
+        assert!(
+            breaker.record(false, now).opened,
+            "the third failure in a row opens it"
+        );
         assert!(!breaker.is_closed());
         assert_eq!(breaker.admit(), Admit::Skip);
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -269,13 +390,14 @@ mod tests {
         breaker.probed(true);
         assert!(breaker.is_closed());
         assert_eq!(breaker.admit(), Admit::Call);
+        assert_eq!(breaker.recoveries(), 2);
     }
 
     #[test]
     fn a_zero_threshold_never_opens() {
         let breaker = Breaker::new(0, Duration::from_secs(1));
         for _ in 0..100 {
-            assert!(!breaker.record(false));
+            assert!(!breaker.record(false, Instant::now()).opened);
         }
         assert_eq!(breaker.admit(), Admit::Call);
     }

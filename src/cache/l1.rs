@@ -5,7 +5,9 @@
 //! carries the [`Stamp`] of what this process had heard of its key before the value was read,
 //! and is trusted only while that is still all it has heard. A fill, set, expiry or
 //! invalidation of the key anywhere (or a lost subscription) moves the stamp on, and the next
-//! call reads the store again. While notifications are not received, nothing enters L1.
+//! call reads the store again. While notifications are not received, nothing read from the
+//! store enters L1; what a flight loaded alone because the store failed does, until the store
+//! answers again (no notification vouches for it).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +49,11 @@ pub(super) struct L1Entry {
     pub(super) refresh_at: Option<Instant>,
     /// What this process had heard of the key before the value was read.
     stamp: Stamp,
+    /// For a value loaded while the store failed, which no notification vouches for: the
+    /// count of the store's recoveries when its load started. Such an entry is kept while
+    /// notifications are lost too (else a process whose store is down would load on every
+    /// call), and only until the store answers again.
+    alone: Option<u64>,
     /// What this process had heard of the value's tags before they were checked.
     tags: TagStamps,
     /// When the entry leaves L1, on tokio's clock (moka keeps a clock of its own, which
@@ -167,7 +174,13 @@ impl Inner {
         let l1 = self.l1.as_ref()?;
         let entry = l1.get(digest)?;
         let now = Instant::now();
-        if self.stamp(digest) == Some(entry.stamp)
+        let vouched = match entry.alone {
+            None => self.stamp(digest) == Some(entry.stamp),
+            Some(recoveries) => {
+                recoveries == self.breaker.recoveries() && self.stamp_anyway(digest) == entry.stamp
+            }
+        };
+        if vouched
             && now < entry.until
             && entry
                 .tags
@@ -212,8 +225,37 @@ impl Inner {
         fresh_for: Duration,
         load_time: Duration,
     ) {
+        if let Some(stamp) = stamp {
+            self.l1_put((stamp, None), tags, digest, value, fresh_for, load_time);
+        }
+    }
+
+    /// Keeps a value loaded while the store failed in L1, for `ttl` (and no longer than the
+    /// L1 cap), even while notifications are lost, until the store answers again: `stamp`
+    /// and `recoveries` ([`Breaker::recoveries`](super::breaker::Breaker::recoveries)) were
+    /// read before the load started.
+    pub(super) fn l1_insert_alone(
+        &self,
+        (stamp, recoveries): (Stamp, u64),
+        digest: KeyDigest,
+        value: &Bytes,
+        ttl: Duration,
+        load_time: Duration,
+    ) {
+        let vouch = (stamp, Some(recoveries));
+        self.l1_put(vouch, TagStamps::default(), digest, value, ttl, load_time);
+    }
+
+    fn l1_put(
+        &self,
+        (stamp, alone): (Stamp, Option<u64>),
+        tags: TagStamps,
+        digest: KeyDigest,
+        value: &Bytes,
+        fresh_for: Duration,
+        load_time: Duration,
+    ) {
         let ttl = fresh_for.min(self.config.l1_ttl_cap);
-        let Some(stamp) = stamp else { return };
         if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
             let now = Instant::now();
             let fresh_until = crate::sync::later(now, fresh_for);
@@ -225,6 +267,7 @@ impl Inner {
                 ttl,
                 fresh_until,
                 stamp,
+                alone,
                 tags,
                 until: crate::sync::later(now, ttl),
                 decoded: OnceLock::new(),

@@ -432,22 +432,15 @@ impl Inner {
         outcome: Outcome,
     ) -> FlightResult {
         let started = Instant::now();
-        // Kept in L1 even while notifications are lost (the store is failing): until they
-        // are back, which moves every stamp on.
-        let stamp = Some(self.stamp_anyway(&digest));
+        // Kept in L1 even while notifications are lost (the store is failing), until the
+        // store answers again or notifications come back.
+        let vouch = (self.stamp_anyway(&digest), self.breaker.recoveries());
         match self.load(loader, None, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
                     let ttl = ttl.unwrap_or(self.config.ttl);
-                    self.l1_insert(
-                        stamp,
-                        TagStamps::default(),
-                        digest,
-                        &bytes,
-                        ttl,
-                        started.elapsed(),
-                    );
+                    self.l1_insert_alone(vouch, digest, &bytes, ttl, started.elapsed());
                 }
                 Ok(Fetched {
                     value: Some(bytes),

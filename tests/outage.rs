@@ -1,0 +1,148 @@
+//! The engine while its store is down (issue 29): what L1 keeps then, what it forgets once the
+//! store answers again, and what the health check says. Over the embedded store seen through
+//! a wrapper that stops answering (on paused time), and over a real `redis-server` killed and
+//! restarted (`tests/faults.rs` has the stampedes across processes).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::observed::Observed;
+use support::Counter;
+use tower_stampede::store::{MemoryStore, Store};
+use tower_stampede::{Cache, Loaded, Outcome};
+
+/// One call of `key` that counts its loads, answered with `value`.
+async fn call(cache: &Cache, key: &str, loads: &Counter, value: &'static str) -> Outcome {
+    let loads = loads.clone();
+    let fetched = cache
+        .fetch(key, move || async move {
+            loads.hit();
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(value.as_bytes())))
+        })
+        .await
+        .unwrap();
+    fetched.outcome()
+}
+
+/// The embedded store behind a wrapper that can stop answering, and a cache over it with a
+/// 50 ms store timeout, a 60 s TTL and a 10 s L1 cap.
+fn stopping_store() -> (MemoryStore, Arc<Observed>, Cache) {
+    let memory = MemoryStore::new();
+    let inner: Arc<dyn Store> = Arc::new(memory.clone());
+    let observed = Observed::new(&inner, Duration::ZERO);
+    let cache = Cache::builder_shared(Arc::clone(&observed) as Arc<dyn Store>)
+        .store_timeout(Duration::from_millis(50))
+        .ttl(Duration::from_secs(60))
+        .l1_ttl_cap(Duration::from_secs(10))
+        .build();
+    (memory, observed, cache)
+}
+
+/// While the store does not answer and its notifications are lost (a Redis whose subscriber
+/// dropped), 20 sequential calls for one key cost one load: the value loaded with in-process
+/// protection stays in L1, for the L1 cap at most. Before, L1 trusted nothing while
+/// notifications were lost, and each call loaded again (20 loads).
+#[tokio::test(start_paused = true)]
+async fn while_the_store_is_down_one_load_per_key_per_l1_ttl() {
+    let (memory, observed, cache) = stopping_store();
+    observed.hang(true);
+    memory.notifier().unwrap().lost();
+    let loads = Counter::default();
+    for _ in 0..20 {
+        call(&cache, "k", &loads, "v1").await;
+    }
+    assert_eq!(loads.get(), 1, "one load while the store is down");
+    // The L1 cap bounds how long the value is kept.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(call(&cache, "k", &loads, "v1").await, Outcome::Degraded);
+    assert_eq!(loads.get(), 2, "loaded again once the L1 cap has passed");
+}
+
+/// Once the store answers again, L1 no longer serves what was loaded while it was down: no
+/// notification vouches for it (the store may hold another value, filled by another process),
+/// so the next call asks the store, even though notifications were never lost (a Redis that
+/// stopped answering but kept its connections). Before, L1 served it until its TTL.
+#[tokio::test(start_paused = true)]
+async fn once_the_store_answers_again_l1_forgets_what_it_loaded_alone() {
+    let (memory, observed, cache) = stopping_store();
+    // Another process has stored its value (this one never read it).
+    let other = Cache::builder(memory.clone()).build();
+    other
+        .get_or_load("k", || async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"shared"))
+        })
+        .await
+        .unwrap();
+    observed.hang(true);
+    let loads = Counter::default();
+    assert_eq!(call(&cache, "k", &loads, "alone").await, Outcome::Degraded);
+    assert_eq!(call(&cache, "k", &loads, "alone").await, Outcome::L1Hit);
+    observed.hang(false);
+    // Without traffic, the store is found answering again (a background check).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let fetched = cache
+        .get_or_load("k", || async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"reloaded"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(fetched, "shared", "the store's value, not the one loaded alone");
+    assert_eq!(loads.get(), 1);
+}
+
+/// The same with a real Redis: killed, 20 sequential calls for one key load once; restarted,
+/// the next call asks Redis again (and its value, written meanwhile by another process).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_one_load_per_key_and_back_l1_forgets_it() {
+    use tower_stampede::store::RedisStore;
+    let mut server = support::RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let cache = Cache::builder(store.clone())
+        .namespace("outage")
+        .store_timeout(Duration::from_millis(200))
+        .build();
+    let loads = Counter::default();
+    // The subscription in place, as in a process that has been serving.
+    call(&cache, "warm", &loads, "warm").await;
+    let notifier = store.notifier().unwrap().clone();
+    support::wait_until("notifications live", || notifier.receiving()).await;
+    server.kill();
+    support::wait_until("the subscriber saw Redis go", || !notifier.receiving()).await;
+    let loads = Counter::default();
+    for _ in 0..20 {
+        call(&cache, "k", &loads, "alone").await;
+    }
+    assert_eq!(loads.get(), 1, "one load while Redis is down");
+
+    server.restart();
+    let other = RedisStore::connect(server.url()).await.unwrap();
+    let other = Cache::builder(other).namespace("outage").build();
+    other
+        .get_or_load("k", || async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"shared"))
+        })
+        .await
+        .unwrap();
+    support::wait_until("notifications back", || notifier.receiving()).await;
+    let scratch = Counter::default();
+    for attempt in 0.. {
+        assert!(attempt < 400, "Redis never answered the cache again");
+        let outcome = call(&cache, &format!("scratch-{attempt}"), &scratch, "x").await;
+        if outcome != Outcome::Degraded {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let value = cache
+        .get_or_load("k", || async {
+            Ok::<_, std::io::Error>(Bytes::from_static(b"reloaded"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(value, "shared", "Redis's value, not the one loaded alone");
+}
+
