@@ -89,7 +89,10 @@ async fn once_the_store_answers_again_l1_forgets_what_it_loaded_alone() {
         })
         .await
         .unwrap();
-    assert_eq!(fetched, "shared", "the store's value, not the one loaded alone");
+    assert_eq!(
+        fetched, "shared",
+        "the store's value, not the one loaded alone"
+    );
     assert_eq!(loads.get(), 1);
 }
 
@@ -146,3 +149,80 @@ async fn redis_killed_one_load_per_key_and_back_l1_forgets_it() {
     assert_eq!(value, "shared", "Redis's value, not the one loaded alone");
 }
 
+/// The health check finds a store that stopped answering with no traffic at all: it asks the
+/// store itself once the last answer is more than a second old. Then it finds it answering
+/// again. `store_available()`, the breaker's state alone, stays `true` throughout.
+#[tokio::test(start_paused = true)]
+async fn the_health_check_finds_a_silent_store_without_traffic() {
+    let (_memory, observed, cache) = stopping_store();
+    let loads = Counter::default();
+    call(&cache, "k", &loads, "v").await;
+    assert!(cache.health().await.is_healthy());
+    observed.hang(true);
+    let health = cache.health().await;
+    assert!(
+        health.is_healthy(),
+        "it answered within the second: {health:?}"
+    );
+    tokio::time::advance(Duration::from_millis(1500)).await;
+    let health = cache.health().await;
+    assert!(!health.is_healthy(), "{health:?}");
+    assert!(!health.store_answers());
+    assert!(health.last_answer() >= Some(Duration::from_millis(1500)));
+    assert_eq!(health.notifications_live(), Some(true));
+    assert!(cache.store_available(), "the breaker alone does not know");
+    observed.hang(false);
+    let health = cache.health().await;
+    assert!(health.is_healthy(), "{health:?}");
+}
+
+/// Lost notifications make the cache unhealthy, although the store answers.
+#[tokio::test(start_paused = true)]
+async fn lost_notifications_make_the_cache_unhealthy() {
+    let (memory, _observed, cache) = stopping_store();
+    memory.notifier().unwrap().lost();
+    let health = cache.health().await;
+    assert!(health.store_answers(), "{health:?}");
+    assert_eq!(health.notifications_live(), Some(false));
+    assert!(!health.is_healthy());
+    memory.notifier().unwrap().restored();
+    assert!(cache.health().await.is_healthy());
+}
+
+/// Redis killed while the cache is idle: the health check turns unhealthy, within a bounded
+/// number of checks and with no other traffic; restarted, it turns healthy again by itself
+/// (the subscription is made again and the connection is back).
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_then_restarted_the_health_check_follows() {
+    use tower_stampede::store::RedisStore;
+    let mut server = support::RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let cache = Cache::builder(store)
+        .namespace("health")
+        .store_timeout(Duration::from_millis(200))
+        .build();
+    until_health(&cache, true).await;
+    server.kill();
+    until_health(&cache, false).await;
+    server.restart();
+    until_health(&cache, true).await;
+}
+
+/// Checks every 100 ms until the cache's health is `healthy`; panics after 30 s (a bound for
+/// a busy machine, not an assertion on time).
+#[cfg(feature = "redis")]
+async fn until_health(cache: &Cache, healthy: bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = cache.health().await;
+        if health.is_healthy() == healthy {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still {health:?} after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

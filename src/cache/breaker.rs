@@ -115,7 +115,6 @@ impl Breaker {
     }
 
     /// When the store last answered a call of the engine, if it ever did.
-    #[allow(dead_code)]
     pub(crate) fn answered(&self) -> Option<Instant> {
         self.status().answered
     }
@@ -373,7 +372,10 @@ mod tests {
         assert_eq!(breaker.recoveries(), 1, "answered again after a failure");
         // Failures must be consecutive.
         assert!(!breaker.record(false, now).opened);
-        assert!(!breaker.record(false, now).start_check, "one check at a time");
+        assert!(
+            !breaker.record(false, now).start_check,
+            "one check at a time"
+        );
         assert!(
             breaker.record(false, now).opened,
             "the third failure in a row opens it"

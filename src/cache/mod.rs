@@ -66,6 +66,7 @@ pub(crate) mod entry;
 mod error;
 mod flight;
 mod follower;
+mod health;
 mod l1;
 mod leader;
 mod refresh;
@@ -94,6 +95,7 @@ pub use answer::{Fetched, Loaded, Outcome, Previous, Stats};
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
+pub use health::Health;
 #[cfg(feature = "metrics")]
 pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
 #[cfg(feature = "serde")]
@@ -375,7 +377,9 @@ impl Cache {
     }
 
     /// Whether the store is believed to answer: `false` while the circuit breaker is open
-    /// (this process then protects the backend on its own). For health checks.
+    /// (this process then protects the backend on its own). The breaker's state alone: a
+    /// store that stopped answering while nobody called it stays "available"; a readiness
+    /// probe wants [`health`](Self::health).
     pub fn store_available(&self) -> bool {
         self.inner.breaker.is_closed()
     }
