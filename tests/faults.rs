@@ -347,3 +347,97 @@ async fn redis_restarted_while_idle_the_next_stampede_is_one_load() {
     assert!(seen.errors.is_empty(), "{:?}", seen.errors);
     assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
 }
+
+/// An app can start while Redis is down (issue 29): `RedisStore::open` returns the store at
+/// once, calls are answered with in-process protection meanwhile (one load per key per
+/// instance), and once Redis is up, the stores connect by themselves: the health check turns
+/// healthy and a stampede is one load across the instances. `connect` still fails fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_opened_while_redis_is_down_connect_when_it_comes_up() {
+    let mut server = RedisServer::start();
+    server.kill();
+    assert!(
+        RedisStore::connect(server.url()).await.is_err(),
+        "connect fails fast"
+    );
+    let instances: Vec<Cache> = (0..3)
+        .map(|_| {
+            let store = RedisStore::open(server.url()).unwrap();
+            Cache::builder(store).namespace("opened").build()
+        })
+        .collect();
+    let loads = Counter::default();
+    for cache in &instances {
+        for _ in 0..5 {
+            let loads = loads.clone();
+            let value = cache
+                .get_or_load("while-down", move || async move {
+                    loads.hit();
+                    Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+                })
+                .await
+                .unwrap();
+            assert_eq!(value, "v");
+        }
+        assert!(!cache.health().await.is_healthy());
+    }
+    assert_eq!(loads.get(), 3, "one load per instance while Redis is down");
+
+    server.restart();
+    for (n, cache) in instances.iter().enumerate() {
+        let deadline = Instant::now() + LIMIT;
+        while !cache.health().await.is_healthy() {
+            assert!(Instant::now() < deadline, "instance {n} never connected");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let seen = stampede(
+        &instances,
+        "opened",
+        300,
+        Duration::from_millis(200),
+        async {},
+    )
+    .await;
+    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+}
+
+/// What no server can fix fails `open` at once: a malformed URL, TLS without the `tls`
+/// feature, a cluster (whose nodes are found by connecting).
+#[tokio::test]
+async fn open_refuses_bad_configuration_at_once() {
+    use tower_stampede::store::StoreErrorKind;
+    let kind = |url: &str| RedisStore::open(url).map(|_| ()).unwrap_err().kind();
+    assert_eq!(kind("not a url"), StoreErrorKind::Configuration);
+    assert_eq!(
+        kind("redis://127.0.0.1:notaport/"),
+        StoreErrorKind::Configuration
+    );
+    #[cfg(not(feature = "tls"))]
+    assert_eq!(
+        kind("rediss://127.0.0.1:6379/"),
+        StoreErrorKind::Configuration
+    );
+    #[cfg(feature = "cluster")]
+    assert_eq!(
+        RedisStore::cluster_builder(["redis://127.0.0.1:7000/"])
+            .open()
+            .map(|_| ())
+            .unwrap_err()
+            .kind(),
+        StoreErrorKind::Configuration
+    );
+}
+
+/// Without a tokio runtime, `open` cannot connect in the background: an error, not a panic.
+#[test]
+fn open_without_a_runtime_is_an_error() {
+    let error = RedisStore::open("redis://127.0.0.1:6379/")
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        error.kind(),
+        tower_stampede::store::StoreErrorKind::Configuration
+    );
+}

@@ -1276,3 +1276,85 @@ fn bad_purge_tokens_are_usage_errors() {
         );
     }
 }
+
+/// How long proxies stay idle after Redis is back before a stampede: longer than a store's
+/// reconnect backoff (at most 1 s between attempts, plus as much jitter); an idle spell that
+/// is part of the scenario, not a wait for speed.
+const IDLE_AFTER_REDIS: Duration = Duration::from_secs(3);
+
+/// A stampede over the proxies on a cold path: the origin's loads for it, and the answers'
+/// errors.
+async fn cold_stampede(proxies: &[Proxy], origin_loads: &Counter, path: &str) -> usize {
+    let before = origin_loads.get();
+    let answers = burst(proxies, 600, path).await;
+    let errors: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(
+        errors.is_empty(),
+        "{} failed, e.g. {:?}",
+        errors.len(),
+        errors.first()
+    );
+    origin_loads.get() - before
+}
+
+/// Issue 29, through the proxy: three proxies on one Redis; Redis killed; one request per
+/// proxy while it is down (fewer failures than the breaker's threshold); Redis restarted
+/// empty on the same port; the proxies idle; then a stampede on a cold path loads the origin
+/// once. Before, it loaded it once per proxy: each proxy's first lookup was handed the
+/// failure of its connection's last reconnect attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_redis_blip_and_idle_proxies_the_next_stampede_loads_the_origin_once() {
+    let mut redis = RedisServer::start();
+    let origin_loads = Counter::default();
+    let origin = start_origin(origin_loads.clone()).await;
+    let args = proxy_args(
+        origin,
+        "blip",
+        [
+            "--redis".to_owned(),
+            redis.url(),
+            "--store-timeout-ms".to_owned(),
+            "2000".to_owned(),
+        ],
+    );
+    let proxies = start_proxies(3, args).await;
+    redis.kill();
+    for (n, proxy) in proxies.iter().enumerate() {
+        let answer = send(&client(1), get(&proxy.url(&format!("/down?p={n}")))).await;
+        assert_eq!(answer.map(|a| a.status), Ok(StatusCode::OK));
+    }
+    redis.restart();
+    tokio::time::sleep(IDLE_AFTER_REDIS).await;
+    let loads = cold_stampede(&proxies, &origin_loads, "/after-blip").await;
+    assert_eq!(loads, 1, "the origin was loaded once per proxy, not once");
+}
+
+/// Issue 29, through the proxy: proxies started while Redis is down serve at once (with
+/// in-process protection), and once Redis is up they connect by themselves: a stampede on a
+/// cold path loads the origin once. Before, a proxy could not start without Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxies_started_while_redis_is_down_share_it_once_it_is_up() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let origin_loads = Counter::default();
+    let origin = start_origin(origin_loads.clone()).await;
+    let args = proxy_args(
+        origin,
+        "started-down",
+        [
+            "--redis".to_owned(),
+            redis.url(),
+            "--store-timeout-ms".to_owned(),
+            "2000".to_owned(),
+        ],
+    );
+    let proxies = start_proxies(3, args).await;
+    for proxy in &proxies {
+        let answer = send(&client(1), get(&proxy.url("/while-down"))).await;
+        assert_eq!(answer.map(|a| a.status), Ok(StatusCode::OK));
+    }
+    redis.restart();
+    tokio::time::sleep(IDLE_AFTER_REDIS).await;
+    let loads = cold_stampede(&proxies, &origin_loads, "/after-start").await;
+    assert_eq!(loads, 1, "the origin was loaded once per proxy, not once");
+}

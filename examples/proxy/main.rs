@@ -271,10 +271,10 @@ async fn serve_metrics(_addr: SocketAddr) -> Result<SocketAddr, String> {
         .to_owned())
 }
 
+/// The store opens at once, even while Redis is down: the proxy serves with in-process
+/// protection until Redis answers, then across proxies. A bad URL stops it at once.
 async fn connect_redis(url: &str) -> Result<RedisStore, String> {
-    RedisStore::connect(url)
-        .await
-        .map_err(|e| format!("cannot use Redis: {e}"))
+    RedisStore::open(url).map_err(|e| format!("cannot use Redis: {e}"))
 }
 
 #[cfg(feature = "cluster")]

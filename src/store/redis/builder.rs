@@ -152,29 +152,18 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects to Redis; fails if a URL is invalid or no server can be reached.
+    /// Connects to Redis; fails if a URL is invalid or no server can be reached. To start
+    /// while the server may be down, see [`open`](Self::open).
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         let address = self.target.address();
         let infos = self.connection_infos()?;
         let connection = match &self.target {
             Target::Server(_) => {
-                let info = infos.first().cloned().ok_or_else(no_url);
-                let client = info.and_then(|info| self.client(info)).map_err(|e| {
-                    StoreError::with_source(
-                        StoreErrorKind::Configuration,
-                        format_args!("invalid Redis settings for {address}"),
-                        e,
-                    )
-                })?;
+                let client = self.server_client(&infos, &address)?;
                 let connection = ConnectionManager::new_with_config(client, self.manager_config())
                     .await
                     .map_err(|e| store_error(format_args!("cannot connect to {address}"), e))?;
-                Connection::Server(Link::watched(
-                    connection,
-                    address.clone(),
-                    self.connection_timeout
-                        .saturating_add(self.response_timeout),
-                ))
+                Connection::Server(Link::watched(connection, address.clone(), self.ping_wait()))
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(_) => {
@@ -197,27 +186,96 @@ impl RedisStoreBuilder {
                 Connection::Cluster(connection)
             }
         };
-        let sharded = Arc::new(AtomicBool::new(
-            self.sharded_notifications && !matches!(self.target, Target::Server(_)),
-        ));
+        let sharded = self.sharded();
         let notifications = if self.notifications {
-            match Notifications::connect(&self, &infos, Arc::clone(&sharded), &connection).await {
-                Ok(notifications) => Some(notifications),
-                Err(error) => {
-                    warn!(%error, %address, "no fill notifications (the subscriber needs RESP3: Redis 6+); followers poll");
-                    None
-                }
-            }
+            let connected =
+                Notifications::connect(&self, &infos, Arc::clone(&sharded), &connection).await;
+            without_notifications_if_refused(connected, &address)
         } else {
             None
         };
-        Ok(RedisStore {
-            connection,
-            address,
-            notifications,
-            pipelined: Arc::new(AtomicBool::new(true)),
-            sharded,
+        Ok(RedisStore::new(connection, address, notifications, sharded))
+    }
+
+    /// The store, at once, without waiting for the server: it connects in the background,
+    /// and keeps trying through an outage of any length, so an application can start while
+    /// Redis is down. Until the server answers, the store's calls fail at once, and the engine
+    /// loads with in-process protection (one load per key per process); once it answers,
+    /// protection across processes is back by itself. Fails at once on what no server can
+    /// fix: an invalid URL, TLS without the `tls` feature, no tokio runtime.
+    ///
+    /// One server only: a Redis Cluster store discovers its nodes as it connects
+    /// ([`connect`](Self::connect)). Notifications are subscribed once the server answers;
+    /// a server that refuses their protocol (RESP3, before Redis 6) never sends any, and
+    /// followers poll.
+    pub fn open(self) -> Result<RedisStore, StoreError> {
+        let address = self.target.address();
+        let infos = self.connection_infos()?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                "RedisStore::open needs a tokio runtime (it connects in the background)",
+            ));
+        }
+        #[cfg(feature = "cluster")]
+        if let Target::Cluster(_) = self.target {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                format_args!("a Redis Cluster store is made with connect, not open ({address})"),
+            ));
+        }
+        let client = self.server_client(&infos, &address)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config())
+            .map_err(|e| {
+                StoreError::with_source(
+                    StoreErrorKind::Configuration,
+                    format_args!("invalid Redis settings for {address}"),
+                    e,
+                )
+            })?;
+        let connection = Connection::Server(Link::starting_down(
+            manager,
+            address.clone(),
+            self.ping_wait(),
+        ));
+        let sharded = self.sharded();
+        let notifications = if self.notifications {
+            let opened = Notifications::open(&self, &infos, Arc::clone(&sharded), &connection);
+            without_notifications_if_refused(opened, &address)
+        } else {
+            None
+        };
+        Ok(RedisStore::new(connection, address, notifications, sharded))
+    }
+
+    /// The client of one server's store.
+    fn server_client(
+        &self,
+        infos: &[ConnectionInfo],
+        address: &str,
+    ) -> Result<redis::Client, StoreError> {
+        let info = infos.first().cloned().ok_or_else(no_url);
+        info.and_then(|info| self.client(info)).map_err(|e| {
+            StoreError::with_source(
+                StoreErrorKind::Configuration,
+                format_args!("invalid Redis settings for {address}"),
+                e,
+            )
         })
+    }
+
+    /// How long the keeper of a lost connection waits for one `PING`: a connection attempt
+    /// and a reply.
+    fn ping_wait(&self) -> Duration {
+        self.connection_timeout
+            .saturating_add(self.response_timeout)
+    }
+
+    /// Whether the store publishes on shard channels: on a cluster, unless told otherwise.
+    fn sharded(&self) -> Arc<AtomicBool> {
+        Arc::new(AtomicBool::new(
+            self.sharded_notifications && !matches!(self.target, Target::Server(_)),
+        ))
     }
 
     /// Parses the URLs, and checks that TLS is available where they ask for it.
@@ -319,6 +377,20 @@ impl RedisStoreBuilder {
             return builder.certs(self.certificates(root_cert));
         }
         builder
+    }
+}
+
+/// The store's notifications, or none (and a warning) if the server refused the subscriber.
+fn without_notifications_if_refused(
+    notifications: RedisResult<Notifications>,
+    address: &str,
+) -> Option<Notifications> {
+    match notifications {
+        Ok(notifications) => Some(notifications),
+        Err(error) => {
+            warn!(%error, %address, "no fill notifications (the subscriber needs RESP3: Redis 6+); followers poll");
+            None
+        }
     }
 }
 

@@ -70,6 +70,21 @@ impl Link {
         }
     }
 
+    /// A watched link that starts down, over a manager that has not connected yet: its keeper
+    /// connects it in the background. Needs a tokio runtime.
+    pub(super) fn starting_down(
+        manager: ConnectionManager,
+        address: String,
+        ping_wait: Duration,
+    ) -> Self {
+        let link = Link::watched(manager, address, ping_wait);
+        if let Some(watch) = &link.watch {
+            watch.down.store(true, Ordering::SeqCst);
+            keep(&link.manager, watch);
+        }
+        link
+    }
+
     /// The manager to make a call on, or an error at once while the link is down.
     pub(super) fn manager(&self) -> RedisResult<ConnectionManager> {
         match &self.watch {

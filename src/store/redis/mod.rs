@@ -124,9 +124,32 @@ impl RedisStore {
         RedisStoreBuilder::new(Target::Server(url.into()))
     }
 
-    /// Connects to the Redis at `url` with default settings.
+    /// Connects to the Redis at `url` with default settings; fails if it cannot be reached.
     pub async fn connect(url: impl Into<String>) -> Result<RedisStore, StoreError> {
         RedisStore::builder(url).connect().await
+    }
+
+    /// The store of the Redis at `url`, with default settings, at once: it connects in the
+    /// background, so an application can start while Redis is down (see
+    /// [`RedisStoreBuilder::open`]). Fails only on an invalid URL (or without a tokio
+    /// runtime).
+    pub fn open(url: impl Into<String>) -> Result<RedisStore, StoreError> {
+        RedisStore::builder(url).open()
+    }
+
+    fn new(
+        connection: Connection,
+        address: String,
+        notifications: Option<Notifications>,
+        sharded: Arc<AtomicBool>,
+    ) -> Self {
+        RedisStore {
+            connection,
+            address,
+            notifications,
+            pipelined: Arc::new(AtomicBool::new(true)),
+            sharded,
+        }
     }
 
     /// A builder for a store on a Redis Cluster, given the URLs of some of its nodes (seeds,

@@ -16,7 +16,9 @@ use redis::aio::ConnectionManager;
 use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tracing::{debug, warn};
 
-use super::builder::{no_url, RedisStoreBuilder, Target};
+#[cfg(feature = "cluster")]
+use super::builder::Target;
+use super::builder::{no_url, RedisStoreBuilder};
 use super::connection::Connection;
 use super::link::Link;
 #[cfg(feature = "cluster")]
@@ -84,6 +86,67 @@ impl Channels {
     }
 }
 
+/// What a subscriber's pushes reach: the notifier, the channels, the store's own origin tag,
+/// and the store's connection (checked when the subscriber's drops).
+struct Parts {
+    notifier: Notifier,
+    channels: Arc<Mutex<Channels>>,
+    origin: Arc<[u8; 17]>,
+    store: Connection,
+}
+
+impl Parts {
+    fn new(store: &Connection) -> Self {
+        Parts {
+            notifier: Notifier::new(),
+            channels: Arc::default(),
+            origin: Arc::new(new_origin()),
+            store: store.clone(),
+        }
+    }
+
+    /// What the subscriber does with a push: a message wakes followers; a dropped connection
+    /// (or a shard channel gone elsewhere) counts notifications as lost.
+    fn on_push(
+        &self,
+    ) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
+        let (wake, forget, own) = (
+            self.notifier.clone(),
+            Arc::clone(&self.channels),
+            Arc::clone(&self.origin),
+        );
+        let store = self.store.clone();
+        move |push: PushInfo| {
+            // This crate never unsubscribes: an `SUNSUBSCRIBE` comes from a node whose slot,
+            // with the shard channel in it, went elsewhere.
+            if matches!(push.kind, PushKind::Disconnection | PushKind::SUnsubscribe) {
+                // The connection resubscribes when it reconnects, but a cluster's may have to
+                // find the channel's slot on another node: forget the channels, so the next
+                // watch subscribes again (and so reconnects). Meanwhile, followers poll, and
+                // L1 trusts nothing it held (messages may be lost while the link is down).
+                crate::sync::lock(&forget).forget(None);
+                wake.lost();
+                // The server may be gone: the store's connection is checked now, so that one
+                // the server closed while nobody used it reconnects before the next call.
+                store.check();
+            } else {
+                wake_followers(&wake, &own[..], push);
+            }
+            Ok(())
+        }
+    }
+
+    fn into_notifications(self, subscriber: Connection, sharded: Arc<AtomicBool>) -> Notifications {
+        Notifications {
+            subscriber,
+            notifier: self.notifier,
+            channels: self.channels,
+            origin: self.origin,
+            sharded,
+        }
+    }
+}
+
 impl Notifications {
     /// Opens the subscriber connection, with the builder's settings and RESP3. A server that
     /// refuses it (before Redis 6, or these credentials) is an error: no notifications.
@@ -93,74 +156,52 @@ impl Notifications {
         sharded: Arc<AtomicBool>,
         store: &Connection,
     ) -> RedisResult<Self> {
-        let notifier = Notifier::new();
-        let channels: Arc<Mutex<Channels>> = Arc::default();
-        let origin = Arc::new(new_origin());
-        let (wake, forget, own) = (notifier.clone(), Arc::clone(&channels), Arc::clone(&origin));
-        let store = store.clone();
-        let on_push = move |push: PushInfo| {
-            // This crate never unsubscribes: an `SUNSUBSCRIBE` comes from a node whose slot,
-            // with the shard channel in it, went elsewhere.
-            if matches!(push.kind, PushKind::Disconnection | PushKind::SUnsubscribe) {
-                // The connection resubscribes when it reconnects, but a single server's
-                // reconnects only when it is used, and a cluster's may have to find the
-                // channel's slot on another node: forget the channels, so the next watch
-                // subscribes again (and so reconnects). Meanwhile, followers poll, and L1
-                // trusts nothing it held (messages may be lost while the link is down).
-                crate::sync::lock(&forget).forget(None);
-                wake.lost();
-                // The server may be gone: the store's connection is checked now, so that one
-                // the server closed while nobody used it reconnects before the next call.
-                store.check();
-            } else {
-                wake_followers(&wake, &own[..], push);
-            }
-            Ok::<(), std::convert::Infallible>(())
-        };
-        let subscriber = match &builder.target {
-            Target::Server(_) => {
-                let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
-                let config = builder
-                    .manager_config()
-                    .set_push_sender(on_push)
-                    .set_automatic_resubscription()
-                    // Keep trying to reconnect the subscriber through an outage of any length.
-                    .set_number_of_retries(usize::MAX);
-                let client = builder.client(info)?;
-                // The manager retries without end, its first connection too: try once first,
-                // so that a server that refuses RESP3 or these credentials means no
-                // notifications (and a warning) instead of a `connect` that never returns.
-                let probe = redis::AsyncConnectionConfig::new()
-                    .set_connection_timeout(Some(builder.connection_timeout))
-                    .set_response_timeout(Some(builder.response_timeout));
-                drop(
-                    client
-                        .get_multiplexed_async_connection_with_config(&probe)
-                        .await?,
-                );
-                // Lazy: it connects on the first subscription.
-                Connection::Server(Link::waiting(ConnectionManager::new_lazy_with_config(
-                    client, config,
-                )?))
-            }
-            #[cfg(feature = "cluster")]
-            Target::Cluster(_) => {
-                let infos = infos.iter().cloned().map(resp3);
-                let client = builder
-                    .cluster_client(infos)
-                    .use_protocol(ProtocolVersion::RESP3)
-                    .push_sender(on_push)
-                    .build()?;
-                Connection::Cluster(client.get_async_connection().await?)
-            }
-        };
-        Ok(Notifications {
-            subscriber,
-            notifier,
-            channels,
-            origin,
-            sharded,
-        })
+        #[cfg(feature = "cluster")]
+        if let Target::Cluster(_) = &builder.target {
+            let parts = Parts::new(store);
+            let infos = infos.iter().cloned().map(resp3);
+            let client = builder
+                .cluster_client(infos)
+                .use_protocol(ProtocolVersion::RESP3)
+                .push_sender(parts.on_push())
+                .build()?;
+            let subscriber = Connection::Cluster(client.get_async_connection().await?);
+            return Ok(parts.into_notifications(subscriber, sharded));
+        }
+        // The manager retries without end, its first connection too: try once first, so that
+        // a server that refuses RESP3 or these credentials means no notifications (and a
+        // warning) instead of a subscription that never completes.
+        let client = builder.client(resp3(infos.first().cloned().ok_or_else(no_url)?))?;
+        let probe = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(builder.connection_timeout))
+            .set_response_timeout(Some(builder.response_timeout));
+        drop(
+            client
+                .get_multiplexed_async_connection_with_config(&probe)
+                .await?,
+        );
+        Self::open(builder, infos, sharded, store)
+    }
+
+    /// The subscriber of one server, without connecting: it connects on the first
+    /// subscription, and waits for the server as long as it takes.
+    pub(super) fn open(
+        builder: &RedisStoreBuilder,
+        infos: &[ConnectionInfo],
+        sharded: Arc<AtomicBool>,
+        store: &Connection,
+    ) -> RedisResult<Self> {
+        let parts = Parts::new(store);
+        let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
+        let config = builder
+            .manager_config()
+            .set_push_sender(parts.on_push())
+            .set_automatic_resubscription()
+            // Keep trying to reconnect the subscriber through an outage of any length.
+            .set_number_of_retries(usize::MAX);
+        let client = builder.client(info)?;
+        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(parts.into_notifications(Connection::Server(Link::waiting(manager)), sharded))
     }
 
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
