@@ -1202,9 +1202,14 @@ async fn notifications_resume_after_redis_restarts() {
         leading.await.unwrap().unwrap();
         if round == "before" {
             shared.server_mut().restart();
-            // Both stores reconnect on their next use; give the first use a moment to happen.
-            let _ = leader.store().get(&leader.store_key("warm-up")).await;
-            let _ = follower.store().get(&follower.store_key("warm-up")).await;
+            // Both stores reconnect by themselves: wait until each answers and hears.
+            for cache in [&leader, &follower] {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                while !cache.health().await.is_healthy() {
+                    assert!(tokio::time::Instant::now() < deadline, "never reconnected");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
         }
     }
 }
