@@ -88,6 +88,14 @@ async fn stampede(
     seen
 }
 
+/// A stampede of 300 calls on a cold `key` over `instances` (loads of 200 ms): every call is
+/// answered, and the backend is loaded once across the instances.
+async fn one_load_across(instances: &[Cache], key: &str) {
+    let seen = stampede(instances, key, 300, Duration::from_millis(200), async {}).await;
+    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
+    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+}
+
 /// Calls every instance until each has the store back (its circuit breaker closed, and a
 /// lookup answered by the store); each call may be the one that probes.
 async fn until_protected(instances: &[Cache]) {
@@ -263,16 +271,7 @@ async fn the_first_stampede_after_redis_returns_is_one_load() {
     server.restart();
     // Idle for longer than `open_for` (1 s).
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let seen = stampede(
-        &instances,
-        "after",
-        300,
-        Duration::from_millis(200),
-        async {},
-    )
-    .await;
-    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
-    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+    one_load_across(&instances, "after").await;
 }
 
 /// How long the instances stay idle after Redis is back before the stampede: longer than the
@@ -305,16 +304,7 @@ async fn a_blip_with_fewer_failures_than_the_threshold_then_idle_is_one_load() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     server.restart();
     tokio::time::sleep(IDLE_AFTER_RESTART).await;
-    let seen = stampede(
-        &instances,
-        "after-blip",
-        300,
-        Duration::from_millis(200),
-        async {},
-    )
-    .await;
-    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
-    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+    one_load_across(&instances, "after-blip").await;
 }
 
 /// Redis killed and restarted empty while the instances are idle, with no call at all in
@@ -325,27 +315,10 @@ async fn a_blip_with_fewer_failures_than_the_threshold_then_idle_is_one_load() {
 async fn redis_restarted_while_idle_the_next_stampede_is_one_load() {
     let mut server = RedisServer::start();
     let instances = instances(&server, 3).await;
-    let seen = stampede(
-        &instances,
-        "before-idle",
-        30,
-        Duration::from_millis(50),
-        async {},
-    )
-    .await;
-    assert_eq!(seen.loads, 1);
+    one_load_across(&instances, "before-idle").await;
     server.restart();
     tokio::time::sleep(IDLE_AFTER_RESTART).await;
-    let seen = stampede(
-        &instances,
-        "after-idle",
-        300,
-        Duration::from_millis(200),
-        async {},
-    )
-    .await;
-    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
-    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+    one_load_across(&instances, "after-idle").await;
 }
 
 /// An app can start while Redis is down (issue 29): `RedisStore::open` returns the store at
@@ -391,16 +364,7 @@ async fn stores_opened_while_redis_is_down_connect_when_it_comes_up() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let seen = stampede(
-        &instances,
-        "opened",
-        300,
-        Duration::from_millis(200),
-        async {},
-    )
-    .await;
-    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
-    assert_eq!(seen.loads, 1, "one load across the instances: {seen:?}");
+    one_load_across(&instances, "opened").await;
 }
 
 /// What no server can fix fails `open` at once: a malformed URL, TLS without the `tls`

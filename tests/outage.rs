@@ -27,6 +27,18 @@ async fn call(cache: &Cache, key: &str, loads: &Counter, value: &'static str) ->
     fetched.outcome()
 }
 
+/// The value of `k`, "reloaded" if it loads.
+async fn read_k(cache: &Cache) -> Bytes {
+    let reload = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"reloaded")) };
+    cache.get_or_load("k", reload).await.unwrap()
+}
+
+/// Another process stores its value of `k`, "shared".
+async fn store_shared(other: &Cache) {
+    let loads = Counter::default();
+    assert_eq!(call(other, "k", &loads, "shared").await, Outcome::Leader);
+}
+
 /// The embedded store behind a wrapper that can stop answering, and a cache over it with a
 /// 50 ms store timeout, a 60 s TTL and a 10 s L1 cap.
 fn stopping_store() -> (MemoryStore, Arc<Observed>, Cache) {
@@ -69,13 +81,7 @@ async fn while_the_store_is_down_one_load_per_key_per_l1_ttl() {
 async fn once_the_store_answers_again_l1_forgets_what_it_loaded_alone() {
     let (memory, observed, cache) = stopping_store();
     // Another process has stored its value (this one never read it).
-    let other = Cache::builder(memory.clone()).build();
-    other
-        .get_or_load("k", || async {
-            Ok::<_, std::io::Error>(Bytes::from_static(b"shared"))
-        })
-        .await
-        .unwrap();
+    store_shared(&Cache::builder(memory.clone()).build()).await;
     observed.hang(true);
     let loads = Counter::default();
     assert_eq!(call(&cache, "k", &loads, "alone").await, Outcome::Degraded);
@@ -83,14 +89,9 @@ async fn once_the_store_answers_again_l1_forgets_what_it_loaded_alone() {
     observed.hang(false);
     // Without traffic, the store is found answering again (a background check).
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let fetched = cache
-        .get_or_load("k", || async {
-            Ok::<_, std::io::Error>(Bytes::from_static(b"reloaded"))
-        })
-        .await
-        .unwrap();
     assert_eq!(
-        fetched, "shared",
+        read_k(&cache).await,
+        "shared",
         "the store's value, not the one loaded alone"
     );
     assert_eq!(loads.get(), 1);
@@ -123,13 +124,7 @@ async fn redis_killed_one_load_per_key_and_back_l1_forgets_it() {
 
     server.restart();
     let other = RedisStore::connect(server.url()).await.unwrap();
-    let other = Cache::builder(other).namespace("outage").build();
-    other
-        .get_or_load("k", || async {
-            Ok::<_, std::io::Error>(Bytes::from_static(b"shared"))
-        })
-        .await
-        .unwrap();
+    store_shared(&Cache::builder(other).namespace("outage").build()).await;
     support::wait_until("notifications back", || notifier.receiving()).await;
     let scratch = Counter::default();
     for attempt in 0.. {
@@ -140,13 +135,11 @@ async fn redis_killed_one_load_per_key_and_back_l1_forgets_it() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let value = cache
-        .get_or_load("k", || async {
-            Ok::<_, std::io::Error>(Bytes::from_static(b"reloaded"))
-        })
-        .await
-        .unwrap();
-    assert_eq!(value, "shared", "Redis's value, not the one loaded alone");
+    assert_eq!(
+        read_k(&cache).await,
+        "shared",
+        "Redis's value, not the one loaded alone"
+    );
 }
 
 /// The health check finds a store that stopped answering with no traffic at all: it asks the

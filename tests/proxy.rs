@@ -1282,6 +1282,17 @@ fn bad_purge_tokens_are_usage_errors() {
 /// is part of the scenario, not a wait for speed.
 const IDLE_AFTER_REDIS: Duration = Duration::from_secs(3);
 
+/// The arguments of a proxy over `redis`, with a store timeout that a starved runtime does
+/// not reach (see `a_stampede_over_three_proxies_loads_the_origin_once`).
+fn patient_redis(redis: &RedisServer) -> [String; 4] {
+    [
+        "--redis".to_owned(),
+        redis.url(),
+        "--store-timeout-ms".to_owned(),
+        "2000".to_owned(),
+    ]
+}
+
 /// A stampede over the proxies on a cold path: the origin's loads for it, and the answers'
 /// errors.
 async fn cold_stampede(proxies: &[Proxy], origin_loads: &Counter, path: &str) -> usize {
@@ -1307,16 +1318,7 @@ async fn after_a_redis_blip_and_idle_proxies_the_next_stampede_loads_the_origin_
     let mut redis = RedisServer::start();
     let origin_loads = Counter::default();
     let origin = start_origin(origin_loads.clone()).await;
-    let args = proxy_args(
-        origin,
-        "blip",
-        [
-            "--redis".to_owned(),
-            redis.url(),
-            "--store-timeout-ms".to_owned(),
-            "2000".to_owned(),
-        ],
-    );
+    let args = proxy_args(origin, "blip", patient_redis(&redis));
     let proxies = start_proxies(3, args).await;
     redis.kill();
     for (n, proxy) in proxies.iter().enumerate() {
@@ -1338,16 +1340,7 @@ async fn proxies_started_while_redis_is_down_share_it_once_it_is_up() {
     redis.kill();
     let origin_loads = Counter::default();
     let origin = start_origin(origin_loads.clone()).await;
-    let args = proxy_args(
-        origin,
-        "started-down",
-        [
-            "--redis".to_owned(),
-            redis.url(),
-            "--store-timeout-ms".to_owned(),
-            "2000".to_owned(),
-        ],
-    );
+    let args = proxy_args(origin, "started-down", patient_redis(&redis));
     let proxies = start_proxies(3, args).await;
     for proxy in &proxies {
         let answer = send(&client(1), get(&proxy.url("/while-down"))).await;

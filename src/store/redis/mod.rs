@@ -57,6 +57,12 @@ use notifications::Notifications;
 /// value and lock keys of one logical key share a hash tag, so each call touches one Redis Cluster
 /// slot and, on a cluster, goes to the node that serves it.
 ///
+/// [`connect`](Self::connect) fails when the server cannot be reached; [`open`](Self::open)
+/// returns the store at once and connects in the background, so an application can start
+/// during a Redis outage. Either way, once connected, the store reconnects by itself after an
+/// outage of any length, and while its connection is down its calls fail at once (no
+/// connection attempt each), so the engine loads with in-process protection meanwhile.
+///
 /// `Debug`, [`address`](Self::address) and error messages show the server's address without
 /// user name or password.
 ///
