@@ -250,3 +250,32 @@ async fn vary_cookie_stores_one_variant_per_cookie() {
         }
     }
 }
+
+/// An ignored cookie cannot smuggle a personal one past the rule: the Cookie syntax of RFC
+/// 2965 §3.3.4 separates cookies with `,` as well as `;`, and origins that still accept it
+/// (Rack before 3, Tomcat's legacy parser) read `_ga=1,session=mallory` as two cookies. Were
+/// the request counted as one with only `_ga`, the attacker's signed-in page would be stored
+/// under a default TTL and served to everyone (RFC 9111 §3.5 keeps it to its user).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_after_a_comma_counts_as_a_cookie() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, || {
+            RfcPolicy::new()
+                .default_ttl(Duration::from_secs(30))
+                .ignore_cookie("_ga")
+        });
+        let page = "http://app.test/home";
+        let attack = as_user(&one, page, "_ga=1,session=mallory").await;
+        assert_eq!(attack.x_cache(), "BYPASS", "{}", shared.name);
+        for app in [&two, &one] {
+            let victim = anonymous(app, page).await;
+            assert!(
+                victim.body().starts_with("hello nobody #"),
+                "{}: the victim got {:?}",
+                shared.name,
+                victim.body()
+            );
+        }
+    }
+}

@@ -33,7 +33,10 @@ impl CookieRule {
 
     /// Whether `headers` hold a cookie this rule does not ignore. A cookie is a `;`-separated
     /// member of any `Cookie` field line (RFC 6265 §4.2.1, and RFC 9113 §8.2.3 for HTTP/2's
-    /// split lines); its name is what comes before `=`. An empty member is no cookie.
+    /// split lines); its name is what comes before `=`. An empty member is no cookie. A `,`
+    /// separates members too: RFC 2965 §3.3.4 allowed it, some origins still read
+    /// `_ga=1,session=x` as two cookies, and no ignored cookie may hide a personal one (a `,`
+    /// in a value only makes the request count as one with credentials).
     fn counts(&self, headers: &HeaderMap) -> bool {
         if self.ignore_all {
             return false;
@@ -41,7 +44,7 @@ impl CookieRule {
         headers
             .get_all(COOKIE)
             .iter()
-            .flat_map(|line| line.as_bytes().split(|&b| b == b';'))
+            .flat_map(|line| line.as_bytes().split(|&b| b == b';' || b == b','))
             .map(<[u8]>::trim_ascii)
             .filter(|member| !member.is_empty())
             .any(|member| {
@@ -122,12 +125,14 @@ mod tests {
         rule.ignore(" consent ");
         assert!(!of(&rule, &[("cookie", "_ga=1; consent=yes")]).any());
         assert!(!of(&rule, &[("cookie", "_ga=1"), ("cookie", "consent=a=b")]).any());
+        assert!(!of(&rule, &[("cookie", "_ga=1, consent=yes,")]).any());
         for personal in [
             &[("cookie", "_ga=1; session=alice")][..],
             &[("cookie", "_ga=1"), ("cookie", "session=alice")],
             &[("cookie", "_GA=1")],
             &[("cookie", "_ga_x=1")],
             &[("cookie", "=alice")],
+            &[("cookie", "_ga=1,session=alice")],
         ] {
             assert!(of(&rule, personal).cookies, "{personal:?}");
         }
