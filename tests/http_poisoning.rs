@@ -24,7 +24,15 @@ fn origin(calls: &Counter) -> Router {
     Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
         calls.hit();
         async move {
-            let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+            // As CGI, WSGI and Rack servers name headers (`HTTP_X_FORWARDED_HOST`), an
+            // underscore spells a hyphen.
+            let header = |name: &str| {
+                let underscored = name.replace('-', "_");
+                (headers
+                    .get(name)
+                    .or_else(|| headers.get(underscored.as_str())))
+                .and_then(|v| v.to_str().ok())
+            };
             let page = if let Some(method) = header("x-http-method-override")
                 .or_else(|| header("x-http-method"))
                 .or_else(|| header("x-method-override"))
@@ -45,9 +53,13 @@ fn origin(calls: &Counter) -> Router {
                     .unwrap_or("app.test");
                 let scheme = header("x-forwarded-proto")
                     .or_else(|| header("x-forwarded-scheme"))
+                    .or_else(|| (header("x-forwarded-ssl") == Some("on")).then_some("https"))
                     .unwrap_or("http");
+                let port = header("x-forwarded-port").map_or(String::new(), |p| format!(":{p}"));
+                let prefix = header("x-forwarded-prefix").unwrap_or("");
                 let query = String::from_utf8_lossy(&body);
-                format!("<a href=\"{scheme}://{host}/next\"> {} {query}", uri.path())
+                let link = format!("{scheme}://{host}{port}{prefix}/next");
+                format!("<a href=\"{link}\"> {} {query}", uri.path())
             };
             let mut response: Response = page.into_response();
             response
@@ -95,7 +107,7 @@ async fn get_with(app: &Router, uri: &str, headers: &[(&str, &str)], body: &str)
 /// victim's plain request, on either instance, gets the page the URL names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attackers_request_never_becomes_the_victims_page() {
-    let vectors: [(&[(&str, &str)], &str); 11] = [
+    let vectors: [(&[(&str, &str)], &str); 16] = [
         (&[("x-http-method-override", "DELETE")], ""),
         (&[("x-http-method", "DELETE")], ""),
         (&[("x-method-override", "DELETE")], ""),
@@ -107,6 +119,14 @@ async fn an_attackers_request_never_becomes_the_victims_page() {
         (&[("forwarded", "for=1.2.3.4;host=evil.example")], ""),
         (&[("x-original-url", "/admin")], ""),
         (&[("x-rewrite-url", "/admin")], ""),
+        // Honoured by Spring, Symfony, Werkzeug's ProxyFix, Django and Rack.
+        (&[("x-forwarded-port", "1337")], ""),
+        (&[("x-forwarded-prefix", "/evil")], ""),
+        (&[("x-forwarded-ssl", "on")], ""),
+        // The same headers spelled with underscores, as a server that names them the CGI
+        // way reads them.
+        (&[("x_forwarded_host", "evil.example")], ""),
+        (&[("X_HTTP_Method_Override", "DELETE")], ""),
     ];
     for shared in Shared::both().await {
         for (i, (headers, body)) in vectors.iter().enumerate() {
@@ -168,6 +188,9 @@ async fn trusted_headers_are_cached_and_named_headers_pass() {
             "{}: only the named one is trusted",
             shared.name
         );
+        // The load balancer overwrites the hyphenated field, not a client's underscored one.
+        let smuggled = get_with(&one, uri, &[("x_forwarded_proto", "https")], "").await;
+        assert_eq!(smuggled.x_cache(), "BYPASS", "{}", shared.name);
     }
 }
 

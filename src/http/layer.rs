@@ -53,7 +53,8 @@ impl StampedeLayer {
     ///
     /// By default a `GET` or `HEAD` that carries a well-known forwarding or rewrite header
     /// (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`, `X-Forwarded-Scheme`,
-    /// `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), a method override
+    /// `X-Forwarded-Ssl`, `X-Forwarded-Port`, `X-Forwarded-Prefix`, `Forwarded`,
+    /// `X-Original-URL`, `X-Rewrite-URL`; each also spelled with underscores), a method override
     /// (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`) or a body passes:
     /// frameworks reflect these in the page (links to `http://evil.example/`, the `/admin`
     /// page under another URL, a `DELETE`'s answer), and one attacker's request would

@@ -7,14 +7,19 @@
 //! - a **request body** (`Content-Length` other than 0, or `Transfer-Encoding`), which some
 //!   frameworks read on a `GET` as they would on a `POST`;
 //! - a **forwarding or rewrite header** (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`,
-//!   `X-Forwarded-Scheme`, `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), which frameworks
-//!   reflect in links and redirects or route by;
+//!   `X-Forwarded-Scheme`, `X-Forwarded-Ssl`, `X-Forwarded-Port`, `X-Forwarded-Prefix`,
+//!   `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), which frameworks reflect in links and
+//!   redirects or route by;
 //! - any header the operator names as one the application reflects
 //!   ([`pass_header`](super::StampedeLayer::pass_header)).
 //!
 //! A forwarding header that the operator's own load balancer sets on every request, replacing
 //! whatever a client sent, cannot come from an attacker: naming it with
 //! [`trust_header`](super::StampedeLayer::trust_header) lets such requests be cached again.
+//!
+//! Each of these headers also counts when spelled with underscores (`X_Forwarded_Host`), even
+//! a trusted one: servers that name headers the CGI way (`HTTP_X_FORWARDED_HOST`) read it as
+//! the hyphenated one, and a load balancer overwrites only the hyphenated one.
 //!
 //! A body is known by its framing headers: an HTTP/2 or HTTP/3 request may carry one without
 //! `Content-Length`, which the layer cannot see without reading it; an application that reads
@@ -25,7 +30,7 @@ use http::{HeaderMap, HeaderName};
 
 /// The headers that make a `GET` or `HEAD` pass unless trusted: method overrides, then the
 /// well-known forwarding and rewrite headers.
-const UNKEYED: [&str; 10] = [
+const UNKEYED: [&str; 13] = [
     "x-http-method-override",
     "x-http-method",
     "x-method-override",
@@ -33,6 +38,9 @@ const UNKEYED: [&str; 10] = [
     "x-host",
     "x-forwarded-proto",
     "x-forwarded-scheme",
+    "x-forwarded-ssl",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
     "forwarded",
     "x-original-url",
     "x-rewrite-url",
@@ -66,7 +74,8 @@ impl Unkeyed {
     }
 
     /// Whether a `GET` or `HEAD` with these headers must pass: it has a body or one of the
-    /// headers. One walk over the request's field names, which are few.
+    /// headers (or a well-known one, trusted or not, spelled with underscores). One walk over
+    /// the request's field names, which are few.
     pub(crate) fn poisons(&self, headers: &HeaderMap) -> bool {
         headers.keys().any(|name| {
             *name == TRANSFER_ENCODING
@@ -76,7 +85,16 @@ impl Unkeyed {
                         .iter()
                         .any(|length| length.as_bytes().trim_ascii() != b"0"))
                 || self.names.contains(name)
+                || (name.as_str().contains('_') && self.underscored(name.as_str()))
         })
+    }
+
+    /// Whether `name`, its underscores read as hyphens, is one of the headers or a well-known
+    /// one.
+    fn underscored(&self, name: &str) -> bool {
+        let hyphenated = name.replace('_', "-");
+        UNKEYED.contains(&hyphenated.as_str())
+            || self.names.iter().any(|held| held.as_str() == hyphenated)
     }
 }
 
@@ -106,5 +124,12 @@ mod tests {
         assert!(unkeyed.poisons(&headers(&[("x-forwarded-host", "evil")])));
         unkeyed.pass(HeaderName::from_static("x-theme"));
         assert!(unkeyed.poisons(&headers(&[("x-theme", "dark")])));
+        for underscored in ["x_forwarded_proto", "x_forwarded-host", "x_theme"] {
+            assert!(
+                unkeyed.poisons(&headers(&[(underscored, "x")])),
+                "{underscored}"
+            );
+        }
+        assert!(!unkeyed.poisons(&headers(&[("x_request_id", "x")])));
     }
 }
