@@ -854,6 +854,37 @@ async fn a_purge_that_returns_ok_removed_the_page_under_either_scheme() {
     }
 }
 
+/// A purge that returns `Ok` removed the page however its authority is spelled, in the purge
+/// or in the `Host` the page was requested with: a host's case and a scheme's default port
+/// do not change the URL (RFC 3986 §6.2.2.1, §6.2.3; RFC 9110 §4.2.3), so
+/// `https://SHOP.example:443/p` names the page that `Host: shop.example` stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_reaches_the_page_under_any_spelling_of_its_authority() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (apps, purger) = apps_and_purger(&shared, &origin).await;
+        for (i, (stored_with, purged)) in [
+            ("Shop.Example", "https://shop.example/p"),
+            ("shop.example:80", "https://shop.example/p"),
+            ("shop.example:443", "https://shop.example/p"),
+            ("shop.example", "https://SHOP.EXAMPLE:443/p"),
+            ("shop.example", "http://shop.example:80/p"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (path, host) = (format!("/p/{i}"), [("host", stored_with)]);
+            cached_in_both(&apps, &path, &host).await;
+            let version = origin.move_on();
+            let purged = format!("{purged}/{i}");
+            purger.purge_url(&purged.parse().unwrap()).await.unwrap();
+            for app in &apps {
+                eventually(app, &path, &host, version).await;
+            }
+        }
+    }
+}
+
 /// Two instances behind a load balancer that forwards each request with the instance's own
 /// address as `Host`, keyed by one configured authority (`DefaultKey::authority`), share one
 /// cache: a cold stampede over both costs one load, and a `POST` through one is seen by the

@@ -35,6 +35,7 @@
 //! Every key is hashed before it reaches the store, so neither a 64 KB URL nor a thousand
 //! header values make a long store key, and no request byte reaches Redis raw.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use http::header::HOST;
@@ -73,7 +74,9 @@ where
 ///
 /// Parts are separated by NUL, which no URI or header value can hold, so two requests share
 /// a key only if all their parts match. A request in origin-form (`GET /path`, as servers
-/// receive them) is keyed with the `http` scheme and its `Host` header.
+/// receive them) is keyed with the `http` scheme and its `Host` header. The authority is
+/// keyed as RFC 3986 §6.2.2.1 and §6.2.3 normalise it: its host in lowercase, without the
+/// port that is the scheme's default (`Shop.Example:80` is `shop.example`).
 ///
 /// # One site under several names
 ///
@@ -122,8 +125,8 @@ impl DefaultKey {
 
     /// This key for a site whose requests for `canonical` or any of `aliases` (their URI's
     /// authority, or `Host`, written as the field carries it: with its port if it has one;
-    /// ASCII case aside) are keyed under `canonical`, so that they share one cache; any other
-    /// request is keyed with its own authority.
+    /// ASCII case and the scheme's default port aside) are keyed under `canonical`, so that
+    /// they share one cache; any other request is keyed with its own authority.
     pub fn aliases(
         self,
         canonical: Authority,
@@ -150,7 +153,7 @@ impl SiteKey {
     pub fn key(&self, request: &Parts) -> String {
         let scheme = request.uri.scheme_str().unwrap_or("http");
         let own = own_authority(request);
-        let authority = if self.names(own) {
+        let authority = if self.names(scheme, own) {
             self.canonical.as_str().as_bytes()
         } else {
             own
@@ -158,15 +161,15 @@ impl SiteKey {
         key_of(request, scheme, authority)
     }
 
-    /// Whether a request with this authority (or `Host`) is one of the site's.
-    fn names(&self, authority: &[u8]) -> bool {
+    /// Whether a request of `scheme` with this authority (or `Host`) is one of the site's.
+    fn names(&self, scheme: &str, authority: &[u8]) -> bool {
         let Some(aliases) = &self.aliases else {
             return true;
         };
-        let authority = authority.trim_ascii();
+        let authority = normalized(scheme, authority.trim_ascii());
         std::iter::once(&self.canonical)
             .chain(aliases.iter())
-            .any(|name| name.as_str().as_bytes().eq_ignore_ascii_case(authority))
+            .any(|name| normalized(scheme, name.as_str().as_bytes()) == authority)
     }
 }
 
@@ -250,15 +253,47 @@ fn key_of(request: &Parts, scheme: &str, authority: &[u8]) -> String {
     key.push('\0');
     key.push_str(scheme);
     key.push('\0');
+    let authority = normalized(scheme, authority);
     // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is
     // enough. Most authorities have nothing to escape: copied whole.
-    match std::str::from_utf8(authority) {
+    match std::str::from_utf8(&authority) {
         Ok(plain) if authority.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
         _ => key.extend(authority.escape_ascii().map(char::from)),
     }
     key.push('\0');
     key.push_str(path);
     key
+}
+
+/// `authority` as a key holds it for `scheme` (RFC 3986 §6.2.2.1, §6.2.3): in lowercase, and
+/// without a port that is empty or the scheme's default (443 for `https`, 80 otherwise: a
+/// request in origin-form is keyed as `http`). Borrowed when already so, as most are.
+fn normalized<'a>(scheme: &str, authority: &'a [u8]) -> Cow<'a, [u8]> {
+    let default = if scheme.eq_ignore_ascii_case("https") {
+        443
+    } else {
+        80
+    };
+    // A port is the digits after the last `:`, unless that `:` is inside an IPv6 literal.
+    let without_port = match authority.iter().rposition(|&b| b == b':') {
+        Some(colon) if authority[colon + 1..].iter().all(u8::is_ascii_digit) => {
+            let port = std::str::from_utf8(&authority[colon + 1..])
+                .ok()
+                .and_then(|port| port.parse::<u16>().ok());
+            match port {
+                Some(port) if port != default => authority,
+                // Empty, or the default.
+                None if colon + 1 < authority.len() => authority,
+                _ => &authority[..colon],
+            }
+        }
+        _ => authority,
+    };
+    if without_port.iter().any(u8::is_ascii_uppercase) {
+        Cow::Owned(without_port.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(without_port)
+    }
 }
 
 /// Whether `escape_ascii` leaves a byte as it is.
@@ -352,7 +387,12 @@ mod tests {
         let fixed = DefaultKey.authority(shop.clone());
         let aliased = DefaultKey.aliases(shop, [Authority::from_static("10.0.0.1:8080")]);
         let canonical = DefaultKey.key(&parts("/p?q=1", &[("host", "shop.example")]));
-        for host in ["shop.example", "SHOP.example", "10.0.0.1:8080"] {
+        for host in [
+            "shop.example",
+            "SHOP.example",
+            "shop.example:80",
+            "10.0.0.1:8080",
+        ] {
             let request = parts("/p?q=1", &[("host", host)]);
             assert_eq!(fixed.key(&request), canonical, "{host}");
             assert_eq!(aliased.key(&request), canonical, "{host}");
@@ -364,6 +404,44 @@ mod tests {
         assert_eq!(aliased.key(&other), DefaultKey.key(&other), "not an alias");
         let secure = parts("https://10.0.0.1:8080/p?q=1", &[]);
         assert_ne!(aliased.key(&secure), canonical, "the scheme stays");
+    }
+
+    #[test]
+    fn authorities_are_keyed_normalized() {
+        let plain = DefaultKey.key(&parts("/p", &[("host", "shop.example")]));
+        for host in [
+            "Shop.Example",
+            "shop.example:80",
+            "SHOP.EXAMPLE:",
+            "shop.example:0080",
+        ] {
+            let key = DefaultKey.key(&parts("/p", &[("host", host)]));
+            assert_eq!(key, plain, "{host}");
+        }
+        for host in [
+            "shop.example:8080",
+            "shop.example:443",
+            "shop.example:99999",
+        ] {
+            let key = DefaultKey.key(&parts("/p", &[("host", host)]));
+            assert_ne!(key, plain, "{host}");
+        }
+        let secure = DefaultKey.key(&parts("https://shop.example/p", &[]));
+        assert_eq!(
+            DefaultKey.key(&parts("HTTPS://Shop.Example:443/p", &[])),
+            secure
+        );
+        assert_ne!(
+            DefaultKey.key(&parts("https://shop.example:80/p", &[])),
+            secure
+        );
+        for (literal, normal) in [
+            ("[::1]", "[::1]"),
+            ("[::1]:80", "[::1]"),
+            ("[::AB]:81", "[::ab]:81"),
+        ] {
+            assert_eq!(&*normalized("http", literal.as_bytes()), normal.as_bytes());
+        }
     }
 
     #[test]

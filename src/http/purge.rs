@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, HOST};
-use http::uri::Scheme;
+use http::uri::{Authority, Scheme};
 use http::{request, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use tracing::warn;
@@ -78,11 +78,12 @@ impl Purger {
     }
 
     /// Removes the stored responses for a `GET` of `uri`: every `Vary` variant, for requests
-    /// with and without `Authorization`, under both the `http` and the `https` form of the URL.
+    /// with and without credentials, under both the `http` and the `https` form of the URL.
     /// Both, because the layer keys a request as it sees it: behind a load balancer that
     /// ends TLS, `https://shop.example/p/5` reaches it as `GET /p/5` with
     /// `Host: shop.example`, keyed as `http://shop.example/p/5` by the
-    /// [`DefaultKey`](super::DefaultKey). The authority is the `Host` of requests in
+    /// [`DefaultKey`](super::DefaultKey). The host's case does not matter, and a URL without
+    /// a port (or with 80 or 443) names the page requested with either default port. The authority is the `Host` of requests in
     /// origin-form (or the authority of absolute ones); a [`MakeKey`](super::MakeKey) that
     /// maps it ([`SiteKey`](super::SiteKey)) maps it here too.
     /// For a [`MakeKey`](super::MakeKey) that reads other request headers (a tenant), use
@@ -104,19 +105,32 @@ impl Purger {
         let Some(authority) = uri.authority().filter(|_| known) else {
             return Err(Error::new(ErrorKind::Url));
         };
+        // A URL without a port, or with a default one, may have been requested with either
+        // default port (keys leave out only the scheme's own; behind a load balancer that
+        // ends TLS, `Host: shop.example:443` arrives keyed as `http`).
+        let authorities: Vec<Authority> = match authority.port_u16() {
+            None | Some(80 | 443) => ["", ":80", ":443"]
+                .iter()
+                .filter_map(|port| format!("{}{port}", authority.host()).parse().ok())
+                .collect(),
+            Some(_) => vec![authority.clone()],
+        };
         let mut keys = Vec::new();
         for scheme in [Scheme::HTTP, Scheme::HTTPS] {
-            let mut parts = uri.clone().into_parts();
-            parts.scheme = Some(scheme);
-            let Ok(uri) = Uri::from_parts(parts) else {
-                return Err(Error::new(ErrorKind::Url));
-            };
-            let mut request = Request::new(());
-            *request.uri_mut() = uri;
-            if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
-                request.headers_mut().insert(HOST, host);
+            for authority in &authorities {
+                let mut parts = uri.clone().into_parts();
+                parts.scheme = Some(scheme.clone());
+                parts.authority = Some(authority.clone());
+                let Ok(uri) = Uri::from_parts(parts) else {
+                    return Err(Error::new(ErrorKind::Url));
+                };
+                let mut request = Request::new(());
+                *request.uri_mut() = uri;
+                if let Ok(host) = HeaderValue::from_str(authority.as_str()) {
+                    request.headers_mut().insert(HOST, host);
+                }
+                url_keys(&self.config, &request.into_parts().0, &mut keys);
             }
-            url_keys(&self.config, &request.into_parts().0, &mut keys);
         }
         invalidate_keys(&self.cache, keys).await
     }
