@@ -3,7 +3,9 @@
 //! the layer passes them (neither stored nor answered from the cache):
 //!
 //! - a **method override** (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`),
-//!   which many frameworks obey: a `GET` that the origin runs as a `DELETE`;
+//!   which many frameworks obey: a `GET` that the origin runs as a `DELETE`. One that names
+//!   an unsafe method also invalidates the URL as that method would (RFC 9111 §4.4), so the
+//!   change it made is not hidden behind the page stored before;
 //! - a **request body** (`Content-Length` other than 0, or `Transfer-Encoding`), which some
 //!   frameworks read on a `GET` as they would on a `POST`;
 //! - a **forwarding or rewrite header** (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`,
@@ -26,7 +28,9 @@
 //! the bodies of `GET`s should refuse such requests itself.
 
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, Method};
+
+use super::invalidate;
 
 /// The headers that make a `GET` or `HEAD` pass unless trusted: method overrides, then the
 /// well-known forwarding and rewrite headers.
@@ -45,6 +49,9 @@ const UNKEYED: [&str; 13] = [
     "x-original-url",
     "x-rewrite-url",
 ];
+
+/// How many of [`UNKEYED`] are method overrides (its first).
+const OVERRIDES: usize = 3;
 
 /// The request headers that make a `GET` or `HEAD` pass.
 #[derive(Clone, Debug)]
@@ -89,6 +96,21 @@ impl Unkeyed {
         })
     }
 
+    /// Whether a `GET` or `HEAD` with these headers carries a method override, not trusted,
+    /// that names an unsafe method (any case; frameworks upper-case it): the origin runs it
+    /// as that method, whose response invalidates the URL.
+    pub(crate) fn overrides_to_unsafe(&self, headers: &HeaderMap) -> bool {
+        UNKEYED[..OVERRIDES]
+            .iter()
+            .filter(|name| self.names.iter().any(|held| held == **name))
+            .flat_map(|name| headers.get_all(*name))
+            .any(|value| {
+                let method = value.as_bytes().trim_ascii().to_ascii_uppercase();
+                Method::from_bytes(&method)
+                    .is_ok_and(|m| !invalidate::is_safe(&m) && m != Method::CONNECT)
+            })
+    }
+
     /// Whether `name`, its underscores read as hyphens, is one of the headers or a well-known
     /// one.
     fn underscored(&self, name: &str) -> bool {
@@ -131,5 +153,19 @@ mod tests {
             );
         }
         assert!(!unkeyed.poisons(&headers(&[("x_request_id", "x")])));
+        for (value, unsafe_) in [("DELETE", true), (" put ", true), ("FROB", true)]
+            .into_iter()
+            .chain([
+                ("GET", false),
+                ("head", false),
+                ("CONNECT", false),
+                ("a b", false),
+            ])
+        {
+            let overridden = headers(&[("x-http-method", value)]);
+            assert_eq!(unkeyed.overrides_to_unsafe(&overridden), unsafe_, "{value}");
+        }
+        unkeyed.trust(&HeaderName::from_static("x-http-method"));
+        assert!(!unkeyed.overrides_to_unsafe(&headers(&[("x-http-method", "DELETE")])));
     }
 }

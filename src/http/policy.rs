@@ -53,6 +53,10 @@ pub(crate) fn request_rule<B>(
         };
     }
     let headers = request.headers();
+    if unkeyed.overrides_to_unsafe(headers) {
+        tracing::debug!("a method override to an unsafe method; passed, and it invalidates");
+        return RequestRule::Invalidate;
+    }
     if unkeyed.poisons(headers) {
         tracing::debug!("a request that could poison the cache; passed");
         return RequestRule::Bypass;
@@ -1016,11 +1020,13 @@ mod tests {
                 "{method}"
             );
         }
-        let overridden = with(Method::POST, &[("x-http-method-override", "PUT")]);
-        assert_eq!(
-            request_rule(&overridden, false, &Unkeyed::default()),
-            RequestRule::Invalidate
-        );
+        for method in [Method::POST, Method::GET, Method::HEAD] {
+            let overridden = with(method, &[("x-http-method-override", "PUT")]);
+            assert_eq!(
+                request_rule(&overridden, false, &Unkeyed::default()),
+                RequestRule::Invalidate
+            );
+        }
         for method in [Method::OPTIONS, Method::TRACE, Method::CONNECT] {
             assert_eq!(
                 request_rule(&with(method.clone(), &[]), false, &Unkeyed::default()),
@@ -1042,7 +1048,7 @@ mod tests {
             ("if-unmodified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
             ("if-range", "\"v1\""),
             ("cache-control", "no-store"),
-            ("x-http-method-override", "DELETE"),
+            ("x-http-method-override", "GET"),
             ("content-length", "5"),
             ("x-forwarded-host", "evil.example"),
         ] {
