@@ -74,7 +74,13 @@ async fn start_origin(counter: Counter) -> SocketAddr {
                     } else if let Some(path) = header("x-original-url") {
                         format!("the page at {path}")
                     } else {
-                        let host = header("x-forwarded-host").unwrap_or("origin");
+                        // Read, as CGI-style servers do, with `_` for `-` too.
+                        let host = header("x-forwarded-host")
+                            .or_else(|| header("x_forwarded_host"))
+                            .unwrap_or("origin");
+                        let port =
+                            header("x-forwarded-port").map_or(String::new(), |p| format!(":{p}"));
+                        let host = format!("{host}{port}");
                         let scheme = header("x-forwarded-proto").unwrap_or("http");
                         let query = String::from_utf8_lossy(&body);
                         format!("<a href=\"{scheme}://{host}/next\"> {query}")
@@ -1018,7 +1024,8 @@ async fn each_user_gets_their_own_page_through_the_proxies() {
 }
 
 /// Cache poisoning through the proxies, one attacker's request then plain ones: a method
-/// override, a `GET` with a body, a forwarded host and a rewritten URL each go to the origin
+/// override, a `GET` with a body, a forwarded host (also spelled `x_forwarded_host`), a
+/// forwarded port and a rewritten URL each go to the origin
 /// uncached, and the victims (on either proxy) get the page the URL names. A header the load
 /// balancer sets (`--trust-header`) is cached.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1049,6 +1056,16 @@ async fn no_attackers_request_becomes_the_page_of_the_proxies() {
             "GET",
             &proxies[0].url("/reflect?4"),
             &[("x-original-url", "/admin")],
+        ),
+        request(
+            "GET",
+            &proxies[0].url("/reflect?5"),
+            &[("x_forwarded_host", "evil.example")],
+        ),
+        request(
+            "GET",
+            &proxies[0].url("/reflect?6"),
+            &[("x-forwarded-port", "1337")],
         ),
     ];
     for (i, attack) in attacks.into_iter().enumerate() {
