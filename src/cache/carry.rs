@@ -36,6 +36,9 @@ pub(super) struct Posts {
     ended: AtomicBool,
     /// How many callers joined the flight (counted under the lock of the map of flights).
     joined: AtomicUsize,
+    /// Set when a change in this process overtook the flight (see
+    /// [`detach_flights`](super::Inner::detach_flights)): what it read may be outdated.
+    overtaken: AtomicBool,
     changed: Notify,
 }
 
@@ -48,9 +51,31 @@ impl Posts {
 
     /// Posts `posted` for the callers that joined the flight, and for those that join later.
     pub(super) fn post(&self, posted: Posted) {
-        *crate::sync::lock(&self.posted) = posted;
+        let mut slot = crate::sync::lock(&self.posted);
+        // Checked under the lock, as `overtaken` withdraws under it: an early answer read
+        // before a change is never posted after it.
+        if matches!(&posted, Some((_, Some(_)))) && self.is_overtaken() {
+            return;
+        }
+        *slot = posted;
+        drop(slot);
         self.any.store(true, Ordering::Release);
         self.changed.notify_waiters();
+    }
+
+    /// A change in this process overtook the flight: its early answer (a stale value it read
+    /// before the change) is withdrawn, and it must not stand in for a failed load.
+    pub(super) fn overtaken(&self) {
+        self.overtaken.store(true, Ordering::Release);
+        let mut posted = crate::sync::lock(&self.posted);
+        if matches!(&*posted, Some((_, Some(_)))) {
+            *posted = None;
+        }
+    }
+
+    /// Whether a change in this process overtook the flight.
+    pub(super) fn is_overtaken(&self) -> bool {
+        self.overtaken.load(Ordering::Acquire)
     }
 
     /// The flight has ended: callers still waiting take what is posted, or learn that it

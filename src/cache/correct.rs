@@ -20,8 +20,9 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
+use super::flight::Overtaken;
 use super::{entry, Cache, Error, Inner};
-use crate::store::{Notifier, StoreError, StoreKey};
+use crate::store::{KeyDigest, Notifier, StoreError, StoreKey};
 
 impl Cache {
     /// Removes the value of `key` everywhere: from the store, from this process's L1, and
@@ -57,9 +58,14 @@ impl Cache {
         if keys.is_empty() {
             return Ok(());
         }
+        let digests: Vec<KeyDigest> = keys.iter().map(|key| *key.digest()).collect();
         let store = Arc::clone(&self.inner.store);
         self.inner
-            .correct_all(&keys, store.invalidate_many(&keys))
+            .correct_all(
+                &keys,
+                Overtaken::Keys(&digests),
+                store.invalidate_many(&keys),
+            )
             .await
     }
 
@@ -122,22 +128,30 @@ impl Inner {
         key: &StoreKey,
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
-        self.correct_all(std::slice::from_ref(key), call).await
+        let digests = [*key.digest()];
+        self.correct_all(std::slice::from_ref(key), Overtaken::Keys(&digests), call)
+            .await
     }
 
-    /// [`correct`](Self::correct) for a call that changes several keys (or tags).
+    /// [`correct`](Self::correct) for a call that changes several keys (or tags), which
+    /// overtakes the flights `overtaken` of this process: they are detached before the call
+    /// and again after it (a flight started meanwhile may have read the old value), so a
+    /// caller that comes after the change never joins a flight from before it.
     pub(super) async fn correct_all(
         &self,
         keys: &[StoreKey],
+        overtaken: Overtaken<'_>,
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
         for key in keys {
             self.forget_here(key);
         }
+        self.detach_flights(overtaken);
         let result = self.store_call(call).await;
         for key in keys {
             self.forget_here(key);
         }
+        self.detach_flights(overtaken);
         result.map_err(Error::store)
     }
 

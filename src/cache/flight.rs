@@ -220,6 +220,38 @@ impl Inner {
         // Nothing panics while the map is locked; a poisoned map is still consistent.
         crate::sync::lock(&self.flights)
     }
+
+    /// Detaches the flights a change overtakes: they run on for the callers they have (whose
+    /// calls began before the change), but a caller that comes after starts or follows a new
+    /// flight, and they withdraw their early answer. A flight that read the key before the
+    /// change would otherwise answer the old value to a caller that read after it.
+    pub(super) fn detach_flights(&self, overtaken: Overtaken<'_>) {
+        let mut flights = self.flights();
+        match overtaken {
+            Overtaken::Keys(keys) => {
+                for key in keys {
+                    if let Some(flight) = flights.remove(key) {
+                        flight.posts.overtaken();
+                    }
+                }
+            }
+            Overtaken::Every => {
+                for (_, flight) in flights.drain() {
+                    flight.posts.overtaken();
+                }
+            }
+        }
+    }
+}
+
+/// The flights of this process that a change overtakes.
+#[derive(Clone, Copy)]
+pub(super) enum Overtaken<'a> {
+    /// The flights of these keys (an invalidation, a write, an expiry).
+    Keys(&'a [KeyDigest]),
+    /// Every flight: a tag invalidation, as a flight learns its value's tags only once it has
+    /// read or loaded it.
+    Every,
 }
 
 /// Removes a flight from the map when it ends, whichever way it ends (even if it is dropped

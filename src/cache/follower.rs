@@ -419,8 +419,6 @@ impl Inner {
         let mut followed = false;
         // The answer for waiters that stood when this flight first waited.
         let mut earlier = Earlier::Unknown;
-        // The latest stale value seen while waiting, for `WaitTimeoutPolicy::ServeStale`.
-        let mut last_stale = None;
         // The first lookup's, made before the loop.
         let mut first = Some((first_stamp, first_found));
         loop {
@@ -522,7 +520,9 @@ impl Inner {
                 }
             }
             let tagged = found.tagged();
-            match (found.lock, found.entry) {
+            // The stale value this lookup found, for `WaitTimeoutPolicy::ServeStale`: the
+            // latest lookup's, so a value gone since (invalidated) is not served.
+            let last_stale = match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
                     let seen = Seen {
                         stamp,
@@ -561,16 +561,14 @@ impl Inner {
                             Earlier::in_place(entry.as_ref())
                         };
                     }
-                    if stale.is_some() {
-                        last_stale = stale;
-                    }
+                    stale
                 }
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
                     warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
                     return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
                 }
-            }
+            };
             // A follower: another leader holds the lock.
             followed = true;
             waiting.since.get_or_insert_with(Instant::now);
@@ -579,7 +577,11 @@ impl Inner {
                 waiting.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 let stamp = self.stamp(&digest);
-                return Box::pin(self.after_wait_timeout(stamp, key, loader, last_stale)).await;
+                let overtaken = early.is_overtaken();
+                return Box::pin(
+                    self.after_wait_timeout(stamp, key, loader, last_stale, overtaken),
+                )
+                .await;
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
             waiting.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
@@ -593,6 +595,7 @@ impl Inner {
         key: &StoreKey,
         loader: BoxLoader,
         last_stale: Option<StaleValue>,
+        overtaken: bool,
     ) -> FlightResult {
         match self.config.on_wait_timeout {
             WaitTimeoutPolicy::LoadUncached => {
@@ -602,7 +605,12 @@ impl Inner {
                 Box::pin(self.load_and_put(stamp, key, loader)).await
             }
             WaitTimeoutPolicy::ServeStale => match last_stale {
-                Some(stale) if self.serves_on_error(&stale) => Ok(stale.answer()),
+                Some(stale)
+                    if self.serves_on_error(&stale)
+                        && self.still_stands(key, &stale, overtaken).await =>
+                {
+                    Ok(stale.answer())
+                }
                 _ => Err(Error::new(ErrorKind::WaitTimeout)),
             },
             WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),

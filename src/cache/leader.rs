@@ -277,8 +277,12 @@ impl Inner {
                 if told.is_ok() {
                     guard.disarm();
                 }
+                let overtaken = early.is_some_and(Posts::is_overtaken);
                 return match stale {
-                    Some(stale) if self.serves_on_error(&stale) => {
+                    Some(stale)
+                        if self.serves_on_error(&stale)
+                            && self.still_stands(&guard.key, &stale, overtaken).await =>
+                    {
                         warn!(key = ?guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
                         Ok(stale.answer())
                     }

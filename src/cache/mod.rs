@@ -71,6 +71,7 @@ mod l1;
 mod leader;
 mod refresh;
 mod revalidate;
+mod stale;
 mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
 use super::entry::{Corrupt, Entry, Tagged};
+use super::flight::Overtaken;
 use super::follower::Found;
 use super::l1::TagStamps;
 use super::{Cache, Error, Inner};
@@ -67,6 +68,7 @@ impl Cache {
         inner
             .correct_all(
                 &keys,
+                Overtaken::Every,
                 store.invalidate_tags(&inner.config.namespace, &digests),
             )
             .await
@@ -124,11 +126,13 @@ impl Inner {
         Ok(valid(&versions, tagged.clock).then_some(stamps))
     }
 
-    /// Checks the tags of a tagged value a lookup found, unless the lookup took the lock (the
-    /// flight reloads it anyway): a value whose tags were invalidated since its load becomes a
-    /// miss that this flight overwrites (as a corrupt entry is, but not counted as one).
+    /// Checks the tags of a tagged value a lookup found: a value whose tags were invalidated
+    /// since its load becomes a miss that this flight overwrites (as a corrupt entry is, but
+    /// not counted as one). Where the lookup took the lock, only if the store keeps values
+    /// past their freshness: the flight reloads the value anyway, but would serve it stale
+    /// meanwhile, in place of a failed load, or hand it to a revalidating loader.
     pub(super) async fn check_tags(&self, found: &mut Found) -> Result<(), StoreError> {
-        if found.lock == LockState::Acquired {
+        if found.lock == LockState::Acquired && self.config.keep().is_zero() {
             return Ok(());
         }
         let Some((

@@ -1,0 +1,42 @@
+//! Whether a stale value a flight read still stands when it is about to be served in place of
+//! a load (stale-if-error, or after a wait timeout): an invalidated value is never served,
+//! stale or not, so a change made since the read, here or in another process, by key or by
+//! tag, rules it out.
+
+use super::entry::Entry;
+use super::follower::StaleValue;
+use super::Inner;
+use crate::store::StoreKey;
+
+impl Inner {
+    /// Whether `stale`, read from `key`, may still be served: no change of this process has
+    /// overtaken the flight that read it (`overtaken`), the store still keeps the same value
+    /// (an invalidation removed it, a write replaced it), and none of its tags was invalidated
+    /// since its load. One or two store calls, on the failure path only. A check that cannot
+    /// be made (the store fails) rules the value out: an error rather than a value that may
+    /// have been invalidated.
+    pub(super) async fn still_stands(
+        &self,
+        key: &StoreKey,
+        stale: &StaleValue,
+        overtaken: bool,
+    ) -> bool {
+        if overtaken {
+            return false;
+        }
+        let Ok(Some(stored)) = self.store_call(self.store.get(key)).await else {
+            return false;
+        };
+        let same = matches!(
+            super::entry::decode(stored.bytes),
+            Ok(Entry::Value { payload, .. }) if payload == stale.payload
+        );
+        if !same {
+            return false;
+        }
+        match &stale.tags {
+            Some(tagged) => matches!(self.tags_valid(tagged).await, Ok(Some(_))),
+            None => true,
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Invalidation that holds (issue 29, defects 1 and 2): a change reaches the flights of the
+//! instance that made it, and an invalidated value is never served again, stale or not, by
+//! key or by tag. Over both stores, as the rest of this suite.
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::task::Poll;
+
+use super::*;
+
+/// The changes an instance can make to a key it has a load of in flight.
+#[derive(Clone, Copy, Debug)]
+enum Change {
+    Invalidate,
+    Set,
+    InvalidateTag,
+}
+
+impl Change {
+    /// Makes the change on `cache`: afterwards the key reads `v2`.
+    async fn make(self, cache: &Cache, key: &str) {
+        match self {
+            Change::Invalidate => cache.invalidate(key).await.unwrap(),
+            Change::Set => cache
+                .set(key, Bytes::from_static(b"v2"), Duration::from_secs(60))
+                .await
+                .unwrap(),
+            Change::InvalidateTag => cache.invalidate_tag("users").await.unwrap(),
+        }
+    }
+}
+
+/// Defect 1: instance A has a load of `row` in flight that has read version 1; A changes `row`
+/// (`invalidate`, `set`, or `invalidate_tag` of a tag the load returns), and the change
+/// returns; then a new read of `row` in A. It must not join the flight from before the
+/// change (which answers version 1 to the callers it had): it starts or follows a new load.
+/// The read is polled once before the old load ends, so that on the old code it had joined
+/// that flight; then the old load ends, and the read answers version 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_change_never_joins_a_load_from_before_it() {
+    for shared in Shared::both().await {
+        for change in [Change::Invalidate, Change::Set, Change::InvalidateTag] {
+            let cache = instances(&shared, 1, as_is).await.remove(0);
+            let key: &'static str = match change {
+                Change::Invalidate => "row-invalidated",
+                Change::Set => "row-set",
+                Change::InvalidateTag => "row-tagged",
+            };
+            let db = Database::at(1);
+            let (slow, finish) = slow_load(&cache, &db, key, &["users"]).await;
+            db.move_to(2);
+            change.make(&cache, key).await;
+            let mut read = pin!(db.read_tagged(&cache, key, &["users"]));
+            let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            finish.notify_one();
+            let read = match first {
+                Poll::Ready(read) => read,
+                Poll::Pending => tokio::time::timeout(LIMIT, read).await.unwrap(),
+            };
+            assert_eq!(
+                read, "v2",
+                "{}: {change:?}: a read after the change joined the load from before it",
+                shared.name
+            );
+            assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        }
+    }
+}
+
+/// Defect 2, by tag: a tagged value past its freshness (`expire`), within the stale window;
+/// its tag is invalidated. The next read takes the lock and reloads: it must not answer the
+/// invalidated value as its early stale answer (nor hand it to a revalidating loader), and if
+/// the reload fails, it must not stand in for it (stale-if-error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_whose_tag_was_invalidated_is_never_served_stale() {
+    fn stale(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder).stale(Duration::from_secs(30))
+    }
+    for shared in Shared::both().await {
+        let cache = instances(&shared, 1, stale).await.remove(0);
+        let db = Database::at(1);
+        for key in ["reloads", "fails"] {
+            assert_eq!(db.read_tagged(&cache, key, &["users"]).await, "v1");
+            cache.expire(key).await.unwrap();
+        }
+        db.move_to(2);
+        cache.invalidate_tag("users").await.unwrap();
+        let reloaded = cache
+            .fetch_revalidating("reloads", |previous| async move {
+                assert!(previous.is_none(), "an invalidated value is no previous");
+                Ok::<_, std::io::Error>(
+                    tower_stampede::Loaded::value(Bytes::from_static(b"v2")).tags(["users"]),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (reloaded.outcome(), reloaded.value().cloned()),
+            (Outcome::Leader, Some(Bytes::from_static(b"v2"))),
+            "{}: the early stale answer was the invalidated value",
+            shared.name
+        );
+        let failed = cache
+            .fetch("fails", || async {
+                Err::<tower_stampede::Loaded, _>(std::io::Error::other("the backend is down"))
+            })
+            .await;
+        assert!(
+            failed.is_err(),
+            "{}: the invalidated value stood in for a failed reload: {:?}",
+            shared.name,
+            failed.map(|f| f.value().cloned())
+        );
+    }
+}
+
+/// Defect 2, by key and by tag during the reload: a stale value is being reloaded (no
+/// refresh in the background, so the caller waits for the load); while the load runs, the key
+/// is invalidated (or its tag); then the load fails. The value the change removed must not
+/// stand in for the failed load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_invalidated_during_its_reload_does_not_stand_in_for_a_failure() {
+    fn stale(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder)
+            .stale(Duration::from_secs(30))
+            .refresh_in_background(false)
+    }
+    for shared in Shared::both().await {
+        for change in [Change::Invalidate, Change::InvalidateTag] {
+            let cache = instances(&shared, 1, stale).await.remove(0);
+            let db = Database::at(1);
+            let key = match change {
+                Change::Invalidate => "by-key",
+                _ => "by-tag",
+            };
+            assert_eq!(db.read_tagged(&cache, key, &["users"]).await, "v1");
+            cache.expire(key).await.unwrap();
+            let (started, fail) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+            let reload = tokio::spawn({
+                let (cache, started, fail) = (cache.clone(), started.clone(), fail.clone());
+                async move {
+                    cache
+                        .fetch(key, move || async move {
+                            started.notify_one();
+                            fail.notified().await;
+                            Err::<tower_stampede::Loaded, _>(std::io::Error::other("down"))
+                        })
+                        .await
+                }
+            });
+            started.notified().await;
+            change.make(&cache, key).await;
+            fail.notify_one();
+            let answer = reload.await.unwrap();
+            assert!(
+                answer.is_err(),
+                "{}: {change:?}: served {:?} after the change",
+                shared.name,
+                answer.map(|f| f.value().cloned())
+            );
+        }
+    }
+}
