@@ -6,7 +6,8 @@
 //! The origin serves a "resource" whose version the test moves on: `GET /any/path` answers
 //! `/any/path v{version} #{call}` (and `?vary=NAME` varies it on that request header, echoed
 //! in the body; `?tags=a+b` tags it with `Surrogate-Key: a b`; `?slow=MS` reads the version,
-//! then takes that long; `?held` waits until the test releases it). Any other method answers `changed` with the status, `Location` and
+//! then takes that long; `?held` waits until the test releases it; `?gated` reads the version
+//! and waits for a release too, if the test armed `gating`). Any other method answers `changed` with the status, `Location` and
 //! `Content-Location` its query asks for. Tests that wait for another instance to hear of a
 //! change poll with a bounded deadline; none sleeps and hopes.
 
@@ -37,6 +38,8 @@ struct Origin {
     read: Arc<Notify>,
     /// Lets held `GET`s (`?held`) answer, one per permit.
     release: Arc<tokio::sync::Semaphore>,
+    /// Whether the next `?gated` request is held (then it is not any more).
+    gating: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Origin {
@@ -46,6 +49,7 @@ impl Origin {
             calls: Counter::default(),
             read: Arc::default(),
             release: Arc::new(tokio::sync::Semaphore::new(0)),
+            gating: Arc::default(),
         }
     }
 
@@ -97,6 +101,10 @@ impl Origin {
                     tokio::time::sleep(Duration::from_millis(value.parse().unwrap())).await;
                 }
                 "held" => self.release.acquire().await.unwrap().forget(),
+                "gated" if self.gating.swap(false, Ordering::SeqCst) => {
+                    self.read.notify_one();
+                    self.release.acquire().await.unwrap().forget();
+                }
                 "vary" => {
                     set(&mut response, "vary", value);
                     for v in headers.get_all(value.as_str()) {
@@ -404,6 +412,46 @@ async fn a_load_in_flight_when_its_url_changes_is_not_stored() {
                 );
             }
         }
+    }
+}
+
+/// Issue 29, defect 1 (RFC 9111 §4.4 within one instance): a `GET` of a URL is loading in an
+/// instance (its origin request has read version 1 and is held); a client `POST`s to the URL
+/// through the same instance, which invalidates it, then `GET`s it through that instance. The
+/// `GET` must not join the load from before the `POST` (answered version 1, `HIT`): it is
+/// answered version 2 without waiting for that load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_after_a_post_through_one_instance_never_gets_the_load_from_before_it() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let (app, _) = instance(&shared, &origin, StampedeLayer::new).await;
+        let uri = url("/posted?gated");
+        origin.gating.store(true, Ordering::SeqCst);
+        let read = origin.read.notified();
+        let held = tokio::spawn({
+            let (app, uri) = (app.clone(), uri.clone());
+            async move { get(&app, &uri).await }
+        });
+        read.await;
+        origin.move_on();
+        let changed = send(&app, "POST", &uri, &[]).await;
+        assert_eq!(changed.status, StatusCode::OK);
+        let after = tokio::time::timeout(LIMIT, get(&app, &uri))
+            .await
+            .unwrap_or_else(|_| panic!("{}: the GET waited for the load from before", shared.name));
+        assert!(
+            at_version(after.body(), "/posted", 2),
+            "{}: {} ({})",
+            shared.name,
+            after.body(),
+            after.x_cache()
+        );
+        origin.release.add_permits(1);
+        assert!(
+            held.await.unwrap().body().contains(" v1 "),
+            "{}",
+            shared.name
+        );
     }
 }
 
