@@ -238,7 +238,7 @@ enum Answer {
     Value(Option<tower_stampede::store::Stored>),
     Unit,
     Clock(u64),
-    Versions(Vec<u64>),
+    Versions(Option<Vec<u64>>),
 }
 
 /// Shortens the PTTL of each key in `KEYS` by `ARGV[1]` ms, deleting the keys it ends.
@@ -422,11 +422,15 @@ impl Stores {
                 .expire(key(k), units(keep))
                 .await
                 .map(|()| Answer::Unit),
-            Op::TagClock => store.tag_clock(&case.namespace).await.map(Answer::Clock),
+            // Generations are random: each store's own, compared by what they make of values.
+            Op::TagClock => store
+                .tag_clock(&case.namespace)
+                .await
+                .map(|clock| Answer::Clock(clock.clock)),
             Op::TagVersions => store
                 .tag_versions(&case.namespace, &case.tags)
                 .await
-                .map(Answer::Versions),
+                .map(|versions| Answer::Versions(versions.map(|v| v.versions))),
             Op::InvalidateTag { tag } => store
                 .invalidate_tags(&case.namespace, &case.tags[tag..=tag])
                 .await

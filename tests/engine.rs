@@ -1598,6 +1598,12 @@ async fn one_round_trip_per_l2_hit_and_per_miss_decision() {
         .get_or_load("hot", slow_value(&loads, Duration::ZERO, "v"))
         .await
         .unwrap();
+    // A process's first load reads the tag clock, once in its life (for its loads before a
+    // loader returns tags; see the `tags` module).
+    reader
+        .get_or_load("reader's first", slow_value(&loads, Duration::ZERO, "f"))
+        .await
+        .unwrap();
 
     let mut stats = server
         .client()

@@ -19,8 +19,11 @@
 //! which the bit does not move.
 //!
 //! A value with tags (kind 2) has, between the header (and windows) and the payload, the tag
-//! clock read before its load (u64) and its tags (a u16 count, then each tag's 32-byte
-//! digest).
+//! clock read before its load (u64), with the [`GENERATION`] bit set in its kind the tag
+//! generation that clock counts in (u64), and its tags (a u16 count, then each tag's 32-byte
+//! digest). A tagged value without the bit (from a release before generations, or loaded
+//! without reading the clock) belongs to no generation, so it is outdated: one reload. A
+//! release before the bit reads a value with it as a foreign entry (a miss, overwritten).
 //!
 //! A waiters' answer (kind 3) is the payload of a load whose result is not kept (see
 //! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it: in
@@ -57,6 +60,8 @@ const KIND_WAITERS: u8 = 3;
 const WINDOWS: u8 = 0x10;
 /// The kind bit of a waiters' answer whose life in the store follows the header.
 const LIFE: u8 = 0x20;
+/// The kind bit of a tagged value whose tag generation follows its clock.
+const GENERATION: u8 = 0x40;
 /// The most tags a value may carry.
 pub(crate) const MAX_TAGS: usize = 1024;
 /// Length of the header in front of the payload.
@@ -89,10 +94,13 @@ pub(crate) enum Entry {
     },
 }
 
-/// The tags of a value: the namespace's tag clock read before the value was loaded, and the
-/// digests of its tags. An invalidation of one of them at a later clock makes the value a miss.
+/// The tags of a value: the namespace's tag generation and clock read before the value was
+/// loaded, and the digests of its tags. An invalidation of one of them at a later clock, or a
+/// new generation, makes the value a miss; so does no generation (`None`: the clock was not
+/// read).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Tagged {
+    pub(crate) generation: Option<u64>,
     pub(crate) clock: u64,
     pub(crate) tags: Vec<KeyDigest>,
 }
@@ -137,14 +145,17 @@ pub(crate) fn encode_value(
     tags: Option<&Tagged>,
     windows: Option<Windows>,
 ) -> (Bytes, Bytes) {
-    let tags_len = tags.map_or(0, |t| 10 + 32 * t.tags.len().min(MAX_TAGS));
+    let tags_len = tags.map_or(0, |t| 18 + 32 * t.tags.len().min(MAX_TAGS));
     let windows = windows.filter(|w| w.any());
     let windows_len = windows.map_or(0, |_| 8);
     let mut buf = BytesMut::with_capacity(HEADER_LEN + windows_len + tags_len + payload.len());
-    let kind = if tags.is_some() {
-        KIND_TAGGED
-    } else {
-        KIND_VALUE
+    let kind = match tags {
+        Some(Tagged {
+            generation: Some(_),
+            ..
+        }) => KIND_TAGGED | GENERATION,
+        Some(_) => KIND_TAGGED,
+        None => KIND_VALUE,
     };
     match windows {
         None => put_header(&mut buf, kind, started, load_time),
@@ -156,6 +167,9 @@ pub(crate) fn encode_value(
     }
     if let Some(tagged) = tags {
         buf.put_u64(tagged.clock);
+        if let Some(generation) = tagged.generation {
+            buf.put_u64(generation);
+        }
         let count = tagged.tags.len().min(MAX_TAGS);
         buf.put_u16(u16::try_from(count).unwrap_or(u16::MAX));
         for tag in &tagged.tags[..count] {
@@ -246,11 +260,13 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
             tags: None,
             windows,
         }),
-        KIND_TAGGED => {
-            if rest.remaining() < 10 {
+        kind if kind & !GENERATION == KIND_TAGGED => {
+            let generation_len = if kind & GENERATION != 0 { 8 } else { 0 };
+            if rest.remaining() < 10 + generation_len {
                 return Err(Corrupt);
             }
             let clock = rest.get_u64();
+            let generation = (generation_len != 0).then(|| rest.get_u64());
             let count = usize::from(rest.get_u16());
             if count > MAX_TAGS || rest.remaining() < 32 * count {
                 return Err(Corrupt);
@@ -265,7 +281,11 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
             Ok(Entry::Value {
                 payload: rest,
                 load_time,
-                tags: Some(Tagged { clock, tags }),
+                tags: Some(Tagged {
+                    generation,
+                    clock,
+                    tags,
+                }),
                 windows,
             })
         }
@@ -309,6 +329,7 @@ mod tests {
             })
         );
         let tagged = Tagged {
+            generation: Some(0x0102_0304_0506_0708),
             clock: 42,
             tags: vec![KeyDigest::of(b"a"), KeyDigest::of(b"b")],
         };
@@ -384,6 +405,7 @@ mod tests {
             })
         );
         let tagged = Tagged {
+            generation: None,
             clock: 9,
             tags: vec![KeyDigest::of(b"t")],
         };
@@ -433,6 +455,38 @@ mod tests {
             &v[..],
             b"TS\x02\x00\x00\x00\x00\x02\x00\x00\x00\x00\x00\x00\x01\x02new"
         );
+    }
+
+    /// A tagged value's generation follows its clock, under its kind's bit; a value without
+    /// the bit (written before generations, or without a clock read) has none, and a
+    /// generation cut short is corrupt.
+    #[test]
+    fn the_tag_generation_follows_the_clock() {
+        let tagged = Tagged {
+            generation: Some(0x1122_3344_5566_7788),
+            clock: 5,
+            tags: vec![KeyDigest::of(b"t")],
+        };
+        let (v, _) = encode_value(b"g", at(0), Duration::ZERO, Some(&tagged), None);
+        assert_eq!(v[3], KIND_TAGGED | GENERATION);
+        assert_eq!(
+            &v[HEADER_LEN..HEADER_LEN + 16],
+            b"\0\0\0\0\0\0\0\x05\x11\x22\x33\x44\x55\x66\x77\x88"
+        );
+        let Ok(Entry::Value { tags, .. }) = decode(v.clone()) else {
+            panic!("not a value")
+        };
+        assert_eq!(tags, Some(tagged));
+        let cut = v.slice(..HEADER_LEN + 12);
+        assert_eq!(decode(cut), Err(Corrupt));
+        let mut without = BytesMut::new();
+        put_header(&mut without, KIND_TAGGED, at(0), Duration::ZERO);
+        without.put_u64(5);
+        without.put_u16(0);
+        let Ok(Entry::Value { tags, .. }) = decode(without.freeze()) else {
+            panic!("not a value")
+        };
+        assert_eq!(tags.and_then(|t| t.generation), None);
     }
 
     /// Entries written before the load start (version 1, an 8-byte header) are still read.
@@ -493,6 +547,7 @@ mod tests {
     fn the_store_finds_the_load_start() {
         let started = at(1_790_000_000_123);
         let tagged = Tagged {
+            generation: Some(3),
             clock: 1,
             tags: vec![KeyDigest::of(b"t")],
         };

@@ -23,7 +23,7 @@ use super::follower::StaleValue;
 use super::l1::TagStamps;
 use super::telemetry::{self, LockEvent};
 use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
-use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey};
+use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(super) struct LockGuard {
@@ -101,12 +101,16 @@ impl Inner {
     }
 
     /// The tags of a loaded value, with the tag clock read before its load: `Ok(None)` for an
-    /// untagged value, `Err(())` for a tagged one that cannot be stored (the clock was not
-    /// read, or it has too many tags).
-    fn tagged(tags: Vec<KeyDigest>, clock: Option<u64>) -> Result<Option<Tagged>, ()> {
+    /// untagged value, `Err(())` for a tagged one that cannot be stored (the store did not
+    /// answer the clock read, or it has too many tags).
+    fn tagged(tags: Vec<KeyDigest>, clock: Option<TagClock>) -> Result<Option<Tagged>, ()> {
         match clock {
             _ if tags.is_empty() => Ok(None),
-            Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged { clock, tags })),
+            Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged {
+                generation: Some(clock.generation),
+                clock: clock.clock,
+                tags,
+            })),
             _ => Err(()),
         }
     }
@@ -233,13 +237,14 @@ impl Inner {
         let stamp = seen.stamp;
         // Read before the load, where tags may come back (the key's last value had tags, or
         // a loader of this process has returned tags): a tag invalidation after this read
-        // outdates the value. Elsewhere (an application without tags) no round trip: a first
-        // tagged value gets clock 0, which any past invalidation of its tags outdates, and
-        // its reload then reads the clock.
+        // outdates the value. Elsewhere (an application without tags) no round trip but the
+        // process's first load's: the clock it read then stands in, which is no later than
+        // the clock at this load's start, so an invalidation since (or a new generation)
+        // outdates the value, never the other way round.
         let clock = if seen.tagged || self.tags_seen.load(Ordering::Relaxed) {
             self.tag_clock().await
         } else {
-            Some(0)
+            self.first_tag_clock().await
         };
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let previous = self.previous(stale.as_ref()).await;

@@ -126,6 +126,9 @@ struct Inner {
     /// Whether a loader of this process has returned tags: from then on every leader reads
     /// the tag clock before its load (see the `tags` module).
     tags_seen: AtomicBool,
+    /// The first tag clock this process read, for its loads before then (see
+    /// [`first_tag_clock`](Inner::first_tag_clock)).
+    first_tag_clock: tokio::sync::OnceCell<crate::store::TagClock>,
     /// Tag versions read, kept while notifications keep them right (see the `tags` module).
     known_versions: tags::KnownVersions,
     next_flight: AtomicU64,
@@ -181,6 +184,7 @@ impl Cache {
                 flights: Mutex::new(HashMap::new()),
                 refreshing: Mutex::new(HashSet::new()),
                 tags_seen: AtomicBool::new(false),
+                first_tag_clock: tokio::sync::OnceCell::new(),
                 known_versions: tags::KnownVersions::default(),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),

@@ -2,12 +2,14 @@
 //! [`Cache::invalidate_tag`] makes every value carrying one of them a miss, in every process,
 //! with a constant number of store calls (never a scan of keys).
 //!
-//! The store keeps, per namespace, a tag clock that each tag invalidation moves on, and the
-//! clock at which each tag was last invalidated. A leader reads the clock before its load and
-//! stores it with the value's tags; a read of a tagged value asks for its tags' versions (one
-//! more round trip, for tagged values only) and treats the value as a miss if any tag was
-//! invalidated at a later clock: the value may have been loaded before the change that the
-//! invalidation announces. Untagged values never pay for tags but the leader's clock read.
+//! The store keeps, per namespace, a tag generation, a tag clock that each tag invalidation
+//! moves on, and the clock at which each tag was last invalidated (see
+//! [`store::tags`](crate::store::tags)). A leader reads the generation and clock before its
+//! load and stores them with the value's tags; a read of a tagged value asks for its tags'
+//! versions (one more round trip, for tagged values only) and treats the value as a miss if
+//! the store is in another generation (its tag state was lost and started again) or any tag
+//! was invalidated at a later clock: the value may have been loaded before the change that
+//! the invalidation announces. Untagged values never pay for tags but the leader's clock read.
 //!
 //! L1 entries of tagged values also carry the stamps of their tags: the invalidation's
 //! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
@@ -28,7 +30,7 @@ use super::flight::Overtaken;
 use super::follower::Found;
 use super::l1::TagStamps;
 use super::{Cache, Error, Inner};
-use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey};
+use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock, TagVersions};
 
 impl Cache {
     /// Makes every value that carries `tag` a miss, in every process: see
@@ -76,12 +78,24 @@ impl Cache {
 }
 
 impl Inner {
-    /// The namespace's tag clock, read before a load; `None` if the store did not answer
-    /// (then a tagged value cannot be stored).
-    pub(super) async fn tag_clock(&self) -> Option<u64> {
+    /// The namespace's tag generation and clock, read before a load; `None` if the store did
+    /// not answer (then a tagged value cannot be stored).
+    pub(super) async fn tag_clock(&self) -> Option<TagClock> {
         self.store_call(self.store.tag_clock(&self.config.namespace))
             .await
             .ok()
+    }
+
+    /// The tag clock this process read first (reading it if none was read yet): a clock no
+    /// later than the current one, in the generation of then, for a load that does not expect
+    /// tags. One round trip in a process's life, so an application without tags pays for
+    /// tags that once. `None` while the store does not answer.
+    pub(super) async fn first_tag_clock(&self) -> Option<TagClock> {
+        self.first_tag_clock
+            .get_or_try_init(|| async { self.tag_clock().await.ok_or(()) })
+            .await
+            .ok()
+            .copied()
     }
 
     /// The stamps of `tags`, taken before their versions are read.
@@ -107,8 +121,12 @@ impl Inner {
             .notifier()
             .and_then(|notifier| tagged.tags.iter().map(|tag| notifier.stamp(tag)).collect());
         let now = Instant::now();
+        // A value of no generation is outdated whatever the store says.
+        let Some(generation) = tagged.generation else {
+            return Ok(None);
+        };
         if let Some(live) = &live {
-            if let Some(versions) = self.known_versions.get(&tagged.tags, live, now) {
+            if let Some(versions) = self.known_versions.get(generation, &tagged.tags, live, now) {
                 return Ok(valid(&versions, tagged.clock).then_some(stamps));
             }
         }
@@ -118,12 +136,16 @@ impl Inner {
                     .tag_versions(&self.config.namespace, &tagged.tags),
             )
             .await?;
+        // No tag state, or another generation: it was lost since the value's load.
+        let Some(versions) = versions.filter(|versions| versions.generation == generation) else {
+            return Ok(None);
+        };
         if let Some(live) = live {
             let until = crate::sync::later(now, self.config.l1_ttl_cap);
             self.known_versions
                 .learn(&tagged.tags, &versions, &live, until);
         }
-        Ok(valid(&versions, tagged.clock).then_some(stamps))
+        Ok(valid(&versions.versions, tagged.clock).then_some(stamps))
     }
 
     /// Checks the tags of a tagged value a lookup found: a value whose tags were invalidated
@@ -170,36 +192,48 @@ const MAX_KNOWN_TAGS: usize = 4096;
 pub(super) struct KnownVersions(Mutex<HashMap<KeyDigest, Known>>);
 
 struct Known {
+    generation: u64,
     version: u64,
     stamp: Stamp,
     until: Instant,
 }
 
 impl KnownVersions {
-    /// The versions of `tags`, if every one is known under its current stamp (`live`).
-    fn get(&self, tags: &[KeyDigest], live: &[Stamp], now: Instant) -> Option<Vec<u64>> {
+    /// The versions of `tags` in `generation`, if every one is known in it under its current
+    /// stamp (`live`). Known in another generation, a version is read again: the store's
+    /// generation may have changed since either was read, and only the store can say.
+    fn get(
+        &self,
+        generation: u64,
+        tags: &[KeyDigest],
+        live: &[Stamp],
+        now: Instant,
+    ) -> Option<Vec<u64>> {
         let known = crate::sync::lock(&self.0);
         tags.iter()
             .zip(live)
             .map(|(tag, stamp)| {
                 known
                     .get(tag)
-                    .filter(|known| known.stamp == *stamp && now < known.until)
+                    .filter(|known| {
+                        known.generation == generation && known.stamp == *stamp && now < known.until
+                    })
                     .map(|known| known.version)
             })
             .collect()
     }
 
     /// Keeps the versions of `tags` just read, under the stamps taken before the read.
-    fn learn(&self, tags: &[KeyDigest], versions: &[u64], live: &[Stamp], until: Instant) {
+    fn learn(&self, tags: &[KeyDigest], versions: &TagVersions, live: &[Stamp], until: Instant) {
         let mut known = crate::sync::lock(&self.0);
         if known.len() + tags.len() > MAX_KNOWN_TAGS {
             known.clear();
         }
-        for ((tag, version), stamp) in tags.iter().zip(versions).zip(live) {
+        for ((tag, version), stamp) in tags.iter().zip(&versions.versions).zip(live) {
             known.insert(
                 *tag,
                 Known {
+                    generation: versions.generation,
                     version: *version,
                     stamp: *stamp,
                     until,

@@ -35,6 +35,7 @@ mod memory;
 mod notify;
 #[cfg(feature = "redis")]
 mod redis;
+pub(crate) mod tags;
 
 use std::fmt;
 use std::future::Future;
@@ -49,6 +50,7 @@ pub use memory::MemoryStore;
 pub use notify::{FillWatch, Notifier, Stamp};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
+pub use tags::{TagClock, TagVersions, MAX_TAG_VERSIONS};
 
 /// A boxed, `Send` future, as returned by the object-safe [`Store`] trait.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -295,24 +297,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// lock as [`invalidate`](Self::invalidate) does, then notifies every process.
     fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    /// The tag clock of `namespace`: a counter that every [`invalidate_tags`](Self::invalidate_tags)
-    /// moves on (0 before the first). The engine reads it before a load, and stores it with
-    /// the value's tags.
-    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>>;
+    /// The tag generation and clock of `namespace` (see [`TagClock`]): the clock counts the
+    /// [`invalidate_tags`](Self::invalidate_tags) calls of the generation. Where the namespace
+    /// has no tag state (none yet, or it was lost), starts it: a new random generation, at
+    /// clock 0. The engine reads it before a load, and stores it with the value's tags.
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>>;
 
-    /// The clock at which each of `tags` (digests) was last invalidated in `namespace`, in
-    /// order; 0 for a tag never invalidated. One round trip whatever the number of tags.
+    /// The current generation of `namespace`, and the clock at which each of `tags`
+    /// (digests) was last invalidated in it, in order (0 for a tag not invalidated in it);
+    /// `None` where the namespace has no tag state (then every tagged value is outdated). One
+    /// round trip whatever the number of tags.
     fn tag_versions(
         &self,
         namespace: &str,
         tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>>;
+    ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>>;
 
     /// Invalidates `tags` in `namespace`: moves the tag clock on and records its new value for
     /// each tag, so that every value loaded before (whose stored clock is lower) is a miss;
     /// then notifies every process of each tag (as of a key with the tag's digest), so that
     /// their L1 entries carrying it are dropped. A constant number of store calls, however
-    /// many values carry the tags. A tag's record is kept for good: a value may live long.
+    /// many values carry the tags. Where the namespace has no tag state, or keeps
+    /// [`MAX_TAG_VERSIONS`] already, first starts a new generation (every tagged value of an
+    /// older one is outdated).
     fn invalidate_tags(
         &self,
         namespace: &str,

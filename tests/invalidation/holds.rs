@@ -161,3 +161,96 @@ async fn a_value_invalidated_during_its_reload_does_not_stand_in_for_a_failure()
         }
     }
 }
+
+/// How a test loses the store's tag state behind the engine's back.
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy, Debug)]
+enum Lost {
+    /// Before the invalidation that outdates the value.
+    BeforeTheInvalidation,
+    /// After it.
+    AfterTheInvalidation,
+}
+
+/// Defect 3: losing the tag state (a key of it evicted under an `allkeys-*` policy, or
+/// `DEL`eted alone) must never bring an invalidated value back, nor lose a later
+/// invalidation. For each Redis key the store keeps for tags, alone: three invalidations of
+/// `users` (clock 3), then `row` is read (`v1`, tagged `users`, clock 3); the key is deleted
+/// before or after `users` is invalidated again with the row at `v2`; a new instance must read
+/// `v2`. Before the fix, a lost versions hash read as 0 made `v1` valid again, and a lost
+/// clock started again at 1 recorded the later invalidation below `v1`'s clock. Redis only:
+/// `MemoryStore` never evicts its tag state.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_tag_state_never_brings_an_invalidated_value_back() {
+    for lost in [Lost::BeforeTheInvalidation, Lost::AfterTheInvalidation] {
+        // The names of the tag state, as a first instance leaves them.
+        let names: Vec<String> = {
+            let shared = Shared::redis().await;
+            let cache = instances(&shared, 1, as_is).await.remove(0);
+            let db = Database::at(1);
+            cache.invalidate_tag("users").await.unwrap();
+            db.read_tagged(&cache, "row", &["users"]).await;
+            let mut redis = shared.connection().await;
+            let mut names: Vec<String> = ::redis::cmd("KEYS")
+                .arg("test:{tags}:*")
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            names.sort();
+            names
+        };
+        assert!(!names.is_empty());
+        for name in names {
+            let shared = Shared::redis().await;
+            let redis = shared.connection().await;
+            let cache = instances(&shared, 1, as_is).await.remove(0);
+            let db = Database::at(1);
+            for _ in 0..3 {
+                cache.invalidate_tag("users").await.unwrap();
+            }
+            assert_eq!(db.read_tagged(&cache, "row", &["users"]).await, "v1");
+            let lose = || {
+                let (name, mut redis) = (name.clone(), redis.clone());
+                async move {
+                    let _: () = ::redis::cmd("DEL")
+                        .arg(&name)
+                        .query_async(&mut redis)
+                        .await
+                        .unwrap();
+                }
+            };
+            if let Lost::BeforeTheInvalidation = lost {
+                lose().await;
+            }
+            db.move_to(2);
+            cache.invalidate_tag("users").await.unwrap();
+            if let Lost::AfterTheInvalidation = lost {
+                lose().await;
+            }
+            let other = instances(&shared, 1, as_is).await.remove(0);
+            assert_eq!(
+                db.read_tagged(&other, "row", &["users"]).await,
+                "v2",
+                "{name} lost {lost:?}: an invalidated value came back"
+            );
+        }
+    }
+}
+
+/// Item 9: a process's first tagged load, of a tag invalidated before (in another process).
+/// Its value must be valid on arrival: another process reads it from the store, no second
+/// load. Before the fix, a process's loads before any loader of it returned tags stored
+/// clock 0, which the past invalidation outdated at once, so that stampede loaded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_tagged_load_of_a_tag_invalidated_before_is_valid_on_arrival() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        caches[0].invalidate_tag("users").await.unwrap();
+        let db = Database::at(1);
+        assert_eq!(db.read_tagged(&caches[1], "row", &["users"]).await, "v1");
+        let read = caches[2].fetch("row", never_loads).await.unwrap();
+        assert_eq!(read.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert_eq!(db.loads.get(), 1, "{}: one load", shared.name);
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tower_stampede::store::{
     BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Renewal, Store,
-    StoreError, StoreKey, Stored,
+    StoreError, StoreKey, Stored, TagClock, TagVersions,
 };
 
 /// Another store seen through a wrapper that counts its calls, lookups and fills and, if asked,
@@ -228,7 +228,7 @@ impl Store for Observed {
         self.inner.expire(key, keep)
     }
 
-    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
         self.count();
         self.inner.tag_clock(namespace)
     }
@@ -237,7 +237,7 @@ impl Store for Observed {
         &self,
         namespace: &str,
         tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
+    ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>> {
         self.count();
         self.inner.tag_versions(namespace, tags)
     }

@@ -6,10 +6,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use self::state::{Holder, State};
+use self::state::{Holder, State, TagState};
 use super::{
     load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
-    Notifier, Renewal, Store, StoreError, StoreKey, Stored,
+    Notifier, Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
+    MAX_TAG_VERSIONS,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -425,8 +426,16 @@ impl Store for MemoryStore {
         Some(&self.notifier)
     }
 
-    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
-        let clock = self.state().tag_clocks.get(namespace).copied().unwrap_or(0);
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
+        let mut state = self.state();
+        let tags = state
+            .tags
+            .entry(namespace.to_owned())
+            .or_insert_with(TagState::new);
+        let clock = TagClock {
+            generation: tags.generation,
+            clock: tags.clock,
+        };
         Box::pin(async move { Ok(clock) })
     }
 
@@ -434,16 +443,15 @@ impl Store for MemoryStore {
         &self,
         namespace: &str,
         tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
-        let namespace: Arc<str> = Arc::from(namespace);
+    ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>> {
         let state = self.state();
-        let versions = tags
-            .iter()
-            .map(|tag| {
-                let key = StoreKey::new(Arc::clone(&namespace), *tag);
-                state.tag_versions.get(&key).copied().unwrap_or(0)
-            })
-            .collect();
+        let versions = state.tags.get(namespace).map(|state| TagVersions {
+            generation: state.generation,
+            versions: tags
+                .iter()
+                .map(|tag| state.versions.get(tag).copied().unwrap_or(0))
+                .collect(),
+        });
         Box::pin(async move { Ok(versions) })
     }
 
@@ -452,22 +460,24 @@ impl Store for MemoryStore {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let keys: Vec<StoreKey> = {
+        {
             let mut state = self.state();
-            let clock = state.tag_clocks.entry(namespace.to_owned()).or_insert(0);
-            *clock += 1;
-            let clock = *clock;
-            let namespace: Arc<str> = Arc::from(namespace);
-            tags.iter()
-                .map(|tag| {
-                    let key = StoreKey::new(Arc::clone(&namespace), *tag);
-                    state.tag_versions.insert(key.clone(), clock);
-                    key
-                })
-                .collect()
-        };
-        for key in &keys {
-            self.notifier.notify(key);
+            let state = state
+                .tags
+                .entry(namespace.to_owned())
+                .or_insert_with(TagState::new);
+            if state.versions.len() + tags.len() > MAX_TAG_VERSIONS {
+                *state = TagState::new();
+            }
+            state.clock += 1;
+            for tag in tags {
+                state.versions.insert(*tag, state.clock);
+            }
+        }
+        let namespace: Arc<str> = Arc::from(namespace);
+        for tag in tags {
+            self.notifier
+                .notify(&StoreKey::new(Arc::clone(&namespace), *tag));
         }
         Box::pin(async { Ok(()) })
     }

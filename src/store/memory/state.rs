@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::store::{LockToken, StoreKey, Stored};
+use crate::store::{KeyDigest, LockToken, StoreKey, Stored};
 
 /// What a value costs the store besides its bytes: its key and the maps' bookkeeping, about.
 const VALUE_OVERHEAD: usize = 160;
@@ -40,9 +40,26 @@ pub(super) struct State {
     /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)): a few seconds each.
     pub(super) waiters: HashMap<StoreKey, (Bytes, Instant)>,
     pub(super) writes_since_sweep: usize,
-    /// Tag clocks by namespace, and the clock at which each tag was last invalidated.
-    pub(super) tag_clocks: HashMap<String, u64>,
-    pub(super) tag_versions: HashMap<StoreKey, u64>,
+    /// The tag state of each namespace (see [`store::tags`](crate::store::tags)).
+    pub(super) tags: HashMap<String, TagState>,
+}
+
+/// A namespace's tag generation, clock, and the clock at which each tag was last invalidated.
+pub(super) struct TagState {
+    pub(super) generation: u64,
+    pub(super) clock: u64,
+    pub(super) versions: HashMap<KeyDigest, u64>,
+}
+
+impl TagState {
+    /// A new generation, at clock 0.
+    pub(super) fn new() -> Self {
+        TagState {
+            generation: crate::store::tags::new_generation(),
+            clock: 0,
+            versions: HashMap::new(),
+        }
+    }
 }
 
 impl State {

@@ -132,14 +132,12 @@ impl ToRedisArgs for KeyName<'_> {
 /// The longest key name put together on the stack: a namespace of up to 187 bytes.
 const NAME_ON_STACK: usize = 256;
 
-/// The names of a namespace's tag clock and of the hash of its tags' versions:
-/// `{namespace}:{tags}:c` and `{namespace}:{tags}:h`, in one Redis Cluster slot.
-pub(super) fn tag_names(namespace: &str) -> (String, String) {
+/// The name of a namespace's tag state (its generation, clock and tags' versions, see
+/// [`store::tags`](crate::store::tags)), one hash so that it is lost as a whole:
+/// `{namespace}:{tags}:h`.
+pub(super) fn tag_state_name(namespace: &str) -> String {
     let namespace = crate::store::key::sanitize_namespace(namespace);
-    (
-        format!("{namespace}:{{tags}}:c"),
-        format!("{namespace}:{{tags}}:h"),
-    )
+    format!("{namespace}:{{tags}}:h")
 }
 
 /// What follows the namespace in the name of its fill channel.

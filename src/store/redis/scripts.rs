@@ -265,16 +265,47 @@ return 1
     )
 });
 
-/// Invalidates tags: moves the namespace's tag clock (`KEYS[1]`) on, records the new clock
-/// for each tag (`ARGV[3..]`, hex digests) in the versions hash (`KEYS[2]`), and publishes each
-/// tag on the channel `ARGV[1]`, tagged with the origin `ARGV[2]`.
+/// Starts a namespace's tag state (`KEYS[1]`, a hash) again, in the generation `ARGV[1]`, at
+/// clock 0, where it has none (or not all of it: fields `g` and `c`), or keeps more than
+/// `ARGV[2]` fields. Then `g, c` are its generation and clock. Tag fields are 64 hex digits,
+/// so they never meet `g` or `c`.
+const TAG_STATE_FUNCTIONS: &str = r"
+local function tag_state(state, generation, most)
+  local g, c = unpack(redis.call('HMGET', state, 'g', 'c'))
+  if not g or not c or redis.call('HLEN', state) > most then
+    redis.call('DEL', state)
+    redis.call('HSET', state, 'g', generation, 'c', '0')
+    return generation, '0'
+  end
+  return g, c
+end
+";
+
+/// The tag generation and clock of a namespace (`KEYS[1]`, its tag state), started again in
+/// the generation `ARGV[1]` where it is gone (`ARGV[2]`: the most fields it may keep).
+/// Reply: `{generation, clock}`.
+pub(super) static TAG_CLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        "{TAG_STATE_FUNCTIONS}{}",
+        r"
+local g, c = tag_state(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+return {g, c}
+"
+    ))
+});
+
+/// Invalidates tags: in the namespace's tag state (`KEYS[1]`, started again in the generation
+/// `ARGV[3]` where it is gone or keeps more than `ARGV[4]` fields), moves the clock on,
+/// records the new clock for each tag (`ARGV[5..]`, hex digests), and publishes each tag on
+/// the channel `ARGV[1]`, tagged with the origin `ARGV[2]`.
 pub(super) static INVALIDATE_TAGS: LazyLock<Script> = LazyLock::new(|| {
     publishing(
-        "",
+        TAG_STATE_FUNCTIONS,
         r"
-local clock = redis.call('INCR', KEYS[1])
-for i = 3, #ARGV do
-  redis.call('HSET', KEYS[2], ARGV[i], clock)
+tag_state(KEYS[1], ARGV[3], tonumber(ARGV[4]) - (#ARGV - 4))
+local clock = redis.call('HINCRBY', KEYS[1], 'c', 1)
+for i = 5, #ARGV do
+  redis.call('HSET', KEYS[1], ARGV[i], clock)
   publish(ARGV[1], ARGV[i] .. ARGV[2])
 end
 return clock

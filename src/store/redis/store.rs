@@ -12,15 +12,16 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::{debug, warn};
 
-use super::names::{tag_names, KeyName};
+use super::names::{tag_state_name, KeyName};
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, ANSWER, EXPIRE, EXTEND, FAIL, FILL,
-    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
+    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET, TAG_CLOCK,
 };
 use super::RedisStore;
 use crate::store::{
-    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
-    Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored,
+    load_start, millis, tags, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen,
+    Lookup, Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored, TagClock,
+    TagVersions, MAX_TAG_VERSIONS,
 };
 
 impl RedisStore {
@@ -512,22 +513,18 @@ impl Store for RedisStore {
         self.notifications.as_ref().map(|n| &n.notifier)
     }
 
-    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<u64, StoreError>> {
-        let (clock, _) = tag_names(namespace);
+    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
+        let mut call = script_call(&TAG_CLOCK, &[tag_state_name(namespace)]);
+        call.arg(tags::generation_text(tags::new_generation()))
+            .arg(tag_state_fields());
         Box::pin(async move {
-            let clock: Option<Vec<u8>> = self
-                .connection
-                .query(&command(2, "GET", clock.as_str()))
-                .await
-                .map_err(|error| self.error(error))?;
-            match clock {
-                None => Ok(0),
-                Some(bytes) => counter(&bytes).ok_or_else(|| {
-                    StoreError::of_kind(
-                        StoreErrorKind::Protocol,
-                        "a tag clock that is not a number",
-                    )
-                }),
+            let (generation, clock): (Vec<u8>, Vec<u8>) = self.run(&TAG_CLOCK, &call).await?;
+            match (tags::parse_generation(&generation), counter(&clock)) {
+                (Some(generation), Some(clock)) => Ok(TagClock { generation, clock }),
+                _ => Err(StoreError::of_kind(
+                    StoreErrorKind::Protocol,
+                    "a tag state that is not this crate's",
+                )),
             }
         })
     }
@@ -536,24 +533,35 @@ impl Store for RedisStore {
         &self,
         namespace: &str,
         tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<Vec<u64>, StoreError>> {
-        let (_, versions) = tag_names(namespace);
-        let mut call = command(2 + tags.len(), "HMGET", versions.as_str());
+    ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>> {
+        let state = tag_state_name(namespace);
+        let mut call = command(3 + tags.len(), "HMGET", state.as_str());
+        call.arg("g");
         for tag in tags {
             call.arg(&tag.hex_bytes()[..]);
         }
         Box::pin(async move {
-            let versions: Vec<Option<Vec<u8>>> = self
+            let mut fields: Vec<Option<Vec<u8>>> = self
                 .connection
                 .query(&call)
                 .await
                 .map_err(|error| self.error(error))?;
+            // No generation (or one this crate did not write): no tag state, every tagged
+            // value is outdated.
+            let generation = match fields.first_mut().and_then(Option::take) {
+                Some(generation) => tags::parse_generation(&generation),
+                None => None,
+            };
             // A version that is not a number was not written by this crate: the values of its
             // tag count as invalidated (a miss, then reloaded), never as valid.
-            Ok(versions
-                .into_iter()
-                .map(|version| version.map_or(0, |bytes| counter(&bytes).unwrap_or(u64::MAX)))
-                .collect())
+            Ok(generation.map(|generation| TagVersions {
+                generation,
+                versions: fields
+                    .into_iter()
+                    .skip(1)
+                    .map(|version| version.map_or(0, |bytes| counter(&bytes).unwrap_or(u64::MAX)))
+                    .collect(),
+            }))
         })
     }
 
@@ -562,9 +570,11 @@ impl Store for RedisStore {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let (clock, versions) = tag_names(namespace);
-        let mut call = script_call(&INVALIDATE_TAGS, &[clock.as_str(), versions.as_str()]);
-        call.arg(self.fill_channel(namespace)).arg(self.origin());
+        let mut call = script_call(&INVALIDATE_TAGS, &[tag_state_name(namespace)]);
+        call.arg(self.fill_channel(namespace))
+            .arg(self.origin())
+            .arg(tags::generation_text(tags::new_generation()))
+            .arg(tag_state_fields());
         for tag in tags {
             call.arg(&tag.hex_bytes()[..]);
         }
@@ -581,6 +591,12 @@ impl Store for RedisStore {
             ran.map(drop)
         })
     }
+}
+
+/// The most fields a namespace's tag state keeps: its tags' versions, its generation and
+/// its clock.
+fn tag_state_fields() -> usize {
+    MAX_TAG_VERSIONS + 2
 }
 
 /// A counter as Redis writes it (decimal digits).
