@@ -1,5 +1,6 @@
 //! Exhaustive models of tower-stampede's protocols, checked with [stateright]: the store
-//! protocol across processes ([`store`]), and the in-process coordination ([`local`]).
+//! protocol across processes ([`store`]), the in-process coordination ([`local`]), and the
+//! in-process flights a change overtakes ([`flights`]).
 //!
 //! The models mirror the code (each action names the script or function it stands for); the
 //! tests in `tests/` run the checker over every reachable state, and show that deliberately
@@ -8,5 +9,6 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs, unreachable_pub)]
 
+pub mod flights;
 pub mod local;
 pub mod store;
