@@ -399,6 +399,45 @@ async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
     }
 }
 
+/// Issue 29, item 8: a leader's fill was fenced by its lock, not by its load's start. Leader A
+/// (a slow load, its lock renewed) started first; follower B gave up waiting and loaded "new"
+/// itself, later, and stored it (`LoadAndCache`: its write is fenced by load starts). When
+/// A's older load ended, its fill, still holding the lock, overwrote B's newer value for a
+/// whole TTL. A fill is now refused where the stored value's load started later (the lock is
+/// freed all the same, and followers told).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_leader_never_overwrites_a_newer_value_put_after_a_wait_timeout() {
+    use tower_stampede::WaitTimeoutPolicy;
+    for shared in Shared::both().await {
+        let case = shared.name;
+        // A leads, and its load hangs until told to end: its lock stands.
+        let a = shared.cache().build();
+        let (a_leader, a_end) = held_load(&a, "k", "old").await;
+        // Load starts are ordered on the wall clock, to the millisecond: let it move on.
+        std::thread::sleep(Duration::from_millis(3));
+        // B follows, gives up after 100 ms, loads "new" itself and stores it.
+        let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .wait_timeout(Duration::from_millis(100))
+            .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
+            .build();
+        let loads = Counter::default();
+        let put = b.fetch("k", loader(&loads, Ok("new"))).await.unwrap();
+        assert_eq!(put.value().unwrap(), "new", "{case}");
+        // A's load ends: its callers get their own load's value...
+        a_end.send(()).unwrap();
+        assert_eq!(a_leader.await.unwrap().unwrap(), "old", "{case}");
+        // ...but the store keeps the newer one, and nobody waits for A's lock.
+        let c = shared.cache().build();
+        let read = c.fetch("k", loader(&loads, Ok("reloaded"))).await.unwrap();
+        assert_eq!(
+            (read.value().unwrap().as_ref(), read.outcome()),
+            (&b"new"[..], Outcome::L2Hit),
+            "{case}: overwritten by an older load"
+        );
+    }
+}
+
 /// A lost `fresh` marker (issue 16 #5: under `volatile-ttl`, and the LRU/LFU policies of a
 /// full server, Redis evicts short-lived keys first) costs the next hit one more round trip,
 /// the marker put back, and nothing else. The repair was the release script, which published

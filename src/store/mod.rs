@@ -155,6 +155,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Fenced write: if the lock of `key` still holds `token`, stores `value` for `ttl`, deletes
     /// the lock and returns `true`. Otherwise (the lock expired, or another leader took it)
     /// changes nothing and returns `false`, so a late leader cannot overwrite a newer value.
+    /// Fenced by load starts as [`put`](Self::put) is: where the stored value's load started
+    /// later than `value`'s (a [`put`](Self::put) after a wait timeout), keeps it, frees the
+    /// lock and notifies as a fill does, and returns `false`.
     fn fill(
         &self,
         key: &StoreKey,

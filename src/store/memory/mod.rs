@@ -8,9 +8,8 @@ use tokio::time::Instant;
 
 use self::state::{Holder, State, TagState};
 use super::{
-    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
-    Notifier, Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
-    MAX_TAG_VERSIONS,
+    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
+    Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions, MAX_TAG_VERSIONS,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -132,10 +131,17 @@ impl MemoryStore {
         Lookup { value, lock }
     }
 
+    /// A fill, fenced by the lock and by load starts: where the stored value's load started
+    /// later, the value stays (the lock is freed and followers notified all the same).
     fn fill_now(&self, key: &StoreKey, token: LockToken, value: Bytes, ttl: Duration) -> bool {
-        self.fenced_write(key, token, |state, now| {
-            state.insert_value(key, value, expiry(now, ttl));
-        })
+        let mut written = false;
+        let held = self.fenced_write(key, token, |state, now| {
+            if !state.newer_stored(key, &value, now) {
+                state.insert_value(key, value, expiry(now, ttl));
+                written = true;
+            }
+        });
+        held && written
     }
 
     /// If the lock of `key` holds `token`: `write`, then free the lock and notify, as a fill
@@ -218,15 +224,8 @@ impl MemoryStore {
     fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        let stored_start = state
-            .values
-            .get(key)
-            .filter(|(_, expires)| *expires > now)
-            .and_then(|(stored, _)| load_start(stored));
-        if let (Some(stored), Some(new)) = (stored_start, load_start(&value)) {
-            if stored > new {
-                return false;
-            }
+        if state.newer_stored(key, &value, now) {
+            return false;
         }
         state.insert_value(key, value, expiry(now, ttl));
         state.wrote(now);

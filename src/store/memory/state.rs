@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::store::{KeyDigest, LockToken, StoreKey, Stored};
+use crate::store::{load_start, KeyDigest, LockToken, StoreKey, Stored};
 
 /// What a value costs the store besides its bytes: its key and the maps' bookkeeping, about.
 const VALUE_OVERHEAD: usize = 160;
@@ -76,6 +76,18 @@ impl State {
             self.touch(key);
         }
         stored
+    }
+
+    /// Whether the live value of `key` was loaded later than `value` (both by their
+    /// [`load_start`]): then a write of `value` is refused, so a slow load cannot overwrite a
+    /// newer value. A value without a load start neither refuses nor is refused.
+    pub(super) fn newer_stored(&self, key: &StoreKey, value: &[u8], now: Instant) -> bool {
+        let stored = self
+            .values
+            .get(key)
+            .filter(|(_, expires)| *expires > now)
+            .and_then(|(stored, _)| load_start(stored));
+        matches!((stored, load_start(value)), (Some(stored), Some(new)) if stored > new)
     }
 
     pub(super) fn touch(&mut self, key: &StoreKey) {

@@ -96,15 +96,39 @@ fn publishing(functions: &str, body: &str) -> Script {
     Script::new(&format!("{functions}{}{body}", publish_function()))
 }
 
+/// `load_start(bytes)`: the load start of an entry the engine wrote, as
+/// [`load_start`](crate::store::load_start) reads it from its first 16 bytes; `nil` for other
+/// bytes (or not a string).
+const LOAD_START_FUNCTIONS: &str = r"
+local function load_start(head)
+  if type(head) ~= 'string' or #head < 16 or string.sub(head, 1, 2) ~= 'TS'
+      or string.byte(head, 3) < 2 then
+    return nil
+  end
+  local start = 0
+  for i = 9, 16 do start = start * 256 + string.byte(head, i) end
+  return start
+end
+";
+
 /// Fenced write: store the value only while the lock holds our token, then replace the lock
 /// by the `fresh` marker for as long as the value is fresh, and publish "filled" (`ARGV[4]` is
-/// the channel, `ARGV[5]` the key's digest).
+/// the channel, `ARGV[5]` the key's digest). Fenced by load starts too: where the stored
+/// value's load started later than the filled value's, the stored value stays (0), and the
+/// lock is freed and "filled" published all the same.
 pub(super) static FILL: LazyLock<Script> = LazyLock::new(|| {
     publishing(
-        LOCK_FUNCTIONS,
+        &format!("{LOCK_FUNCTIONS}{LOAD_START_FUNCTIONS}"),
         r"
 local held, l = owns(KEYS[2])
 if not held then return 0 end
+local new = load_start(ARGV[2])
+local stored = new and load_start(redis.pcall('GETRANGE', KEYS[1], 0, 15))
+if stored and stored > new then
+  unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
+  publish(ARGV[4], ARGV[5])
+  return 0
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 unlock(KEYS[2], l, tonumber(ARGV[3]))
 publish(ARGV[4], ARGV[5])
@@ -193,16 +217,11 @@ return 1
 /// bytes; else publish "filled".
 pub(super) static PUT: LazyLock<Script> = LazyLock::new(|| {
     publishing(
-        "",
+        LOAD_START_FUNCTIONS,
         r"
 local new = tonumber(ARGV[5])
-local head = redis.pcall('GETRANGE', KEYS[1], 0, 15)
-if new and type(head) == 'string' and #head == 16 and string.sub(head, 1, 2) == 'TS'
-    and string.byte(head, 3) >= 2 then
-  local stored = 0
-  for i = 9, 16 do stored = stored * 256 + string.byte(head, i) end
-  if stored > new then return 0 end
-end
+local stored = new and load_start(redis.pcall('GETRANGE', KEYS[1], 0, 15))
+if stored and stored > new then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 publish(ARGV[3], ARGV[4])
 return 1
