@@ -254,3 +254,60 @@ async fn a_first_tagged_load_of_a_tag_invalidated_before_is_valid_on_arrival() {
         assert_eq!(db.loads.get(), 1, "{}: one load", shared.name);
     }
 }
+
+/// Item 10: tag versions were kept for every tag ever invalidated, never fewer. Past
+/// `MAX_TAG_VERSIONS` tags, an invalidation now starts a new generation: the state shrinks to
+/// the tags of that invalidation, and a value tagged before is outdated (one reload), never
+/// valid again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_versions_are_bounded() {
+    use tower_stampede::store::{KeyDigest, MAX_TAG_VERSIONS};
+    /// Invalidations of ten thousand tags at once take Redis more than the default timeout.
+    fn patient(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder).store_timeout(Duration::from_secs(10))
+    }
+    for shared in Shared::both().await {
+        let cache = instances(&shared, 1, patient).await.remove(0);
+        let db = Database::at(1);
+        assert_eq!(db.read_tagged(&cache, "row", &["kept"]).await, "v1");
+        let first = KeyDigest::of_tag(b"t0");
+        let chunk = 10_000;
+        for start in (0..MAX_TAG_VERSIONS).step_by(chunk) {
+            let tags: Vec<String> = (start..start + chunk).map(|i| format!("t{i}")).collect();
+            cache.invalidate_tags(&tags).await.unwrap();
+        }
+        let before = shared
+            .store
+            .tag_versions("test", &[first])
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(before.versions[0] > 0, "{}", shared.name);
+        db.move_to(2);
+        cache.invalidate_tag("one more").await.unwrap();
+        let after = shared
+            .store
+            .tag_versions("test", &[first, KeyDigest::of_tag(b"one more")])
+            .await
+            .unwrap()
+            .unwrap();
+        assert_ne!(after.generation, before.generation, "{}", shared.name);
+        assert_eq!(after.versions, [0, 1], "{}: a new generation", shared.name);
+        #[cfg(feature = "redis")]
+        if shared.name == "redis" {
+            let mut redis = shared.connection().await;
+            let fields: usize = ::redis::cmd("HLEN")
+                .arg("test:{tags}:h")
+                .query_async(&mut redis)
+                .await
+                .unwrap();
+            assert_eq!(fields, 3, "the generation, the clock, one tag");
+        }
+        assert_eq!(
+            db.read_tagged(&cache, "row", &["kept"]).await,
+            "v2",
+            "{}: a value of the older generation is outdated",
+            shared.name
+        );
+    }
+}
