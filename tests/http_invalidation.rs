@@ -7,7 +7,8 @@
 //! `/any/path v{version} #{call}` (and `?vary=NAME` varies it on that request header, echoed
 //! in the body; `?tags=a+b` tags it with `Surrogate-Key: a b`; `?slow=MS` reads the version,
 //! then takes that long; `?held` waits until the test releases it; `?gated` reads the version
-//! and waits for a release too, if the test armed `gating`). Any other method answers `changed` with the status, `Location` and
+//! and waits for a release too, if the test armed `gating`; `?swr` makes it `max-age=1,
+//! stale-while-revalidate=60`). Any other method answers `changed` with the status, `Location` and
 //! `Content-Location` its query asks for. Tests that wait for another instance to hear of a
 //! change poll with a bounded deadline; none sleeps and hopes.
 
@@ -93,7 +94,13 @@ impl Origin {
         }
         let version = self.version.load(Ordering::SeqCst);
         let mut body = format!("{} v{version} #{n}", uri.path());
-        set(&mut response, "cache-control", "public, max-age=60");
+        let swr = query.iter().any(|(name, _)| name == "swr");
+        let cache_control = if swr {
+            "public, max-age=1, stale-while-revalidate=60"
+        } else {
+            "public, max-age=60"
+        };
+        set(&mut response, "cache-control", cache_control);
         for (name, value) in &query {
             match name.as_str() {
                 "slow" => {
@@ -451,6 +458,68 @@ async fn a_get_after_a_post_through_one_instance_never_gets_the_load_from_before
             held.await.unwrap().body().contains(" v1 "),
             "{}",
             shared.name
+        );
+    }
+}
+
+/// Issue 29, defect 2 over HTTP: a tagged response is stale, within its own
+/// `stale-while-revalidate` window (RFC 5861 §3), and a request has started its reload, whose
+/// callers are answered `STALE` meanwhile. A purge of its tag through the same instance must
+/// take effect at once: the next request is never answered the purged response, stale or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_a_tag_takes_effect_while_a_reload_runs() {
+    for shared in Shared::both().await {
+        let origin = Origin::new();
+        let cache = Cache::builder_shared(shared.other_process().await)
+            .namespace("http-inval")
+            .stale(Duration::from_secs(60))
+            .build();
+        let layer = StampedeLayer::new(cache);
+        let app = origin.router().layer(layer.clone());
+        let uri = url("/reloading?tags=a&swr&gated");
+        assert!(at_version(get(&app, &uri).await.body(), "/reloading", 1));
+        // Past its freshness (`max-age=1`), on the store's clock.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        origin.move_on();
+        origin.gating.store(true, Ordering::SeqCst);
+        let read = origin.read.notified();
+        let stale = get(&app, &uri).await;
+        assert_eq!(
+            stale.x_cache(),
+            "STALE",
+            "{}: {}",
+            shared.name,
+            stale.body()
+        );
+        read.await;
+        layer.purger().purge_tags(["a"]).await.unwrap();
+        let mut after = tokio::spawn({
+            let (app, uri) = (app.clone(), uri.clone());
+            async move { get(&app, &uri).await }
+        });
+        // Before the fix the purged response was answered at once, from the reload's flight.
+        let early = tokio::time::timeout(Duration::from_millis(200), &mut after).await;
+        if let Ok(answer) = &early {
+            let answer = answer.as_ref().unwrap();
+            assert!(
+                !at_version(answer.body(), "/reloading", 1),
+                "{}: {} ({}) after the purge",
+                shared.name,
+                answer.body(),
+                answer.x_cache()
+            );
+        }
+        origin.release.add_permits(1);
+        let answer = match early {
+            Ok(answer) => answer.unwrap(),
+            Err(_) => tokio::time::timeout(LIMIT, after).await.unwrap().unwrap(),
+        };
+        assert!(
+            at_version(answer.body(), "/reloading", 2),
+            "{}: {} ({})",
+            shared.name,
+            answer.body(),
+            answer.x_cache()
         );
     }
 }
