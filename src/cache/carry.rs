@@ -17,9 +17,23 @@ use super::{Error, ErrorKind};
 use crate::store::BoxFuture;
 
 /// What a flight has posted so far: nothing, its answer, or an early answer (the stale value
-/// a leader serves while it refreshes) with the moment it stops being servable, past which
-/// callers that join the flight wait for its answer instead.
-type Posted = Option<(FlightResult, Option<Instant>)>;
+/// a leader serves while it refreshes) with the bounds of its being servable ([`Early`]),
+/// past which callers that join the flight wait for its answer instead.
+type Posted = Option<(FlightResult, Option<Early>)>;
+
+/// How long an early answer is servable: until `until` (the end of its stale window), and
+/// while `holds` says that nothing was heard of its key or its tags since the value was read
+/// (a change made in another process: the value may be invalidated).
+pub(super) struct Early {
+    pub(super) until: Instant,
+    pub(super) holds: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl Early {
+    fn servable(&self) -> bool {
+        Instant::now() < self.until && self.holds.as_ref().is_none_or(|holds| holds())
+    }
+}
 
 /// Where a flight posts for the callers that joined it: its early answer, then its answer.
 ///
@@ -92,7 +106,7 @@ impl Posts {
             return None;
         }
         match &*crate::sync::lock(&self.posted) {
-            Some((answer, until)) if until.is_none_or(|until| Instant::now() < until) => {
+            Some((answer, early)) if early.as_ref().is_none_or(Early::servable) => {
                 Some(answer.clone())
             }
             _ => None,

@@ -101,6 +101,8 @@ pub(super) struct StaleValue {
     pub(super) load_time: Duration,
     pub(super) tags: Option<Tagged>,
     pub(super) windows: Option<Windows>,
+    /// The stamps of its tags, taken before they were checked.
+    pub(super) tag_stamps: TagStamps,
     staleness: Duration,
     read_at: Instant,
 }
@@ -124,6 +126,7 @@ impl StaleValue {
                 load_time: *load_time,
                 tags: tags.clone(),
                 windows: *windows,
+                tag_stamps: found.tag_stamps.clone(),
                 staleness: keep.saturating_sub(ttl.unwrap_or_default()),
                 read_at: Instant::now(),
             }),

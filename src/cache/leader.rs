@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::answer::LoadedKind;
-use super::carry::Posts;
+use super::carry::{Early, Posts};
 use super::entry::{self, Tagged, Windows};
 use super::flight::{BoxLoader, FlightResult};
 use super::follower::StaleValue;
@@ -216,15 +216,17 @@ impl Inner {
         {
             if let Some(left) = self.stale_window_left(stale) {
                 // Servable to the callers that join this flight only while it is within the
-                // stale window; later joiners wait for the load's answer.
+                // stale window, and nothing was heard of its key or tags since it was read;
+                // later joiners wait for the load's answer.
                 let until = crate::sync::later(Instant::now(), left);
+                let holds = self.unchanged_since(*key.digest(), seen.stamp, &stale.tag_stamps);
                 early.post(Some((
                     Ok(Fetched {
                         value: Some(stale.payload.clone()),
                         outcome: Outcome::Stale,
                         fresh_until: stale.fresh_until(),
                     }),
-                    Some(until),
+                    Some(Early { until, holds }),
                 )));
             }
         }

@@ -162,6 +162,82 @@ async fn a_value_invalidated_during_its_reload_does_not_stand_in_for_a_failure()
     }
 }
 
+/// Defect 2, from another instance: instance A reloads a stale tagged value (the load held),
+/// its callers answered the stale value at once (the flight's early answer). Instance B
+/// invalidates the value's tag (or the key). Once A has heard of it, a new read in A must not
+/// take the early answer of A's reload: the value it stands for is invalidated. (It may join
+/// the reload, whose load started before the change: only a change made in A detaches A's
+/// flights.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_stale_answer_is_withdrawn_once_a_change_elsewhere_is_heard() {
+    fn stale(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder).stale(Duration::from_secs(30))
+    }
+    for shared in Shared::both().await {
+        for change in [Change::Invalidate, Change::InvalidateTag] {
+            let caches = instances(&shared, 2, stale).await;
+            let (a, b) = (&caches[0], &caches[1]);
+            let key = match change {
+                Change::Invalidate => "early-by-key",
+                _ => "early-by-tag",
+            };
+            let db = Database::at(1);
+            assert_eq!(db.read_tagged(a, key, &["users"]).await, "v1");
+            a.expire(key).await.unwrap();
+            db.move_to(2);
+            // A's reload: its caller is answered the stale value at once; the load is held.
+            let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+            let first = a
+                .fetch(key, {
+                    let (db, started, finish) = (db.clone(), started.clone(), finish.clone());
+                    move || async move {
+                        let version = db.version.load(Ordering::SeqCst);
+                        started.notify_one();
+                        finish.notified().await;
+                        Ok::<_, std::io::Error>(
+                            tower_stampede::Loaded::value(Bytes::from(format!("v{version}")))
+                                .tags(["users"]),
+                        )
+                    }
+                })
+                .await
+                .unwrap();
+            assert_eq!(first.outcome(), Outcome::Stale, "{}", shared.name);
+            started.notified().await;
+            // B changes the key, and A hears of it.
+            let digest = match change {
+                Change::Invalidate => *a.store_key(key).digest(),
+                _ => tower_stampede::store::KeyDigest::of_tag(b"users"),
+            };
+            let notifier = a.store().notifier().unwrap();
+            let before = notifier.stamp_anyway(&digest);
+            db.move_to(3);
+            change.make(b, key).await;
+            support::wait_until("A hears of the change", || {
+                notifier.stamp_anyway(&digest) != before
+            })
+            .await;
+            let mut read = pin!(db.read_tagged(a, key, &["users"]));
+            let polled = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            if let Poll::Ready(value) = &polled {
+                assert_ne!(
+                    value, "v1",
+                    "{}: {change:?}: the early answer outlived the change",
+                    shared.name
+                );
+            }
+            finish.notify_one();
+            let value = match polled {
+                Poll::Ready(value) => value,
+                Poll::Pending => tokio::time::timeout(LIMIT, read).await.unwrap(),
+            };
+            // The load in flight may still answer it (as it answers its callers): a change
+            // elsewhere detaches no flight here, it withdraws the stale value.
+            assert_ne!(value, "v1", "{}: {change:?}", shared.name);
+        }
+    }
+}
+
 /// How a test loses the store's tag state behind the engine's back.
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug)]
