@@ -203,33 +203,21 @@
 //! # Ok(()) }
 //! ```
 
-mod answer;
-mod body;
-mod cache_status;
-mod codec;
-mod conditional;
-mod credentials;
-mod flow;
-mod future;
-mod invalidate;
-mod key;
-mod layer;
-mod load;
-mod memo;
-mod parse;
-mod poisoning;
-mod policy;
-mod purge;
-mod revalidate;
-mod service;
-mod slot;
-mod tags;
-mod targeted;
+// | folder | holds |
+// | --- | --- |
+// | `middleware/` | the tower shell: layer, service, future, body |
+// | `rules/` | what may be stored and answered: request rules, the policy, the fields they read |
+// | `stored/` | the entries the layer stores (codec) and their keys |
+// | `serving/` | a cacheable request's path, its load, and the responses it is answered with |
+// | `invalidation/` | unsafe methods, purges by URL and by tag |
 
-pub use body::ResponseBody;
-pub use future::ResponseFuture;
-pub use key::{DefaultKey, MakeKey, OriginKey, SiteKey};
-pub use layer::StampedeLayer;
-pub use policy::{Decision, Policy, RfcPolicy, Staleness};
-pub use purge::Purger;
-pub use service::Stampede;
+mod invalidation;
+mod middleware;
+mod rules;
+mod serving;
+mod stored;
+
+pub use invalidation::Purger;
+pub use middleware::{ResponseBody, ResponseFuture, Stampede, StampedeLayer};
+pub use rules::{Decision, Policy, RfcPolicy, Staleness};
+pub use stored::{DefaultKey, MakeKey, OriginKey, SiteKey};

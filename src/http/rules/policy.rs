@@ -12,12 +12,12 @@ use http::header::{
 };
 use http::{request, response, HeaderMap, HeaderName, Method, Request, StatusCode};
 
-use super::cache_status::X_CACHE;
 use super::credentials::{CookieRule, Credentials};
-use super::invalidate;
 use super::parse::{self, Directive};
 use super::poisoning::Unkeyed;
 use super::targeted;
+use crate::http::invalidation::by_url;
+use crate::http::serving::cache_status::X_CACHE;
 
 /// What the layer does with a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -46,7 +46,7 @@ pub(crate) fn request_rule<B>(
 ) -> RequestRule {
     let method = request.method();
     if method != Method::GET && method != Method::HEAD {
-        return if invalidate::is_safe(method) || method == Method::CONNECT {
+        return if by_url::is_safe(method) || method == Method::CONNECT {
             RequestRule::Ignore
         } else {
             RequestRule::Invalidate
@@ -130,14 +130,14 @@ pub enum Decision {
     /// a request that comes after the load ended loads again (one load at a time, as for any
     /// miss). A stale response stands in for it where
     /// [`stale_if_error`](crate::CacheBuilder::stale_if_error) allows. A body over
-    /// [`max_body_bytes`](super::StampedeLayer::max_body_bytes) cannot be shared: the waiting
+    /// [`max_body_bytes`](crate::http::StampedeLayer::max_body_bytes) cannot be shared: the waiting
     /// requests then get the layer's own `502 Bad Gateway`, as for [`Fail`](Self::Fail).
     Share,
 }
 
 /// How a stored response may be served past its freshness: its own stale-while-revalidate
 /// and stale-if-error windows (RFC 5861 §3, §4; `None`: the cache's), within the layer's
-/// [`max_response_stale`](super::StampedeLayer::max_response_stale).
+/// [`max_response_stale`](crate::http::StampedeLayer::max_response_stale).
 /// [`must_revalidate`](Self::must_revalidate) forbids both (RFC 9111 §4.2.4).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -178,13 +178,13 @@ impl Staleness {
 }
 
 /// Decides whether a response may be stored, and for how long; see
-/// [`StampedeLayer::policy`](super::StampedeLayer::policy).
+/// [`StampedeLayer::policy`](crate::http::StampedeLayer::policy).
 ///
 /// `request` is the request as the client sent it (a `HEAD` loads with `GET`, and the
 /// layer's `If-None-Match` / `If-Modified-Since` are not sent on); `response` is the inner
 /// service's answer to it, before its body is read. Whatever the policy says, the layer passes
 /// a response whose `Vary` it cannot key (`*`, or more than 16 fields), whose body is over
-/// [`max_body_bytes`](super::StampedeLayer::max_body_bytes) or ends with trailers or an error.
+/// [`max_body_bytes`](crate::http::StampedeLayer::max_body_bytes) or ends with trailers or an error.
 ///
 /// Closures `Fn(&request::Parts, &response::Parts) -> Decision` implement it.
 pub trait Policy: Send + Sync + 'static {

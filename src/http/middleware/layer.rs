@@ -5,12 +5,18 @@ use std::sync::Arc;
 use http::{request, HeaderMap, HeaderName};
 use tower::Layer;
 
-use super::cache_status::CacheStatus;
-use super::poisoning::Unkeyed;
-use super::{tags, DefaultKey, MakeKey, Policy, Purger, RfcPolicy, Stampede};
 use crate::cache::Cache;
+use crate::http::invalidation::tag_fields;
+use crate::http::rules::poisoning::Unkeyed;
+use crate::http::serving::cache_status::CacheStatus;
+use crate::http::DefaultKey;
+use crate::http::MakeKey;
+use crate::http::Policy;
+use crate::http::Purger;
+use crate::http::RfcPolicy;
+use crate::http::Stampede;
 
-/// Wraps services in a [`Stampede`] guard over one [`Cache`]; see the [module docs](super).
+/// Wraps services in a [`Stampede`] guard over one [`Cache`]; see the [module docs](crate::http).
 ///
 /// Every service the layer makes shares the cache (and so its L1, flights and store).
 #[derive(Clone, Debug)]
@@ -132,9 +138,9 @@ impl StampedeLayer {
         self
     }
 
-    /// What is stored, and for how long. Default: [`RfcPolicy::new()`](super::RfcPolicy),
+    /// What is stored, and for how long. Default: [`RfcPolicy::new()`](crate::http::RfcPolicy),
     /// which stores only responses with explicit freshness; give it a
-    /// [`default_ttl`](super::RfcPolicy::default_ttl) to store the others with a cacheable
+    /// [`default_ttl`](crate::http::RfcPolicy::default_ttl) to store the others with a cacheable
     /// status too. A policy of one's own may start from the RFC's decision:
     ///
     /// ```
@@ -284,7 +290,7 @@ impl StampedeLayer {
 
     /// Whether a non-error response to an unsafe method (`POST`, `PUT`, `DELETE`, ...)
     /// invalidates the stored responses of its URL (RFC 9111 §4.4; see the
-    /// [module docs](super#invalidation)). Default: on. Off, unsafe requests go to the inner
+    /// [module docs](crate::http#invalidation)). Default: on. Off, unsafe requests go to the inner
     /// service and cost the store nothing: for services where a `POST` changes no page
     /// the layer stores (gRPC, GraphQL, JSON-RPC); see also
     /// [`invalidate_on_unsafe_if`](Self::invalidate_on_unsafe_if).
@@ -382,7 +388,7 @@ impl HttpConfig {
     /// cache), unless they are kept.
     pub(crate) fn strip_tags(&self, headers: &mut HeaderMap) {
         if !self.keep_tag_headers {
-            tags::remove(headers, &self.tag_headers);
+            tag_fields::remove(headers, &self.tag_headers);
         }
     }
 }
@@ -396,7 +402,7 @@ impl Default for HttpConfig {
             make_key: Arc::new(DefaultKey),
             policy: Arc::new(RfcPolicy::new()),
             honor_client_no_cache: false,
-            tag_headers: tags::default_headers(),
+            tag_headers: tag_fields::default_headers(),
             keep_tag_headers: false,
             max_response_stale: std::time::Duration::from_secs(3600),
             purge: None,

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use http::{HeaderMap, Request};
 use tokio::sync::watch;
 
-use super::codec::VaryMarker;
-use super::key;
 use super::load::Step;
+use crate::http::stored::codec::VaryMarker;
+use crate::http::stored::key;
 
 /// The slot of one request; clones share it.
 pub(crate) struct Slot<B>(Arc<Mutex<Pending<B>>>);

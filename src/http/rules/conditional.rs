@@ -9,8 +9,8 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, StatusCode};
 
-use super::codec::CachedResponse;
 use super::parse::{self, IfNoneMatch};
+use crate::http::stored::codec::CachedResponse;
 
 /// The fields a `304` carries from the response it stands for (RFC 9110 §15.4.5), and
 /// `Last-Modified`, which helps caches downstream update their entry.

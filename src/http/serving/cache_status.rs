@@ -6,7 +6,7 @@
 //! order, the one closest to the origin first, so a `Cache-Status` of the origin's own cache
 //! stays in front. The fixed values (a hit or a stale answer whose freshness is not known)
 //! are made once, when the layer is configured; the others are written per response with
-//! `itoa` (on a hit, only the member itself: see [`answer::hit`](super::answer::hit)).
+//! `itoa` (on a hit, only the member itself: see [`responses::hit`](super::responses::hit)).
 
 use std::cell::RefCell;
 use std::time::Duration;
@@ -102,7 +102,7 @@ pub(crate) enum Served {
 
 /// Why a load went to the origin and what the origin answered, as a request collapsed onto
 /// it says (RFC 9211 §2.2, §2.3): the entry the load stored carries it (see
-/// [`codec`](super::codec)), so a request that waited for the load in another process says it
+/// [`codec`](crate::http::stored::codec)), so a request that waited for the load in another process says it
 /// too. The names are those of the load's own [`Served`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Forward {

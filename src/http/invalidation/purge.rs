@@ -1,5 +1,5 @@
 //! Purging stored responses: [`Purger`], the handle application code purges with, and the
-//! `PURGE` endpoint the layer answers when [`StampedeLayer::purge`](super::StampedeLayer::purge)
+//! `PURGE` endpoint the layer answers when [`StampedeLayer::purge`](crate::http::StampedeLayer::purge)
 //! turns it on.
 
 use std::sync::Arc;
@@ -11,15 +11,15 @@ use http::{request, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use tracing::warn;
 
-use super::body::ResponseBody;
-use super::invalidate::{invalidate_keys, url_keys};
-use super::layer::HttpConfig;
-use super::tags;
+use super::by_url::{invalidate_keys, url_keys};
+use super::tag_fields;
 use crate::cache::Cache;
+use crate::http::middleware::body::ResponseBody;
+use crate::http::middleware::layer::HttpConfig;
 use crate::{Error, ErrorKind};
 
 /// Purges stored responses by URL or by tag, in every process that shares the store; from
-/// [`StampedeLayer::purger`](super::StampedeLayer::purger).
+/// [`StampedeLayer::purger`](crate::http::StampedeLayer::purger).
 ///
 /// Cheap to clone. A purge returns once the store has removed the responses and this
 /// process's memory (L1) has forgotten them; other processes forget them as the store's
@@ -82,11 +82,11 @@ impl Purger {
     /// Both, because the layer keys a request as it sees it: behind a load balancer that
     /// ends TLS, `https://shop.example/p/5` reaches it as `GET /p/5` with
     /// `Host: shop.example`, keyed as `http://shop.example/p/5` by the
-    /// [`DefaultKey`](super::DefaultKey). The host's case does not matter, and a URL without
+    /// [`DefaultKey`](crate::http::DefaultKey). The host's case does not matter, and a URL without
     /// a port (or with 80 or 443) names the page requested with either default port. The authority is the `Host` of requests in
-    /// origin-form (or the authority of absolute ones); a [`MakeKey`](super::MakeKey) that
-    /// maps it ([`SiteKey`](super::SiteKey)) maps it here too.
-    /// For a [`MakeKey`](super::MakeKey) that reads other request headers (a tenant), use
+    /// origin-form (or the authority of absolute ones); a [`MakeKey`](crate::http::MakeKey) that
+    /// maps it ([`SiteKey`](crate::http::SiteKey)) maps it here too.
+    /// For a [`MakeKey`](crate::http::MakeKey) that reads other request headers (a tenant), use
     /// [`purge_request`](Self::purge_request).
     ///
     /// # Errors
@@ -151,7 +151,7 @@ impl Purger {
 
 impl Purger {
     /// Removes every stored response that carries one of `tags` (from its
-    /// [tag header fields](super::StampedeLayer::tag_headers)), in one store call however many
+    /// [tag header fields](crate::http::StampedeLayer::tag_headers)), in one store call however many
     /// there are.
     ///
     /// ```
@@ -203,7 +203,7 @@ impl std::fmt::Debug for Purger {
 }
 
 /// The layer's answer to a `PURGE` while the endpoint is on; see
-/// [`StampedeLayer::purge`](super::StampedeLayer::purge).
+/// [`StampedeLayer::purge`](crate::http::StampedeLayer::purge).
 pub(crate) async fn endpoint<B: Body, E>(
     purger: Purger,
     request: request::Parts,
@@ -213,8 +213,8 @@ pub(crate) async fn endpoint<B: Body, E>(
     if !authorized {
         return Ok(made(StatusCode::FORBIDDEN, "purge not allowed\n"));
     }
-    let purged = if tags::present(&request.headers, &config.tag_headers) {
-        match tags::read(&request.headers, &config.tag_headers) {
+    let purged = if tag_fields::present(&request.headers, &config.tag_headers) {
+        match tag_fields::read(&request.headers, &config.tag_headers) {
             Ok(tags) if !tags.is_empty() => purger.purge_tags(tags).await,
             Ok(_) => {
                 return Ok(made(
@@ -222,7 +222,7 @@ pub(crate) async fn endpoint<B: Body, E>(
                     "purge refused: the tag field names no tag\n",
                 ))
             }
-            Err(tags::OverLimit) => {
+            Err(tag_fields::OverLimit) => {
                 return Ok(made(
                     StatusCode::BAD_REQUEST,
                     "purge refused: more than 128 tags, or a tag over 256 bytes\n",

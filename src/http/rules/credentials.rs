@@ -1,6 +1,6 @@
 //! Which credentials a request carries, as far as sharing its responses goes: `Authorization`
 //! (RFC 9111 §3.5) and cookies, which most applications use to tell users apart and which the
-//! layer treats the same way by default. The [`RfcPolicy`](super::RfcPolicy) holds the
+//! layer treats the same way by default. The [`RfcPolicy`](crate::http::RfcPolicy) holds the
 //! [`CookieRule`] (cookie names that personalise nothing); the layer keys requests with
 //! credentials apart, and the policy stores a response to one only when the response says it
 //! may be shared.
@@ -111,7 +111,7 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::tags::tests::headers;
+    use crate::http::invalidation::tag_fields::tests::headers;
 
     #[test]
     fn every_cookie_counts_but_those_ignored() {

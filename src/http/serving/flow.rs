@@ -1,6 +1,6 @@
 //! The path of one cacheable request through the cache: a fetch of the URL's key and, when it
 //! holds a vary marker, a second fetch of the request's variant key (the two-step `Vary`
-//! protocol of [`key`](super::key)). Each fetch is one flight of the engine, whose leader runs
+//! protocol of [`key`](crate::http::stored::key)). Each fetch is one flight of the engine, whose leader runs
 //! [`load`](super::load); the request itself waits in its [`Slot`] for whichever loader or
 //! fallback sends it.
 //!
@@ -19,16 +19,16 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
 
-use super::answer::{
+use super::cache_status::{CacheStatus, Detail, Served};
+use super::load::{load, Loading, Own, Step};
+use super::responses::{
     self, answer, marked, own_entry, synthesized, without_body, Answer, Asked, Found, HitReady,
 };
-use super::body::ResponseBody;
-use super::cache_status::{CacheStatus, Detail, Served};
-use super::codec::{self, Stored};
-use super::layer::HttpConfig;
-use super::load::{load, Loading, Own, Step};
 use super::slot::Slot;
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
+use crate::http::middleware::body::ResponseBody;
+use crate::http::middleware::layer::HttpConfig;
+use crate::http::stored::codec::{self, Stored};
 use crate::store::KeyDigest;
 
 /// The hot path of a cacheable request: its answer from a plain response in L1 (the key
@@ -47,7 +47,7 @@ pub(crate) fn from_l1<B: Body>(
         Ok(Stored::Response(cached)) => Some(HitReady::new(cached, config)),
         _ => None,
     })?;
-    Some(answer::hit(&found, asked, config))
+    Some(responses::hit(&found, asked, config))
 }
 
 /// A cacheable request under the URL's key `primary` (hashed to `digest`) that L1 did not

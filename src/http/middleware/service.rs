@@ -1,6 +1,6 @@
 //! The middleware service: [`Stampede`], its accessors, and the [`Service`] impl that sorts
 //! each request (a purge, ignored, an unsafe method that invalidates, bypassed, or cached) and
-//! hands a cacheable one to the [`flow`](super::flow).
+//! hands a cacheable one to the [`flow`](crate::http::serving::flow).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -11,20 +11,21 @@ use http_body::Body;
 use tower::util::Oneshot;
 use tower::Service;
 
-use super::answer::Asked;
 use super::body::ResponseBody;
-use super::cache_status::Served;
-use super::flow::{fetch, from_l1};
 use super::future::ResponseFuture;
 use super::layer::HttpConfig;
-use super::load::Loading;
-use super::policy::{self, RequestRule};
-use super::purge::{self, Purger};
-use super::{invalidate, key};
 use crate::cache::Cache;
+use crate::http::invalidation::by_url;
+use crate::http::invalidation::purge::{self, Purger};
+use crate::http::rules::policy::{self, RequestRule};
+use crate::http::serving::cache_status::Served;
+use crate::http::serving::flow::{fetch, from_l1};
+use crate::http::serving::load::Loading;
+use crate::http::serving::responses::Asked;
+use crate::http::stored::key;
 use crate::store::KeyDigest;
 
-/// The middleware service; see the [module docs](super) and [`StampedeLayer`](super::StampedeLayer).
+/// The middleware service; see the [module docs](crate::http) and [`StampedeLayer`](crate::http::StampedeLayer).
 ///
 /// # Backpressure
 ///
@@ -64,7 +65,7 @@ impl<S> Stampede<S> {
         self.inner
     }
 
-    /// The request's key under the [`MakeKey`](super::MakeKey), made apart for requests with
+    /// The request's key under the [`MakeKey`](crate::http::MakeKey), made apart for requests with
     /// credentials (see [`key::primary`]); `None` if it cannot describe the request.
     fn primary_key<B>(&self, request: Request<B>) -> (Request<B>, Option<String>) {
         // A HEAD is answered from the GET entry, so its key is the GET's.
@@ -123,7 +124,7 @@ where
                         let inner = Oneshot::new(inner, request);
                         return ResponseFuture::inner(inner, None, config);
                     }
-                    let sent = invalidate::send_unsafe(inner, self.cache.clone(), config, request);
+                    let sent = by_url::send_unsafe(inner, self.cache.clone(), config, request);
                     return ResponseFuture::boxed(Box::pin(sent));
                 }
                 RequestRule::Bypass => (request, Served::Request),

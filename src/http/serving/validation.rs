@@ -1,13 +1,13 @@
 //! Revalidation (RFC 9111 §4.3): the reload of a stored response asks the origin whether it
 //! changed, with the stored response's validators (§4.3.1), and a `304 Not Modified` updates
 //! the stored response's header fields (§4.3.4) instead of replacing it. What the layer then
-//! stores, and for how long, the [`Policy`](super::Policy) decides on the updated response.
+//! stores, and for how long, the [`Policy`](crate::http::Policy) decides on the updated response.
 
 use http::header::{CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
 use http::{response, HeaderMap, Response};
 
-use super::codec::CachedResponse;
-use super::policy;
+use crate::http::rules::policy;
+use crate::http::stored::codec::CachedResponse;
 
 /// Makes a reload of `stored` conditional: `If-None-Match` with its `ETag`,
 /// `If-Modified-Since` with its `Last-Modified` (each if it has one). The client's own

@@ -3,7 +3,7 @@
 //!
 //! A URL's stored responses are those under the primary keys of a `GET` of it, with and
 //! without `Authorization` (requests with credentials are keyed apart). Its `Vary` variants
-//! go with its vary marker: see [`key`](super::key#invalidating-a-url).
+//! go with its vary marker: see [`key`](crate::http::stored::key#invalidating-a-url).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -17,11 +17,11 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::warn;
 
-use super::answer::Answer;
-use super::body::ResponseBody;
-use super::key;
-use super::layer::HttpConfig;
 use crate::cache::Cache;
+use crate::http::middleware::body::ResponseBody;
+use crate::http::middleware::layer::HttpConfig;
+use crate::http::serving::responses::Answer;
+use crate::http::stored::key;
 use crate::store::StoreError;
 use crate::Error;
 
@@ -38,7 +38,7 @@ pub(crate) fn invalidates(status: StatusCode) -> bool {
 }
 
 /// The primary keys under which responses for a `GET` of `request`'s URL are stored (with its
-/// headers, which a [`MakeKey`](super::MakeKey) may read), added to `keys`; none if the key
+/// headers, which a [`MakeKey`](crate::http::MakeKey) may read), added to `keys`; none if the key
 /// cannot describe the request.
 pub(crate) fn url_keys(config: &HttpConfig, request: &Parts, keys: &mut Vec<String>) {
     let key = if request.method == Method::GET {

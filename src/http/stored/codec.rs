@@ -29,8 +29,8 @@ use std::time::{Duration, SystemTime};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::cache_status::Forward;
-use super::parse::MAX_VARY_NAMES;
+use crate::http::rules::parse::MAX_VARY_NAMES;
+use crate::http::serving::cache_status::Forward;
 
 const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;

@@ -9,13 +9,13 @@ use http::Response;
 use http_body::Body;
 use pin_project::pin_project;
 
-use super::answer::marked;
 use super::body::ResponseBody;
-use super::cache_status::Served;
 use super::layer::HttpConfig;
+use crate::http::serving::cache_status::Served;
+use crate::http::serving::responses::marked;
 use crate::store::BoxFuture;
 
-/// The response future of [`Stampede`](super::Stampede).
+/// The response future of [`Stampede`](crate::http::Stampede).
 #[pin_project]
 pub struct ResponseFuture<F, B: Body, E> {
     #[pin]

@@ -1,5 +1,5 @@
 //! The loader of a cacheable request: calls the inner service (a `GET`, without the
-//! preconditions the layer answers itself), asks the [`Policy`](super::Policy) whether the
+//! preconditions the layer answers itself), asks the [`Policy`](crate::http::Policy) whether the
 //! response may be stored, reads its body up to the size limit, and encodes it for the cache.
 //! Whatever cannot be stored goes, intact (but for its tag header fields), to this request's
 //! own caller.
@@ -24,18 +24,18 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::debug;
 
-use super::answer::{marked, Answer};
-use super::body::ResponseBody;
 use super::cache_status::{Forward, Served};
-use super::codec::{self, VaryMarker};
-use super::key;
-use super::layer::HttpConfig;
-use super::parse::{self, Vary};
-use super::policy::{self, Decision, Staleness};
-use super::revalidate;
+use super::responses::{marked, Answer};
 use super::slot::{Claim, Slot};
-use super::tags;
+use super::validation;
 use crate::cache::{BoxError, Cache, Loaded, Outcome, Previous};
+use crate::http::invalidation::tag_fields;
+use crate::http::middleware::body::ResponseBody;
+use crate::http::middleware::layer::HttpConfig;
+use crate::http::rules::parse::{self, Vary};
+use crate::http::rules::policy::{self, Decision, Staleness};
+use crate::http::stored::codec::{self, VaryMarker};
+use crate::http::stored::key;
 
 /// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a
 /// second key) and the settings.
@@ -114,7 +114,7 @@ impl HttpConfig {
     }
 
     /// Whether a response's header fields are within
-    /// [`max_header_bytes`](super::StampedeLayer::max_header_bytes).
+    /// [`max_header_bytes`](crate::http::StampedeLayer::max_header_bytes).
     fn headers_fit(&self, headers: &HeaderMap) -> bool {
         let mut bytes = 0usize;
         headers.iter().all(|(name, value)| {
@@ -139,7 +139,7 @@ impl HttpConfig {
 }
 
 /// Loads for `step` of the request in `slot`; see the [module docs](self). With a `previous`
-/// stored response, the load is a revalidation (see [`revalidate`]).
+/// stored response, the load is a revalidation (see [`validation`]).
 pub(crate) async fn load<S, ReqBody, ResBody>(
     loading: Loading<S>,
     primary: String,
@@ -169,7 +169,7 @@ where
             _ => None,
         });
     if let Some(stored) = &stored {
-        revalidate::ask_if_changed(stored, &mut parts.headers);
+        validation::ask_if_changed(stored, &mut parts.headers);
     }
     // What this load says in `Cache-Status` when it answers with what the origin sent, and
     // its entry says for the requests collapsed onto it: a forward for a stale entry, or for
@@ -194,7 +194,7 @@ where
         }
     };
     let (mut parts, body) = response.into_parts();
-    let tags = tags::read(&parts.headers, &loading.config.tag_headers);
+    let tags = tag_fields::read(&parts.headers, &loading.config.tag_headers);
     loading.config.strip_tags(&mut parts.headers);
     let passed = |body: ResponseBody<ResBody>, failed: bool| Own::Passed {
         answer: Ok(marked(
@@ -379,10 +379,10 @@ fn not_modified<B: Body, E>(
     asked: &http::request::Parts,
     (stored, previous): (codec::CachedResponse, &Previous),
     answer: &http::response::Parts,
-    tags: Result<Vec<Vec<u8>>, tags::OverLimit>,
+    tags: Result<Vec<Vec<u8>>, tag_fields::OverLimit>,
     to_leader: oneshot::Sender<Own<B, E>>,
 ) -> Loaded {
-    let updated = revalidate::updated(&stored, answer);
+    let updated = validation::updated(&stored, answer);
     let encoded = || {
         let stored_at = SystemTime::now()
             .checked_sub(policy::age(&answer.headers))

@@ -13,11 +13,11 @@
 //!   `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), which frameworks reflect in links and
 //!   redirects or route by;
 //! - any header the operator names as one the application reflects
-//!   ([`pass_header`](super::StampedeLayer::pass_header)).
+//!   ([`pass_header`](crate::http::StampedeLayer::pass_header)).
 //!
 //! A forwarding header that the operator's own load balancer sets on every request, replacing
 //! whatever a client sent, cannot come from an attacker: naming it with
-//! [`trust_header`](super::StampedeLayer::trust_header) lets such requests be cached again.
+//! [`trust_header`](crate::http::StampedeLayer::trust_header) lets such requests be cached again.
 //!
 //! Each of these headers also counts when spelled with underscores (`X_Forwarded_Host`), even
 //! a trusted one: servers that name headers the CGI way (`HTTP_X_FORWARDED_HOST`) read it as
@@ -30,7 +30,7 @@
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, Method};
 
-use super::invalidate;
+use crate::http::invalidation::by_url;
 
 /// The headers that make a `GET` or `HEAD` pass unless trusted: method overrides, then the
 /// well-known forwarding and rewrite headers.
@@ -107,7 +107,7 @@ impl Unkeyed {
             .any(|value| {
                 let method = value.as_bytes().trim_ascii().to_ascii_uppercase();
                 Method::from_bytes(&method)
-                    .is_ok_and(|m| !invalidate::is_safe(&m) && m != Method::CONNECT)
+                    .is_ok_and(|m| !by_url::is_safe(&m) && m != Method::CONNECT)
             })
     }
 
@@ -123,7 +123,7 @@ impl Unkeyed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::tags::tests::headers;
+    use crate::http::invalidation::tag_fields::tests::headers;
 
     #[test]
     fn overrides_bodies_and_forwarding_headers_pass_unless_trusted() {

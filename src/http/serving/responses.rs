@@ -14,13 +14,13 @@ use http::header::{Entry, AGE, CONTENT_LENGTH};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::body::ResponseBody;
 use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
-use super::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
-use super::conditional::{Conditions, NOT_MODIFIED_FIELDS};
-use super::layer::HttpConfig;
 use super::memo::made_once;
 use crate::cache::{Fetched, L1Found, Outcome};
+use crate::http::middleware::body::ResponseBody;
+use crate::http::middleware::layer::HttpConfig;
+use crate::http::rules::conditional::{Conditions, NOT_MODIFIED_FIELDS};
+use crate::http::stored::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
 
 /// A response to a cacheable request, or the inner service's error.
 pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;

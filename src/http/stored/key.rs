@@ -25,8 +25,8 @@
 //! unreachable too. The price: when a marker is loaded again (it expired), the URL's other
 //! variants are loaded again as well, each once, even if they were still fresh.
 //!
-//! Requests with credentials (`Authorization`, or a cookie the [`Policy`](super::Policy) does
-//! not ignore: [`Policy::credentialed`](super::Policy::credentialed)) are keyed apart from
+//! Requests with credentials (`Authorization`, or a cookie the [`Policy`](crate::http::Policy) does
+//! not ignore: [`Policy::credentialed`](crate::http::Policy::credentialed)) are keyed apart from
 //! requests without, whatever the [`MakeKey`]: an anonymous request never gets a response
 //! stored for a request with credentials, nor the other way round. All requests with
 //! credentials share one key per URL: a response to one is stored only when it says it may be
@@ -43,7 +43,7 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName};
 
-/// Makes the cache key of a request; see [`StampedeLayer::make_key`](super::StampedeLayer::make_key).
+/// Makes the cache key of a request; see [`StampedeLayer::make_key`](crate::http::StampedeLayer::make_key).
 ///
 /// Two requests share a cached response only if their keys are equal (and, for a response
 /// with `Vary`, the request fields it names match). Returning `None` sends the request to the
@@ -51,11 +51,11 @@ use http::{HeaderMap, HeaderName};
 ///
 /// `HEAD` requests are answered from the `GET` entry, so the key is made for them with
 /// [`Parts::method`] set to `GET`. Requests with credentials get a key apart from the one
-/// returned here (see the [module docs](super#keys)).
+/// returned here (see the [module docs](crate::http#keys)).
 ///
 /// Closures `Fn(&http::request::Parts) -> Option<String>` implement it. To add a request
 /// header to the key (a tenant, a locale), extend the [`DefaultKey`]; see
-/// [`StampedeLayer::make_key`](super::StampedeLayer::make_key) for an example.
+/// [`StampedeLayer::make_key`](crate::http::StampedeLayer::make_key) for an example.
 pub trait MakeKey: Send + Sync + 'static {
     /// The key of `request`, or `None` to bypass the cache.
     fn make_key(&self, request: &Parts) -> Option<String>;

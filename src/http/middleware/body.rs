@@ -9,7 +9,7 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 
-/// The body of a response from [`Stampede`](super::Stampede): a cached body, the inner
+/// The body of a response from [`Stampede`](crate::http::Stampede): a cached body, the inner
 /// service's body untouched, or the inner body replayed after the part the cache had read
 /// before it gave up on storing it.
 #[pin_project]

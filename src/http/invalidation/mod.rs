@@ -1,0 +1,14 @@
+//! Removing stored responses: those of a URL that an unsafe method changed (RFC 9111 §4.4),
+//! and those purged by URL or by tag, from application code or the `PURGE` endpoint.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `by_url.rs` | the keys a URL names; the URLs a response to an unsafe method invalidates |
+//! | `purge.rs` | [`Purger`], and the `PURGE` endpoint |
+//! | `tag_fields.rs` | tags read from header fields (`Surrogate-Key`, `Cache-Tag`) |
+
+pub(super) mod by_url;
+pub(super) mod purge;
+pub(super) mod tag_fields;
+
+pub use purge::Purger;

@@ -1,0 +1,20 @@
+//! The tower shell: the layer a user configures, the service it makes, and the future and
+//! body of every response that service returns. What happens to a request in between lives
+//! in the sibling folders.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `layer.rs` | [`StampedeLayer`]: the configuration, and [`HttpConfig`](layer::HttpConfig), the settings every service shares |
+//! | `service.rs` | [`Stampede`]: sorts each request (purge, ignored, unsafe, bypassed, cached) |
+//! | `future.rs` | [`ResponseFuture`], the service's named future |
+//! | `body.rs` | [`ResponseBody`]: a cached body, the inner service's, or one the layer made |
+
+pub(super) mod body;
+pub(super) mod future;
+pub(super) mod layer;
+pub(super) mod service;
+
+pub use body::ResponseBody;
+pub use future::ResponseFuture;
+pub use layer::StampedeLayer;
+pub use service::Stampede;

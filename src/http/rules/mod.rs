@@ -1,0 +1,21 @@
+//! The rules of RFC 9111 and its companions that decide what the layer may store and answer:
+//! what to do with a request, the replaceable response [`Policy`] and its default
+//! [`RfcPolicy`], and the header fields these rules read.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `policy.rs` | the request rules, [`Decision`], [`Policy`], [`RfcPolicy`], which header fields are stored |
+//! | `parse.rs` | parsers of `Cache-Control`, `Vary`, HTTP dates and entity tags |
+//! | `targeted.rs` | targeted fields (`CDN-Cache-Control`, RFC 9213) |
+//! | `conditional.rs` | `If-None-Match` / `If-Modified-Since` answered with `304` |
+//! | `credentials.rs` | which credentials a request carries, and the cookies that do not count |
+//! | `poisoning.rs` | the requests whose response may depend on what the key leaves out |
+
+pub(super) mod conditional;
+pub(super) mod credentials;
+pub(super) mod parse;
+pub(super) mod poisoning;
+pub(super) mod policy;
+pub(super) mod targeted;
+
+pub use policy::{Decision, Policy, RfcPolicy, Staleness};

@@ -1,0 +1,21 @@
+//! Serving a cacheable request: its path through the cache, the load that calls the inner
+//! service and stores what it may, and the response each request is answered with, marked
+//! with how it was served.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `flow.rs` | one request's path: the URL's key, then its variant's; answers without an entry |
+//! | `load.rs` | the loader: calls the inner service, asks the policy, reads and encodes the response |
+//! | `slot.rs` | the request waiting to be sent, shared between its caller and its loaders |
+//! | `validation.rs` | a reload made conditional, and a `304` merged into the stored response |
+//! | `responses.rs` | the responses the layer returns: from an entry, passed through, or its own |
+//! | `cache_status.rs` | `Cache-Status` (RFC 9211) and `x-cache` |
+//! | `memo.rs` | field values made once per thread while their inputs stay the same |
+
+pub(super) mod cache_status;
+pub(super) mod flow;
+pub(super) mod load;
+pub(super) mod memo;
+pub(super) mod responses;
+pub(super) mod slot;
+pub(super) mod validation;
