@@ -91,11 +91,11 @@ impl Purger {
     ///
     /// # Errors
     ///
-    /// [`ErrorKind::Url`](crate::ErrorKind::Url) for a URL without an authority (`/p/5`)
+    /// [`ErrorKind::Url`] for a URL without an authority (`/p/5`)
     /// or of another scheme than `http` and `https`: no page was stored under it, and nothing
     /// is removed.
     ///
-    /// [`ErrorKind::Store`](crate::ErrorKind::Store) if the store could not be reached: this
+    /// [`ErrorKind::Store`] if the store could not be reached: this
     /// process's memory has forgotten the responses, but the store and other processes may
     /// still hold them.
     pub async fn purge_url(&self, uri: &Uri) -> Result<(), Error> {

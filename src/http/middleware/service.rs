@@ -17,7 +17,7 @@ use super::layer::HttpConfig;
 use crate::cache::Cache;
 use crate::http::invalidation::by_url;
 use crate::http::invalidation::purge::{self, Purger};
-use crate::http::rules::policy::{self, RequestRule};
+use crate::http::rules::request::{self, RequestRule};
 use crate::http::serving::cache_status::Served;
 use crate::http::serving::flow::{fetch, from_l1};
 use crate::http::serving::load::Loading;
@@ -110,7 +110,7 @@ where
         let (honor_client_no_cache, unkeyed) =
             (self.config.honor_client_no_cache, &self.config.unkeyed);
         let (bypassed, served) =
-            match policy::request_rule(&request, honor_client_no_cache, unkeyed) {
+            match request::request_rule(&request, honor_client_no_cache, unkeyed) {
                 RequestRule::Ignore => {
                     let inner = Oneshot::new(self.inner.clone(), request);
                     return ResponseFuture::inner(inner, None, Arc::clone(&self.config));

@@ -4,8 +4,11 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `policy.rs` | the request rules, [`Decision`], [`Policy`], [`RfcPolicy`], which header fields are stored |
-//! | `parse.rs` | parsers of `Cache-Control`, `Vary`, HTTP dates and entity tags |
+//! | `request.rs` | what the layer does with a request: look it up, ignore, invalidate, bypass |
+//! | `policy.rs` | [`Policy`] and [`RfcPolicy`]: whether a response is stored, and for how long |
+//! | `decision.rs` | [`Decision`], what a policy decides, and [`Staleness`] |
+//! | `stored_fields.rs` | which header fields of a response are stored |
+//! | `parse.rs` | parsers of `Cache-Control`, `Vary`, `Age`, HTTP dates and entity tags |
 //! | `targeted.rs` | targeted fields (`CDN-Cache-Control`, RFC 9213) |
 //! | `conditional.rs` | `If-None-Match` / `If-Modified-Since` answered with `304` |
 //! | `credentials.rs` | which credentials a request carries, and the cookies that do not count |
@@ -13,9 +16,13 @@
 
 pub(super) mod conditional;
 pub(super) mod credentials;
+pub(super) mod decision;
 pub(super) mod parse;
 pub(super) mod poisoning;
 pub(super) mod policy;
+pub(super) mod request;
+pub(super) mod stored_fields;
 pub(super) mod targeted;
 
-pub use policy::{Decision, Policy, RfcPolicy, Staleness};
+pub use decision::{Decision, Staleness};
+pub use policy::{Policy, RfcPolicy};

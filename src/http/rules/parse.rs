@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{CACHE_CONTROL, VARY};
+use http::header::{AGE, CACHE_CONTROL, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The most header fields a `Vary` may name for its response to be stored: each one is part of
@@ -115,6 +115,17 @@ pub(crate) fn http_date(value: &HeaderValue) -> Option<SystemTime> {
 /// a valid date.
 pub(crate) fn date_field(headers: &HeaderMap, name: &HeaderName) -> Option<Option<SystemTime>> {
     headers.get(name).map(http_date)
+}
+
+/// The `Age` a response arrived with: of several (field lines, or a list), the first; 0 if
+/// none, or if that one is not a non-negative integer (RFC 9111 §5.1: ignored).
+pub(crate) fn age(headers: &HeaderMap) -> Duration {
+    headers
+        .get(AGE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| delta_seconds(v.trim()))
+        .unwrap_or_default()
 }
 
 /// What a response's `Vary` says about its variants.

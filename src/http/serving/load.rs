@@ -32,8 +32,9 @@ use crate::cache::{BoxError, Cache, Loaded, Outcome, Previous};
 use crate::http::invalidation::tag_fields;
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::layer::HttpConfig;
+use crate::http::rules::decision::{Decision, Staleness};
 use crate::http::rules::parse::{self, Vary};
-use crate::http::rules::policy::{self, Decision, Staleness};
+use crate::http::rules::stored_fields::is_stored_header;
 use crate::http::stored::codec::{self, VaryMarker};
 use crate::http::stored::key;
 
@@ -295,12 +296,12 @@ where
     let now = SystemTime::now();
     // `Age` is counted from when the response was generated, as far as the cache knows.
     let stored_at = now
-        .checked_sub(policy::age(&parts.headers))
+        .checked_sub(parse::age(&parts.headers))
         .unwrap_or(SystemTime::UNIX_EPOCH);
     let stored: Vec<_> = parts
         .headers
         .iter()
-        .filter(|(name, _)| policy::is_stored_header(name, &parts.headers))
+        .filter(|(name, _)| is_stored_header(name, &parts.headers))
         .collect();
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
     else {
@@ -385,7 +386,7 @@ fn not_modified<B: Body, E>(
     let updated = validation::updated(&stored, answer);
     let encoded = || {
         let stored_at = SystemTime::now()
-            .checked_sub(policy::age(&answer.headers))
+            .checked_sub(parse::age(&answer.headers))
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let fields: Vec<_> = updated.headers.iter().collect();
         codec::encode_response(

@@ -6,7 +6,7 @@
 use http::header::{CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
 use http::{response, HeaderMap, Response};
 
-use crate::http::rules::policy;
+use crate::http::rules::stored_fields::is_stored_header;
 use crate::http::stored::codec::CachedResponse;
 
 /// Makes a reload of `stored` conditional: `If-None-Match` with its `ETag`,
@@ -29,7 +29,7 @@ pub(crate) fn updated(stored: &CachedResponse, not_modified: &response::Parts) -
     parts.status = stored.status;
     parts.headers = stored.headers.clone();
     for name in not_modified.headers.keys() {
-        if name == CONTENT_LENGTH || !policy::is_stored_header(name, &not_modified.headers) {
+        if name == CONTENT_LENGTH || !is_stored_header(name, &not_modified.headers) {
             continue;
         }
         parts.headers.remove(name);
