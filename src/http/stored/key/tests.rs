@@ -1,0 +1,161 @@
+use super::*;
+use http::{HeaderValue, Request};
+
+fn parts(uri: &str, headers: &[(&'static str, &'static str)]) -> Parts {
+    let mut request = Request::get(uri).body(()).unwrap();
+    for (name, value) in headers {
+        request
+            .headers_mut()
+            .append(*name, HeaderValue::from_static(value));
+    }
+    request.into_parts().0
+}
+
+#[test]
+fn the_default_key() {
+    let a = DefaultKey.key(&parts("http://a.example/x?y=1", &[]));
+    assert_eq!(a, "http\0GET\0http\0a.example\0/x?y=1");
+    let hosted = DefaultKey.key(&parts("/x?y=1", &[("host", "a.example")]));
+    assert_eq!(a, hosted, "absolute-form and Host give one key");
+    assert_ne!(a, DefaultKey.key(&parts("http://a.example/x?y=2", &[])));
+    assert_ne!(a, DefaultKey.key(&parts("http://b.example/x?y=1", &[])));
+    assert_ne!(a, DefaultKey.key(&parts("https://a.example/x?y=1", &[])));
+    let odd = DefaultKey.key(&parts("/", &[]));
+    assert_eq!(odd, "http\0GET\0http\0\0/");
+}
+
+#[test]
+fn a_site_is_keyed_under_one_authority() {
+    let shop = Authority::from_static("shop.example");
+    let fixed = DefaultKey.authority(shop.clone());
+    let aliased = DefaultKey.aliases(shop, [Authority::from_static("10.0.0.1:8080")]);
+    let canonical = DefaultKey.key(&parts("/p?q=1", &[("host", "shop.example")]));
+    for host in [
+        "shop.example",
+        "SHOP.example",
+        "shop.example:80",
+        "10.0.0.1:8080",
+    ] {
+        let request = parts("/p?q=1", &[("host", host)]);
+        assert_eq!(fixed.key(&request), canonical, "{host}");
+        assert_eq!(aliased.key(&request), canonical, "{host}");
+    }
+    let absolute = parts("http://10.0.0.1:8080/p?q=1", &[]);
+    assert_eq!(aliased.key(&absolute), canonical, "absolute form");
+    let other = parts("/p?q=1", &[("host", "10.0.0.1:9090")]);
+    assert_eq!(fixed.key(&other), canonical);
+    assert_eq!(aliased.key(&other), DefaultKey.key(&other), "not an alias");
+    let secure = parts("https://10.0.0.1:8080/p?q=1", &[]);
+    assert_ne!(aliased.key(&secure), canonical, "the scheme stays");
+}
+
+#[test]
+fn authorities_are_keyed_normalized() {
+    let plain = DefaultKey.key(&parts("/p", &[("host", "shop.example")]));
+    for host in [
+        "Shop.Example",
+        "shop.example:80",
+        "SHOP.EXAMPLE:",
+        "shop.example:0080",
+    ] {
+        let key = DefaultKey.key(&parts("/p", &[("host", host)]));
+        assert_eq!(key, plain, "{host}");
+    }
+    for host in [
+        "shop.example:8080",
+        "shop.example:443",
+        "shop.example:99999",
+    ] {
+        let key = DefaultKey.key(&parts("/p", &[("host", host)]));
+        assert_ne!(key, plain, "{host}");
+    }
+    let secure = DefaultKey.key(&parts("https://shop.example/p", &[]));
+    assert_eq!(
+        DefaultKey.key(&parts("HTTPS://Shop.Example:443/p", &[])),
+        secure
+    );
+    assert_ne!(
+        DefaultKey.key(&parts("https://shop.example:80/p", &[])),
+        secure
+    );
+    for (literal, normal) in [
+        ("[::1]", "[::1]"),
+        ("[::1]:80", "[::1]"),
+        ("[::AB]:81", "[::ab]:81"),
+    ] {
+        assert_eq!(&*normalized("http", literal.as_bytes()), normal.as_bytes());
+    }
+}
+
+#[test]
+fn authorities_are_copied_as_escape_ascii_leaves_them() {
+    for byte in 0..=u8::MAX {
+        let escaped: Vec<u8> = [byte].escape_ascii().collect();
+        assert_eq!(needs_no_escape(byte), escaped == [byte], "{byte:#x}");
+    }
+}
+
+#[test]
+fn requests_with_credentials_are_keyed_apart() {
+    assert_eq!(primary("k".into(), false), "k");
+    assert_ne!(primary("k".into(), true), "k");
+}
+
+#[test]
+fn variant_keys_normalise_and_tell_absent_from_empty() {
+    let names = [
+        HeaderName::from_static("accept-encoding"),
+        HeaderName::from_static("x-tenant"),
+    ];
+    let key = |headers: &[(&'static str, &'static str)]| {
+        variant("p", 1, &names, &parts("/", headers).headers)
+    };
+    let gzip = key(&[("Accept-Encoding", " gzip ")]);
+    assert_eq!(gzip, key(&[("accept-encoding", "gzip")]));
+    assert_ne!(gzip, key(&[("accept-encoding", "identity")]));
+    assert_ne!(key(&[]), key(&[("accept-encoding", "")]));
+    assert_eq!(
+        key(&[("accept-encoding", "gzip"), ("accept-encoding", " br")]),
+        key(&[("accept-encoding", "gzip,br")]),
+        "field lines combine"
+    );
+    assert_ne!(
+        key(&[("accept-encoding", "gzip"), ("x-tenant", "a")]),
+        key(&[("accept-encoding", "gzip"), ("x-tenant", "b")])
+    );
+    assert_ne!(
+        variant("p", 1, &names, &HeaderMap::new()),
+        variant("q", 1, &names, &HeaderMap::new())
+    );
+    assert_ne!(
+        variant("p", 1, &names, &HeaderMap::new()),
+        variant("p", 2, &names, &HeaderMap::new()),
+        "another generation"
+    );
+}
+
+/// Any byte a header value may hold.
+fn value_byte() -> impl proptest::strategy::Strategy<Value = u8> {
+    proptest::prop_oneof![proptest::strategy::Just(b'\t'), 0x20u8..0x7f, 0x80u8..=0xff]
+}
+
+proptest::proptest! {
+    /// Any request bytes make a key without a panic, and two requests whose values of the
+    /// varied field differ (after trimming) never share a variant key.
+    #[test]
+    fn variant_keys_tell_values_apart(
+        a in proptest::collection::vec(value_byte(), 0..40),
+        b in proptest::collection::vec(value_byte(), 0..40),
+    ) {
+        let names = [HeaderName::from_static("accept-encoding")];
+        let key = |bytes: &[u8]| {
+            let mut headers = HeaderMap::new();
+            let value = HeaderValue::from_bytes(bytes).ok()?;
+            headers.insert("accept-encoding", value);
+            Some(variant("p", 1, &names, &headers))
+        };
+        if let (Some(ka), Some(kb)) = (key(&a), key(&b)) {
+            proptest::prop_assert_eq!(ka == kb, a.trim_ascii() == b.trim_ascii());
+        }
+    }
+}
