@@ -44,6 +44,22 @@ pub enum Decision {
     Share,
 }
 
+impl Decision {
+    /// The decision with [`Store`](Self::Store) written out: `Store(d)` is
+    /// `StoreWith { fresh_for: d, stale: Staleness::cache_default() }`, and `Store` of 0 is
+    /// `Pass`. The layer acts on this form only, so the two spellings cannot drift apart.
+    pub(crate) fn in_full(self) -> Decision {
+        match self {
+            Decision::Store(fresh_for) if fresh_for.is_zero() => Decision::Pass,
+            Decision::Store(fresh_for) => Decision::StoreWith {
+                fresh_for,
+                stale: Staleness::cache_default(),
+            },
+            decision => decision,
+        }
+    }
+}
+
 /// How a stored response may be served past its freshness: its own stale-while-revalidate
 /// and stale-if-error windows (RFC 5861 §3, §4; `None`: the cache's), within the layer's
 /// [`max_response_stale`](crate::http::StampedeLayer::max_response_stale).
@@ -83,5 +99,30 @@ impl Staleness {
     pub fn if_error(mut self, window: Duration) -> Self {
         self.if_error = Some(window);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_is_store_with_the_cache_s_staleness_and_0_is_a_pass() {
+        let minute = Duration::from_secs(60);
+        assert_eq!(
+            Decision::Store(minute).in_full(),
+            Decision::StoreWith {
+                fresh_for: minute,
+                stale: Staleness::cache_default(),
+            }
+        );
+        assert_eq!(Decision::Store(Duration::ZERO).in_full(), Decision::Pass);
+        let no_cache = Decision::StoreWith {
+            fresh_for: Duration::ZERO,
+            stale: Staleness::must_revalidate(),
+        };
+        for kept in [no_cache, Decision::Pass, Decision::Fail, Decision::Share] {
+            assert_eq!(kept.in_full(), kept);
+        }
     }
 }

@@ -80,37 +80,23 @@ pub(crate) enum Own<B: Body, E> {
     Stored(Served),
 }
 
-/// What a policy's decision comes to for the layer.
-enum Verdict {
-    /// Store, fresh for this long, served stale as it says.
-    Store(Duration, Staleness),
-    /// A failed load private to its request.
-    Fail,
-    /// A failed load whose answer goes to the requests that waited for it.
-    Share,
-    /// Not stored.
-    Pass,
-}
-
 impl HttpConfig {
-    /// What the policy decides for `response`: a freshness of 0 is stored only with stale rules
-    /// of its own, and only where `cache` keeps values to revalidate them.
-    fn verdict(
+    /// What the policy decides for `response`, [in full](Decision::in_full): a freshness of 0
+    /// is stored only with stale rules of its own, and only where `cache` keeps values to
+    /// revalidate them.
+    fn decide(
         &self,
         cache: &Cache,
         asked: &http::request::Parts,
         response: &http::response::Parts,
-    ) -> Verdict {
-        match self.policy.decide(asked, response) {
-            Decision::Store(ttl) if !ttl.is_zero() => Verdict::Store(ttl, Staleness::default()),
-            Decision::StoreWith { fresh_for, stale }
-                if !fresh_for.is_zero() || !cache.keep().is_zero() =>
+    ) -> Decision {
+        match self.policy.decide(asked, response).in_full() {
+            Decision::StoreWith { fresh_for, .. }
+                if fresh_for.is_zero() && cache.keep().is_zero() =>
             {
-                Verdict::Store(fresh_for, stale)
+                Decision::Pass
             }
-            Decision::Fail => Verdict::Fail,
-            Decision::Share => Verdict::Share,
-            _ => Verdict::Pass,
+            decision => decision,
         }
     }
 
@@ -220,13 +206,13 @@ where
         );
         return Ok(loaded);
     }
-    let (ttl, stale) = match loading.config.verdict(&loading.cache, &asked, &parts) {
-        Verdict::Store(ttl, stale) => (Some(ttl), stale),
+    let (ttl, stale) = match loading.config.decide(&loading.cache, &asked, &parts) {
+        Decision::StoreWith { fresh_for, stale } => (Some(fresh_for), stale),
         // A failed load (a server error without explicit freshness): stored for nobody, but
         // the requests that waited for this load, here and elsewhere, get the origin's own
         // answer too (below), and a stale response may stand in for it.
-        Verdict::Share => (None, Staleness::default()),
-        Verdict::Fail => {
+        Decision::Share => (None, Staleness::default()),
+        Decision::Fail => {
             // A failed load private to its request: a stale response, if there is one, is
             // served in its place to the others.
             let _ = to_leader.send(passed(ResponseBody::inner(body), true));
@@ -397,10 +383,14 @@ fn not_modified<B: Body, E>(
             Forward::Revalidated,
         )
     };
-    if let (Verdict::Store(ttl, stale), Ok(tags)) = (config.verdict(cache, asked, &updated), tags) {
+    if let (Decision::StoreWith { fresh_for, stale }, Ok(tags)) =
+        (config.decide(cache, asked, &updated), tags)
+    {
         if let Some(entry) = encoded().filter(|_| config.headers_fit(&updated.headers)) {
-            let _ = to_leader.send(Own::Stored(Served::Revalidated(Some(ttl))));
-            return config.to_store(entry, ttl, stale, &tags).tags_of(previous);
+            let _ = to_leader.send(Own::Stored(Served::Revalidated(Some(fresh_for))));
+            return config
+                .to_store(entry, fresh_for, stale, &tags)
+                .tags_of(previous);
         }
     }
     let body = ResponseBody::replay(vec![stored.body], None, None, None);
