@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use super::cache_status::{CacheStatus, Detail, Served};
 use super::load::{load, Loading, Own, Step};
+use super::load_failure::LoadFailure;
 use super::responses::{
     self, answer, marked, own_entry, synthesized, without_body, Answer, Asked, Found, HitReady,
 };
@@ -196,7 +197,7 @@ where
 {
     let fetched = cache
         .fetch_accepting(variant, codec::accepts_variant, |_| async {
-            Err::<Loaded, _>("the request went to the failed load of its URL")
+            Err::<Loaded, _>(LoadFailure::RequestWithFailedLoad)
         })
         .await;
     match (decoded(&fetched), failure) {

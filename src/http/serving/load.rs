@@ -10,7 +10,6 @@
 //! unless they are kept.
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -18,13 +17,14 @@ use bytes::Bytes;
 use http::header::{IF_MODIFIED_SINCE, IF_NONE_MATCH};
 use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::debug;
 
 use super::cache_status::{Forward, Served};
+use super::load_failure::LoadFailure;
+use super::read_body::{read_body, Read};
 use super::responses::{marked, Answer};
 use super::slot::{Claim, Slot};
 use super::validation;
@@ -142,7 +142,7 @@ where
     let request = match slot.claim(&step).await {
         Claim::Request(request) => request,
         Claim::Restore(marker) => return restore(&loading.cache, &primary, &marker).await,
-        Claim::Gone => return Err("the request was already sent".into()),
+        Claim::Gone => return Err(LoadFailure::RequestSent.into()),
     };
     let (mut parts, body) = request.into_parts();
     let asked = parts.clone();
@@ -177,7 +177,7 @@ where
                 answer: Err(error),
                 failed: true,
             });
-            return Err("the inner service failed".into());
+            return Err(LoadFailure::InnerService.into());
         }
     };
     let (mut parts, body) = response.into_parts();
@@ -216,7 +216,7 @@ where
             // A failed load private to its request: a stale response, if there is one, is
             // served in its place to the others.
             let _ = to_leader.send(passed(ResponseBody::inner(body), true));
-            return Err(format!("the inner service answered {}", parts.status).into());
+            return Err(LoadFailure::PrivateServerError(parts.status).into());
         }
         _ => {
             let _ = to_leader.send(passed(ResponseBody::inner(body), false));
@@ -230,7 +230,7 @@ where
         let failed = ttl.is_none();
         let _ = to_leader.send(passed(ResponseBody::inner(body), failed));
         return if failed {
-            Err("the response's header fields are too large to share".into())
+            Err(LoadFailure::HeadersTooLarge.into())
         } else {
             Ok(Loaded::pass())
         };
@@ -273,7 +273,7 @@ where
             // A server error's answer that cannot be shared fails its waiters (the layer
             // answers them itself).
             return if failed {
-                Err("the response body failed, or is too large to share".into())
+                Err(LoadFailure::BodyNotShareable.into())
             } else {
                 Ok(Loaded::pass())
             };
@@ -295,7 +295,7 @@ where
         let _ = to_leader.send(passed(body, ttl.is_none()));
         return match ttl {
             Some(_) => Ok(Loaded::pass()),
-            None => Err("the response cannot be encoded to share".into()),
+            None => Err(LoadFailure::NotEncodable.into()),
         };
     };
     let Some(ttl) = ttl else {
@@ -433,74 +433,9 @@ async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Lo
         },
         ..marker.clone()
     };
-    let entry = codec::encode_vary(&marker).ok_or("the vary marker cannot be encoded")?;
+    let entry = codec::encode_vary(&marker).ok_or(LoadFailure::MarkerNotEncodable)?;
     let left = marker
         .remaining(SystemTime::now())
         .max(Duration::from_secs(1));
     Ok(Loaded::value_with_ttl(entry, left))
-}
-
-/// How reading a body for the cache ended.
-enum Read<B: Body> {
-    /// All of it, within the limit, with no trailers.
-    Complete(Vec<Bytes>),
-    /// Not storable: over the limit, with trailers, or failed. Holds what was read, then what
-    /// stopped the read, then the unread rest.
-    Stopped {
-        read: Vec<Bytes>,
-        trailers: Option<HeaderMap>,
-        error: Option<B::Error>,
-        rest: Option<Pin<Box<B>>>,
-    },
-}
-
-async fn read_body<B>(mut body: Pin<Box<B>>, limit: usize) -> Read<B>
-where
-    B: Body<Data = Bytes>,
-{
-    let mut read = Vec::new();
-    if body.size_hint().lower() > limit as u64 {
-        return Read::Stopped {
-            read,
-            trailers: None,
-            error: None,
-            rest: Some(body),
-        };
-    }
-    let mut len = 0usize;
-    loop {
-        match body.frame().await {
-            None => return Read::Complete(read),
-            Some(Err(error)) => {
-                return Read::Stopped {
-                    read,
-                    trailers: None,
-                    error: Some(error),
-                    rest: None,
-                }
-            }
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(chunk) => {
-                    len = len.saturating_add(chunk.len());
-                    read.push(chunk);
-                    if len > limit {
-                        return Read::Stopped {
-                            read,
-                            trailers: None,
-                            error: None,
-                            rest: Some(body),
-                        };
-                    }
-                }
-                Err(frame) => {
-                    return Read::Stopped {
-                        read,
-                        trailers: frame.into_trailers().ok(),
-                        error: None,
-                        rest: Some(body),
-                    }
-                }
-            },
-        }
-    }
 }

@@ -6,6 +6,8 @@
 //! | --- | --- |
 //! | `flow.rs` | one request's path: the URL's key, then its variant's; answers without an entry |
 //! | `load.rs` | the loader: calls the inner service, asks the policy, reads and encodes the response |
+//! | `load_failure.rs` | why a load ended without a response to store or share |
+//! | `read_body.rs` | a response's body read up to the size limit, or handed on intact |
 //! | `slot.rs` | the request waiting to be sent, shared between its caller and its loaders |
 //! | `validation.rs` | a reload made conditional, and a `304` merged into the stored response |
 //! | `responses.rs` | the responses the layer returns: from an entry, passed through, or its own |
@@ -15,7 +17,9 @@
 pub(super) mod cache_status;
 pub(super) mod flow;
 pub(super) mod load;
+pub(super) mod load_failure;
 pub(super) mod memo;
+pub(super) mod read_body;
 pub(super) mod responses;
 pub(super) mod slot;
 pub(super) mod validation;
