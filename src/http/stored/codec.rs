@@ -8,21 +8,26 @@
 //!           | name count (u16) | { name len (u16) | name }*
 //! ```
 //!
-//! A response's kind says how the load that stored it went to the origin ([`Forward`]), for
-//! the requests collapsed onto that load, here or in another process (RFC 9211 §2.2, §2.3):
-//! 0 for a missing entry, 3 for a stale one the origin answered with a new response, 4 for a
-//! stale one it answered `304`. Kind 0 is what the release before kinds 3 and 4 wrote and
-//! reads: that release's entries are read as they are, and it reads an entry of kind 3 or 4
-//! as malformed (a miss, loaded again and overwritten), as it would any other version's.
+//! The version byte is 2; the kind byte says what follows:
+//!
+//! | kind | entry | read by |
+//! | --- | --- | --- |
+//! | 0 | a response a load for a missing entry stored ([`Forward::Loaded`]) | every reader of version 2 |
+//! | 1 | a vary marker without a generation | none (malformed) |
+//! | 2 | a vary marker | every reader of version 2 |
+//! | 3 | a response the origin sent to the reload of a stale entry ([`Forward::Refreshed`]) | readers that know kinds 3 and 4; others find it malformed |
+//! | 4 | a stale response the origin answered `304`, updated ([`Forward::Revalidated`]) | readers that know kinds 3 and 4; others find it malformed |
+//!
+//! A response's kind tells the requests collapsed onto the load that stored it, here or in
+//! another process, how that load went to the origin (RFC 9211 §2.2, §2.3). The bytes of kind
+//! 0 are fixed, so processes that know only kinds 0 and 2 share those entries with the others;
+//! an entry they find malformed is a miss to them, loaded again and overwritten.
 //!
 //! Integers are big-endian; times are milliseconds (since the Unix epoch for "stored at"). The
 //! body is the rest of the entry, so a decoded body shares the entry's buffer instead of
 //! copying it. Anything malformed, including entries of another version of this codec and
-//! vary markers of kind 1 (from before markers had a generation), decodes to [`Malformed`]:
-//! the engine then treats the entry as a miss and overwrites it.
-//!
-//! Past 500 lines only with its tests: the codec is about 260 lines, and the tests of every
-//! kind, of the previous release's bytes and of malformed entries stand next to it.
+//! vary markers of kind 1, decodes to [`Malformed`]: the engine then treats the entry as a
+//! miss and overwrites it.
 
 use std::time::{Duration, SystemTime};
 
@@ -34,7 +39,7 @@ use crate::http::serving::cache_status::Forward;
 
 const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;
-/// Kind 1 was the vary marker without a generation: no longer read.
+/// Kind 1, the vary marker without a generation, is not read (see the table above).
 const KIND_VARY: u8 = 2;
 /// A response stored by the reload of a stale entry, which the origin answered with it.
 const KIND_REFRESHED: u8 = 3;
