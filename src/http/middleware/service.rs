@@ -21,7 +21,7 @@ use crate::http::rules::request::{self, RequestRule};
 use crate::http::serving::cache_status::Served;
 use crate::http::serving::flow::{fetch, from_l1};
 use crate::http::serving::load::Loading;
-use crate::http::serving::responses::Asked;
+use crate::http::serving::responses::AnswerForm;
 use crate::http::stored::key;
 use crate::store::KeyDigest;
 
@@ -130,11 +130,10 @@ where
                 RequestRule::Bypass => (request, Served::Request),
                 RequestRule::Cache => match self.primary_key(request) {
                     (request, Some(primary)) => {
-                        let asked = Asked::of(&request);
+                        let form = AnswerForm::of(&request);
                         // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
                         let digest = KeyDigest::of(primary.as_bytes());
-                        if let Some(response) = from_l1(&self.cache, &digest, &asked, &self.config)
-                        {
+                        if let Some(response) = from_l1(&self.cache, &digest, &form, &self.config) {
                             return ResponseFuture::ready(response);
                         }
                         let loading = Loading {
@@ -142,7 +141,7 @@ where
                             cache: self.cache.clone(),
                             config: Arc::clone(&self.config),
                         };
-                        let fetched = fetch(loading, primary, digest, request, asked);
+                        let fetched = fetch(loading, primary, digest, request, form);
                         return ResponseFuture::boxed(Box::pin(fetched));
                     }
                     // The key cannot describe the request.

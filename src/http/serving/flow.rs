@@ -20,16 +20,17 @@ use tower::Service;
 use tracing::{debug, warn};
 
 use super::cache_status::{CacheStatus, Detail, Served};
-use super::load::{load, Loading, Own, Step};
+use super::load::{load, ForCaller, Loading, Step};
 use super::load_failure::LoadFailure;
 use super::responses::{
-    self, answer, marked, own_entry, synthesized, without_body, Answer, Asked, Found, HitReady,
+    self, answer, marked, own_entry, synthesized, without_body, Answer, AnswerForm, HitReady,
+    HowFound,
 };
 use super::slot::Slot;
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::layer::HttpConfig;
-use crate::http::stored::codec::{self, Stored};
+use crate::http::stored::codec::{self, Decoded};
 use crate::store::KeyDigest;
 
 /// The hot path of a cacheable request: its answer from a plain response in L1 (the key
@@ -40,15 +41,15 @@ use crate::store::KeyDigest;
 pub(crate) fn from_l1<B: Body>(
     cache: &Cache,
     digest: &KeyDigest,
-    asked: &Asked,
+    form: &AnswerForm,
     config: &Arc<HttpConfig>,
 ) -> Option<Response<ResponseBody<B>>> {
     // Decoded once per L1 entry, with a plain hit's fields made ready.
     let found = cache.l1_hit(digest, |value| match codec::decode(value) {
-        Ok(Stored::Response(cached)) => Some(HitReady::new(cached, config)),
+        Ok(Decoded::Response(cached)) => Some(HitReady::new(cached, config)),
         _ => None,
     })?;
-    Some(responses::hit(&found, asked, config))
+    Some(responses::hit(&found, form, config))
 }
 
 /// A cacheable request under the URL's key `primary` (hashed to `digest`) that L1 did not
@@ -61,7 +62,7 @@ pub(crate) async fn fetch<S, ReqBody, ResBody>(
     primary: String,
     digest: KeyDigest,
     request: Request<ReqBody>,
-    asked: Asked,
+    form: AnswerForm,
 ) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -85,11 +86,11 @@ where
         .fetch_digest(digest, codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
-        Some((Stored::Response(cached), found)) => {
+        Some((Decoded::Response(cached), found)) => {
             let served = own_served(found, &mut from_loader);
-            return Ok(answer(&cached, served, &asked, status));
+            return Ok(answer(&cached, served, &form, status));
         }
-        Some((Stored::Vary(marker), found)) => (marker, found.outcome),
+        Some((Decoded::Vary(marker), found)) => (marker, found.outcome),
         // The colder paths are boxed, so the future of every request stays small to build
         // and move.
         None => {
@@ -99,7 +100,7 @@ where
                 &slot,
                 loading.inner,
                 &loading.config,
-                &asked,
+                &form,
                 None,
             ))
             .await
@@ -111,7 +112,7 @@ where
     let mut own = from_loader.try_recv().ok();
     let variant = match own {
         // (A load that stored a response has no answer for this request beyond it.)
-        None | Some(Own::Stored(_)) => slot.follow(&primary, &marker),
+        None | Some(ForCaller::Stored(_)) => slot.follow(&primary, &marker),
         Some(_) => None,
     };
     let Some((variant, done)) = variant else {
@@ -119,23 +120,22 @@ where
             own = from_loader.await.ok();
         }
         let fallback = match own {
-            Some(Own::Variant(entry, served)) => {
-                return Ok(own_entry(&entry, served, &asked, status))
+            Some(ForCaller::Variant(entry, served)) => {
+                return Ok(own_entry(&entry, served, &form, status))
             }
-            Some(Own::Passed { answer, failed }) if !failed => return without_body(answer, &asked),
-            Some(Own::Passed { answer, .. }) => Some(answer),
-            Some(Own::Stored(_)) | None => None,
+            Some(ForCaller::Passed { answer, failed }) if !failed => {
+                return without_body(answer, &form)
+            }
+            Some(ForCaller::Passed { answer, .. }) => Some(answer),
+            Some(ForCaller::Stored(_)) | None => None,
         };
         // The load failed: a variant may still be there (stale or fresh) to stand in for it.
         // Its key comes from the request as it was sent.
         return match (slot.sent_variant(&primary, &marker), fallback) {
             (Some(variant), fallback) => {
-                Box::pin(stand_in(
-                    &cache, &variant, &asked, outcome, fallback, status,
-                ))
-                .await
+                Box::pin(stand_in(&cache, &variant, &form, outcome, fallback, status)).await
             }
-            (None, Some(answer)) => without_body(answer, &asked),
+            (None, Some(answer)) => without_body(answer, &form),
             (None, None) => Ok(synthesized(
                 StatusCode::BAD_GATEWAY,
                 Detail::NoOriginResponse,
@@ -162,9 +162,9 @@ where
     };
     let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
     match decoded(&fetched) {
-        Some((Stored::Response(cached), found)) => {
+        Some((Decoded::Response(cached), found)) => {
             let served = own_served(found, &mut from_loader);
-            Ok(answer(&cached, served, &asked, status))
+            Ok(answer(&cached, served, &form, status))
         }
         _ => {
             Box::pin(answer_without_entry(
@@ -173,7 +173,7 @@ where
                 &slot,
                 loading.inner,
                 &loading.config,
-                &asked,
+                &form,
                 Some(done),
             ))
             .await
@@ -187,7 +187,7 @@ where
 async fn stand_in<B, E>(
     cache: &Cache,
     variant: &str,
-    asked: &Asked,
+    form: &AnswerForm,
     outcome: Outcome,
     failure: Option<Answer<B, E>>,
     status: &CacheStatus,
@@ -201,14 +201,14 @@ where
         })
         .await;
     match (decoded(&fetched), failure) {
-        (Some((Stored::Response(cached), mut found)), _) => {
+        (Some((Decoded::Response(cached), mut found)), _) => {
             // Stale if either the marker or the variant was.
             if outcome == Outcome::Stale {
                 found.outcome = outcome;
             }
-            Ok(answer(&cached, found.served(), asked, status))
+            Ok(answer(&cached, found.served(), form, status))
         }
-        (_, Some(failure)) => without_body(failure, asked),
+        (_, Some(failure)) => without_body(failure, form),
         (_, None) => Ok(synthesized(
             StatusCode::BAD_GATEWAY,
             Detail::NoOriginResponse,
@@ -219,19 +219,22 @@ where
 
 /// How the response this request is answered with was served: as the fetch `found` it, or
 /// as this request's own load tells (stored, for how long, or revalidated).
-fn own_served<B: Body, E>(found: Found, from_loader: &mut oneshot::Receiver<Own<B, E>>) -> Served {
+fn own_served<B: Body, E>(
+    found: HowFound,
+    from_loader: &mut oneshot::Receiver<ForCaller<B, E>>,
+) -> Served {
     match from_loader.try_recv() {
-        Ok(Own::Stored(served)) if found.outcome == Outcome::Leader => served,
+        Ok(ForCaller::Stored(served)) if found.outcome == Outcome::Leader => served,
         _ => found.served(),
     }
 }
 
 /// The entry a fetch found, decoded, and how it was found.
-fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Found)> {
+fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Decoded, HowFound)> {
     let fetched = fetched.as_ref().ok()?;
     let value = fetched.value()?;
     match codec::decode(value) {
-        Ok(stored) => Some((stored, Found::of(fetched, value))),
+        Ok(stored) => Some((stored, HowFound::of(fetched, value))),
         Err(codec::Malformed) => {
             // The engine only hands over entries the codec accepts: a bug, not bad bytes.
             warn!("cached entry is not a response; passing the request through");
@@ -245,11 +248,11 @@ fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Stored, Found)> {
 /// this request is done with the slot (see [`Slot::follow`]).
 async fn answer_without_entry<S, ReqBody, ResBody>(
     fetched: Result<Fetched, crate::Error>,
-    mut from_loader: oneshot::Receiver<Own<ResBody, S::Error>>,
+    mut from_loader: oneshot::Receiver<ForCaller<ResBody, S::Error>>,
     slot: &Slot<ReqBody>,
     inner: S,
     config: &HttpConfig,
-    asked: &Asked,
+    form: &AnswerForm,
     done: Option<watch::Sender<bool>>,
 ) -> Answer<ResBody, S::Error>
 where
@@ -257,11 +260,11 @@ where
     ResBody: Body<Data = Bytes>,
 {
     match from_loader.try_recv() {
-        Ok(Own::Passed { answer, .. }) => return without_body(answer, asked),
-        Ok(Own::Variant(entry, served)) => {
-            return Ok(own_entry(&entry, served, asked, &config.cache_status))
+        Ok(ForCaller::Passed { answer, .. }) => return without_body(answer, form),
+        Ok(ForCaller::Variant(entry, served)) => {
+            return Ok(own_entry(&entry, served, form, &config.cache_status))
         }
-        Ok(Own::Stored(_)) | Err(_) => {}
+        Ok(ForCaller::Stored(_)) | Err(_) => {}
     }
     // A load that failed without an answer of the origin (this request's or another's, here or
     // in another process) is answered with a gateway error rather than by calling the failing

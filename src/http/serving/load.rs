@@ -67,7 +67,7 @@ pub(crate) enum Step {
 /// What a loader hands straight to its own caller.
 // Made once per load and moved once, through a oneshot: boxing would only add an allocation.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Own<B: Body, E> {
+pub(crate) enum ForCaller<B: Body, E> {
     /// A response passed through (not stored), or the inner service's error; `failed` if the
     /// load failed (an error, a server error, a body that failed), so that a stale response
     /// may stand in for it.
@@ -132,7 +132,7 @@ pub(crate) async fn load<S, ReqBody, ResBody>(
     primary: String,
     step: Step,
     slot: Slot<ReqBody>,
-    to_leader: oneshot::Sender<Own<ResBody, S::Error>>,
+    to_leader: oneshot::Sender<ForCaller<ResBody, S::Error>>,
     previous: Option<Previous>,
 ) -> Result<Loaded, BoxError>
 where
@@ -152,7 +152,7 @@ where
     let stored = previous
         .as_ref()
         .and_then(|previous| match codec::decode(previous.value()) {
-            Ok(codec::Stored::Response(stored)) => Some(stored),
+            Ok(codec::Decoded::Response(stored)) => Some(stored),
             _ => None,
         });
     if let Some(stored) = &stored {
@@ -173,7 +173,7 @@ where
     let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
         Ok(response) => response,
         Err(error) => {
-            let _ = to_leader.send(Own::Passed {
+            let _ = to_leader.send(ForCaller::Passed {
                 answer: Err(error),
                 failed: true,
             });
@@ -183,7 +183,7 @@ where
     let (mut parts, body) = response.into_parts();
     let tags = tag_fields::read(&parts.headers, &loading.config.tag_headers);
     loading.config.strip_tags(&mut parts.headers);
-    let passed = |body: ResponseBody<ResBody>, failed: bool| Own::Passed {
+    let passed = |body: ResponseBody<ResBody>, failed: bool| ForCaller::Passed {
         answer: Ok(marked(
             Response::from_parts(parts.clone(), body),
             Served::Passed,
@@ -306,7 +306,7 @@ where
         return Ok(Loaded::for_waiters(entry));
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
-        let _ = to_leader.send(Own::Stored(own_load(Some(ttl))));
+        let _ = to_leader.send(ForCaller::Stored(own_load(Some(ttl))));
         return Ok(loading.config.to_store(entry, ttl, stale, &tags));
     }
     // A response with `Vary`, loaded for the URL's key: the response goes under this request's
@@ -321,7 +321,7 @@ where
     // The marker is not tagged: a purge of a tag removes the responses that carry it, and a
     // request that follows the marker to one of them loads it again.
     let Some(marker_entry) = codec::encode_vary(&marker) else {
-        let _ = to_leader.send(Own::Variant(entry, own_load(None)));
+        let _ = to_leader.send(ForCaller::Variant(entry, own_load(None)));
         return Ok(Loaded::pass());
     };
     let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
@@ -340,16 +340,16 @@ where
             (Outcome::L1Hit | Outcome::L2Hit | Outcome::Follower, Some(value))
                 if value != entry =>
             {
-                Own::Variant(value, Served::Hit(None))
+                ForCaller::Variant(value, Served::Hit(None))
             }
-            _ => Own::Variant(entry, own_load(Some(ttl))),
+            _ => ForCaller::Variant(entry, own_load(Some(ttl))),
         },
         Err(error) => {
             debug!(
                 error = &error as &dyn std::error::Error,
                 "the variant was not stored"
             );
-            Own::Variant(entry, own_load(None))
+            ForCaller::Variant(entry, own_load(None))
         }
     };
     let _ = to_leader.send(own);
@@ -367,7 +367,7 @@ fn not_modified<B: Body, E>(
     (stored, previous): (codec::CachedResponse, &Previous),
     answer: &http::response::Parts,
     tags: Result<Vec<Vec<u8>>, tag_fields::OverLimit>,
-    to_leader: oneshot::Sender<Own<B, E>>,
+    to_leader: oneshot::Sender<ForCaller<B, E>>,
 ) -> Loaded {
     let updated = validation::updated(&stored, answer);
     let encoded = || {
@@ -387,14 +387,14 @@ fn not_modified<B: Body, E>(
         (config.decide(cache, asked, &updated), tags)
     {
         if let Some(entry) = encoded().filter(|_| config.headers_fit(&updated.headers)) {
-            let _ = to_leader.send(Own::Stored(Served::Revalidated(Some(fresh_for))));
+            let _ = to_leader.send(ForCaller::Stored(Served::Revalidated(Some(fresh_for))));
             return config
                 .to_store(entry, fresh_for, stale, &tags)
                 .tags_of(previous);
         }
     }
     let body = ResponseBody::replay(vec![stored.body], None, None, None);
-    let _ = to_leader.send(Own::Passed {
+    let _ = to_leader.send(ForCaller::Passed {
         answer: Ok(marked(
             Response::from_parts(updated, body),
             Served::Revalidated(None),
@@ -422,7 +422,7 @@ async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Lo
         matches!(
             crate::cache::entry::decode(stored.bytes),
             Ok(crate::cache::entry::Entry::Value { payload, .. })
-                if matches!(codec::decode(&payload), Ok(codec::Stored::Vary(held)) if held.generation == marker.generation)
+                if matches!(codec::decode(&payload), Ok(codec::Decoded::Vary(held)) if held.generation == marker.generation)
         )
     });
     let marker = VaryMarker {

@@ -20,7 +20,7 @@ use crate::cache::{Fetched, L1Found, Outcome};
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::layer::HttpConfig;
 use crate::http::rules::conditional::{Conditions, NOT_MODIFIED_FIELDS};
-use crate::http::stored::codec::{self, CachedResponse, Stored, ANSWER_FIELDS};
+use crate::http::stored::codec::{self, CachedResponse, Decoded, ANSWER_FIELDS};
 
 /// A response to a cacheable request, or the inner service's error.
 pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
@@ -40,15 +40,15 @@ pub(crate) fn marked<B>(
 /// the entry went forward (see [`codec::forward`]), and when the entry stops, or stopped,
 /// being fresh ([`Fetched::fresh_until`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Found {
+pub(crate) struct HowFound {
     pub(crate) outcome: Outcome,
     pub(crate) forward: Forward,
     pub(crate) fresh_until: Option<Instant>,
 }
 
-impl Found {
+impl HowFound {
     pub(crate) fn of(fetched: &Fetched, entry: &Bytes) -> Self {
-        Found {
+        HowFound {
             outcome: fetched.outcome(),
             forward: codec::forward(entry),
             fresh_until: fetched.fresh_until(),
@@ -57,7 +57,7 @@ impl Found {
 
     /// How an answer from the entry was served, by the fetch alone; a request collapsed onto
     /// a load says how that load went forward (a leader's own load may say more, see
-    /// [`Own::Stored`](super::load::Own::Stored)).
+    /// [`ForCaller::Stored`](super::load::ForCaller::Stored)).
     pub(crate) fn served(self) -> Served {
         let ttl = || ttl(self.fresh_until, Instant::now());
         match self.outcome {
@@ -75,15 +75,16 @@ impl Found {
     }
 }
 
-/// What a request asked for besides its key, kept apart from the request, which a load takes.
-pub(crate) struct Asked {
+/// The form of answer a request wants besides its key: without a body (`HEAD`), or `304 Not
+/// Modified` where its preconditions match. Kept apart from the request, which a load takes.
+pub(crate) struct AnswerForm {
     head: bool,
     conditions: Option<Conditions>,
 }
 
-impl Asked {
+impl AnswerForm {
     pub(crate) fn of<B>(request: &Request<B>) -> Self {
-        Asked {
+        AnswerForm {
             head: request.method() == Method::HEAD,
             conditions: Conditions::of(request.headers()),
         }
@@ -94,23 +95,23 @@ impl Asked {
 pub(crate) fn own_entry<B: Body>(
     entry: &Bytes,
     served: Served,
-    asked: &Asked,
+    form: &AnswerForm,
     status: &CacheStatus,
 ) -> Response<ResponseBody<B>> {
     match codec::decode(entry) {
-        Ok(Stored::Response(cached)) => answer(&cached, served, asked, status),
+        Ok(Decoded::Response(cached)) => answer(&cached, served, form, status),
         _ => synthesized(StatusCode::BAD_GATEWAY, Detail::NoOriginResponse, status),
     }
 }
 
 /// A response passed through to this request, without its body if the request was a `HEAD`
 /// (its load was a `GET`), but with the length the body has, when it is known.
-pub(crate) fn without_body<B, E>(passed: Answer<B, E>, asked: &Asked) -> Answer<B, E>
+pub(crate) fn without_body<B, E>(passed: Answer<B, E>, form: &AnswerForm) -> Answer<B, E>
 where
     B: Body<Data = Bytes>,
 {
     let mut response = passed?;
-    if !asked.head {
+    if !form.head {
         return Ok(response);
     }
     if let Some(length) = response.body().size_hint().exact() {
@@ -167,13 +168,13 @@ impl HitReady {
 /// `Cache-Status` member, the last, set in place).
 pub(crate) fn hit<B: Body>(
     found: &L1Found<HitReady>,
-    asked: &Asked,
+    form: &AnswerForm,
     config: &Arc<HttpConfig>,
 ) -> Response<ResponseBody<B>> {
     let ready = &found.value;
     let ttl = ttl(Some(found.fresh_until), found.read_at);
-    if asked.head || asked.conditions.is_some() || !Arc::ptr_eq(&ready.config, config) {
-        return answer(&ready.cached, Served::Hit(ttl), asked, &config.cache_status);
+    if form.head || form.conditions.is_some() || !Arc::ptr_eq(&ready.config, config) {
+        return answer(&ready.cached, Served::Hit(ttl), form, &config.cache_status);
     }
     let mut response = Response::new(ResponseBody::cached(ready.cached.body.clone()));
     *response.status_mut() = ready.cached.status;
@@ -224,11 +225,11 @@ fn with_length(fields: &mut HeaderMap, status: StatusCode, length: usize) {
 pub(crate) fn answer<B: Body>(
     cached: &CachedResponse,
     served: Served,
-    asked: &Asked,
+    form: &AnswerForm,
     status: &CacheStatus,
 ) -> Response<ResponseBody<B>> {
     let now = SystemTime::now();
-    let not_modified = asked
+    let not_modified = form
         .conditions
         .as_ref()
         .is_some_and(|c| c.not_modified(cached, now));
@@ -242,7 +243,7 @@ pub(crate) fn answer<B: Body>(
         }
         response
     } else {
-        let body = if asked.head {
+        let body = if form.head {
             ResponseBody::empty()
         } else {
             ResponseBody::cached(cached.body.clone())
@@ -283,7 +284,7 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{Forward, Found, Served};
+    use super::{Forward, HowFound, Served};
     use crate::cache::Outcome;
 
     /// RFC 9111 §5.1, §1.2.2: `Age` is whole seconds, at most 2^31; the last value made on
@@ -301,7 +302,7 @@ mod tests {
     /// fresh variant) says none rather than a positive one.
     #[test]
     fn a_stale_answer_never_says_a_positive_ttl() {
-        let found = |outcome, fresh_until| Found {
+        let found = |outcome, fresh_until| HowFound {
             outcome,
             forward: Forward::Loaded,
             fresh_until: Some(fresh_until),

@@ -48,7 +48,7 @@ const KIND_REVALIDATED: u8 = 4;
 
 /// What a decoded entry holds: a stored response, or the vary marker under a URL's key.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Stored {
+pub(crate) enum Decoded {
     Response(CachedResponse),
     Vary(VaryMarker),
 }
@@ -155,7 +155,7 @@ pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
 pub(crate) const ANSWER_FIELDS: usize = 4;
 
 /// Decodes an entry written by [`encode_response`] or [`encode_vary`].
-pub(crate) fn decode(entry: &Bytes) -> Result<Stored, Malformed> {
+pub(crate) fn decode(entry: &Bytes) -> Result<Decoded, Malformed> {
     let mut buf = entry.clone();
     if buf.remaining() < 10 || buf.get_u8() != VERSION {
         return Err(Malformed);
@@ -166,9 +166,9 @@ pub(crate) fn decode(entry: &Bytes) -> Result<Stored, Malformed> {
         .ok_or(Malformed)?;
     match kind {
         KIND_RESPONSE | KIND_REFRESHED | KIND_REVALIDATED => {
-            decode_response(stored_at, buf).map(Stored::Response)
+            decode_response(stored_at, buf).map(Decoded::Response)
         }
-        KIND_VARY => decode_vary(stored_at, buf).map(Stored::Vary),
+        KIND_VARY => decode_vary(stored_at, buf).map(Decoded::Vary),
         _ => Err(Malformed),
     }
 }
@@ -243,7 +243,7 @@ pub(crate) fn accepts_primary(entry: &Bytes) -> bool {
 /// Whether the engine may hand these bytes to the layer as the entry under a variant's key:
 /// a response only.
 pub(crate) fn accepts_variant(entry: &Bytes) -> bool {
-    matches!(decode(entry), Ok(Stored::Response(_)))
+    matches!(decode(entry), Ok(Decoded::Response(_)))
 }
 
 /// Milliseconds since the Unix epoch; 0 before it.

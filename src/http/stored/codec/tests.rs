@@ -30,7 +30,7 @@ fn encode_sample() -> Bytes {
 #[test]
 fn round_trips_status_headers_and_body() {
     let (status, headers, _) = sample();
-    let Ok(Stored::Response(decoded)) = decode(&encode_sample()) else {
+    let Ok(Decoded::Response(decoded)) = decode(&encode_sample()) else {
         panic!("not a response")
     };
     assert_eq!(decoded.stored_at, at(1_700_000_000_123));
@@ -79,7 +79,7 @@ fn round_trips_a_vary_marker() {
         ],
     };
     let entry = encode_vary(&marker).unwrap();
-    assert_eq!(decode(&entry), Ok(Stored::Vary(marker.clone())));
+    assert_eq!(decode(&entry), Ok(Decoded::Vary(marker.clone())));
     assert!(accepts_primary(&entry) && !accepts_variant(&entry));
     assert_eq!(marker.remaining(at(42 + 10_000)), Duration::from_secs(50));
     assert_eq!(marker.remaining(at(0)), Duration::from_secs(60));
@@ -166,7 +166,7 @@ fn invalid_fields_are_malformed() {
     assert_eq!(decode(&vary(b"\x00\x01\x00\x01 ")), Err(Malformed));
     assert!(matches!(
         decode(&vary(b"\x00\x01\x00\x01a")),
-        Ok(Stored::Vary(_))
+        Ok(Decoded::Vary(_))
     ));
 }
 
@@ -200,7 +200,7 @@ proptest! {
         let entry = Bytes::from(entry);
         let decoded = decode(&entry);
         prop_assert_eq!(accepts_primary(&entry), decoded.is_ok());
-        prop_assert_eq!(accepts_variant(&entry), matches!(decoded, Ok(Stored::Response(_))));
+        prop_assert_eq!(accepts_variant(&entry), matches!(decoded, Ok(Decoded::Response(_))));
     }
 
     #[test]
@@ -214,7 +214,7 @@ proptest! {
         let pairs: Vec<_> = headers.iter().map(|(n, v)| (n, v)).collect();
         let chunks: Vec<Bytes> = body.iter().cloned().map(Bytes::from).collect();
         let entry = encode_response(at(stored_at), status, &pairs, &chunks, Forward::Loaded).unwrap();
-        let Ok(Stored::Response(decoded)) = decode(&entry) else {
+        let Ok(Decoded::Response(decoded)) = decode(&entry) else {
             return Err(TestCaseError::fail("not a response"));
         };
         prop_assert_eq!(decoded.stored_at, at(stored_at));
@@ -241,6 +241,6 @@ proptest! {
             names: names.iter().map(|n| HeaderName::from_bytes(n.as_bytes()).unwrap()).collect(),
         };
         let entry = encode_vary(&marker).unwrap();
-        prop_assert_eq!(decode(&entry), Ok(Stored::Vary(marker)));
+        prop_assert_eq!(decode(&entry), Ok(Decoded::Vary(marker)));
     }
 }
