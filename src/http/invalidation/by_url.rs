@@ -19,7 +19,7 @@ use tracing::warn;
 
 use crate::cache::Cache;
 use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::layer::HttpConfig;
+use crate::http::middleware::config::HttpConfig;
 use crate::http::serving::responses::Answer;
 use crate::http::stored::key;
 use crate::store::StoreError;

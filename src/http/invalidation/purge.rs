@@ -15,7 +15,7 @@ use super::by_url::{invalidate_keys, url_keys};
 use super::tag_fields;
 use crate::cache::Cache;
 use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::layer::HttpConfig;
+use crate::http::middleware::config::HttpConfig;
 use crate::{Error, ErrorKind};
 
 /// Purges stored responses by URL or by tag, in every process that shares the store; from

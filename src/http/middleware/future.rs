@@ -10,7 +10,7 @@ use http_body::Body;
 use pin_project::pin_project;
 
 use super::body::ResponseBody;
-use super::layer::HttpConfig;
+use super::config::HttpConfig;
 use crate::http::serving::cache_status::Served;
 use crate::http::serving::responses::marked;
 use crate::store::BoxFuture;

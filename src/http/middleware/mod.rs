@@ -4,12 +4,14 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `layer.rs` | [`StampedeLayer`]: the configuration, and [`HttpConfig`](layer::HttpConfig), the settings every service shares |
+//! | `layer.rs` | [`StampedeLayer`]: the configuration a user writes |
+//! | `config.rs` | [`HttpConfig`](config::HttpConfig): the settings every service of a layer shares |
 //! | `service.rs` | [`Stampede`]: sorts each request (purge, ignored, unsafe, bypassed, cached) |
 //! | `future.rs` | [`ResponseFuture`], the service's named future |
 //! | `body.rs` | [`ResponseBody`]: a cached body, the inner service's, or one the layer made |
 
 pub(super) mod body;
+pub(super) mod config;
 pub(super) mod future;
 pub(super) mod layer;
 pub(super) mod service;

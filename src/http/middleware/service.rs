@@ -12,8 +12,8 @@ use tower::util::Oneshot;
 use tower::Service;
 
 use super::body::ResponseBody;
+use super::config::HttpConfig;
 use super::future::ResponseFuture;
-use super::layer::HttpConfig;
 use crate::cache::Cache;
 use crate::http::invalidation::by_url;
 use crate::http::invalidation::purge::{self, Purger};

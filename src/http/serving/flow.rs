@@ -29,7 +29,7 @@ use super::responses::{
 use super::slot::Slot;
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::layer::HttpConfig;
+use crate::http::middleware::config::HttpConfig;
 use crate::http::stored::codec::{self, Decoded};
 use crate::store::KeyDigest;
 

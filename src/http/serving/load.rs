@@ -31,7 +31,7 @@ use super::validation;
 use crate::cache::{BoxError, Cache, Loaded, Outcome, Previous};
 use crate::http::invalidation::tag_fields;
 use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::layer::HttpConfig;
+use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::decision::{Decision, Staleness};
 use crate::http::rules::parse::{self, Vary};
 use crate::http::rules::stored_fields::is_stored_header;

@@ -18,7 +18,7 @@ use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATU
 use super::memo::made_once;
 use crate::cache::{Fetched, L1Found, Outcome};
 use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::layer::HttpConfig;
+use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::conditional::{Conditions, NOT_MODIFIED_FIELDS};
 use crate::http::stored::codec::{self, CachedResponse, Decoded, ANSWER_FIELDS};
 

@@ -1,0 +1,105 @@
+//! The layer's settings, shared by every service it makes: [`HttpConfig`].
+
+use std::sync::Arc;
+
+use http::{request, HeaderMap, HeaderName};
+
+use crate::http::invalidation::tag_fields;
+use crate::http::rules::poisoning::Unkeyed;
+use crate::http::serving::cache_status::CacheStatus;
+use crate::http::{DefaultKey, MakeKey, Policy, RfcPolicy};
+
+/// A decision on a request's head: whether a `PURGE` may remove anything (see
+/// [`StampedeLayer::purge`](crate::http::StampedeLayer::purge)), whether an unsafe request invalidates.
+pub(crate) type RequestCheck = Arc<dyn Fn(&request::Parts) -> bool + Send + Sync>;
+
+/// Which unsafe requests invalidate their URL; see [`StampedeLayer::invalidate_on_unsafe`](crate::http::StampedeLayer::invalidate_on_unsafe).
+#[derive(Clone)]
+pub(crate) enum UnsafeInvalidation {
+    Always,
+    Never,
+    /// Those the predicate picks.
+    If(RequestCheck),
+}
+
+/// The layer's settings, shared by every service it makes.
+#[derive(Clone)]
+pub(crate) struct HttpConfig {
+    pub(crate) max_body_bytes: usize,
+    pub(crate) max_header_bytes: usize,
+    /// The request headers that make a `GET` or `HEAD` pass.
+    pub(crate) unkeyed: Unkeyed,
+    pub(crate) make_key: Arc<dyn MakeKey>,
+    pub(crate) policy: Arc<dyn Policy>,
+    pub(crate) honor_client_no_cache: bool,
+    pub(crate) tag_headers: Vec<HeaderName>,
+    pub(crate) keep_tag_headers: bool,
+    pub(crate) max_response_stale: std::time::Duration,
+    /// The purge endpoint's authorization; `None` while the endpoint is off.
+    pub(crate) purge: Option<RequestCheck>,
+    /// How responses are marked (`Cache-Status`, `x-cache`).
+    pub(crate) cache_status: CacheStatus,
+    pub(crate) unsafe_invalidation: UnsafeInvalidation,
+}
+
+impl HttpConfig {
+    /// Whether a non-error response to the unsafe `request` invalidates what it names.
+    pub(crate) fn invalidates_after(&self, request: &request::Parts) -> bool {
+        match &self.unsafe_invalidation {
+            UnsafeInvalidation::Always => true,
+            UnsafeInvalidation::Never => false,
+            UnsafeInvalidation::If(invalidates) => invalidates(request),
+        }
+    }
+
+    /// Removes the tag header fields from a response on its way to a client (or into the
+    /// cache), unless they are kept.
+    pub(crate) fn strip_tags(&self, headers: &mut HeaderMap) {
+        if !self.keep_tag_headers {
+            tag_fields::remove(headers, &self.tag_headers);
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 1024 * 1024,
+            max_header_bytes: 32 * 1024,
+            unkeyed: Unkeyed::default(),
+            make_key: Arc::new(DefaultKey),
+            policy: Arc::new(RfcPolicy::new()),
+            honor_client_no_cache: false,
+            tag_headers: tag_fields::default_headers(),
+            keep_tag_headers: false,
+            max_response_stale: std::time::Duration::from_secs(3600),
+            purge: None,
+            cache_status: CacheStatus::default(),
+            unsafe_invalidation: UnsafeInvalidation::Always,
+        }
+    }
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_header_bytes", &self.max_header_bytes)
+            .field("unkeyed", &self.unkeyed)
+            .field("honor_client_no_cache", &self.honor_client_no_cache)
+            .field("tag_headers", &self.tag_headers)
+            .field("keep_tag_headers", &self.keep_tag_headers)
+            .field("max_response_stale", &self.max_response_stale)
+            .field("purge", &if self.purge.is_some() { "on" } else { "off" })
+            .field("cache_status", &self.cache_status)
+            .field(
+                "invalidate_on_unsafe",
+                &match self.unsafe_invalidation {
+                    UnsafeInvalidation::Always => "always",
+                    UnsafeInvalidation::Never => "never",
+                    UnsafeInvalidation::If(_) => "if",
+                },
+            )
+            .finish_non_exhaustive()
+    }
+}
