@@ -25,12 +25,6 @@ use crate::http::stored::key;
 use crate::store::StoreError;
 use crate::Error;
 
-/// Whether a method is safe (RFC 9110 §9.2.1): a response to any other method, `CONNECT`
-/// aside, invalidates its URL.
-pub(crate) fn is_safe(method: &Method) -> bool {
-    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method)
-}
-
 /// Whether a response to an unsafe method invalidates: a non-error status (RFC 9111 §4.4),
 /// that is 2xx or 3xx.
 pub(crate) fn invalidates(status: StatusCode) -> bool {
@@ -247,6 +241,7 @@ fn without_dot_segments(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::rules::request::is_safe;
     use http::Request;
 
     fn parts(method: &str, uri: &str, headers: &[(&'static str, &'static str)]) -> Parts {

@@ -4,7 +4,7 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `request.rs` | what the layer does with a request: look it up, ignore, invalidate, bypass |
+//! | `request.rs` | what the layer does with a request (look it up, ignore, invalidate, bypass); safe methods |
 //! | `policy.rs` | [`Policy`] and [`RfcPolicy`]: whether a response is stored, and for how long |
 //! | `decision.rs` | [`Decision`], what a policy decides, and [`Staleness`] |
 //! | `stored_fields.rs` | which header fields of a response are stored |

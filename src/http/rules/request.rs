@@ -8,7 +8,6 @@ use http::{HeaderName, Method, Request};
 
 use super::parse::{self, Directive};
 use super::poisoning::Unkeyed;
-use crate::http::invalidation::by_url;
 
 /// What the layer does with a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,6 +27,12 @@ pub(crate) enum RequestRule {
     Bypass,
 }
 
+/// Whether a method is safe (RFC 9110 §9.2.1): a response to any other method, `CONNECT`
+/// aside, invalidates its URL.
+pub(crate) fn is_safe(method: &Method) -> bool {
+    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method)
+}
+
 /// Decides what to do with a request, before its key is made: `unkeyed` names what makes a
 /// `GET` or `HEAD` pass.
 pub(crate) fn request_rule<B>(
@@ -37,7 +42,7 @@ pub(crate) fn request_rule<B>(
 ) -> RequestRule {
     let method = request.method();
     if method != Method::GET && method != Method::HEAD {
-        return if by_url::is_safe(method) || method == Method::CONNECT {
+        return if is_safe(method) || method == Method::CONNECT {
             RequestRule::Ignore
         } else {
             RequestRule::Invalidate

@@ -20,13 +20,13 @@ use tower::Service;
 use tracing::{debug, warn};
 
 use super::cache_status::{CacheStatus, Detail, Served};
-use super::load::{load, ForCaller, Loading, Step};
+use super::load::{load, ForCaller, Loading};
 use super::load_failure::LoadFailure;
 use super::responses::{
     self, answer, marked, own_entry, synthesized, without_body, Answer, AnswerForm, HitReady,
     HowFound,
 };
-use super::slot::Slot;
+use super::slot::{Slot, Step};
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::config::HttpConfig;

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{IF_MODIFIED_SINCE, IF_NONE_MATCH};
-use http::{HeaderMap, HeaderName, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::oneshot;
 use tower::util::Oneshot;
@@ -26,7 +26,7 @@ use super::cache_status::{Forward, Served};
 use super::load_failure::LoadFailure;
 use super::read_body::{read_body, Read};
 use super::responses::{marked, Answer};
-use super::slot::{Claim, Slot};
+use super::slot::{Claim, Slot, Step};
 use super::validation;
 use crate::cache::{BoxError, Cache, Loaded, Outcome, Previous};
 use crate::http::invalidation::tag_fields;
@@ -54,14 +54,6 @@ impl<S: Clone> Clone for Loading<S> {
             config: Arc::clone(&self.config),
         }
     }
-}
-
-/// The key a loader loads for.
-pub(crate) enum Step {
-    /// The URL's key: a response without `Vary`, or a vary marker.
-    Primary,
-    /// A variant's key, under a marker naming these fields.
-    Variant(Vec<HeaderName>),
 }
 
 /// What a loader hands straight to its own caller.

@@ -8,7 +8,7 @@
 //! | `load.rs` | the loader: calls the inner service, asks the policy, reads and encodes the response |
 //! | `load_failure.rs` | why a load ended without a response to store or share |
 //! | `read_body.rs` | a response's body read up to the size limit, or handed on intact |
-//! | `slot.rs` | the request waiting to be sent, shared between its caller and its loaders |
+//! | `slot.rs` | the request waiting to be sent, shared by its caller and its loaders; the [`Step`](slot::Step) a loader loads for |
 //! | `validation.rs` | a reload made conditional, and a `304` merged into the stored response |
 //! | `responses.rs` | the responses the layer returns: from an entry, passed through, or its own |
 //! | `cache_status.rs` | `Cache-Status` (RFC 9211) and `x-cache` |

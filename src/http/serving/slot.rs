@@ -10,12 +10,19 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use http::{HeaderMap, Request};
+use http::{HeaderMap, HeaderName, Request};
 use tokio::sync::watch;
 
-use super::load::Step;
 use crate::http::stored::codec::VaryMarker;
 use crate::http::stored::key;
+
+/// The key a loader loads for.
+pub(crate) enum Step {
+    /// The URL's key: a response without `Vary`, or a vary marker.
+    Primary,
+    /// A variant's key, under a marker naming these fields.
+    Variant(Vec<HeaderName>),
+}
 
 /// The slot of one request; clones share it.
 pub(crate) struct Slot<B>(Arc<Mutex<Pending<B>>>);
