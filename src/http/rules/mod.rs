@@ -4,7 +4,8 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `request.rs` | what the layer does with a request (look it up, ignore, invalidate, bypass); safe methods |
+//! | `request.rs` | what the layer does with a request: look it up, ignore, invalidate, bypass |
+//! | `methods.rs` | safe methods, and those whose response invalidates their URL |
 //! | `policy.rs` | [`Policy`] and [`RfcPolicy`]: whether a response is stored, and for how long |
 //! | `decision.rs` | [`Decision`], what a policy decides, and [`Staleness`] |
 //! | `stored_fields.rs` | which header fields of a response are stored |
@@ -17,6 +18,7 @@
 pub(super) mod conditional;
 pub(super) mod credentials;
 pub(super) mod decision;
+pub(super) mod methods;
 pub(super) mod parse;
 pub(super) mod poisoning;
 pub(super) mod policy;

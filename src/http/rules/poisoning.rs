@@ -30,7 +30,7 @@
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, Method};
 
-use super::request::is_safe;
+use super::methods::invalidates_its_url;
 
 /// The headers that make a `GET` or `HEAD` pass unless trusted: method overrides, then the
 /// well-known forwarding and rewrite headers.
@@ -106,7 +106,7 @@ impl Unkeyed {
             .flat_map(|name| headers.get_all(*name))
             .any(|value| {
                 let method = value.as_bytes().trim_ascii().to_ascii_uppercase();
-                Method::from_bytes(&method).is_ok_and(|m| !is_safe(&m) && m != Method::CONNECT)
+                Method::from_bytes(&method).is_ok_and(|m| invalidates_its_url(&m))
             })
     }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::header::{CACHE_CONTROL, IF_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, PRAGMA, RANGE};
 use http::{HeaderName, Method, Request};
 
+use super::methods::invalidates_its_url;
 use super::parse::{self, Directive};
 use super::poisoning::Unkeyed;
 
@@ -27,12 +28,6 @@ pub(crate) enum RequestRule {
     Bypass,
 }
 
-/// Whether a method is safe (RFC 9110 §9.2.1): a response to any other method, `CONNECT`
-/// aside, invalidates its URL.
-pub(crate) fn is_safe(method: &Method) -> bool {
-    [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE].contains(method)
-}
-
 /// Decides what to do with a request, before its key is made: `unkeyed` names what makes a
 /// `GET` or `HEAD` pass.
 pub(crate) fn request_rule<B>(
@@ -42,10 +37,10 @@ pub(crate) fn request_rule<B>(
 ) -> RequestRule {
     let method = request.method();
     if method != Method::GET && method != Method::HEAD {
-        return if is_safe(method) || method == Method::CONNECT {
-            RequestRule::Ignore
-        } else {
+        return if invalidates_its_url(method) {
             RequestRule::Invalidate
+        } else {
+            RequestRule::Ignore
         };
     }
     let headers = request.headers();
