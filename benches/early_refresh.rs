@@ -19,9 +19,6 @@
 //! a load (answered as leader or follower rather than from a cache or with a stale value),
 //! and latency percentiles (nearest rank).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

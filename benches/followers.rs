@@ -37,8 +37,6 @@
 
 #[path = "shared/percentile.rs"]
 mod percentile;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};

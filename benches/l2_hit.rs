@@ -19,8 +19,6 @@
 
 #[path = "shared/redis_bench.rs"]
 mod redis_bench;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};

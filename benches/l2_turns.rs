@@ -21,8 +21,6 @@
 
 #[path = "shared/redis_bench.rs"]
 mod redis_bench;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::time::{Duration, Instant};
 

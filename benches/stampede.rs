@@ -32,8 +32,6 @@
     reason = "the bench prints the ladder's table, not the demo's one-run table"
 )]
 mod stampede;
-#[path = "../tests/support/mod.rs"]
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;

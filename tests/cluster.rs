@@ -2,8 +2,6 @@
 //! starts its own cluster on free ports.
 #![cfg(feature = "cluster")]
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,8 +2,6 @@
 //! before its fix: over the embedded `MemoryStore` on paused time, and (feature `redis`) a real
 //! `redis-server` where the defect is the store's.
 
-mod support;
-
 use std::time::Duration;
 
 use bytes::Bytes;

@@ -26,8 +26,6 @@
 //! timing (a lock renewed a millisecond before it expires); notifications (tested elsewhere).
 #![cfg(feature = "redis")]
 
-mod support;
-
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

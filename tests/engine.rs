@@ -2,9 +2,6 @@
 //! real `redis-server`. Tests that depend on timing run over `MemoryStore` on paused tokio
 //! time (`timed_test!`); Redis keeps its own clock, so its runs take real time.
 
-#[macro_use]
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,15 +9,22 @@ use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
 use support::observed::Observed;
-use support::{stale_while_one_refreshes, start_leader, wait_until, Backing, Counter, Shared};
+use support::{
+    stale_while_one_refreshes, start_leader, timed_test, wait_until, Backing, Counter, Shared,
+};
 use tokio::sync::Notify;
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
 use tower_stampede::store::{LockState, LockToken, LockWhen, MemoryStore, Store};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
-impl Shared {
-    /// Writes raw bytes under a key's value name, behind the engine's back.
+/// Bytes written behind the engine's back.
+trait WriteRaw {
+    /// Writes raw bytes under a key's value name.
+    async fn write_raw(&self, cache: &Cache, key: &str, bytes: &[u8]);
+}
+
+impl WriteRaw for Shared {
     async fn write_raw(&self, cache: &Cache, key: &str, bytes: &[u8]) {
         let store_key = cache.store_key(key);
         match &self.backing {

@@ -13,8 +13,6 @@
 //! lost marker); the README's Redis notes give the figures.
 #![cfg(feature = "redis")]
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

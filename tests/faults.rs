@@ -3,8 +3,6 @@
 //! protection across processes must come back by itself.
 #![cfg(feature = "redis")]
 
-mod support;
-
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 

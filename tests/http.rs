@@ -2,8 +2,6 @@
 //! `redis-server`. On real time for both: the layer reads the clock (`Age`, freshness) from
 //! the system, which paused tokio time does not move.
 
-mod support;
-
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -22,16 +20,24 @@ use support::{wait_until, Counter, Shared};
 use tower::{service_fn, Service, ServiceBuilder, ServiceExt};
 use tower_stampede::{Cache, StampedeLayer};
 
-impl Shared {
+/// The apps of a test, each over the shared store.
+trait Apps {
     /// An axum app (its own `Cache`, so its own L1) over the shared store.
+    fn app(&self, origin: &Counter) -> Router;
+
+    /// Two apps (each its own `Cache`, so its own L1 and flights, as two processes) that
+    /// serve `path` with `handler` behind the layer, over the shared store.
+    fn two_apps<H, T>(&self, path: &str, handler: H) -> [Router; 2]
+    where
+        H: axum::handler::Handler<T, ()> + Clone,
+        T: 'static;
+}
+
+impl Apps for Shared {
     fn app(&self, origin: &Counter) -> Router {
         app(origin).layer(StampedeLayer::new(self.cache().build()))
     }
-}
 
-impl Shared {
-    /// Two apps (each its own `Cache`, so its own L1 and flights, as two processes) that
-    /// serve `path` with `handler` behind the layer, over the shared store.
     fn two_apps<H, T>(&self, path: &str, handler: H) -> [Router; 2]
     where
         H: axum::handler::Handler<T, ()> + Clone,

@@ -5,8 +5,6 @@
 //! The origin greets the user from the request's `Cookie`, as a session-authenticated app
 //! does, with the `Cache-Control` (and `Vary`) the query asks for: `/dash?cc=max-age%3D30`.
 
-mod support;
-
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, Uri};

@@ -12,8 +12,6 @@
 //! `Content-Location` its query asks for. Tests that wait for another instance to hear of a
 //! change poll with a bounded deadline; none sleeps and hopes.
 
-mod support;
-
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

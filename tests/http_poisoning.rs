@@ -6,8 +6,6 @@
 //! a `GET`, builds its links from the forwarding headers and routes by the rewrite headers,
 //! and says every answer is fresh for a minute.
 
-mod support;
-
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use axum::response::{IntoResponse, Response};

@@ -7,8 +7,6 @@
 //! of it) and answers `304` to an `If-None-Match` (`If-Modified-Since`) that names it. Responses are fresh for one second: the tests wait for
 //! that second to pass (there is no faster way to make a Redis value stale).
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -5,8 +5,6 @@
 //! answers with that status and header, and a body naming the request and its origin call, so
 //! a test tells a cached answer (same call number) from a fresh one.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};

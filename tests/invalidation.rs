@@ -4,8 +4,6 @@
 //!
 //! Tests that wait for a notification poll with a bounded deadline; none sleeps and hopes.
 
-mod support;
-
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,8 +3,6 @@
 //! stores.
 #![cfg(feature = "metrics")]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 

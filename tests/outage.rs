@@ -3,8 +3,6 @@
 //! a wrapper that stops answering (on paused time), and over a real `redis-server` killed and
 //! restarted (`tests/faults.rs` has the stampedes across processes).
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 

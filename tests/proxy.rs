@@ -2,8 +2,6 @@
 //! a slow origin in this process.
 #![cfg(feature = "redis")]
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -7,14 +7,11 @@
 //! Tests that depend on timing are `timed_test!`s (paused time over memory); each instance is
 //! a `Cache` of its own (its own L1), so no L1 holds what the test made stale.
 
-#[macro_use]
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{stale_while_one_refreshes, Counter, Shared};
+use support::{stale_while_one_refreshes, timed_test, Counter, Shared};
 use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, Renewal};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, Previous, WaitTimeoutPolicy};

@@ -2,8 +2,6 @@
 //! (feature `tls`) with a throwaway certificate authority; no password ever shows.
 #![cfg(feature = "redis")]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 

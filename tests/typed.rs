@@ -4,8 +4,6 @@
 //! counted miss, reloaded and overwritten, never an error.
 #![cfg(feature = "serde")]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 

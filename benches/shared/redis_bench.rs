@@ -5,7 +5,7 @@
 use redis::aio::ConnectionManager;
 use tower_stampede::store::RedisStore;
 
-use crate::support::RedisServer;
+use support::RedisServer;
 
 pub struct Bench {
     /// Kept for its `Drop`, which stops the server.

@@ -10,7 +10,8 @@ use super::TempDir;
 /// `localhost`, written by the `openssl` command (`./scripts/test.sh` installs it).
 #[derive(Clone)]
 pub struct TlsFiles {
-    dir: Arc<TempDir>,
+    /// The files' folder, removed when the last clone is dropped.
+    _dir: Arc<TempDir>,
     pub ca_cert: PathBuf,
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
@@ -94,7 +95,7 @@ impl TlsFiles {
             ca_cert: path("ca.crt"),
             server_cert: path("server.crt"),
             server_key: path("server.key"),
-            dir: Arc::new(dir),
+            _dir: Arc::new(dir),
         }
     }
 }

@@ -25,7 +25,8 @@ pub struct RedisCluster {
 struct ClusterNode {
     child: Child,
     port: u16,
-    dir: TempDir,
+    /// The node's files, removed when it is dropped.
+    _dir: TempDir,
 }
 
 impl Drop for ClusterNode {
@@ -379,7 +380,11 @@ impl ClusterNode {
                     .arg("--dir")
                     .arg(dir.path()),
             );
-            let mut node = ClusterNode { child, port, dir };
+            let mut node = ClusterNode {
+                child,
+                port,
+                _dir: dir,
+            };
             let started = Instant::now();
             while started.elapsed() < Duration::from_secs(10) {
                 if let Ok(Some(_)) = node.child.try_wait() {

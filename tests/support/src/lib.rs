@@ -1,8 +1,20 @@
-//! Test support for the engine and the layer: a counting backend, the stores a test runs over
-//! ([`Shared`]: the embedded `MemoryStore`, and a real `redis-server` with the `redis`
-//! feature), and a leader caught in the middle of its load. The Redis processes themselves
-//! (servers, clusters, TLS files, free ports) are in [`redis`](self::redis).
-#![allow(dead_code, unreachable_pub)]
+//! What the tests and benches of tower-stampede share: a counting backend, the stores a test
+//! runs over ([`Shared`]: the embedded `MemoryStore`, and a real `redis-server` with the
+//! `redis` feature), and a leader caught in the middle of its load. The Redis processes
+//! themselves (servers, clusters, TLS files, free ports) are in [`redis`](self::redis).
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], [`timed_test!`], waiting helpers |
+//! | `http.rs` | requests sent through an app in process, answers read to the end |
+//! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
+//! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
+//! | `redis/cluster.rs` | a three-master Redis Cluster |
+//! | `redis/tls.rs` | a throwaway certificate authority for TLS |
+//!
+//! A workspace member of its own (`publish = false`), so that the tests and the benches reach it
+//! as a dev-dependency (named `support`); its `redis` feature follows the crate's.
+#![forbid(unsafe_code)]
 
 pub mod http;
 pub mod observed;
@@ -19,21 +31,21 @@ mod redis;
 /// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
 /// expiry follows moka's own clock, which paused time does not move: a test that waits for an
 /// L1 entry to expire is not a `timed_test!`.)
-#[allow(unused_macros)]
+///
+/// The `redis` half is compiled where the calling test is built with the `redis` feature.
+#[macro_export]
 macro_rules! timed_test {
     ($name:ident) => {
         mod $name {
-            use super::*;
-
             #[tokio::test(start_paused = true)]
             async fn memory() {
-                super::$name(vec![Shared::memory()]).await;
+                super::$name(vec![$crate::Shared::memory()]).await;
             }
 
             #[cfg(feature = "redis")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redis() {
-                super::$name(vec![Shared::redis().await]).await;
+                super::$name(vec![$crate::Shared::redis().await]).await;
             }
         }
     };
@@ -48,9 +60,7 @@ use tokio::sync::Notify;
 use tower_stampede::store::{MemoryStore, Store};
 use tower_stampede::{Cache, CacheBuilder};
 
-// Each test file uses some of them.
 #[cfg(feature = "redis")]
-#[allow(unused_imports)]
 pub use self::redis::{calls, RedisCluster, RedisServer, TlsFiles};
 
 /// Collects what a `tracing` subscriber writes (its writer is a clone), as text.
