@@ -5,13 +5,12 @@
 //! trips (a lost `fresh` marker costs the hit a repair script) and the notifications sent.
 //!
 //! ```sh
-//! cargo test --release --test eviction -- --ignored --nocapture
-//! EVICTION_PAUSE_MS=20 cargo test --release --test eviction -- --ignored --nocapture
+//! cargo bench --bench eviction
+//! EVICTION_PAUSE_MS=20 cargo bench --bench eviction
 //! ```
 //!
-//! The behaviour it measures is tested deterministically in `tests/defects.rs` (a lost lock, a
-//! lost marker); the README's Redis notes give the figures.
-#![cfg(feature = "redis")]
+//! The behaviour it measures is tested deterministically in `tests/engine/` (a lost lock in
+//! `fences.rs`, a lost marker in `wire.rs`); the README's Redis notes give the figures.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -78,9 +77,8 @@ async fn used_memory(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement: cargo test --release --test eviction -- --ignored --nocapture"]
-async fn eviction_policies() {
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
     println!("| policy | loads per stampede | stampedes with a second leader | store errors | L2 hits of {} reads | extra round trips per hit | notifications per hit |", HOT_KEYS * HITS_PER_KEY);
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for policy in POLICIES {
