@@ -2,6 +2,8 @@
 //! real `redis-server`. Tests that depend on timing run over `MemoryStore` on paused tokio
 //! time (`timed_test!`); Redis keeps its own clock, so its runs take real time.
 
+mod defects;
+
 use std::sync::Arc;
 use std::time::Duration;
 
