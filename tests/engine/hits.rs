@@ -1,0 +1,136 @@
+//! Hits: from L1, then from the store; how long a value lives there; any duration as a setting;
+//! and what the span of a fetch records.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::{Counter, Shared};
+use tower_stampede::store::MemoryStore;
+use tower_stampede::{Cache, Loaded, Outcome};
+
+use crate::{loader, never_called};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_come_from_l1_then_from_the_store() {
+    for shared in Shared::both().await {
+        let a = shared.cache().build();
+        let b = shared.cache().build();
+        let loads = Counter::default();
+        let first = a
+            .fetch("k", {
+                let loads = loads.clone();
+                move || async move {
+                    loads.hit();
+                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(first.outcome(), Outcome::Leader, "{}", shared.name);
+        let again = a.fetch("k", never_called).await.unwrap();
+        assert_eq!(again.outcome(), Outcome::L1Hit, "{}", shared.name);
+        let other = b.fetch("k", never_called).await.unwrap();
+        assert_eq!(other.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert_eq!(other.value().unwrap(), "v");
+        assert_eq!(loads.get(), 1);
+    }
+}
+
+// Real time over both stores: the test waits for L1 to expire, and L1 follows moka's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loader_sets_the_ttl_and_l1_never_outlives_it() {
+    for shared in Shared::both().await {
+        let a = shared.cache().build();
+        a.fetch("short", || async {
+            Ok::<_, std::io::Error>(Loaded::value_with_ttl(
+                Bytes::from_static(b"v1"),
+                Duration::from_millis(200),
+            ))
+        })
+        .await
+        .unwrap();
+        let stored = shared
+            .store
+            .get(&a.store_key("short"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            stored.ttl.unwrap() <= Duration::from_millis(200),
+            "{}",
+            shared.name
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let loads = Counter::default();
+        let fetched = a
+            .fetch("short", move || async move {
+                loads.hit();
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v2")))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            fetched.outcome(),
+            Outcome::Leader,
+            "{}: expired in L1 and the store",
+            shared.name
+        );
+        assert_eq!(fetched.value().unwrap(), "v2");
+    }
+}
+
+/// Hostile settings: TTLs and windows of `Duration::MAX` must not overflow a clock and panic.
+#[tokio::test(start_paused = true)]
+async fn durations_of_any_size_never_panic() {
+    let shared = Shared::memory();
+    let cache = shared
+        .cache()
+        .ttl(Duration::MAX)
+        .stale(Duration::MAX)
+        .l1_ttl_cap(Duration::MAX)
+        .circuit_breaker(1, Duration::MAX)
+        .build();
+    let loads = Counter::default();
+    for _ in 0..3 {
+        let fetched = cache.fetch("k", loader(&loads, Ok("v"))).await.unwrap();
+        assert_eq!(fetched.value().unwrap(), "v");
+    }
+    cache.expire("k").await.unwrap();
+    let fetched = cache.fetch("k", loader(&loads, Ok("w"))).await.unwrap();
+    assert!(fetched.value().is_some());
+}
+
+/// The span of each fetch (`stampede.fetch`) records its outcome, and for a call that did not
+/// hit L1 how long it waited, for a subscriber that wants it. Without one the engine neither
+/// enters, records nor times it (that cost an L2 hit about a point of a `GET`), and answers the
+/// same. One thread, so the thread-local subscriber sees every task.
+#[tokio::test]
+async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
+    let cache = Cache::builder(MemoryStore::new()).build();
+    let load = || async { Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v"))) };
+    let untraced = cache.fetch("untraced", load).await.unwrap();
+    assert_eq!(untraced.outcome(), Outcome::Leader);
+    assert_eq!(untraced.value().unwrap(), "v");
+
+    let logs = support::Logs::default();
+    let _guard = logs.capture();
+    for expected in [Outcome::Leader, Outcome::L1Hit] {
+        let fetched = cache.fetch("traced", load).await.unwrap();
+        assert_eq!(fetched.outcome(), expected);
+    }
+    let text = logs.text();
+    let closed: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("stampede.fetch{") && line.contains("close"))
+        .collect();
+    let outcome = |outcome: Outcome| format!("outcome=\"{}\"", outcome.label());
+    assert_eq!(closed.len(), 2, "{text}");
+    assert!(
+        closed[0].contains(&outcome(Outcome::Leader)) && closed[0].contains("wait_ms="),
+        "{text}"
+    );
+    assert!(
+        closed[1].contains(&outcome(Outcome::L1Hit)) && !closed[1].contains("wait_ms="),
+        "{text}"
+    );
+}
