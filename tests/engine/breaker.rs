@@ -43,10 +43,9 @@ async fn a_dead_redis_degrades_to_in_process_protection() {
 }
 
 /// A full Redis under `noeviction` (its default policy) refuses `SET … NX … GET` with `OOM`
-/// even where it would write nothing. The lookup threw away the `GET` and `PTTL` replies,
-/// which did answer, so every lookup was a store error and every caller loaded (8 fresh
-/// instances: 8 `Degraded` loads of a value fresh for a minute). A fresh value is now a hit;
-/// only a miss, which needs the lock, is a store error.
+/// even where it would write nothing, while the `GET` and `PTTL` of the same lookup answer.
+/// 8 fresh instances read a value fresh for a minute: each gets an L2 hit, with no store error
+/// and no load; only a miss, which needs the lock, is a store error (`Degraded`).
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_redis_still_answers_fresh_hits() {
@@ -118,8 +117,8 @@ async fn a_timed_out_lookup_does_not_leave_its_lock_behind(stores: Vec<Shared>) 
     }
 }
 
-/// Issue 16, configuration hazards: a probe that never completes must not leave the breaker
-/// open for good. Every lookup and read of the store hangs: the breaker opens, and its probes
+/// A probe that never completes does not leave the breaker open for good (issue 16,
+/// configuration hazards). Every lookup and read of the store hangs: the breaker opens, and its probes
 /// (the timer's reads, and the trial of a request's lookup) hang too, each cut short by the
 /// store timeout; once the store answers again, the next probe closes the breaker with no
 /// request in between. Paused time.

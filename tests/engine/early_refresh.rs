@@ -169,11 +169,10 @@ async fn early_refresh_keeps_a_hot_key_fresh_at_about_one_load_per_ttl() {
     assert!((10..=13).contains(&loads), "{loads} loads in 10 s");
 }
 
-/// Early refresh fired earlier as traffic grew (issue 15): each L1 hit drew its own XFetch
-/// coin, so with r hits per second the first coin that fired came about δ·β·ln(r·δ) before
-/// expiry, and a hot key reloaded far more often than once per TTL. The refresh point is now
-/// drawn once per value per process (when it enters L1), so the rate of hits does not matter:
-/// here 10 000 hits per second for 10 TTLs of 1 s with a 100 ms load (paused time).
+/// The refresh point is drawn once per value per process (when it enters L1), so the rate of
+/// hits does not move it earlier (issue 15: a coin per hit would fire about δ·β·ln(r·δ) before
+/// expiry at r hits per second): 10 000 hits per second for 10 TTLs of 1 s with a 100 ms load
+/// (paused time) cost at most 1.4 loads per TTL, and nobody waits for one.
 #[tokio::test(start_paused = true)]
 async fn early_refresh_is_about_one_load_per_ttl_at_any_rate() {
     let shared = Shared::memory();
@@ -205,12 +204,11 @@ async fn early_refresh_is_about_one_load_per_ttl_at_any_rate() {
     assert_eq!(waited, 0, "nobody waits for an early refresh");
 }
 
-/// A failed early refresh must not make every other process fail. An early (XFetch) refresh
-/// is speculative: the value is still fresh and nobody waits for it. With the default
-/// settings (no stale window), a refresh whose loader failed wrote the shared failure marker;
-/// the value then expired while the marker stood, and every other process's callers got
-/// `RecentFailure` for `failure_ttl` although none of their loads had been tried. A failed
-/// early refresh now only releases its lock.
+/// A failed early refresh does not make every other process fail. An early (XFetch) refresh
+/// is speculative: the value is still fresh and nobody waits for it, so its failure only
+/// releases its lock and leaves no failure marker. With the default settings (no stale
+/// window), the value then expires, and another process's caller loads (`Leader`) instead of
+/// getting `RecentFailure` for a load nobody tried.
 #[tokio::test(start_paused = true)]
 async fn a_failed_early_refresh_does_not_fail_other_processes() {
     let shared = Shared::memory();
@@ -238,11 +236,10 @@ async fn a_failed_early_refresh_does_not_fail_other_processes() {
     assert_eq!(b_loads.get(), 1);
 }
 
-/// An early refresh shortened the `fresh` marker. The refresh's lookup stored its own
-/// threshold (the life left when it ran, not the stale period) in the lock, and the fill
-/// measured the marker from it: the refreshed value's marker ended early (PTTL 1395 ms against
-/// the value's 1999 ms), and a hit in the gap took the lock, ran the release script and
-/// published to every process. The marker now lasts as long as the value is fresh.
+/// The `fresh` marker of a value filled by an early refresh lasts as long as the value is
+/// fresh: the fill measures it from the stale period, not from the life the value had left
+/// when the refresh's lookup ran. A marker that ended early would let a hit in the gap take
+/// the lock, run the release script and publish to every process.
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_refresh_marks_the_value_fresh_for_all_its_freshness() {

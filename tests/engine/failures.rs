@@ -72,8 +72,9 @@ async fn a_failed_load_is_shared_and_releases_the_lock(stores: Vec<Shared>) {
     }
 }
 
-/// A foreground load that fails still tells everyone (the failure marker), as before: the
-/// fix above is for speculative refreshes only.
+/// A foreground load that fails tells everyone (the failure marker): another process's call
+/// fails with `RecentFailure` without loading. Only a speculative early refresh leaves no
+/// marker (`early_refresh::a_failed_early_refresh_does_not_fail_other_processes`).
 #[tokio::test(start_paused = true)]
 async fn a_failed_foreground_load_is_still_shared() {
     let shared = Shared::memory();

@@ -169,12 +169,12 @@ enum LaterWriter {
     Set,
 }
 
-/// `LoadAndCache` wrote without a fence (issue 16 #6). A follower B gave up waiting for a
-/// slow leader A and loaded itself (`WaitTimeoutPolicy::LoadAndCache`); its load was slow
-/// too. Meanwhile a later writer C stored a newer value: the leader of a later stampede,
-/// or the application's `set`. When B's load ended, its unfenced write overwrote C's newer
-/// value with B's older one, for a whole TTL. A write after a wait timeout is now refused
-/// where the stored value's load started later (the load start is in the entry's header).
+/// A write after a wait timeout is fenced by its load's start (issue 16 #6). A follower B
+/// gives up waiting for a slow leader A and loads itself (`WaitTimeoutPolicy::LoadAndCache`);
+/// its load is slow too. Meanwhile a later writer C stores a newer value: the leader of a
+/// later stampede, or the application's `set`. When B's load ends, its write is refused, as
+/// the stored value's load started later (the load start is in the entry's header), and C's
+/// value stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
     use tower_stampede::WaitTimeoutPolicy;
@@ -233,12 +233,11 @@ async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
     }
 }
 
-/// Issue 29, item 8: a leader's fill was fenced by its lock, not by its load's start. Leader A
-/// (a slow load, its lock renewed) started first; follower B gave up waiting and loaded "new"
-/// itself, later, and stored it (`LoadAndCache`: its write is fenced by load starts). When
-/// A's older load ended, its fill, still holding the lock, overwrote B's newer value for a
-/// whole TTL. A fill is now refused where the stored value's load started later (the lock is
-/// freed all the same, and followers told).
+/// A leader's fill is fenced by its load's start as well as by its lock (issue 29, item 8).
+/// Leader A (a slow load, its lock renewed) starts first; follower B gives up waiting, loads
+/// "new" itself, later, and stores it (`LoadAndCache`). When A's older load ends, its fill,
+/// still holding the lock, is refused, as the stored value's load started later: B's value
+/// stays, the lock is freed all the same, and followers are told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_leader_never_overwrites_a_newer_value_put_after_a_wait_timeout() {
     use tower_stampede::WaitTimeoutPolicy;
@@ -306,8 +305,8 @@ async fn a_lost_lock_means_a_refused_fill_not_a_wrong_value() {
 
 /// One rule for keeping a loaded value in L1 after its write, whether the write succeeded or
 /// failed (review of issue 16): a tagged value whose tag was invalidated during its load is
-/// not kept. A leader whose fill failed kept it with fresh tag stamps, unchecked, so its
-/// process served the outdated value from L1, while a write after a wait timeout checked.
+/// not kept. Here the leader's fill fails, its tag is invalidated while it loads, and the
+/// next fetch in its process loads again instead of hitting the outdated value in L1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_fill_keeps_no_value_outdated_during_its_load() {
     for shared in Shared::both().await {

@@ -254,8 +254,8 @@ async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
     }
 }
 
-/// Issue 16, configuration hazards: with `backoff(0, 0)` a follower must not spin on the
-/// store. Paused time: a leader loads for 100 ms while a follower (notifications off, so it
+/// With `backoff(0, 0)` a follower does not spin on the store (issue 16, configuration
+/// hazards). Paused time: a leader loads for 100 ms while a follower (notifications off, so it
 /// only polls) waits; its pauses are at least half a millisecond, so it looks the key up at
 /// most about 200 times, where a zero pause would look it up without end.
 #[tokio::test(start_paused = true)]

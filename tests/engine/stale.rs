@@ -106,11 +106,11 @@ async fn a_foreground_refresh_waits_for_its_leader_only(stores: Vec<Shared>) {
     }
 }
 
-/// In-process joiners got a stale value far past the `stale` window. A leader that finds a
-/// stale value within the window posts it as its flight's early answer, and every later
-/// caller in that process joined the flight and took it, unchecked, for as long as the load
-/// ran (ttl 100 ms, stale 300 ms, a load that hangs: 1550 ms past freshness a caller still got
-/// `Stale("old")`). The early answer now has a deadline: the end of the window.
+/// In-process joiners get no stale value past the `stale` window. A leader that finds a
+/// stale value within the window posts it as its flight's early answer, and later callers in
+/// that process join the flight and take it; the early answer has a deadline, the end of the
+/// window, so with ttl 100 ms, stale 300 ms and a load that hangs, a caller 1550 ms past
+/// freshness does not get `Stale("old")`: it waits for the load, which times out.
 #[tokio::test(start_paused = true)]
 async fn joiners_get_no_stale_value_past_the_window() {
     let shared = Shared::memory();

@@ -157,9 +157,9 @@ async fn a_value_of_a_foreign_redis_type_is_a_miss() {
     assert_eq!(kind, "string");
 }
 
-/// Bytes this crate never wrote, in a lock key, stalled every request for the whole
-/// `wait_timeout` (30 s): a foreign string was taken for a live lock (issue 15). Such bytes
-/// now count as no lock: the lookup takes the lock in their place and loads at once.
+/// Bytes this crate never wrote, in a lock key, count as no lock (issue 15): the lookup takes
+/// the lock in their place and loads at once, instead of waiting the whole `wait_timeout`
+/// (30 s) for a live lock that is not there.
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_bytes_in_a_lock_key_never_make_anyone_wait() {
@@ -381,9 +381,8 @@ async fn the_fresh_marker_follows_the_value_and_heals() {
 
 /// A lost `fresh` marker (issue 16 #5: under `volatile-ttl`, and the LRU/LFU policies of a
 /// full server, Redis evicts short-lived keys first) costs the next hit one more round trip,
-/// the marker put back, and nothing else. The repair was the release script, which published
-/// "filled": every process dropped the key from its L1 although nothing had changed, and
-/// each of them then read the store again.
+/// the marker put back, and nothing else: no "filled" notification, which would make every
+/// process drop the key from its L1 and read the store again although nothing changed.
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_marker_costs_one_round_trip_and_no_notification() {
