@@ -327,12 +327,11 @@ pub(super) struct Counters {
     pub(super) store_errors: AtomicU64,
     pub(super) store_calls_skipped: AtomicU64,
     pub(super) breaker_opened: AtomicU64,
-    pub(super) early_refreshes: AtomicU64,
 }
 
 impl Counters {
-    /// A snapshot of the counters, with L1's current weight.
-    pub(super) fn stats(&self, l1_bytes: u64) -> Stats {
+    /// A snapshot of the counters, with L1's current weight and the early refreshes started.
+    pub(super) fn stats(&self, l1_bytes: u64, early_refreshes: u64) -> Stats {
         Stats {
             loads: self.loads.load(Ordering::Relaxed),
             corrupt_entries: self.corrupt_entries.load(Ordering::Relaxed),
@@ -340,7 +339,7 @@ impl Counters {
             store_calls_skipped: self.store_calls_skipped.load(Ordering::Relaxed),
             l1_bytes,
             breaker_opened: self.breaker_opened.load(Ordering::Relaxed),
-            early_refreshes: self.early_refreshes.load(Ordering::Relaxed),
+            early_refreshes,
         }
     }
 }

@@ -381,7 +381,7 @@ impl Inner {
         let fresh_for = ttl.unwrap_or_default().saturating_sub(self.config.keep());
         self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
         let fresh_until = crate::sync::later(read_at, fresh_for);
-        if self.refresh_due(read_at, fresh_until, load_time) {
+        if self.refreshes.due(read_at, fresh_until, load_time) {
             self.refresh_early(digest, loader, fresh_until);
         }
         Fetched {

@@ -260,7 +260,7 @@ impl Inner {
             let now = Instant::now();
             let fresh_until = crate::sync::later(now, fresh_for);
             let entry = L1Entry {
-                refresh_at: self.refresh_point(fresh_until, load_time),
+                refresh_at: self.refreshes.point(fresh_until, load_time),
                 // Cloned only here: with L1 off (or a value it does not keep), bytes read
                 // from the store stay unshared (a clone of bytes from a `Vec` allocates).
                 value: value.clone(),

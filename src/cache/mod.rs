@@ -70,6 +70,7 @@ mod health;
 mod l1;
 mod leader;
 mod refresh;
+mod refreshes;
 mod revalidate;
 mod stale;
 mod tags;
@@ -78,7 +79,7 @@ pub(crate) mod telemetry;
 pub mod typed;
 mod waiters;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,8 +122,7 @@ struct Inner {
     l1_bytes: Arc<AtomicU64>,
     l1: Option<l1::L1>,
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
-    /// Keys with an early refresh in progress in this process.
-    refreshing: Mutex<HashSet<KeyDigest>>,
+    refreshes: refreshes::Refreshes,
     /// Whether a loader of this process has returned tags: from then on every leader reads
     /// the tag clock before its load (see the `tags` module).
     tags_seen: AtomicBool,
@@ -176,13 +176,13 @@ impl Cache {
                 store,
                 l1: l1::build(&config, &l1_bytes),
                 l1_bytes,
+                refreshes: refreshes::Refreshes::new(config.early_refresh_beta),
                 breaker: Arc::new(Breaker::new(
                     config.breaker_threshold,
                     config.breaker_open_for,
                 )),
                 config,
                 flights: Mutex::new(HashMap::new()),
-                refreshing: Mutex::new(HashSet::new()),
                 tags_seen: AtomicBool::new(false),
                 first_tag_clock: tokio::sync::OnceCell::new(),
                 known_versions: tags::KnownVersions::default(),
@@ -378,7 +378,9 @@ impl Cache {
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
         let l1_bytes = self.inner.l1_bytes.load(Ordering::Relaxed);
-        self.inner.counters.stats(l1_bytes)
+        self.inner
+            .counters
+            .stats(l1_bytes, self.inner.refreshes.started())
     }
 
     /// Whether the store is believed to answer: `false` while the circuit breaker is open
