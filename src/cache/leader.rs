@@ -243,7 +243,7 @@ impl Inner {
         // process's first load's: the clock it read then stands in, which is no later than
         // the clock at this load's start, so an invalidation since (or a new generation)
         // outdates the value, never the other way round.
-        let clock = if seen.tagged || self.tags_seen.load(Ordering::Relaxed) {
+        let clock = if seen.tagged || self.known_tags.seen() {
             self.tag_clock().await
         } else {
             self.first_tag_clock().await
@@ -298,7 +298,7 @@ impl Inner {
             }
         };
         if !loaded.tags.is_empty() {
-            self.tags_seen.store(true, Ordering::Relaxed);
+            self.known_tags.mark_seen();
         }
         let kept = stale.is_some();
         if let (LoadedKind::NotModified { ttl }, Some(stale), true) =

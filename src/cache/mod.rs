@@ -67,6 +67,7 @@ mod error;
 mod flight;
 mod follower;
 mod health;
+mod known_tags;
 mod l1;
 mod leader;
 mod refresh;
@@ -81,7 +82,7 @@ mod waiters;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -123,14 +124,7 @@ struct Inner {
     l1: Option<l1::L1>,
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
     refreshes: refreshes::Refreshes,
-    /// Whether a loader of this process has returned tags: from then on every leader reads
-    /// the tag clock before its load (see the `tags` module).
-    tags_seen: AtomicBool,
-    /// The first tag clock this process read, for its loads before then (see
-    /// [`first_tag_clock`](Inner::first_tag_clock)).
-    first_tag_clock: tokio::sync::OnceCell<crate::store::TagClock>,
-    /// Tag versions read, kept while notifications keep them right (see the `tags` module).
-    known_versions: tags::KnownVersions,
+    known_tags: known_tags::KnownTags,
     next_flight: AtomicU64,
     counters: Counters,
 }
@@ -183,9 +177,7 @@ impl Cache {
                 )),
                 config,
                 flights: Mutex::new(HashMap::new()),
-                tags_seen: AtomicBool::new(false),
-                first_tag_clock: tokio::sync::OnceCell::new(),
-                known_versions: tags::KnownVersions::default(),
+                known_tags: known_tags::KnownTags::default(),
                 next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),

@@ -14,14 +14,13 @@
 //! L1 entries of tagged values also carry the stamps of their tags: the invalidation's
 //! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
 //!
-//! The versions read are kept in-process ([`KnownVersions`]) under the same stamps, for at
+//! The versions read are kept in-process ([`KnownTags`](super::known_tags::KnownTags)) under the same stamps, for at
 //! most `l1_ttl_cap`, while notifications are received: a tagged value's L2 hit then costs
 //! no second round trip as long as nothing was heard of its tags, exactly as an L1 entry
 //! stays trusted. A tag invalidated elsewhere is re-read once its notification arrives (or
 //! notifications are lost); without notifications, versions are always read from the store.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -30,7 +29,7 @@ use super::flight::Overtaken;
 use super::follower::Found;
 use super::l1::TagStamps;
 use super::{Cache, Error, Inner};
-use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock, TagVersions};
+use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock};
 
 impl Cache {
     /// Makes every value that carries `tag` a miss, in every process: see
@@ -91,11 +90,7 @@ impl Inner {
     /// tags. One round trip in a process's life, so an application without tags pays for
     /// tags that once. `None` while the store does not answer.
     pub(super) async fn first_tag_clock(&self) -> Option<TagClock> {
-        self.first_tag_clock
-            .get_or_try_init(|| async { self.tag_clock().await.ok_or(()) })
-            .await
-            .ok()
-            .copied()
+        self.known_tags.first_clock(self.tag_clock()).await
     }
 
     /// The stamps of `tags`, taken before their versions are read.
@@ -108,7 +103,7 @@ impl Inner {
     /// Whether a value of `tagged` is still valid: none of its tags was invalidated since its
     /// clock. The stamps of its tags, taken before the versions are read, go with a valid one.
     ///
-    /// The versions come from [`KnownVersions`] when every tag's is known and nothing has been
+    /// The versions come from [`KnownTags`](super::known_tags::KnownTags) when every tag's is known and nothing has been
     /// heard of the tag since it was read (no round trip), else from the store.
     pub(super) async fn tags_valid(
         &self,
@@ -126,7 +121,10 @@ impl Inner {
             return Ok(None);
         };
         if let Some(live) = &live {
-            if let Some(versions) = self.known_versions.get(generation, &tagged.tags, live, now) {
+            if let Some(versions) = self
+                .known_tags
+                .versions(generation, &tagged.tags, live, now)
+            {
                 return Ok(valid(&versions, tagged.clock).then_some(stamps));
             }
         }
@@ -142,8 +140,7 @@ impl Inner {
         };
         if let Some(live) = live {
             let until = crate::sync::later(now, self.config.l1_ttl_cap);
-            self.known_versions
-                .learn(&tagged.tags, &versions, &live, until);
+            self.known_tags.learn(&tagged.tags, &versions, &live, until);
         }
         Ok(valid(&versions.versions, tagged.clock).then_some(stamps))
     }
@@ -181,64 +178,4 @@ impl Inner {
 /// Whether a value loaded at `clock` survives tags at `versions`: none was invalidated later.
 fn valid(versions: &[u64], clock: u64) -> bool {
     !versions.iter().any(|version| *version > clock)
-}
-
-/// How many tags' versions a process keeps; past it, it forgets them all and reads again.
-const MAX_KNOWN_TAGS: usize = 4096;
-
-/// The tag versions this process has read, each with the stamp its tag had just before the
-/// read and how long it may be kept; see the module docs.
-#[derive(Default)]
-pub(super) struct KnownVersions(Mutex<HashMap<KeyDigest, Known>>);
-
-struct Known {
-    generation: u64,
-    version: u64,
-    stamp: Stamp,
-    until: Instant,
-}
-
-impl KnownVersions {
-    /// The versions of `tags` in `generation`, if every one is known in it under its current
-    /// stamp (`live`). Known in another generation, a version is read again: the store's
-    /// generation may have changed since either was read, and only the store can say.
-    fn get(
-        &self,
-        generation: u64,
-        tags: &[KeyDigest],
-        live: &[Stamp],
-        now: Instant,
-    ) -> Option<Vec<u64>> {
-        let known = crate::sync::lock(&self.0);
-        tags.iter()
-            .zip(live)
-            .map(|(tag, stamp)| {
-                known
-                    .get(tag)
-                    .filter(|known| {
-                        known.generation == generation && known.stamp == *stamp && now < known.until
-                    })
-                    .map(|known| known.version)
-            })
-            .collect()
-    }
-
-    /// Keeps the versions of `tags` just read, under the stamps taken before the read.
-    fn learn(&self, tags: &[KeyDigest], versions: &TagVersions, live: &[Stamp], until: Instant) {
-        let mut known = crate::sync::lock(&self.0);
-        if known.len() + tags.len() > MAX_KNOWN_TAGS {
-            known.clear();
-        }
-        for ((tag, version), stamp) in tags.iter().zip(&versions.versions).zip(live) {
-            known.insert(
-                *tag,
-                Known {
-                    generation: versions.generation,
-                    version: *version,
-                    stamp: *stamp,
-                    until,
-                },
-            );
-        }
-    }
 }
