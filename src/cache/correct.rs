@@ -22,7 +22,7 @@ use bytes::Bytes;
 
 use super::flight::Overtaken;
 use super::{entry, Cache, Error, Inner};
-use crate::store::{KeyDigest, Notifier, StoreError, StoreKey};
+use crate::store::{KeyDigest, StoreError, StoreKey};
 
 impl Cache {
     /// Removes the value of `key` everywhere: from the store, from this process's L1, and
@@ -115,11 +115,6 @@ impl Cache {
 }
 
 impl Inner {
-    /// The store's notifier, when this cache listens to notifications.
-    pub(super) fn notifier(&self) -> Option<&Notifier> {
-        self.notifier.as_ref()
-    }
-
     /// Runs a store call that changes `key`, and makes this process's L1 forget the key
     /// whatever the store answers: before the call, and again after it, so that a flight
     /// that read the old value meanwhile cannot keep it either.
@@ -157,11 +152,9 @@ impl Inner {
 
     /// Drops `key` from this process's L1 and moves its stamp on.
     pub(super) fn forget_here(&self, key: &StoreKey) {
-        if let Some(notifier) = self.notifier() {
+        if let Some(notifier) = self.l1.notifier() {
             notifier.notify(key);
         }
-        if let Some(l1) = &self.l1 {
-            l1.invalidate(key.digest());
-        }
+        self.l1.forget(key.digest());
     }
 }

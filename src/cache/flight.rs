@@ -164,7 +164,7 @@ impl Inner {
             };
             // A flight may have filled L1 and landed since the look above: look once more
             // rather than pay a store round trip.
-            let in_l1 = self.l1.as_ref().is_some_and(|l1| l1.contains_key(&digest));
+            let in_l1 = self.l1.contains(&digest);
             if in_l1 && !l1_checked_twice {
                 l1_checked_twice = true;
                 continue;

@@ -246,7 +246,7 @@ impl Inner {
         key: &'a StoreKey,
     ) -> Option<FillWatch<'a>> {
         let filled = self.watch_fills(key);
-        if let (Some(_), Some(notifier)) = (&filled, self.notifier()) {
+        if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
             if !notifier.receiving() && self.breaker.is_closed() {
                 // Boxed: a rare wait, kept out of every lookup's state.
                 Box::pin(notifier.received_within(self.config.store_timeout)).await;
@@ -332,7 +332,7 @@ impl Inner {
         // counted from just before the request, which errs by one round trip on the safe side.
         let started = Instant::now();
         // Taken before the read, so that a change heard after it keeps the value out of L1.
-        let stamp = self.stamp(&digest);
+        let stamp = self.l1.stamp(&digest);
         let lock_when = LockWhen::LifeAtMost(self.config.keep());
         let reader = loader.reader();
         let mut found = self
@@ -431,7 +431,7 @@ impl Inner {
                 None => {
                     let read_at = Instant::now();
                     // Taken before the read (as the first lookup's).
-                    let stamp = self.stamp(&digest);
+                    let stamp = self.l1.stamp(&digest);
                     let lock_when = if overwriting {
                         LockWhen::Always
                     } else {
@@ -579,7 +579,7 @@ impl Inner {
             if waited >= config.wait_timeout {
                 waiting.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
-                let stamp = self.stamp(&digest);
+                let stamp = self.l1.stamp(&digest);
                 let overtaken = early.is_overtaken();
                 return Box::pin(
                     self.after_wait_timeout(stamp, key, loader, last_stale, overtaken),

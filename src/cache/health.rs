@@ -79,7 +79,7 @@ impl Cache {
     pub async fn health(&self) -> Health {
         let inner = &self.inner;
         let key = inner.probe_key();
-        if inner.notifier.is_some() {
+        if inner.l1.notifier().is_some() {
             // A watch subscribes its namespace if it is not (any more): dropped at once.
             drop(inner.store.subscribe(&key));
         }
@@ -96,7 +96,7 @@ impl Cache {
                 .breaker
                 .answered()
                 .map(|at| Instant::now().saturating_duration_since(at)),
-            notifications: inner.notifier.as_ref().map(|n| n.receiving()),
+            notifications: inner.l1.notifier().map(|n| n.receiving()),
             breaker_closed: inner.breaker.is_closed(),
         }
     }

@@ -17,8 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{telemetry, Config, Inner};
-use crate::store::{KeyDigest, Stamp};
+use super::{telemetry, Config};
+use crate::store::{KeyDigest, Notifier, Stamp};
 
 /// What this process had heard of each tag of a value when it was read (empty for an
 /// untagged value).
@@ -33,7 +33,7 @@ pub(super) type TagStamps = Box<[(KeyDigest, Stamp)]>;
 /// thread 50 µs at a time until the log drains. The `future` cache yields there instead, but
 /// costs every hit a future; under a storm of writes that outruns housekeeping, this one
 /// holds a worker thread for such short sleeps.
-pub(super) type L1 = moka::sync::Cache<KeyDigest, Arc<L1Entry>>;
+type Moka = moka::sync::Cache<KeyDigest, Arc<L1Entry>>;
 
 /// A value as its reader decoded it, kept with its L1 entry (see [`L1Entry::decoded`]).
 type Decoded = Arc<dyn Any + Send + Sync>;
@@ -47,13 +47,11 @@ pub(super) struct L1Entry {
     /// When a hit refreshes it early: drawn once, as the value enters L1, so that how often
     /// it is hit does not make its refresh more likely (one coin per hit did).
     pub(super) refresh_at: Option<Instant>,
-    /// What this process had heard of the key before the value was read.
-    stamp: Stamp,
-    /// For a value loaded while the store failed, which no notification vouches for: the
-    /// count of the store's recoveries when its load started. Such an entry is kept while
-    /// notifications are lost too (else a process whose store is down would load on every
-    /// call), and only until the store answers again.
-    alone: Option<u64>,
+    /// What vouches for it: what this process had heard of the key before the value was
+    /// read. A value loaded while the store failed, which no notification vouches for, is
+    /// kept while notifications are lost too (else a process whose store is down would load
+    /// on every call), and only until the store answers again.
+    vouch: Vouch,
     /// What this process had heard of the value's tags before they were checked.
     tags: TagStamps,
     /// When the entry leaves L1, on tokio's clock (moka keeps a clock of its own, which
@@ -124,35 +122,75 @@ impl moka::Expiry<KeyDigest, Arc<L1Entry>> for L1Expiry {
     }
 }
 
-/// L1 for `config`, or `None` when its capacity is 0. `bytes` follows its weight: the insert
-/// adds an entry's weight, and moka's eviction listener takes it off.
-pub(super) fn build(config: &Config, bytes: &Arc<AtomicU64>) -> Option<L1> {
-    (config.l1_capacity > 0).then(|| {
-        let removed = Arc::clone(bytes);
-        moka::sync::Cache::builder()
-            .max_capacity(config.l1_capacity)
-            .weigher(|_key: &KeyDigest, entry: &Arc<L1Entry>| entry.weight())
-            .expire_after(L1Expiry)
-            // Replaced, expired or evicted: no longer counted.
-            .eviction_listener(move |_key, entry: Arc<L1Entry>, _cause| {
-                let weight = u64::from(entry.weight());
-                let before = removed
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-                        Some(b.saturating_sub(weight))
-                    })
-                    .unwrap_or_default();
-                telemetry::l1_bytes(before.saturating_sub(weight));
-            })
-            .build()
-    })
+/// L1: the moka cache, its weight in bytes, and the notifier whose stamps keep it in step
+/// with the other processes.
+pub(super) struct L1 {
+    cache: Option<Moka>,
+    /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
+    bytes: Arc<AtomicU64>,
+    /// The store's notifier, if this cache listens to notifications: asked of the store once,
+    /// not on every hit.
+    notifier: Option<Notifier>,
+    /// The longest an entry stays, whatever its freshness.
+    ttl_cap: Duration,
 }
 
-impl Inner {
+/// What vouches for an L1 entry.
+#[derive(Clone, Copy)]
+pub(super) enum Vouch {
+    /// Notifications: the stamp of the key before the value was read.
+    Heard(Stamp),
+    /// Nothing, for a value loaded while the store failed: its stamp, taken even while
+    /// notifications are lost, and the count of the store's recoveries
+    /// ([`Breaker::recoveries`](super::breaker::Breaker::recoveries)) when its load started.
+    Alone(Stamp, u64),
+}
+
+impl L1 {
+    /// L1 for `config` (none when its capacity is 0), kept in step by `notifier`.
+    pub(super) fn new(config: &Config, notifier: Option<Notifier>) -> Self {
+        let bytes = Arc::new(AtomicU64::new(0));
+        let removed = Arc::clone(&bytes);
+        let cache = (config.l1_capacity > 0).then(|| {
+            moka::sync::Cache::builder()
+                .max_capacity(config.l1_capacity)
+                .weigher(|_key: &KeyDigest, entry: &Arc<L1Entry>| entry.weight())
+                .expire_after(L1Expiry)
+                // Replaced, expired or evicted: no longer counted.
+                .eviction_listener(move |_key, entry: Arc<L1Entry>, _cause| {
+                    let weight = u64::from(entry.weight());
+                    let before = removed
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                            Some(b.saturating_sub(weight))
+                        })
+                        .unwrap_or_default();
+                    telemetry::l1_bytes(before.saturating_sub(weight));
+                })
+                .build()
+        });
+        L1 {
+            cache,
+            bytes,
+            notifier,
+            ttl_cap: config.l1_ttl_cap,
+        }
+    }
+
+    /// The store's notifier, when this cache listens to notifications.
+    pub(super) fn notifier(&self) -> Option<&Notifier> {
+        self.notifier.as_ref()
+    }
+
+    /// L1's weight in bytes.
+    pub(super) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
     /// What this process has heard of the key so far, to stamp a value about to be read;
     /// `None` while notifications are not received (nothing read now may enter L1). Without
     /// notifications, entries live out their L1 TTL.
     pub(super) fn stamp(&self, digest: &KeyDigest) -> Option<Stamp> {
-        match self.notifier() {
+        match &self.notifier {
             Some(notifier) => notifier.stamp(digest),
             None => Some(Stamp::UNTRACKED),
         }
@@ -161,23 +199,28 @@ impl Inner {
     /// A stamp even while notifications are lost, for values loaded while the store fails;
     /// they go out of date when notifications are received again.
     pub(super) fn stamp_anyway(&self, digest: &KeyDigest) -> Stamp {
-        match self.notifier() {
+        match &self.notifier {
             Some(notifier) => notifier.stamp_anyway(digest),
             None => Stamp::UNTRACKED,
         }
     }
 
-    /// The L1 entry of a key, if it is there and nothing has been heard of the key since it
-    /// was read; an entry that is no longer trusted is dropped. Reads the clock once, for both
-    /// the entry's end in L1 and its refresh point.
-    pub(super) fn l1_get(&self, digest: &KeyDigest) -> Option<L1Hit> {
-        let l1 = self.l1.as_ref()?;
+    /// The entry of a key, if it is there and nothing has been heard of the key since it was
+    /// read; an entry that is no longer trusted is dropped. `recoveries` tells the store's
+    /// count of recoveries, asked only of an entry loaded while the store failed. Reads the
+    /// clock once, for both the entry's end in L1 and its refresh point.
+    pub(super) fn get(
+        &self,
+        digest: &KeyDigest,
+        recoveries: impl FnOnce() -> u64,
+    ) -> Option<L1Hit> {
+        let l1 = self.cache.as_ref()?;
         let entry = l1.get(digest)?;
         let now = Instant::now();
-        let vouched = match entry.alone {
-            None => self.stamp(digest) == Some(entry.stamp),
-            Some(recoveries) => {
-                recoveries == self.breaker.recoveries() && self.stamp_anyway(digest) == entry.stamp
+        let vouched = match entry.vouch {
+            Vouch::Heard(stamp) => self.stamp(digest) == Some(stamp),
+            Vouch::Alone(stamp, since) => {
+                since == recoveries() && self.stamp_anyway(digest) == stamp
             }
         };
         if vouched
@@ -196,17 +239,31 @@ impl Inner {
         None
     }
 
-    /// Keeps `value`, decoded from `bytes`, with the L1 entry of the key if that entry holds
+    /// Whether L1 holds an entry of the key, trusted or not.
+    pub(super) fn contains(&self, digest: &KeyDigest) -> bool {
+        self.cache
+            .as_ref()
+            .is_some_and(|l1| l1.contains_key(digest))
+    }
+
+    /// Drops the entry of a key.
+    pub(super) fn forget(&self, digest: &KeyDigest) {
+        if let Some(l1) = &self.cache {
+            l1.invalidate(digest);
+        }
+    }
+
+    /// Keeps `value`, decoded from `bytes`, with the entry of the key if that entry holds
     /// these very bytes (the same buffer: alive, so equal pointers and lengths mean equal
     /// contents), so the first hit on the entry does not decode them again. For typed values.
     #[cfg(feature = "serde")]
-    pub(super) fn l1_keep_decoded<T: Any + Send + Sync>(
+    pub(super) fn keep_decoded<T: Any + Send + Sync>(
         &self,
         digest: &KeyDigest,
         bytes: &Bytes,
         value: &Arc<T>,
     ) {
-        let Some(l1) = &self.l1 else { return };
+        let Some(l1) = &self.cache else { return };
         if let Some(entry) = l1.get(digest) {
             if entry.value.as_ptr() == bytes.as_ptr() && entry.value.len() == bytes.len() {
                 let _ = entry.decoded.set(Arc::clone(value) as Decoded);
@@ -214,67 +271,37 @@ impl Inner {
         }
     }
 
-    /// Keeps a value in L1 while it is fresh in the store (and no longer than the L1 cap),
-    /// if `stamp` (taken before the value was read) is still current.
-    pub(super) fn l1_insert(
+    /// Keeps a value while it is fresh in the store for `fresh_for` (and no longer than the
+    /// L1 cap), under what vouches for it; `refresh_at` tells, from when it stops being
+    /// fresh, when a hit refreshes it early.
+    pub(super) fn insert(
         &self,
-        stamp: Option<Stamp>,
+        vouch: Vouch,
         tags: TagStamps,
         digest: KeyDigest,
         value: &Bytes,
         fresh_for: Duration,
-        load_time: Duration,
+        refresh_at: impl FnOnce(Instant) -> Option<Instant>,
     ) {
-        if let Some(stamp) = stamp {
-            self.l1_put((stamp, None), tags, digest, value, fresh_for, load_time);
-        }
-    }
-
-    /// Keeps a value loaded while the store failed in L1, for `ttl` (and no longer than the
-    /// L1 cap), even while notifications are lost, until the store answers again: `stamp`
-    /// and `recoveries` ([`Breaker::recoveries`](super::breaker::Breaker::recoveries)) were
-    /// read before the load started.
-    pub(super) fn l1_insert_alone(
-        &self,
-        (stamp, recoveries): (Stamp, u64),
-        digest: KeyDigest,
-        value: &Bytes,
-        ttl: Duration,
-        load_time: Duration,
-    ) {
-        let vouch = (stamp, Some(recoveries));
-        self.l1_put(vouch, TagStamps::default(), digest, value, ttl, load_time);
-    }
-
-    fn l1_put(
-        &self,
-        (stamp, alone): (Stamp, Option<u64>),
-        tags: TagStamps,
-        digest: KeyDigest,
-        value: &Bytes,
-        fresh_for: Duration,
-        load_time: Duration,
-    ) {
-        let ttl = fresh_for.min(self.config.l1_ttl_cap);
-        if let (Some(l1), false) = (&self.l1, ttl.is_zero()) {
+        let ttl = fresh_for.min(self.ttl_cap);
+        if let (Some(l1), false) = (&self.cache, ttl.is_zero()) {
             let now = Instant::now();
             let fresh_until = crate::sync::later(now, fresh_for);
             let entry = L1Entry {
-                refresh_at: self.refreshes.point(fresh_until, load_time),
+                refresh_at: refresh_at(fresh_until),
                 // Cloned only here: with L1 off (or a value it does not keep), bytes read
                 // from the store stay unshared (a clone of bytes from a `Vec` allocates).
                 value: value.clone(),
                 ttl,
                 fresh_until,
-                stamp,
-                alone,
+                vouch,
                 tags,
                 until: crate::sync::later(now, ttl),
                 decoded: OnceLock::new(),
             };
             // Counted before the insert, so the listener never takes off what was not added.
             let weight = u64::from(entry.weight());
-            let bytes = self.l1_bytes.fetch_add(weight, Ordering::Relaxed) + weight;
+            let bytes = self.bytes.fetch_add(weight, Ordering::Relaxed) + weight;
             telemetry::l1_bytes(bytes);
             l1.insert(digest, Arc::new(entry));
         }
@@ -284,11 +311,112 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
 
     use bytes::Bytes;
 
-    use crate::store::{KeyDigest, MemoryStore};
+    use super::{Vouch, L1};
+    use crate::cache::Config;
+    use crate::store::{KeyDigest, MemoryStore, Store, StoreKey};
     use crate::Cache;
+
+    const FRESH: Duration = Duration::from_secs(5);
+
+    /// L1 over the notifier of `store`, and the key `k` with its digest.
+    fn l1_of(store: &MemoryStore) -> (L1, KeyDigest, StoreKey) {
+        let l1 = L1::new(&Config::default(), store.notifier().cloned());
+        let digest = KeyDigest::of(b"k");
+        (l1, digest, StoreKey::new(Arc::from("stampede"), digest))
+    }
+
+    fn value() -> Bytes {
+        Bytes::from_static(b"v")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_is_trusted_until_its_key_is_heard_of_and_its_weight_is_counted() {
+        let store = MemoryStore::new();
+        let (l1, digest, key) = l1_of(&store);
+        let stamp = l1.stamp(&digest).expect("notifications received");
+        l1.insert(
+            Vouch::Heard(stamp),
+            Box::default(),
+            digest,
+            &value(),
+            FRESH,
+            |_| None,
+        );
+        assert!(l1.get(&digest, || 0).is_some());
+        assert!(l1.bytes() > 0, "counted on insert");
+        store.notifier().expect("a notifier").notify(&key);
+        assert!(l1.get(&digest, || 0).is_none(), "heard of since");
+        assert!(!l1.contains(&digest), "and dropped");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_read_before_a_change_heard_meanwhile_never_enters() {
+        let store = MemoryStore::new();
+        let (l1, digest, key) = l1_of(&store);
+        let stamp = l1.stamp(&digest).expect("notifications received");
+        store.notifier().expect("a notifier").notify(&key);
+        l1.insert(
+            Vouch::Heard(stamp),
+            Box::default(),
+            digest,
+            &value(),
+            FRESH,
+            |_| None,
+        );
+        assert!(l1.get(&digest, || 0).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_value_loaded_alone_lives_until_the_store_recovers() {
+        let store = MemoryStore::new();
+        let (l1, digest, _) = l1_of(&store);
+        let vouch = Vouch::Alone(l1.stamp_anyway(&digest), 3);
+        l1.insert(vouch, Box::default(), digest, &value(), FRESH, |_| None);
+        assert!(l1.get(&digest, || 3).is_some());
+        assert!(l1.get(&digest, || 4).is_none(), "the store answered again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_leaves_at_its_freshness_or_the_cap_and_is_due_at_its_refresh_point() {
+        let store = MemoryStore::new();
+        let (l1, digest, _) = l1_of(&store);
+        let stamp = l1.stamp(&digest).expect("notifications received");
+        let heard = Vouch::Heard(stamp);
+        let refresh = |fresh_until| Some(fresh_until - Duration::from_secs(1));
+        l1.insert(heard, Box::default(), digest, &value(), FRESH, refresh);
+        assert!(matches!(
+            l1.get(&digest, || 0),
+            Some(super::L1Hit::Fresh(..))
+        ));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert!(matches!(
+            l1.get(&digest, || 0),
+            Some(super::L1Hit::RefreshDue(_))
+        ));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(l1.get(&digest, || 0).is_none(), "no longer fresh");
+        // Fresh for an hour: kept for the cap (10 s by default) only.
+        l1.insert(heard, Box::default(), digest, &value(), FRESH * 720, |_| {
+            None
+        });
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(l1.get(&digest, || 0).is_none(), "past the cap");
+        // A value with no freshness left is not kept at all.
+        l1.insert(
+            heard,
+            Box::default(),
+            digest,
+            &value(),
+            Duration::ZERO,
+            |_| None,
+        );
+        assert!(!l1.contains(&digest));
+    }
 
     #[tokio::test]
     async fn a_hit_decodes_once_per_entry_and_a_reader_of_another_type_each_time() {

@@ -445,7 +445,7 @@ impl Inner {
         let started = Instant::now();
         // Kept in L1 even while notifications are lost (the store is failing), until the
         // store answers again or notifications come back.
-        let vouch = (self.stamp_anyway(&digest), self.breaker.recoveries());
+        let vouch = (self.l1.stamp_anyway(&digest), self.breaker.recoveries());
         match self.load(loader, None, None).await?.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if outcome == Outcome::Degraded {

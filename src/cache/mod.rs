@@ -82,17 +82,19 @@ mod waiters;
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
-use crate::store::{KeyDigest, Notifier, Store, StoreError, StoreKey, Stored};
+use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, Stored};
 use answer::Counters;
 use breaker::Breaker;
 use flight::FlightHandle;
+use l1::{TagStamps, Vouch};
 
 pub use answer::{Fetched, Loaded, Outcome, Previous, Stats};
 pub(crate) use config::Config;
@@ -114,14 +116,9 @@ pub struct Cache {
 
 struct Inner {
     store: Arc<dyn Store>,
-    /// The store's notifier, if this cache listens to notifications: asked of the store once,
-    /// not on every L1 hit.
-    notifier: Option<Notifier>,
     config: Config,
     breaker: Arc<Breaker>,
-    /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
-    l1_bytes: Arc<AtomicU64>,
-    l1: Option<l1::L1>,
+    l1: l1::L1,
     flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
     refreshes: refreshes::Refreshes,
     known_tags: known_tags::KnownTags,
@@ -158,7 +155,6 @@ impl Cache {
     }
 
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
-        let l1_bytes = Arc::new(AtomicU64::new(0));
         let notifier = if config.notifications {
             store.notifier().cloned()
         } else {
@@ -166,10 +162,8 @@ impl Cache {
         };
         Cache {
             inner: Arc::new(Inner {
-                notifier,
+                l1: l1::L1::new(&config, notifier),
                 store,
-                l1: l1::build(&config, &l1_bytes),
-                l1_bytes,
                 refreshes: refreshes::Refreshes::new(config.early_refresh_beta),
                 breaker: Arc::new(Breaker::new(
                     config.breaker_threshold,
@@ -369,10 +363,10 @@ impl Cache {
 
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
-        let l1_bytes = self.inner.l1_bytes.load(Ordering::Relaxed);
-        self.inner
+        let inner = &self.inner;
+        inner
             .counters
-            .stats(l1_bytes, self.inner.refreshes.started())
+            .stats(inner.l1.bytes(), inner.refreshes.started())
     }
 
     /// Whether the store is believed to answer: `false` while the circuit breaker is open
@@ -402,6 +396,49 @@ impl Cache {
             Arc::clone(&self.inner.config.namespace),
             KeyDigest::of(key.as_ref()),
         )
+    }
+}
+
+impl Inner {
+    /// The L1 entry of a key, if it is there and trusted (see [`l1::L1::get`]).
+    fn l1_get(&self, digest: &KeyDigest) -> Option<l1::L1Hit> {
+        self.l1.get(digest, || self.breaker.recoveries())
+    }
+
+    /// Keeps a value read from the store in L1 while it is fresh there, if `stamp` (taken
+    /// before the value was read) is still current; its early refresh drawn from `load_time`.
+    fn l1_insert(
+        &self,
+        stamp: Option<Stamp>,
+        tags: TagStamps,
+        digest: KeyDigest,
+        value: &Bytes,
+        fresh_for: Duration,
+        load_time: Duration,
+    ) {
+        if let Some(stamp) = stamp {
+            let refresh_at = |fresh_until| self.refreshes.point(fresh_until, load_time);
+            let vouch = Vouch::Heard(stamp);
+            self.l1
+                .insert(vouch, tags, digest, value, fresh_for, refresh_at);
+        }
+    }
+
+    /// Keeps a value loaded while the store failed in L1 for `ttl`, even while notifications
+    /// are lost, until the store answers again: `stamp` and `recoveries`
+    /// ([`Breaker::recoveries`]) were read before the load started.
+    fn l1_insert_alone(
+        &self,
+        (stamp, recoveries): (Stamp, u64),
+        digest: KeyDigest,
+        value: &Bytes,
+        ttl: Duration,
+        load_time: Duration,
+    ) {
+        let refresh_at = |fresh_until| self.refreshes.point(fresh_until, load_time);
+        let vouch = Vouch::Alone(stamp, recoveries);
+        self.l1
+            .insert(vouch, TagStamps::default(), digest, value, ttl, refresh_at);
     }
 }
 

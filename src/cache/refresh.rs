@@ -60,7 +60,7 @@ impl Inner {
         let mut backoff = Backoff::new(config);
         let mut fresh_until = None;
         loop {
-            let stamp = self.stamp(&digest);
+            let stamp = self.l1.stamp(&digest);
             let reader = loader.reader();
             let found = match self
                 .look_up(

@@ -20,7 +20,7 @@ impl Inner {
         stamp: Option<Stamp>,
         tags: &TagStamps,
     ) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
-        let (notifier, stamp) = (self.notifier()?.clone(), stamp?);
+        let (notifier, stamp) = (self.l1.notifier()?.clone(), stamp?);
         let tags = tags.clone();
         Some(Box::new(move || {
             notifier.stamp(&digest) == Some(stamp)

@@ -96,7 +96,7 @@ impl Inner {
     /// The stamps of `tags`, taken before their versions are read.
     pub(super) fn tag_stamps(&self, tags: &[KeyDigest]) -> TagStamps {
         tags.iter()
-            .map(|tag| (*tag, self.stamp_anyway(tag)))
+            .map(|tag| (*tag, self.l1.stamp_anyway(tag)))
             .collect()
     }
 
@@ -113,6 +113,7 @@ impl Inner {
         // Taken before the read, as the stamps: a change notified after them outdates what
         // is learnt. `None` while notifications are off or lost: then nothing is kept.
         let live: Option<Vec<Stamp>> = self
+            .l1
             .notifier()
             .and_then(|notifier| tagged.tags.iter().map(|tag| notifier.stamp(tag)).collect());
         let now = Instant::now();

@@ -291,7 +291,7 @@ where
                 .await?;
             let bytes = fetched.value_or_pass()?;
             if let Some(value) = read(&bytes).map(Arc::new) {
-                self.cache.inner.l1_keep_decoded(&digest, &bytes, &value);
+                self.cache.inner.l1.keep_decoded(&digest, &bytes, &value);
                 return Ok(value);
             }
             if attempt == 0 {
