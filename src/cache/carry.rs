@@ -51,7 +51,7 @@ pub(super) struct Posts {
     /// How many callers joined the flight (counted under the lock of the map of flights).
     joined: AtomicUsize,
     /// Set when a change in this process overtook the flight (see
-    /// [`detach_flights`](super::Inner::detach_flights)): what it read may be outdated.
+    /// [`Flights::detach`](super::flights::Flights::detach)): what it read may be outdated.
     overtaken: AtomicBool,
     changed: Notify,
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 
-use super::flight::Overtaken;
+use super::flights::Overtaken;
 use super::{entry, Cache, Error, Inner};
 use crate::store::{KeyDigest, StoreError, StoreKey};
 
@@ -141,12 +141,12 @@ impl Inner {
         for key in keys {
             self.forget_here(key);
         }
-        self.detach_flights(overtaken);
+        self.flights.detach(overtaken);
         let result = self.store_call(call).await;
         for key in keys {
             self.forget_here(key);
         }
-        self.detach_flights(overtaken);
+        self.flights.detach(overtaken);
         result.map_err(Error::store)
     }
 

@@ -4,17 +4,15 @@
 //! posts (see [`carry`](super::carry)). A flight runs to the end even if every caller goes
 //! away, and leaves the map of flights however it ends ([`Landing`]).
 
-use std::collections::hash_map;
-use std::collections::HashMap;
 use std::future::{poll_fn, Future};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::carry::{Carried, Posts};
 use super::entry::{self, Entry};
+use super::flights::Entered;
 use super::l1::L1Hit;
 use super::telemetry::{self, WaitEnd};
 use super::{BoxError, Error, Fetched, Inner, Loaded, Outcome, Previous};
@@ -115,12 +113,6 @@ enum Role {
     Joined(Arc<Posts>),
 }
 
-/// One flight in progress: its id (so only it removes itself) and where it posts.
-pub(super) struct FlightHandle {
-    id: u64,
-    posts: Arc<Posts>,
-}
-
 impl Inner {
     /// Answers from L1, or joins this process's flight for the key, or starts one.
     pub(super) async fn fetch_digest<A, F, Fut, E>(
@@ -152,30 +144,21 @@ impl Inner {
                     fresh_until: Some(entry.fresh_until),
                 });
             }
-            let mut flights = self.flights();
-            // One hash of the key, whether it joins a flight or starts one.
-            let vacant = match flights.entry(digest) {
-                hash_map::Entry::Occupied(flight) => {
-                    let posts = &flight.get().posts;
-                    posts.join();
-                    break Role::Joined(Arc::clone(posts));
-                }
-                hash_map::Entry::Vacant(vacant) => vacant,
-            };
+            let look_again = !l1_checked_twice;
             // A flight may have filled L1 and landed since the look above: look once more
             // rather than pay a store round trip.
-            let in_l1 = self.l1.contains(&digest);
-            if in_l1 && !l1_checked_twice {
-                l1_checked_twice = true;
-                continue;
-            }
+            let (id, posts) = match self
+                .flights
+                .enter(digest, || look_again && self.l1.contains(&digest))
+            {
+                Entered::Joined(posts) => break Role::Joined(posts),
+                Entered::LookAgain => {
+                    l1_checked_twice = true;
+                    continue;
+                }
+                Entered::Started(id, posts) => (id, posts),
+            };
             let loader = BoxLoader::new(accepts, loader);
-            let id = self.next_flight.fetch_add(1, Ordering::Relaxed);
-            let posts = Arc::new(Posts::default());
-            vacant.insert(FlightHandle {
-                id,
-                posts: Arc::clone(&posts),
-            });
             let landing = Landing {
                 inner: Arc::clone(self),
                 digest,
@@ -214,44 +197,6 @@ impl Inner {
             fetched
         })
     }
-
-    /// The map of flights in progress, by key.
-    pub(super) fn flights(&self) -> MutexGuard<'_, HashMap<KeyDigest, FlightHandle>> {
-        // Nothing panics while the map is locked; a poisoned map is still consistent.
-        crate::sync::lock(&self.flights)
-    }
-
-    /// Detaches the flights a change overtakes: they run on for the callers they have (whose
-    /// calls began before the change), but a caller that comes after starts or follows a new
-    /// flight, and they withdraw their early answer. A flight that read the key before the
-    /// change would otherwise answer the old value to a caller that read after it.
-    pub(super) fn detach_flights(&self, overtaken: Overtaken<'_>) {
-        let mut flights = self.flights();
-        match overtaken {
-            Overtaken::Keys(keys) => {
-                for key in keys {
-                    if let Some(flight) = flights.remove(key) {
-                        flight.posts.overtaken();
-                    }
-                }
-            }
-            Overtaken::Every => {
-                for (_, flight) in flights.drain() {
-                    flight.posts.overtaken();
-                }
-            }
-        }
-    }
-}
-
-/// The flights of this process that a change overtakes.
-#[derive(Clone, Copy)]
-pub(super) enum Overtaken<'a> {
-    /// The flights of these keys (an invalidation, a write, an expiry).
-    Keys(&'a [KeyDigest]),
-    /// Every flight: a tag invalidation, as a flight learns its value's tags only once it has
-    /// read or loaded it.
-    Every,
 }
 
 /// Removes a flight from the map when it ends, whichever way it ends (even if it is dropped
@@ -264,13 +209,7 @@ struct Landing {
 
 impl Drop for Landing {
     fn drop(&mut self) {
-        let mut flights = self.inner.flights();
-        // One hash of the key: found and removed through its entry.
-        if let hash_map::Entry::Occupied(flight) = flights.entry(self.digest) {
-            if flight.get().id == self.id {
-                flight.remove();
-            }
-        }
+        self.inner.flights.land(self.digest, self.id);
     }
 }
 

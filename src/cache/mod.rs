@@ -65,6 +65,7 @@ mod correct;
 pub(crate) mod entry;
 mod error;
 mod flight;
+mod flights;
 mod follower;
 mod health;
 mod known_tags;
@@ -80,10 +81,8 @@ pub(crate) mod telemetry;
 pub mod typed;
 mod waiters;
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -93,7 +92,6 @@ use tracing::{debug, debug_span, Instrument};
 use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, Stored};
 use answer::Counters;
 use breaker::Breaker;
-use flight::FlightHandle;
 use l1::{TagStamps, Vouch};
 
 pub use answer::{Fetched, Loaded, Outcome, Previous, Stats};
@@ -119,10 +117,9 @@ struct Inner {
     config: Config,
     breaker: Arc<Breaker>,
     l1: l1::L1,
-    flights: Mutex<HashMap<KeyDigest, FlightHandle>>,
+    flights: flights::Flights,
     refreshes: refreshes::Refreshes,
     known_tags: known_tags::KnownTags,
-    next_flight: AtomicU64,
     counters: Counters,
 }
 
@@ -170,9 +167,8 @@ impl Cache {
                     config.breaker_open_for,
                 )),
                 config,
-                flights: Mutex::new(HashMap::new()),
+                flights: flights::Flights::default(),
                 known_tags: known_tags::KnownTags::default(),
-                next_flight: AtomicU64::new(0),
                 counters: Counters::default(),
             }),
         }

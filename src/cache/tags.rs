@@ -25,7 +25,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::entry::{Corrupt, Entry, Tagged};
-use super::flight::Overtaken;
+use super::flights::Overtaken;
 use super::follower::Found;
 use super::l1::TagStamps;
 use super::{Cache, Error, Inner};
