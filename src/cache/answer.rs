@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::breaker::CallCounts;
 use super::entry::Windows;
 use crate::store::KeyDigest;
 
@@ -324,21 +325,19 @@ pub struct Stats {
 pub(super) struct Counters {
     pub(super) loads: AtomicU64,
     pub(super) corrupt_entries: AtomicU64,
-    pub(super) store_errors: AtomicU64,
-    pub(super) store_calls_skipped: AtomicU64,
-    pub(super) breaker_opened: AtomicU64,
 }
 
 impl Counters {
-    /// A snapshot of the counters, with L1's current weight and the early refreshes started.
-    pub(super) fn stats(&self, l1_bytes: u64, early_refreshes: u64) -> Stats {
+    /// A snapshot of the counters, with L1's current weight, the early refreshes started
+    /// and what the breaker counted of the store calls.
+    pub(super) fn stats(&self, l1_bytes: u64, early_refreshes: u64, calls: CallCounts) -> Stats {
         Stats {
             loads: self.loads.load(Ordering::Relaxed),
             corrupt_entries: self.corrupt_entries.load(Ordering::Relaxed),
-            store_errors: self.store_errors.load(Ordering::Relaxed),
-            store_calls_skipped: self.store_calls_skipped.load(Ordering::Relaxed),
+            store_errors: calls.errors,
+            store_calls_skipped: calls.skipped,
             l1_bytes,
-            breaker_opened: self.breaker_opened.load(Ordering::Relaxed),
+            breaker_opened: calls.opened,
             early_refreshes,
         }
     }

@@ -15,8 +15,9 @@
 //! many times it answered again after failing (L1 drops what it loaded while the store
 //! failed, once the store answers again).
 //!
-//! Every store call of the engine goes through [`Inner::store_call`], which bounds it by the
-//! store timeout, counts its failures, and asks the breaker first.
+//! Every store call of the engine goes through [`Breaker::call`], which bounds it by the
+//! store timeout, counts its failures, and asks the breaker first. The breaker holds the
+//! store for its own probe.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +27,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{telemetry, Inner};
-use crate::store::{KeyDigest, StoreError, StoreKey};
+use super::{telemetry, Config};
+use crate::store::{KeyDigest, Store, StoreError, StoreKey};
 
 /// What the breaker lets a store call do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,29 +80,71 @@ pub(crate) struct Recorded {
     pub(crate) start_check: bool,
 }
 
-#[derive(Debug)]
+/// The breaker in front of `store`: its state, the store calls it counted, and what its
+/// probe reads.
 pub(crate) struct Breaker {
     threshold: u32,
     open_for: Duration,
+    /// How long a store call may take.
+    timeout: Duration,
     status: Mutex<Status>,
     /// How many times the store answered again after failing: a value loaded while it was
     /// failing is kept in L1 only until this moves on.
     recoveries: AtomicU64,
+    store: Arc<dyn Store>,
+    /// The key the probe reads.
+    probe_key: StoreKey,
+    /// Store calls that failed or timed out.
+    errors: AtomicU64,
+    /// Store calls not made because the breaker was open.
+    skipped: AtomicU64,
+    /// Times the breaker opened.
+    opened: AtomicU64,
+}
+
+/// What [`Breaker::counts`] tells of the store calls.
+pub(super) struct CallCounts {
+    pub(super) errors: u64,
+    pub(super) skipped: u64,
+    pub(super) opened: u64,
 }
 
 impl Breaker {
-    /// A closed breaker; a `threshold` of 0 never opens.
-    pub(crate) fn new(threshold: u32, open_for: Duration) -> Self {
+    /// A closed breaker over `store`, as `config` sets it; a threshold of 0 never opens.
+    pub(crate) fn new(config: &Config, store: Arc<dyn Store>) -> Self {
         Breaker {
-            threshold,
-            open_for,
+            threshold: config.breaker_threshold,
+            open_for: config.breaker_open_for,
+            timeout: config.store_timeout,
             status: Mutex::new(Status {
                 state: State::Closed { failures: 0 },
                 checking: false,
                 answered: None,
             }),
             recoveries: AtomicU64::new(0),
+            store,
+            probe_key: StoreKey::new(
+                Arc::clone(&config.namespace),
+                KeyDigest::of(b"tower-stampede:probe"),
+            ),
+            errors: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            opened: AtomicU64::new(0),
         }
+    }
+
+    /// The store calls counted so far.
+    pub(super) fn counts(&self) -> CallCounts {
+        CallCounts {
+            errors: self.errors.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
+            opened: self.opened.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The key the engine reads to ask the store whether it answers.
+    pub(super) fn probe_key(&self) -> &StoreKey {
+        &self.probe_key
     }
 
     fn status(&self) -> MutexGuard<'_, Status> {
@@ -222,51 +265,49 @@ impl Breaker {
     }
 }
 
-impl Inner {
+impl Breaker {
     /// One store call, bounded by the store timeout, counted if it fails, and not made at all
     /// while the circuit breaker is open.
-    pub(super) async fn store_call<T>(
-        &self,
+    pub(super) async fn call<T>(
+        self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.store_call_from(Instant::now(), call).await
+        self.call_from(Instant::now(), call).await
     }
 
-    /// [`store_call`](Self::store_call), its timeout counted from `now`, a clock reading its
+    /// [`call`](Self::call), its timeout counted from `now`, a clock reading its
     /// caller has just taken (and uses for what the call answers: one reading, not two).
-    pub(super) async fn store_call_from<T>(
-        &self,
+    pub(super) async fn call_from<T>(
+        self: &Arc<Self>,
         now: Instant,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let trial = match self.breaker.admit() {
+        let trial = match self.admit() {
             Admit::Call => None,
             Admit::Probe => Some(Trial {
-                breaker: &self.breaker,
+                breaker: self,
                 reported: false,
             }),
             Admit::Skip => {
-                self.counters
-                    .store_calls_skipped
-                    .fetch_add(1, Ordering::Relaxed);
+                self.skipped.fetch_add(1, Ordering::Relaxed);
                 return Err(StoreError::circuit_open());
             }
         };
-        let timeout = self.config.store_timeout;
+        let timeout = self.timeout;
         let result = match tokio::time::timeout_at(crate::sync::later(now, timeout), call).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::timeout(timeout)),
         };
         if result.is_err() {
-            self.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+            self.errors.fetch_add(1, Ordering::Relaxed);
             telemetry::store_error();
         }
         match trial {
             Some(mut trial) => trial.report(result.is_ok()),
             None => {
-                let recorded = self.breaker.record(result.is_ok(), now);
+                let recorded = self.record(result.is_ok(), now);
                 if recorded.opened {
-                    self.counters.breaker_opened.fetch_add(1, Ordering::Relaxed);
+                    self.opened.fetch_add(1, Ordering::Relaxed);
                 }
                 if recorded.start_check {
                     self.check_while_failing();
@@ -276,31 +317,20 @@ impl Inner {
         result
     }
 
-    /// The key the engine reads to ask the store whether it answers.
-    pub(super) fn probe_key(&self) -> StoreKey {
-        StoreKey::new(
-            Arc::clone(&self.config.namespace),
-            KeyDigest::of(b"tower-stampede:probe"),
-        )
-    }
-
     /// From the first failed call of a spell until the store answers again, asks it every
     /// `open_for` whether it does (a read of a probe key, bounded by the store timeout): while
     /// the breaker is open, as its trial (unless a call's trial is under way); while it is
     /// closed, as a plain read. So the store's return is found out with or without traffic:
     /// the breaker closes, and what L1 kept while the store failed is dropped (see
     /// [`Breaker::recoveries`]). Without a runtime, calls alone find it out.
-    fn check_while_failing(&self) {
+    fn check_while_failing(self: &Arc<Self>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (store, breaker, key) = (
-            Arc::clone(&self.store),
-            Arc::clone(&self.breaker),
-            self.probe_key(),
-        );
-        let (timeout, open_for) = (self.config.store_timeout, self.config.breaker_open_for);
+        let breaker = Arc::clone(self);
         runtime.spawn(async move {
+            let (store, key) = (&breaker.store, &breaker.probe_key);
+            let (timeout, open_for) = (breaker.timeout, breaker.open_for);
             loop {
                 tokio::time::sleep(open_for).await;
                 match breaker.check() {
@@ -309,7 +339,7 @@ impl Inner {
                     Check::Ask => {
                         let asked = Instant::now();
                         let answered = matches!(
-                            tokio::time::timeout(timeout, store.get(&key)).await,
+                            tokio::time::timeout(timeout, store.get(key)).await,
                             Ok(Ok(_))
                         );
                         // A failed check is not a failed call: it neither opens the breaker
@@ -324,7 +354,7 @@ impl Inner {
                             reported: false,
                         };
                         let answered = matches!(
-                            tokio::time::timeout(timeout, store.get(&key)).await,
+                            tokio::time::timeout(timeout, store.get(key)).await,
                             Ok(Ok(_))
                         );
                         trial.report(answered);
@@ -361,10 +391,20 @@ impl Drop for Trial<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::MemoryStore;
+
+    fn breaker(threshold: u32) -> Breaker {
+        let config = Config {
+            breaker_threshold: threshold,
+            breaker_open_for: Duration::from_secs(1),
+            ..Config::default()
+        };
+        Breaker::new(&config, Arc::new(MemoryStore::new()))
+    }
 
     #[tokio::test(start_paused = true)]
     async fn opens_after_the_threshold_probes_once_and_closes() {
-        let breaker = Breaker::new(3, Duration::from_secs(1));
+        let breaker = breaker(3);
         let now = Instant::now();
         let first = breaker.record(false, now);
         assert!(!first.opened && first.start_check);
@@ -395,9 +435,25 @@ mod tests {
         assert_eq!(breaker.recoveries(), 2);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_call_past_the_timeout_fails_and_counts_and_an_open_breaker_skips_calls() {
+        let breaker = Arc::new(breaker(1));
+        let slow = std::future::pending::<Result<(), StoreError>>();
+        assert!(breaker.call(slow).await.is_err(), "timed out");
+        let counts = breaker.counts();
+        assert_eq!((counts.errors, counts.opened, counts.skipped), (1, 1, 0));
+        let answered = breaker.call(async { Ok::<_, StoreError>(()) }).await;
+        assert!(answered.is_err(), "not made while open");
+        assert_eq!(breaker.counts().skipped, 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let trial = breaker.call(async { Ok::<_, StoreError>(()) }).await;
+        assert!(trial.is_ok(), "the trial is made for real");
+        assert!(breaker.is_closed());
+    }
+
     #[test]
     fn a_zero_threshold_never_opens() {
-        let breaker = Breaker::new(0, Duration::from_secs(1));
+        let breaker = breaker(0);
         for _ in 0..100 {
             assert!(!breaker.record(false, Instant::now()).opened);
         }

@@ -142,7 +142,7 @@ impl Inner {
             self.forget_here(key);
         }
         self.flights.detach(overtaken);
-        let result = self.store_call(call).await;
+        let result = self.breaker.call(call).await;
         for key in keys {
             self.forget_here(key);
         }

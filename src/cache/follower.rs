@@ -272,7 +272,8 @@ impl Inner {
             filled.mark_seen();
         }
         let lookup = self
-            .store_call_from(
+            .breaker
+            .call_from(
                 now,
                 self.store
                     .lookup(key, token, self.config.lock_ttl, lock_when),

@@ -78,10 +78,10 @@ impl Cache {
     /// ```
     pub async fn health(&self) -> Health {
         let inner = &self.inner;
-        let key = inner.probe_key();
+        let key = inner.breaker.probe_key();
         if inner.l1.notifier().is_some() {
             // A watch subscribes its namespace if it is not (any more): dropped at once.
-            drop(inner.store.subscribe(&key));
+            drop(inner.store.subscribe(key));
         }
         let now = Instant::now();
         let recent = inner
@@ -89,7 +89,7 @@ impl Cache {
             .answered()
             .is_some_and(|at| now.saturating_duration_since(at) <= RECENT);
         if !recent {
-            let _ = inner.store_call(inner.store.get(&key)).await;
+            let _ = inner.breaker.call(inner.store.get(key)).await;
         }
         Health {
             answered: inner

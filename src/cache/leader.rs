@@ -183,7 +183,7 @@ impl Inner {
                 }
                 _ = renew.tick(), if lock.is_some() => {
                     if let Some((key, token)) = lock {
-                        match self.store_call(self.store.extend(key, token, config.lock_ttl)).await {
+                        match self.breaker.call(self.store.extend(key, token, config.lock_ttl)).await {
                             Ok(true) => {
                                 telemetry::lock(LockEvent::Extended);
                                 debug!(?key, "lock extended");
@@ -276,9 +276,12 @@ impl Inner {
                 // Tell every follower, here and elsewhere, instead of letting each of them
                 // take the lock and call the failing backend in turn.
                 let told = if self.config.failure_ttl.is_zero() || seen.speculative {
-                    self.store_call(self.store.release(&guard.key, token)).await
+                    self.breaker
+                        .call(self.store.release(&guard.key, token))
+                        .await
                 } else {
-                    self.store_call(self.store.fail(&guard.key, token, self.config.failure_ttl))
+                    self.breaker
+                        .call(self.store.fail(&guard.key, token, self.config.failure_ttl))
                         .await
                 };
                 if told.is_ok() {
@@ -311,7 +314,8 @@ impl Inner {
             (LoadedKind::Value { bytes, .. }, Err(())) => {
                 warn!(key = ?guard.key, "a tagged value without the tag clock, or with too many tags, is not stored");
                 if self
-                    .store_call(self.store.release(&guard.key, token))
+                    .breaker
+                    .call(self.store.release(&guard.key, token))
                     .await
                     .is_ok()
                 {
@@ -347,7 +351,7 @@ impl Inner {
                 } else {
                     self.store.fill(&guard.key, token, answer, ttl)
                 };
-                if let Ok(filled) = self.store_call(written).await {
+                if let Ok(filled) = self.breaker.call(written).await {
                     guard.disarm();
                     if !filled {
                         telemetry::lock(LockEvent::Lost);
@@ -363,7 +367,8 @@ impl Inner {
             (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
                 let pass = entry::encode_pass(started_at);
                 if let Ok(true | false) = self
-                    .store_call(
+                    .breaker
+                    .call(
                         self.store
                             .fill(&guard.key, token, pass, self.config.pass_ttl),
                     )
@@ -390,7 +395,8 @@ impl Inner {
         load_time: Duration,
     ) {
         let filled = self
-            .store_call(self.store.fill(
+            .breaker
+            .call(self.store.fill(
                 &guard.key,
                 guard.token,
                 fill.encoded.clone(),
@@ -520,7 +526,8 @@ impl Inner {
             Some(loaded.windows),
         );
         let stamp = match self
-            .store_call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
+            .breaker
+            .call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
             Ok(true) => Some(stamp.map(Stamp::after_own_change)),

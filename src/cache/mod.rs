@@ -160,12 +160,9 @@ impl Cache {
         Cache {
             inner: Arc::new(Inner {
                 l1: l1::L1::new(&config, notifier),
+                breaker: Arc::new(Breaker::new(&config, Arc::clone(&store))),
                 store,
                 refreshes: refreshes::Refreshes::new(config.early_refresh_beta),
-                breaker: Arc::new(Breaker::new(
-                    config.breaker_threshold,
-                    config.breaker_open_for,
-                )),
                 config,
                 flights: flights::Flights::default(),
                 known_tags: known_tags::KnownTags::default(),
@@ -360,9 +357,11 @@ impl Cache {
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
         let inner = &self.inner;
-        inner
-            .counters
-            .stats(inner.l1.bytes(), inner.refreshes.started())
+        inner.counters.stats(
+            inner.l1.bytes(),
+            inner.refreshes.started(),
+            inner.breaker.counts(),
+        )
     }
 
     /// Whether the store is believed to answer: `false` while the circuit breaker is open
@@ -383,7 +382,7 @@ impl Cache {
     /// not sent while it is open. For the layer's reads outside a fetch.
     pub(crate) async fn read_stored(&self, key: &str) -> Result<Option<Stored>, StoreError> {
         let key = self.store_key(key);
-        self.inner.store_call(self.inner.store.get(&key)).await
+        self.inner.breaker.call(self.inner.store.get(&key)).await
     }
 
     /// The store key of a logical key, as this cache names it (for tools and tests).

@@ -47,7 +47,8 @@ impl Inner {
             stale.windows,
         );
         let renewed = self
-            .store_call(self.store.renew(&guard.key, guard.token, fill.store_ttl))
+            .breaker
+            .call(self.store.renew(&guard.key, guard.token, fill.store_ttl))
             .await;
         let tagged = stale.tags.as_ref();
         match renewed {

@@ -45,7 +45,7 @@ impl Inner {
         if overtaken {
             return false;
         }
-        let Ok(Some(stored)) = self.store_call(self.store.get(key)).await else {
+        let Ok(Some(stored)) = self.breaker.call(self.store.get(key)).await else {
             return false;
         };
         let same = matches!(

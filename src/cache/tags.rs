@@ -80,7 +80,8 @@ impl Inner {
     /// The namespace's tag generation and clock, read before a load; `None` if the store did
     /// not answer (then a tagged value cannot be stored).
     pub(super) async fn tag_clock(&self) -> Option<TagClock> {
-        self.store_call(self.store.tag_clock(&self.config.namespace))
+        self.breaker
+            .call(self.store.tag_clock(&self.config.namespace))
             .await
             .ok()
     }
@@ -130,7 +131,8 @@ impl Inner {
             }
         }
         let versions = self
-            .store_call(
+            .breaker
+            .call(
                 self.store
                     .tag_versions(&self.config.namespace, &tagged.tags),
             )

@@ -151,7 +151,8 @@ impl Inner {
         reader: Reader<'_>,
     ) -> Result<Option<WaitersAnswer>, ()> {
         let stored = self
-            .store_call(self.store.waiters_answer(key))
+            .breaker
+            .call(self.store.waiters_answer(key))
             .await
             .map_err(drop)?;
         Ok(stored.and_then(|stored| WaitersAnswer::of(&reader.decode(stored.bytes), stored.ttl)))
