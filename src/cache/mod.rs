@@ -66,20 +66,15 @@ pub(crate) mod entry;
 mod error;
 mod flight;
 mod flights;
-mod follower;
 mod health;
 mod known_tags;
 mod l1;
-mod leader;
-mod refresh;
+mod protocol;
 mod refreshes;
-mod revalidate;
-mod stale;
 mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
 pub mod typed;
-mod waiters;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -26,8 +26,8 @@ use tokio::time::Instant;
 
 use super::entry::{Corrupt, Entry, Tagged};
 use super::flights::Overtaken;
-use super::follower::Found;
 use super::l1::TagStamps;
+use super::protocol::follower::Found;
 use super::{Cache, Error, Inner};
 use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock};
 

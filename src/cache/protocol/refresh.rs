@@ -1,7 +1,7 @@
 //! Early refresh (XFetch, Vattani et al., VLDB 2015): a hit on a value close to its expiry
 //! may refresh it in the background, so that a hot key is reloaded by one caller a little
 //! ahead of its expiry and nobody waits for it. One refresh per key runs in a process at a
-//! time ([`Refreshes`](super::refreshes::Refreshes)); across processes, the reload lock lets
+//! time ([`Refreshes`](crate::cache::refreshes::Refreshes)); across processes, the reload lock lets
 //! one of them load.
 
 use std::sync::Arc;
@@ -10,12 +10,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::entry::Entry;
-use super::flight::BoxLoader;
 use super::follower::{wait_for_fill, Backoff};
 use super::leader::{spawn_release, Seen};
-use super::telemetry::{self, LockEvent};
-use super::Inner;
+use crate::cache::entry::Entry;
+use crate::cache::flight::BoxLoader;
+use crate::cache::telemetry::{self, LockEvent};
+use crate::cache::Inner;
 use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
 
 /// How much later than this process reckons the store may still call the value it early
@@ -25,7 +25,7 @@ const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
 impl Inner {
     /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
     /// the background, unless one is running in this process.
-    pub(super) fn refresh_early(
+    pub(in crate::cache) fn refresh_early(
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,

@@ -7,14 +7,14 @@ use std::time::{Duration, SystemTime};
 
 use super::follower::StaleValue;
 use super::leader::LockGuard;
-use super::{Fetched, Inner, Outcome, Previous};
+use crate::cache::{Fetched, Inner, Outcome, Previous};
 use crate::store::{Renewal, Stamp};
 
 impl Inner {
     /// The value a leader's loader is handed: the stale value, unless a tag of it was
     /// invalidated (the lookup that took the lock did not check its tags, and an outdated
     /// value must not be renewed).
-    pub(super) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
+    pub(in crate::cache) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
         let stale = stale?;
         match &stale.tags {
             Some(tagged) => {
@@ -31,7 +31,7 @@ impl Inner {
     /// A renewed value keeps the load start it was stored with: a write after a wait timeout
     /// of a load that started between that and this revalidation may replace it, with what
     /// the revalidation found to be the same value.
-    pub(super) async fn renew(
+    pub(in crate::cache) async fn renew(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,

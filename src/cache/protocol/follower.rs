@@ -17,27 +17,29 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::carry::Posts;
-use super::entry::{Corrupt, Entry, Tagged, Windows};
-use super::flight::{BoxLoader, FlightResult, Reader};
-use super::l1::TagStamps;
 use super::leader::{spawn_release, Seen};
-use super::telemetry::{self, LockEvent, WaitEnd};
 use super::waiters::{Earlier, WaitersAnswer};
-use super::{Config, Error, ErrorKind, Fetched, Inner, Outcome, Previous, WaitTimeoutPolicy};
+use crate::cache::carry::Posts;
+use crate::cache::entry::{Corrupt, Entry, Tagged, Windows};
+use crate::cache::flight::{BoxLoader, FlightResult, Reader};
+use crate::cache::l1::TagStamps;
+use crate::cache::telemetry::{self, LockEvent, WaitEnd};
+use crate::cache::{
+    Config, Error, ErrorKind, Fetched, Inner, Outcome, Previous, WaitTimeoutPolicy,
+};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
-pub(super) struct Found {
-    pub(super) lock: LockState,
-    pub(super) entry: Option<(Result<Entry, Corrupt>, Option<Duration>)>,
+pub(in crate::cache) struct Found {
+    pub(in crate::cache) lock: LockState,
+    pub(in crate::cache) entry: Option<(Result<Entry, Corrupt>, Option<Duration>)>,
     /// The stamps of a valid tagged value's tags.
-    pub(super) tag_stamps: TagStamps,
+    pub(in crate::cache) tag_stamps: TagStamps,
     /// The value was this engine's, but one of its tags was invalidated since its load.
-    pub(super) outdated: bool,
+    pub(in crate::cache) outdated: bool,
 }
 
 impl Found {
@@ -64,7 +66,7 @@ impl Found {
     }
 
     /// Whether the value found carried tags (or was outdated by them).
-    pub(super) fn tagged(&self) -> bool {
+    pub(in crate::cache) fn tagged(&self) -> bool {
         self.outdated
             || matches!(
                 &self.entry,
@@ -96,13 +98,13 @@ struct FirstRead<'a> {
 
 /// A value past its freshness that the store still keeps, what its header said, and how far
 /// past its freshness it was when read.
-pub(super) struct StaleValue {
-    pub(super) payload: Bytes,
-    pub(super) load_time: Duration,
-    pub(super) tags: Option<Tagged>,
-    pub(super) windows: Option<Windows>,
+pub(in crate::cache) struct StaleValue {
+    pub(in crate::cache) payload: Bytes,
+    pub(in crate::cache) load_time: Duration,
+    pub(in crate::cache) tags: Option<Tagged>,
+    pub(in crate::cache) windows: Option<Windows>,
     /// The stamps of its tags, taken before they were checked.
-    pub(super) tag_stamps: TagStamps,
+    pub(in crate::cache) tag_stamps: TagStamps,
     staleness: Duration,
     read_at: Instant,
 }
@@ -139,7 +141,7 @@ impl StaleValue {
     }
 
     /// The value as a revalidating loader is handed it.
-    pub(super) fn previous(&self) -> Previous {
+    pub(in crate::cache) fn previous(&self) -> Previous {
         Previous {
             value: self.payload.clone(),
             staleness: self.staleness(),
@@ -148,7 +150,7 @@ impl StaleValue {
     }
 
     /// The stale value as a flight's answer.
-    pub(super) fn answer(self) -> Fetched {
+    pub(in crate::cache) fn answer(self) -> Fetched {
         let fresh_until = self.fresh_until();
         Fetched {
             value: Some(self.payload),
@@ -158,13 +160,16 @@ impl StaleValue {
     }
 
     /// When the value stopped being fresh (as near as the store's TTL says).
-    pub(super) fn fresh_until(&self) -> Option<Instant> {
+    pub(in crate::cache) fn fresh_until(&self) -> Option<Instant> {
         self.read_at.checked_sub(self.staleness)
     }
 }
 
 /// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
-pub(super) async fn wait_for_fill(filled: &mut Option<FillWatch<'_>>, pause: Duration) -> WaitEnd {
+pub(in crate::cache) async fn wait_for_fill(
+    filled: &mut Option<FillWatch<'_>>,
+    pause: Duration,
+) -> WaitEnd {
     let pause = tokio::time::sleep(pause);
     match filled {
         Some(filled) => {
@@ -191,14 +196,14 @@ struct Waiting {
 const MIN_PAUSE: Duration = Duration::from_millis(1);
 
 /// Pauses between a follower's re-reads: exponential, capped, jittered.
-pub(super) struct Backoff {
+pub(in crate::cache) struct Backoff {
     next: Duration,
     multiplier: f64,
     max: Duration,
 }
 
 impl Backoff {
-    pub(super) fn new(config: &Config) -> Self {
+    pub(in crate::cache) fn new(config: &Config) -> Self {
         // A zero step would make followers spin on the store: at least a millisecond.
         let initial = config.backoff_initial.max(MIN_PAUSE);
         Backoff {
@@ -209,7 +214,7 @@ impl Backoff {
     }
 
     /// The next pause: between half and all of the current step, then the step grows.
-    pub(super) fn pause(&mut self) -> Duration {
+    pub(in crate::cache) fn pause(&mut self) -> Duration {
         self.pause_with(rand::random::<f64>())
     }
 
@@ -228,7 +233,7 @@ impl Inner {
     /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
     /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
     /// the fallback for lost notifications.
-    pub(super) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
+    pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
         if self.config.notifications {
             self.store.subscribe(key)
         } else {
@@ -241,7 +246,7 @@ impl Inner {
     /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
     /// first reads of a new process would all be missed by L1. No wait while the breaker is
     /// open (the lookup will not be made).
-    pub(super) async fn watch_fills_subscribed<'a>(
+    pub(in crate::cache) async fn watch_fills_subscribed<'a>(
         &'a self,
         key: &'a StoreKey,
     ) -> Option<FillWatch<'a>> {
@@ -259,7 +264,7 @@ impl Inner {
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
     /// read wakes the next wait. `now` is the clock read just before it: the store timeout
     /// runs from it.
-    pub(super) async fn look_up(
+    pub(in crate::cache) async fn look_up(
         &self,
         now: Instant,
         key: &StoreKey,
@@ -292,12 +297,12 @@ impl Inner {
     }
 
     /// Whether a stale value may be served at once while another leader refreshes it.
-    pub(super) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
+    pub(in crate::cache) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
         self.stale_window_left(stale).is_some()
     }
 
     /// How long a stale value may still be served while a leader refreshes it, if it may.
-    pub(super) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
+    pub(in crate::cache) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
         let window = stale
             .windows
             .and_then(|w| w.while_revalidating)
@@ -307,7 +312,7 @@ impl Inner {
     }
 
     /// Whether a stale value may stand in for a failed or too slow load.
-    pub(super) fn serves_on_error(&self, stale: &StaleValue) -> bool {
+    pub(in crate::cache) fn serves_on_error(&self, stale: &StaleValue) -> bool {
         let max = stale
             .windows
             .and_then(|w| w.if_error)
@@ -319,7 +324,7 @@ impl Inner {
     ///
     /// `early` takes an answer before the flight ends: the stale value a leader serves while
     /// it refreshes in the background.
-    pub(super) async fn resolve(
+    pub(in crate::cache) async fn resolve(
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
@@ -624,9 +629,9 @@ impl Inner {
 
 impl Inner {
     /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
-    /// type's), in [`Stats::corrupt_entries`](super::Stats::corrupt_entries) and its metric:
+    /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
     /// it is treated as a miss, and overwritten by the load that follows.
-    pub(super) fn corrupt_entry(&self, digest: &KeyDigest) {
+    pub(in crate::cache) fn corrupt_entry(&self, digest: &KeyDigest) {
         self.counters
             .corrupt_entries
             .fetch_add(1, Ordering::Relaxed);

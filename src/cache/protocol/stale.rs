@@ -3,10 +3,10 @@
 //! invalidated value is never served, stale or not, so a change made since the read, here or
 //! in another process, by key or by tag, rules it out.
 
-use super::entry::Entry;
 use super::follower::StaleValue;
-use super::l1::TagStamps;
-use super::Inner;
+use crate::cache::entry::Entry;
+use crate::cache::l1::TagStamps;
+use crate::cache::Inner;
 use crate::store::{KeyDigest, Stamp, StoreKey};
 
 impl Inner {
@@ -14,7 +14,7 @@ impl Inner {
     /// (since their stamps) of a stale value read from it: for an early answer, which a change
     /// made in another process must withdraw once this process hears of it. `None` (no test)
     /// where notifications are off or lost: then the stale window alone bounds it.
-    pub(super) fn unchanged_since(
+    pub(in crate::cache) fn unchanged_since(
         &self,
         digest: KeyDigest,
         stamp: Option<Stamp>,
@@ -36,7 +36,7 @@ impl Inner {
     /// since its load. One or two store calls, on the failure path only. A check that cannot
     /// be made (the store fails) rules the value out: an error rather than a value that may
     /// have been invalidated.
-    pub(super) async fn still_stands(
+    pub(in crate::cache) async fn still_stands(
         &self,
         key: &StoreKey,
         stale: &StaleValue,
@@ -49,7 +49,7 @@ impl Inner {
             return false;
         };
         let same = matches!(
-            super::entry::decode(stored.bytes),
+            crate::cache::entry::decode(stored.bytes),
             Ok(Entry::Value { payload, .. }) if payload == stale.payload
         );
         if !same {

@@ -8,9 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::entry::{Corrupt, Entry};
-use super::flight::Reader;
-use super::Inner;
+use crate::cache::entry::{Corrupt, Entry};
+use crate::cache::flight::Reader;
+use crate::cache::Inner;
 use crate::store::StoreKey;
 
 /// The step of the store's clock as the engine reads it (Redis's `PTTL`: milliseconds): a
@@ -18,8 +18,8 @@ use crate::store::StoreKey;
 const STORE_CLOCK_STEP: Duration = Duration::from_millis(1);
 
 /// A load's answer for its waiters, as a lookup or a read of the waiters' slot found it.
-pub(super) struct WaitersAnswer {
-    pub(super) payload: Bytes,
+pub(in crate::cache) struct WaitersAnswer {
+    pub(in crate::cache) payload: Bytes,
     /// How long its writer had the store keep it, if it says.
     life: Option<Duration>,
     /// When its load started and how long it took (the writer's milliseconds).
@@ -30,7 +30,10 @@ pub(super) struct WaitersAnswer {
 
 impl WaitersAnswer {
     /// The answer in a decoded entry with `ttl` left, if the entry is one.
-    pub(super) fn of(entry: &Result<Entry, Corrupt>, ttl: Option<Duration>) -> Option<Self> {
+    pub(in crate::cache) fn of(
+        entry: &Result<Entry, Corrupt>,
+        ttl: Option<Duration>,
+    ) -> Option<Self> {
         match entry {
             Ok(Entry::ForWaiters {
                 payload,
@@ -50,7 +53,7 @@ impl WaitersAnswer {
 /// What stood in a key's answer for waiters when a flight first waited for another leader:
 /// an answer that stood then is an earlier load's, not the flight's to take, and one that
 /// differs was written since, by the load it waited for.
-pub(super) enum Earlier {
+pub(in crate::cache) enum Earlier {
     /// Not read (the flight has not waited, or the read failed): the answer's age decides.
     Unknown,
     /// No answer stood.
@@ -61,7 +64,9 @@ pub(super) enum Earlier {
 
 impl Earlier {
     /// What a lookup's entry says stood: the answer in the value's place, or nothing.
-    pub(super) fn in_place(entry: Option<&(Result<Entry, Corrupt>, Option<Duration>)>) -> Self {
+    pub(in crate::cache) fn in_place(
+        entry: Option<&(Result<Entry, Corrupt>, Option<Duration>)>,
+    ) -> Self {
         Earlier::stood(entry.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)))
     }
 
@@ -107,7 +112,7 @@ impl Inner {
     /// replies. The one that stood then, or any where nothing was read, was written before
     /// the flight waited, and perhaps before it began: its age decides
     /// ([`answered_since`](Self::answered_since)).
-    pub(super) fn takes_answer(
+    pub(in crate::cache) fn takes_answer(
         &self,
         earlier: &Earlier,
         answer: &WaitersAnswer,
@@ -120,7 +125,11 @@ impl Inner {
     /// What stands in the waiters' slot of `key` (see
     /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
     /// read, made when a flight first waits for a load of a value kept past its freshness.
-    pub(super) async fn earlier_answer(&self, key: &StoreKey, reader: Reader<'_>) -> Earlier {
+    pub(in crate::cache) async fn earlier_answer(
+        &self,
+        key: &StoreKey,
+        reader: Reader<'_>,
+    ) -> Earlier {
         self.read_waiters_answer(key, reader)
             .await
             .map_or(Earlier::Unknown, Earlier::stood)
@@ -130,7 +139,7 @@ impl Inner {
     /// `started` and first waited when `earlier` stood takes it (see
     /// [`takes_answer`](Self::takes_answer)) and its caller can read it. One store read, made
     /// only by a follower that finds the lock free and the value it waited for still stale.
-    pub(super) async fn waiters_answer(
+    pub(in crate::cache) async fn waiters_answer(
         &self,
         key: &StoreKey,
         reader: Reader<'_>,

@@ -15,21 +15,21 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::answer::LoadedKind;
-use super::carry::{Early, Posts};
-use super::entry::{self, Tagged, Windows};
-use super::flight::{BoxLoader, FlightResult};
 use super::follower::StaleValue;
-use super::l1::TagStamps;
-use super::telemetry::{self, LockEvent};
-use super::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
+use crate::cache::answer::LoadedKind;
+use crate::cache::carry::{Early, Posts};
+use crate::cache::entry::{self, Tagged, Windows};
+use crate::cache::flight::{BoxLoader, FlightResult};
+use crate::cache::l1::TagStamps;
+use crate::cache::telemetry::{self, LockEvent};
+use crate::cache::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
-pub(super) struct LockGuard {
+pub(in crate::cache) struct LockGuard {
     store: Arc<dyn Store>,
-    pub(super) key: StoreKey,
-    pub(super) token: LockToken,
+    pub(in crate::cache) key: StoreKey,
+    pub(in crate::cache) token: LockToken,
     armed: bool,
 }
 
@@ -50,7 +50,7 @@ impl Drop for LockGuard {
 
 /// A best-effort, token-checked release in a task of its own; without a runtime, the lock's
 /// TTL frees it.
-pub(super) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) {
+pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         let (store, key) = (Arc::clone(store), key.clone());
         runtime.spawn(async move {
@@ -60,29 +60,29 @@ pub(super) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockT
 }
 
 /// What a leader knows of its key from the lookup that made it leader.
-pub(super) struct Seen {
+pub(in crate::cache) struct Seen {
     /// What this process had heard of the key before that lookup.
-    pub(super) stamp: Option<Stamp>,
+    pub(in crate::cache) stamp: Option<Stamp>,
     /// Whether the key's last value carried tags (or was outdated by them).
-    pub(super) tagged: bool,
+    pub(in crate::cache) tagged: bool,
     /// An early refresh: speculative, the value still fresh and nobody waiting for it, so a
     /// failure is not shared (no failure marker: the lock is only released).
-    pub(super) speculative: bool,
+    pub(in crate::cache) speculative: bool,
 }
 
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
 /// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
-pub(super) struct ReadyValue {
-    pub(super) encoded: Bytes,
-    pub(super) value: Bytes,
-    pub(super) fresh_for: Duration,
-    pub(super) store_ttl: Duration,
+pub(in crate::cache) struct ReadyValue {
+    pub(in crate::cache) encoded: Bytes,
+    pub(in crate::cache) value: Bytes,
+    pub(in crate::cache) fresh_for: Duration,
+    pub(in crate::cache) store_ttl: Duration,
 }
 
 impl Inner {
     /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
     /// fresh for `ttl` (or the default TTL).
-    pub(super) fn ready_to_store(
+    pub(in crate::cache) fn ready_to_store(
         &self,
         bytes: &[u8],
         ttl: Option<Duration>,
@@ -147,7 +147,7 @@ impl Inner {
     /// Runs a loader in a task of its own, handed the `previous` value if there is one,
     /// bounded by the load timeout; while it runs, renews the lock named by `lock` (the
     /// watchdog). A loader that answers "not modified" without a previous value fails.
-    pub(super) async fn load(
+    pub(in crate::cache) async fn load(
         &self,
         loader: BoxLoader,
         lock: Option<(&StoreKey, LockToken)>,
@@ -203,7 +203,7 @@ impl Inner {
     /// The leader: load, fill (fenced), and make sure the lock goes on every path. With a
     /// `stale` value, the flight's callers get it at once (through `early`) when refreshes run
     /// in the background, and in place of an error if the load fails (stale-if-error).
-    pub(super) async fn lead(
+    pub(in crate::cache) async fn lead(
         &self,
         seen: Seen,
         key: StoreKey,
@@ -386,7 +386,7 @@ impl Inner {
     }
 
     /// Fills a loaded value under the lock, and keeps it in L1 where the fill took.
-    pub(super) async fn fill_value(
+    pub(in crate::cache) async fn fill_value(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
@@ -409,7 +409,7 @@ impl Inner {
 
     /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
     /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
-    pub(super) async fn after_write(
+    pub(in crate::cache) async fn after_write(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
@@ -442,7 +442,7 @@ impl Inner {
     }
 
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.
-    pub(super) async fn load_alone(
+    pub(in crate::cache) async fn load_alone(
         &self,
         digest: KeyDigest,
         loader: BoxLoader,
@@ -479,8 +479,8 @@ impl Inner {
     }
 
     /// Loads without the store's lock after a wait timeout, and stores the value anyway
-    /// ([`WaitTimeoutPolicy::LoadAndCache`](super::WaitTimeoutPolicy::LoadAndCache)).
-    pub(super) async fn load_and_put(
+    /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::cache::WaitTimeoutPolicy::LoadAndCache)).
+    pub(in crate::cache) async fn load_and_put(
         &self,
         stamp: Option<Stamp>,
         key: &StoreKey,

@@ -1,0 +1,19 @@
+//! The protocol across processes: what one flight does once it misses L1. It drives the
+//! engine's components (L1, the breaker's store calls, known tags, refreshes) and holds no
+//! state of its own beyond the flight it runs.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `follower.rs` | one flight's lookup, and the follower's wait until the value is there, the lock is free, or the wait times out |
+//! | `leader.rs` | the leader's load under the reload lock, its fenced fill, the lock's release on every path, and loads made without the lock |
+//! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
+//! | `revalidate.rs` | a reload handed the stale value, and "not modified" renewing it |
+//! | `stale.rs` | whether a stale value read earlier still stands when it is served |
+//! | `refresh.rs` | an early refresh in the background, one per key and process |
+
+pub(super) mod follower;
+mod leader;
+mod refresh;
+mod revalidate;
+mod stale;
+mod waiters;
