@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{telemetry, Config};
-use crate::store::{KeyDigest, Notifier, Stamp};
+use crate::store::{KeyDigest, Notifier, Stamp, StoreKey};
 
 /// What this process had heard of each tag of a value when it was read (empty for an
 /// untagged value).
@@ -246,10 +246,14 @@ impl L1 {
             .is_some_and(|l1| l1.contains_key(digest))
     }
 
-    /// Drops the entry of a key.
-    pub(super) fn forget(&self, digest: &KeyDigest) {
+    /// Drops the entry of a key this process changed, and moves the key's stamp on, so that
+    /// no value read before the change enters after it.
+    pub(super) fn forget_changed(&self, key: &StoreKey) {
+        if let Some(notifier) = &self.notifier {
+            notifier.notify(key);
+        }
         if let Some(l1) = &self.cache {
-            l1.invalidate(digest);
+            l1.invalidate(key.digest());
         }
     }
 

@@ -60,8 +60,8 @@
 mod answer;
 mod breaker;
 mod carry;
+mod changes;
 mod config;
-mod correct;
 pub(crate) mod entry;
 mod error;
 mod flight;

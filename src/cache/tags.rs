@@ -67,7 +67,7 @@ impl Cache {
             .collect();
         let store = Arc::clone(&inner.store);
         inner
-            .correct_all(
+            .change_all(
                 &keys,
                 Overtaken::Every,
                 store.invalidate_tags(&inner.config.namespace, &digests),

@@ -298,7 +298,7 @@ where
                 // Another reader's bytes, from this process's L1 or flight.
                 self.cache.inner.corrupt_entry(&digest);
                 let key = StoreKey::new(Arc::clone(&self.cache.inner.config.namespace), digest);
-                self.cache.inner.forget_here(&key);
+                self.cache.inner.l1.forget_changed(&key);
             }
         }
         Err(Error::new(ErrorKind::Decode))

@@ -1,4 +1,4 @@
-//! Correcting the cache: [`Cache::invalidate`] (and [`Cache::invalidate_many`]),
+//! Changes made outside a load: [`Cache::invalidate`] (and [`Cache::invalidate_many`]),
 //! [`Cache::set`] and [`Cache::expire`] change a key in the store and in every process's L1.
 //!
 //! Each is one store call that also voids the key's reload lock, so a load that started
@@ -39,7 +39,7 @@ impl Cache {
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.store_key(key);
         let store = Arc::clone(&self.inner.store);
-        self.inner.correct(&key, store.invalidate(&key)).await
+        self.inner.change(&key, store.invalidate(&key)).await
     }
 
     /// [`invalidate`](Self::invalidate)s each of `keys`, in one store call (one round trip on
@@ -61,7 +61,7 @@ impl Cache {
         let digests: Vec<KeyDigest> = keys.iter().map(|key| *key.digest()).collect();
         let store = Arc::clone(&self.inner.store);
         self.inner
-            .correct_all(
+            .change_all(
                 &keys,
                 Overtaken::Keys(&digests),
                 store.invalidate_many(&keys),
@@ -92,7 +92,7 @@ impl Cache {
         let store_ttl = ttl.saturating_add(self.inner.config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner
-            .correct(&key, store.set(&key, encoded, ttl, store_ttl))
+            .change(&key, store.set(&key, encoded, ttl, store_ttl))
             .await
     }
 
@@ -110,7 +110,7 @@ impl Cache {
         let key = self.store_key(key);
         let store = Arc::clone(&self.inner.store);
         let keep = self.inner.config.keep();
-        self.inner.correct(&key, store.expire(&key, keep)).await
+        self.inner.change(&key, store.expire(&key, keep)).await
     }
 }
 
@@ -118,43 +118,35 @@ impl Inner {
     /// Runs a store call that changes `key`, and makes this process's L1 forget the key
     /// whatever the store answers: before the call, and again after it, so that a flight
     /// that read the old value meanwhile cannot keep it either.
-    async fn correct(
+    async fn change(
         &self,
         key: &StoreKey,
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
         let digests = [*key.digest()];
-        self.correct_all(std::slice::from_ref(key), Overtaken::Keys(&digests), call)
+        self.change_all(std::slice::from_ref(key), Overtaken::Keys(&digests), call)
             .await
     }
 
-    /// [`correct`](Self::correct) for a call that changes several keys (or tags), which
+    /// [`change`](Self::change) for a call that changes several keys (or tags), which
     /// overtakes the flights `overtaken` of this process: they are detached before the call
     /// and again after it (a flight started meanwhile may have read the old value), so a
     /// caller that comes after the change never joins a flight from before it.
-    pub(super) async fn correct_all(
+    pub(super) async fn change_all(
         &self,
         keys: &[StoreKey],
         overtaken: Overtaken<'_>,
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
         for key in keys {
-            self.forget_here(key);
+            self.l1.forget_changed(key);
         }
         self.flights.detach(overtaken);
         let result = self.breaker.call(call).await;
         for key in keys {
-            self.forget_here(key);
+            self.l1.forget_changed(key);
         }
         self.flights.detach(overtaken);
         result.map_err(Error::store)
-    }
-
-    /// Drops `key` from this process's L1 and moves its stamp on.
-    pub(super) fn forget_here(&self, key: &StoreKey) {
-        if let Some(notifier) = self.l1.notifier() {
-            notifier.notify(key);
-        }
-        self.l1.forget(key.digest());
     }
 }
