@@ -269,6 +269,35 @@ pub struct Fetched {
 }
 
 impl Fetched {
+    /// An answer with `value` that a load gave, how the call was answered.
+    pub(super) fn loaded(value: Bytes, outcome: Outcome) -> Self {
+        Fetched {
+            value: Some(value),
+            outcome,
+            fresh_until: None,
+        }
+    }
+
+    /// An answer with `value` from the cache, fresh until `fresh_until` as far as this
+    /// process knows.
+    pub(super) fn cached(value: Bytes, outcome: Outcome, fresh_until: Option<Instant>) -> Self {
+        Fetched {
+            value: Some(value),
+            outcome,
+            fresh_until,
+        }
+    }
+
+    /// The answer of a load whose result is not cacheable: no value, for the callers that
+    /// did not load.
+    pub(super) fn pass() -> Self {
+        Fetched {
+            value: None,
+            outcome: Outcome::Pass,
+            fresh_until: None,
+        }
+    }
+
     /// The value; `None` only when the outcome is [`Outcome::Pass`].
     pub fn value(&self) -> Option<&Bytes> {
         self.value.as_ref()

@@ -227,11 +227,10 @@ mod tests {
     use crate::{ErrorKind, Fetched, Outcome};
 
     fn answer(value: &'static str) -> FlightResult {
-        Ok(Fetched {
-            value: Some(Bytes::from_static(value.as_bytes())),
-            outcome: Outcome::L2Hit,
-            fresh_until: None,
-        })
+        Ok(Fetched::loaded(
+            Bytes::from_static(value.as_bytes()),
+            Outcome::L2Hit,
+        ))
     }
 
     fn value(answer: &FlightResult) -> Option<Bytes> {

@@ -138,11 +138,11 @@ impl Inner {
                         entry
                     }
                 };
-                return Ok(Fetched {
-                    value: Some(entry.value.clone()),
-                    outcome: Outcome::L1Hit,
-                    fresh_until: Some(entry.fresh_until),
-                });
+                return Ok(Fetched::cached(
+                    entry.value.clone(),
+                    Outcome::L1Hit,
+                    Some(entry.fresh_until),
+                ));
             }
             let look_again = !l1_checked_twice;
             // A flight may have filled L1 and landed since the look above: look once more

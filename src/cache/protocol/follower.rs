@@ -152,11 +152,7 @@ impl StaleValue {
     /// The stale value as a flight's answer.
     pub(in crate::cache) fn answer(self) -> Fetched {
         let fresh_until = self.fresh_until();
-        Fetched {
-            value: Some(self.payload),
-            outcome: Outcome::Stale,
-            fresh_until,
-        }
+        Fetched::cached(self.payload, Outcome::Stale, fresh_until)
     }
 
     /// When the value stopped being fresh (as near as the store's TTL says).
@@ -390,15 +386,12 @@ impl Inner {
         if self.refreshes.due(read_at, fresh_until, load_time) {
             self.refresh_early(digest, loader, fresh_until);
         }
-        Fetched {
-            value: Some(payload),
-            outcome: if followed {
-                Outcome::Follower
-            } else {
-                Outcome::L2Hit
-            },
-            fresh_until: Some(fresh_until),
-        }
+        let outcome = if followed {
+            Outcome::Follower
+        } else {
+            Outcome::L2Hit
+        };
+        Fetched::cached(payload, outcome, Some(fresh_until))
     }
 
     /// The protocol's loop, from the flight's first lookup.
@@ -501,11 +494,7 @@ impl Inner {
                 let answer = self.waiters_answer(key, reader, &earlier, started);
                 if let Some(payload) = Box::pin(answer).await {
                     spawn_release(&self.store, key, token);
-                    return Ok(Fetched {
-                        value: Some(payload),
-                        outcome: Outcome::Follower,
-                        fresh_until: None,
-                    });
+                    return Ok(Fetched::loaded(payload, Outcome::Follower));
                 }
             }
             let in_place = found.entry.as_ref();
@@ -515,11 +504,7 @@ impl Inner {
                     if found.lock == LockState::Acquired {
                         spawn_release(&self.store, key, token);
                     }
-                    return Ok(Fetched {
-                        value: Some(answer.payload),
-                        outcome: Outcome::Follower,
-                        fresh_until: None,
-                    });
+                    return Ok(Fetched::loaded(answer.payload, Outcome::Follower));
                 }
                 if found.lock == LockState::NotRequested && !overwriting {
                     // An earlier load's result: this call loads (or follows the load that
@@ -543,13 +528,7 @@ impl Inner {
                     let key = key.clone();
                     return Box::pin(self.lead(seen, key, token, loader, stale, Some(early))).await;
                 }
-                (_, Some((Ok(Entry::Pass), _))) => {
-                    return Ok(Fetched {
-                        value: None,
-                        outcome: Outcome::Pass,
-                        fresh_until: None,
-                    })
-                }
+                (_, Some((Ok(Entry::Pass), _))) => return Ok(Fetched::pass()),
                 (_, Some((Err(Corrupt), _))) if !overwriting => {
                     if found.outdated {
                         debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");

@@ -221,11 +221,11 @@ impl Inner {
                 let until = crate::sync::later(Instant::now(), left);
                 let holds = self.unchanged_since(*key.digest(), seen.stamp, &stale.tag_stamps);
                 early.post(Some((
-                    Ok(Fetched {
-                        value: Some(stale.payload.clone()),
-                        outcome: Outcome::Stale,
-                        fresh_until: stale.fresh_until(),
-                    }),
+                    Ok(Fetched::cached(
+                        stale.payload.clone(),
+                        Outcome::Stale,
+                        stale.fresh_until(),
+                    )),
                     Some(Early { until, holds }),
                 )));
             }
@@ -321,11 +321,7 @@ impl Inner {
                 {
                     guard.disarm();
                 }
-                Ok(Fetched {
-                    value: Some(bytes),
-                    outcome: Outcome::Leader,
-                    fresh_until: None,
-                })
+                Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
                 let load = (started_at, load_time);
@@ -333,11 +329,7 @@ impl Inner {
                     self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
                 self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
                     .await;
-                Ok(Fetched {
-                    value: Some(fill.value),
-                    outcome: Outcome::Leader,
-                    fresh_until: None,
-                })
+                Ok(Fetched::loaded(fill.value, Outcome::Leader))
             }
             (LoadedKind::ForWaiters { bytes }, _) => {
                 // Kept for as long as the followers take to read it; never in L1. A value
@@ -357,11 +349,7 @@ impl Inner {
                         telemetry::lock(LockEvent::Lost);
                     }
                 }
-                Ok(Fetched {
-                    value: Some(bytes),
-                    outcome: Outcome::Leader,
-                    fresh_until: None,
-                })
+                Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
             // `load` lets "not modified" through only with a previous value, which renewed.
             (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
@@ -376,11 +364,7 @@ impl Inner {
                 {
                     guard.disarm();
                 }
-                Ok(Fetched {
-                    value: None,
-                    outcome: Outcome::Pass,
-                    fresh_until: None,
-                })
+                Ok(Fetched::pass())
             }
         }
     }
@@ -459,22 +443,10 @@ impl Inner {
                     let ttl = ttl.unwrap_or(self.config.ttl);
                     self.l1_insert_alone(vouch, digest, &bytes, ttl, started.elapsed());
                 }
-                Ok(Fetched {
-                    value: Some(bytes),
-                    outcome,
-                    fresh_until: None,
-                })
+                Ok(Fetched::loaded(bytes, outcome))
             }
-            LoadedKind::ForWaiters { bytes } => Ok(Fetched {
-                value: Some(bytes),
-                outcome,
-                fresh_until: None,
-            }),
-            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched {
-                value: None,
-                outcome: Outcome::Pass,
-                fresh_until: None,
-            }),
+            LoadedKind::ForWaiters { bytes } => Ok(Fetched::loaded(bytes, outcome)),
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched::pass()),
         }
     }
 
@@ -491,31 +463,15 @@ impl Inner {
         let loaded = self.load(loader, None, None).await?;
         let (bytes, ttl) = match loaded.kind {
             LoadedKind::Value { bytes, ttl } => (bytes, ttl),
-            LoadedKind::ForWaiters { bytes } => {
-                return Ok(Fetched {
-                    value: Some(bytes),
-                    outcome: Outcome::Leader,
-                    fresh_until: None,
-                })
-            }
-            LoadedKind::Pass | LoadedKind::NotModified { .. } => {
-                return Ok(Fetched {
-                    value: None,
-                    outcome: Outcome::Pass,
-                    fresh_until: None,
-                })
-            }
+            LoadedKind::ForWaiters { bytes } => return Ok(Fetched::loaded(bytes, Outcome::Leader)),
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
         };
         let Ok(tagged) = Self::tagged(loaded.tags, clock) else {
             warn!(
                 ?key,
                 "a tagged value without the tag clock, or with too many tags, is not stored"
             );
-            return Ok(Fetched {
-                value: Some(bytes),
-                outcome: Outcome::Leader,
-                fresh_until: None,
-            });
+            return Ok(Fetched::loaded(bytes, Outcome::Leader));
         };
         let load_time = started.elapsed();
         let fill = self.ready_to_store(
@@ -550,10 +506,6 @@ impl Inner {
             self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
                 .await;
         }
-        Ok(Fetched {
-            value: Some(fill.value),
-            outcome: Outcome::Leader,
-            fresh_until: None,
-        })
+        Ok(Fetched::loaded(fill.value, Outcome::Leader))
     }
 }

@@ -62,10 +62,6 @@ impl Inner {
                     .await;
             }
         }
-        Fetched {
-            value: Some(fill.value),
-            outcome: Outcome::Revalidated,
-            fresh_until: None,
-        }
+        Fetched::loaded(fill.value, Outcome::Revalidated)
     }
 }
