@@ -2,10 +2,6 @@
 //! its fenced fill, and the release of the lock on every path (the fill itself, an explicit
 //! token-checked release or failure marker, the [`LockGuard`] drop guard, the lock's TTL);
 //! and the loads made without the lock (after a wait timeout, or while the store fails).
-//!
-//! Past 500 lines: every kind of load result (a value, a pass, a failure, "not modified", a
-//! result for the waiters only) ends the lock's life here, and the paths that release it are
-//! read best side by side.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -70,6 +66,28 @@ pub(in crate::cache) struct Seen {
     pub(in crate::cache) speculative: bool,
 }
 
+/// Tags a loaded value cannot be stored with: the store did not answer the tag clock read
+/// before the load, or there are more than [`entry::MAX_TAGS`].
+#[derive(Debug, PartialEq, Eq)]
+struct TagsNotStorable;
+
+/// The tags of a loaded value, with the tag clock read before its load: `None` for an
+/// untagged value.
+fn tagged(
+    tags: Vec<KeyDigest>,
+    clock: Option<TagClock>,
+) -> Result<Option<Tagged>, TagsNotStorable> {
+    match clock {
+        _ if tags.is_empty() => Ok(None),
+        Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged {
+            generation: Some(clock.generation),
+            clock: clock.clock,
+            tags,
+        })),
+        _ => Err(TagsNotStorable),
+    }
+}
+
 /// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
 /// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
 pub(in crate::cache) struct ReadyValue {
@@ -97,21 +115,6 @@ impl Inner {
             encoded,
             fresh_for,
             store_ttl: fresh_for.saturating_add(self.config.keep()),
-        }
-    }
-
-    /// The tags of a loaded value, with the tag clock read before its load: `Ok(None)` for an
-    /// untagged value, `Err(())` for a tagged one that cannot be stored (the store did not
-    /// answer the clock read, or it has too many tags).
-    fn tagged(tags: Vec<KeyDigest>, clock: Option<TagClock>) -> Result<Option<Tagged>, ()> {
-        match clock {
-            _ if tags.is_empty() => Ok(None),
-            Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged {
-                generation: Some(clock.generation),
-                clock: clock.clock,
-                tags,
-            })),
-            _ => Err(()),
         }
     }
 
@@ -309,9 +312,8 @@ impl Inner {
         {
             return Ok(self.renew(&mut guard, stamp, stale, *ttl, started_at).await);
         }
-        let tagged = Self::tagged(loaded.tags, clock);
-        match (loaded.kind, tagged) {
-            (LoadedKind::Value { bytes, .. }, Err(())) => {
+        match (loaded.kind, tagged(loaded.tags, clock)) {
+            (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {
                 warn!(key = ?guard.key, "a tagged value without the tag clock, or with too many tags, is not stored");
                 if self
                     .breaker
@@ -466,7 +468,7 @@ impl Inner {
             LoadedKind::ForWaiters { bytes } => return Ok(Fetched::loaded(bytes, Outcome::Leader)),
             LoadedKind::Pass | LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
         };
-        let Ok(tagged) = Self::tagged(loaded.tags, clock) else {
+        let Ok(tagged) = tagged(loaded.tags, clock) else {
             warn!(
                 ?key,
                 "a tagged value without the tag clock, or with too many tags, is not stored"
@@ -507,5 +509,114 @@ impl Inner {
                 .await;
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{LockState, LockWhen, MemoryStore};
+
+    const LOCK_TTL: Duration = Duration::from_secs(5);
+
+    /// Takes the lock of `key` for `token`: whether it was free.
+    async fn take(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> bool {
+        let lookup = store
+            .lookup(key, token, LOCK_TTL, LockWhen::Always)
+            .await
+            .expect("the embedded store answers");
+        lookup.lock == LockState::Acquired
+    }
+
+    fn guard_of(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> LockGuard {
+        LockGuard {
+            store: Arc::clone(store),
+            key: key.clone(),
+            token,
+            armed: true,
+        }
+    }
+
+    /// A leader torn down mid-load (its flight dropped) leaves the lock to the next flight at
+    /// once, not after the lock's TTL.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_leader_s_guard_frees_the_lock_for_the_next_flight() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
+        let leader = LockToken::random();
+        assert!(take(&store, &key, leader).await);
+        assert!(!take(&store, &key, LockToken::random()).await, "held");
+        drop(guard_of(&store, &key, leader));
+        // The release runs in a task of its own: let it run.
+        let mut freed = false;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+            freed = take(&store, &key, LockToken::random()).await;
+            if freed {
+                break;
+            }
+        }
+        assert!(freed, "the guard released the lock");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_disarmed_guard_leaves_the_lock_to_whoever_holds_it() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
+        let leader = LockToken::random();
+        assert!(take(&store, &key, leader).await);
+        let mut guard = guard_of(&store, &key, leader);
+        guard.disarm();
+        drop(guard);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!take(&store, &key, LockToken::random()).await, "still held");
+    }
+
+    #[test]
+    fn tags_are_stored_with_the_clock_read_before_the_load_and_only_then() {
+        let clock = TagClock {
+            generation: 9,
+            clock: 4,
+        };
+        let tags = vec![KeyDigest::of_tag(b"a")];
+        assert_eq!(
+            tagged(Vec::new(), None),
+            Ok(None),
+            "untagged needs no clock"
+        );
+        let stored = tagged(tags.clone(), Some(clock)).expect("storable");
+        assert_eq!(
+            stored,
+            Some(Tagged {
+                generation: Some(9),
+                clock: 4,
+                tags: tags.clone(),
+            })
+        );
+        assert_eq!(tagged(tags, None), Err(TagsNotStorable), "no clock");
+        let too_many = (0..=entry::MAX_TAGS as u32)
+            .map(|i| KeyDigest::of_tag(&i.to_be_bytes()))
+            .collect();
+        assert_eq!(tagged(too_many, Some(clock)), Err(TagsNotStorable));
+    }
+
+    #[test]
+    fn a_value_ready_to_store_is_kept_past_its_freshness_for_the_stale_windows() {
+        let cache = crate::Cache::builder(MemoryStore::new())
+            .ttl(Duration::from_secs(60))
+            .stale(Duration::from_secs(30))
+            .build();
+        let load = (SystemTime::UNIX_EPOCH, Duration::from_millis(3));
+        let ready = cache.inner.ready_to_store(b"v", None, load, None, None);
+        assert_eq!(ready.fresh_for, Duration::from_secs(60), "the default TTL");
+        assert_eq!(ready.store_ttl, Duration::from_secs(90));
+        assert_eq!(&ready.value[..], b"v");
+        let ready =
+            cache
+                .inner
+                .ready_to_store(b"v", Some(Duration::from_secs(5)), load, None, None);
+        assert_eq!(ready.store_ttl, Duration::from_secs(35), "the loader's TTL");
     }
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::Reader;
 use crate::cache::Inner;
-use crate::store::StoreKey;
+use crate::store::{StoreError, StoreKey};
 
 /// The step of the store's clock as the engine reads it (Redis's `PTTL`: milliseconds): a
 /// remaining life read from the store errs by up to one step.
@@ -153,17 +153,13 @@ impl Inner {
     }
 
     /// Reads the waiters' slot of `key`: the answer there that `reader`'s caller can read, if
-    /// any; `Err` if the store did not answer.
+    /// any; the store's error if it did not answer.
     async fn read_waiters_answer(
         &self,
         key: &StoreKey,
         reader: Reader<'_>,
-    ) -> Result<Option<WaitersAnswer>, ()> {
-        let stored = self
-            .breaker
-            .call(self.store.waiters_answer(key))
-            .await
-            .map_err(drop)?;
+    ) -> Result<Option<WaitersAnswer>, StoreError> {
+        let stored = self.breaker.call(self.store.waiters_answer(key)).await?;
         Ok(stored.and_then(|stored| WaitersAnswer::of(&reader.decode(stored.bytes), stored.ttl)))
     }
 }
