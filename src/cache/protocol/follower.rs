@@ -5,9 +5,9 @@
 //! value is there, the lock is free (then it leads), or the wait times out
 //! ([`WaitTimeoutPolicy`]).
 //!
-//! Past 500 lines: the loop of one flight reads every kind of entry (fresh, stale, corrupt, a
-//! pass, a failure marker, a result for the waiters of a load) and is read best in one piece.
-//! How a waiter tells its load's result from an earlier one is in [`waiters`](super::waiters).
+//! How a follower waits is in [`wait`](super::wait), what it makes of a stale value in
+//! [`stale`](super::stale), and how a waiter tells its load's result from an earlier one in
+//! [`waiters`](super::waiters).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,15 +18,15 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::leader::{spawn_release, Seen};
+use super::stale::StaleValue;
+use super::wait::{wait_for_fill, Backoff};
 use super::waiters::{Earlier, WaitersAnswer};
 use crate::cache::carry::Posts;
-use crate::cache::entry::{Corrupt, Entry, Tagged, Windows};
+use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::{BoxLoader, FlightResult, Reader};
 use crate::cache::l1::TagStamps;
 use crate::cache::telemetry::{self, LockEvent, WaitEnd};
-use crate::cache::{
-    Config, Error, ErrorKind, Fetched, Inner, Outcome, Previous, WaitTimeoutPolicy,
-};
+use crate::cache::{Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
@@ -96,91 +96,6 @@ struct FirstRead<'a> {
     found: Result<Found, StoreError>,
 }
 
-/// A value past its freshness that the store still keeps, what its header said, and how far
-/// past its freshness it was when read.
-pub(in crate::cache) struct StaleValue {
-    pub(in crate::cache) payload: Bytes,
-    pub(in crate::cache) load_time: Duration,
-    pub(in crate::cache) tags: Option<Tagged>,
-    pub(in crate::cache) windows: Option<Windows>,
-    /// The stamps of its tags, taken before they were checked.
-    pub(in crate::cache) tag_stamps: TagStamps,
-    staleness: Duration,
-    read_at: Instant,
-}
-
-impl StaleValue {
-    /// The value of an entry that a lookup did not call fresh, if the store keeps values past
-    /// their freshness (`keep` is not zero): it is past its freshness by `keep` less its
-    /// remaining life.
-    fn of(found: &Found, keep: Duration) -> Option<Self> {
-        match &found.entry {
-            Some((
-                Ok(Entry::Value {
-                    payload,
-                    load_time,
-                    tags,
-                    windows,
-                }),
-                ttl,
-            )) if found.lock != LockState::NotRequested && !keep.is_zero() => Some(StaleValue {
-                payload: payload.clone(),
-                load_time: *load_time,
-                tags: tags.clone(),
-                windows: *windows,
-                tag_stamps: found.tag_stamps.clone(),
-                staleness: keep.saturating_sub(ttl.unwrap_or_default()),
-                read_at: Instant::now(),
-            }),
-            _ => None,
-        }
-    }
-
-    fn staleness(&self) -> Duration {
-        self.staleness.saturating_add(self.read_at.elapsed())
-    }
-
-    /// The value as a revalidating loader is handed it.
-    pub(in crate::cache) fn previous(&self) -> Previous {
-        Previous {
-            value: self.payload.clone(),
-            staleness: self.staleness(),
-            tags: self.tags.as_ref().map_or_else(Vec::new, |t| t.tags.clone()),
-        }
-    }
-
-    /// The stale value as a flight's answer.
-    pub(in crate::cache) fn answer(self) -> Fetched {
-        let fresh_until = self.fresh_until();
-        Fetched::cached(self.payload, Outcome::Stale, fresh_until)
-    }
-
-    /// When the value stopped being fresh (as near as the store's TTL says).
-    pub(in crate::cache) fn fresh_until(&self) -> Option<Instant> {
-        self.read_at.checked_sub(self.staleness)
-    }
-}
-
-/// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
-pub(in crate::cache) async fn wait_for_fill(
-    filled: &mut Option<FillWatch<'_>>,
-    pause: Duration,
-) -> WaitEnd {
-    let pause = tokio::time::sleep(pause);
-    match filled {
-        Some(filled) => {
-            tokio::select! {
-                () = pause => WaitEnd::Polled,
-                () = filled.changed() => WaitEnd::Notified,
-            }
-        }
-        None => {
-            pause.await;
-            WaitEnd::Polled
-        }
-    }
-}
-
 /// How a flight waited for other leaders, for the follower-wait metric.
 #[derive(Default)]
 struct Waiting {
@@ -188,74 +103,7 @@ struct Waiting {
     ended: Option<WaitEnd>,
 }
 
-/// The shortest step between a follower's re-reads, whatever the settings.
-const MIN_PAUSE: Duration = Duration::from_millis(1);
-
-/// Pauses between a follower's re-reads: exponential, capped, jittered.
-pub(in crate::cache) struct Backoff {
-    next: Duration,
-    multiplier: f64,
-    max: Duration,
-}
-
-impl Backoff {
-    pub(in crate::cache) fn new(config: &Config) -> Self {
-        // A zero step would make followers spin on the store: at least a millisecond.
-        let initial = config.backoff_initial.max(MIN_PAUSE);
-        Backoff {
-            next: initial,
-            multiplier: config.backoff_multiplier,
-            max: config.backoff_max.max(initial),
-        }
-    }
-
-    /// The next pause: between half and all of the current step, then the step grows.
-    pub(in crate::cache) fn pause(&mut self) -> Duration {
-        self.pause_with(rand::random::<f64>())
-    }
-
-    /// The next pause for a draw `jitter` in [0, 1).
-    fn pause_with(&mut self, jitter: f64) -> Duration {
-        let step = self.next;
-        self.next = Duration::try_from_secs_f64(step.as_secs_f64() * self.multiplier)
-            .unwrap_or(self.max)
-            .min(self.max);
-        let half = step / 2;
-        half + half.mul_f64(jitter)
-    }
-}
-
 impl Inner {
-    /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
-    /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
-    /// the fallback for lost notifications.
-    pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
-        if self.config.notifications {
-            self.store.subscribe(key)
-        } else {
-            None
-        }
-    }
-
-    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
-    /// (a namespace's first, or one made again after its connection dropped), a wait of at
-    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
-    /// first reads of a new process would all be missed by L1. No wait while the breaker is
-    /// open (the lookup will not be made).
-    pub(in crate::cache) async fn watch_fills_subscribed<'a>(
-        &'a self,
-        key: &'a StoreKey,
-    ) -> Option<FillWatch<'a>> {
-        let filled = self.watch_fills(key);
-        if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
-            if !notifier.receiving() && self.breaker.is_closed() {
-                // Boxed: a rare wait, kept out of every lookup's state.
-                Box::pin(notifier.received_within(self.config.store_timeout)).await;
-            }
-        }
-        filled
-    }
-
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
     /// read wakes the next wait. `now` is the clock read just before it: the store timeout
@@ -290,30 +138,6 @@ impl Inner {
         };
         self.check_tags(&mut found).await?;
         Ok(found)
-    }
-
-    /// Whether a stale value may be served at once while another leader refreshes it.
-    pub(in crate::cache) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
-        self.stale_window_left(stale).is_some()
-    }
-
-    /// How long a stale value may still be served while a leader refreshes it, if it may.
-    pub(in crate::cache) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
-        let window = stale
-            .windows
-            .and_then(|w| w.while_revalidating)
-            .unwrap_or(self.config.stale);
-        let staleness = stale.staleness();
-        (!window.is_zero() && staleness <= window).then(|| window - staleness)
-    }
-
-    /// Whether a stale value may stand in for a failed or too slow load.
-    pub(in crate::cache) fn serves_on_error(&self, stale: &StaleValue) -> bool {
-        let max = stale
-            .windows
-            .and_then(|w| w.if_error)
-            .unwrap_or_else(|| self.config.stale_if_error());
-        !max.is_zero() && stale.staleness() <= max
     }
 
     /// The leader/follower protocol for one key: ends with a value, a pass, or an error.
@@ -616,55 +440,5 @@ impl Inner {
             .fetch_add(1, Ordering::Relaxed);
         telemetry::corrupt_entry();
         warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn backoff(initial_ms: u64, multiplier: f64, max_ms: u64) -> Backoff {
-        Backoff {
-            next: Duration::from_millis(initial_ms),
-            multiplier,
-            max: Duration::from_millis(max_ms),
-        }
-    }
-
-    #[test]
-    fn backoff_pauses_between_half_and_all_of_a_growing_capped_step() {
-        let mut low = backoff(10, 2.0, 50);
-        let lows: Vec<_> = (0..5).map(|_| low.pause_with(0.0)).collect();
-        let ms = Duration::from_millis;
-        assert_eq!(lows, [ms(5), ms(10), ms(20), ms(25), ms(25)]);
-        let mut high = backoff(10, 2.0, 50);
-        let highs: Vec<_> = (0..5).map(|_| high.pause_with(0.999_999)).collect();
-        for (pause, step) in highs.iter().zip([10, 20, 40, 50, 50]) {
-            assert!(
-                *pause <= ms(step) && *pause > ms(step) * 99 / 100,
-                "{pause:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn backoff_survives_hostile_settings() {
-        // A multiplier that overflows a Duration stops at the cap; a zero step stays zero.
-        let mut huge = backoff(1000, f64::MAX, 2000);
-        huge.pause_with(0.5);
-        assert_eq!(huge.next, Duration::from_millis(2000));
-        let mut nan = backoff(1000, f64::NAN, 2000);
-        nan.pause_with(0.5);
-        assert_eq!(nan.next, Duration::from_millis(2000));
-        // `backoff(0, 0)`: steps of at least a millisecond, never a spin on the store.
-        let config = Config {
-            backoff_initial: Duration::ZERO,
-            backoff_max: Duration::ZERO,
-            ..Config::default()
-        };
-        let mut zero = Backoff::new(&config);
-        for _ in 0..5 {
-            assert!(zero.pause_with(1.0) >= Duration::from_micros(999));
-        }
     }
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::follower::StaleValue;
+use super::stale::StaleValue;
 use crate::cache::answer::LoadedKind;
 use crate::cache::carry::{Early, Posts};
 use crate::cache::entry::{self, Tagged, Windows};

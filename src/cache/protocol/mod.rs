@@ -4,11 +4,12 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `follower.rs` | one flight's lookup, and the follower's wait until the value is there, the lock is free, or the wait times out |
+//! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
+//! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
 //! | `leader.rs` | the leader's load under the reload lock, its fenced fill, the lock's release on every path, and loads made without the lock |
 //! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
 //! | `revalidate.rs` | a reload handed the stale value, and "not modified" renewing it |
-//! | `stale.rs` | whether a stale value read earlier still stands when it is served |
+//! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
 //! | `refresh.rs` | an early refresh in the background, one per key and process |
 
 pub(super) mod follower;
@@ -16,4 +17,5 @@ mod leader;
 mod refresh;
 mod revalidate;
 mod stale;
+mod wait;
 mod waiters;

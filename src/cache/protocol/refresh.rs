@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::follower::{wait_for_fill, Backoff};
 use super::leader::{spawn_release, Seen};
+use super::wait::{wait_for_fill, Backoff};
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;
 use crate::cache::telemetry::{self, LockEvent};

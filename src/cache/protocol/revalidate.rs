@@ -5,8 +5,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::follower::StaleValue;
 use super::leader::LockGuard;
+use super::stale::StaleValue;
 use crate::cache::{Fetched, Inner, Outcome, Previous};
 use crate::store::{Renewal, Stamp};
 

@@ -1,15 +1,110 @@
 //! Whether a stale value a flight read still stands when it is served: as an early answer
 //! while its reload runs, or in place of a load (stale-if-error, or after a wait timeout). An
 //! invalidated value is never served, stale or not, so a change made since the read, here or
-//! in another process, by key or by tag, rules it out.
+//! in another process, by key or by tag, rules it out. And how long its stale windows let it
+//! be served.
 
-use super::follower::StaleValue;
-use crate::cache::entry::Entry;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::follower::Found;
+use crate::cache::entry::{Entry, Tagged, Windows};
 use crate::cache::l1::TagStamps;
-use crate::cache::Inner;
-use crate::store::{KeyDigest, Stamp, StoreKey};
+use crate::cache::{Fetched, Inner, Outcome, Previous};
+use crate::store::{KeyDigest, LockState, Stamp, StoreKey};
+
+/// A value past its freshness that the store still keeps, what its header said, and how far
+/// past its freshness it was when read.
+pub(in crate::cache) struct StaleValue {
+    pub(in crate::cache) payload: Bytes,
+    pub(in crate::cache) load_time: Duration,
+    pub(in crate::cache) tags: Option<Tagged>,
+    pub(in crate::cache) windows: Option<Windows>,
+    /// The stamps of its tags, taken before they were checked.
+    pub(in crate::cache) tag_stamps: TagStamps,
+    staleness: Duration,
+    read_at: Instant,
+}
+
+impl StaleValue {
+    /// The value of an entry that a lookup did not call fresh, if the store keeps values past
+    /// their freshness (`keep` is not zero): it is past its freshness by `keep` less its
+    /// remaining life.
+    pub(super) fn of(found: &Found, keep: Duration) -> Option<Self> {
+        match &found.entry {
+            Some((
+                Ok(Entry::Value {
+                    payload,
+                    load_time,
+                    tags,
+                    windows,
+                }),
+                ttl,
+            )) if found.lock != LockState::NotRequested && !keep.is_zero() => Some(StaleValue {
+                payload: payload.clone(),
+                load_time: *load_time,
+                tags: tags.clone(),
+                windows: *windows,
+                tag_stamps: found.tag_stamps.clone(),
+                staleness: keep.saturating_sub(ttl.unwrap_or_default()),
+                read_at: Instant::now(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn staleness(&self) -> Duration {
+        self.staleness.saturating_add(self.read_at.elapsed())
+    }
+
+    /// The value as a revalidating loader is handed it.
+    pub(in crate::cache) fn previous(&self) -> Previous {
+        Previous {
+            value: self.payload.clone(),
+            staleness: self.staleness(),
+            tags: self.tags.as_ref().map_or_else(Vec::new, |t| t.tags.clone()),
+        }
+    }
+
+    /// The stale value as a flight's answer.
+    pub(in crate::cache) fn answer(self) -> Fetched {
+        let fresh_until = self.fresh_until();
+        Fetched::cached(self.payload, Outcome::Stale, fresh_until)
+    }
+
+    /// When the value stopped being fresh (as near as the store's TTL says).
+    pub(in crate::cache) fn fresh_until(&self) -> Option<Instant> {
+        self.read_at.checked_sub(self.staleness)
+    }
+}
 
 impl Inner {
+    /// Whether a stale value may be served at once while another leader refreshes it.
+    pub(in crate::cache) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
+        self.stale_window_left(stale).is_some()
+    }
+
+    /// How long a stale value may still be served while a leader refreshes it, if it may.
+    pub(in crate::cache) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
+        let window = stale
+            .windows
+            .and_then(|w| w.while_revalidating)
+            .unwrap_or(self.config.stale);
+        let staleness = stale.staleness();
+        (!window.is_zero() && staleness <= window).then(|| window - staleness)
+    }
+
+    /// Whether a stale value may stand in for a failed or too slow load.
+    pub(in crate::cache) fn serves_on_error(&self, stale: &StaleValue) -> bool {
+        let max = stale
+            .windows
+            .and_then(|w| w.if_error)
+            .unwrap_or_else(|| self.config.stale_if_error());
+        !max.is_zero() && stale.staleness() <= max
+    }
+
     /// A test that nothing was heard of the key `digest` (since `stamp`) nor of the tags
     /// (since their stamps) of a stale value read from it: for an early answer, which a change
     /// made in another process must withdraw once this process hears of it. `None` (no test)

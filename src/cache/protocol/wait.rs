@@ -1,0 +1,147 @@
+//! How a follower waits between its reads: a watch of the key's fills (the store's
+//! notifications), and a jittered exponential backoff poll as the fallback for lost ones.
+
+use std::time::Duration;
+
+use crate::cache::telemetry::WaitEnd;
+use crate::cache::{Config, Inner};
+use crate::store::{FillWatch, StoreKey};
+
+/// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
+pub(in crate::cache) async fn wait_for_fill(
+    filled: &mut Option<FillWatch<'_>>,
+    pause: Duration,
+) -> WaitEnd {
+    let pause = tokio::time::sleep(pause);
+    match filled {
+        Some(filled) => {
+            tokio::select! {
+                () = pause => WaitEnd::Polled,
+                () = filled.changed() => WaitEnd::Notified,
+            }
+        }
+        None => {
+            pause.await;
+            WaitEnd::Polled
+        }
+    }
+}
+
+/// The shortest step between a follower's re-reads, whatever the settings.
+const MIN_PAUSE: Duration = Duration::from_millis(1);
+
+/// Pauses between a follower's re-reads: exponential, capped, jittered.
+pub(in crate::cache) struct Backoff {
+    next: Duration,
+    multiplier: f64,
+    max: Duration,
+}
+
+impl Backoff {
+    pub(in crate::cache) fn new(config: &Config) -> Self {
+        // A zero step would make followers spin on the store: at least a millisecond.
+        let initial = config.backoff_initial.max(MIN_PAUSE);
+        Backoff {
+            next: initial,
+            multiplier: config.backoff_multiplier,
+            max: config.backoff_max.max(initial),
+        }
+    }
+
+    /// The next pause: between half and all of the current step, then the step grows.
+    pub(in crate::cache) fn pause(&mut self) -> Duration {
+        self.pause_with(rand::random::<f64>())
+    }
+
+    /// The next pause for a draw `jitter` in [0, 1).
+    fn pause_with(&mut self, jitter: f64) -> Duration {
+        let step = self.next;
+        self.next = Duration::try_from_secs_f64(step.as_secs_f64() * self.multiplier)
+            .unwrap_or(self.max)
+            .min(self.max);
+        let half = step / 2;
+        half + half.mul_f64(jitter)
+    }
+}
+
+impl Inner {
+    /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
+    /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
+    /// the fallback for lost notifications.
+    pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
+        if self.config.notifications {
+            self.store.subscribe(key)
+        } else {
+            None
+        }
+    }
+
+    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
+    /// (a namespace's first, or one made again after its connection dropped), a wait of at
+    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
+    /// first reads of a new process would all be missed by L1. No wait while the breaker is
+    /// open (the lookup will not be made).
+    pub(in crate::cache) async fn watch_fills_subscribed<'a>(
+        &'a self,
+        key: &'a StoreKey,
+    ) -> Option<FillWatch<'a>> {
+        let filled = self.watch_fills(key);
+        if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
+            if !notifier.receiving() && self.breaker.is_closed() {
+                // Boxed: a rare wait, kept out of every lookup's state.
+                Box::pin(notifier.received_within(self.config.store_timeout)).await;
+            }
+        }
+        filled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backoff(initial_ms: u64, multiplier: f64, max_ms: u64) -> Backoff {
+        Backoff {
+            next: Duration::from_millis(initial_ms),
+            multiplier,
+            max: Duration::from_millis(max_ms),
+        }
+    }
+
+    #[test]
+    fn backoff_pauses_between_half_and_all_of_a_growing_capped_step() {
+        let mut low = backoff(10, 2.0, 50);
+        let lows: Vec<_> = (0..5).map(|_| low.pause_with(0.0)).collect();
+        let ms = Duration::from_millis;
+        assert_eq!(lows, [ms(5), ms(10), ms(20), ms(25), ms(25)]);
+        let mut high = backoff(10, 2.0, 50);
+        let highs: Vec<_> = (0..5).map(|_| high.pause_with(0.999_999)).collect();
+        for (pause, step) in highs.iter().zip([10, 20, 40, 50, 50]) {
+            assert!(
+                *pause <= ms(step) && *pause > ms(step) * 99 / 100,
+                "{pause:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn backoff_survives_hostile_settings() {
+        // A multiplier that overflows a Duration stops at the cap; a zero step stays zero.
+        let mut huge = backoff(1000, f64::MAX, 2000);
+        huge.pause_with(0.5);
+        assert_eq!(huge.next, Duration::from_millis(2000));
+        let mut nan = backoff(1000, f64::NAN, 2000);
+        nan.pause_with(0.5);
+        assert_eq!(nan.next, Duration::from_millis(2000));
+        // `backoff(0, 0)`: steps of at least a millisecond, never a spin on the store.
+        let config = Config {
+            backoff_initial: Duration::ZERO,
+            backoff_max: Duration::ZERO,
+            ..Config::default()
+        };
+        let mut zero = Backoff::new(&config);
+        for _ in 0..5 {
+            assert!(zero.pause_with(1.0) >= Duration::from_micros(999));
+        }
+    }
+}
