@@ -83,23 +83,40 @@ struct FreshValue {
     tag_stamps: TagStamps,
 }
 
-/// A flight's first lookup, made before the protocol's loop (see [`Inner::resolve`]), and what
-/// the loop goes on with.
+/// What the protocol's loop goes on with from a flight's first lookup, made before the loop
+/// (see [`Inner::resolve`]).
 struct FirstRead<'a> {
     key: &'a StoreKey,
     token: LockToken,
     filled: Option<FillWatch<'a>>,
     /// When the flight first read the key.
     started: Instant,
-    /// The stamp taken before that read.
-    stamp: Option<Stamp>,
-    found: Result<Found, StoreError>,
 }
 
-/// How a flight waited for other leaders, for the follower-wait metric.
-#[derive(Default)]
-struct Waiting {
-    since: Option<Instant>,
+/// Where a flight stands in the protocol's loop between its lookups: which lookup it makes
+/// next, and whether it follows another leader's load. Owned by [`Inner::resolve`], which
+/// reports the wait once the flight has its answer, however the loop ended.
+struct FollowerState {
+    next: NextLookup,
+    following: Option<Following>,
+}
+
+/// The lookup a flight makes next.
+enum NextLookup {
+    /// None: the first, made before the loop, found this (with the stamp taken before it).
+    First(Option<Stamp>, Result<Found, StoreError>),
+    /// One that takes the lock where the value is stale or absent.
+    Plain,
+    /// One that counts every value as stale, so it takes the lock to overwrite what it found
+    /// (a corrupt entry, or an earlier load's answer for its waiters).
+    Overwrite,
+}
+
+/// A flight that follows another leader's load: since when, what it found in the waiters'
+/// slot then, and how its last wait ended.
+struct Following {
+    since: Instant,
+    earlier: Earlier,
     ended: Option<WaitEnd>,
 }
 
@@ -174,12 +191,18 @@ impl Inner {
             token,
             filled,
             started,
-            stamp,
-            found,
         };
-        let mut waiting = Waiting::default();
-        let answer = Box::pin(self.resolve_key(first, loader, early, &mut waiting)).await;
-        if let (Some(since), Some(ended)) = (waiting.since, waiting.ended) {
+        let mut state = FollowerState {
+            next: NextLookup::First(stamp, found),
+            following: None,
+        };
+        let answer = Box::pin(self.resolve_key(first, loader, early, &mut state)).await;
+        if let Some(Following {
+            since,
+            ended: Some(ended),
+            ..
+        }) = state.following
+        {
             let waited = since.elapsed();
             debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
             telemetry::follower_wait(waited, ended);
@@ -224,7 +247,7 @@ impl Inner {
         first: FirstRead<'_>,
         loader: BoxLoader,
         early: &Posts,
-        waiting: &mut Waiting,
+        state: &mut FollowerState,
     ) -> FlightResult {
         let config = &self.config;
         let keep = config.keep();
@@ -233,25 +256,15 @@ impl Inner {
             token,
             mut filled,
             started,
-            stamp: first_stamp,
-            found: first_found,
         } = first;
         let digest = *key.digest();
         let mut backoff = Backoff::new(config);
-        // Set when a corrupt entry is seen: the next lookup (only) counts every value as
-        // stale, so it takes the lock to overwrite the entry.
-        let mut overwrite = false;
-        // Whether this flight has waited for another leader.
-        let mut followed = false;
-        // The answer for waiters that stood when this flight first waited.
-        let mut earlier = Earlier::Unknown;
-        // The first lookup's, made before the loop.
-        let mut first = Some((first_stamp, first_found));
         loop {
-            let overwriting = std::mem::take(&mut overwrite);
-            let (read_at, stamp, found) = match first.take() {
-                Some((stamp, found)) => (started, stamp, found),
-                None => {
+            let next = std::mem::replace(&mut state.next, NextLookup::Plain);
+            let overwriting = matches!(next, NextLookup::Overwrite);
+            let (read_at, stamp, found) = match next {
+                NextLookup::First(stamp, found) => (started, stamp, found),
+                NextLookup::Plain | NextLookup::Overwrite => {
                     let read_at = Instant::now();
                     // Taken before the read (as the first lookup's).
                     let stamp = self.l1.stamp(&digest);
@@ -298,6 +311,7 @@ impl Inner {
                 _ => {}
             }
             if let Some(fresh) = found.take_fresh() {
+                let followed = state.following.is_some();
                 return Ok(self.stored_hit(digest, fresh, stamp, read_at, loader, followed));
             }
             let mut stale = StaleValue::of(&found, keep);
@@ -311,11 +325,12 @@ impl Inner {
             if let Some(stale) = stale.take_if(|_| serve_stale) {
                 return Ok(stale.answer());
             }
-            if followed && found.lock == LockState::Acquired && stale.is_some() {
+            let earlier = state.following.as_ref().map(|following| &following.earlier);
+            if let (Some(earlier), LockState::Acquired, Some(_)) = (earlier, found.lock, &stale) {
                 // The load this flight waited for ended without a new value: it may have
                 // answered its waiters beside the value it kept for revalidation.
                 let reader = loader.reader();
-                let answer = self.waiters_answer(key, reader, &earlier, started);
+                let answer = self.waiters_answer(key, reader, earlier, started);
                 if let Some(payload) = Box::pin(answer).await {
                     spawn_release(&self.store, key, token);
                     return Ok(Fetched::loaded(payload, Outcome::Follower));
@@ -324,7 +339,9 @@ impl Inner {
             let in_place = found.entry.as_ref();
             if let Some(answer) = in_place.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)) {
                 // The result of a load that kept nothing, for the calls that waited for it.
-                if followed && self.takes_answer(&earlier, &answer, started, read_at) {
+                if earlier
+                    .is_some_and(|earlier| self.takes_answer(earlier, &answer, started, read_at))
+                {
                     if found.lock == LockState::Acquired {
                         spawn_release(&self.store, key, token);
                     }
@@ -333,14 +350,14 @@ impl Inner {
                 if found.lock == LockState::NotRequested && !overwriting {
                     // An earlier load's result: this call loads (or follows the load that
                     // does), although the store calls the key fresh.
-                    overwrite = true;
+                    state.next = NextLookup::Overwrite;
                     continue;
                 }
             }
             let tagged = found.tagged();
             // The stale value this lookup found, for `WaitTimeoutPolicy::ServeStale`: the
             // latest lookup's, so a value gone since (invalidated) is not served.
-            let last_stale = match (found.lock, found.entry) {
+            let (last_stale, following) = match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
                     let seen = Seen {
                         stamp,
@@ -359,21 +376,29 @@ impl Inner {
                     } else {
                         self.corrupt_entry(&digest);
                     }
-                    overwrite = true;
+                    state.next = NextLookup::Overwrite;
                     continue;
                 }
                 (LockState::Failed, _) => return Err(Error::new(ErrorKind::RecentFailure)),
                 (LockState::HeldElsewhere, entry) => {
-                    if !followed {
-                        earlier = if stale.is_some() {
-                            // The load's answer would go beside the value it keeps.
-                            let reader = loader.reader();
-                            Box::pin(self.earlier_answer(key, reader)).await
-                        } else {
-                            Earlier::in_place(entry.as_ref())
-                        };
-                    }
-                    stale
+                    let following = match state.following.take() {
+                        Some(following) => following,
+                        None => {
+                            let earlier = if stale.is_some() {
+                                // The load's answer would go beside the value it keeps.
+                                let reader = loader.reader();
+                                Box::pin(self.earlier_answer(key, reader)).await
+                            } else {
+                                Earlier::in_place(entry.as_ref())
+                            };
+                            Following {
+                                since: Instant::now(),
+                                earlier,
+                                ended: None,
+                            }
+                        }
+                    };
+                    (stale, following)
                 }
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
@@ -382,11 +407,10 @@ impl Inner {
                 }
             };
             // A follower: another leader holds the lock.
-            followed = true;
-            waiting.since.get_or_insert_with(Instant::now);
+            let following = state.following.insert(following);
             let waited = started.elapsed();
             if waited >= config.wait_timeout {
-                waiting.ended = Some(WaitEnd::TimedOut);
+                following.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 let stamp = self.l1.stamp(&digest);
                 let overtaken = early.is_overtaken();
@@ -396,7 +420,7 @@ impl Inner {
                 .await;
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
-            waiting.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
+            following.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
         }
     }
 
