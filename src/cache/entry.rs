@@ -3,44 +3,41 @@
 //! ```text
 //! "TS" | version (2) | kind | load time in ms (u32, big-endian)
 //!      | load start in ms since the UNIX epoch (u64, big-endian)
-//!      | [stale windows] | [tags] | payload
+//!      | [stale windows] | [life] | [tag clock, generation, tags] | payload
 //! ```
 //!
-//! The load start is where the store's fence looks for it (bytes 8 to 16, see
+//! | version | header | read |
+//! | --- | --- | --- |
+//! | 1 | 8 bytes: no load start | yes: any write may replace it, as the fence finds no load start |
+//! | 2 | 16 bytes: the load start at bytes 8 to 16 | yes: written |
+//!
+//! The load start is where the store's fence looks for it (see
 //! [`store::load_start`](crate::store::load_start)): a write after a wait timeout is refused
-//! where the stored value's load started later. Version 1 entries (an 8-byte header, before
-//! the load start) are still read; they carry no load start, so any write may replace them.
+//! where the stored value's load started later.
 //!
-//! A value with stale windows of its own (see [`Windows`]) has the [`WINDOWS`] bit set in its
-//! kind, and the two windows (each u32 milliseconds, big-endian) right after the header.
-//! Values without windows of their own are written exactly as before the bit existed, so
-//! processes of a release without windows still read them; such a process reads a value with
-//! windows as a foreign entry (a miss, overwritten), and its fence still finds the load start,
-//! which the bit does not move.
+//! | kind | holds |
+//! | --- | --- |
+//! | 0 | a value |
+//! | 1 | a "pass" marker: the load's result is not cacheable |
+//! | 2 | a tagged value: after the header (and windows), the tag clock read before its load (u64), then the generation that clock counts in (u64, with [`GENERATION`]), then its tags (a u16 count, then each tag's 32-byte digest) |
+//! | 3 | a waiters' answer: the payload of a load whose result is not kept (see [`Loaded::for_waiters`](super::Loaded::for_waiters)), in the value's place or beside a value kept for revalidation (see [`Store::answer_waiters`](crate::store::Store::answer_waiters)) |
 //!
-//! A value with tags (kind 2) has, between the header (and windows) and the payload, the tag
-//! clock read before its load (u64), with the [`GENERATION`] bit set in its kind the tag
-//! generation that clock counts in (u64), and its tags (a u16 count, then each tag's 32-byte
-//! digest). A tagged value without the bit (from a release before generations, or loaded
-//! without reading the clock) belongs to no generation, so it is outdated: one reload. A
-//! release before the bit reads a value with it as a foreign entry (a miss, overwritten).
+//! | kind bit | follows the header |
+//! | --- | --- |
+//! | [`WINDOWS`] (0x10) | a value's own stale windows: two u32 milliseconds, big-endian (see [`Windows`]) |
+//! | [`LIFE`] (0x20) | a waiters' answer's life in the store (u32 milliseconds): a reader tells its age from that and its remaining life, whatever its own configuration |
+//! | [`GENERATION`] (0x40) | a tagged value's tag generation, after its clock |
 //!
-//! A waiters' answer (kind 3) is the payload of a load whose result is not kept (see
-//! [`Loaded::for_waiters`](super::Loaded::for_waiters)), for the calls that waited for it: in
-//! the value's place, or beside a value kept for revalidation, which it must not replace (see
-//! [`Store::answer_waiters`](crate::store::Store::answer_waiters)). Its bytes are the same in
-//! both places, so the header's versions are unchanged. Its kind has the [`LIFE`] bit set, and
-//! how long the store keeps it (u32 milliseconds, big-endian) right after the header: a reader
-//! tells its age from that and its remaining life, whatever its own configuration. An answer
-//! without the bit (from a release before it) is read with the reader's own idea of that life;
-//! a release before the bit reads an answer with it as a foreign entry (a miss, overwritten).
+//! Entries without a bit read as follows: a value without [`WINDOWS`] is served with the
+//! reader's configured windows; a tagged value without [`GENERATION`] belongs to no
+//! generation, so it is outdated (one reload); a waiters' answer without [`LIFE`] is read
+//! with the reader's own idea of that life. A value without windows of its own is written
+//! without the bit, so its bytes are those of kind 0 alone. A reader that does not know a
+//! bit treats the entry as foreign (a miss, overwritten); the bits never move the load start.
 //!
 //! The header tells values from "pass" markers and carries how long the load took, and its
 //! magic lets the engine tell its own entries from foreign or corrupt bytes, which are treated
 //! as a miss and overwritten.
-//!
-//! Past 500 lines: the format is under 290 of them; the rest are its tests, byte for byte,
-//! which must sit beside the private encoders they check.
 
 use std::time::{Duration, SystemTime};
 
@@ -50,7 +47,7 @@ use crate::store::KeyDigest;
 
 const MAGIC: &[u8; 2] = b"TS";
 const VERSION: u8 = 2;
-/// The version before the load start, still read.
+/// The version without the load start, still read.
 const VERSION_1: u8 = 1;
 const KIND_VALUE: u8 = 0;
 const KIND_PASS: u8 = 1;
@@ -364,7 +361,7 @@ mod tests {
                 load: (5, 0),
             })
         );
-        // An answer from a release before its life was written: the reader's own idea.
+        // An answer without its life: the reader's own idea.
         let mut older = BytesMut::new();
         put_header(&mut older, KIND_WAITERS, at(5), Duration::ZERO);
         older.put_slice(b"503");
@@ -446,10 +443,10 @@ mod tests {
         );
     }
 
-    /// A value without windows of its own is written byte for byte as a release without
-    /// windows writes it (and reads it): kind 0, no windows block.
+    /// A value without windows of its own is written as kind 0 alone, byte for byte: no
+    /// windows block, no bit.
     #[test]
-    fn values_without_windows_keep_the_bytes_of_a_release_without_them() {
+    fn a_value_without_windows_is_written_as_kind_0_alone() {
         let (v, _) = encode_value(b"new", at(0x0102), Duration::from_millis(2), None, None);
         assert_eq!(
             &v[..],
@@ -458,8 +455,7 @@ mod tests {
     }
 
     /// A tagged value's generation follows its clock, under its kind's bit; a value without
-    /// the bit (written before generations, or without a clock read) has none, and a
-    /// generation cut short is corrupt.
+    /// the bit has none, and a generation cut short is corrupt.
     #[test]
     fn the_tag_generation_follows_the_clock() {
         let tagged = Tagged {

@@ -251,9 +251,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_caller_carrying_a_flight_is_woken_by_the_flight_alone() {
-        // Nothing else may wake it (its own wait for an early answer, as the flight's watch
-        // once did when the flight ended): each such wake cost every L2 hit a spurious poll
-        // and a scheduler turn.
+        // Nothing else may wake it (such as a wait for an early answer, or the end of the
+        // flight's watch): each such wake would cost every L2 hit a spurious poll and a
+        // scheduler turn.
         let cache = Cache::builder(MemoryStore::new()).l1_capacity(0).build();
         let (loaded, load) = oneshot::channel::<()>();
         let mut fetch = pin!(cache.fetch("carried", move || async move {

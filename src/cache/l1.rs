@@ -45,7 +45,7 @@ pub(super) struct L1Entry {
     /// When the value stops being fresh in the store.
     pub(super) fresh_until: Instant,
     /// When a hit refreshes it early: drawn once, as the value enters L1, so that how often
-    /// it is hit does not make its refresh more likely (one coin per hit did).
+    /// it is hit does not make its refresh more likely.
     pub(super) refresh_at: Option<Instant>,
     /// What vouches for it: what this process had heard of the key before the value was
     /// read. A value loaded while the store failed, which no notification vouches for, is

@@ -435,10 +435,9 @@ impl Inner {
 /// The span of one fetch of `digest` (its outcome, and how long a caller that did not hit L1
 /// waited), if a subscriber wants it. A disabled span is not kept: with `tracing`'s `log`
 /// feature (which `axum` turns on), even a disabled span asks the logger at each poll and
-/// record, which an L2 hit measured (about a point of a `GET`). Nor is a span built where no
-/// subscriber takes `DEBUG` (one atomic load): the macro would still format its fields for
-/// `log` (a bare "stampede.fetch" line, without its outcome): about 180 instructions per
-/// fetch (callgrind, an L2 hit over the embedded store), on every L1 hit too.
+/// record. Nor is a span built where no subscriber takes `DEBUG` (one atomic load): the macro
+/// would still format its fields for `log` (a bare "stampede.fetch" line, without its
+/// outcome), on every L1 hit too.
 fn fetch_span(digest: &KeyDigest) -> Option<tracing::Span> {
     if tracing::Level::DEBUG > tracing::level_filters::LevelFilter::current() {
         return None;
