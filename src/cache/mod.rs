@@ -56,6 +56,32 @@
 //! assert_eq!(loads.load(Ordering::SeqCst), 1);
 //! # }
 //! ```
+//!
+//! # Inside the engine
+//!
+//! A [`Cache`] holds components that each own their state, and the configuration; the
+//! protocol across processes (a folder of its own) drives them.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `mod.rs` | [`Cache`], its public calls, and `Inner`: the components and the configuration |
+//! | `config.rs` | the settings and [`CacheBuilder`] |
+//! | `l1.rs` | `L1`: the moka cache, its weight in bytes, the notifier's stamps that keep it in step |
+//! | `flights.rs` | `Flights`: the flights in progress in this process, by key |
+//! | `flight.rs` | a fetch: L1, then joining or starting a flight, and the flight's loader |
+//! | `carry.rs` | how the caller that starts a flight carries it, and how it posts to the others |
+//! | `breaker.rs` | `Breaker`: the circuit breaker, every store call, and its probe |
+//! | `known_tags.rs` | `KnownTags`: whether loaders return tags, the first tag clock, the versions read |
+//! | `tags.rs` | [`Cache::invalidate_tags`], and checking a tagged value against its tags |
+//! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
+//! | `changes.rs` | [`Cache::invalidate`], [`Cache::set`], [`Cache::expire`]: changes made outside a load |
+//! | `protocol/` | leader, follower, waiters, revalidation, stale values, early refresh |
+//! | `answer.rs` | [`Previous`], [`Loaded`], [`Fetched`], [`Outcome`], [`Stats`] |
+//! | `entry.rs` | the bytes kept in the store: header, kinds, tags, windows |
+//! | `error.rs` | [`Error`] and [`ErrorKind`] |
+//! | `health.rs` | [`Cache::health`] and [`Health`] |
+//! | `telemetry.rs` | tracing events and metrics |
+//! | `typed.rs` | typed values (feature `serde`) |
 
 mod answer;
 mod breaker;
