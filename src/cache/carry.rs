@@ -1,7 +1,8 @@
-//! How a flight is carried and how it posts: the caller that starts a flight drives it within
-//! its own task ([`Carried`]), with no task of its own and no hop through the scheduler between
-//! the store's reply and the answer; the callers that join it wait on what it posts
-//! ([`Posts`]). A flight whose carrier goes away runs on to its end as a task of its own.
+//! How a flight is carried and how it posts: the caller that starts a flight drives it
+//! within its own task ([`CarriedFlight`]), with no task of its own and no hop through the
+//! scheduler between the store's reply and the answer; the callers that join it wait on what
+//! it posts ([`FlightPosts`]). A flight whose carrier goes away runs on to its end as a task
+//! of its own.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -42,7 +43,7 @@ impl Early {
 /// flight itself: it waits on nothing here. Only callers that joined wait, so a flight that
 /// nobody joined wakes nobody and posts nothing but an early answer.
 #[derive(Default)]
-pub(super) struct Posts {
+pub(super) struct FlightPosts {
     posted: Mutex<Posted>,
     /// Whether anything was ever posted: the carrier's look after each poll reads only this.
     any: AtomicBool,
@@ -56,14 +57,14 @@ pub(super) struct Posts {
     changed: Notify,
 }
 
-impl Posts {
+impl FlightPosts {
     /// Counts a caller that joins the flight. Called under the lock of the map of flights,
     /// while the flight is in it.
     pub(super) fn join(&self) {
         self.joined.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Posts `posted` for the callers that joined the flight, and for those that join later.
+    /// FlightPosts `posted` for the callers that joined the flight, and for those that join later.
     pub(super) fn post(&self, posted: Posted) {
         let mut slot = crate::sync::lock(&self.posted);
         // Checked under the lock, as `overtaken` withdraws under it: an early answer read
@@ -133,9 +134,9 @@ impl Posts {
 
 /// The flight's end, however it ends: dropped with the flight (or with the task that took it
 /// over), it tells the callers still waiting.
-struct Poster(Arc<Posts>);
+struct FlightEnd(Arc<FlightPosts>);
 
-impl Drop for Poster {
+impl Drop for FlightEnd {
     fn drop(&mut self) {
         self.0.end();
     }
@@ -146,19 +147,20 @@ impl Drop for Poster {
 /// that caller too. Dropped before the flight ends (the caller went away, or took an early
 /// answer), it hands the flight to the runtime it started on, as a task of its own that posts
 /// the answer; with no runtime to take it, the flight is dropped, its joiners are told it
-/// ended without an answer, and [`Landing`] and the leader's lock guard clean up.
-pub(super) struct Carried {
+/// ended without an answer, and the flight's `ListedFlight` and the leader's lock guard clean
+/// up.
+pub(super) struct CarriedFlight {
     flight: Option<BoxFuture<'static, FlightResult>>,
-    poster: Option<Poster>,
+    poster: Option<FlightEnd>,
     runtime: Option<Handle>,
 }
 
-impl Carried {
+impl CarriedFlight {
     /// The flight `flight`, posting through `posts`, carried by the caller that starts it.
-    pub(super) fn new(flight: BoxFuture<'static, FlightResult>, posts: Arc<Posts>) -> Self {
-        Carried {
+    pub(super) fn new(flight: BoxFuture<'static, FlightResult>, posts: Arc<FlightPosts>) -> Self {
+        CarriedFlight {
             flight: Some(flight),
-            poster: Some(Poster(posts)),
+            poster: Some(FlightEnd(posts)),
             runtime: Handle::try_current().ok(),
         }
     }
@@ -184,7 +186,7 @@ impl Carried {
             Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
         };
         self.flight = None;
-        if let Some(Poster(posts)) = &self.poster {
+        if let Some(FlightEnd(posts)) = &self.poster {
             // The flight has landed, so no caller joins it any more. Alone, its carrier posts
             // nothing (and wakes nobody).
             if posts.joined.load(Ordering::Relaxed) > 0 {
@@ -195,7 +197,7 @@ impl Carried {
     }
 }
 
-impl Drop for Carried {
+impl Drop for CarriedFlight {
     fn drop(&mut self) {
         if let (Some(flight), Some(poster), Some(runtime)) = (
             self.flight.take(),
@@ -223,7 +225,7 @@ mod tests {
     use tokio::runtime::Handle;
     use tokio::sync::oneshot;
 
-    use super::{Carried, FlightResult, Poster, Posts};
+    use super::{CarriedFlight, FlightEnd, FlightPosts, FlightResult};
     use crate::{ErrorKind, Fetched, Outcome};
 
     fn answer(value: &'static str) -> FlightResult {
@@ -244,12 +246,12 @@ mod tests {
     fn carry(
         flight: crate::store::BoxFuture<'static, FlightResult>,
         joined: usize,
-    ) -> (Carried, Arc<Posts>) {
-        let posts = Arc::new(Posts::default());
+    ) -> (CarriedFlight, Arc<FlightPosts>) {
+        let posts = Arc::new(FlightPosts::default());
         posts.joined.store(joined, Ordering::Relaxed);
-        let carried = Carried {
+        let carried = CarriedFlight {
             flight: Some(flight),
-            poster: Some(Poster(Arc::clone(&posts))),
+            poster: Some(FlightEnd(Arc::clone(&posts))),
             runtime: Handle::try_current().ok(),
         };
         (carried, posts)
@@ -306,18 +308,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_carrier_takes_an_early_answer_and_the_flight_goes_on() {
-        let posts = Arc::new(Posts::default());
+        let posts = Arc::new(FlightPosts::default());
         posts.joined.store(1, Ordering::Relaxed);
         let (go, went) = oneshot::channel::<()>();
         let early = Arc::clone(&posts);
-        let mut carried = Carried {
+        let mut carried = CarriedFlight {
             flight: Some(Box::pin(async move {
                 // Posted within the poll, as a leader posts the stale value it refreshes.
                 early.post(Some((answer("stale"), None)));
                 let _ = went.await;
                 answer("fresh")
             })),
-            poster: Some(Poster(Arc::clone(&posts))),
+            poster: Some(FlightEnd(Arc::clone(&posts))),
             runtime: Handle::try_current().ok(),
         };
         let got = poll_fn(|cx| carried.poll(cx)).await;
@@ -341,7 +343,7 @@ mod tests {
         // A joiner makes its wait before it looks, so a post racing its look still wakes it
         // (made after the look, the wait missed such posts within a few rounds).
         for round in 0..200 {
-            let posts = Arc::new(Posts::default());
+            let posts = Arc::new(FlightPosts::default());
             let mut joiners = tokio::task::JoinSet::new();
             for _ in 0..8 {
                 posts.joined.fetch_add(1, Ordering::Relaxed);
@@ -351,7 +353,7 @@ mod tests {
             if round % 2 == 0 {
                 tokio::task::yield_now().await;
             }
-            let poster = Poster(Arc::clone(&posts));
+            let poster = FlightEnd(Arc::clone(&posts));
             poster.0.post(Some((answer("v"), None)));
             drop(poster);
             let answers = tokio::time::timeout(Duration::from_secs(10), joiners.join_all())

@@ -2,7 +2,7 @@
 //! key once (one store round trip, at most one load) and hands every caller the same answer.
 //! The caller that starts a flight carries it, and the callers that join it wait on what it
 //! posts (see [`carry`](super::carry)). A flight runs to the end even if every caller goes
-//! away, and leaves the map of flights however it ends ([`Landing`]).
+//! away, and leaves the map of flights however it ends ([`ListedFlight`]).
 
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::carry::{Carried, Posts};
+use super::carry::{CarriedFlight, FlightPosts};
 use super::entry::{self, Entry};
 use super::flights::Entered;
 use super::l1::L1Hit;
@@ -109,8 +109,8 @@ impl BoxLoader {
 /// What a caller that misses L1 is to a flight: the caller that started and carries it, or one
 /// that joined it and waits on what it posts.
 enum Role {
-    Carrier(Carried),
-    Joined(Arc<Posts>),
+    Carrier(CarriedFlight),
+    Joined(Arc<FlightPosts>),
 }
 
 impl Inner {
@@ -159,14 +159,14 @@ impl Inner {
                 Entered::Started(id, posts) => (id, posts),
             };
             let loader = BoxLoader::new(accepts, loader);
-            let landing = Landing {
+            let landing = ListedFlight {
                 inner: Arc::clone(self),
                 digest,
                 id,
             };
             let flight: BoxFuture<'static, FlightResult> =
                 Box::pin(fly(landing, Arc::clone(&posts), loader));
-            break Role::Carrier(Carried::new(flight, posts));
+            break Role::Carrier(CarriedFlight::new(flight, posts));
         };
         let created = matches!(role, Role::Carrier(_));
         let answer = match role {
@@ -201,13 +201,13 @@ impl Inner {
 
 /// Removes a flight from the map when it ends, whichever way it ends (even if it is dropped
 /// before it first runs, as when its runtime shuts down).
-struct Landing {
+struct ListedFlight {
     inner: Arc<Inner>,
     digest: KeyDigest,
     id: u64,
 }
 
-impl Drop for Landing {
+impl Drop for ListedFlight {
     fn drop(&mut self) {
         self.inner.flights.land(self.digest, self.id);
     }
@@ -215,7 +215,7 @@ impl Drop for Landing {
 
 /// A flight: resolve the key (posting an early answer through `early` where there is one),
 /// then land (leave the map) and answer.
-async fn fly(landing: Landing, early: Arc<Posts>, loader: BoxLoader) -> FlightResult {
+async fn fly(landing: ListedFlight, early: Arc<FlightPosts>, loader: BoxLoader) -> FlightResult {
     let answer = landing.inner.resolve(landing.digest, loader, &early).await;
     drop(landing);
     answer

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::carry::Posts;
+use super::carry::FlightPosts;
 use crate::store::KeyDigest;
 
 /// The map of flights in progress, and the next flight's id.
@@ -20,17 +20,17 @@ pub(super) struct Flights {
 /// One flight in progress: its id (so only it removes itself) and where it posts.
 struct FlightHandle {
     id: u64,
-    posts: Arc<Posts>,
+    posts: Arc<FlightPosts>,
 }
 
 /// What [`Flights::enter`] found.
 pub(super) enum Entered {
     /// The key's flight in progress, joined: where it posts.
-    Joined(Arc<Posts>),
+    Joined(Arc<FlightPosts>),
     /// No flight, and the caller looks at L1 again rather than start one.
     LookAgain,
     /// A flight started by the caller: its id and where it posts.
-    Started(u64, Arc<Posts>),
+    Started(u64, Arc<FlightPosts>),
 }
 
 /// The flights of this process that a change overtakes.
@@ -66,7 +66,7 @@ impl Flights {
             return Entered::LookAgain;
         }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let posts = Arc::new(Posts::default());
+        let posts = Arc::new(FlightPosts::default());
         vacant.insert(FlightHandle {
             id,
             posts: Arc::clone(&posts),
@@ -112,7 +112,7 @@ impl Flights {
 mod tests {
     use super::*;
 
-    fn started(entered: Entered) -> (u64, Arc<Posts>) {
+    fn started(entered: Entered) -> (u64, Arc<FlightPosts>) {
         match entered {
             Entered::Started(id, posts) => (id, posts),
             _ => panic!("a flight was expected to start"),

@@ -14,8 +14,9 @@
 //! L1 entries of tagged values also carry the stamps of their tags: the invalidation's
 //! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
 //!
-//! The versions read are kept in-process ([`KnownTags`](super::known_tags::KnownTags)) under the same stamps, for at
-//! most `l1_ttl_cap`, while notifications are received: a tagged value's L2 hit then costs
+//! The versions read are kept in-process
+//! ([`KnownTags`](super::known_tags::KnownTags)) under the same stamps, for at most
+//! `l1_ttl_cap`, while notifications are received: a tagged value's L2 hit then costs
 //! no second round trip as long as nothing was heard of its tags, exactly as an L1 entry
 //! stays trusted. A tag invalidated elsewhere is re-read once its notification arrives (or
 //! notifications are lost); without notifications, versions are always read from the store.
@@ -27,7 +28,7 @@ use tokio::time::Instant;
 use super::entry::{Corrupt, Entry, Tagged};
 use super::flights::Overtaken;
 use super::l1::TagStamps;
-use super::protocol::follower::Found;
+use super::protocol::follower::LookupFound;
 use super::{Cache, Error, Inner};
 use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock};
 
@@ -104,8 +105,9 @@ impl Inner {
     /// Whether a value of `tagged` is still valid: none of its tags was invalidated since its
     /// clock. The stamps of its tags, taken before the versions are read, go with a valid one.
     ///
-    /// The versions come from [`KnownTags`](super::known_tags::KnownTags) when every tag's is known and nothing has been
-    /// heard of the tag since it was read (no round trip), else from the store.
+    /// The versions come from [`KnownTags`](super::known_tags::KnownTags) when every tag's
+    /// is known and nothing has been heard of the tag since it was read (no round trip), else
+    /// from the store.
     pub(super) async fn tags_valid(
         &self,
         tagged: &Tagged,
@@ -153,7 +155,7 @@ impl Inner {
     /// not counted as one). Where the lookup took the lock, only if the store keeps values
     /// past their freshness: the flight reloads the value anyway, but would serve it stale
     /// meanwhile, in place of a failed load, or hand it to a revalidating loader.
-    pub(super) async fn check_tags(&self, found: &mut Found) -> Result<(), StoreError> {
+    pub(super) async fn check_tags(&self, found: &mut LookupFound) -> Result<(), StoreError> {
         if found.lock == LockState::Acquired && self.config.keep().is_zero() {
             return Ok(());
         }

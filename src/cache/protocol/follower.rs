@@ -17,11 +17,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::{spawn_release, Seen};
+use super::leader::{spawn_release, LeaderStart};
 use super::stale::StaleValue;
 use super::wait::{wait_for_fill, Backoff};
-use super::waiters::{Earlier, WaitersAnswer};
-use crate::cache::carry::Posts;
+use super::waiters::{EarlierAnswer, WaitersAnswer};
+use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::{BoxLoader, FlightResult, Reader};
 use crate::cache::l1::TagStamps;
@@ -33,7 +33,7 @@ use crate::store::{
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
-pub(in crate::cache) struct Found {
+pub(in crate::cache) struct LookupFound {
     pub(in crate::cache) lock: LockState,
     pub(in crate::cache) entry: Option<(Result<Entry, Corrupt>, Option<Duration>)>,
     /// The stamps of a valid tagged value's tags.
@@ -42,7 +42,7 @@ pub(in crate::cache) struct Found {
     pub(in crate::cache) outdated: bool,
 }
 
-impl Found {
+impl LookupFound {
     /// The value found, taken out, if the lookup calls it fresh (it did not ask for the lock)
     /// and it is a value this caller reads.
     fn take_fresh(&mut self) -> Option<FreshValue> {
@@ -104,7 +104,7 @@ struct FollowerState {
 /// The lookup a flight makes next.
 enum NextLookup {
     /// None: the first, made before the loop, found this (with the stamp taken before it).
-    First(Option<Stamp>, Result<Found, StoreError>),
+    First(Option<Stamp>, Result<LookupFound, StoreError>),
     /// One that takes the lock where the value is stale or absent.
     Plain,
     /// One that counts every value as stale, so it takes the lock to overwrite what it found
@@ -116,7 +116,7 @@ enum NextLookup {
 /// slot then, and how its last wait ended.
 struct Following {
     since: Instant,
-    earlier: Earlier,
+    earlier: EarlierAnswer,
     ended: Option<WaitEnd>,
 }
 
@@ -133,7 +133,7 @@ impl Inner {
         lock_when: LockWhen,
         reader: Reader<'_>,
         filled: &mut Option<FillWatch<'_>>,
-    ) -> Result<Found, StoreError> {
+    ) -> Result<LookupFound, StoreError> {
         if let Some(filled) = filled.as_mut() {
             filled.mark_seen();
         }
@@ -145,7 +145,7 @@ impl Inner {
                     .lookup(key, token, self.config.lock_ttl, lock_when),
             )
             .await?;
-        let mut found = Found {
+        let mut found = LookupFound {
             lock: lookup.lock,
             entry: lookup
                 .value
@@ -165,7 +165,7 @@ impl Inner {
         self: &Arc<Self>,
         digest: KeyDigest,
         loader: BoxLoader,
-        early: &Posts,
+        early: &FlightPosts,
     ) -> FlightResult {
         let key = StoreKey::new(Arc::clone(&self.config.namespace), digest);
         let token = LockToken::random();
@@ -183,7 +183,7 @@ impl Inner {
             .await;
         // The common case, a fresh value, is answered here: the protocol's loop, whose state
         // is over a kilobyte, starts (in a box) only for what else a lookup finds.
-        if let Ok(Some(fresh)) = found.as_mut().map(Found::take_fresh) {
+        if let Ok(Some(fresh)) = found.as_mut().map(LookupFound::take_fresh) {
             return Ok(self.stored_hit(digest, fresh, stamp, started, loader, false));
         }
         let first = FirstRead {
@@ -246,7 +246,7 @@ impl Inner {
         self: &Arc<Self>,
         first: FirstRead<'_>,
         loader: BoxLoader,
-        early: &Posts,
+        early: &FlightPosts,
         state: &mut FollowerState,
     ) -> FlightResult {
         let config = &self.config;
@@ -359,7 +359,7 @@ impl Inner {
             // latest lookup's, so a value gone since (invalidated) is not served.
             let (last_stale, following) = match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    let seen = Seen {
+                    let seen = LeaderStart {
                         stamp,
                         tagged,
                         speculative: false,
@@ -389,7 +389,7 @@ impl Inner {
                                 let reader = loader.reader();
                                 Box::pin(self.earlier_answer(key, reader)).await
                             } else {
-                                Earlier::in_place(entry.as_ref())
+                                EarlierAnswer::in_place(entry.as_ref())
                             };
                             Following {
                                 since: Instant::now(),

@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::stale::StaleValue;
 use crate::cache::answer::LoadedKind;
-use crate::cache::carry::{Early, Posts};
+use crate::cache::carry::{Early, FlightPosts};
 use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::flight::{BoxLoader, FlightResult};
 use crate::cache::l1::TagStamps;
@@ -56,7 +56,7 @@ pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, to
 }
 
 /// What a leader knows of its key from the lookup that made it leader.
-pub(in crate::cache) struct Seen {
+pub(in crate::cache) struct LeaderStart {
     /// What this process had heard of the key before that lookup.
     pub(in crate::cache) stamp: Option<Stamp>,
     /// Whether the key's last value carried tags (or was outdated by them).
@@ -208,12 +208,12 @@ impl Inner {
     /// in the background, and in place of an error if the load fails (stale-if-error).
     pub(in crate::cache) async fn lead(
         &self,
-        seen: Seen,
+        seen: LeaderStart,
         key: StoreKey,
         token: LockToken,
         loader: BoxLoader,
         stale: Option<StaleValue>,
-        early: Option<&Posts>,
+        early: Option<&FlightPosts>,
     ) -> FlightResult {
         if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
         {
@@ -290,7 +290,7 @@ impl Inner {
                 if told.is_ok() {
                     guard.disarm();
                 }
-                let overtaken = early.is_some_and(Posts::is_overtaken);
+                let overtaken = early.is_some_and(FlightPosts::is_overtaken);
                 return match stale {
                     Some(stale)
                         if self.serves_on_error(&stale)

@@ -1,8 +1,8 @@
 //! Early refresh (XFetch, Vattani et al., VLDB 2015): a hit on a value close to its expiry
 //! may refresh it in the background, so that a hot key is reloaded by one caller a little
 //! ahead of its expiry and nobody waits for it. One refresh per key runs in a process at a
-//! time ([`Refreshes`](crate::cache::refreshes::Refreshes)); across processes, the reload lock lets
-//! one of them load.
+//! time ([`Refreshes`](crate::cache::refreshes::Refreshes)); across processes, the reload
+//! lock lets one of them load.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::{spawn_release, Seen};
+use super::leader::{spawn_release, LeaderStart};
 use super::wait::{wait_for_fill, Backoff};
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;
@@ -90,7 +90,7 @@ impl Inner {
                 (LockState::Acquired, _) => {
                     telemetry::lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
-                    let seen = Seen {
+                    let seen = LeaderStart {
                         stamp,
                         tagged,
                         speculative: true,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::follower::Found;
+use super::follower::LookupFound;
 use crate::cache::entry::{Entry, Tagged, Windows};
 use crate::cache::l1::TagStamps;
 use crate::cache::{Fetched, Inner, Outcome, Previous};
@@ -32,7 +32,7 @@ impl StaleValue {
     /// The value of an entry that a lookup did not call fresh, if the store keeps values past
     /// their freshness (`keep` is not zero): it is past its freshness by `keep` less its
     /// remaining life.
-    pub(super) fn of(found: &Found, keep: Duration) -> Option<Self> {
+    pub(super) fn of(found: &LookupFound, keep: Duration) -> Option<Self> {
         match &found.entry {
             Some((
                 Ok(Entry::Value {

@@ -53,7 +53,7 @@ impl WaitersAnswer {
 /// What stood in a key's answer for waiters when a flight first waited for another leader:
 /// an answer that stood then is an earlier load's, not the flight's to take, and one that
 /// differs was written since, by the load it waited for.
-pub(in crate::cache) enum Earlier {
+pub(in crate::cache) enum EarlierAnswer {
     /// Not read (the flight has not waited, or the read failed): the answer's age decides.
     Unknown,
     /// No answer stood.
@@ -62,28 +62,30 @@ pub(in crate::cache) enum Earlier {
     Answer((u64, u32), Bytes),
 }
 
-impl Earlier {
+impl EarlierAnswer {
     /// What a lookup's entry says stood: the answer in the value's place, or nothing.
     pub(in crate::cache) fn in_place(
         entry: Option<&(Result<Entry, Corrupt>, Option<Duration>)>,
     ) -> Self {
-        Earlier::stood(entry.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)))
+        EarlierAnswer::stood(entry.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)))
     }
 
     /// What a read that answered says stood: `answer`, or nothing.
     fn stood(answer: Option<WaitersAnswer>) -> Self {
         match answer {
-            Some(answer) => Earlier::Answer(answer.load, answer.payload),
-            None => Earlier::Nothing,
+            Some(answer) => EarlierAnswer::Answer(answer.load, answer.payload),
+            None => EarlierAnswer::Nothing,
         }
     }
 
     /// Whether `answer` was written since this was noted: nothing stood, or another answer.
     fn is_new(&self, answer: &WaitersAnswer) -> bool {
         match self {
-            Earlier::Nothing => true,
-            Earlier::Answer(load, payload) => *load != answer.load || *payload != answer.payload,
-            Earlier::Unknown => false,
+            EarlierAnswer::Nothing => true,
+            EarlierAnswer::Answer(load, payload) => {
+                *load != answer.load || *payload != answer.payload
+            }
+            EarlierAnswer::Unknown => false,
         }
     }
 }
@@ -114,7 +116,7 @@ impl Inner {
     /// ([`answered_since`](Self::answered_since)).
     pub(in crate::cache) fn takes_answer(
         &self,
-        earlier: &Earlier,
+        earlier: &EarlierAnswer,
         answer: &WaitersAnswer,
         started: Instant,
         asked: Instant,
@@ -129,10 +131,10 @@ impl Inner {
         &self,
         key: &StoreKey,
         reader: Reader<'_>,
-    ) -> Earlier {
+    ) -> EarlierAnswer {
         self.read_waiters_answer(key, reader)
             .await
-            .map_or(Earlier::Unknown, Earlier::stood)
+            .map_or(EarlierAnswer::Unknown, EarlierAnswer::stood)
     }
 
     /// The answer a load left for its waiters beside the value, if the flight that started at
@@ -143,7 +145,7 @@ impl Inner {
         &self,
         key: &StoreKey,
         reader: Reader<'_>,
-        earlier: &Earlier,
+        earlier: &EarlierAnswer,
         started: Instant,
     ) -> Option<Bytes> {
         let asked = Instant::now();
@@ -189,17 +191,17 @@ mod tests {
         // 30 ms old by the store's clock when read, 10 ms into the flight.
         let old = answer(30);
         assert!(!inner.answered_since(&old, started, asked));
-        assert!(inner.takes_answer(&Earlier::Nothing, &old, started, asked));
-        let other = Earlier::Answer((6, 1), payload.clone());
+        assert!(inner.takes_answer(&EarlierAnswer::Nothing, &old, started, asked));
+        let other = EarlierAnswer::Answer((6, 1), payload.clone());
         assert!(inner.takes_answer(&other, &old, started, asked));
-        let other_payload = Earlier::Answer((7, 1), Bytes::from_static(b"502"));
+        let other_payload = EarlierAnswer::Answer((7, 1), Bytes::from_static(b"502"));
         assert!(inner.takes_answer(&other_payload, &old, started, asked));
-        let same = Earlier::Answer((7, 1), payload.clone());
+        let same = EarlierAnswer::Answer((7, 1), payload.clone());
         assert!(!inner.takes_answer(&same, &old, started, asked));
-        assert!(!inner.takes_answer(&Earlier::Unknown, &old, started, asked));
+        assert!(!inner.takes_answer(&EarlierAnswer::Unknown, &old, started, asked));
         // 5 ms old: written since the flight began, its age says, whatever stood.
         let recent = answer(5);
         assert!(inner.takes_answer(&same, &recent, started, asked));
-        assert!(inner.takes_answer(&Earlier::Unknown, &recent, started, asked));
+        assert!(inner.takes_answer(&EarlierAnswer::Unknown, &recent, started, asked));
     }
 }
