@@ -338,19 +338,17 @@ mod tests {
         Bytes::from_static(b"v")
     }
 
+    /// Inserts the value `v` for `digest`, untagged, with no early refresh.
+    fn put(l1: &L1, vouch: Vouch, digest: KeyDigest, fresh_for: Duration) {
+        l1.insert(vouch, Box::default(), digest, &value(), fresh_for, |_| None);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_entry_is_trusted_until_its_key_is_heard_of_and_its_weight_is_counted() {
         let store = MemoryStore::new();
         let (l1, digest, key) = l1_of(&store);
         let stamp = l1.stamp(&digest).expect("notifications received");
-        l1.insert(
-            Vouch::Heard(stamp),
-            Box::default(),
-            digest,
-            &value(),
-            FRESH,
-            |_| None,
-        );
+        put(&l1, Vouch::Heard(stamp), digest, FRESH);
         assert!(l1.get(&digest, || 0).is_some());
         assert!(l1.bytes() > 0, "counted on insert");
         store.notifier().expect("a notifier").notify(&key);
@@ -364,14 +362,7 @@ mod tests {
         let (l1, digest, key) = l1_of(&store);
         let stamp = l1.stamp(&digest).expect("notifications received");
         store.notifier().expect("a notifier").notify(&key);
-        l1.insert(
-            Vouch::Heard(stamp),
-            Box::default(),
-            digest,
-            &value(),
-            FRESH,
-            |_| None,
-        );
+        put(&l1, Vouch::Heard(stamp), digest, FRESH);
         assert!(l1.get(&digest, || 0).is_none());
     }
 
@@ -380,7 +371,7 @@ mod tests {
         let store = MemoryStore::new();
         let (l1, digest, _) = l1_of(&store);
         let vouch = Vouch::Alone(l1.stamp_anyway(&digest), 3);
-        l1.insert(vouch, Box::default(), digest, &value(), FRESH, |_| None);
+        put(&l1, vouch, digest, FRESH);
         assert!(l1.get(&digest, || 3).is_some());
         assert!(l1.get(&digest, || 4).is_none(), "the store answered again");
     }
@@ -405,20 +396,11 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(l1.get(&digest, || 0).is_none(), "no longer fresh");
         // Fresh for an hour: kept for the cap (10 s by default) only.
-        l1.insert(heard, Box::default(), digest, &value(), FRESH * 720, |_| {
-            None
-        });
+        put(&l1, heard, digest, FRESH * 720);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert!(l1.get(&digest, || 0).is_none(), "past the cap");
         // A value with no freshness left is not kept at all.
-        l1.insert(
-            heard,
-            Box::default(),
-            digest,
-            &value(),
-            Duration::ZERO,
-            |_| None,
-        );
+        put(&l1, heard, digest, Duration::ZERO);
         assert!(!l1.contains(&digest));
     }
 

@@ -528,6 +528,15 @@ mod tests {
         lookup.lock == LockState::Acquired
     }
 
+    /// A store whose key `k`'s lock a leader holds, the key, and the leader's token.
+    async fn locked() -> (Arc<dyn Store>, StoreKey, LockToken) {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
+        let leader = LockToken::random();
+        assert!(take(&store, &key, leader).await);
+        (store, key, leader)
+    }
+
     fn guard_of(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> LockGuard {
         LockGuard {
             store: Arc::clone(store),
@@ -541,10 +550,7 @@ mod tests {
     /// once, not after the lock's TTL.
     #[tokio::test(flavor = "current_thread")]
     async fn a_dropped_leader_s_guard_frees_the_lock_for_the_next_flight() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
-        let leader = LockToken::random();
-        assert!(take(&store, &key, leader).await);
+        let (store, key, leader) = locked().await;
         assert!(!take(&store, &key, LockToken::random()).await, "held");
         drop(guard_of(&store, &key, leader));
         // The release runs in a task of its own: let it run.
@@ -561,10 +567,7 @@ mod tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_disarmed_guard_leaves_the_lock_to_whoever_holds_it() {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
-        let leader = LockToken::random();
-        assert!(take(&store, &key, leader).await);
+        let (store, key, leader) = locked().await;
         let mut guard = guard_of(&store, &key, leader);
         guard.disarm();
         drop(guard);
