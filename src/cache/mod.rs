@@ -76,27 +76,31 @@
 //! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
 //! | `changes.rs` | [`Cache::invalidate`], [`Cache::set`], [`Cache::expire`]: changes made outside a load |
 //! | `protocol/` | leader, follower, waiters, revalidation, stale values, early refresh |
-//! | `answer.rs` | [`Previous`], [`Loaded`], [`Fetched`], [`Outcome`], [`Stats`] |
+//! | `loaded.rs` | what a loader is given and produces: [`Previous`], [`Loaded`] |
+//! | `fetched.rs` | what a call is answered: [`Fetched`], [`Outcome`] |
+//! | `stats.rs` | [`Stats`] and the counters behind it |
 //! | `entry.rs` | the bytes kept in the store: header, kinds, tags, windows |
 //! | `error.rs` | [`Error`] and [`ErrorKind`] |
 //! | `health.rs` | [`Cache::health`] and [`Health`] |
 //! | `telemetry.rs` | tracing events and metrics |
 //! | `typed.rs` | typed values (feature `serde`) |
 
-mod answer;
 mod breaker;
 mod carry;
 mod changes;
 mod config;
 pub(crate) mod entry;
 mod error;
+mod fetched;
 mod flight;
 mod flights;
 mod health;
 mod known_tags;
 mod l1;
+mod loaded;
 mod protocol;
 mod refreshes;
+mod stats;
 mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
@@ -111,15 +115,17 @@ use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
 use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, Stored};
-use answer::Counters;
 use breaker::Breaker;
 use l1::{TagStamps, Vouch};
+use stats::Counters;
 
-pub use answer::{Fetched, Loaded, Outcome, Previous, Stats};
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
+pub use fetched::{Fetched, Outcome};
 pub use health::Health;
+pub use loaded::{Loaded, Previous};
+pub use stats::Stats;
 #[cfg(feature = "metrics")]
 pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
 #[cfg(feature = "serde")]

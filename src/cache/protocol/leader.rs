@@ -12,11 +12,11 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::stale::StaleValue;
-use crate::cache::answer::LoadedKind;
 use crate::cache::carry::{Early, FlightPosts};
 use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::flight::{BoxLoader, FlightResult};
 use crate::cache::l1::TagStamps;
+use crate::cache::loaded::LoadedKind;
 use crate::cache::telemetry::{self, LockEvent};
 use crate::cache::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};

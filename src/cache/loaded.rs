@@ -1,15 +1,12 @@
-//! What a lookup answers: what a loader was given ([`Previous`]) and produced ([`Loaded`]),
-//! how a call was served ([`Outcome`], [`Fetched`]), and what the cache has counted
-//! ([`Stats`]).
+//! What a loader is given ([`Previous`]) and what it produces ([`Loaded`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::time::Instant;
 
-use super::breaker::CallCounts;
 use super::entry::Windows;
+#[cfg(doc)]
+use super::{Cache, CacheBuilder};
 use crate::store::KeyDigest;
 
 /// The value a revalidating loader reloads (see [`Cache::fetch_revalidating`]): the one the
@@ -211,163 +208,5 @@ impl Loaded {
         self.tags.sort_unstable();
         self.tags.dedup();
         self
-    }
-}
-
-/// How a [`Cache::fetch`] was answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
-    /// From this process's L1.
-    L1Hit,
-    /// From the shared store, fresh.
-    L2Hit,
-    /// This call's own loader ran and its value was filled.
-    Leader,
-    /// Another call's load (in this process or another) answered this one.
-    Follower,
-    /// The key is marked "pass": nothing is cached, go to the backend. If this call's own
-    /// loader ran, the load was not cacheable.
-    Pass,
-    /// This call's own loader ran after the wait timed out; its value was not stored.
-    Uncached,
-    /// A stale value (past its freshness, within the stale window), served while a leader
-    /// refreshes it, or because the refresh failed.
-    Stale,
-    /// The store failed, so this call's own loader ran with in-process protection only.
-    Degraded,
-    /// This call's own loader confirmed the stored value ([`Loaded::not_modified`]): it is
-    /// fresh again, for every process.
-    Revalidated,
-}
-
-impl Outcome {
-    /// A short name for logs and metrics: `hit-l1`, `hit-l2`, `miss-leader`, `follower`,
-    /// `pass`, `uncached`, `stale`, `degraded`, `revalidated`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Outcome::L1Hit => "hit-l1",
-            Outcome::L2Hit => "hit-l2",
-            Outcome::Leader => "miss-leader",
-            Outcome::Follower => "follower",
-            Outcome::Pass => "pass",
-            Outcome::Uncached => "uncached",
-            Outcome::Stale => "stale",
-            Outcome::Degraded => "degraded",
-            Outcome::Revalidated => "revalidated",
-        }
-    }
-}
-
-/// The answer of [`Cache::fetch`].
-#[derive(Clone, Debug)]
-pub struct Fetched {
-    pub(super) value: Option<Bytes>,
-    pub(super) outcome: Outcome,
-    /// When the value stops (or stopped) being fresh, for an answer from the cache.
-    pub(super) fresh_until: Option<Instant>,
-}
-
-impl Fetched {
-    /// An answer with `value` that a load gave, how the call was answered.
-    pub(super) fn loaded(value: Bytes, outcome: Outcome) -> Self {
-        Fetched {
-            value: Some(value),
-            outcome,
-            fresh_until: None,
-        }
-    }
-
-    /// An answer with `value` from the cache, fresh until `fresh_until` as far as this
-    /// process knows.
-    pub(super) fn cached(value: Bytes, outcome: Outcome, fresh_until: Option<Instant>) -> Self {
-        Fetched {
-            value: Some(value),
-            outcome,
-            fresh_until,
-        }
-    }
-
-    /// The answer of a load whose result is not cacheable: no value, for the callers that
-    /// did not load.
-    pub(super) fn pass() -> Self {
-        Fetched {
-            value: None,
-            outcome: Outcome::Pass,
-            fresh_until: None,
-        }
-    }
-
-    /// The value; `None` only when the outcome is [`Outcome::Pass`].
-    pub fn value(&self) -> Option<&Bytes> {
-        self.value.as_ref()
-    }
-
-    /// The value, taken out.
-    pub fn into_value(self) -> Option<Bytes> {
-        self.value
-    }
-
-    /// How the call was answered.
-    pub fn outcome(&self) -> Outcome {
-        self.outcome
-    }
-
-    /// When the value stops being fresh (a hit, from L1 or the store) or stopped being fresh
-    /// (a stale value), as far as this process knows; `None` for an answer from a load. For
-    /// a remaining freshness to show, as RFC 9211's `ttl` does (negative once stale).
-    pub fn fresh_until(&self) -> Option<Instant> {
-        self.fresh_until
-    }
-
-    /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.
-    pub(super) fn value_or_pass(self) -> Result<Bytes, super::Error> {
-        self.value
-            .ok_or_else(|| super::Error::new(super::ErrorKind::Pass))
-    }
-}
-
-/// Counters of what the cache has seen since it was built.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Loads started (this process's loader calls).
-    pub loads: u64,
-    /// Store entries that were not this engine's (corrupt or foreign): treated as a miss.
-    pub corrupt_entries: u64,
-    /// Store calls that failed or timed out.
-    pub store_errors: u64,
-    /// Store calls not made because the circuit breaker was open.
-    pub store_calls_skipped: u64,
-    /// Times the circuit breaker opened.
-    pub breaker_opened: u64,
-    /// Bytes held by L1 (values plus a per-entry overhead); entries that expired are taken
-    /// off when L1 sweeps them.
-    pub l1_bytes: u64,
-    /// Early refreshes started by this process (see
-    /// [`early_refresh`](CacheBuilder::early_refresh)); each one that takes the lock loads.
-    pub early_refreshes: u64,
-}
-
-/// The counters behind [`Stats`], bumped as things happen.
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) loads: AtomicU64,
-    pub(super) corrupt_entries: AtomicU64,
-}
-
-impl Counters {
-    /// A snapshot of the counters, with L1's current weight, the early refreshes started
-    /// and what the breaker counted of the store calls.
-    pub(super) fn stats(&self, l1_bytes: u64, early_refreshes: u64, calls: CallCounts) -> Stats {
-        Stats {
-            loads: self.loads.load(Ordering::Relaxed),
-            corrupt_entries: self.corrupt_entries.load(Ordering::Relaxed),
-            store_errors: calls.errors,
-            store_calls_skipped: calls.skipped,
-            l1_bytes,
-            breaker_opened: calls.opened,
-            early_refreshes,
-        }
     }
 }

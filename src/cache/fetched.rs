@@ -1,0 +1,119 @@
+//! What a call is answered: the value, and how it was served ([`Fetched`], [`Outcome`]).
+
+#[cfg(doc)]
+use super::{Cache, Loaded};
+use bytes::Bytes;
+use tokio::time::Instant;
+
+/// How a [`Cache::fetch`] was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// From this process's L1.
+    L1Hit,
+    /// From the shared store, fresh.
+    L2Hit,
+    /// This call's own loader ran and its value was filled.
+    Leader,
+    /// Another call's load (in this process or another) answered this one.
+    Follower,
+    /// The key is marked "pass": nothing is cached, go to the backend. If this call's own
+    /// loader ran, the load was not cacheable.
+    Pass,
+    /// This call's own loader ran after the wait timed out; its value was not stored.
+    Uncached,
+    /// A stale value (past its freshness, within the stale window), served while a leader
+    /// refreshes it, or because the refresh failed.
+    Stale,
+    /// The store failed, so this call's own loader ran with in-process protection only.
+    Degraded,
+    /// This call's own loader confirmed the stored value ([`Loaded::not_modified`]): it is
+    /// fresh again, for every process.
+    Revalidated,
+}
+
+impl Outcome {
+    /// A short name for logs and metrics: `hit-l1`, `hit-l2`, `miss-leader`, `follower`,
+    /// `pass`, `uncached`, `stale`, `degraded`, `revalidated`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::L1Hit => "hit-l1",
+            Outcome::L2Hit => "hit-l2",
+            Outcome::Leader => "miss-leader",
+            Outcome::Follower => "follower",
+            Outcome::Pass => "pass",
+            Outcome::Uncached => "uncached",
+            Outcome::Stale => "stale",
+            Outcome::Degraded => "degraded",
+            Outcome::Revalidated => "revalidated",
+        }
+    }
+}
+
+/// The answer of [`Cache::fetch`].
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    pub(super) value: Option<Bytes>,
+    pub(super) outcome: Outcome,
+    /// When the value stops (or stopped) being fresh, for an answer from the cache.
+    pub(super) fresh_until: Option<Instant>,
+}
+
+impl Fetched {
+    /// An answer with `value` that a load gave, how the call was answered.
+    pub(super) fn loaded(value: Bytes, outcome: Outcome) -> Self {
+        Fetched {
+            value: Some(value),
+            outcome,
+            fresh_until: None,
+        }
+    }
+
+    /// An answer with `value` from the cache, fresh until `fresh_until` as far as this
+    /// process knows.
+    pub(super) fn cached(value: Bytes, outcome: Outcome, fresh_until: Option<Instant>) -> Self {
+        Fetched {
+            value: Some(value),
+            outcome,
+            fresh_until,
+        }
+    }
+
+    /// The answer of a load whose result is not cacheable: no value, for the callers that
+    /// did not load.
+    pub(super) fn pass() -> Self {
+        Fetched {
+            value: None,
+            outcome: Outcome::Pass,
+            fresh_until: None,
+        }
+    }
+
+    /// The value; `None` only when the outcome is [`Outcome::Pass`].
+    pub fn value(&self) -> Option<&Bytes> {
+        self.value.as_ref()
+    }
+
+    /// The value, taken out.
+    pub fn into_value(self) -> Option<Bytes> {
+        self.value
+    }
+
+    /// How the call was answered.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// When the value stops being fresh (a hit, from L1 or the store) or stopped being fresh
+    /// (a stale value), as far as this process knows; `None` for an answer from a load. For
+    /// a remaining freshness to show, as RFC 9211's `ttl` does (negative once stale).
+    pub fn fresh_until(&self) -> Option<Instant> {
+        self.fresh_until
+    }
+
+    /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.
+    pub(super) fn value_or_pass(self) -> Result<Bytes, super::Error> {
+        self.value
+            .ok_or_else(|| super::Error::new(super::ErrorKind::Pass))
+    }
+}
