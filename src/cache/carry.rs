@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::flight::FlightResult;
+use super::fetched::FlightResult;
 use super::{Error, ErrorKind};
 use crate::store::BoxFuture;
 

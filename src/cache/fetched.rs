@@ -5,6 +5,9 @@ use super::{Cache, Loaded};
 use bytes::Bytes;
 use tokio::time::Instant;
 
+/// The answer a flight hands to each of its callers.
+pub(super) type FlightResult = Result<Fetched, super::Error>;
+
 /// How a [`Cache::fetch`] was answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

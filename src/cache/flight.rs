@@ -12,14 +12,12 @@ use tokio::time::Instant;
 
 use super::carry::{CarriedFlight, FlightPosts};
 use super::entry::{self, Entry};
+use super::fetched::FlightResult;
 use super::flights::Entered;
 use super::l1::L1Hit;
 use super::telemetry::{self, WaitEnd};
 use super::{BoxError, Error, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
-
-/// The answer a flight hands to each of its callers.
-pub(super) type FlightResult = Result<Fetched, Error>;
 
 /// A flight's loader, and which stored payloads its caller can read: a stored value whose
 /// payload it cannot read is treated as a corrupt entry (a miss, counted and overwritten).

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use super::entry::{Corrupt, Entry, Tagged};
 use super::flights::Overtaken;
 use super::l1::TagStamps;
-use super::protocol::follower::LookupFound;
+use super::protocol::lookup::LookupFound;
 use super::{Cache, Error, Inner};
 use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock};
 

@@ -5,6 +5,7 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
+//! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
 //! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
 //! | `leader.rs` | the leader's load under the reload lock, its fenced fill, the lock's release on every path, and loads made without the lock |
 //! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
@@ -12,8 +13,9 @@
 //! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
 //! | `refresh.rs` | an early refresh in the background, one per key and process |
 
-pub(super) mod follower;
+mod follower;
 mod leader;
+pub(super) mod lookup;
 mod refresh;
 mod revalidate;
 mod stale;

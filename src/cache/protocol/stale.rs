@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::follower::LookupFound;
+use super::lookup::LookupFound;
 use crate::cache::entry::{Entry, Tagged, Windows};
 use crate::cache::l1::TagStamps;
 use crate::cache::{Fetched, Inner, Outcome, Previous};

@@ -1,0 +1,103 @@
+//! One lookup: "the value, or the lock" in one store call, and what it found, decoded for
+//! the flight's caller and checked against its tags.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::cache::entry::{Corrupt, Entry};
+use crate::cache::flight::Reader;
+use crate::cache::l1::TagStamps;
+use crate::cache::Inner;
+use crate::store::{FillWatch, LockState, LockToken, LockWhen, StoreError, StoreKey};
+
+/// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
+/// with its remaining life in the store.
+pub(in crate::cache) struct LookupFound {
+    pub(in crate::cache) lock: LockState,
+    pub(in crate::cache) entry: Option<(Result<Entry, Corrupt>, Option<Duration>)>,
+    /// The stamps of a valid tagged value's tags.
+    pub(in crate::cache) tag_stamps: TagStamps,
+    /// The value was this engine's, but one of its tags was invalidated since its load.
+    pub(in crate::cache) outdated: bool,
+}
+
+impl LookupFound {
+    /// The value found, taken out, if the lookup calls it fresh (it did not ask for the lock)
+    /// and it is a value this caller reads.
+    pub(super) fn take_fresh(&mut self) -> Option<FreshValue> {
+        let fresh = self.lock == LockState::NotRequested
+            && matches!(&self.entry, Some((Ok(Entry::Value { .. }), _)));
+        let Some((
+            Ok(Entry::Value {
+                payload, load_time, ..
+            }),
+            ttl,
+        )) = self.entry.take_if(|_| fresh)
+        else {
+            return None;
+        };
+        Some(FreshValue {
+            payload,
+            load_time,
+            ttl,
+            tag_stamps: std::mem::take(&mut self.tag_stamps),
+        })
+    }
+
+    /// Whether the value found carried tags (or was outdated by them).
+    pub(in crate::cache) fn tagged(&self) -> bool {
+        self.outdated
+            || matches!(
+                &self.entry,
+                Some((Ok(Entry::Value { tags: Some(_), .. }), _))
+            )
+    }
+}
+
+/// A fresh value a lookup found, with its remaining life in the store and its tags' stamps.
+pub(super) struct FreshValue {
+    pub(super) payload: Bytes,
+    pub(super) load_time: Duration,
+    pub(super) ttl: Option<Duration>,
+    pub(super) tag_stamps: TagStamps,
+}
+
+impl Inner {
+    /// One lookup: "the value, or the lock" in one store call, with what it found decoded
+    /// for the flight's caller. The watch is marked seen first, so only a fill after this
+    /// read wakes the next wait. `now` is the clock read just before it: the store timeout
+    /// runs from it.
+    pub(in crate::cache) async fn look_up(
+        &self,
+        now: Instant,
+        key: &StoreKey,
+        token: LockToken,
+        lock_when: LockWhen,
+        reader: Reader<'_>,
+        filled: &mut Option<FillWatch<'_>>,
+    ) -> Result<LookupFound, StoreError> {
+        if let Some(filled) = filled.as_mut() {
+            filled.mark_seen();
+        }
+        let lookup = self
+            .breaker
+            .call_from(
+                now,
+                self.store
+                    .lookup(key, token, self.config.lock_ttl, lock_when),
+            )
+            .await?;
+        let mut found = LookupFound {
+            lock: lookup.lock,
+            entry: lookup
+                .value
+                .map(|stored| (reader.decode(stored.bytes), stored.ttl)),
+            tag_stamps: TagStamps::default(),
+            outdated: false,
+        };
+        self.check_tags(&mut found).await?;
+        Ok(found)
+    }
+}
