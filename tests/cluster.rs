@@ -190,8 +190,7 @@ fn keys_on_each_node(cluster: &RedisCluster, cache: &Cache, prefix: &str) -> Vec
 }
 
 /// `invalidate_many` of keys on every master (and two keys in one slot's pipeline) removes
-/// each, and another instance's L1 copies go too: a cluster pipeline may not cross slots, so
-/// the store sends one per slot.
+/// each, and another instance's L1 copies go too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalidate_many_reaches_keys_on_every_node() {
     let cluster = RedisCluster::start();
@@ -230,6 +229,121 @@ async fn invalidate_many_reaches_keys_on_every_node() {
         }
     }
     assert_eq!(loads.get(), 6, "b reads a's reloads");
+}
+
+/// Reads `key` through `cache`, loading `load {n}` (n counted by `loads`) on a miss.
+async fn read_counted(cache: &Cache, key: &str, loads: &Counter) -> Bytes {
+    let loads = loads.clone();
+    cache
+        .get_or_load(key, move || async move {
+            Ok::<_, std::io::Error>(Bytes::from(format!("load {}", loads.hit())))
+        })
+        .await
+        .unwrap()
+}
+
+/// Waits until `cache` reads a load of each key newer than load `before` (its L1 copy gone
+/// with the invalidation's notification), for at most 10 s.
+async fn reloaded_after(cache: &Cache, keys: &[String], loads: &Counter, before: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for key in keys {
+        loop {
+            let read = read_counted(cache, key, loads).await;
+            let n: u64 = std::str::from_utf8(&read)
+                .ok()
+                .and_then(|read| read.strip_prefix("load "))
+                .and_then(|n| n.parse().ok())
+                .unwrap();
+            if n > before {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{key}: still held");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// Issue 28, item 3: an `invalidate_many` of 60 keys spread over every master (many slots on
+/// each) costs each master exactly one read: one pipeline per node, not one per slot. Each
+/// key is gone from the store (the next read loads) and from another instance's L1 (the
+/// notifications went out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_many_sends_one_pipeline_per_master() {
+    let cluster = RedisCluster::start();
+    let a = cache(instance(&cluster).await).build();
+    let b = cache(instance(&cluster).await).build();
+    let keys: Vec<String> = (0..60).map(|i| format!("per-node-{i}")).collect();
+    let masters: HashSet<u16> = keys
+        .iter()
+        .map(|key| cluster.node_of(&RedisStore::value_name(&a.store_key(key))))
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys are on every master");
+    let loads = Counter::default();
+    // A first invalidation readies what a store learns once (scripts, the cluster's layout).
+    a.invalidate_many(&keys).await.unwrap();
+    for key in &keys {
+        read_counted(&a, key, &loads).await;
+        read_counted(&b, key, &loads).await;
+    }
+    assert_eq!(loads.get(), 60);
+    let reads_between = |before: &[u64], after: &[u64]| -> Vec<u64> {
+        after.iter().zip(before).map(|(a, b)| a - b).collect()
+    };
+    // What asking costs (a connection's handshake and the `INFO`), to take away.
+    let (first, second) = (cluster.reads_per_node(), cluster.reads_per_node());
+    let asking = reads_between(&first, &second);
+    let before = cluster.reads_per_node();
+    a.invalidate_many(&keys).await.unwrap();
+    let after = cluster.reads_per_node();
+    let reads = reads_between(&before, &after);
+    let pipelines: Vec<u64> = reads.iter().zip(&asking).map(|(r, a)| r - a).collect();
+    assert_eq!(
+        pipelines,
+        vec![1, 1, 1],
+        "reads per master ({reads:?}, asking {asking:?})"
+    );
+    for key in &keys {
+        read_counted(&a, key, &loads).await;
+    }
+    assert_eq!(loads.get(), 120, "each key gone from the store");
+    reloaded_after(&b, &keys, &loads, 60).await;
+    assert_eq!(loads.get(), 120, "b reads a's reloads");
+}
+
+/// Issue 28, item 3: a store whose idea of the cluster's layout is stale (a slot moved to
+/// another master after it last looked) still invalidates every key: the master it sends a
+/// pipeline to serves some of its keys and answers `MOVED` for the one whose slot moved
+/// (redis-rs follows it with the whole pipeline, which the new master refuses in part, until
+/// it gives up with the `MOVED`), and the store sends those calls again, each on its own, to
+/// where its slot now is, and returns `Ok`. Another instance fills the keys
+/// after the move, so the moved key's value is on its new master, and must be gone from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidate_many_lands_after_a_slot_moved() {
+    let cluster = RedisCluster::start();
+    let a = cache(instance(&cluster).await).build();
+    let keys: Vec<String> = (0..30).map(|i| format!("moved-{i}")).collect();
+    a.invalidate_many(&keys).await.unwrap();
+    let node_of = |key: &str| cluster.node_of(&RedisStore::value_name(&a.store_key(key)));
+    let from = node_of(&keys[0]);
+    let staying = keys[1..].iter().filter(|key| node_of(key) == from).count();
+    assert!(staying > 0, "the moved key shares its pipeline with others");
+    let to = *cluster.ports().iter().find(|port| **port != from).unwrap();
+    let moved = RedisStore::value_name(&a.store_key(&keys[0]));
+    cluster.move_empty_slot(cluster.slot_of(&moved), to);
+    assert_eq!(cluster.node_of(&moved), to);
+    let b = cache(instance(&cluster).await).build();
+    let loads = Counter::default();
+    for key in &keys {
+        read_counted(&b, key, &loads).await;
+    }
+    assert_eq!(loads.get(), 30);
+    a.invalidate_many(&keys).await.unwrap();
+    reloaded_after(&b, &keys, &loads, 30).await;
+    assert_eq!(
+        loads.get(),
+        60,
+        "each key invalidated once, the moved one too"
+    );
 }
 
 /// A follower is woken by a fill on any node, published with sharded pub/sub (the default) or

@@ -12,6 +12,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisResult};
 use tracing::warn;
 
+#[cfg(feature = "cluster")]
+use super::cluster::Cluster;
 use super::connection::{store_error, Connection};
 use super::link::Link;
 use super::notifications::Notifications;
@@ -183,7 +185,7 @@ impl RedisStoreBuilder {
                         e,
                     )
                 })?;
-                Connection::Cluster(connection)
+                Connection::Cluster(Cluster::new(connection))
             }
         };
         let sharded = self.sharded();

@@ -2,13 +2,9 @@
 //! clone and never locked; how a script runs on it (`EVALSHA`, reloaded on `NOSCRIPT`) and how
 //! its errors become store errors.
 
+#[cfg(feature = "cluster")]
+use super::cluster::Cluster;
 use redis::aio::ConnectionLike;
-#[cfg(feature = "cluster")]
-use redis::cluster_async::ClusterConnection;
-#[cfg(feature = "cluster")]
-use redis::cluster_routing::Slot;
-#[cfg(feature = "cluster")]
-use redis::Arg;
 use std::fmt;
 
 use redis::{
@@ -27,7 +23,7 @@ pub(super) enum Connection {
     /// A Redis Cluster: each command goes to the node that serves its first key's slot
     /// (following `MOVED` and `ASK`); the connections to the nodes reconnect by themselves.
     #[cfg(feature = "cluster")]
-    Cluster(ClusterConnection),
+    Cluster(Cluster),
 }
 
 impl Connection {
@@ -45,7 +41,7 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(connection) => evalsha(script, call, &mut connection.clone()).await,
+            Connection::Cluster(cluster) => evalsha(script, call, &mut cluster.connection()).await,
         }
     }
 
@@ -58,13 +54,13 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(connection) => pipeline.query_async(&mut connection.clone()).await,
+            Connection::Cluster(cluster) => pipeline.query_async(&mut cluster.connection()).await,
         }
     }
 
     /// Runs `calls`, each an `EVALSHA` of `script` whose keys share one slot, pipelined: one
-    /// round trip on one server; on a cluster, whose pipelines may not cross slots, one
-    /// pipeline per slot, all at once. A `NOSCRIPT` reply loads the script and runs the
+    /// round trip on one server; on a cluster, one pipeline per master, all at once (see
+    /// [`Cluster`]). A `NOSCRIPT` reply loads the script and runs the
     /// pipeline again, so its calls must be safe to repeat. The first error, if any.
     pub(super) async fn invoke_pipelined(
         &self,
@@ -78,38 +74,7 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(connection) => {
-                let mut slots: Vec<(Slot, Vec<Cmd>)> = Vec::new();
-                for call in calls {
-                    // An `EVALSHA`'s first key (its fourth argument) decides its slot.
-                    let slot = match call.args_iter().nth(3) {
-                        Some(Arg::Simple(key)) => Slot::for_key(key),
-                        _ => Slot::for_key(b""),
-                    };
-                    match slots.iter_mut().find(|(s, _)| *s == slot) {
-                        Some((_, group)) => group.push(call),
-                        None => slots.push((slot, vec![call])),
-                    }
-                }
-                let mut runs = tokio::task::JoinSet::new();
-                for (_, group) in slots {
-                    let (script, mut connection) = (script.clone(), connection.clone());
-                    runs.spawn(async move { pipelined(&script, &group, &mut connection).await });
-                }
-                let mut result = Ok(());
-                while let Some(ran) = runs.join_next().await {
-                    let ran = ran.unwrap_or_else(|_| {
-                        Err(RedisError::from((
-                            ErrorKind::Io,
-                            "a pipeline of the cluster was cancelled",
-                        )))
-                    });
-                    if result.is_ok() {
-                        result = ran;
-                    }
-                }
-                result
-            }
+            Connection::Cluster(cluster) => cluster.invoke_pipelined(script, calls).await,
         }
     }
 
@@ -122,7 +87,7 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(connection) => command.query_async(&mut connection.clone()).await,
+            Connection::Cluster(cluster) => command.query_async(&mut cluster.connection()).await,
         }
     }
 
@@ -141,7 +106,7 @@ impl Connection {
         match self {
             Connection::Server(link) => link.manager_anyway().subscribe(channel).await,
             #[cfg(feature = "cluster")]
-            Connection::Cluster(connection) => connection.clone().subscribe(channel).await,
+            Connection::Cluster(cluster) => cluster.connection().subscribe(channel).await,
         }
     }
 
@@ -155,12 +120,12 @@ impl Connection {
                 ErrorKind::InvalidClientConfig,
                 "sharded pub/sub is for a cluster",
             ))),
-            Connection::Cluster(connection) => connection.clone().ssubscribe(channel).await,
+            Connection::Cluster(cluster) => cluster.connection().ssubscribe(channel).await,
         }
     }
 }
 
-async fn evalsha<T: FromRedisValue>(
+pub(super) async fn evalsha<T: FromRedisValue>(
     script: &Script,
     call: &Cmd,
     connection: &mut impl ConnectionLike,

@@ -25,6 +25,8 @@
 //! load to revalidate (see `Store::answer_waiters`).
 
 mod builder;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod connection;
 mod link;
 mod names;

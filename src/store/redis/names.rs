@@ -190,6 +190,35 @@ pub(super) fn namespace_of(channel: &str) -> Option<&str> {
     classic.strip_suffix(CHANNEL_SUFFIX)
 }
 
+/// Redis Cluster's slot of a key: CRC16 (XMODEM) of its hash tag (what lies between its
+/// first `{` and the next `}`, if not empty) or of the whole key, modulo 16384. redis-rs
+/// computes it too, but does not give the number out.
+#[cfg(any(feature = "cluster", test))]
+pub(super) fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % 16384
+}
+
+#[cfg(any(feature = "cluster", test))]
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in bytes {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,33 +303,27 @@ mod tests {
         }
     }
 
-    /// Redis Cluster's slot of a hash tag: CRC16 (XMODEM) modulo 16384.
-    fn slot(tag: &str) -> u16 {
-        let mut crc: u16 = 0;
-        for byte in tag.bytes() {
-            crc ^= u16::from(byte) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc % 16384
-    }
-
     #[test]
     fn shard_tags_spread_over_the_slots() {
-        // The CRC of `redis-cli CLUSTER KEYSLOT a`, as a check of the CRC itself.
-        assert_eq!(slot("a"), 15495);
         for (i, tag) in SHARD_TAGS.iter().enumerate() {
             let first = u16::try_from(i).unwrap() * 1024;
             assert!(
-                (first..first + 64).contains(&slot(tag)),
+                (first..first + 64).contains(&key_slot(tag.as_bytes())),
                 "{tag}: {}",
-                slot(tag)
+                key_slot(tag.as_bytes())
             );
         }
+    }
+
+    #[test]
+    fn key_slots_are_those_redis_computes() {
+        // The CRC16/XMODEM check value, and an answer of `redis-cli CLUSTER KEYSLOT a`.
+        assert_eq!(crc16(b"123456789"), 0x31c3);
+        assert_eq!(key_slot(b"a"), 15495);
+        // The hash tag rules of the Redis Cluster specification.
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
     }
 }

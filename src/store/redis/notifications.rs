@@ -19,6 +19,8 @@ use tracing::{debug, warn};
 #[cfg(feature = "cluster")]
 use super::builder::Target;
 use super::builder::{no_url, RedisStoreBuilder};
+#[cfg(feature = "cluster")]
+use super::cluster::Cluster;
 use super::connection::Connection;
 use super::link::Link;
 #[cfg(feature = "cluster")]
@@ -165,7 +167,8 @@ impl Notifications {
                 .use_protocol(ProtocolVersion::RESP3)
                 .push_sender(parts.on_push())
                 .build()?;
-            let subscriber = Connection::Cluster(client.get_async_connection().await?);
+            let subscriber =
+                Connection::Cluster(Cluster::new(client.get_async_connection().await?));
             return Ok(parts.into_notifications(subscriber, sharded));
         }
         // The manager retries without end, its first connection too: try once first, so that

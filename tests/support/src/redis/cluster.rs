@@ -347,6 +347,57 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Reads from clients each master has processed so far (`total_reads_processed` of
+    /// `INFO stats`), in the order of [`ports`](Self::ports); the `INFO` that asks counts one
+    /// (plain clusters without replicas only).
+    pub fn reads_per_node(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let info: String = self
+                    .query(node, redis::cmd("INFO").arg("stats"))
+                    .expect("INFO stats");
+                info.lines()
+                    .find_map(|line| line.trim().strip_prefix("total_reads_processed:"))
+                    .map(|reads| reads.parse().expect("a count"))
+                    .expect("total_reads_processed in INFO stats")
+            })
+            .collect()
+    }
+
+    /// The slot of `key` (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, key: &str) -> u16 {
+        let node = self.live_nodes().next().expect("a live node");
+        self.query(node, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+            .expect("CLUSTER KEYSLOT")
+    }
+
+    /// Gives an empty `slot` to the master on `port` (`CLUSTER SETSLOT … NODE` on every node,
+    /// the new owner first), as a resharding would; clients learn it from `MOVED` replies
+    /// (plain clusters only).
+    pub fn move_empty_slot(&self, slot: u16, port: u16) {
+        let owner = self
+            .live_nodes()
+            .find(|n| n.port == port)
+            .expect("a live node on that port");
+        let id: String = self
+            .query(owner, redis::cmd("CLUSTER").arg("MYID"))
+            .expect("CLUSTER MYID");
+        let others = self.live_nodes().filter(|n| n.port != port);
+        for node in std::iter::once(owner).chain(others) {
+            self.query::<()>(
+                node,
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&id),
+            )
+            .expect("CLUSTER SETSLOT NODE");
+        }
+        self.wait_ok(Duration::from_secs(30));
+    }
+
     fn query<T: redis::FromRedisValue>(
         &self,
         node: &ClusterNode,

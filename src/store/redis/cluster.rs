@@ -1,0 +1,242 @@
+//! A Redis Cluster connection that knows which master serves which slot, so that a batch of
+//! single-slot script calls goes out as one pipeline per master, not one per slot.
+//!
+//! redis-rs routes a pipeline by its first command's slot and refuses pipelines that cross
+//! slots, but it can send a pipeline to the node that serves a given slot
+//! (`route_pipeline`). So the connection keeps the layout it last read (`CLUSTER SLOTS`),
+//! groups the calls by the master that layout names, and sends each group to that master. A
+//! layout gone stale (a resharding, a failover) costs no call: a node that no longer serves a
+//! command's slot answers that command `MOVED` (or `ASK`), the connection forgets its layout,
+//! and sends each such call again on its own, which the client follows to the slot's node.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{
+    Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
+};
+use tokio::task::JoinSet;
+
+use super::connection::evalsha;
+use super::names::key_slot;
+
+/// A cluster connection and the slot layout it last read; cheap to clone, never locked
+/// across a call.
+#[derive(Clone)]
+pub(super) struct Cluster {
+    connection: ClusterConnection,
+    layout: Arc<Mutex<Option<Arc<Layout>>>>,
+}
+
+/// Which master served which slots, as a node said: `(first, last, master)` ranges.
+struct Layout(Vec<(u16, u16, String)>);
+
+impl Layout {
+    /// The master of `slot`, if the layout names one.
+    fn master_of(&self, slot: u16) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(first, last, _)| (*first..=*last).contains(&slot))
+            .map(|(_, _, master)| master.as_str())
+    }
+
+    /// A layout from a `CLUSTER SLOTS` reply: ranges, each `[first, last, [host, port, …], …]`.
+    fn read(reply: &Value) -> Option<Layout> {
+        let Value::Array(ranges) = reply else {
+            return None;
+        };
+        let mut layout = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            let Value::Array(range) = range else {
+                return None;
+            };
+            let (Some(Value::Int(first)), Some(Value::Int(last)), Some(Value::Array(master))) =
+                (range.first(), range.get(1), range.get(2))
+            else {
+                return None;
+            };
+            let host = match master.first() {
+                Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
+                Some(Value::SimpleString(host)) => host.clone(),
+                _ => return None,
+            };
+            let Some(Value::Int(port)) = master.get(1) else {
+                return None;
+            };
+            let (first, last) = (u16::try_from(*first).ok()?, u16::try_from(*last).ok()?);
+            layout.push((first, last, format!("{host}:{port}")));
+        }
+        Some(Layout(layout))
+    }
+}
+
+impl Cluster {
+    pub(super) fn new(connection: ClusterConnection) -> Self {
+        Cluster {
+            connection,
+            layout: Arc::default(),
+        }
+    }
+
+    /// The connection, for calls that go to one slot's node.
+    pub(super) fn connection(&self) -> ClusterConnection {
+        self.connection.clone()
+    }
+
+    /// Runs `calls`, `EVALSHA`s of `script` each within one slot, as one pipeline per master,
+    /// all at once; see the [module docs](self). The first error, if any.
+    pub(super) async fn invoke_pipelined(
+        &self,
+        script: &Script,
+        calls: Vec<Cmd>,
+    ) -> RedisResult<()> {
+        let Some(layout) = self.layout().await else {
+            // No layout to group by: each call on its own, routed by the client.
+            return self.each_alone(script, calls).await;
+        };
+        let mut masters: Vec<(&str, u16, Vec<Cmd>)> = Vec::new();
+        let mut unplaced = Vec::new();
+        for call in calls {
+            let slot = slot_of(&call);
+            match layout.master_of(slot) {
+                Some(master) => match masters.iter_mut().find(|(m, _, _)| *m == master) {
+                    Some((_, _, group)) => group.push(call),
+                    None => masters.push((master, slot, vec![call])),
+                },
+                None => unplaced.push(call),
+            }
+        }
+        let mut runs = JoinSet::new();
+        for (_, slot, group) in masters {
+            let mut connection = self.connection.clone();
+            runs.spawn(async move {
+                let mut pipeline = Pipeline::with_capacity(group.len());
+                for call in &group {
+                    pipeline.add_command(call.clone());
+                }
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                let replies = connection
+                    .route_pipeline(pipeline, 0, group.len(), route)
+                    .await;
+                (group, replies)
+            });
+        }
+        let mut result = Ok(());
+        let mut again = unplaced;
+        while let Some(ran) = runs.join_next().await {
+            let (group, replies) = match ran {
+                Ok(ran) => ran,
+                Err(_) => {
+                    keep_first(&mut result, Err(cancelled()));
+                    continue;
+                }
+            };
+            match replies {
+                // A node that no longer serves some of the slots (redis-rs followed its
+                // `MOVED` with the whole pipeline, to a node that refused the others), or
+                // one that failed: each call again on its own, where its slot now is.
+                Err(error) if moved_or_lost(&error) => {
+                    self.forget_layout();
+                    again.extend(group);
+                }
+                Err(error) => keep_first(&mut result, Err(error)),
+                Ok(replies) => {
+                    for (call, reply) in group.into_iter().zip(replies) {
+                        let Value::ServerError(error) = reply else {
+                            continue;
+                        };
+                        match error.kind() {
+                            Some(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+                                self.forget_layout();
+                                again.push(call);
+                            }
+                            Some(ServerErrorKind::NoScript) => again.push(call),
+                            _ => keep_first(&mut result, Err(error.into())),
+                        }
+                    }
+                }
+            }
+        }
+        if !again.is_empty() {
+            keep_first(&mut result, self.each_alone(script, again).await);
+        }
+        result
+    }
+
+    /// Runs each call on its own, all at once, following `MOVED` and `ASK` and loading the
+    /// script on `NOSCRIPT`. The first error, if any.
+    async fn each_alone(&self, script: &Script, calls: Vec<Cmd>) -> RedisResult<()> {
+        let mut runs = JoinSet::new();
+        for call in calls {
+            let (script, mut connection) = (script.clone(), self.connection.clone());
+            runs.spawn(async move { evalsha::<()>(&script, &call, &mut connection).await });
+        }
+        let mut result = Ok(());
+        while let Some(ran) = runs.join_next().await {
+            keep_first(&mut result, ran.unwrap_or_else(|_| Err(cancelled())));
+        }
+        result
+    }
+
+    /// The layout last read, or a new one read from a master; none if it cannot be read.
+    async fn layout(&self) -> Option<Arc<Layout>> {
+        let known = self
+            .layout
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(layout) = known {
+            return Some(layout);
+        }
+        let reply = self
+            .connection
+            .clone()
+            .route_command(
+                redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await
+            .ok()?;
+        let layout = Arc::new(Layout::read(&reply)?);
+        *self.layout.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&layout));
+        Some(layout)
+    }
+
+    fn forget_layout(&self) {
+        *self.layout.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+/// The slot of an `EVALSHA` call: its first key's (the fourth argument).
+fn slot_of(call: &Cmd) -> u16 {
+    match call.args_iter().nth(3) {
+        Some(Arg::Simple(key)) => key_slot(key),
+        _ => key_slot(b""),
+    }
+}
+
+/// Whether a pipeline failed for a slot's move or a node's loss, not for its commands.
+fn moved_or_lost(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+        ) | ErrorKind::ClusterConnectionNotFound
+    ) || error.is_io_error()
+        || error.is_connection_dropped()
+}
+
+fn keep_first(result: &mut RedisResult<()>, ran: RedisResult<()>) {
+    if result.is_ok() {
+        *result = ran;
+    }
+}
+
+fn cancelled() -> RedisError {
+    RedisError::from((ErrorKind::Io, "a pipeline of the cluster was cancelled"))
+}
