@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{start_leader, Counter, RedisCluster};
+use support::{free_port, start_leader, Counter, RedisCluster};
 use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
@@ -344,6 +344,65 @@ async fn invalidate_many_lands_after_a_slot_moved() {
         60,
         "each key invalidated once, the moved one too"
     );
+}
+
+/// Issue 29, item 6: an app can start while its Redis Cluster is down. Stores made with
+/// `open` before any node runs are returned at once; their calls fail at once, so the engine
+/// loads with in-process protection (one load per key per instance); once the cluster is up,
+/// each store connects by itself (its health check turns healthy), and a stampede over two
+/// instances is one load. `connect` still fails fast.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_opened_before_the_cluster_starts_connect_when_it_does() {
+    let ports = [free_port(), free_port(), free_port()];
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|port| format!("redis://127.0.0.1:{port}/"))
+        .collect();
+    assert!(
+        RedisStore::connect_cluster(urls.clone()).await.is_err(),
+        "connect fails fast"
+    );
+    let instances: Vec<Cache> = (0..2)
+        .map(|_| {
+            let store = RedisStore::cluster_builder(urls.clone()).open().unwrap();
+            assert!(store.is_cluster());
+            cache(store).build()
+        })
+        .collect();
+    let loads = Counter::default();
+    for cache in &instances {
+        for _ in 0..5 {
+            read_counted(cache, "while-down", &loads).await;
+        }
+        assert!(!cache.health().await.is_healthy());
+    }
+    assert_eq!(
+        loads.get(),
+        2,
+        "one load per instance while the cluster is down"
+    );
+
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_on(ports))
+        .await
+        .unwrap();
+    for (n, cache) in instances.iter().enumerate() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !cache.health().await.is_healthy() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "instance {n} never connected"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let loads = [Counter::default(), Counter::default()];
+    stampede(&instances, "opened", &loads, &Arc::new(Notify::new())).await;
+    assert_eq!(
+        loads[0].get() + loads[1].get(),
+        1,
+        "one load across the instances"
+    );
+    drop(cluster);
 }
 
 /// A follower is woken by a fill on any node, published with sharded pub/sub (the default) or

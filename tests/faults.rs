@@ -366,7 +366,7 @@ async fn stores_opened_while_redis_is_down_connect_when_it_comes_up() {
 }
 
 /// What no server can fix fails `open` at once: a malformed URL, TLS without the `tls`
-/// feature, a cluster (whose nodes are found by connecting).
+/// feature, a cluster seed that is not a URL.
 #[tokio::test]
 async fn open_refuses_bad_configuration_at_once() {
     use tower_stampede::store::StoreErrorKind;
@@ -383,7 +383,7 @@ async fn open_refuses_bad_configuration_at_once() {
     );
     #[cfg(feature = "cluster")]
     assert_eq!(
-        RedisStore::cluster_builder(["redis://127.0.0.1:7000/"])
+        RedisStore::cluster_builder(["redis://127.0.0.1:7000/", "not a url"])
             .open()
             .map(|_| ())
             .unwrap_err()

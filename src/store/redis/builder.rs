@@ -14,6 +14,8 @@ use tracing::warn;
 
 #[cfg(feature = "cluster")]
 use super::cluster::Cluster;
+#[cfg(feature = "cluster")]
+use super::cluster_link::ClusterLink;
 use super::connection::{store_error, Connection};
 use super::link::Link;
 use super::notifications::Notifications;
@@ -40,7 +42,7 @@ impl Target {
     }
 
     /// The URLs without credentials, comma-separated.
-    fn address(&self) -> String {
+    pub(super) fn address(&self) -> String {
         let urls: Vec<String> = self.urls().iter().map(|url| redact(url)).collect();
         urls.join(",")
     }
@@ -169,23 +171,14 @@ impl RedisStoreBuilder {
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(_) => {
-                let client = self
-                    .cluster_client(infos.iter().cloned())
-                    .build()
-                    .map_err(|e| {
-                        StoreError::with_source(
-                            StoreErrorKind::Configuration,
-                            format_args!("invalid Redis Cluster settings for {address}"),
-                            e,
-                        )
-                    })?;
+                let client = self.built_cluster_client(&infos, &address)?;
                 let connection = client.get_async_connection().await.map_err(|e| {
                     store_error(
                         format_args!("cannot connect to the Redis Cluster at {address}"),
                         e,
                     )
                 })?;
-                Connection::Cluster(Cluster::new(connection))
+                Connection::Cluster(Cluster::new(ClusterLink::connected(connection)))
             }
         };
         let sharded = self.sharded();
@@ -206,10 +199,9 @@ impl RedisStoreBuilder {
     /// protection across processes is back by itself. Fails at once on what no server can
     /// fix: an invalid URL, TLS without the `tls` feature, no tokio runtime.
     ///
-    /// One server only: a Redis Cluster store discovers its nodes as it connects
-    /// ([`connect`](Self::connect)). Notifications are subscribed once the server answers;
-    /// a server that refuses their protocol (RESP3, before Redis 6) never sends any, and
-    /// followers poll.
+    /// A Redis Cluster store opens the same way: it discovers the cluster's nodes once a seed
+    /// answers. Notifications are subscribed once the server answers; a server that refuses
+    /// their protocol (RESP3, before Redis 6) never sends any, and followers poll.
     pub fn open(self) -> Result<RedisStore, StoreError> {
         let address = self.target.address();
         let infos = self.connection_infos()?;
@@ -219,27 +211,31 @@ impl RedisStoreBuilder {
                 "RedisStore::open needs a tokio runtime (it connects in the background)",
             ));
         }
-        #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = self.target {
-            return Err(StoreError::of_kind(
-                StoreErrorKind::Configuration,
-                format_args!("a Redis Cluster store is made with connect, not open ({address})"),
-            ));
-        }
-        let client = self.server_client(&infos, &address)?;
-        let manager = ConnectionManager::new_lazy_with_config(client, self.manager_config())
-            .map_err(|e| {
-                StoreError::with_source(
-                    StoreErrorKind::Configuration,
-                    format_args!("invalid Redis settings for {address}"),
-                    e,
-                )
-            })?;
-        let connection = Connection::Server(Link::starting_down(
-            manager,
-            address.clone(),
-            self.ping_wait(),
-        ));
+        let connection = match &self.target {
+            Target::Server(_) => {
+                let client = self.server_client(&infos, &address)?;
+                let manager =
+                    ConnectionManager::new_lazy_with_config(client, self.manager_config())
+                        .map_err(|e| {
+                            StoreError::with_source(
+                                StoreErrorKind::Configuration,
+                                format_args!("invalid Redis settings for {address}"),
+                                e,
+                            )
+                        })?;
+                Connection::Server(Link::starting_down(
+                    manager,
+                    address.clone(),
+                    self.ping_wait(),
+                ))
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(_) => {
+                let client = self.built_cluster_client(&infos, &address)?;
+                let link = ClusterLink::opening(client, address.clone(), self.ping_wait());
+                Connection::Cluster(Cluster::new(link))
+            }
+        };
         let sharded = self.sharded();
         let notifications = if self.notifications {
             let opened = Notifications::open(&self, &infos, Arc::clone(&sharded), &connection);
@@ -248,6 +244,24 @@ impl RedisStoreBuilder {
             None
         };
         Ok(RedisStore::new(connection, address, notifications, sharded))
+    }
+
+    /// The client of a cluster's store; invalid settings are a configuration error.
+    #[cfg(feature = "cluster")]
+    fn built_cluster_client(
+        &self,
+        infos: &[ConnectionInfo],
+        address: &str,
+    ) -> Result<redis::cluster::ClusterClient, StoreError> {
+        self.cluster_client(infos.iter().cloned())
+            .build()
+            .map_err(|e| {
+                StoreError::with_source(
+                    StoreErrorKind::Configuration,
+                    format_args!("invalid Redis Cluster settings for {address}"),
+                    e,
+                )
+            })
     }
 
     /// The client of one server's store.
@@ -268,7 +282,7 @@ impl RedisStoreBuilder {
 
     /// How long the keeper of a lost connection waits for one `PING`: a connection attempt
     /// and a reply.
-    fn ping_wait(&self) -> Duration {
+    pub(super) fn ping_wait(&self) -> Duration {
         self.connection_timeout
             .saturating_add(self.response_timeout)
     }

@@ -18,6 +18,7 @@ use redis::{
 };
 use tokio::task::JoinSet;
 
+use super::cluster_link::ClusterLink;
 use super::connection::evalsha;
 use super::names::key_slot;
 
@@ -25,7 +26,7 @@ use super::names::key_slot;
 /// across a call.
 #[derive(Clone)]
 pub(super) struct Cluster {
-    connection: ClusterConnection,
+    link: ClusterLink,
     layout: Arc<Mutex<Option<Arc<Layout>>>>,
 }
 
@@ -72,16 +73,22 @@ impl Layout {
 }
 
 impl Cluster {
-    pub(super) fn new(connection: ClusterConnection) -> Self {
+    pub(super) fn new(link: ClusterLink) -> Self {
         Cluster {
-            connection,
+            link,
             layout: Arc::default(),
         }
     }
 
-    /// The connection, for calls that go to one slot's node.
-    pub(super) fn connection(&self) -> ClusterConnection {
-        self.connection.clone()
+    /// The connection, for calls that go to one slot's node; an error at once while it is
+    /// being made.
+    pub(super) fn connection(&self) -> RedisResult<ClusterConnection> {
+        self.link.connection()
+    }
+
+    /// The connection, once made (for subscriptions, which wait for it).
+    pub(super) async fn connection_made(&self) -> RedisResult<ClusterConnection> {
+        self.link.connection_made().await
     }
 
     /// Runs `calls`, `EVALSHA`s of `script` each within one slot, as one pipeline per master,
@@ -91,7 +98,8 @@ impl Cluster {
         script: &Script,
         calls: Vec<Cmd>,
     ) -> RedisResult<()> {
-        let Some(layout) = self.layout().await else {
+        let connection = self.connection()?;
+        let Some(layout) = self.layout(&connection).await else {
             // No layout to group by: each call on its own, routed by the client.
             return self.each_alone(script, calls).await;
         };
@@ -109,7 +117,7 @@ impl Cluster {
         }
         let mut runs = JoinSet::new();
         for (_, slot, group) in masters {
-            let mut connection = self.connection.clone();
+            let mut connection = connection.clone();
             runs.spawn(async move {
                 let mut pipeline = Pipeline::with_capacity(group.len());
                 for call in &group {
@@ -167,9 +175,10 @@ impl Cluster {
     /// Runs each call on its own, all at once, following `MOVED` and `ASK` and loading the
     /// script on `NOSCRIPT`. The first error, if any.
     async fn each_alone(&self, script: &Script, calls: Vec<Cmd>) -> RedisResult<()> {
+        let connection = self.connection()?;
         let mut runs = JoinSet::new();
         for call in calls {
-            let (script, mut connection) = (script.clone(), self.connection.clone());
+            let (script, mut connection) = (script.clone(), connection.clone());
             runs.spawn(async move { evalsha::<()>(&script, &call, &mut connection).await });
         }
         let mut result = Ok(());
@@ -180,7 +189,7 @@ impl Cluster {
     }
 
     /// The layout last read, or a new one read from a master; none if it cannot be read.
-    async fn layout(&self) -> Option<Arc<Layout>> {
+    async fn layout(&self, connection: &ClusterConnection) -> Option<Arc<Layout>> {
         let known = self
             .layout
             .lock()
@@ -189,8 +198,7 @@ impl Cluster {
         if let Some(layout) = known {
             return Some(layout);
         }
-        let reply = self
-            .connection
+        let reply = connection
             .clone()
             .route_command(
                 redis::cmd("CLUSTER").arg("SLOTS").clone(),

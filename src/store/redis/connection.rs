@@ -41,7 +41,7 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(cluster) => evalsha(script, call, &mut cluster.connection()).await,
+            Connection::Cluster(cluster) => evalsha(script, call, &mut cluster.connection()?).await,
         }
     }
 
@@ -54,7 +54,7 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(cluster) => pipeline.query_async(&mut cluster.connection()).await,
+            Connection::Cluster(cluster) => pipeline.query_async(&mut cluster.connection()?).await,
         }
     }
 
@@ -87,7 +87,7 @@ impl Connection {
                 answer
             }
             #[cfg(feature = "cluster")]
-            Connection::Cluster(cluster) => command.query_async(&mut cluster.connection()).await,
+            Connection::Cluster(cluster) => command.query_async(&mut cluster.connection()?).await,
         }
     }
 
@@ -106,7 +106,9 @@ impl Connection {
         match self {
             Connection::Server(link) => link.manager_anyway().subscribe(channel).await,
             #[cfg(feature = "cluster")]
-            Connection::Cluster(cluster) => cluster.connection().subscribe(channel).await,
+            Connection::Cluster(cluster) => {
+                cluster.connection_made().await?.subscribe(channel).await
+            }
         }
     }
 
@@ -120,7 +122,9 @@ impl Connection {
                 ErrorKind::InvalidClientConfig,
                 "sharded pub/sub is for a cluster",
             ))),
-            Connection::Cluster(cluster) => cluster.connection().ssubscribe(channel).await,
+            Connection::Cluster(cluster) => {
+                cluster.connection_made().await?.ssubscribe(channel).await
+            }
         }
     }
 }

@@ -24,7 +24,7 @@ use redis::{ErrorKind, RedisError, RedisResult};
 use tracing::{debug, info, warn};
 
 /// How long the keeper waits between two `PING`s that found no server.
-const KEEPER_PAUSE: Duration = Duration::from_millis(250);
+pub(super) const KEEPER_PAUSE: Duration = Duration::from_millis(250);
 
 /// One server's connection; cheap to clone, never locked.
 #[derive(Clone)]

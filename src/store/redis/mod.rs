@@ -27,6 +27,8 @@
 mod builder;
 #[cfg(feature = "cluster")]
 mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_link;
 mod connection;
 mod link;
 mod names;

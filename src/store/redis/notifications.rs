@@ -21,6 +21,8 @@ use super::builder::Target;
 use super::builder::{no_url, RedisStoreBuilder};
 #[cfg(feature = "cluster")]
 use super::cluster::Cluster;
+#[cfg(feature = "cluster")]
+use super::cluster_link::ClusterLink;
 use super::connection::Connection;
 use super::link::Link;
 #[cfg(feature = "cluster")]
@@ -161,14 +163,9 @@ impl Notifications {
         #[cfg(feature = "cluster")]
         if let Target::Cluster(_) = &builder.target {
             let parts = Parts::new(store);
-            let infos = infos.iter().cloned().map(resp3);
-            let client = builder
-                .cluster_client(infos)
-                .use_protocol(ProtocolVersion::RESP3)
-                .push_sender(parts.on_push())
-                .build()?;
-            let subscriber =
-                Connection::Cluster(Cluster::new(client.get_async_connection().await?));
+            let client = cluster_subscriber(builder, infos, &parts)?;
+            let link = ClusterLink::connected(client.get_async_connection().await?);
+            let subscriber = Connection::Cluster(Cluster::new(link));
             return Ok(parts.into_notifications(subscriber, sharded));
         }
         // The manager retries without end, its first connection too: try once first, so that
@@ -186,8 +183,8 @@ impl Notifications {
         Self::open(builder, infos, sharded, store)
     }
 
-    /// The subscriber of one server, without connecting: it connects on the first
-    /// subscription, and waits for the server as long as it takes.
+    /// The subscriber, without connecting: one server's connects on the first subscription,
+    /// a cluster's in the background; subscriptions wait for the server as long as it takes.
     pub(super) fn open(
         builder: &RedisStoreBuilder,
         infos: &[ConnectionInfo],
@@ -195,6 +192,14 @@ impl Notifications {
         store: &Connection,
     ) -> RedisResult<Self> {
         let parts = Parts::new(store);
+        #[cfg(feature = "cluster")]
+        if let Target::Cluster(_) = &builder.target {
+            let client = cluster_subscriber(builder, infos, &parts)?;
+            let address = builder.target.address();
+            let link = ClusterLink::opening(client, address, builder.ping_wait());
+            let subscriber = Connection::Cluster(Cluster::new(link));
+            return Ok(parts.into_notifications(subscriber, sharded));
+        }
         let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
         let config = builder
             .manager_config()
@@ -280,6 +285,20 @@ async fn subscribe(
     #[cfg(not(feature = "cluster"))]
     let _ = sharded;
     Ok(())
+}
+
+/// The client of a cluster's subscriber: the builder's settings, RESP3, and pushes to `parts`.
+#[cfg(feature = "cluster")]
+fn cluster_subscriber(
+    builder: &RedisStoreBuilder,
+    infos: &[ConnectionInfo],
+    parts: &Parts,
+) -> RedisResult<redis::cluster::ClusterClient> {
+    builder
+        .cluster_client(infos.iter().cloned().map(resp3))
+        .use_protocol(ProtocolVersion::RESP3)
+        .push_sender(parts.on_push())
+        .build()
 }
 
 /// The same connection settings, speaking RESP3 (which carries pub/sub messages as pushes).

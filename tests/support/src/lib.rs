@@ -61,7 +61,7 @@ use tower_stampede::store::{MemoryStore, Store};
 use tower_stampede::{Cache, CacheBuilder};
 
 #[cfg(feature = "redis")]
-pub use self::redis::{calls, RedisCluster, RedisServer, TlsFiles};
+pub use self::redis::{calls, free_port, RedisCluster, RedisServer, TlsFiles};
 
 /// Collects what a `tracing` subscriber writes (its writer is a clone), as text.
 #[derive(Clone, Default)]

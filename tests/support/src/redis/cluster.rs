@@ -116,6 +116,17 @@ impl RedisCluster {
         Self::start_with(options, cli, format!("rediss://{user}:{password}@"), 0)
     }
 
+    /// Like [`start`](Self::start), on the given three ports (found with
+    /// [`free_port`](super::free_port) before, e.g. for a client made while no node runs).
+    pub fn start_on(ports: [u16; 3]) -> Self {
+        let options = ServerOptions::default();
+        let nodes = ports
+            .iter()
+            .map(|port| ClusterNode::start_on(&options, *port))
+            .collect();
+        Self::create(nodes, options, Vec::new(), "redis://".to_owned(), 0)
+    }
+
     fn start_with(
         options: ServerOptions,
         cli: Vec<String>,
@@ -125,6 +136,17 @@ impl RedisCluster {
         let nodes = (0..3 * (1 + replicas))
             .map(|_| ClusterNode::start(&options))
             .collect();
+        Self::create(nodes, options, cli, url_prefix, replicas)
+    }
+
+    /// Joins started nodes into a cluster, and waits until it is ready.
+    fn create(
+        nodes: Vec<ClusterNode>,
+        options: ServerOptions,
+        cli: Vec<String>,
+        url_prefix: String,
+        replicas: usize,
+    ) -> Self {
         let cluster = RedisCluster {
             nodes,
             killed: Vec::new(),
@@ -416,38 +438,57 @@ impl RedisCluster {
 impl ClusterNode {
     fn start(options: &ServerOptions) -> Self {
         for _ in 0..20 {
-            let (port, bus_port) = (free_port(), free_port());
-            if port == bus_port {
-                continue;
+            if let Some(node) = Self::try_start(options, free_port()) {
+                return node;
             }
-            let dir = TempDir::new("cluster");
-            let child = spawn(
-                options
-                    .command(port)
-                    .args(["--cluster-enabled", "yes"])
-                    .args(["--cluster-port", &bus_port.to_string()])
-                    .arg("--cluster-config-file")
-                    .arg(dir.path().join(format!("nodes-{port}.conf")))
-                    .arg("--dir")
-                    .arg(dir.path()),
-            );
-            let mut node = ClusterNode {
-                child,
-                port,
-                _dir: dir,
-            };
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = node.child.try_wait() {
-                    break;
-                }
-                if options.is_up(port) {
-                    return node;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            // Lost a port to another test: try others (the drop kills this one).
+            // Lost a port to another test: try others.
         }
         panic!("a cluster node did not start on any of 20 port pairs");
+    }
+
+    /// A node on `port` (its bus port free), trying a few bus ports.
+    fn start_on(options: &ServerOptions, port: u16) -> Self {
+        for _ in 0..20 {
+            if let Some(node) = Self::try_start(options, port) {
+                return node;
+            }
+        }
+        panic!("a cluster node did not start on port {port}");
+    }
+
+    /// A node on `port` and a free bus port, or none if it did not come up (a port lost to
+    /// another test: the drop kills it).
+    fn try_start(options: &ServerOptions, port: u16) -> Option<Self> {
+        let bus_port = free_port();
+        if port == bus_port {
+            return None;
+        }
+        let dir = TempDir::new("cluster");
+        let child = spawn(
+            options
+                .command(port)
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-port", &bus_port.to_string()])
+                .arg("--cluster-config-file")
+                .arg(dir.path().join(format!("nodes-{port}.conf")))
+                .arg("--dir")
+                .arg(dir.path()),
+        );
+        let mut node = ClusterNode {
+            child,
+            port,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = node.child.try_wait() {
+                break;
+            }
+            if options.is_up(port) {
+                return Some(node);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
     }
 }
