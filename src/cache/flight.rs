@@ -145,9 +145,12 @@ impl Inner {
             let look_again = !l1_checked_twice;
             // A flight may have filled L1 and landed since the look above: look once more
             // rather than pay a store round trip.
+            // What this process has heard of the key: a flight from before a change heard
+            // since is not joined.
+            let heard = self.l1.stamp_anyway(&digest);
             let (id, posts) = match self
                 .flights
-                .enter(digest, || look_again && self.l1.contains(&digest))
+                .enter(digest, heard, || look_again && self.l1.contains(&digest))
             {
                 Entered::Joined(posts) => break Role::Joined(posts),
                 Entered::LookAgain => {

@@ -1,6 +1,7 @@
 //! The flights in progress in this process, by key: a caller that misses L1 joins the
 //! key's flight or starts one, a flight leaves the map when it ends (only itself, by its
-//! id), and a change detaches the flights it overtakes.
+//! id), and a change detaches the flights it overtakes: a change made in this process at
+//! once, a change heard of from another process as the next caller of the key comes.
 
 use std::collections::hash_map;
 use std::collections::HashMap;
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::carry::FlightPosts;
-use crate::store::KeyDigest;
+use crate::store::{KeyDigest, Stamp};
 
 /// The map of flights in progress, and the next flight's id.
 #[derive(Default)]
@@ -17,10 +18,12 @@ pub(super) struct Flights {
     next: AtomicU64,
 }
 
-/// One flight in progress: its id (so only it removes itself) and where it posts.
+/// One flight in progress: its id (so only it removes itself), where it posts, and what this
+/// process had heard of its key when it started (before it read anything).
 struct FlightHandle {
     id: u64,
     posts: Arc<FlightPosts>,
+    heard: Stamp,
 }
 
 /// What [`Flights::enter`] found.
@@ -51,27 +54,56 @@ impl Flights {
 
     /// Joins the flight of `digest`, or starts one unless `look_again` (asked, under the
     /// lock, only where no flight is in progress) says L1 is to be read once more first.
-    pub(super) fn enter(&self, digest: KeyDigest, look_again: impl FnOnce() -> bool) -> Entered {
+    ///
+    /// `heard` is what this process has heard of the key so far. A flight that started before
+    /// a notification of the key was heard (a change made in another process) is not joined:
+    /// it is detached as a change made here detaches it, and the caller starts a new flight.
+    /// Notifications lost meanwhile detach nothing: a missed change is not heard, and losing
+    /// them (a subscription on its way, a dropped connection) is no change.
+    pub(super) fn enter(
+        &self,
+        digest: KeyDigest,
+        heard: Stamp,
+        look_again: impl FnOnce() -> bool,
+    ) -> Entered {
         let mut flights = self.map();
         // One hash of the key, whether it joins a flight or starts one.
-        let vacant = match flights.entry(digest) {
-            hash_map::Entry::Occupied(flight) => {
+        match flights.entry(digest) {
+            hash_map::Entry::Occupied(flight) if !heard.heard_since(flight.get().heard) => {
                 let posts = &flight.get().posts;
                 posts.join();
-                return Entered::Joined(Arc::clone(posts));
+                Entered::Joined(Arc::clone(posts))
             }
-            hash_map::Entry::Vacant(vacant) => vacant,
-        };
-        if look_again() {
-            return Entered::LookAgain;
+            hash_map::Entry::Occupied(mut flight) => {
+                if look_again() {
+                    flight.remove().posts.overtaken();
+                    return Entered::LookAgain;
+                }
+                let (id, posts, handle) = self.handle(heard);
+                flight.insert(handle).posts.overtaken();
+                Entered::Started(id, posts)
+            }
+            hash_map::Entry::Vacant(vacant) => {
+                if look_again() {
+                    return Entered::LookAgain;
+                }
+                let (id, posts, handle) = self.handle(heard);
+                vacant.insert(handle);
+                Entered::Started(id, posts)
+            }
         }
+    }
+
+    /// A new flight's id, posts and entry in the map.
+    fn handle(&self, heard: Stamp) -> (u64, Arc<FlightPosts>, FlightHandle) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let posts = Arc::new(FlightPosts::default());
-        vacant.insert(FlightHandle {
+        let handle = FlightHandle {
             id,
             posts: Arc::clone(&posts),
-        });
-        Entered::Started(id, posts)
+            heard,
+        };
+        (id, posts, handle)
     }
 
     /// Removes the flight `id` of `digest`, if it is still the key's flight.
@@ -112,6 +144,8 @@ impl Flights {
 mod tests {
     use super::*;
 
+    const HEARD: Stamp = Stamp::UNTRACKED;
+
     fn started(entered: Entered) -> (u64, Arc<FlightPosts>) {
         match entered {
             Entered::Started(id, posts) => (id, posts),
@@ -123,35 +157,73 @@ mod tests {
     fn a_second_caller_joins_the_flight_the_first_started() {
         let flights = Flights::default();
         let key = KeyDigest::of(b"k");
-        let (_, posts) = started(flights.enter(key, || false));
-        let Entered::Joined(joined) = flights.enter(key, || unreachable!("a flight is there"))
+        let (_, posts) = started(flights.enter(key, HEARD, || false));
+        let Entered::Joined(joined) =
+            flights.enter(key, HEARD, || unreachable!("a flight is there"))
         else {
             panic!("joined expected");
         };
         assert!(Arc::ptr_eq(&posts, &joined));
         let other = KeyDigest::of(b"other");
-        assert!(matches!(flights.enter(other, || true), Entered::LookAgain));
-        started(flights.enter(other, || false));
+        assert!(matches!(
+            flights.enter(other, HEARD, || true),
+            Entered::LookAgain
+        ));
+        started(flights.enter(other, HEARD, || false));
     }
 
     #[test]
     fn only_the_flight_itself_lands_and_a_detached_one_is_overtaken() {
         let flights = Flights::default();
         let key = KeyDigest::of(b"k");
-        let (first, first_posts) = started(flights.enter(key, || false));
+        let (first, first_posts) = started(flights.enter(key, HEARD, || false));
         flights.detach(Overtaken::Keys(&[key]));
         assert!(first_posts.is_overtaken());
-        let (second, second_posts) = started(flights.enter(key, || false));
+        let (second, second_posts) = started(flights.enter(key, HEARD, || false));
         assert_ne!(first, second);
         flights.land(key, first);
         assert!(
-            matches!(flights.enter(key, || false), Entered::Joined(_)),
+            matches!(flights.enter(key, HEARD, || false), Entered::Joined(_)),
             "the old flight's landing left the new one in place"
         );
         flights.land(key, second);
-        started(flights.enter(key, || false));
+        started(flights.enter(key, HEARD, || false));
         flights.detach(Overtaken::Every);
         assert!(!second_posts.is_overtaken(), "it had landed already");
-        started(flights.enter(key, || false));
+        started(flights.enter(key, HEARD, || false));
+    }
+
+    #[test]
+    fn a_flight_from_before_a_change_heard_since_is_detached_not_joined() {
+        let (flights, notifier) = (Flights::default(), crate::store::Notifier::new());
+        let key = crate::store::StoreKey::new(Arc::from("ns"), KeyDigest::of(b"k"));
+        let digest = *key.digest();
+        let before = notifier.stamp_anyway(&digest);
+        let (first, first_posts) = started(flights.enter(digest, before, || false));
+        // Notifications lost and restored: nothing heard of the key, the flight is joined.
+        notifier.lost();
+        notifier.restored();
+        let unchanged = notifier.stamp_anyway(&digest);
+        assert!(matches!(
+            flights.enter(digest, unchanged, || false),
+            Entered::Joined(_)
+        ));
+        notifier.notify(&key);
+        let heard = notifier.stamp_anyway(&digest);
+        let (second, second_posts) = started(flights.enter(digest, heard, || false));
+        assert_ne!(first, second);
+        assert!(first_posts.is_overtaken());
+        let Entered::Joined(joined) = flights.enter(digest, heard, || false) else {
+            panic!("the new flight is joined");
+        };
+        assert!(Arc::ptr_eq(&second_posts, &joined));
+        notifier.notify(&key);
+        let later = notifier.stamp_anyway(&digest);
+        assert!(matches!(
+            flights.enter(digest, later, || true),
+            Entered::LookAgain
+        ));
+        assert!(second_posts.is_overtaken());
+        started(flights.enter(digest, later, || false));
     }
 }

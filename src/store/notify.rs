@@ -73,6 +73,13 @@ impl Stamp {
         bucket: u64::MAX,
     };
 
+    /// Whether a notification of the key (or of another key of its bucket) arrived between
+    /// `earlier` and this stamp of the same key, whatever became of notifications meanwhile:
+    /// a change heard, not one that may have been missed.
+    pub(crate) fn heard_since(self, earlier: Stamp) -> bool {
+        self.bucket != earlier.bucket
+    }
+
     /// The stamp a key has once its own change (this process's fill or write) is notified, if
     /// nothing else is heard meanwhile: a store notifies its own changes exactly once, in this
     /// process, before the call returns.

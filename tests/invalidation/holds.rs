@@ -14,6 +14,7 @@ enum Change {
     Invalidate,
     Set,
     InvalidateTag,
+    Expire,
 }
 
 impl Change {
@@ -26,6 +27,8 @@ impl Change {
                 .await
                 .unwrap(),
             Change::InvalidateTag => cache.invalidate_tag("users").await.unwrap(),
+            // Without a stale window, an expired value is reloaded before it is served.
+            Change::Expire => cache.expire(key).await.unwrap(),
         }
     }
 }
@@ -44,7 +47,7 @@ async fn a_read_after_a_change_never_joins_a_load_from_before_it() {
             let key: &'static str = match change {
                 Change::Invalidate => "row-invalidated",
                 Change::Set => "row-set",
-                Change::InvalidateTag => "row-tagged",
+                _ => "row-tagged",
             };
             let db = Database::at(1);
             let (slow, finish) = slow_load(&cache, &db, key, &["users"]).await;
@@ -60,6 +63,52 @@ async fn a_read_after_a_change_never_joins_a_load_from_before_it() {
             assert_eq!(
                 read, "v2",
                 "{}: {change:?}: a read after the change joined the load from before it",
+                shared.name
+            );
+            assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        }
+    }
+}
+
+/// Defect 1, from another instance: instance A has a load of a key in flight that has read
+/// version 1; instance B invalidates, sets or expires the key, and A hears of it (its
+/// notifier's stamp of the key moves on). A read in A after that must not join A's flight from
+/// before the change (which answers version 1 to the callers it had): it starts or follows a
+/// new load, as after a change A made itself. The read is polled once before the old load
+/// ends, so that on the old code it had joined that flight; then the old load ends, and the
+/// read answers version 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_change_heard_from_elsewhere_never_joins_a_load_from_before_it() {
+    for shared in Shared::both().await {
+        for change in [Change::Invalidate, Change::Set, Change::Expire] {
+            let caches = instances(&shared, 2, as_is).await;
+            let (a, b) = (&caches[0], &caches[1]);
+            let key: &'static str = match change {
+                Change::Invalidate => "heard-invalidated",
+                Change::Set => "heard-set",
+                _ => "heard-expired",
+            };
+            let db = Database::at(1);
+            let (slow, finish) = slow_load(a, &db, key, &[]).await;
+            let notifier = a.store().notifier().unwrap();
+            let digest = *a.store_key(key).digest();
+            let before = notifier.stamp_anyway(&digest);
+            db.move_to(2);
+            change.make(b, key).await;
+            support::wait_until("A hears of the change", || {
+                notifier.stamp_anyway(&digest) != before
+            })
+            .await;
+            let mut read = pin!(db.read(a, key));
+            let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+            finish.notify_one();
+            let read = match first {
+                Poll::Ready(read) => read,
+                Poll::Pending => tokio::time::timeout(LIMIT, read).await.unwrap(),
+            };
+            assert_eq!(
+                read, "v2",
+                "{}: {change:?}: a read after the change was heard joined the load from before it",
                 shared.name
             );
             assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
@@ -165,9 +214,7 @@ async fn a_value_invalidated_during_its_reload_does_not_stand_in_for_a_failure()
 /// Defect 2, from another instance: instance A reloads a stale tagged value (the load held),
 /// its callers answered the stale value at once (the flight's early answer). Instance B
 /// invalidates the value's tag (or the key). Once A has heard of it, a new read in A must not
-/// take the early answer of A's reload: the value it stands for is invalidated. (It may join
-/// the reload, whose load started before the change: only a change made in A detaches A's
-/// flights.)
+/// take the early answer of A's reload: the value it stands for is invalidated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_stale_answer_is_withdrawn_once_a_change_elsewhere_is_heard() {
     fn stale(builder: CacheBuilder) -> CacheBuilder {
@@ -231,8 +278,8 @@ async fn an_early_stale_answer_is_withdrawn_once_a_change_elsewhere_is_heard() {
                 Poll::Ready(value) => value,
                 Poll::Pending => tokio::time::timeout(LIMIT, read).await.unwrap(),
             };
-            // The load in flight may still answer it (as it answers its callers): a change
-            // elsewhere detaches no flight here, it withdraws the stale value.
+            // A change of the key heard from elsewhere detaches the reload; one of a tag
+            // withdraws the stale value, and the reload may still answer.
             assert_ne!(value, "v1", "{}: {change:?}", shared.name);
         }
     }
