@@ -319,6 +319,80 @@ async fn redis_restarted_while_idle_the_next_stampede_is_one_load() {
     one_load_across(&instances, "after-idle").await;
 }
 
+/// Calls made while Redis is dead, at most this many connection attempts (against one per
+/// call, were each call to reconnect): the background reconnection's own attempts only.
+const CALLS_WHILE_DEAD: usize = 200;
+const ATTEMPTS_AT_MOST: usize = 20;
+
+/// A dead Redis costs no call a connection attempt (issue 29, item 5): Redis is killed, and a
+/// listener that stands in for it on its port accepts each connection and closes it at once,
+/// counting them. With the circuit breaker off (so that every call reaches the store's
+/// connection), 200 calls for distinct keys are each answered by their own load, and cause
+/// no more connection attempts than the background reconnection makes meanwhile: calls fail
+/// at once while one task reconnects. The listener is then seen to be reached (the
+/// reconnection's attempts), so the count is not vacuous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_costs_no_call_a_connection_attempt() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let cache = Cache::builder(store)
+        .namespace("faults")
+        .circuit_breaker(0, Duration::from_secs(1))
+        .build();
+    let loads = Counter::default();
+    let load = |loads: Counter| {
+        move || async move {
+            loads.hit();
+            Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+        }
+    };
+    assert_eq!(
+        cache
+            .get_or_load("alive", load(loads.clone()))
+            .await
+            .unwrap(),
+        "v"
+    );
+    server.kill();
+    let deadline = Instant::now() + LIMIT;
+    let listener = loop {
+        match tokio::net::TcpListener::bind(("127.0.0.1", server.port())).await {
+            Ok(listener) => break listener,
+            Err(error) => assert!(Instant::now() < deadline, "port never free: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let attempts = Counter::default();
+    let accepting = tokio::spawn({
+        let attempts = attempts.clone();
+        async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                attempts.hit();
+                drop(socket);
+            }
+        }
+    });
+    let before = attempts.get();
+    for n in 0..CALLS_WHILE_DEAD {
+        let value = cache
+            .get_or_load(format!("dead-{n}"), load(loads.clone()))
+            .await
+            .unwrap();
+        assert_eq!(value, "v");
+    }
+    let during = attempts.get() - before;
+    assert_eq!(loads.get(), 1 + CALLS_WHILE_DEAD, "each call loaded");
+    assert!(
+        during <= ATTEMPTS_AT_MOST,
+        "{during} connection attempts for {CALLS_WHILE_DEAD} calls"
+    );
+    support::wait_until("the reconnection reaches the stand-in", || {
+        attempts.get() > 0
+    })
+    .await;
+    accepting.abort();
+}
+
 /// An app can start while Redis is down (issue 29): `RedisStore::open` returns the store at
 /// once, calls are answered with in-process protection meanwhile (one load per key per
 /// instance), and once Redis is up, the stores connect by themselves: the health check turns

@@ -157,6 +157,12 @@ impl Breaker {
         matches!(self.status().state, State::Closed { .. })
     }
 
+    /// Whether the store answered the last call (the breaker is closed, and no call has
+    /// failed since the store last answered).
+    pub(crate) fn answering(&self) -> bool {
+        matches!(self.status().state, State::Closed { failures: 0 })
+    }
+
     /// When the store last answered a call of the engine, if it ever did.
     pub(crate) fn answered(&self) -> Option<Instant> {
         self.status().answered

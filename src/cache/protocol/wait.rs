@@ -79,15 +79,17 @@ impl Inner {
     /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
     /// (a namespace's first, or one made again after its connection dropped), a wait of at
     /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
-    /// first reads of a new process would all be missed by L1. No wait while the breaker is
-    /// open (the lookup will not be made).
+    /// first reads of a new process would all be missed by L1. No wait while store calls fail
+    /// (the breaker open, or a call failed since the store last answered): the lookup will not
+    /// be made or will most likely fail too, and a subscription cannot complete while the
+    /// store is down, so the wait would only add `store_timeout` to every call.
     pub(in crate::cache) async fn watch_fills_subscribed<'a>(
         &'a self,
         key: &'a StoreKey,
     ) -> Option<FillWatch<'a>> {
         let filled = self.watch_fills(key);
         if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
-            if !notifier.receiving() && self.breaker.is_closed() {
+            if !notifier.receiving() && self.breaker.answering() {
                 // Boxed: a rare wait, kept out of every lookup's state.
                 Box::pin(notifier.received_within(self.config.store_timeout)).await;
             }
