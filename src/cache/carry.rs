@@ -54,6 +54,9 @@ pub(super) struct FlightPosts {
     /// Set when a change in this process overtook the flight (see
     /// [`Flights::detach`](super::flights::Flights::detach)): what it read may be outdated.
     overtaken: AtomicBool,
+    /// Set when the flight's loaded value turned out outdated by a tag invalidated during its
+    /// load (see [`outdated`](Self::outdated)).
+    outdated: AtomicBool,
     changed: Notify,
 }
 
@@ -91,6 +94,20 @@ impl FlightPosts {
     /// Whether a change in this process overtook the flight.
     pub(super) fn is_overtaken(&self) -> bool {
         self.overtaken.load(Ordering::Acquire)
+    }
+
+    /// The value the flight loaded is outdated by a tag invalidated during its load, here or
+    /// in another process: it answers the caller that carries the flight, but a caller that
+    /// joined it cannot tell whether it joined before this process heard of the invalidation,
+    /// so it does not take the answer and fetches again; and nobody joins the flight any more.
+    /// Set before the answer is posted.
+    pub(super) fn outdated(&self) {
+        self.outdated.store(true, Ordering::Release);
+    }
+
+    /// Whether the flight's loaded value is [outdated](Self::outdated).
+    pub(super) fn is_outdated(&self) -> bool {
+        self.outdated.load(Ordering::Acquire)
     }
 
     /// The flight has ended: callers still waiting take what is posted, or learn that it

@@ -104,13 +104,6 @@ impl BoxLoader {
     }
 }
 
-/// What a caller that misses L1 is to a flight: the caller that started and carries it, or one
-/// that joined it and waits on what it posts.
-enum Role {
-    Carrier(CarriedFlight),
-    Joined(Arc<FlightPosts>),
-}
-
 impl Inner {
     /// Answers from L1, or joins this process's flight for the key, or starts one.
     pub(super) async fn fetch_digest<A, F, Fut, E>(
@@ -126,7 +119,7 @@ impl Inner {
         E: Into<BoxError>,
     {
         let mut l1_checked_twice = false;
-        let role = loop {
+        let (created, answer) = loop {
             if let Some(hit) = self.l1_get(&digest) {
                 let entry = match hit {
                     L1Hit::Fresh(entry, _) => entry,
@@ -152,7 +145,18 @@ impl Inner {
                 .flights
                 .enter(digest, heard, || look_again && self.l1.contains(&digest))
             {
-                Entered::Joined(posts) => break Role::Joined(posts),
+                Entered::Joined(posts) => {
+                    let joined_at = Instant::now();
+                    let answer = posts.wait().await;
+                    telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
+                    if posts.is_outdated() {
+                        // Its value is outdated by a tag invalidated during its load, perhaps
+                        // before this caller came: fetch again.
+                        l1_checked_twice = false;
+                        continue;
+                    }
+                    break (false, answer);
+                }
                 Entered::LookAgain => {
                     l1_checked_twice = true;
                     continue;
@@ -167,23 +171,12 @@ impl Inner {
             };
             let flight: BoxFuture<'static, FlightResult> =
                 Box::pin(fly(landing, Arc::clone(&posts), loader));
-            break Role::Carrier(CarriedFlight::new(flight, posts));
-        };
-        let created = matches!(role, Role::Carrier(_));
-        let answer = match role {
-            Role::Carrier(mut carried) => {
-                let answer = poll_fn(|cx| carried.poll(cx)).await;
-                // A flight that posted an early answer (a stale value served while it
-                // refreshes) goes on as a task of its own.
-                drop(carried);
-                answer
-            }
-            Role::Joined(posts) => {
-                let joined_at = Instant::now();
-                let answer = posts.wait().await;
-                telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
-                answer
-            }
+            let mut carried = CarriedFlight::new(flight, posts);
+            let answer = poll_fn(|cx| carried.poll(cx)).await;
+            // A flight that posted an early answer (a stale value served while it refreshes)
+            // goes on as a task of its own.
+            drop(carried);
+            break (true, answer);
         };
         answer.map(|mut fetched| {
             // Only the caller that started the flight gave it its loader.

@@ -59,7 +59,8 @@ impl Flights {
     /// a notification of the key was heard (a change made in another process) is not joined:
     /// it is detached as a change made here detaches it, and the caller starts a new flight.
     /// Notifications lost meanwhile detach nothing: a missed change is not heard, and losing
-    /// them (a subscription on its way, a dropped connection) is no change.
+    /// them (a subscription on its way, a dropped connection) is no change. A flight whose
+    /// value turned out outdated by its tags is not joined either.
     pub(super) fn enter(
         &self,
         digest: KeyDigest,
@@ -69,7 +70,9 @@ impl Flights {
         let mut flights = self.map();
         // One hash of the key, whether it joins a flight or starts one.
         match flights.entry(digest) {
-            hash_map::Entry::Occupied(flight) if !heard.heard_since(flight.get().heard) => {
+            hash_map::Entry::Occupied(flight)
+                if !heard.heard_since(flight.get().heard) && !flight.get().posts.is_outdated() =>
+            {
                 let posts = &flight.get().posts;
                 posts.join();
                 Entered::Joined(Arc::clone(posts))

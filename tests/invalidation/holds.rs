@@ -116,6 +116,46 @@ async fn a_read_after_a_change_heard_from_elsewhere_never_joins_a_load_from_befo
     }
 }
 
+/// Defect 1, by tag, from another instance: instance A has a load of a key tagged `users` in
+/// flight that has read version 1; instance B invalidates `users`, and A hears of it. A read
+/// in A after that must not be answered by the flight from before the invalidation, whose
+/// tags A could not know when the read came: the flight's value turns out outdated once
+/// loaded, and the read fetches again instead of taking it. Polled once before the old load
+/// ends, so that the read joins that flight; then the old load ends, and the read answers
+/// version 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_tag_invalidation_heard_from_elsewhere_never_takes_a_load_from_before_it() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let (a, b) = (&caches[0], &caches[1]);
+        let key = "heard-tagged";
+        let db = Database::at(1);
+        let (slow, finish) = slow_load(a, &db, key, &["users"]).await;
+        let notifier = a.store().notifier().unwrap();
+        let tag = tower_stampede::store::KeyDigest::of_tag(b"users");
+        let before = notifier.stamp_anyway(&tag);
+        db.move_to(2);
+        b.invalidate_tag("users").await.unwrap();
+        support::wait_until("A hears of the invalidation", || {
+            notifier.stamp_anyway(&tag) != before
+        })
+        .await;
+        let mut read = pin!(db.read_tagged(a, key, &["users"]));
+        let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+        finish.notify_one();
+        let read = match first {
+            Poll::Ready(read) => read,
+            Poll::Pending => tokio::time::timeout(LIMIT, read).await.unwrap(),
+        };
+        assert_eq!(
+            read, "v2",
+            "{}: a read after the invalidation was heard took the load from before it",
+            shared.name
+        );
+        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    }
+}
+
 /// Defect 2, by tag: a tagged value past its freshness (`expire`), within the stale window;
 /// its tag is invalidated. The next read takes the lock and reloads: it must not answer the
 /// invalidated value as its early stale answer (nor hand it to a revalidating loader), and if

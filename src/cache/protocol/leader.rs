@@ -124,6 +124,7 @@ impl Inner {
     /// the load. One rule whatever became of the write: a tagged value is kept only if none
     /// of its tags was invalidated since its clock (one round trip; none for an untagged
     /// value), so a value outdated during its load is never kept, even while the store fails.
+    /// Answers whether the store said a tag of the value was invalidated since its clock.
     async fn keep_loaded(
         &self,
         stamp: Option<Stamp>,
@@ -131,12 +132,13 @@ impl Inner {
         ready: &ReadyValue,
         tagged: Option<&Tagged>,
         load_time: Duration,
-    ) {
+    ) -> bool {
         let tags = match tagged {
-            None => Some(TagStamps::default()),
-            Some(tagged) => self.tags_valid(tagged).await.ok().flatten(),
+            None => Ok(Some(TagStamps::default())),
+            Some(tagged) => self.tags_valid(tagged).await,
         };
-        if let Some(tags) = tags {
+        let outdated = matches!(tags, Ok(None));
+        if let Ok(Some(tags)) = tags {
             self.l1_insert(
                 stamp,
                 tags,
@@ -146,6 +148,7 @@ impl Inner {
                 load_time,
             );
         }
+        outdated
     }
 
     /// Runs a loader in a task of its own, handed the `previous` value if there is one,
@@ -330,8 +333,12 @@ impl Inner {
                 let load = (started_at, load_time);
                 let fill =
                     self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
-                self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
+                let outdated = self
+                    .fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
                     .await;
+                if let (true, Some(posts)) = (outdated, early) {
+                    posts.outdated();
+                }
                 Ok(Fetched::loaded(fill.value, Outcome::Leader))
             }
             (LoadedKind::ForWaiters { bytes }, _) => {
@@ -372,7 +379,8 @@ impl Inner {
         }
     }
 
-    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took.
+    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took. Answers
+    /// whether the value is outdated by a tag invalidated since its clock.
     pub(in crate::cache) async fn fill_value(
         &self,
         guard: &mut LockGuard,
@@ -380,7 +388,7 @@ impl Inner {
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
         load_time: Duration,
-    ) {
+    ) -> bool {
         let filled = self
             .breaker
             .call(self.store.fill(
@@ -391,11 +399,12 @@ impl Inner {
             ))
             .await;
         self.after_write(guard, stamp, filled, fill, tagged, load_time)
-            .await;
+            .await
     }
 
     /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
     /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
+    /// Answers whether the value is outdated by a tag invalidated since its clock.
     pub(in crate::cache) async fn after_write(
         &self,
         guard: &mut LockGuard,
@@ -404,7 +413,7 @@ impl Inner {
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
         load_time: Duration,
-    ) {
+    ) -> bool {
         let digest = *guard.key.digest();
         match written {
             Ok(written) => {
@@ -414,16 +423,17 @@ impl Inner {
                     // The write's own notification moved the stamp on once.
                     let stamp = stamp.map(Stamp::after_own_change);
                     self.keep_loaded(stamp, digest, fill, tagged, load_time)
-                        .await;
+                        .await
                 } else {
                     telemetry::lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
+                    false
                 }
             }
             Err(error) => {
                 warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
                 self.keep_loaded(stamp, digest, fill, tagged, load_time)
-                    .await;
+                    .await
             }
         }
     }
@@ -506,7 +516,9 @@ impl Inner {
         };
         if let Some(stamp) = stamp {
             let digest = *key.digest();
-            self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
+            // A joiner after a wait timeout is rare: an outdated value answers it too.
+            let _ = self
+                .keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
                 .await;
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))

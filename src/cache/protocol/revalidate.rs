@@ -53,12 +53,15 @@ impl Inner {
         let tagged = stale.tags.as_ref();
         match renewed {
             Ok(Renewal::NoValue) => {
-                self.fill_value(guard, stamp, &fill, tagged, stale.load_time)
+                // A renewal keeps the value read before the load, its tags checked then.
+                let _ = self
+                    .fill_value(guard, stamp, &fill, tagged, stale.load_time)
                     .await;
             }
             renewed => {
                 let written = renewed.map(|renewed| renewed == Renewal::Renewed);
-                self.after_write(guard, stamp, written, &fill, tagged, stale.load_time)
+                let _ = self
+                    .after_write(guard, stamp, written, &fill, tagged, stale.load_time)
                     .await;
             }
         }
