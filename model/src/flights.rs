@@ -9,6 +9,12 @@
 //! landing (leaving the map, if it is still its entry); the change's application write, its
 //! detaching of flights (one critical section), its store call (the value removed, the lock
 //! voided). L1 is left out: it is checked by the stamps of the notifier, not here.
+//!
+//! The change may also be made by another process ([`FlightsModel::elsewhere`]): this process
+//! detaches nothing when it is made, but hears of it (a notification, after the store call);
+//! a flight keeps what the process had heard when it started, and a caller that has heard
+//! more does not join it (`src/cache/flights.rs`). There "after the change" means after this
+//! process heard of it.
 
 use stateright::{Model, Property};
 
@@ -20,6 +26,9 @@ pub enum FlightsFlaw {
     /// A change detaches flights before its store call only: a flight that started during
     /// the call (and read the old value) stays joinable.
     DetachBeforeOnly,
+    /// A caller joins the key's flight whatever the process heard since it started (a change
+    /// made elsewhere, heard, overtakes no flight).
+    HeardNotChecked,
 }
 
 /// Callers of one key in one process, and one `invalidate` of it after the backend moved
@@ -30,6 +39,8 @@ pub struct FlightsModel {
     pub callers: usize,
     /// A broken variant, or none.
     pub flaw: Option<FlightsFlaw>,
+    /// Whether the change is made by another process, and heard of here.
+    pub elsewhere: bool,
 }
 
 /// Where a caller is.
@@ -91,6 +102,10 @@ pub struct FlightsState {
     pub callers: Vec<Caller>,
     /// The change.
     pub change: Change,
+    /// How many changes this process has heard of.
+    pub heard: u8,
+    /// What the process had heard when each flight started, by id.
+    pub since: Vec<u8>,
 }
 
 /// One atomic step.
@@ -124,6 +139,8 @@ impl Model for FlightsModel {
             flights: Vec::new(),
             callers: vec![Caller::Idle; self.callers],
             change: Change::Write,
+            heard: 0,
+            since: Vec::new(),
         }]
     }
 
@@ -157,11 +174,17 @@ impl Model for FlightsModel {
         match action {
             FlightsAction::Call(c) => {
                 let after = state.change == Change::Returned;
+                let joinable = |flight: u8| {
+                    state.since[usize::from(flight)] == state.heard
+                        || self.flaw == Some(FlightsFlaw::HeardNotChecked)
+                };
                 let flight = match state.map {
-                    Some(flight) => flight,
-                    None => {
+                    Some(flight) if joinable(flight) => flight,
+                    // None, or one from before a change heard since: detached, replaced.
+                    _ => {
                         let flight = state.flights.len() as u8;
                         state.flights.push(Flight::Lookup);
+                        state.since.push(state.heard);
                         state.map = Some(flight);
                         flight
                     }
@@ -211,7 +234,13 @@ impl Model for FlightsModel {
                 };
             }
             FlightsAction::Change => {
-                let detach = |state: &mut FlightsState| state.map = None;
+                // A change made elsewhere detaches nothing here when it is made.
+                let local = !self.elsewhere;
+                let detach = |state: &mut FlightsState| {
+                    if local {
+                        state.map = None;
+                    }
+                };
                 state.change = match state.change {
                     Change::Write => {
                         state.backend = Self::NEW;
@@ -231,6 +260,10 @@ impl Model for FlightsModel {
                     Change::DetachAfter => {
                         if self.flaw.is_none() {
                             detach(&mut state);
+                        }
+                        if self.elsewhere {
+                            // The notification, sent by the store call, arrives.
+                            state.heard += 1;
                         }
                         Change::Returned
                     }

@@ -17,6 +17,7 @@ fn a_caller_after_a_change_never_joins_a_flight_from_before_it() {
     let checker = FlightsModel {
         callers: 3,
         flaw: None,
+        elsewhere: false,
     }
     .checker()
     .spawn_bfs()
@@ -29,10 +30,11 @@ fn a_caller_after_a_change_never_joins_a_flight_from_before_it() {
     checker.assert_properties();
 }
 
-fn counterexample(flaw: FlightsFlaw) {
+fn counterexample(flaw: FlightsFlaw, elsewhere: bool) {
     let checker = FlightsModel {
         callers: 3,
         flaw: Some(flaw),
+        elsewhere,
     }
     .checker()
     .finish_when(HasDiscoveries::AnyOf([AFTER].into()))
@@ -50,12 +52,39 @@ fn counterexample(flaw: FlightsFlaw) {
 /// Defect 1 put back: a change that leaves the map of flights alone.
 #[test]
 fn a_change_that_detaches_no_flight_lets_a_later_caller_join_an_old_load() {
-    counterexample(FlightsFlaw::NoDetach);
+    counterexample(FlightsFlaw::NoDetach, false);
 }
 
 /// Detaching before the store call alone is not enough: a flight started during the call
 /// read the old value.
 #[test]
 fn detaching_before_the_store_call_only_lets_a_later_caller_join_an_old_load() {
-    counterexample(FlightsFlaw::DetachBeforeOnly);
+    counterexample(FlightsFlaw::DetachBeforeOnly, false);
+}
+
+/// The change made by another process and heard here: a caller that calls after this process
+/// heard of it never answers the version from before it.
+#[test]
+fn a_caller_after_a_change_heard_never_joins_a_flight_from_before_it() {
+    let started = Instant::now();
+    let checker = FlightsModel {
+        callers: 3,
+        flaw: None,
+        elsewhere: true,
+    }
+    .checker()
+    .spawn_bfs()
+    .join();
+    println!(
+        "flights, change heard: {} states in {:?}",
+        checker.unique_state_count(),
+        started.elapsed()
+    );
+    checker.assert_properties();
+}
+
+/// Defect 1 from another process put back: a caller joins whatever was heard.
+#[test]
+fn joining_whatever_was_heard_lets_a_later_caller_join_an_old_load() {
+    counterexample(FlightsFlaw::HeardNotChecked, true);
 }
