@@ -69,3 +69,14 @@ pub use http::{Stampede, StampedeLayer};
 #[cfg(all(doctest, feature = "cluster", feature = "tls", feature = "serde"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guides' examples (`docs/*.md`), compiled as doctests, as the README's are.
+#[cfg(all(doctest, feature = "cluster", feature = "tls", feature = "serde"))]
+mod guide_doctests {
+    #[doc = include_str!("../docs/recipes.md")]
+    pub struct Recipes;
+    #[doc = include_str!("../docs/http.md")]
+    pub struct Http;
+    #[doc = include_str!("../docs/operations.md")]
+    pub struct Operations;
+}
