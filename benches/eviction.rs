@@ -10,7 +10,7 @@
 //! ```
 //!
 //! The behaviour it measures is tested deterministically in `tests/engine/` (a lost lock in
-//! `fences.rs`, a lost marker in `wire.rs`); the README's Redis notes give the figures.
+//! `fences.rs`, a lost marker in `wire.rs`); `benches/README.md` gives the figures.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -104,6 +104,7 @@ mod stats;
 mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;
 
 use std::future::Future;
@@ -127,8 +128,10 @@ pub use health::Health;
 pub use loaded::{Loaded, Previous};
 pub use stats::Stats;
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
 #[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use typed::{Codec, Postcard, Typed};
 
 /// The stampede guard's engine; see the [module docs](self).

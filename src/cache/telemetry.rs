@@ -77,11 +77,13 @@ mod imp {
     /// (`stampede_load_duration_seconds` and `stampede_follower_wait_seconds`), from 1 ms to 30 s
     /// (the default load and wait timeouts): give them to an exporter that needs buckets, such as
     /// `metrics_exporter_prometheus::PrometheusBuilder::set_buckets_for_metric`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub const DURATION_BUCKETS: [f64; 14] = [
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
     ];
 
     /// The names of the engine's histograms, which take [`DURATION_BUCKETS`].
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub const HISTOGRAMS: [&str; 2] = [LOAD_DURATION, FOLLOWER_WAIT];
 
     const LOOKUPS: &str = "stampede_lookups_total";
@@ -97,6 +99,7 @@ mod imp {
     /// Describes every metric of the engine to the installed recorder: its `# HELP` text in
     /// Prometheus, and its unit. [`CacheBuilder::build`](crate::CacheBuilder::build) calls it;
     /// call it again after installing a recorder later than that.
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn describe_metrics() {
         metrics::describe_counter!(
             LOOKUPS,

@@ -111,8 +111,8 @@ pub trait Codec: Clone + Send + Sync + 'static {
 /// with a stable, documented wire format (varint integers, no field names).
 ///
 /// Chosen over bincode 2, MessagePack (rmp-serde) and bitcode for size and decoding speed on
-/// typical rows (see the README's "Typed values"). Bytes left over after a value are an
-/// error, so a struct that lost fields does not decode.
+/// typical rows (see `benches/README.md`, "Typed values: the encoding"). Bytes left over after
+/// a value are an error, so a struct that lost fields does not decode.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Postcard;
 
@@ -175,6 +175,7 @@ impl<T, C: Codec> fmt::Debug for Typed<T, C> {
 impl Cache {
     /// A typed handle on this cache, for values of `T` encoded with [`Postcard`]; see the
     /// [`typed`](super::typed) module.
+    #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
     pub fn typed<T>(&self) -> Typed<T> {
         let mut typed = Typed {
             cache: self.clone(),

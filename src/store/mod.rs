@@ -49,6 +49,7 @@ pub use key::{KeyDigest, LockToken, StoreKey};
 pub use memory::MemoryStore;
 pub use notify::{FillWatch, Notifier, Stamp};
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisStore, RedisStoreBuilder};
 pub use tags::{TagClock, TagVersions, MAX_TAG_VERSIONS};
 

@@ -56,6 +56,7 @@ pub(super) fn no_url() -> redis::RedisError {
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`] (one server) and
 /// `RedisStore::cluster_builder` (a Redis Cluster, feature `cluster`).
 #[must_use]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStoreBuilder {
     pub(super) target: Target,
     pub(super) connection_timeout: Duration,

@@ -114,6 +114,7 @@ use notifications::Notifications;
 /// trusting the system's root certificates, or the ones given to
 /// `RedisStoreBuilder::tls_root_certificates`.
 #[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStore {
     connection: Connection,
     address: String,
