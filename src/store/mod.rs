@@ -28,6 +28,29 @@
 //! A failed call is a [`StoreError`]: its [`kind`](StoreError::kind) says what went wrong, its
 //! `source()` the client's own error. The engine answers every kind the same way, by falling
 //! back to protection within this process.
+//!
+//! # What is for whom
+//!
+//! **For applications**: [`MemoryStore`], `RedisStore` and `RedisStoreBuilder` (feature
+//! `redis`), and [`StoreError`] with its [`StoreErrorKind`]. Everything else here is needed
+//! only to write a store of your own; applications never call it (the engine does).
+//!
+//! **For `Store` implementors**, the one extension point:
+//!
+//! - the trait, [`Store`], with what its calls take and return: [`StoreKey`] (a namespace and
+//!   a [`KeyDigest`], the SHA-256 of the logical key), [`LockToken`], [`Stored`],
+//!   [`Lookup`], [`LockState`], [`LockWhen`], [`Renewal`], [`BoxFuture`], and [`load_start`];
+//! - the notifications a store feeds, if it has any: [`Notifier`] (the store calls
+//!   [`notify`](Notifier::notify) for each change, [`lost`](Notifier::lost) and
+//!   [`restored`](Notifier::restored) as its subscription drops and comes back,
+//!   [`subscription_failed`](Notifier::subscription_failed)); the engine takes
+//!   [`Stamp`]s and [`FillWatch`]es from it;
+//! - tag invalidation: [`TagClock`], [`TagVersions`] and [`MAX_TAG_VERSIONS`].
+//!
+//! A store's health is read through the cache, not the store: [`Cache::health`]
+//! (`notifications_live`, `store_answers`, `breaker_closed`).
+//!
+//! [`Cache::health`]: crate::Cache::health
 
 mod error;
 pub(crate) mod key;

@@ -68,7 +68,7 @@ pub struct Stamp {
 impl Stamp {
     /// The stamp of a store that sends no notifications: always current, so an L1 entry lives
     /// until its TTL (at most the engine's `l1_ttl_cap`).
-    pub const UNTRACKED: Stamp = Stamp {
+    pub(crate) const UNTRACKED: Stamp = Stamp {
         epoch: u64::MAX,
         bucket: u64::MAX,
     };
@@ -83,7 +83,7 @@ impl Stamp {
     /// The stamp a key has once its own change (this process's fill or write) is notified, if
     /// nothing else is heard meanwhile: a store notifies its own changes exactly once, in this
     /// process, before the call returns.
-    pub fn after_own_change(self) -> Stamp {
+    pub(crate) fn after_own_change(self) -> Stamp {
         if self == Stamp::UNTRACKED {
             return self;
         }
@@ -183,6 +183,10 @@ impl Notifier {
 
     /// What this process has heard of the key `digest` so far, even while notifications are
     /// lost: such a stamp goes out of date when they are [`restored`](Self::restored).
+    ///
+    /// For tests that wait until a notification of a key is heard; the engine and stores use
+    /// [`stamp`](Self::stamp).
+    #[doc(hidden)]
     pub fn stamp_anyway(&self, digest: &KeyDigest) -> Stamp {
         Stamp {
             epoch: self.0.epoch.load(Ordering::SeqCst),
@@ -217,7 +221,7 @@ impl Notifier {
     /// Waits at most `limit` for notifications to be received (a subscription on its way),
     /// and answers whether they are: a reader that waits for a namespace's first subscription
     /// can keep what it reads in L1.
-    pub async fn received_within(&self, limit: Duration) -> bool {
+    pub(crate) async fn received_within(&self, limit: Duration) -> bool {
         if self.receiving() {
             return true;
         }
@@ -231,14 +235,15 @@ impl Notifier {
         self.receiving()
     }
 
-    /// A subscription failed: readers waiting in [`received_within`](Self::received_within)
-    /// stop waiting (notifications stay [lost](Self::lost) until one succeeds).
+    /// A subscription failed: readers waiting for notifications to be received (a lookup's
+    /// first one in a namespace) stop waiting (notifications stay [lost](Self::lost) until one succeeds).
     pub fn subscription_failed(&self) {
         self.0.back.notify_waiters();
     }
 
-    /// How many keys are watched (for tests and metrics).
-    pub fn watched_keys(&self) -> usize {
+    /// How many keys are watched.
+    #[cfg(test)]
+    pub(crate) fn watched_keys(&self) -> usize {
         self.watched().len()
     }
 }
