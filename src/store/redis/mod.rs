@@ -11,6 +11,9 @@
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
 //! | `store.rs` | `impl Store for RedisStore`, and reading the replies |
+//! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
+//! | `cluster.rs` | a Redis Cluster's slot map, for one pipeline per master (feature `cluster`) |
+//! | `cluster_link.rs` | a Cluster connection made in the background by `open` (feature `cluster`) |
 //!
 //! The lock key of a value holds one of:
 //! - nothing: the value is stale or absent, and nobody reloads it: a lookup may take the lock;
@@ -35,6 +38,7 @@ mod names;
 mod notifications;
 mod scripts;
 mod store;
+mod tag_state;
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;

@@ -1,9 +1,6 @@
 //! `impl Store for RedisStore`: each call one round trip (a pipeline of plain commands, or a
 //! script), and how the replies are read.
-//!
-//! Past 500 lines: the `Store` contract is some twenty calls, each building its command and
-//! reading its reply next to it; the lookup, its pipeline and the script it falls back to
-//! are a third of it. Split by call, a call's command and reply would sit in two files.
+//! A namespace's tag state has its own file, `tag_state.rs`; the trait's tag calls go there.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -12,16 +9,15 @@ use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::{debug, warn};
 
-use super::names::{tag_state_name, KeyName};
+use super::names::KeyName;
 use super::scripts::{
     command, is_lock, lock_value, publish_filled, script_call, ANSWER, EXPIRE, EXTEND, FAIL, FILL,
-    INVALIDATE, INVALIDATE_TAGS, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET, TAG_CLOCK,
+    INVALIDATE, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
 };
 use super::RedisStore;
 use crate::store::{
-    load_start, millis, tags, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen,
-    Lookup, Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored, TagClock,
-    TagVersions, MAX_TAG_VERSIONS,
+    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
+    Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored, TagClock, TagVersions,
 };
 
 impl RedisStore {
@@ -174,13 +170,13 @@ impl RedisStore {
     }
 
     /// The tag this store's messages carry (none without notifications).
-    fn origin(&self) -> &[u8] {
+    pub(super) fn origin(&self) -> &[u8] {
         self.notifications.as_ref().map_or(&[], |n| &n.origin[..])
     }
 
     /// Tells this process's notifier of a change this store made (its own message will be
     /// skipped when it comes back).
-    fn changed_here(&self, key: &StoreKey) {
+    pub(super) fn changed_here(&self, key: &StoreKey) {
         if let Some(notifications) = &self.notifications {
             notifications.notifier.notify(key);
         }
@@ -514,19 +510,7 @@ impl Store for RedisStore {
     }
 
     fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
-        let mut call = script_call(&TAG_CLOCK, &[tag_state_name(namespace)]);
-        call.arg(tags::generation_text(tags::new_generation()))
-            .arg(tag_state_fields());
-        Box::pin(async move {
-            let (generation, clock): (Vec<u8>, Vec<u8>) = self.run(&TAG_CLOCK, &call).await?;
-            match (tags::parse_generation(&generation), counter(&clock)) {
-                (Some(generation), Some(clock)) => Ok(TagClock { generation, clock }),
-                _ => Err(StoreError::of_kind(
-                    StoreErrorKind::Protocol,
-                    "a tag state that is not this crate's",
-                )),
-            }
-        })
+        self.read_tag_clock(namespace)
     }
 
     fn tag_versions(
@@ -534,35 +518,7 @@ impl Store for RedisStore {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>> {
-        let state = tag_state_name(namespace);
-        let mut call = command(3 + tags.len(), "HMGET", state.as_str());
-        call.arg("g");
-        for tag in tags {
-            call.arg(&tag.hex_bytes()[..]);
-        }
-        Box::pin(async move {
-            let mut fields: Vec<Option<Vec<u8>>> = self
-                .connection
-                .query(&call)
-                .await
-                .map_err(|error| self.error(error))?;
-            // No generation (or one this crate did not write): no tag state, every tagged
-            // value is outdated.
-            let generation = match fields.first_mut().and_then(Option::take) {
-                Some(generation) => tags::parse_generation(&generation),
-                None => None,
-            };
-            // A version that is not a number was not written by this crate: the values of its
-            // tag count as invalidated (a miss, then reloaded), never as valid.
-            Ok(generation.map(|generation| TagVersions {
-                generation,
-                versions: fields
-                    .into_iter()
-                    .skip(1)
-                    .map(|version| version.map_or(0, |bytes| counter(&bytes).unwrap_or(u64::MAX)))
-                    .collect(),
-            }))
-        })
+        self.read_tag_versions(namespace, tags)
     }
 
     fn invalidate_tags(
@@ -570,38 +526,8 @@ impl Store for RedisStore {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(&INVALIDATE_TAGS, &[tag_state_name(namespace)]);
-        call.arg(self.fill_channel(namespace))
-            .arg(self.origin())
-            .arg(tags::generation_text(tags::new_generation()))
-            .arg(tag_state_fields());
-        for tag in tags {
-            call.arg(&tag.hex_bytes()[..]);
-        }
-        let keys: Vec<StoreKey> = tags
-            .iter()
-            .map(|tag| StoreKey::new(std::sync::Arc::from(namespace), *tag))
-            .collect();
-        Box::pin(async move {
-            let ran: Result<i64, StoreError> = self.run(&INVALIDATE_TAGS, &call).await;
-            // Whatever the answer: the change may have been made.
-            for key in &keys {
-                self.changed_here(key);
-            }
-            ran.map(drop)
-        })
+        self.invalidate_tags_now(namespace, tags)
     }
-}
-
-/// The most fields a namespace's tag state keeps: its tags' versions, its generation and
-/// its clock.
-fn tag_state_fields() -> usize {
-    MAX_TAG_VERSIONS + 2
-}
-
-/// A counter as Redis writes it (decimal digits).
-fn counter(bytes: &[u8]) -> Option<u64> {
-    std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
 impl RedisStore {
