@@ -114,6 +114,51 @@ async fn a_read_after_a_change_heard_from_elsewhere_never_takes_a_load_from_befo
     }
 }
 
+/// Defect 1, by tag, after a wait timeout (`WaitTimeoutPolicy::LoadAndCache`): instance B
+/// leads a load of a key tagged `users` that hangs; instance A follows, gives up waiting and
+/// loads the key itself, reading version 1. B invalidates `users`, and A hears of it. A read in
+/// A after that joins A's flight (its tags unknown until loaded); once loaded, the value turns
+/// out outdated, and the read must fetch again (version 2), not take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_tag_invalidation_never_takes_a_load_after_a_wait_timeout_from_before_it() {
+    fn gives_up(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder)
+            .wait_timeout(Duration::from_millis(100))
+            .on_wait_timeout(tower_stampede::WaitTimeoutPolicy::LoadAndCache)
+    }
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, gives_up).await;
+        let (a, b) = (&caches[0], &caches[1]);
+        let key = "gave-up";
+        let db = Database::at(1);
+        // B holds the lock with a load that never ends before the read is answered.
+        let (leader, _hangs) = slow_load(b, &db, key, &["users"]).await;
+        let (slow, finish) = slow_load(a, &db, key, &["users"]).await;
+        db.move_to(2);
+        heard_tag_invalidation(a, b).await;
+        let read = as_the_load_ends(db.read_tagged(a, key, &["users"]), &finish).await;
+        assert_eq!(
+            read, "v2",
+            "{}: a read after the invalidation was heard took the load from before it",
+            shared.name
+        );
+        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        leader.abort();
+    }
+}
+
+/// `b` invalidates the tag `users`; returns once `a` has heard of it.
+async fn heard_tag_invalidation(a: &Cache, b: &Cache) {
+    let notifier = a.store().notifier().unwrap();
+    let tag = tower_stampede::store::KeyDigest::of_tag(b"users");
+    let before = notifier.stamp_anyway(&tag);
+    b.invalidate_tag("users").await.unwrap();
+    support::wait_until("A hears of the invalidation", || {
+        notifier.stamp_anyway(&tag) != before
+    })
+    .await;
+}
+
 /// What `read` answers when it is polled once before the load in flight ends (so that, where
 /// the engine lets it, it joins that load) and then the load is let `finish`.
 async fn as_the_load_ends(read: impl Future<Output = Bytes>, finish: &Notify) -> Bytes {

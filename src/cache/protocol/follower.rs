@@ -323,37 +323,35 @@ impl Inner {
                 following.ended = Some(WaitEnd::TimedOut);
                 debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
                 let stamp = self.l1.stamp(&digest);
-                let overtaken = early.is_overtaken();
-                return Box::pin(
-                    self.after_wait_timeout(stamp, key, loader, last_stale, overtaken),
-                )
-                .await;
+                return Box::pin(self.after_wait_timeout(stamp, key, loader, last_stale, early))
+                    .await;
             }
             let pause = backoff.pause().min(config.wait_timeout - waited);
             following.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
         }
     }
 
-    /// What a follower does once it has waited `wait_timeout`: the configured policy.
+    /// What a follower does once it has waited `wait_timeout`: the configured policy, for the
+    /// callers of `flight`.
     async fn after_wait_timeout(
         &self,
         stamp: Option<Stamp>,
         key: &StoreKey,
         loader: BoxLoader,
         last_stale: Option<StaleValue>,
-        overtaken: bool,
+        flight: &FlightPosts,
     ) -> FlightResult {
         match self.config.on_wait_timeout {
             WaitTimeoutPolicy::LoadUncached => {
                 Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached)).await
             }
             WaitTimeoutPolicy::LoadAndCache => {
-                Box::pin(self.load_and_put(stamp, key, loader)).await
+                Box::pin(self.load_and_put(stamp, key, loader, flight)).await
             }
             WaitTimeoutPolicy::ServeStale => match last_stale {
                 Some(stale)
                     if self.serves_on_error(&stale)
-                        && self.still_stands(key, &stale, overtaken).await =>
+                        && self.still_stands(key, &stale, flight.is_overtaken()).await =>
                 {
                     Ok(stale.answer())
                 }

@@ -96,6 +96,8 @@ pub(in crate::cache) struct ReadyValue {
     pub(in crate::cache) value: Bytes,
     pub(in crate::cache) fresh_for: Duration,
     pub(in crate::cache) store_ttl: Duration,
+    /// How long the value took to load (or, renewed, took when it was loaded).
+    pub(in crate::cache) load_time: Duration,
 }
 
 impl Inner {
@@ -116,6 +118,7 @@ impl Inner {
             encoded,
             fresh_for,
             store_ttl: fresh_for.saturating_add(self.config.keep()),
+            load_time,
         }
     }
 
@@ -123,32 +126,46 @@ impl Inner {
     /// a put) succeeded or failed: `stamp` is what the process had heard of the key before
     /// the load. One rule whatever became of the write: a tagged value is kept only if none
     /// of its tags was invalidated since its clock (one round trip; none for an untagged
-    /// value), so a value outdated during its load is never kept, even while the store fails.
-    /// Answers whether the store said a tag of the value was invalidated since its clock.
+    /// value), so a value outdated during its load is never kept, even while the store fails;
+    /// and the `flight` it answers is marked [outdated](FlightPosts::outdated).
     async fn keep_loaded(
         &self,
         stamp: Option<Stamp>,
         digest: KeyDigest,
         ready: &ReadyValue,
         tagged: Option<&Tagged>,
-        load_time: Duration,
-    ) -> bool {
-        let tags = match tagged {
-            None => Ok(Some(TagStamps::default())),
-            Some(tagged) => self.tags_valid(tagged).await,
-        };
-        let outdated = matches!(tags, Ok(None));
-        if let Ok(Some(tags)) = tags {
+        flight: Option<&FlightPosts>,
+    ) {
+        if let Some(tags) = self.loaded_tags_hold(tagged, flight).await {
             self.l1_insert(
                 stamp,
                 tags,
                 digest,
                 &ready.value,
                 ready.fresh_for,
-                load_time,
+                ready.load_time,
             );
         }
-        outdated
+    }
+
+    /// The stamps of a loaded value's tags if none of them was invalidated since its clock
+    /// (one round trip; none for an untagged value). If one was, the `flight` the value
+    /// answers is marked [outdated](FlightPosts::outdated) before its answer is posted, so
+    /// that its joiners, who may have come after the invalidation, fetch again. Every path
+    /// that answers a flight with a value it loaded under a tag clock goes through here.
+    async fn loaded_tags_hold(
+        &self,
+        tagged: Option<&Tagged>,
+        flight: Option<&FlightPosts>,
+    ) -> Option<TagStamps> {
+        let Some(tagged) = tagged else {
+            return Some(TagStamps::default());
+        };
+        let tags = self.tags_valid(tagged).await;
+        if let (Ok(None), Some(flight)) = (&tags, flight) {
+            flight.outdated();
+        }
+        tags.ok().flatten()
     }
 
     /// Runs a loader in a task of its own, handed the `previous` value if there is one,
@@ -333,12 +350,8 @@ impl Inner {
                 let load = (started_at, load_time);
                 let fill =
                     self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
-                let outdated = self
-                    .fill_value(&mut guard, stamp, &fill, tagged.as_ref(), load_time)
+                self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), early)
                     .await;
-                if let (true, Some(posts)) = (outdated, early) {
-                    posts.outdated();
-                }
                 Ok(Fetched::loaded(fill.value, Outcome::Leader))
             }
             (LoadedKind::ForWaiters { bytes }, _) => {
@@ -379,16 +392,16 @@ impl Inner {
         }
     }
 
-    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took. Answers
-    /// whether the value is outdated by a tag invalidated since its clock.
+    /// Fills a loaded value under the lock, and keeps it in L1 where the fill took; the
+    /// `flight` it answers is marked if the value is outdated by its tags.
     pub(in crate::cache) async fn fill_value(
         &self,
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
-        load_time: Duration,
-    ) -> bool {
+        flight: Option<&FlightPosts>,
+    ) {
         let filled = self
             .breaker
             .call(self.store.fill(
@@ -398,13 +411,14 @@ impl Inner {
                 fill.store_ttl,
             ))
             .await;
-        self.after_write(guard, stamp, filled, fill, tagged, load_time)
-            .await
+        self.after_write(guard, stamp, filled, fill, tagged, flight)
+            .await;
     }
 
     /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
     /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
-    /// Answers whether the value is outdated by a tag invalidated since its clock.
+    /// Whatever became of the write, the `flight` it answers is marked if the value is
+    /// outdated by its tags.
     pub(in crate::cache) async fn after_write(
         &self,
         guard: &mut LockGuard,
@@ -412,8 +426,8 @@ impl Inner {
         written: Result<bool, StoreError>,
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
-        load_time: Duration,
-    ) -> bool {
+        flight: Option<&FlightPosts>,
+    ) {
         let digest = *guard.key.digest();
         match written {
             Ok(written) => {
@@ -422,18 +436,17 @@ impl Inner {
                 if written {
                     // The write's own notification moved the stamp on once.
                     let stamp = stamp.map(Stamp::after_own_change);
-                    self.keep_loaded(stamp, digest, fill, tagged, load_time)
-                        .await
+                    self.keep_loaded(stamp, digest, fill, tagged, flight).await;
                 } else {
                     telemetry::lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
-                    false
+                    // Not kept, but it still answers the flight.
+                    self.loaded_tags_hold(tagged, flight).await;
                 }
             }
             Err(error) => {
                 warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                self.keep_loaded(stamp, digest, fill, tagged, load_time)
-                    .await
+                self.keep_loaded(stamp, digest, fill, tagged, flight).await;
             }
         }
     }
@@ -470,6 +483,7 @@ impl Inner {
         stamp: Option<Stamp>,
         key: &StoreKey,
         loader: BoxLoader,
+        flight: &FlightPosts,
     ) -> FlightResult {
         let clock = self.tag_clock().await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
@@ -514,12 +528,16 @@ impl Inner {
                 Some(stamp)
             }
         };
-        if let Some(stamp) = stamp {
-            let digest = *key.digest();
-            // A joiner after a wait timeout is rare: an outdated value answers it too.
-            let _ = self
-                .keep_loaded(stamp, digest, &fill, tagged.as_ref(), load_time)
-                .await;
+        match stamp {
+            Some(stamp) => {
+                let digest = *key.digest();
+                self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), Some(flight))
+                    .await;
+            }
+            // Not kept, but it still answers the flight.
+            None => {
+                self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+            }
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))
     }

@@ -53,15 +53,11 @@ impl Inner {
         let tagged = stale.tags.as_ref();
         match renewed {
             Ok(Renewal::NoValue) => {
-                // A renewal keeps the value read before the load, its tags checked then.
-                let _ = self
-                    .fill_value(guard, stamp, &fill, tagged, stale.load_time)
-                    .await;
+                self.fill_value(guard, stamp, &fill, tagged, None).await;
             }
             renewed => {
                 let written = renewed.map(|renewed| renewed == Renewal::Renewed);
-                let _ = self
-                    .after_write(guard, stamp, written, &fill, tagged, stale.load_time)
+                self.after_write(guard, stamp, written, &fill, tagged, None)
                     .await;
             }
         }
