@@ -147,6 +147,64 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_load_after_a_wait_timeout
     }
 }
 
+/// Defect 1, by tag, through a renewal: instance A revalidates a stale value tagged `users`
+/// (version 1) and its loader, handed it, finds it unchanged ("not modified") but is held
+/// before it answers. B invalidates `users`, and A hears of it. A read in A after that joins
+/// A's flight; the renewed value is outdated by the invalidation, and the read must fetch
+/// again (version 2), not take the renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_a_tag_invalidation_never_takes_a_renewal_from_before_it() {
+    fn stale(builder: CacheBuilder) -> CacheBuilder {
+        as_is(builder)
+            .stale(Duration::from_secs(30))
+            .refresh_in_background(false)
+    }
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, stale).await;
+        let (a, b) = (&caches[0], &caches[1]);
+        let key = "renewed";
+        let db = Database::at(1);
+        assert_eq!(db.read_tagged(a, key, &["users"]).await, "v1");
+        a.expire(key).await.unwrap();
+        let (started, finish) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let renewal = tokio::spawn({
+            let (a, db, started, finish) = (a.clone(), db.clone(), started.clone(), finish.clone());
+            async move {
+                a.fetch_revalidating(key, move |previous| async move {
+                    let version = db.version.load(Ordering::SeqCst);
+                    started.notify_one();
+                    finish.notified().await;
+                    Ok::<_, std::io::Error>(match previous {
+                        Some(previous) if previous.value() == &format!("v{version}") => {
+                            tower_stampede::Loaded::not_modified()
+                        }
+                        _ => tower_stampede::Loaded::value(Bytes::from(format!("v{version}")))
+                            .tags(["users"]),
+                    })
+                })
+                .await
+                .unwrap()
+            }
+        });
+        started.notified().await;
+        db.move_to(2);
+        heard_tag_invalidation(a, b).await;
+        let read = as_the_load_ends(db.read_tagged(a, key, &["users"]), &finish).await;
+        assert_eq!(
+            read, "v2",
+            "{}: a read after the invalidation was heard took the renewal from before it",
+            shared.name
+        );
+        let renewed = renewal.await.unwrap();
+        assert_eq!(
+            (renewed.outcome(), renewed.value().cloned()),
+            (Outcome::Revalidated, Some(Bytes::from_static(b"v1"))),
+            "{}: its own caller",
+            shared.name
+        );
+    }
+}
+
 /// `b` invalidates the tag `users`; returns once `a` has heard of it.
 async fn heard_tag_invalidation(a: &Cache, b: &Cache) {
     let notifier = a.store().notifier().unwrap();

@@ -331,7 +331,9 @@ impl Inner {
         if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
             (&loaded.kind, stale, had_previous)
         {
-            return Ok(self.renew(&mut guard, stamp, stale, *ttl, started_at).await);
+            return Ok(self
+                .renew(&mut guard, stamp, stale, *ttl, started_at, early)
+                .await);
         }
         match (loaded.kind, tagged(loaded.tags, clock)) {
             (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use super::leader::LockGuard;
 use super::stale::StaleValue;
+use crate::cache::carry::FlightPosts;
 use crate::cache::{Fetched, Inner, Outcome, Previous};
 use crate::store::{Renewal, Stamp};
 
@@ -31,6 +32,9 @@ impl Inner {
     /// A renewed value keeps the load start it was stored with: a write after a wait timeout
     /// of a load that started between that and this revalidation may replace it, with what
     /// the revalidation found to be the same value.
+    ///
+    /// The value's tags are checked again once written: one invalidated during the
+    /// revalidation marks the `flight` the renewal answers outdated, as a loaded value would.
     pub(in crate::cache) async fn renew(
         &self,
         guard: &mut LockGuard,
@@ -38,6 +42,7 @@ impl Inner {
         stale: StaleValue,
         ttl: Option<Duration>,
         started: SystemTime,
+        flight: Option<&FlightPosts>,
     ) -> Fetched {
         let fill = self.ready_to_store(
             &stale.payload,
@@ -53,11 +58,11 @@ impl Inner {
         let tagged = stale.tags.as_ref();
         match renewed {
             Ok(Renewal::NoValue) => {
-                self.fill_value(guard, stamp, &fill, tagged, None).await;
+                self.fill_value(guard, stamp, &fill, tagged, flight).await;
             }
             renewed => {
                 let written = renewed.map(|renewed| renewed == Renewal::Renewed);
-                self.after_write(guard, stamp, written, &fill, tagged, None)
+                self.after_write(guard, stamp, written, &fill, tagged, flight)
                     .await;
             }
         }
