@@ -134,9 +134,7 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_load_after_a_wait_timeout
         // B holds the lock with a load that never ends before the read is answered.
         let (leader, _hangs) = slow_load(b, &db, key, &["users"]).await;
         let (slow, finish) = slow_load(a, &db, key, &["users"]).await;
-        db.move_to(2);
-        heard_tag_invalidation(a, b).await;
-        let read = as_the_load_ends(db.read_tagged(a, key, &["users"]), &finish).await;
+        let read = read_after_a_heard_tag_invalidation(&db, (a, b), key, &finish).await;
         assert_eq!(
             read, "v2",
             "{}: a read after the invalidation was heard took the load from before it",
@@ -154,13 +152,8 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_load_after_a_wait_timeout
 /// again (version 2), not take the renewal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_after_a_tag_invalidation_never_takes_a_renewal_from_before_it() {
-    fn stale(builder: CacheBuilder) -> CacheBuilder {
-        as_is(builder)
-            .stale(Duration::from_secs(30))
-            .refresh_in_background(false)
-    }
     for shared in Shared::both().await {
-        let caches = instances(&shared, 2, stale).await;
+        let caches = instances(&shared, 2, reloads_in_the_foreground).await;
         let (a, b) = (&caches[0], &caches[1]);
         let key = "renewed";
         let db = Database::at(1);
@@ -187,9 +180,7 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_renewal_from_before_it() 
             }
         });
         started.notified().await;
-        db.move_to(2);
-        heard_tag_invalidation(a, b).await;
-        let read = as_the_load_ends(db.read_tagged(a, key, &["users"]), &finish).await;
+        let read = read_after_a_heard_tag_invalidation(&db, (a, b), key, &finish).await;
         assert_eq!(
             read, "v2",
             "{}: a read after the invalidation was heard took the renewal from before it",
@@ -205,16 +196,32 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_renewal_from_before_it() 
     }
 }
 
-/// `b` invalidates the tag `users`; returns once `a` has heard of it.
-async fn heard_tag_invalidation(a: &Cache, b: &Cache) {
+/// A stale window, and no refresh in the background: a reload's callers wait for its answer.
+fn reloads_in_the_foreground(builder: CacheBuilder) -> CacheBuilder {
+    as_is(builder)
+        .stale(Duration::from_secs(30))
+        .refresh_in_background(false)
+}
+
+/// The row moves to version 2 and `b` invalidates the tag `users`; once `a` has heard of it,
+/// what a read of `key` in `a` answers, polled once before the load in flight ends (see
+/// [`as_the_load_ends`]).
+async fn read_after_a_heard_tag_invalidation(
+    db: &Database,
+    (a, b): (&Cache, &Cache),
+    key: &str,
+    finish: &Notify,
+) -> Bytes {
     let notifier = a.store().notifier().unwrap();
     let tag = tower_stampede::store::KeyDigest::of_tag(b"users");
     let before = notifier.stamp_anyway(&tag);
+    db.move_to(2);
     b.invalidate_tag("users").await.unwrap();
     support::wait_until("A hears of the invalidation", || {
         notifier.stamp_anyway(&tag) != before
     })
     .await;
+    as_the_load_ends(db.read_tagged(a, key, &["users"]), finish).await
 }
 
 /// What `read` answers when it is polled once before the load in flight ends (so that, where
@@ -282,14 +289,11 @@ async fn a_value_whose_tag_was_invalidated_is_never_served_stale() {
 /// stand in for the failed load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_invalidated_during_its_reload_does_not_stand_in_for_a_failure() {
-    fn stale(builder: CacheBuilder) -> CacheBuilder {
-        as_is(builder)
-            .stale(Duration::from_secs(30))
-            .refresh_in_background(false)
-    }
     for shared in Shared::both().await {
         for change in [Change::Invalidate, Change::InvalidateTag] {
-            let cache = instances(&shared, 1, stale).await.remove(0);
+            let cache = instances(&shared, 1, reloads_in_the_foreground)
+                .await
+                .remove(0);
             let db = Database::at(1);
             let key = match change {
                 Change::Invalidate => "by-key",
