@@ -114,34 +114,50 @@ async fn a_read_after_a_change_heard_from_elsewhere_never_takes_a_load_from_befo
     }
 }
 
-/// Defect 1, by tag, after a wait timeout (`WaitTimeoutPolicy::LoadAndCache`): instance B
-/// leads a load of a key tagged `users` that hangs; instance A follows, gives up waiting and
-/// loads the key itself, reading version 1. B invalidates `users`, and A hears of it. A read in
-/// A after that joins A's flight (its tags unknown until loaded); once loaded, the value turns
-/// out outdated, and the read must fetch again (version 2), not take it.
+/// Defect 1, by tag, after a wait timeout (`WaitTimeoutPolicy::LoadAndCache`, and
+/// `LoadUncached`): instance B leads a load of a key tagged `users` that hangs; instance A
+/// follows, gives up waiting and loads the key itself, reading version 1. B invalidates
+/// `users`, and A hears of it. A read in A after that joins A's flight (its tags unknown until
+/// loaded); once loaded, the value turns out outdated, and the read must fetch again (version
+/// 2), not take it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_after_a_tag_invalidation_never_takes_a_load_after_a_wait_timeout_from_before_it() {
+    use tower_stampede::WaitTimeoutPolicy;
     fn gives_up(builder: CacheBuilder) -> CacheBuilder {
-        as_is(builder)
-            .wait_timeout(Duration::from_millis(100))
-            .on_wait_timeout(tower_stampede::WaitTimeoutPolicy::LoadAndCache)
+        as_is(builder).wait_timeout(Duration::from_millis(100))
     }
+    fn and_caches(builder: CacheBuilder) -> CacheBuilder {
+        gives_up(builder).on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
+    }
+    fn uncached(builder: CacheBuilder) -> CacheBuilder {
+        gives_up(builder).on_wait_timeout(WaitTimeoutPolicy::LoadUncached)
+    }
+    type Tune = fn(CacheBuilder) -> CacheBuilder;
     for shared in Shared::both().await {
-        let caches = instances(&shared, 2, gives_up).await;
-        let (a, b) = (&caches[0], &caches[1]);
-        let key = "gave-up";
-        let db = Database::at(1);
-        // B holds the lock with a load that never ends before the read is answered.
-        let (leader, _hangs) = slow_load(b, &db, key, &["users"]).await;
-        let (slow, finish) = slow_load(a, &db, key, &["users"]).await;
-        let read = read_after_a_heard_tag_invalidation(&db, (a, b), key, &finish).await;
-        assert_eq!(
-            read, "v2",
-            "{}: a read after the invalidation was heard took the load from before it",
-            shared.name
-        );
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
-        leader.abort();
+        for (key, tune) in [
+            ("gave-up-and-cached", and_caches as Tune),
+            ("gave-up-uncached", uncached),
+        ] {
+            let caches = instances(&shared, 2, tune).await;
+            let (a, b) = (&caches[0], &caches[1]);
+            let db = Database::at(1);
+            // B holds the lock with a load that never ends before the read is answered.
+            let (leader, _hangs) = slow_load(b, &db, key, &["users"]).await;
+            let (slow, finish) = slow_load(a, &db, key, &["users"]).await;
+            let read = read_after_a_heard_tag_invalidation(&db, (a, b), key, &finish).await;
+            assert_eq!(
+                read, "v2",
+                "{} {key}: a read after the invalidation was heard took the load from before it",
+                shared.name
+            );
+            assert_eq!(
+                slow.await.unwrap(),
+                "v1",
+                "{} {key}: its own caller",
+                shared.name
+            );
+            leader.abort();
+        }
     }
 }
 

@@ -194,14 +194,16 @@ impl Inner {
                 Ok(found) => found,
                 Err(error) if error.skipped() => {
                     debug!(key = ?digest, "circuit open; loading with in-process protection only");
-                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, None))
+                        .await;
                 }
                 Err(error) => {
                     warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
                     // A lookup that timed out may still have taken the lock: free it, or every
                     // other process would wait for its TTL.
                     spawn_release(&self.store, key, token);
-                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, None))
+                        .await;
                 }
             };
             if overwriting && found.lock == LockState::Acquired {
@@ -313,7 +315,8 @@ impl Inner {
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
                     warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
-                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded)).await;
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, None))
+                        .await;
                 }
             };
             // A follower: another leader holds the lock.
@@ -343,7 +346,8 @@ impl Inner {
     ) -> FlightResult {
         match self.config.on_wait_timeout {
             WaitTimeoutPolicy::LoadUncached => {
-                Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached)).await
+                Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached, Some(flight)))
+                    .await
             }
             WaitTimeoutPolicy::LoadAndCache => {
                 Box::pin(self.load_and_put(stamp, key, loader, flight)).await

@@ -261,17 +261,7 @@ impl Inner {
             armed: true,
         };
         let stamp = seen.stamp;
-        // Read before the load, where tags may come back (the key's last value had tags, or
-        // a loader of this process has returned tags): a tag invalidation after this read
-        // outdates the value. Elsewhere (an application without tags) no round trip but the
-        // process's first load's: the clock it read then stands in, which is no later than
-        // the clock at this load's start, so an invalidation since (or a new generation)
-        // outdates the value, never the other way round.
-        let clock = if seen.tagged || self.known_tags.seen() {
-            self.tag_clock().await
-        } else {
-            self.first_tag_clock().await
-        };
+        let clock = self.clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let previous = self.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
@@ -453,19 +443,49 @@ impl Inner {
         }
     }
 
+    /// The tag clock a load's value is stamped with, read before the load: where tags may
+    /// come back (`tagged`: the key's last value had tags; or a loader of this process has
+    /// returned tags), the current clock, so that a tag invalidation after this read
+    /// outdates the value. Elsewhere (an application without tags) no round trip but the
+    /// process's first load's: the clock it read then stands in, which is no later than the
+    /// clock at this load's start, so an invalidation since (or a new generation) outdates
+    /// the value, never the other way round.
+    async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
+        if tagged || self.known_tags.seen() {
+            self.tag_clock().await
+        } else {
+            self.first_tag_clock().await
+        }
+    }
+
     /// Loads without the store's lock: after a wait timeout, or while the store is failing.
+    /// With a `flight` to check for (after a wait timeout, the store answering), a loaded
+    /// value's tags are checked as a leader's are, so that one invalidated during the load
+    /// marks the flight outdated; while the store fails, nothing can be checked.
     pub(in crate::cache) async fn load_alone(
         &self,
         digest: KeyDigest,
         loader: BoxLoader,
         outcome: Outcome,
+        flight: Option<&FlightPosts>,
     ) -> FlightResult {
+        let clock = match flight {
+            Some(_) => self.clock_for_load(false).await,
+            None => None,
+        };
         let started = Instant::now();
         // Kept in L1 even while notifications are lost (the store is failing), until the
         // store answers again or notifications come back.
         let vouch = (self.l1.stamp_anyway(&digest), self.breaker.recoveries());
-        match self.load(loader, None, None).await?.kind {
+        let loaded = self.load(loader, None, None).await?;
+        if !loaded.tags.is_empty() {
+            self.known_tags.mark_seen();
+        }
+        match loaded.kind {
             LoadedKind::Value { bytes, ttl } => {
+                if let (Some(flight), Ok(tagged)) = (flight, tagged(loaded.tags, clock)) {
+                    self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+                }
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
                     let ttl = ttl.unwrap_or(self.config.ttl);
