@@ -1,7 +1,7 @@
 //! Loading: the leader's load under the reload lock (renewed by a watchdog while it runs),
 //! its fenced fill, and the release of the lock on every path (the fill itself, an explicit
-//! token-checked release or failure marker, the [`LockGuard`] drop guard, the lock's TTL);
-//! and the loads made without the lock (after a wait timeout, or while the store fails).
+//! token-checked release or failure marker, the [`LockGuard`] drop guard, the lock's TTL).
+//! Loads made without the lock are in `without_lock.rs`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -70,11 +70,11 @@ pub(in crate::cache) struct LeaderStart {
 /// Tags a loaded value cannot be stored with: the store did not answer the tag clock read
 /// before the load, or there are more than [`entry::MAX_TAGS`].
 #[derive(Debug, PartialEq, Eq)]
-struct TagsNotStorable;
+pub(super) struct TagsNotStorable;
 
 /// The tags of a loaded value, with the tag clock read before its load: `None` for an
 /// untagged value.
-fn tagged(
+pub(super) fn tagged(
     tags: Vec<KeyDigest>,
     clock: Option<TagClock>,
 ) -> Result<Option<Tagged>, TagsNotStorable> {
@@ -128,7 +128,7 @@ impl Inner {
     /// of its tags was invalidated since its clock (one round trip; none for an untagged
     /// value), so a value outdated during its load is never kept, even while the store fails;
     /// and the `flight` it answers is marked [outdated](FlightPosts::outdated).
-    async fn keep_loaded(
+    pub(super) async fn keep_loaded(
         &self,
         stamp: Option<Stamp>,
         digest: KeyDigest,
@@ -153,7 +153,7 @@ impl Inner {
     /// answers is marked [outdated](FlightPosts::outdated) before its answer is posted, so
     /// that its joiners, who may have come after the invalidation, fetch again. Every path
     /// that answers a flight with a value it loaded under a tag clock goes through here.
-    async fn loaded_tags_hold(
+    pub(super) async fn loaded_tags_hold(
         &self,
         tagged: Option<&Tagged>,
         flight: Option<&FlightPosts>,
@@ -450,118 +450,12 @@ impl Inner {
     /// process's first load's: the clock it read then stands in, which is no later than the
     /// clock at this load's start, so an invalidation since (or a new generation) outdates
     /// the value, never the other way round.
-    async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
+    pub(super) async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
         if tagged || self.known_tags.seen() {
             self.tag_clock().await
         } else {
             self.first_tag_clock().await
         }
-    }
-
-    /// Loads without the store's lock: after a wait timeout, or while the store is failing.
-    /// With a `flight` to check for (after a wait timeout, the store answering), a loaded
-    /// value's tags are checked as a leader's are, so that one invalidated during the load
-    /// marks the flight outdated; while the store fails, nothing can be checked.
-    pub(in crate::cache) async fn load_alone(
-        &self,
-        digest: KeyDigest,
-        loader: BoxLoader,
-        outcome: Outcome,
-        flight: Option<&FlightPosts>,
-    ) -> FlightResult {
-        let clock = match flight {
-            Some(_) => self.clock_for_load(false).await,
-            None => None,
-        };
-        let started = Instant::now();
-        // Kept in L1 even while notifications are lost (the store is failing), until the
-        // store answers again or notifications come back.
-        let vouch = (self.l1.stamp_anyway(&digest), self.breaker.recoveries());
-        let loaded = self.load(loader, None, None).await?;
-        if !loaded.tags.is_empty() {
-            self.known_tags.mark_seen();
-        }
-        match loaded.kind {
-            LoadedKind::Value { bytes, ttl } => {
-                if let (Some(flight), Ok(tagged)) = (flight, tagged(loaded.tags, clock)) {
-                    self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
-                }
-                if outcome == Outcome::Degraded {
-                    // Keep this process from reloading while the store is down.
-                    let ttl = ttl.unwrap_or(self.config.ttl);
-                    self.l1_insert_alone(vouch, digest, &bytes, ttl, started.elapsed());
-                }
-                Ok(Fetched::loaded(bytes, outcome))
-            }
-            LoadedKind::ForWaiters { bytes } => Ok(Fetched::loaded(bytes, outcome)),
-            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched::pass()),
-        }
-    }
-
-    /// Loads without the store's lock after a wait timeout, and stores the value anyway
-    /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::cache::WaitTimeoutPolicy::LoadAndCache)).
-    pub(in crate::cache) async fn load_and_put(
-        &self,
-        stamp: Option<Stamp>,
-        key: &StoreKey,
-        loader: BoxLoader,
-        flight: &FlightPosts,
-    ) -> FlightResult {
-        let clock = self.tag_clock().await;
-        let (started, started_at) = (Instant::now(), SystemTime::now());
-        let loaded = self.load(loader, None, None).await?;
-        let (bytes, ttl) = match loaded.kind {
-            LoadedKind::Value { bytes, ttl } => (bytes, ttl),
-            LoadedKind::ForWaiters { bytes } => return Ok(Fetched::loaded(bytes, Outcome::Leader)),
-            LoadedKind::Pass | LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
-        };
-        let Ok(tagged) = tagged(loaded.tags, clock) else {
-            warn!(
-                ?key,
-                "a tagged value without the tag clock, or with too many tags, is not stored"
-            );
-            return Ok(Fetched::loaded(bytes, Outcome::Leader));
-        };
-        let load_time = started.elapsed();
-        let fill = self.ready_to_store(
-            &bytes,
-            ttl,
-            (started_at, load_time),
-            tagged.as_ref(),
-            Some(loaded.windows),
-        );
-        let stamp = match self
-            .breaker
-            .call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
-            .await
-        {
-            Ok(true) => Some(stamp.map(Stamp::after_own_change)),
-            Ok(false) => {
-                // A value whose load started later is stored: ours is older; it answers this
-                // flight's callers only.
-                debug!(
-                    ?key,
-                    "a newer value is stored; the load after a wait timeout is not"
-                );
-                None
-            }
-            Err(error) => {
-                warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
-                Some(stamp)
-            }
-        };
-        match stamp {
-            Some(stamp) => {
-                let digest = *key.digest();
-                self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), Some(flight))
-                    .await;
-            }
-            // Not kept, but it still answers the flight.
-            None => {
-                self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
-            }
-        }
-        Ok(Fetched::loaded(fill.value, Outcome::Leader))
     }
 }
 

@@ -7,7 +7,8 @@
 //! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
 //! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
 //! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
-//! | `leader.rs` | the leader's load under the reload lock, its fenced fill, the lock's release on every path, and loads made without the lock |
+//! | `leader.rs` | the leader's load under the reload lock, its fenced fill, and the lock's release on every path |
+//! | `without_lock.rs` | loads made without the lock: after a wait timeout, or while the store fails |
 //! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
 //! | `revalidate.rs` | a reload handed the stale value, and "not modified" renewing it |
 //! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
@@ -21,3 +22,4 @@ mod revalidate;
 mod stale;
 mod wait;
 mod waiters;
+mod without_lock;

@@ -1,0 +1,126 @@
+//! Loads made without the reload lock: after a follower's wait timed out (the configured
+//! policy loads and stores, or loads for the caller alone), or while the store fails (one
+//! load per key in this process). A leader's tag check applies to them as far as the store
+//! answers.
+
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use super::leader::tagged;
+
+use crate::cache::carry::FlightPosts;
+use crate::cache::fetched::FlightResult;
+use crate::cache::flight::BoxLoader;
+use crate::cache::loaded::LoadedKind;
+use crate::cache::{Fetched, Inner, Outcome};
+use crate::store::{KeyDigest, Stamp, StoreKey};
+
+impl Inner {
+    /// Loads without the store's lock: after a wait timeout, or while the store is failing.
+    /// With a `flight` to check for (after a wait timeout, the store answering), a loaded
+    /// value's tags are checked as a leader's are, so that one invalidated during the load
+    /// marks the flight outdated; while the store fails, nothing can be checked.
+    pub(in crate::cache) async fn load_alone(
+        &self,
+        digest: KeyDigest,
+        loader: BoxLoader,
+        outcome: Outcome,
+        flight: Option<&FlightPosts>,
+    ) -> FlightResult {
+        let clock = match flight {
+            Some(_) => self.clock_for_load(false).await,
+            None => None,
+        };
+        let started = Instant::now();
+        // Kept in L1 even while notifications are lost (the store is failing), until the
+        // store answers again or notifications come back.
+        let vouch = (self.l1.stamp_anyway(&digest), self.breaker.recoveries());
+        let loaded = self.load(loader, None, None).await?;
+        if !loaded.tags.is_empty() {
+            self.known_tags.mark_seen();
+        }
+        match loaded.kind {
+            LoadedKind::Value { bytes, ttl } => {
+                if let (Some(flight), Ok(tagged)) = (flight, tagged(loaded.tags, clock)) {
+                    self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+                }
+                if outcome == Outcome::Degraded {
+                    // Keep this process from reloading while the store is down.
+                    let ttl = ttl.unwrap_or(self.config.ttl);
+                    self.l1_insert_alone(vouch, digest, &bytes, ttl, started.elapsed());
+                }
+                Ok(Fetched::loaded(bytes, outcome))
+            }
+            LoadedKind::ForWaiters { bytes } => Ok(Fetched::loaded(bytes, outcome)),
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched::pass()),
+        }
+    }
+
+    /// Loads without the store's lock after a wait timeout, and stores the value anyway
+    /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::cache::WaitTimeoutPolicy::LoadAndCache)).
+    pub(in crate::cache) async fn load_and_put(
+        &self,
+        stamp: Option<Stamp>,
+        key: &StoreKey,
+        loader: BoxLoader,
+        flight: &FlightPosts,
+    ) -> FlightResult {
+        let clock = self.tag_clock().await;
+        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let loaded = self.load(loader, None, None).await?;
+        let (bytes, ttl) = match loaded.kind {
+            LoadedKind::Value { bytes, ttl } => (bytes, ttl),
+            LoadedKind::ForWaiters { bytes } => return Ok(Fetched::loaded(bytes, Outcome::Leader)),
+            LoadedKind::Pass | LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
+        };
+        let Ok(tagged) = tagged(loaded.tags, clock) else {
+            warn!(
+                ?key,
+                "a tagged value without the tag clock, or with too many tags, is not stored"
+            );
+            return Ok(Fetched::loaded(bytes, Outcome::Leader));
+        };
+        let load_time = started.elapsed();
+        let fill = self.ready_to_store(
+            &bytes,
+            ttl,
+            (started_at, load_time),
+            tagged.as_ref(),
+            Some(loaded.windows),
+        );
+        let stamp = match self
+            .breaker
+            .call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
+            .await
+        {
+            Ok(true) => Some(stamp.map(Stamp::after_own_change)),
+            Ok(false) => {
+                // A value whose load started later is stored: ours is older; it answers this
+                // flight's callers only.
+                debug!(
+                    ?key,
+                    "a newer value is stored; the load after a wait timeout is not"
+                );
+                None
+            }
+            Err(error) => {
+                warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
+                Some(stamp)
+            }
+        };
+        match stamp {
+            Some(stamp) => {
+                let digest = *key.digest();
+                self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), Some(flight))
+                    .await;
+            }
+            // Not kept, but it still answers the flight.
+            None => {
+                self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+            }
+        }
+        Ok(Fetched::loaded(fill.value, Outcome::Leader))
+    }
+}
