@@ -1,0 +1,212 @@
+//! What the soak checks, from the callers' side and the origin's counters only:
+//! - no call fails but for the origin's own failures (`Load`, `LoadTimeout`, and
+//!   `RecentFailure` that shares one), counted by kind;
+//! - every answer is a value the origin stamped for that key;
+//! - no answer is older than a change acknowledged before the call started, beyond the
+//!   README's bound for a lost notification (`l1_ttl_cap`) plus [`DELIVERY`]; and, while no
+//!   fault is near, beyond [`DELIVERY`] alone (the time pub/sub takes);
+//! - while no fault is near, no key is loaded twice within half a TTL without a change of it.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tower_stampede::{Error, ErrorKind, Fetched};
+
+use crate::faults::Timeline;
+use crate::origin::{key_name, read_stamp, Origin};
+
+/// How long a change may take to reach another process's L1 when its notification is not
+/// lost: pub/sub delivery on a busy machine.
+const DELIVERY: Duration = Duration::from_millis(500);
+
+pub struct Checks {
+    l1_ttl_cap: Duration,
+    counts: Mutex<BTreeMap<String, usize>>,
+    violations: Mutex<Vec<(Instant, String)>>,
+}
+
+impl Checks {
+    pub fn new(l1_ttl_cap: Duration) -> Self {
+        Checks {
+            l1_ttl_cap,
+            counts: Mutex::default(),
+            violations: Mutex::default(),
+        }
+    }
+
+    fn count(&self, what: String) {
+        self.add(what, 1);
+    }
+
+    fn add(&self, what: String, n: usize) {
+        *self.counts.lock().unwrap().entry(what).or_default() += n;
+    }
+
+    fn violation(&self, timeline: &Timeline, at: Instant, what: String) {
+        timeline.event(format!("VIOLATION {what}"));
+        self.count(format!(
+            "violation: {}",
+            what.split(':').next().unwrap_or("")
+        ));
+        self.violations.lock().unwrap().push((at, what));
+    }
+
+    pub fn violations(&self) -> usize {
+        self.violations.lock().unwrap().len()
+    }
+
+    /// Checks one call's answer; `started` is when the call was made.
+    pub fn answer(
+        &self,
+        origin: &Origin,
+        timeline: &Timeline,
+        instance: usize,
+        key: usize,
+        started: Instant,
+        answer: Result<Fetched, Error>,
+    ) {
+        let now = Instant::now();
+        let fetched = match answer {
+            Ok(fetched) => fetched,
+            Err(error) => {
+                let kind = error.kind();
+                if matches!(
+                    kind,
+                    ErrorKind::Load | ErrorKind::LoadTimeout | ErrorKind::RecentFailure
+                ) {
+                    self.count(format!("origin error {kind:?}"));
+                } else {
+                    self.violation(
+                        timeline,
+                        now,
+                        format!(
+                            "error {kind:?}: instance {instance} {}: {error}",
+                            key_name(key)
+                        ),
+                    );
+                }
+                return;
+            }
+        };
+        self.count(format!("ok {}", fetched.outcome().label()));
+        let Some((stamped, version)) = fetched.value().and_then(|v| read_stamp(v)) else {
+            self.violation(
+                timeline,
+                now,
+                format!(
+                    "not a stamp: instance {instance} {} got {:?}",
+                    key_name(key),
+                    fetched.value()
+                ),
+            );
+            return;
+        };
+        if stamped != key_name(key) {
+            self.violation(
+                timeline,
+                now,
+                format!(
+                    "cross-key: instance {instance} {} got {stamped} v{version}",
+                    key_name(key)
+                ),
+            );
+            return;
+        }
+        let bound = self.l1_ttl_cap + DELIVERY;
+        let acked_long_ago = origin.acked_before(key, started - bound);
+        let acked_a_moment_ago = origin.acked_before(key, started - DELIVERY);
+        if version < acked_long_ago {
+            self.violation(
+                timeline,
+                now,
+                format!(
+                    "old beyond bound: instance {instance} {} got v{version} ({}), v{acked_long_ago} acked over {} ms before the call at {:.3}s",
+                    key_name(key),
+                    fetched.outcome().label(),
+                    bound.as_millis(),
+                    timeline.since_start(started)
+                ),
+            );
+        } else if version < acked_a_moment_ago {
+            if timeline.unhealthy_during(started - bound, now) {
+                self.count("old within the lost-notification bound, near a fault".to_owned());
+            } else {
+                self.violation(
+                    timeline,
+                    now,
+                    format!(
+                        "old while healthy: instance {instance} {} got v{version} ({}), v{acked_a_moment_ago} acked over {} ms before the call at {:.3}s",
+                        key_name(key),
+                        fetched.outcome().label(),
+                        DELIVERY.as_millis(),
+                        timeline.since_start(started)
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Checks the origin's load counts: while no fault is near, two loads of one key less
+    /// than half a TTL apart need a change of the key between them.
+    pub fn check_loads(&self, origin: &Origin, timeline: &Timeline, ttl: Duration) {
+        let mut loads: Vec<(usize, Vec<Instant>)> = origin.loads().into_iter().collect();
+        loads.sort_by_key(|(key, _)| *key);
+        let mut total = 0;
+        for (key, mut starts) in loads {
+            total += starts.len();
+            starts.sort();
+            let changes = origin.changes(key);
+            for pair in starts.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                let excused = b.duration_since(a) >= ttl / 2
+                    || timeline.unhealthy_during(a - ttl, b)
+                    || changes
+                        .iter()
+                        .any(|at| a - ttl <= *at && *at <= b + Duration::from_secs(1));
+                if !excused {
+                    self.violation(
+                        timeline,
+                        b,
+                        format!(
+                            "two loads: {} at {:.3}s and {:.3}s, no change or fault near",
+                            key_name(key),
+                            timeline.since_start(a),
+                            timeline.since_start(b)
+                        ),
+                    );
+                }
+            }
+        }
+        self.add("loads (origin)".to_owned(), total);
+    }
+
+    /// The counts, the faults, and each violation with the time line around it.
+    pub fn report(&self, timeline: &Timeline, origin: &Origin) -> String {
+        let mut out = String::from("counts:\n");
+        for (what, n) in self.counts.lock().unwrap().iter() {
+            out += &format!("  {what}: {n}\n");
+        }
+        for (what, n) in timeline.counts.lock().unwrap().iter() {
+            out += &format!("  {what}: {n}\n");
+        }
+        out += &format!(
+            "  origin failed loads: {}\n",
+            origin
+                .failed_loads
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        let violations = self.violations.lock().unwrap();
+        for (at, what) in violations.iter().take(20) {
+            out += &format!(
+                "VIOLATION at {:.3}s: {what}\n  time line around it:\n{}",
+                timeline.since_start(*at),
+                timeline.around(*at, Duration::from_secs(3))
+            );
+        }
+        if violations.len() > 20 {
+            out += &format!("... and {} more\n", violations.len() - 20);
+        }
+        out
+    }
+}

@@ -1,0 +1,128 @@
+//! The origin the soak's instances load from: every key has a version that the writer moves,
+//! each value is stamped `key|version`, and the origin counts its loads and can be told to
+//! fail or hang.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+/// How the origin answers loads, as the fault injector sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Normal = 0,
+    Failing = 1,
+    Hanging = 2,
+}
+
+pub struct Origin {
+    /// The current version of each key.
+    versions: Vec<AtomicU64>,
+    /// Each key's acknowledged changes: the version a change made and when its call returned.
+    acked: Vec<Mutex<Vec<(u64, Instant)>>>,
+    /// The start of each load, per key.
+    loads: Vec<Mutex<Vec<Instant>>>,
+    mode: AtomicU8,
+    pub failed_loads: AtomicUsize,
+    pub hang: Duration,
+}
+
+impl Origin {
+    pub fn new(keys: usize, hang: Duration) -> Self {
+        Origin {
+            versions: (0..keys).map(|_| AtomicU64::new(0)).collect(),
+            acked: (0..keys).map(|_| Mutex::new(Vec::new())).collect(),
+            loads: (0..keys).map(|_| Mutex::new(Vec::new())).collect(),
+            mode: AtomicU8::new(Mode::Normal as u8),
+            failed_loads: AtomicUsize::new(0),
+            hang,
+        }
+    }
+
+    pub fn set_mode(&self, mode: Mode) {
+        self.mode.store(mode as u8, Ordering::SeqCst);
+    }
+
+    fn mode(&self) -> Mode {
+        match self.mode.load(Ordering::SeqCst) {
+            1 => Mode::Failing,
+            2 => Mode::Hanging,
+            _ => Mode::Normal,
+        }
+    }
+
+    /// One load of `key`: its stamped value at the version read when the load starts.
+    pub async fn load(&self, key: usize, delay: Duration) -> Result<Bytes, std::io::Error> {
+        self.loads[key].lock().unwrap().push(Instant::now());
+        let version = self.versions[key].load(Ordering::SeqCst);
+        match self.mode() {
+            Mode::Failing => {
+                self.failed_loads.fetch_add(1, Ordering::Relaxed);
+                return Err(std::io::Error::other("origin failing"));
+            }
+            Mode::Hanging => tokio::time::sleep(self.hang).await,
+            Mode::Normal => tokio::time::sleep(delay).await,
+        }
+        Ok(Bytes::from(stamp(key, version)))
+    }
+
+    /// Moves `key` to a new version, before the change that tells the cache; returns it.
+    pub fn bump(&self, key: usize) -> u64 {
+        self.versions[key].fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Records that the change that made `version` of `key` was acknowledged now.
+    pub fn ack(&self, key: usize, version: u64) {
+        self.acked[key]
+            .lock()
+            .unwrap()
+            .push((version, Instant::now()));
+    }
+
+    /// The newest version of `key` acknowledged before `before`.
+    pub fn acked_before(&self, key: usize, before: Instant) -> u64 {
+        self.acked[key]
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, at)| *at <= before)
+            .map(|(version, _)| *version)
+            .max()
+            .unwrap_or(0)
+    }
+
+    pub fn loads(&self) -> HashMap<usize, Vec<Instant>> {
+        self.loads
+            .iter()
+            .enumerate()
+            .map(|(key, loads)| (key, loads.lock().unwrap().clone()))
+            .collect()
+    }
+
+    /// The instants of the acknowledged changes of `key`.
+    pub fn changes(&self, key: usize) -> Vec<Instant> {
+        self.acked[key]
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, at)| *at)
+            .collect()
+    }
+}
+
+pub fn key_name(key: usize) -> String {
+    format!("k{key}")
+}
+
+pub fn stamp(key: usize, version: u64) -> String {
+    format!("{}|{version}", key_name(key))
+}
+
+/// The key and version an answer was stamped with, if it is a stamp at all.
+pub fn read_stamp(bytes: &[u8]) -> Option<(String, u64)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (key, version) = text.split_once('|')?;
+    Some((key.to_owned(), version.parse().ok()?))
+}
