@@ -7,7 +7,7 @@
 //!   fault is near, beyond [`DELIVERY`] alone (the time pub/sub takes);
 //! - while no fault is near, no key is loaded twice within half a TTL without a change of it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,10 +20,15 @@ use crate::origin::{key_name, read_stamp, Origin};
 /// lost: pub/sub delivery on a busy machine.
 const DELIVERY: Duration = Duration::from_millis(500);
 
+/// How many of a key's last answers a violation report shows.
+const RECENT: usize = 16;
+
 pub struct Checks {
     l1_ttl_cap: Duration,
     counts: Mutex<BTreeMap<String, usize>>,
-    violations: Mutex<Vec<(Instant, String)>>,
+    violations: Mutex<Vec<(Instant, usize, String)>>,
+    /// The last answers of each key, for the report around a violation.
+    recent: Mutex<HashMap<usize, VecDeque<(Instant, String)>>>,
 }
 
 impl Checks {
@@ -32,6 +37,7 @@ impl Checks {
             l1_ttl_cap,
             counts: Mutex::default(),
             violations: Mutex::default(),
+            recent: Mutex::default(),
         }
     }
 
@@ -43,13 +49,22 @@ impl Checks {
         *self.counts.lock().unwrap().entry(what).or_default() += n;
     }
 
-    fn violation(&self, timeline: &Timeline, at: Instant, what: String) {
+    fn violation(&self, timeline: &Timeline, at: Instant, key: usize, what: String) {
         timeline.event(format!("VIOLATION {what}"));
         self.count(format!(
             "violation: {}",
             what.split(':').next().unwrap_or("")
         ));
-        self.violations.lock().unwrap().push((at, what));
+        self.violations.lock().unwrap().push((at, key, what));
+    }
+
+    fn remember(&self, key: usize, started: Instant, what: String) {
+        let mut recent = self.recent.lock().unwrap();
+        let answers = recent.entry(key).or_default();
+        if answers.len() == RECENT {
+            answers.pop_front();
+        }
+        answers.push_back((started, what));
     }
 
     pub fn violations(&self) -> usize {
@@ -71,6 +86,7 @@ impl Checks {
             Ok(fetched) => fetched,
             Err(error) => {
                 let kind = error.kind();
+                self.remember(key, started, format!("instance {instance}: error {kind:?}"));
                 if matches!(
                     kind,
                     ErrorKind::Load | ErrorKind::LoadTimeout | ErrorKind::RecentFailure
@@ -80,6 +96,7 @@ impl Checks {
                     self.violation(
                         timeline,
                         now,
+                        key,
                         format!(
                             "error {kind:?}: instance {instance} {}: {error}",
                             key_name(key)
@@ -90,10 +107,22 @@ impl Checks {
             }
         };
         self.count(format!("ok {}", fetched.outcome().label()));
+        self.remember(
+            key,
+            started,
+            format!(
+                "instance {instance}: {} {:?}",
+                fetched.outcome().label(),
+                fetched
+                    .value()
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            ),
+        );
         let Some((stamped, version)) = fetched.value().and_then(|v| read_stamp(v)) else {
             self.violation(
                 timeline,
                 now,
+                key,
                 format!(
                     "not a stamp: instance {instance} {} got {:?}",
                     key_name(key),
@@ -106,6 +135,7 @@ impl Checks {
             self.violation(
                 timeline,
                 now,
+                key,
                 format!(
                     "cross-key: instance {instance} {} got {stamped} v{version}",
                     key_name(key)
@@ -120,6 +150,7 @@ impl Checks {
             self.violation(
                 timeline,
                 now,
+                key,
                 format!(
                     "old beyond bound: instance {instance} {} got v{version} ({}), v{acked_long_ago} acked over {} ms before the call at {:.3}s",
                     key_name(key),
@@ -135,6 +166,7 @@ impl Checks {
                 self.violation(
                     timeline,
                     now,
+                    key,
                     format!(
                         "old while healthy: instance {instance} {} got v{version} ({}), v{acked_a_moment_ago} acked over {} ms before the call at {:.3}s",
                         key_name(key),
@@ -153,14 +185,19 @@ impl Checks {
         let mut loads: Vec<(usize, Vec<Instant>)> = origin.loads().into_iter().collect();
         loads.sort_by_key(|(key, _)| *key);
         let mut total = 0;
+        let mut checked = 0;
         for (key, mut starts) in loads {
             total += starts.len();
             starts.sort();
             let changes = origin.changes(key);
             for pair in starts.windows(2) {
                 let (a, b) = (pair[0], pair[1]);
+                let near_fault = timeline.unhealthy_during(a - ttl, b);
+                if !near_fault {
+                    checked += 1;
+                }
                 let excused = b.duration_since(a) >= ttl / 2
-                    || timeline.unhealthy_during(a - ttl, b)
+                    || near_fault
                     || changes
                         .iter()
                         .any(|at| a - ttl <= *at && *at <= b + Duration::from_secs(1));
@@ -168,6 +205,7 @@ impl Checks {
                     self.violation(
                         timeline,
                         b,
+                        key,
                         format!(
                             "two loads: {} at {:.3}s and {:.3}s, no change or fault near",
                             key_name(key),
@@ -179,6 +217,7 @@ impl Checks {
             }
         }
         self.add("loads (origin)".to_owned(), total);
+        self.add("load pairs checked, no fault near".to_owned(), checked);
     }
 
     /// The counts, the faults, and each violation with the time line around it.
@@ -197,12 +236,17 @@ impl Checks {
                 .load(std::sync::atomic::Ordering::Relaxed)
         );
         let violations = self.violations.lock().unwrap();
-        for (at, what) in violations.iter().take(20) {
+        let recent = self.recent.lock().unwrap();
+        for (at, key, what) in violations.iter().take(20) {
             out += &format!(
-                "VIOLATION at {:.3}s: {what}\n  time line around it:\n{}",
+                "VIOLATION at {:.3}s: {what}\n  time line around it:\n{}  last calls of {}:\n",
                 timeline.since_start(*at),
-                timeline.around(*at, Duration::from_secs(3))
+                timeline.around(*at, Duration::from_secs(3)),
+                key_name(*key)
             );
+            for (started, answer) in recent.get(key).into_iter().flatten() {
+                out += &format!("    {:8.3}s {answer}\n", timeline.since_start(*started));
+            }
         }
         if violations.len() > 20 {
             out += &format!("... and {} more\n", violations.len() - 20);
