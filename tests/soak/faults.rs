@@ -61,12 +61,14 @@ impl Timeline {
 }
 
 /// The faults the injector draws from.
-const FAULTS: [&str; 7] = [
+const FAULTS: [&str; 9] = [
     "redis-kill-restart",
     "redis-sigstop",
     "client-kill-pubsub",
     "client-kill-normal",
     "flushall",
+    "maxmemory-full",
+    "evict-random-keys",
     "origin-failing",
     "origin-hanging",
 ];
@@ -110,6 +112,17 @@ pub async fn inject(
             "client-kill-pubsub" => client_kill(&server, "pubsub").await,
             "client-kill-normal" => client_kill(&server, "normal").await,
             "flushall" => admin(&server, redis::cmd("FLUSHALL")).await,
+            // Under the default `noeviction` policy, a full server refuses every write.
+            "maxmemory-full" => {
+                config_set_maxmemory(&server, "1").await;
+                tokio::time::sleep(length).await;
+                config_set_maxmemory(&server, "0").await;
+            }
+            "evict-random-keys" => {
+                for _ in 0..rng.random_range(10..100) {
+                    evict_one(&server).await;
+                }
+            }
             "origin-failing" | "origin-hanging" => {
                 origin.set_mode(if fault == "origin-failing" {
                     Mode::Failing
@@ -138,6 +151,30 @@ async fn client_kill(server: &Mutex<RedisServer>, kind: &str) {
         .arg("SKIPME")
         .arg("yes");
     admin(server, cmd).await;
+}
+
+async fn config_set_maxmemory(server: &Mutex<RedisServer>, bytes: &str) {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("SET").arg("maxmemory").arg(bytes);
+    admin(server, cmd).await;
+}
+
+/// Removes one random key (a value, a lock, a `fresh` marker or the tag hash), as an
+/// eviction would.
+async fn evict_one(server: &Mutex<RedisServer>) {
+    let client = server.lock().unwrap().client();
+    let run = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        let key: Option<Vec<u8>> = redis::cmd("RANDOMKEY").query_async(&mut conn).await?;
+        if let Some(key) = key {
+            redis::cmd("DEL")
+                .arg(key)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        Ok::<_, redis::RedisError>(())
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), run).await;
 }
 
 /// Runs one command on a connection of its own (the injector's own connection would be
