@@ -9,6 +9,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use support::RedisServer;
 
+use crate::instances::Instances;
 use crate::origin::{Mode, Origin};
 
 /// What happened when, for the report around a violation, and when Redis was not healthy.
@@ -61,7 +62,7 @@ impl Timeline {
 }
 
 /// The faults the injector draws from.
-const FAULTS: [&str; 9] = [
+const FAULTS: [&str; 10] = [
     "redis-kill-restart",
     "redis-sigstop",
     "client-kill-pubsub",
@@ -71,12 +72,15 @@ const FAULTS: [&str; 9] = [
     "evict-random-keys",
     "origin-failing",
     "origin-hanging",
+    "instance-restart",
 ];
 
 /// Injects faults until `until`, one every `gap` on average; `settle` is how long after a
 /// fault loads are not counted against the bound.
+#[allow(clippy::too_many_arguments)]
 pub async fn inject(
     server: Arc<Mutex<RedisServer>>,
+    instances: Arc<Instances>,
     origin: Arc<Origin>,
     timeline: Arc<Timeline>,
     mut rng: StdRng,
@@ -131,6 +135,11 @@ pub async fn inject(
                 });
                 tokio::time::sleep(length).await;
                 origin.set_mode(Mode::Normal);
+            }
+            "instance-restart" => {
+                let instance = rng.random_range(0..instances.len());
+                timeline.event(format!("instance {instance} restarts"));
+                instances.restart(instance);
             }
             _ => unreachable!(),
         }

@@ -13,12 +13,14 @@
 //! | --- | --- |
 //! | `main.rs` | settings, instances, callers, the writer, the report |
 //! | `origin.rs` | the origin: versions, stamped values, load counters, failing/hanging |
+//! | `instances.rs` | the engine instances, each restartable |
 //! | `faults.rs` | the fault injector and the time line |
 //! | `checks.rs` | what each answer and the load counts are checked against |
 #![cfg(feature = "redis")]
 
 mod checks;
 mod faults;
+mod instances;
 mod origin;
 
 use std::sync::{Arc, Mutex};
@@ -27,10 +29,11 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::RedisServer;
-use tower_stampede::{Cache, Loaded};
+use tower_stampede::Loaded;
 
 use checks::Checks;
 use faults::Timeline;
+use instances::Instances;
 use origin::{key_name, stamp, Origin};
 
 /// What a run is made of, from `SOAK_*` environment variables.
@@ -109,19 +112,12 @@ async fn soak() {
         settings.fault_gap
     );
     let server = RedisServer::start();
-    let stores = server.stores(settings.instances).await;
-    let caches: Vec<Cache> = stores
-        .into_iter()
-        .map(|store| {
-            Cache::builder_shared(store)
-                .ttl(settings.ttl)
-                .lock_ttl(Duration::from_secs(1))
-                .store_timeout(Duration::from_millis(200))
-                .load_timeout(Duration::from_millis(1500))
-                .l1_ttl_cap(settings.l1_ttl_cap)
-                .build()
-        })
-        .collect();
+    let instances = Arc::new(Instances::start(
+        server.url(),
+        settings.instances,
+        settings.ttl,
+        settings.l1_ttl_cap,
+    ));
     let server = Arc::new(Mutex::new(server));
     let start = Instant::now();
     let until = start + Duration::from_secs(settings.secs);
@@ -134,6 +130,7 @@ async fn soak() {
     if settings.fault_gap > 0.0 {
         tasks.push(tokio::spawn(faults::inject(
             Arc::clone(&server),
+            Arc::clone(&instances),
             Arc::clone(&origin),
             Arc::clone(&timeline),
             StdRng::seed_from_u64(seeds.random()),
@@ -145,7 +142,7 @@ async fn soak() {
         )));
     }
     tasks.push(tokio::spawn(write(
-        caches.clone(),
+        Arc::clone(&instances),
         Arc::clone(&origin),
         Arc::clone(&timeline),
         StdRng::seed_from_u64(seeds.random()),
@@ -156,10 +153,10 @@ async fn soak() {
     )));
     const CALLERS: u64 = 4;
     let pause = Duration::from_secs_f64(CALLERS as f64 / settings.rate.max(1) as f64);
-    for (instance, cache) in caches.iter().enumerate() {
+    for instance in 0..instances.len() {
         for _ in 0..CALLERS {
             tasks.push(tokio::spawn(call(
-                cache.clone(),
+                Arc::clone(&instances),
                 instance,
                 Arc::clone(&origin),
                 Arc::clone(&timeline),
@@ -178,8 +175,11 @@ async fn soak() {
     checks.check_loads(&origin, &timeline, settings.ttl);
     let report = checks.report(&timeline, &origin);
     println!("{report}");
-    for (instance, cache) in caches.iter().enumerate() {
-        println!("instance {instance}: {:?}", cache.stats());
+    for instance in 0..instances.len() {
+        println!(
+            "instance {instance} (since its last start): {:?}",
+            instances.get(instance).stats()
+        );
     }
     assert!(
         checks.violations() == 0,
@@ -192,7 +192,7 @@ async fn soak() {
 /// One caller of one instance: requests until `until`, each checked.
 #[allow(clippy::too_many_arguments)]
 async fn call(
-    cache: Cache,
+    instances: Arc<Instances>,
     instance: usize,
     origin: Arc<Origin>,
     timeline: Arc<Timeline>,
@@ -207,7 +207,8 @@ async fn call(
         let delay = Duration::from_millis(rng.random_range(1..20));
         let loader_origin = Arc::clone(&origin);
         let started = Instant::now();
-        let answer = cache
+        let answer = instances
+            .get(instance)
             .fetch(key_name(key), move || async move {
                 let bytes = loader_origin.load(key, delay).await?;
                 let mut loaded = Loaded::value(bytes);
@@ -229,7 +230,7 @@ async fn call(
 /// the origin made them), from a random instance, until `until`.
 #[allow(clippy::too_many_arguments)]
 async fn write(
-    caches: Vec<Cache>,
+    instances: Arc<Instances>,
     origin: Arc<Origin>,
     timeline: Arc<Timeline>,
     mut rng: StdRng,
@@ -244,8 +245,8 @@ async fn write(
     let pause = Duration::from_secs_f64(1.0 / writes as f64);
     while Instant::now() + pause < until {
         tokio::time::sleep(pause.mul_f64(rng.random_range(0.5..1.5))).await;
-        let instance = rng.random_range(0..caches.len());
-        let cache = &caches[instance];
+        let instance = rng.random_range(0..instances.len());
+        let cache = instances.get(instance);
         let key = pick_key(&mut rng, keys);
         let (what, changed, result) = match rng.random_range(0..3) {
             // `set` writes an untagged value, which a tag's invalidation cannot reach: a
