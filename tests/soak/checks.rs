@@ -146,35 +146,24 @@ impl Checks {
         let bound = self.l1_ttl_cap + DELIVERY;
         let acked_long_ago = origin.acked_before(key, started - bound);
         let acked_a_moment_ago = origin.acked_before(key, started - DELIVERY);
+        let old = |what: &str, acked: u64, before: Duration| {
+            format!(
+                "{what}: instance {instance} {} got v{version} ({}), v{acked} acked over {} ms before the call at {:.3}s",
+                key_name(key),
+                fetched.outcome().label(),
+                before.as_millis(),
+                timeline.since_start(started)
+            )
+        };
         if version < acked_long_ago {
-            self.violation(
-                timeline,
-                now,
-                key,
-                format!(
-                    "old beyond bound: instance {instance} {} got v{version} ({}), v{acked_long_ago} acked over {} ms before the call at {:.3}s",
-                    key_name(key),
-                    fetched.outcome().label(),
-                    bound.as_millis(),
-                    timeline.since_start(started)
-                ),
-            );
+            let what = old("old beyond bound", acked_long_ago, bound);
+            self.violation(timeline, now, key, what);
         } else if version < acked_a_moment_ago {
             if timeline.unhealthy_during(started - bound, now) {
                 self.count("old within the lost-notification bound, near a fault".to_owned());
             } else {
-                self.violation(
-                    timeline,
-                    now,
-                    key,
-                    format!(
-                        "old while healthy: instance {instance} {} got v{version} ({}), v{acked_a_moment_ago} acked over {} ms before the call at {:.3}s",
-                        key_name(key),
-                        fetched.outcome().label(),
-                        DELIVERY.as_millis(),
-                        timeline.since_start(started)
-                    ),
-                );
+                let what = old("old while healthy", acked_a_moment_ago, DELIVERY);
+                self.violation(timeline, now, key, what);
             }
         }
     }
