@@ -44,8 +44,9 @@ cargo clippy --all-targets --all-features -- -D warnings
 echo "==> cargo clippy (all targets, no default features: the embedded store alone)"
 cargo clippy --all-targets --no-default-features -- -D warnings
 
-echo "==> cargo doc (all features, -D warnings: a broken intra-doc link fails)"
+echo "==> cargo doc (all features and none, -D warnings: a broken intra-doc link fails)"
 RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps
+RUSTDOCFLAGS="-D warnings" cargo doc --no-default-features --no-deps
 
 echo "==> cargo test (library, integration, examples' build, doctests)"
 cargo test --all-features

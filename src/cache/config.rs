@@ -309,7 +309,7 @@ impl CacheBuilder {
     }
 
     /// Builds the cache. With the `metrics` feature, it also describes the engine's metrics
-    /// to the installed recorder ([`describe_metrics`](super::describe_metrics)).
+    /// to the installed recorder (`describe_metrics`).
     pub fn build(self) -> Cache {
         #[cfg(feature = "metrics")]
         super::describe_metrics();

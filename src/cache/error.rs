@@ -42,7 +42,7 @@ pub enum ErrorKind {
     /// store; [`Error::source`](StdError::source) is the
     /// [`StoreError`](crate::store::StoreError). This process's L1 was changed all the same.
     Store,
-    /// A typed call ([`Typed::get_or_load`](crate::cache::Typed::get_or_load), feature
+    /// A typed call (`Typed::get_or_load`, feature
     /// `serde`) was handed, twice, a value from this process that is not of its type: the key
     /// is also read raw or as another type in this process.
     Decode,
