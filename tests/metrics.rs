@@ -98,46 +98,61 @@ fn a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait() {
         assert_eq!(loads.get(), 1, "{name}");
         let m = read(&snapshotter);
         let at = |metric: &str| value(&m, metric);
-        assert_eq!(at("stampede_loads_total{}"), 1.0, "{name}: {m:?}");
-        assert_eq!(at("stampede_load_duration_seconds{}"), 1.0, "{name}: {m:?}");
         assert_eq!(
-            at("stampede_lookups_total{outcome=miss-leader}"),
+            at("stampede_loads_total{namespace=metrics}"),
             1.0,
             "{name}: {m:?}"
         );
         assert_eq!(
-            at("stampede_lookups_total{outcome=follower}"),
+            at("stampede_load_duration_seconds{namespace=metrics}"),
+            1.0,
+            "{name}: {m:?}"
+        );
+        assert_eq!(
+            at("stampede_lookups_total{namespace=metrics,outcome=miss-leader}"),
+            1.0,
+            "{name}: {m:?}"
+        );
+        assert_eq!(
+            at("stampede_lookups_total{namespace=metrics,outcome=follower}"),
             99.0,
             "{name}: {m:?}"
         );
         assert_eq!(
-            at("stampede_lookups_total{outcome=hit-l1}"),
+            at("stampede_lookups_total{namespace=metrics,outcome=hit-l1}"),
             1.0,
             "{name}: {m:?}"
         );
         assert_eq!(
-            at("stampede_lock_total{event=acquired}"),
+            at("stampede_lock_total{namespace=metrics,event=acquired}"),
             1.0,
             "{name}: {m:?}"
         );
         assert!(
-            at("stampede_lock_total{event=contended}") >= 1.0,
+            at("stampede_lock_total{namespace=metrics,event=contended}") >= 1.0,
             "{name}: {m:?}"
         );
         // The other instance's flight waited, and the fill's notification ended its wait.
         assert_eq!(
-            at("stampede_follower_wait_seconds{ended=notified}"),
+            at("stampede_follower_wait_seconds{namespace=metrics,ended=notified}"),
             1.0,
             "{name}: {m:?}"
         );
         // The 49 other callers of each instance joined its flight, and waited for it too.
         assert_eq!(
-            at("stampede_follower_wait_seconds{ended=joined}"),
+            at("stampede_follower_wait_seconds{namespace=metrics,ended=joined}"),
             98.0,
             "{name}: {m:?}"
         );
-        assert!(at("stampede_l1_bytes{}") > 0.0, "{name}: {m:?}");
-        assert_eq!(at("stampede_store_errors_total{}"), 0.0, "{name}: {m:?}");
+        assert!(
+            at("stampede_l1_bytes{namespace=metrics}") > 0.0,
+            "{name}: {m:?}"
+        );
+        assert_eq!(
+            at("stampede_store_errors_total{namespace=metrics}"),
+            0.0,
+            "{name}: {m:?}"
+        );
     }
 }
 
@@ -210,15 +225,15 @@ fn prometheus_text_has_buckets_and_help_lines() {
         }
         let line = |l: &str| assert!(text.lines().any(|t| t == l), "{name}: no {l:?} in:\n{text}");
         // The one load: in every bucket from its own up, so at least in the last two.
-        line("stampede_load_duration_seconds_bucket{le=\"30\"} 1");
-        line("stampede_load_duration_seconds_bucket{le=\"+Inf\"} 1");
-        line("stampede_load_duration_seconds_count 1");
+        line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"30\"} 1");
+        line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"+Inf\"} 1");
+        line("stampede_load_duration_seconds_count{namespace=\"metrics\"} 1");
         // Each bound is a bucket of both histograms.
         for bound in DURATION_BUCKETS {
             let le = format!("le=\"{bound}\"");
             for prefix in [
-                "stampede_load_duration_seconds_bucket{",
-                "stampede_follower_wait_seconds_bucket{ended=\"joined\",",
+                "stampede_load_duration_seconds_bucket{namespace=\"metrics\",",
+                "stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",",
             ] {
                 assert!(
                     text.lines()
@@ -228,7 +243,66 @@ fn prometheus_text_has_buckets_and_help_lines() {
             }
         }
         // 98 callers joined a flight of their instance; none waited 30 s.
-        line("stampede_follower_wait_seconds_bucket{ended=\"joined\",le=\"30\"} 98");
-        line("stampede_follower_wait_seconds_count{ended=\"joined\"} 98");
+        line("stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",le=\"30\"} 98");
+        line("stampede_follower_wait_seconds_count{namespace=\"metrics\",ended=\"joined\"} 98");
+    }
+}
+
+/// Two caches of one process (say the HTTP layer's and a hot key's) record under their own
+/// `namespace` label: a load, a hit and the L1 size of one are not counted for the other.
+#[test]
+fn two_caches_of_one_process_are_told_apart_by_namespace() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for shared in runtime.block_on(Shared::both()) {
+        let name = shared.name;
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let pages = shared.cache().namespace("pages").build();
+                let hot = shared.cache().namespace("hot").build();
+                for (cache, calls) in [(&pages, 3), (&hot, 1)] {
+                    for _ in 0..calls {
+                        let value = cache
+                            .get_or_load("k", || async {
+                                Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+                            })
+                            .await
+                            .unwrap();
+                        assert_eq!(value, "v");
+                    }
+                }
+            });
+        });
+        let m = read(&snapshotter);
+        let at = |metric: &str| value(&m, metric);
+        for namespace in ["pages", "hot"] {
+            assert_eq!(
+                at(&format!("stampede_loads_total{{namespace={namespace}}}")),
+                1.0,
+                "{name}: {m:?}"
+            );
+            assert!(
+                at(&format!("stampede_l1_bytes{{namespace={namespace}}}")) > 0.0,
+                "{name}: {m:?}"
+            );
+        }
+        assert_eq!(
+            at("stampede_lookups_total{namespace=pages,outcome=hit-l1}"),
+            2.0,
+            "{name}: {m:?}"
+        );
+        assert_eq!(
+            at("stampede_lookups_total{namespace=hot,outcome=hit-l1}"),
+            0.0,
+            "{name}: {m:?}"
+        );
+        assert!(
+            m.iter().all(|(metric, _)| metric.contains("namespace=")),
+            "{name}: a metric without its namespace: {m:?}"
+        );
     }
 }

@@ -764,6 +764,8 @@ async fn the_proxy_serves_prometheus_metrics() {
         "metrics",
         ["--metrics".to_owned(), "127.0.0.1:0".to_owned()],
     );
+    // Every metric carries the cache's namespace, so two caches of one process are told apart.
+    let namespace = args[5].clone();
     let proxy = start_proxies(1, args).await.remove(0);
     let client = client(4);
     let miss = send(&client, get(&proxy.url("/page"))).await.unwrap();
@@ -782,14 +784,16 @@ async fn the_proxy_serves_prometheus_metrics() {
     assert_eq!(scraped.status, StatusCode::OK);
     let text = String::from_utf8_lossy(&scraped.body);
     for line in [
-        "stampede_lookups_total{outcome=\"miss-leader\"} 2",
-        "stampede_loads_total 2",
-        "stampede_lock_total{event=\"acquired\"} 2",
-        "# TYPE stampede_load_duration_seconds histogram",
-        "# TYPE stampede_follower_wait_seconds histogram",
-        "stampede_load_duration_seconds_bucket{le=\"0.001\"} 0",
-        "stampede_load_duration_seconds_bucket{le=\"30\"} 2",
-        "stampede_load_duration_seconds_count 2",
+        format!("stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"miss-leader\"}} 2"),
+        format!("stampede_loads_total{{namespace=\"{namespace}\"}} 2"),
+        format!("stampede_lock_total{{namespace=\"{namespace}\",event=\"acquired\"}} 2"),
+        "# TYPE stampede_load_duration_seconds histogram".to_owned(),
+        "# TYPE stampede_follower_wait_seconds histogram".to_owned(),
+        format!(
+            "stampede_load_duration_seconds_bucket{{namespace=\"{namespace}\",le=\"0.001\"}} 0"
+        ),
+        format!("stampede_load_duration_seconds_bucket{{namespace=\"{namespace}\",le=\"30\"}} 2"),
+        format!("stampede_load_duration_seconds_count{{namespace=\"{namespace}\"}} 2"),
     ] {
         assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
     }
@@ -813,9 +817,15 @@ async fn the_proxy_serves_prometheus_metrics() {
             .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
             .unwrap_or(0)
     };
-    let joined = count("stampede_follower_wait_seconds_count{ended=\"joined\"}");
-    let followers = count("stampede_lookups_total{outcome=\"follower\"}");
-    let hits = count("stampede_lookups_total{outcome=\"hit-l1\"}");
+    let joined = count(&format!(
+        "stampede_follower_wait_seconds_count{{namespace=\"{namespace}\",ended=\"joined\"}}"
+    ));
+    let followers = count(&format!(
+        "stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"follower\"}}"
+    ));
+    let hits = count(&format!(
+        "stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"hit-l1\"}}"
+    ));
     assert!(joined >= 1, "{text}");
     assert_eq!(joined, followers, "{text}");
     assert_eq!(followers + hits, 49 + 1, "{text}");

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{telemetry, Config};
+use super::{telemetry::Meter, Config};
 use crate::store::{KeyDigest, Store, StoreError, StoreKey};
 
 /// What the breaker lets a store call do.
@@ -100,6 +100,7 @@ pub(crate) struct Breaker {
     skipped: AtomicU64,
     /// Times the breaker opened.
     opened: AtomicU64,
+    meter: Meter,
 }
 
 /// What [`Breaker::counts`] tells of the store calls.
@@ -130,6 +131,7 @@ impl Breaker {
             errors: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             opened: AtomicU64::new(0),
+            meter: Meter::new(&config.namespace),
         }
     }
 
@@ -224,7 +226,7 @@ impl Breaker {
                     until: crate::sync::later(Instant::now(), self.open_for),
                     probing: false,
                 };
-                telemetry::breaker_open(true);
+                self.meter.breaker_open(true);
                 recorded.opened = true;
             }
             // A call admitted before the breaker opened: it changes nothing now.
@@ -241,7 +243,7 @@ impl Breaker {
             status.state = State::Closed { failures: 0 };
             status.answered = Some(Instant::now());
             self.recoveries.fetch_add(1, Ordering::SeqCst);
-            telemetry::breaker_open(false);
+            self.meter.breaker_open(false);
         } else {
             status.state = State::Open {
                 until: crate::sync::later(Instant::now(), self.open_for),
@@ -306,7 +308,7 @@ impl Breaker {
         };
         if result.is_err() {
             self.errors.fetch_add(1, Ordering::Relaxed);
-            telemetry::store_error();
+            self.meter.store_error();
         }
         match trial {
             Some(mut trial) => trial.report(result.is_ok()),

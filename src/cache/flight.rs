@@ -15,7 +15,7 @@ use super::entry::{self, Entry};
 use super::fetched::FlightResult;
 use super::flights::Entered;
 use super::l1::L1Hit;
-use super::telemetry::{self, WaitEnd};
+use super::telemetry::WaitEnd;
 use super::{BoxError, Error, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
 
@@ -148,7 +148,8 @@ impl Inner {
                 Entered::Joined(posts) => {
                     let joined_at = Instant::now();
                     let answer = posts.wait().await;
-                    telemetry::follower_wait(joined_at.elapsed(), WaitEnd::Joined);
+                    self.meter
+                        .follower_wait(joined_at.elapsed(), WaitEnd::Joined);
                     if posts.is_outdated() {
                         // Its value is outdated by a tag invalidated during its load, perhaps
                         // before this caller came: fetch again.

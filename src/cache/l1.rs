@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{telemetry, Config};
+use super::{telemetry::Meter, Config};
 use crate::store::{KeyDigest, Notifier, Stamp, StoreKey};
 
 /// What this process had heard of each tag of a value when it was read (empty for an
@@ -133,6 +133,7 @@ pub(super) struct L1 {
     notifier: Option<Notifier>,
     /// The longest an entry stays, whatever its freshness.
     ttl_cap: Duration,
+    meter: Meter,
 }
 
 /// What vouches for an L1 entry.
@@ -151,6 +152,8 @@ impl L1 {
     pub(super) fn new(config: &Config, notifier: Option<Notifier>) -> Self {
         let bytes = Arc::new(AtomicU64::new(0));
         let removed = Arc::clone(&bytes);
+        let meter = Meter::new(&config.namespace);
+        let removals = meter.clone();
         let cache = (config.l1_capacity > 0).then(|| {
             moka::sync::Cache::builder()
                 .max_capacity(config.l1_capacity)
@@ -164,7 +167,7 @@ impl L1 {
                             Some(b.saturating_sub(weight))
                         })
                         .unwrap_or_default();
-                    telemetry::l1_bytes(before.saturating_sub(weight));
+                    removals.l1_bytes(before.saturating_sub(weight));
                 })
                 .build()
         });
@@ -173,6 +176,7 @@ impl L1 {
             bytes,
             notifier,
             ttl_cap: config.l1_ttl_cap,
+            meter,
         }
     }
 
@@ -306,7 +310,7 @@ impl L1 {
             // Counted before the insert, so the listener never takes off what was not added.
             let weight = u64::from(entry.weight());
             let bytes = self.bytes.fetch_add(weight, Ordering::Relaxed) + weight;
-            telemetry::l1_bytes(bytes);
+            self.meter.l1_bytes(bytes);
             l1.insert(digest, Arc::new(entry));
         }
     }

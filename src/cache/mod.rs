@@ -151,6 +151,7 @@ struct Inner {
     refreshes: refreshes::Refreshes,
     known_tags: known_tags::KnownTags,
     counters: Counters,
+    meter: telemetry::Meter,
 }
 
 impl std::fmt::Debug for Cache {
@@ -189,6 +190,7 @@ impl Cache {
         };
         Cache {
             inner: Arc::new(Inner {
+                meter: telemetry::Meter::new(&config.namespace),
                 l1: l1::L1::new(&config, notifier),
                 breaker: Arc::new(Breaker::new(&config, Arc::clone(&store))),
                 store,
@@ -330,7 +332,7 @@ impl Cache {
             None => fetch.await,
         };
         if let Ok(fetched) = &answer {
-            telemetry::outcome(fetched.outcome);
+            self.inner.meter.outcome(fetched.outcome);
         }
         if let Some((span, started)) = &traced {
             span.record(
@@ -371,11 +373,16 @@ impl Cache {
             fresh_until: entry.fresh_until,
             read_at,
         };
-        telemetry::outcome(Outcome::L1Hit);
+        self.inner.meter.outcome(Outcome::L1Hit);
         if let Some(span) = fetch_span(digest) {
             span.record("outcome", Outcome::L1Hit.label());
         }
         Some(found)
+    }
+
+    /// Counts a request the HTTP layer answered without the cache.
+    pub(crate) fn count_bypass(&self) {
+        self.inner.meter.lookup("bypass");
     }
 
     /// How long the store keeps values past their freshness (for stale windows and

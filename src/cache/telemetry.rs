@@ -1,6 +1,10 @@
 //! What the engine reports: `tracing` events and spans always, and metrics through the
 //! [`metrics`](https://docs.rs/metrics) facade with the `metrics` feature (a no-op without it).
 //!
+//! Every metric carries a `namespace` label, the cache's
+//! [`namespace`](super::CacheBuilder::namespace), so two caches of one process (the HTTP
+//! layer's and a hot key's) are told apart; the table names the other labels.
+//!
 //! | metric | kind | labels | what |
 //! | --- | --- | --- | --- |
 //! | `stampede_lookups_total` | counter | `outcome` | calls answered, by [`Outcome::label`](super::Outcome::label) (`hit-l1`, `hit-l2`, `miss-leader`, `follower`, `stale`, `pass`, `uncached`, `degraded`, `revalidated`; the HTTP layer adds `bypass`) |
@@ -18,6 +22,7 @@
 //! idempotent, and doing it per build reaches whichever recorder is installed when the cache
 //! is built (a once-per-process description would miss a recorder installed later).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Outcome;
@@ -142,39 +147,58 @@ mod imp {
         );
     }
 
-    pub(crate) fn lookup(label: &'static str) {
-        metrics::counter!(LOOKUPS, "outcome" => label).increment(1);
-    }
+    impl Meter {
+        pub(crate) fn lookup(&self, label: &'static str) {
+            metrics::counter!(LOOKUPS, "namespace" => self.label(), "outcome" => label)
+                .increment(1);
+        }
 
-    pub(crate) fn load(duration: Duration) {
-        metrics::counter!(LOADS).increment(1);
-        metrics::histogram!(LOAD_DURATION).record(duration.as_secs_f64());
-    }
+        pub(crate) fn load(&self, duration: Duration) {
+            metrics::counter!(LOADS, "namespace" => self.label()).increment(1);
+            metrics::histogram!(LOAD_DURATION, "namespace" => self.label())
+                .record(duration.as_secs_f64());
+        }
 
-    pub(crate) fn lock(event: LockEvent) {
-        metrics::counter!(LOCK, "event" => event.label()).increment(1);
-    }
+        pub(crate) fn lock(&self, event: LockEvent) {
+            metrics::counter!(LOCK, "namespace" => self.label(), "event" => event.label())
+                .increment(1);
+        }
 
-    pub(crate) fn follower_wait(duration: Duration, ended: WaitEnd) {
-        metrics::histogram!(FOLLOWER_WAIT, "ended" => ended.label()).record(duration.as_secs_f64());
-    }
+        pub(crate) fn follower_wait(&self, duration: Duration, ended: WaitEnd) {
+            metrics::histogram!(
+                FOLLOWER_WAIT,
+                "namespace" => self.label(),
+                "ended" => ended.label()
+            )
+            .record(duration.as_secs_f64());
+        }
 
-    pub(crate) fn store_error() {
-        metrics::counter!(STORE_ERRORS).increment(1);
-    }
+        pub(crate) fn store_error(&self) {
+            metrics::counter!(STORE_ERRORS, "namespace" => self.label()).increment(1);
+        }
 
-    pub(crate) fn corrupt_entry() {
-        metrics::counter!(CORRUPT_ENTRIES).increment(1);
-    }
+        pub(crate) fn corrupt_entry(&self) {
+            metrics::counter!(CORRUPT_ENTRIES, "namespace" => self.label()).increment(1);
+        }
 
-    pub(crate) fn breaker_open(open: bool) {
-        metrics::gauge!(BREAKER_OPEN).set(if open { 1.0 } else { 0.0 });
-    }
+        pub(crate) fn breaker_open(&self, open: bool) {
+            metrics::gauge!(BREAKER_OPEN, "namespace" => self.label()).set(if open {
+                1.0
+            } else {
+                0.0
+            });
+        }
 
-    pub(crate) fn l1_bytes(bytes: u64) {
-        // Precision beyond 2^53 bytes does not matter for a gauge.
-        #[allow(clippy::cast_precision_loss)]
-        metrics::gauge!(L1_BYTES).set(bytes as f64);
+        pub(crate) fn l1_bytes(&self, bytes: u64) {
+            // Precision beyond 2^53 bytes does not matter for a gauge.
+            #[allow(clippy::cast_precision_loss)]
+            metrics::gauge!(L1_BYTES, "namespace" => self.label()).set(bytes as f64);
+        }
+
+        /// The namespace as a label value: a count's increment, not a copy of the text.
+        fn label(&self) -> metrics::SharedString {
+            metrics::SharedString::from(Arc::clone(&self.namespace))
+        }
     }
 }
 
@@ -182,23 +206,40 @@ mod imp {
 mod imp {
     use super::*;
 
-    pub(crate) fn lookup(_label: &'static str) {}
-    pub(crate) fn load(_duration: Duration) {}
-    pub(crate) fn lock(_event: LockEvent) {}
-    pub(crate) fn follower_wait(_duration: Duration, _ended: WaitEnd) {}
-    pub(crate) fn store_error() {}
-    pub(crate) fn corrupt_entry() {}
-    pub(crate) fn breaker_open(_open: bool) {}
-    pub(crate) fn l1_bytes(_bytes: u64) {}
+    impl Meter {
+        pub(crate) fn lookup(&self, _label: &'static str) {}
+        pub(crate) fn load(&self, _duration: Duration) {}
+        pub(crate) fn lock(&self, _event: LockEvent) {}
+        pub(crate) fn follower_wait(&self, _duration: Duration, _ended: WaitEnd) {}
+        pub(crate) fn store_error(&self) {}
+        pub(crate) fn corrupt_entry(&self) {}
+        pub(crate) fn breaker_open(&self, _open: bool) {}
+        pub(crate) fn l1_bytes(&self, _bytes: u64) {}
+    }
 }
 
-pub(crate) use imp::{
-    breaker_open, corrupt_entry, follower_wait, l1_bytes, load, lock, lookup, store_error,
-};
 #[cfg(feature = "metrics")]
 pub use imp::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
 
-/// Counts a call answered with `outcome`.
-pub(crate) fn outcome(outcome: Outcome) {
-    lookup(outcome.label());
+/// Where one cache's metrics go: the recorder installed when each is recorded (looked up then,
+/// so a recorder installed after the cache was built still gets them), labelled with the
+/// cache's namespace.
+#[derive(Clone, Debug)]
+pub(crate) struct Meter {
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    namespace: Arc<str>,
+}
+
+impl Meter {
+    /// The meter of a cache in `namespace`.
+    pub(crate) fn new(namespace: &Arc<str>) -> Self {
+        Meter {
+            namespace: Arc::clone(namespace),
+        }
+    }
+
+    /// Counts a call answered with `outcome`.
+    pub(crate) fn outcome(&self, outcome: Outcome) {
+        self.lookup(outcome.label());
+    }
 }

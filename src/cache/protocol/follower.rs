@@ -23,7 +23,7 @@ use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
-use crate::cache::telemetry::{self, LockEvent, WaitEnd};
+use crate::cache::telemetry::{LockEvent, WaitEnd};
 use crate::cache::{Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
@@ -115,7 +115,7 @@ impl Inner {
         {
             let waited = since.elapsed();
             debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
-            telemetry::follower_wait(waited, ended);
+            self.meter.follower_wait(waited, ended);
         }
         answer
     }
@@ -218,8 +218,8 @@ impl Inner {
                 }
             }
             match found.lock {
-                LockState::Acquired => telemetry::lock(LockEvent::Acquired),
-                LockState::HeldElsewhere => telemetry::lock(LockEvent::Contended),
+                LockState::Acquired => self.meter.lock(LockEvent::Acquired),
+                LockState::HeldElsewhere => self.meter.lock(LockEvent::Contended),
                 _ => {}
             }
             if let Some(fresh) = found.take_fresh() {
@@ -374,7 +374,7 @@ impl Inner {
         self.counters
             .corrupt_entries
             .fetch_add(1, Ordering::Relaxed);
-        telemetry::corrupt_entry();
+        self.meter.corrupt_entry();
         warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
     }
 }

@@ -18,7 +18,7 @@ use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
 use crate::cache::l1::TagStamps;
 use crate::cache::loaded::LoadedKind;
-use crate::cache::telemetry::{self, LockEvent};
+use crate::cache::telemetry::LockEvent;
 use crate::cache::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
 
@@ -190,7 +190,7 @@ impl Inner {
         loop {
             tokio::select! {
                 joined = &mut task => {
-                    telemetry::load(started.elapsed());
+                    self.meter.load(started.elapsed());
                     return match joined {
                         Ok(Ok(Loaded { kind: LoadedKind::NotModified { .. }, .. })) if !had_previous => {
                             Err(Error::load("the loader answered \"not modified\" without a previous value".into()))
@@ -201,7 +201,7 @@ impl Inner {
                     };
                 }
                 () = &mut deadline => {
-                    telemetry::load(started.elapsed());
+                    self.meter.load(started.elapsed());
                     task.abort();
                     return Err(Error::load_timeout(config.load_timeout));
                 }
@@ -209,11 +209,11 @@ impl Inner {
                     if let Some((key, token)) = lock {
                         match self.breaker.call(self.store.extend(key, token, config.lock_ttl)).await {
                             Ok(true) => {
-                                telemetry::lock(LockEvent::Extended);
+                                self.meter.lock(LockEvent::Extended);
                                 debug!(?key, "lock extended");
                             }
                             Ok(false) => {
-                                telemetry::lock(LockEvent::Lost);
+                                self.meter.lock(LockEvent::Lost);
                                 warn!(?key, "lock lost during the load; its fill will be refused");
                             }
                             Err(error) => debug!(?key, %error, "lock extension failed"),
@@ -361,7 +361,7 @@ impl Inner {
                 if let Ok(filled) = self.breaker.call(written).await {
                     guard.disarm();
                     if !filled {
-                        telemetry::lock(LockEvent::Lost);
+                        self.meter.lock(LockEvent::Lost);
                     }
                 }
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
@@ -430,7 +430,7 @@ impl Inner {
                     let stamp = stamp.map(Stamp::after_own_change);
                     self.keep_loaded(stamp, digest, fill, tagged, flight).await;
                 } else {
-                    telemetry::lock(LockEvent::Lost);
+                    self.meter.lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                     // Not kept, but it still answers the flight.
                     self.loaded_tags_hold(tagged, flight).await;

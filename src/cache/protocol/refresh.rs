@@ -14,7 +14,7 @@ use super::leader::{spawn_release, LeaderStart};
 use super::wait::{wait_for_fill, Backoff};
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;
-use crate::cache::telemetry::{self, LockEvent};
+use crate::cache::telemetry::LockEvent;
 use crate::cache::Inner;
 use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
 
@@ -88,7 +88,7 @@ impl Inner {
             let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    telemetry::lock(LockEvent::Acquired);
+                    self.meter.lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
                     let seen = LeaderStart {
                         stamp,

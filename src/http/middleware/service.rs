@@ -148,7 +148,7 @@ where
                     (request, None) => (request, Served::Unkeyed),
                 },
             };
-        crate::cache::telemetry::lookup("bypass");
+        self.cache.count_bypass();
         let inner = Oneshot::new(self.inner.clone(), bypassed);
         ResponseFuture::inner(inner, Some(served), Arc::clone(&self.config))
     }
