@@ -92,6 +92,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "NS", value_parser = namespace, default_value = "proxy")]
     pub(crate) namespace: String,
 
+    /// Show each request's method and URL, besides its key's hash, in the warnings logged
+    /// while serving it (off: URLs may carry what logs must not, such as a token)
+    #[arg(long)]
+    pub(crate) readable_keys: bool,
+
     /// A cookie that personalises nothing (analytics, consent): requests whose cookies are
     /// all ignored are cached as requests without cookies. Repeat for each name. Any other
     /// cookie makes a request private: its response is stored only if the origin says

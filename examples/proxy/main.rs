@@ -203,6 +203,7 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
     };
     let mut builder = builder
         .namespace(&args.namespace)
+        .readable_keys(args.readable_keys)
         .keep_for_revalidation(args.revalidate);
     if let Some(stale) = args.stale {
         builder = builder.stale(stale);

@@ -48,6 +48,7 @@ pub(crate) struct Config {
     pub(crate) l1_capacity: u64,
     pub(crate) l1_ttl_cap: Duration,
     pub(crate) notifications: bool,
+    pub(crate) readable_keys: bool,
     pub(crate) stale: Duration,
     pub(crate) stale_if_error: Option<Duration>,
     pub(crate) keep_for_revalidation: Duration,
@@ -75,6 +76,7 @@ impl Default for Config {
             l1_capacity: 64 * 1024 * 1024,
             l1_ttl_cap: Duration::from_secs(10),
             notifications: true,
+            readable_keys: false,
             stale: Duration::ZERO,
             stale_if_error: None,
             keep_for_revalidation: Duration::ZERO,
@@ -305,6 +307,19 @@ impl CacheBuilder {
     /// the polls alone, for comparison. Default: on.
     pub fn notifications(mut self, on: bool) -> Self {
         self.config.notifications = on;
+        self
+    }
+
+    /// Whether a lookup's trace shows its key as text (the key's bytes as UTF-8, escaped, cut
+    /// at 256 bytes; for the HTTP layer the method and URL), besides its hash. Off by default:
+    /// keys often hold what logs must not (user ids, emails, a token in a query string).
+    ///
+    /// When on, each lookup that reaches the store is an `INFO` span, `stampede.fetch`, with a
+    /// `key_text` field, so a warning logged inside it (a failed store call, a failed load)
+    /// names the key under a default `fmt` subscriber; an L1 hit logs nothing and keeps its
+    /// `DEBUG` span without the text. Default: off.
+    pub fn readable_keys(mut self, on: bool) -> Self {
+        self.config.readable_keys = on;
         self
     }
 

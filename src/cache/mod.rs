@@ -113,7 +113,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use tracing::{debug, debug_span, Instrument};
+use tracing::{debug, debug_span, info_span, Instrument};
 
 use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, Stored};
 use breaker::Breaker;
@@ -306,14 +306,18 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        self.fetch_digest(KeyDigest::of(key.as_ref()), accepts, loader)
+        let key = key.as_ref();
+        self.fetch_named(KeyDigest::of(key), key, accepts, loader)
             .await
     }
 
-    /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed.
-    pub(crate) async fn fetch_digest<A, F, Fut, E>(
+    /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed to `digest`, whose
+    /// text `name` is shown in its trace if the cache has
+    /// [`readable_keys`](CacheBuilder::readable_keys).
+    pub(crate) async fn fetch_named<A, F, Fut, E>(
         &self,
         digest: KeyDigest,
+        name: &[u8],
         accepts: A,
         loader: F,
     ) -> Result<Fetched, Error>
@@ -325,7 +329,8 @@ impl Cache {
     {
         // A span to enter, record and time only for a subscriber that wants it (see
         // `fetch_span`), with the moment the fetch started.
-        let traced = fetch_span(&digest).map(|span| (span, Instant::now()));
+        let name = self.inner.config.readable_keys.then_some(name);
+        let traced = fetch_span(&digest, name).map(|span| (span, Instant::now()));
         let fetch = self.inner.fetch_digest(digest, accepts, loader);
         let answer = match &traced {
             Some((span, _)) => fetch.instrument(span.clone()).await,
@@ -357,7 +362,7 @@ impl Cache {
     /// with nothing more to do (no early refresh due) and `read` can answer with it (`Some`):
     /// then counted and traced as any L1 hit. `read` runs once per L1 entry: its answer is
     /// kept with the entry and shared by the hits after it. Else `None`, nothing is counted,
-    /// and the caller goes on to [`fetch_digest`](Self::fetch_digest) with the same digest.
+    /// and the caller goes on to the fetch with the same digest.
     /// For a caller that has work to do before a fetch that may load (the layer wraps its
     /// request into a loader): a hit skips that work.
     pub(crate) fn l1_hit<T: std::any::Any + Send + Sync>(
@@ -374,7 +379,7 @@ impl Cache {
             read_at,
         };
         self.inner.meter.outcome(Outcome::L1Hit);
-        if let Some(span) = fetch_span(digest) {
+        if let Some(span) = fetch_span(digest, None) {
             span.record("outcome", Outcome::L1Hit.label());
         }
         Some(found)
@@ -480,15 +485,48 @@ impl Inner {
 /// record. Nor is a span built where no subscriber takes `DEBUG` (one atomic load): the macro
 /// would still format its fields for `log` (a bare "stampede.fetch" line, without its
 /// outcome), on every L1 hit too.
-fn fetch_span(digest: &KeyDigest) -> Option<tracing::Span> {
-    if tracing::Level::DEBUG > tracing::level_filters::LevelFilter::current() {
+///
+/// With the key's text (`name`, given only where the cache shows readable keys), the span is
+/// at `INFO`, so the warnings logged inside it carry the key under a default subscriber.
+fn fetch_span(digest: &KeyDigest, name: Option<&[u8]>) -> Option<tracing::Span> {
+    let level = if name.is_some() {
+        tracing::Level::INFO
+    } else {
+        tracing::Level::DEBUG
+    };
+    if level > tracing::level_filters::LevelFilter::current() {
         return None;
     }
-    let span = debug_span!(
-        "stampede.fetch",
-        key = %digest,
-        outcome = tracing::field::Empty,
-        wait_ms = tracing::field::Empty,
-    );
+    let span = match name {
+        Some(name) => info_span!(
+            "stampede.fetch",
+            key = %digest,
+            key_text = ?KeyText(name),
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+        ),
+        None => debug_span!(
+            "stampede.fetch",
+            key = %digest,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+        ),
+    };
     (!span.is_disabled()).then_some(span)
+}
+
+/// A key's bytes for a log line: UTF-8 (invalid bytes replaced), cut at 256 bytes, and
+/// quoted with control characters escaped, so a hostile key cannot forge log lines.
+struct KeyText<'a>(&'a [u8]);
+
+impl std::fmt::Debug for KeyText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 256;
+        let shown = &self.0[..self.0.len().min(SHOWN)];
+        write!(f, "{:?}", String::from_utf8_lossy(shown))?;
+        if self.0.len() > SHOWN {
+            write!(f, "...({} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
 }

@@ -288,7 +288,7 @@ where
             };
             let fetched = self
                 .cache
-                .fetch_digest(digest, self.accepts(), load)
+                .fetch_named(digest, key.as_ref(), self.accepts(), load)
                 .await?;
             let bytes = fetched.value_or_pass()?;
             if let Some(value) = read(&bytes).map(Arc::new) {

@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use std::sync::Arc;
+
+use support::observed::Observed;
 use support::{Counter, Shared};
-use tower_stampede::store::MemoryStore;
+use tower_stampede::store::{MemoryStore, Store};
 use tower_stampede::{Cache, Loaded, Outcome};
 
 use crate::{loader, never_called};
@@ -133,4 +136,45 @@ async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
         closed[1].contains(&outcome(Outcome::L1Hit)) && !closed[1].contains("wait_ms="),
         "{text}"
     );
+}
+
+/// With `readable_keys`, a warning logged inside a lookup (here: the store does not answer a
+/// lookup in time) names the key as text under a default `fmt` subscriber (`INFO`, no span
+/// events); without it, only the key's hash appears, as keys may hold what logs must not. A
+/// key with a line break is escaped, so it cannot forge a log line.
+#[tokio::test]
+async fn readable_keys_name_the_key_in_warnings_only_when_asked() {
+    let key = "user/42\nFORGED warning";
+    for readable in [false, true] {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let observed = Observed::new(&store, Duration::ZERO);
+        observed.hang(true);
+        let cache = Cache::builder_shared(observed.clone())
+            .store_timeout(Duration::from_millis(20))
+            .readable_keys(readable)
+            .build();
+        let logs = support::Logs::default();
+        let _guard = logs.capture_default();
+        let value = cache
+            .get_or_load(key, || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+            })
+            .await
+            .unwrap();
+        assert_eq!(value, "v");
+        let text = logs.text();
+        assert!(text.contains("WARN"), "readable {readable}: {text}");
+        assert!(
+            !text.lines().any(|line| line.starts_with("FORGED")),
+            "readable {readable}: {text}"
+        );
+        if readable {
+            assert!(
+                text.contains(r#"key_text="user/42\nFORGED warning""#),
+                "{text}"
+            );
+        } else {
+            assert!(!text.contains("user/42"), "{text}");
+        }
+    }
 }

@@ -83,7 +83,7 @@ where
         move |previous| load(loading, primary, Step::Primary, slot, to_leader, previous)
     };
     let fetched = cache
-        .fetch_digest(digest, codec::accepts_primary, loader)
+        .fetch_named(digest, primary.as_bytes(), codec::accepts_primary, loader)
         .await;
     let (marker, outcome) = match decoded(&fetched) {
         Some((Decoded::Response(cached), found)) => {

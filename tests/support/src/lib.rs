@@ -71,16 +71,7 @@ impl Logs {
     /// Sends what this thread traces, at debug level and with each span's fields when it
     /// closes, here, until the guard is dropped.
     pub fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        // While exactly one subscriber exists, tracing-core decides a callsite's interest, at
-        // its first use, from the subscriber of the thread that uses it alone: a callsite
-        // first reached by another test's thread, which has none, would be cached as "never",
-        // and this thread's subscriber would miss it (one run in seven of a test here). A
-        // second subscriber, kept for the life of the test binary, makes every registration
-        // ask all of them.
-        static SECOND: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
-            tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
-        });
-        std::sync::LazyLock::force(&SECOND);
+        every_subscriber_asked();
         let logs = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
@@ -91,10 +82,36 @@ impl Logs {
         tracing::subscriber::set_default(subscriber)
     }
 
+    /// Like [`capture`](Self::capture), as a default `fmt` subscriber would write: `INFO` and
+    /// above, spans shown only as the context of the events inside them.
+    pub fn capture_default(&self) -> tracing::subscriber::DefaultGuard {
+        every_subscriber_asked();
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
     /// Everything written so far.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
+}
+
+/// Makes every callsite ask each subscriber whether it is wanted.
+fn every_subscriber_asked() {
+    // While exactly one subscriber exists, tracing-core decides a callsite's interest, at
+    // its first use, from the subscriber of the thread that uses it alone: a callsite
+    // first reached by another test's thread, which has none, would be cached as "never",
+    // and this thread's subscriber would miss it (one run in seven of a test here). A
+    // second subscriber, kept for the life of the test binary, makes every registration
+    // ask all of them.
+    static SECOND: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+        tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+    });
+    std::sync::LazyLock::force(&SECOND);
 }
 
 impl std::io::Write for Logs {
