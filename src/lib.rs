@@ -7,6 +7,7 @@
 //! - [`cache`]: the engine, [`Cache::get_or_load`], for any hot key, and with feature `serde`
 //!   typed values of any serde type (`Cache::typed`);
 //! - [`http`]: the tower middleware, [`StampedeLayer`], for HTTP services (axum, hyper);
+//! - [`service`]: [`CacheLayer`](service::CacheLayer), for any tower service (gRPC, clients);
 //! - [`store`]: where values and reload locks are shared: [`MemoryStore`](store::MemoryStore)
 //!   (embedded default) and `RedisStore` (feature `redis`; Redis Cluster with feature
 //!   `cluster`, `rediss://` with feature `tls`).
@@ -54,6 +55,7 @@
 
 pub mod cache;
 pub mod http;
+pub mod service;
 pub mod store;
 mod sync;
 

@@ -136,6 +136,16 @@ impl Loaded {
         }
     }
 
+    /// The same result with `bytes` as its value, its TTL, windows and tags kept: for a
+    /// result described before its value was encoded (the service layer's freshness). A
+    /// result that stores no value is returned as it is.
+    pub(crate) fn with_bytes(mut self, bytes: Bytes) -> Self {
+        if let LoadedKind::Value { bytes: value, .. } = &mut self.kind {
+            *value = bytes;
+        }
+        self
+    }
+
     /// Gives the value a stale-while-revalidate window of its own (RFC 5861 §3), in place of
     /// the cache's [`stale`](CacheBuilder::stale): past its freshness, it may be served for
     /// `window` while a reload runs. No window reaches past how long the cache keeps values

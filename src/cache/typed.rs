@@ -322,6 +322,27 @@ where
     }
 }
 
+impl<T, C> Typed<T, C>
+where
+    T: Serialize + DeserializeOwned,
+    C: Codec,
+{
+    /// The cache this handle reads and fills.
+    pub(crate) fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// `value` as this handle stores it: its schema tag, then the codec's bytes.
+    pub(crate) fn encode_value(&self, value: &T) -> Result<Bytes, BoxError> {
+        encode(&self.codec, self.tag, value)
+    }
+
+    /// The `T` in `bytes`, if they hold a value of this handle's schema.
+    pub(crate) fn decode_value(&self, bytes: &[u8]) -> Option<T> {
+        decode(&self.codec, self.tag, bytes)
+    }
+}
+
 /// `value` encoded behind its schema tag.
 fn encode<T: Serialize, C: Codec>(
     codec: &C,

@@ -1,0 +1,498 @@
+//! The generic layer (`tower_stampede::service::CacheLayer`) over a plain `tower::service_fn`,
+//! over both stores: identical calls over four instances cost one backend call; different
+//! requests never share an answer; an error of the inner service reaches every call that
+//! waited for its load and is not stored; requests without a key pass through untouched; and
+//! the layer behaves as tower expects (readiness, `ServiceBuilder`, `Buffer`,
+//! `BoxCloneService`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::{wait_until, Counter, Shared};
+use tokio::sync::watch;
+use tower::util::BoxCloneService;
+use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_stampede::service::{CacheLayer, Freshness, ServiceCodec};
+use tower_stampede::{Cache, ErrorKind};
+
+/// A request to the backend: which item, and a credential that makes it private.
+#[derive(Clone, Debug, PartialEq)]
+struct Ask {
+    item: String,
+    token: Option<String>,
+}
+
+fn ask(item: &str) -> Ask {
+    Ask {
+        item: item.into(),
+        token: None,
+    }
+}
+
+/// The backend's errors, and the cache's as the layer maps them.
+#[derive(Clone, Debug, PartialEq)]
+enum Failure {
+    Backend(String),
+    Cache(ErrorKind),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl From<tower_stampede::Error> for Failure {
+    fn from(error: tower_stampede::Error) -> Self {
+        Failure::Cache(error.kind())
+    }
+}
+
+/// Answers as UTF-8, and backend errors as UTF-8 too, so that they reach the calls waiting
+/// in other instances.
+#[derive(Clone)]
+struct Text {
+    share_errors: bool,
+}
+
+impl ServiceCodec<String, Failure> for Text {
+    fn encode(&self, response: &String) -> Result<Bytes, BoxError> {
+        Ok(Bytes::copy_from_slice(response.as_bytes()))
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<String, BoxError> {
+        Ok(std::str::from_utf8(bytes)?.to_owned())
+    }
+
+    fn encode_error(&self, error: &Failure) -> Option<Bytes> {
+        match error {
+            Failure::Backend(message) if self.share_errors => {
+                Some(Bytes::copy_from_slice(message.as_bytes()))
+            }
+            _ => None,
+        }
+    }
+
+    fn decode_error(&self, bytes: &[u8]) -> Option<Failure> {
+        let message = std::str::from_utf8(bytes).ok()?;
+        Some(Failure::Backend(message.to_owned()))
+    }
+}
+
+/// The key: the item, unless the request carries a credential.
+fn key(ask: &Ask) -> Option<String> {
+    ask.token.is_none().then(|| format!("item:{}", ask.item))
+}
+
+/// [`key`], counting the calls it keys (the calls that reached the layer).
+fn counted_key(keyed: &Counter) -> impl Fn(&Ask) -> Option<String> + Clone + Send + Sync {
+    let keyed = keyed.clone();
+    move |ask| {
+        keyed.hit();
+        key(ask)
+    }
+}
+
+/// A backend that counts its calls, keeps the requests it was sent, and answers once `gate`
+/// is open: "value of ITEM", or an error for an item named "broken".
+#[derive(Clone)]
+struct Backend {
+    calls: Counter,
+    seen: Arc<Mutex<Vec<Ask>>>,
+    gate: watch::Sender<bool>,
+}
+
+impl Backend {
+    fn new(open: bool) -> Self {
+        Backend {
+            calls: Counter::default(),
+            seen: Arc::default(),
+            gate: watch::Sender::new(open),
+        }
+    }
+
+    fn open(&self) {
+        self.gate.send_replace(true);
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<Ask, Response = String, Error = Failure, Future: Send> + Clone + Send + 'static
+    {
+        let backend = self.clone();
+        service_fn(move |ask: Ask| {
+            let backend = backend.clone();
+            async move {
+                let call = backend.calls.hit();
+                backend.seen.lock().unwrap().push(ask.clone());
+                let mut gate = backend.gate.subscribe();
+                let _ = gate.wait_for(|open| *open).await;
+                match ask.item.as_str() {
+                    "broken" => Err(down(call)),
+                    item => Ok(format!("value of {item}")),
+                }
+            }
+        })
+    }
+}
+
+/// The backend's error in its `call`th call.
+fn down(call: usize) -> Failure {
+    Failure::Backend(format!("the database is down ({call})"))
+}
+
+/// `n` instances (each its own cache, so its own L1) over `shared`, each guarding `backend`.
+/// Cache errors are mapped by a function, so the calls of a failed load get clones of its
+/// error; `keyed` counts the calls that reached the layers.
+fn instances(
+    shared: &Shared,
+    n: usize,
+    backend: &Backend,
+    share_errors: bool,
+    keyed: &Counter,
+) -> Vec<BoxCloneService<Ask, String, Failure>> {
+    (0..n)
+        .map(|_| {
+            let cache = shared.cache().failure_ttl(Duration::ZERO).build();
+            let layer = CacheLayer::with_codec(cache, counted_key(keyed), Text { share_errors })
+                .ttl(Duration::from_secs(60))
+                .map_error(Failure::from);
+            BoxCloneService::new(
+                ServiceBuilder::new()
+                    .layer(layer)
+                    .service(backend.service()),
+            )
+        })
+        .collect()
+}
+
+/// `calls` calls of `ask` spread over `instances`, each in a task of its own.
+fn spread(
+    instances: &[BoxCloneService<Ask, String, Failure>],
+    calls: usize,
+    ask: &Ask,
+) -> Vec<tokio::task::JoinHandle<Result<String, Failure>>> {
+    (0..calls)
+        .map(|i| {
+            let service = instances[i % instances.len()].clone();
+            tokio::spawn(service.oneshot(ask.clone()))
+        })
+        .collect()
+}
+
+/// A stampede: 1,000 identical calls over four instances that share one store cost one call
+/// of the backend, and every caller gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_calls_over_four_instances_cost_one_backend_call() {
+    for shared in Shared::both().await {
+        let backend = Backend::new(false);
+        let instances = instances(&shared, 4, &backend, true, &Counter::default());
+        let calls = spread(&instances, 1000, &ask("hot"));
+        wait_until("the load started", || backend.calls.get() == 1).await;
+        backend.open();
+        for call in calls {
+            assert_eq!(
+                call.await.unwrap().unwrap(),
+                "value of hot",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(backend.calls.get(), 1, "{}: backend calls", shared.name);
+    }
+}
+
+/// Two different requests, at once and on every instance, each get their own answer: one
+/// backend call each, never the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_requests_never_share_an_answer() {
+    for shared in Shared::both().await {
+        let backend = Backend::new(false);
+        let instances = instances(&shared, 4, &backend, true, &Counter::default());
+        let first = spread(&instances, 50, &ask("first"));
+        let second = spread(&instances, 50, &ask("second"));
+        wait_until("both loads started", || backend.calls.get() == 2).await;
+        backend.open();
+        for call in first {
+            assert_eq!(
+                call.await.unwrap().unwrap(),
+                "value of first",
+                "{}",
+                shared.name
+            );
+        }
+        for call in second {
+            assert_eq!(
+                call.await.unwrap().unwrap(),
+                "value of second",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(backend.calls.get(), 2, "{}", shared.name);
+    }
+}
+
+/// The inner service fails while calls on four instances wait for its load: they get the
+/// inner service's own error, shared across instances by the codec (a call that reached its
+/// instance just as the load ended loads again, and gets its own load's error), and nothing
+/// is stored, so the next call goes to the backend again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_error_reaches_every_waiter_and_is_not_stored() {
+    for shared in Shared::both().await {
+        let (backend, keyed) = (Backend::new(false), Counter::default());
+        let instances = instances(&shared, 4, &backend, true, &keyed);
+        let calls = spread(&instances, 200, &ask("broken"));
+        wait_until("every call reached its layer", || {
+            backend.calls.get() == 1 && keyed.get() == 200
+        })
+        .await;
+        backend.open();
+        let mut first = [0; 4];
+        for (i, call) in calls.into_iter().enumerate() {
+            match call.await.unwrap() {
+                Err(error) if error == down(1) => first[i % 4] += 1,
+                Err(Failure::Backend(_)) => {}
+                other => panic!("{}: {other:?}", shared.name),
+            }
+        }
+        assert!(
+            first.iter().all(|&waited| waited > 25),
+            "{}: the calls of each instance that got the first load's error: {first:?}",
+            shared.name
+        );
+        let loads = backend.calls.get();
+        let again = instances[0].clone().oneshot(ask("broken")).await;
+        assert_eq!(again, Err(down(loads + 1)), "{}: not stored", shared.name);
+    }
+}
+
+/// Without a codec for errors, the calls waiting in the same process get the inner service's
+/// own error (a clone of it, through the engine's shared failure), and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_error_reaches_the_waiters_of_its_process_without_an_error_codec() {
+    for shared in Shared::both().await {
+        let (backend, keyed) = (Backend::new(false), Counter::default());
+        let instance = instances(&shared, 1, &backend, false, &keyed);
+        let calls = spread(&instance, 100, &ask("broken"));
+        wait_until("every call reached the layer", || {
+            backend.calls.get() == 1 && keyed.get() == 100
+        })
+        .await;
+        backend.open();
+        for call in calls {
+            assert_eq!(call.await.unwrap(), Err(down(1)), "{}", shared.name);
+        }
+        let again = instance[0].clone().oneshot(ask("broken")).await;
+        assert_eq!(again, Err(down(2)), "{}: not stored", shared.name);
+    }
+}
+
+/// A request whose key is `None` (one with a credential) goes to the inner service as it was
+/// sent, every time, even while others like it are in flight; nothing is stored for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_without_a_key_pass_through_untouched() {
+    for shared in Shared::both().await {
+        let backend = Backend::new(false);
+        let instances = instances(&shared, 2, &backend, true, &Counter::default());
+        let private = Ask {
+            item: "hot".into(),
+            token: Some("secret".into()),
+        };
+        let calls = spread(&instances, 3, &private);
+        wait_until("every call reached the backend", || {
+            backend.calls.get() == 3
+        })
+        .await;
+        backend.open();
+        for call in calls {
+            assert_eq!(
+                call.await.unwrap().unwrap(),
+                "value of hot",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(
+            *backend.seen.lock().unwrap(),
+            vec![private; 3],
+            "{}",
+            shared.name
+        );
+        // The key the item would have had holds nothing: the next keyed call loads.
+        instances[0].clone().oneshot(ask("hot")).await.unwrap();
+        assert_eq!(backend.calls.get(), 4, "{}", shared.name);
+    }
+}
+
+/// # Backpressure: the layer is always ready, and only the calls that reach the inner service
+/// wait for its readiness. With a concurrency limit of one inside the layer held by a load, a
+/// hit is answered at once, and a miss waits for the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_do_not_wait_for_the_inner_services_readiness() {
+    let backend = Backend::new(true);
+    let cache = Cache::builder(tower_stampede::store::MemoryStore::new()).build();
+    let layer = CacheLayer::with_codec(
+        cache,
+        key,
+        Text {
+            share_errors: false,
+        },
+    );
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .concurrency_limit(1)
+        .service(backend.service());
+    service.clone().oneshot(ask("filled")).await.unwrap();
+    backend.gate.send_replace(false);
+    let held = tokio::spawn(service.clone().oneshot(ask("slow")));
+    wait_until("the slow load holds the permit", || {
+        backend.calls.get() == 2
+    })
+    .await;
+    let miss = tokio::spawn(service.clone().oneshot(ask("other")));
+    let hit = service.clone().oneshot(ask("filled")).await.unwrap();
+    assert_eq!(hit, "value of filled");
+    assert_eq!(backend.calls.get(), 2, "the miss waits for the permit");
+    assert!(!miss.is_finished());
+    backend.open();
+    assert_eq!(held.await.unwrap().unwrap(), "value of slow");
+    assert_eq!(miss.await.unwrap().unwrap(), "value of other");
+    assert_eq!(backend.calls.get(), 3);
+}
+
+/// Behind a `Buffer` (whose error is a `BoxError`) and boxed as a `BoxCloneService`, a
+/// stampede still costs one backend call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn works_behind_a_buffer_as_a_box_clone_service() {
+    let backend = Backend::new(false);
+    let cache = Cache::builder(tower_stampede::store::MemoryStore::new()).build();
+    let layer = CacheLayer::with_codec(cache, key, Text { share_errors: true });
+    let service: BoxCloneService<Ask, String, BoxError> = BoxCloneService::new(
+        ServiceBuilder::new()
+            .buffer(8)
+            .layer(layer)
+            .service(backend.service()),
+    );
+    let calls: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(service.clone().oneshot(ask("hot"))))
+        .collect();
+    wait_until("the load started", || backend.calls.get() == 1).await;
+    backend.open();
+    for call in calls {
+        assert_eq!(call.await.unwrap().unwrap(), "value of hot");
+    }
+    assert_eq!(backend.calls.get(), 1);
+}
+
+/// Freshness chosen per response: a response the function passes is not stored (each call
+/// loads), and one it stores is fresh for the TTL it gives, then loaded again.
+#[tokio::test(start_paused = true)]
+async fn freshness_is_a_function_of_the_response() {
+    let backend = Backend::new(true);
+    let cache = Cache::builder(tower_stampede::store::MemoryStore::new()).build();
+    let layer = CacheLayer::with_codec(cache, key, Text { share_errors: true }).freshness(
+        |response: &String| match response.as_str() {
+            "value of volatile" => Freshness::pass(),
+            _ => Freshness::ttl(Duration::from_secs(5)),
+        },
+    );
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .service(backend.service());
+    for _ in 0..2 {
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(ask("volatile"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(backend.calls.get(), 2, "a pass is not stored");
+    for _ in 0..2 {
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(ask("steady"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(backend.calls.get(), 3, "stored for 5 s");
+    tokio::time::advance(Duration::from_secs(6)).await;
+    service
+        .ready()
+        .await
+        .unwrap()
+        .call(ask("steady"))
+        .await
+        .unwrap();
+    assert_eq!(backend.calls.get(), 4, "loaded again once stale");
+}
+
+/// An error the user asks to store (`cache_errors`) is the answer of the calls after it
+/// while it is fresh, without a backend call.
+#[tokio::test(start_paused = true)]
+async fn errors_are_stored_only_when_asked() {
+    let backend = Backend::new(true);
+    let cache = Cache::builder(tower_stampede::store::MemoryStore::new()).build();
+    let layer = CacheLayer::with_codec(cache, key, Text { share_errors: true })
+        .cache_errors(|_: &Failure| Some(Freshness::ttl(Duration::from_secs(5))));
+    let service = ServiceBuilder::new()
+        .layer(layer)
+        .service(backend.service());
+    assert_eq!(service.clone().oneshot(ask("broken")).await, Err(down(1)));
+    assert_eq!(service.clone().oneshot(ask("broken")).await, Err(down(1)));
+    assert_eq!(backend.calls.get(), 1, "the error was stored");
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(service.clone().oneshot(ask("broken")).await, Err(down(2)));
+    assert_eq!(backend.calls.get(), 2);
+}
+
+/// With feature `serde`, responses of any serde type are stored as typed values by default.
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn serde_responses_by_default() {
+    #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct User {
+        id: u64,
+        name: String,
+    }
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let backend = {
+            let calls = calls.clone();
+            service_fn(move |id: u64| {
+                calls.hit();
+                async move {
+                    Ok::<_, BoxError>(User {
+                        id,
+                        name: "Ada".into(),
+                    })
+                }
+            })
+        };
+        let make = |backend| {
+            let layer = CacheLayer::new(shared.cache().build(), |id: &u64| Some(id.to_be_bytes()));
+            ServiceBuilder::new().layer(layer).service(backend)
+        };
+        let (one, other) = (make(backend.clone()), make(backend));
+        let ada = User {
+            id: 42,
+            name: "Ada".into(),
+        };
+        assert_eq!(
+            one.clone().oneshot(42).await.unwrap(),
+            ada,
+            "{}",
+            shared.name
+        );
+        assert_eq!(one.oneshot(42).await.unwrap(), ada, "{}: L1", shared.name);
+        assert_eq!(other.oneshot(42).await.unwrap(), ada, "{}: L2", shared.name);
+        assert_eq!(calls.get(), 1, "{}", shared.name);
+    }
+}
