@@ -54,6 +54,10 @@ cargo test --all-features
 echo "==> cargo test (no default features: the tests over the embedded store, without Redis)"
 cargo test --no-default-features
 
+echo "==> the gRPC example (tonic; its own crate, its tests over redis-server)"
+cargo clippy -p tower-stampede-grpc --all-targets -- -D warnings
+cargo test -p tower-stampede-grpc
+
 echo "==> the protocol models (stateright, exhaustive; release mode: about two minutes on 2 cores)"
 cargo clippy -p tower-stampede-model --all-targets -- -D warnings
 cargo test --release -p tower-stampede-model -- --nocapture
