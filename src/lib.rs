@@ -81,4 +81,6 @@ mod guide_doctests {
     pub struct Http;
     #[doc = include_str!("../docs/operations.md")]
     pub struct Operations;
+    #[doc = include_str!("../docs/services.md")]
+    pub struct Services;
 }

@@ -105,7 +105,8 @@ impl<K, C, F, M> CacheLayer<K, C, F, M> {
     /// Stores the errors of the inner service that `errors` gives a [`Freshness`] (a "not
     /// found", say), where the codec can encode them
     /// ([`encode_error`](super::ServiceCodec::encode_error)). By default no error is stored:
-    /// it goes to the calls that waited for its load, and the next call loads again.
+    /// it goes to the calls that waited for its load, and the next call loads again. Call
+    /// it after [`ttl`](Self::ttl) or [`freshness`](Self::freshness), which replace it.
     pub fn cache_errors<G>(self, errors: G) -> CacheLayer<K, C, CachingErrors<F, G>, M> {
         let Settings {
             key,
