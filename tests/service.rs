@@ -183,6 +183,18 @@ fn spread(
         .collect()
 }
 
+/// Asserts that each of `calls` answered `expected`.
+async fn every_answer(
+    calls: Vec<tokio::task::JoinHandle<Result<String, Failure>>>,
+    expected: Result<&str, Failure>,
+    store: &str,
+) {
+    let expected = expected.map(str::to_owned);
+    for call in calls {
+        assert_eq!(call.await.unwrap(), expected, "{store}");
+    }
+}
+
 /// A stampede: 1,000 identical calls over four instances that share one store cost one call
 /// of the backend, and every caller gets its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,14 +205,7 @@ async fn identical_calls_over_four_instances_cost_one_backend_call() {
         let calls = spread(&instances, 1000, &ask("hot"));
         wait_until("the load started", || backend.calls.get() == 1).await;
         backend.open();
-        for call in calls {
-            assert_eq!(
-                call.await.unwrap().unwrap(),
-                "value of hot",
-                "{}",
-                shared.name
-            );
-        }
+        every_answer(calls, Ok("value of hot"), shared.name).await;
         assert_eq!(backend.calls.get(), 1, "{}: backend calls", shared.name);
     }
 }
@@ -216,22 +221,8 @@ async fn different_requests_never_share_an_answer() {
         let second = spread(&instances, 50, &ask("second"));
         wait_until("both loads started", || backend.calls.get() == 2).await;
         backend.open();
-        for call in first {
-            assert_eq!(
-                call.await.unwrap().unwrap(),
-                "value of first",
-                "{}",
-                shared.name
-            );
-        }
-        for call in second {
-            assert_eq!(
-                call.await.unwrap().unwrap(),
-                "value of second",
-                "{}",
-                shared.name
-            );
-        }
+        every_answer(first, Ok("value of first"), shared.name).await;
+        every_answer(second, Ok("value of second"), shared.name).await;
         assert_eq!(backend.calls.get(), 2, "{}", shared.name);
     }
 }
@@ -283,9 +274,7 @@ async fn an_inner_error_reaches_the_waiters_of_its_process_without_an_error_code
         })
         .await;
         backend.open();
-        for call in calls {
-            assert_eq!(call.await.unwrap(), Err(down(1)), "{}", shared.name);
-        }
+        every_answer(calls, Err(down(1)), shared.name).await;
         let again = instance[0].clone().oneshot(ask("broken")).await;
         assert_eq!(again, Err(down(2)), "{}: not stored", shared.name);
     }
@@ -308,14 +297,7 @@ async fn requests_without_a_key_pass_through_untouched() {
         })
         .await;
         backend.open();
-        for call in calls {
-            assert_eq!(
-                call.await.unwrap().unwrap(),
-                "value of hot",
-                "{}",
-                shared.name
-            );
-        }
+        every_answer(calls, Ok("value of hot"), shared.name).await;
         assert_eq!(
             *backend.seen.lock().unwrap(),
             vec![private; 3],

@@ -85,21 +85,7 @@ impl<K, C, F, M> CacheLayer<K, C, F, M> {
     /// How each response is stored: a [`Freshness`] for all, or a function of the response
     /// (`Fn(&Response) -> Freshness`), any [`FreshnessFor`](super::FreshnessFor).
     pub fn freshness<G>(self, freshness: G) -> CacheLayer<K, C, G, M> {
-        let Settings {
-            key,
-            codec,
-            map_error,
-            ..
-        } = self.settings;
-        CacheLayer {
-            cache: self.cache,
-            settings: Settings {
-                key,
-                codec,
-                freshness,
-                map_error,
-            },
-        }
+        self.remade(|_| freshness, |map_error| map_error)
     }
 
     /// Stores the errors of the inner service that `errors` gives a [`Freshness`] (a "not
@@ -108,43 +94,35 @@ impl<K, C, F, M> CacheLayer<K, C, F, M> {
     /// it goes to the calls that waited for its load, and the next call loads again. Call
     /// it after [`ttl`](Self::ttl) or [`freshness`](Self::freshness), which replace it.
     pub fn cache_errors<G>(self, errors: G) -> CacheLayer<K, C, CachingErrors<F, G>, M> {
-        let Settings {
-            key,
-            codec,
-            freshness,
-            map_error,
-        } = self.settings;
-        let freshness = CachingErrors {
-            responses: freshness,
-            errors,
-        };
-        CacheLayer {
-            cache: self.cache,
-            settings: Settings {
-                key,
-                codec,
-                freshness,
-                map_error,
-            },
-        }
+        let caching = |responses| CachingErrors { responses, errors };
+        self.remade(caching, |map_error| map_error)
     }
 
     /// How an error of the cache becomes the inner service's error (see
     /// [`MapError`](super::MapError)); needed where that type is not `From<Error>`.
     pub fn map_error<N>(self, map_error: N) -> CacheLayer<K, C, F, N> {
+        self.remade(|freshness| freshness, |_| map_error)
+    }
+
+    /// The same layer with its freshness and its error mapping made anew from the old.
+    fn remade<G, N>(
+        self,
+        freshness: impl FnOnce(F) -> G,
+        map_error: impl FnOnce(M) -> N,
+    ) -> CacheLayer<K, C, G, N> {
         let Settings {
             key,
             codec,
-            freshness,
-            ..
+            freshness: old_freshness,
+            map_error: old_map_error,
         } = self.settings;
         CacheLayer {
             cache: self.cache,
             settings: Settings {
                 key,
                 codec,
-                freshness,
-                map_error,
+                freshness: freshness(old_freshness),
+                map_error: map_error(old_map_error),
             },
         }
     }
