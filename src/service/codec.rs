@@ -8,8 +8,8 @@ use crate::cache::BoxError;
 
 /// How the responses (and, optionally, the errors) of a service become bytes and back.
 ///
-/// With feature `serde`, a [`Typed`](crate::cache::Typed) handle is one: responses of any
-/// serde type, stored behind their schema tag (see [typed values](crate::cache::typed)).
+/// With feature `serde`, a `Typed` handle (`Cache::typed`) is one: responses of any serde
+/// type, stored behind their schema tag.
 /// Implement it for other formats (protobuf messages, a service's own wire bytes).
 ///
 /// Decoding must fail, never panic, on bytes it did not write.

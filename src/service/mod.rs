@@ -7,7 +7,7 @@
 //!   that must not share an answer must not share a key. `None` sends the request to the
 //!   inner service untouched (a call with credentials, a request that is not idempotent).
 //! - The **codec** ([`ServiceCodec`]): with feature `serde`, responses are stored as
-//!   [typed values](crate::cache::typed) ([`CacheLayer::new`]); any other format through
+//!   typed values (`CacheLayer::new`, `Cache::typed`); any other format through
 //!   [`CacheLayer::with_codec`].
 //! - The **freshness** ([`Freshness`], or a function of the response): TTL, stale windows
 //!   and tags, as a loader's [`Loaded`](crate::Loaded) has them. Early refresh and stale
