@@ -5,6 +5,7 @@
 //! the layer behaves as tower expects (readiness, `ServiceBuilder`, `Buffer`,
 //! `BoxCloneService`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -477,4 +478,69 @@ async fn serde_responses_by_default() {
         assert_eq!(other.oneshot(42).await.unwrap(), ada, "{}: L2", shared.name);
         assert_eq!(calls.get(), 1, "{}", shared.name);
     }
+}
+
+/// Stale windows given by the freshness, as the engine applies them (RFC 5861): past its TTL
+/// and within its stale-while-revalidate window, a response is served at once while one call
+/// refreshes it; past that window, within its stale-if-error window, it stands in for a load
+/// that fails.
+#[tokio::test(start_paused = true)]
+async fn stale_windows_come_from_the_freshness() {
+    let (calls, failing) = (Counter::default(), Arc::new(AtomicBool::new(false)));
+    let backend = {
+        let (calls, failing) = (calls.clone(), Arc::clone(&failing));
+        service_fn(move |_: Ask| {
+            let call = calls.hit();
+            let fails = failing.load(Ordering::SeqCst);
+            async move {
+                if fails {
+                    Err(down(call))
+                } else {
+                    Ok(format!("version {call}"))
+                }
+            }
+        })
+    };
+    // The cache serves nothing stale of its own: it only keeps values for long enough.
+    let cache = Cache::builder(tower_stampede::store::MemoryStore::new())
+        .keep_for_revalidation(Duration::from_secs(600))
+        .build();
+    let freshness = Freshness::ttl(Duration::from_secs(5))
+        .stale_while_revalidate(Duration::from_secs(10))
+        .stale_if_error(Duration::from_secs(100));
+    let layer = CacheLayer::with_codec(
+        cache,
+        key,
+        Text {
+            share_errors: false,
+        },
+    )
+    .freshness(freshness)
+    .map_error(Failure::from);
+    let service = ServiceBuilder::new().layer(layer).service(backend);
+    let call = || service.clone().oneshot(ask("page"));
+    assert_eq!(call().await, Ok("version 1".into()));
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert_eq!(
+        call().await,
+        Ok("version 1".into()),
+        "stale, while it refreshes"
+    );
+    let mut refreshed = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        match call().await {
+            Ok(answer) if answer == "version 1" => continue,
+            answer => {
+                refreshed = Some(answer);
+                break;
+            }
+        }
+    }
+    assert_eq!(refreshed, Some(Ok("version 2".into())));
+    assert_eq!(calls.get(), 2, "one refresh");
+    failing.store(true, Ordering::SeqCst);
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert_eq!(call().await, Ok("version 2".into()), "stale if error");
+    assert_eq!(calls.get(), 3);
 }
