@@ -417,6 +417,32 @@ async fn freshness_is_a_function_of_the_response() {
     assert_eq!(backend.calls.get(), 4, "loaded again once stale");
 }
 
+/// A response the freshness passes is not stored: the calls that waited for its load each
+/// call the inner service themselves (with their own request), and each gets an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_pass_the_waiting_calls_call_the_inner_service() {
+    for shared in Shared::both().await {
+        let (backend, keyed) = (Backend::new(false), Counter::default());
+        let cache = shared.cache().build();
+        let layer = CacheLayer::with_codec(cache, counted_key(&keyed), Text { share_errors: true })
+            .freshness(|_: &String| Freshness::pass())
+            .map_error(Failure::from);
+        let service = BoxCloneService::new(
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(backend.service()),
+        );
+        let calls = spread(&[service], 20, &ask("volatile"));
+        wait_until("every call reached the layer", || {
+            backend.calls.get() == 1 && keyed.get() == 20
+        })
+        .await;
+        backend.open();
+        every_answer(calls, Ok("value of volatile"), shared.name).await;
+        assert_eq!(backend.calls.get(), 20, "{}", shared.name);
+    }
+}
+
 /// An error the user asks to store (`cache_errors`) is the answer of the calls after it
 /// while it is fresh, without a backend call.
 #[tokio::test(start_paused = true)]
