@@ -196,6 +196,24 @@ async fn every_answer(
     }
 }
 
+/// `calls` calls of `item` spread over `instances`, whose first load is held until every
+/// call reached its layer (`keyed` counts them from 0), so that each of them waits for it.
+async fn held_stampede(
+    instances: &[BoxCloneService<Ask, String, Failure>],
+    backend: &Backend,
+    keyed: &Counter,
+    calls: usize,
+    item: &str,
+) -> Vec<tokio::task::JoinHandle<Result<String, Failure>>> {
+    let spread = spread(instances, calls, &ask(item));
+    wait_until("every call reached its layer", || {
+        backend.calls.get() == 1 && keyed.get() == calls
+    })
+    .await;
+    backend.open();
+    spread
+}
+
 /// A stampede: 1,000 identical calls over four instances that share one store cost one call
 /// of the backend, and every caller gets its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,12 +255,7 @@ async fn an_inner_error_reaches_every_waiter_and_is_not_stored() {
     for shared in Shared::both().await {
         let (backend, keyed) = (Backend::new(false), Counter::default());
         let instances = instances(&shared, 4, &backend, true, &keyed);
-        let calls = spread(&instances, 200, &ask("broken"));
-        wait_until("every call reached its layer", || {
-            backend.calls.get() == 1 && keyed.get() == 200
-        })
-        .await;
-        backend.open();
+        let calls = held_stampede(&instances, &backend, &keyed, 200, "broken").await;
         let mut first = [0; 4];
         for (i, call) in calls.into_iter().enumerate() {
             match call.await.unwrap() {
@@ -269,12 +282,7 @@ async fn an_inner_error_reaches_the_waiters_of_its_process_without_an_error_code
     for shared in Shared::both().await {
         let (backend, keyed) = (Backend::new(false), Counter::default());
         let instance = instances(&shared, 1, &backend, false, &keyed);
-        let calls = spread(&instance, 100, &ask("broken"));
-        wait_until("every call reached the layer", || {
-            backend.calls.get() == 1 && keyed.get() == 100
-        })
-        .await;
-        backend.open();
+        let calls = held_stampede(&instance, &backend, &keyed, 100, "broken").await;
         every_answer(calls, Err(down(1)), shared.name).await;
         let again = instance[0].clone().oneshot(ask("broken")).await;
         assert_eq!(again, Err(down(2)), "{}: not stored", shared.name);
@@ -432,12 +440,7 @@ async fn after_a_pass_the_waiting_calls_call_the_inner_service() {
                 .layer(layer)
                 .service(backend.service()),
         );
-        let calls = spread(&[service], 20, &ask("volatile"));
-        wait_until("every call reached the layer", || {
-            backend.calls.get() == 1 && keyed.get() == 20
-        })
-        .await;
-        backend.open();
+        let calls = held_stampede(&[service], &backend, &keyed, 20, "volatile").await;
         every_answer(calls, Ok("value of volatile"), shared.name).await;
         assert_eq!(backend.calls.get(), 20, "{}", shared.name);
     }
