@@ -53,6 +53,9 @@
 #![deny(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[macro_use]
+mod macros;
+
 pub mod cache;
 pub mod http;
 pub mod service;

@@ -62,20 +62,7 @@ impl<S, K, C, F, M> CacheService<S, K, C, F, M> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, taken out.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!();
 }
 
 impl<S, Req, K, Key, C, F, M> Service<Req> for CacheService<S, K, C, F, M>

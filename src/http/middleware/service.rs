@@ -50,20 +50,7 @@ impl<S> Stampede<S> {
         }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, taken out.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    inner_service_accessors!();
 
     /// The request's key under the [`MakeKey`](crate::http::MakeKey), made apart for requests with
     /// credentials (see [`key::primary`]); `None` if it cannot describe the request.
