@@ -391,37 +391,21 @@ async fn freshness_is_a_function_of_the_response() {
             _ => Freshness::ttl(Duration::from_secs(5)),
         },
     );
-    let mut service = ServiceBuilder::new()
+    let service = ServiceBuilder::new()
         .layer(layer)
         .service(backend.service());
+    // Each call drives the service to readiness, then calls it (`ready().await?.call(..)`).
+    let call = |item: &str| service.clone().oneshot(ask(item));
     for _ in 0..2 {
-        service
-            .ready()
-            .await
-            .unwrap()
-            .call(ask("volatile"))
-            .await
-            .unwrap();
+        call("volatile").await.unwrap();
     }
     assert_eq!(backend.calls.get(), 2, "a pass is not stored");
     for _ in 0..2 {
-        service
-            .ready()
-            .await
-            .unwrap()
-            .call(ask("steady"))
-            .await
-            .unwrap();
+        call("steady").await.unwrap();
     }
     assert_eq!(backend.calls.get(), 3, "stored for 5 s");
     tokio::time::advance(Duration::from_secs(6)).await;
-    service
-        .ready()
-        .await
-        .unwrap()
-        .call(ask("steady"))
-        .await
-        .unwrap();
+    call("steady").await.unwrap();
     assert_eq!(backend.calls.get(), 4, "loaded again once stale");
 }
 
