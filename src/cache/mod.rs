@@ -312,7 +312,7 @@ impl Cache {
     }
 
     /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed to `digest`, whose
-    /// text `name` is shown in its trace if the cache has
+    /// text `name` (empty if the caller has none) is shown in its trace if the cache has
     /// [`readable_keys`](CacheBuilder::readable_keys).
     pub(crate) async fn fetch_named<A, F, Fut, E>(
         &self,
@@ -329,7 +329,8 @@ impl Cache {
     {
         // A span to enter, record and time only for a subscriber that wants it (see
         // `fetch_span`), with the moment the fetch started.
-        let name = self.inner.config.readable_keys.then_some(name);
+        // A caller without the key's text (the service layer, which hashed its key) gives none.
+        let name = (self.inner.config.readable_keys && !name.is_empty()).then_some(name);
         let traced = fetch_span(&digest, name).map(|span| (span, Instant::now()));
         let fetch = self.inner.fetch_digest(digest, accepts, loader);
         let answer = match &traced {

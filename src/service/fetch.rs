@@ -55,7 +55,7 @@ where
         let settings = Arc::clone(&settings);
         move |bytes: &Bytes| codec::decode(&settings.codec, bytes).is_some()
     };
-    let fetched = cache.fetch_digest(digest, accepts, loader).await;
+    let fetched = cache.fetch_named(digest, &[], accepts, loader).await;
     let own = from_loader.try_recv().ok();
     let cached = match &fetched {
         Ok(fetched) => fetched
