@@ -43,6 +43,7 @@ pub(crate) struct Config {
     pub(crate) backoff_initial: Duration,
     pub(crate) backoff_multiplier: f64,
     pub(crate) backoff_max: Duration,
+    pub(crate) poll_while_notified: Duration,
     pub(crate) store_timeout: Duration,
     pub(crate) pass_ttl: Duration,
     pub(crate) l1_capacity: u64,
@@ -71,6 +72,7 @@ impl Default for Config {
             backoff_initial: Duration::from_millis(5),
             backoff_multiplier: 1.5,
             backoff_max: Duration::from_millis(200),
+            poll_while_notified: Duration::from_secs(1),
             store_timeout: Duration::from_millis(50),
             pass_ttl: Duration::from_secs(5),
             l1_capacity: 64 * 1024 * 1024,
@@ -103,11 +105,17 @@ impl Config {
             .max(self.keep_for_revalidation)
     }
 
+    /// The longest pause between a follower's reads: its slow poll while notifications are
+    /// received (never shorter than the backoff's longest step).
+    pub(crate) fn longest_pause(&self) -> Duration {
+        self.poll_while_notified.max(self.backoff_max)
+    }
+
     /// How long a waiters' answer stays in the store: long enough for every follower to read
     /// it (the longest pause between a follower's reads, twice, and a store call), at least a
     /// second.
     pub(crate) fn waiters_ttl(&self) -> Duration {
-        self.backoff_max
+        self.longest_pause()
             .saturating_mul(2)
             .saturating_add(self.store_timeout)
             .max(Duration::from_secs(1))
@@ -259,6 +267,20 @@ impl CacheBuilder {
         } else {
             Config::default().backoff_multiplier
         };
+        self
+    }
+
+    /// How long a follower waits for the key's "filled" notification before it reads the key
+    /// anyway, while notifications are being received (jittered between half and all of
+    /// it): the most a lost message costs a follower, and what a leader that died holding
+    /// the lock costs on top of [`lock_ttl`](Self::lock_ttl). While they are not received
+    /// (the subscription is down or not in place yet), followers poll on their
+    /// [backoff](Self::backoff) instead, and a loss wakes a waiting follower at once. So,
+    /// across `P` processes, one load costs about `2·P` lookups (the first, and the read
+    /// after the fill), however long it takes, plus `P` per second of this setting.
+    /// Never shorter than the backoff's longest pause. Default: 1 s.
+    pub fn poll_while_notified(mut self, period: Duration) -> Self {
+        self.config.poll_while_notified = period;
         self
     }
 

@@ -42,6 +42,8 @@ struct Shared {
     live: AtomicBool,
     /// Woken when they are [restored](Notifier::restored).
     back: Notify,
+    /// Woken when they are [lost](Notifier::lost).
+    gone: Notify,
 }
 
 impl Default for Shared {
@@ -52,6 +54,7 @@ impl Default for Shared {
             epoch: AtomicU64::new(0),
             live: AtomicBool::new(true),
             back: Notify::new(),
+            gone: Notify::new(),
         }
     }
 }
@@ -200,6 +203,7 @@ impl Notifier {
     pub fn lost(&self) {
         self.0.live.store(false, Ordering::SeqCst);
         self.0.epoch.fetch_add(1, Ordering::SeqCst);
+        self.0.gone.notify_waiters();
     }
 
     /// Notifications are received again, if they were [lost](Self::lost): what was read
@@ -233,6 +237,18 @@ impl Notifier {
             let _ = tokio::time::timeout(limit, back).await;
         }
         self.receiving()
+    }
+
+    /// Ends once notifications are not being received (at once if they are not now): a
+    /// follower that waits for one polls again from then on.
+    pub(crate) async fn until_lost(&self) {
+        let gone = self.0.gone.notified();
+        tokio::pin!(gone);
+        // Registered before the look, so a loss in between is not missed.
+        gone.as_mut().enable();
+        if self.receiving() {
+            gone.await;
+        }
     }
 
     /// A subscription failed: readers waiting for notifications to be received (a lookup's

@@ -6,6 +6,7 @@
 //!
 //! | file | holds |
 //! | --- | --- |
+//! | `fleet.rs` | cost as the fleet grows: store calls per process and stampede, busy processes |
 //! | `followers.rs` | the leader and its followers: one load per stampede, takeovers, wait timeouts |
 //! | `for_waiters.rs` | results for the waiting calls only (`Loaded::for_waiters`) |
 //! | `failures.rs` | failed, panicking and timed-out loads, and the shared failure marker |
@@ -22,6 +23,7 @@ mod breaker;
 mod early_refresh;
 mod failures;
 mod fences;
+mod fleet;
 mod followers;
 mod for_waiters;
 mod hits;

@@ -1,7 +1,7 @@
 //! The leader/follower protocol of one flight: one lookup that finds a fresh value or takes
 //! the lock (then this flight leads, see [`leader`](super::leader)); otherwise this flight
 //! follows: it answers stale at once where the stale window allows, or waits, woken by the
-//! store's "filled" notification or by a jittered backoff poll, and reads again until the
+//! store's "filled" notification or by a poll (see [`wait`](super::wait)), and reads again until the
 //! value is there, the lock is free (then it leads), or the wait times out
 //! ([`WaitTimeoutPolicy`]).
 //!
@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 use super::leader::{spawn_release, LeaderStart};
 use super::lookup::{FreshValue, LookupFound};
 use super::stale::StaleValue;
-use super::wait::{wait_for_fill, Backoff};
+use super::wait::Backoff;
 use super::waiters::{EarlierAnswer, WaitersAnswer};
 use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{Corrupt, Entry};
@@ -329,8 +329,9 @@ impl Inner {
                 return Box::pin(self.after_wait_timeout(stamp, key, loader, last_stale, early))
                     .await;
             }
-            let pause = backoff.pause().min(config.wait_timeout - waited);
-            following.ended = Some(Box::pin(wait_for_fill(&mut filled, pause)).await);
+            let limit = config.wait_timeout - waited;
+            let wait = self.wait_between_reads(&mut filled, &mut backoff, limit);
+            following.ended = Some(Box::pin(wait).await);
         }
     }
 

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::leader::{spawn_release, LeaderStart};
-use super::wait::{wait_for_fill, Backoff};
+use super::wait::Backoff;
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;
 use crate::cache::telemetry::LockEvent;
@@ -135,7 +135,8 @@ impl Inner {
                     if now >= until {
                         return;
                     }
-                    let _ = wait_for_fill(&mut filled, backoff.pause().min(until - now)).await;
+                    let wait = self.wait_between_reads(&mut filled, &mut backoff, until - now);
+                    let _ = wait.await;
                 }
                 // Gone, or recently failed: ordinary flights deal with it.
                 _ => return,

@@ -1,22 +1,35 @@
 //! How a follower waits between its reads: a watch of the key's fills (the store's
-//! notifications), and a jittered exponential backoff poll as the fallback for lost ones.
+//! notifications), and a poll as the fallback: a jittered exponential backoff while
+//! notifications are not being received, and one slow poll while they are (for a message lost
+//! all the same, or a leader that died holding the lock), so that a follower's reads do not
+//! grow with the length of the load it waits for.
 
 use std::time::Duration;
 
 use crate::cache::telemetry::WaitEnd;
 use crate::cache::{Config, Inner};
-use crate::store::{FillWatch, StoreKey};
+use crate::store::{FillWatch, Notifier, StoreKey};
 
-/// A follower's pause: `pause` long, or until the key's fill (or release) is notified.
-pub(in crate::cache) async fn wait_for_fill(
+/// A follower's pause: `pause` long, or until the key's fill (or release) is notified, or,
+/// with `live` (the notifier of a pause taken while notifications are received), until they
+/// are lost: the follower then reads at once and polls on its backoff.
+async fn wait_for_fill(
     filled: &mut Option<FillWatch<'_>>,
+    live: Option<&Notifier>,
     pause: Duration,
 ) -> WaitEnd {
     let pause = tokio::time::sleep(pause);
+    let lost = async {
+        match live {
+            Some(notifier) => notifier.until_lost().await,
+            None => std::future::pending().await,
+        }
+    };
     match filled {
         Some(filled) => {
             tokio::select! {
                 () = pause => WaitEnd::Polled,
+                () = lost => WaitEnd::Polled,
                 () = filled.changed() => WaitEnd::Notified,
             }
         }
@@ -30,11 +43,13 @@ pub(in crate::cache) async fn wait_for_fill(
 /// The shortest step between a follower's re-reads, whatever the settings.
 const MIN_PAUSE: Duration = Duration::from_millis(1);
 
-/// Pauses between a follower's re-reads: exponential, capped, jittered.
+/// Pauses between a follower's re-reads: exponential, capped, jittered; or, while
+/// notifications are received, the slow poll, jittered.
 pub(in crate::cache) struct Backoff {
     next: Duration,
     multiplier: f64,
     max: Duration,
+    notified: Duration,
 }
 
 impl Backoff {
@@ -45,6 +60,7 @@ impl Backoff {
             next: initial,
             multiplier: config.backoff_multiplier,
             max: config.backoff_max.max(initial),
+            notified: config.longest_pause(),
         }
     }
 
@@ -53,15 +69,27 @@ impl Backoff {
         self.pause_with(rand::random::<f64>())
     }
 
+    /// The pause while notifications are received: between half and all of
+    /// [`poll_while_notified`](crate::CacheBuilder::poll_while_notified), so that the
+    /// followers of one stampede do not poll together. The backoff's step does not grow.
+    pub(in crate::cache) fn pause_while_notified(&self) -> Duration {
+        jittered(self.notified, rand::random::<f64>())
+    }
+
     /// The next pause for a draw `jitter` in [0, 1).
     fn pause_with(&mut self, jitter: f64) -> Duration {
         let step = self.next;
         self.next = Duration::try_from_secs_f64(step.as_secs_f64() * self.multiplier)
             .unwrap_or(self.max)
             .min(self.max);
-        let half = step / 2;
-        half + half.mul_f64(jitter)
+        jittered(step, jitter)
     }
+}
+
+/// Between half and all of `step`, for a draw `jitter` in [0, 1).
+fn jittered(step: Duration, jitter: f64) -> Duration {
+    let half = step / 2;
+    half + half.mul_f64(jitter)
 }
 
 impl Inner {
@@ -74,6 +102,27 @@ impl Inner {
         } else {
             None
         }
+    }
+
+    /// A follower's wait between two reads, of at most `limit`: until the key's fill is
+    /// notified, or the poll. While notifications are received (and `filled` watches the
+    /// key), the poll is the slow one, and a loss of notifications ends the wait; otherwise
+    /// it is the backoff's next pause.
+    pub(in crate::cache) async fn wait_between_reads(
+        &self,
+        filled: &mut Option<FillWatch<'_>>,
+        backoff: &mut Backoff,
+        limit: Duration,
+    ) -> WaitEnd {
+        let live = self
+            .l1
+            .notifier()
+            .filter(|notifier| filled.is_some() && notifier.receiving());
+        let pause = match live {
+            Some(_) => backoff.pause_while_notified(),
+            None => backoff.pause(),
+        };
+        wait_for_fill(filled, live, pause.min(limit)).await
     }
 
     /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
@@ -107,6 +156,7 @@ mod tests {
             next: Duration::from_millis(initial_ms),
             multiplier,
             max: Duration::from_millis(max_ms),
+            notified: Duration::from_secs(1),
         }
     }
 

@@ -1,0 +1,133 @@
+//! Cost as the fleet grows: what one stampede asks of the store per process, however long its
+//! load takes, and a busy process that does not take its own scheduling for a slow store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::observed::Observed;
+use support::{timed_test, wait_until, Counter, Shared};
+use tokio::sync::Notify;
+use tower_stampede::{Cache, Outcome};
+
+use crate::never_called;
+
+/// A leader's load that runs until `gate` is notified: counts its call on `loads`.
+fn gated_load(
+    loads: &Counter,
+    gate: &Arc<Notify>,
+) -> impl FnOnce() -> crate::futures_ready::Load + Send + 'static {
+    let (loads, gate) = (loads.clone(), Arc::clone(gate));
+    move || {
+        Box::pin(async move {
+            loads.hit();
+            gate.notified().await;
+            Ok(Bytes::from_static(b"loaded once"))
+        })
+    }
+}
+
+timed_test!(followers_do_not_poll_while_notifications_are_received);
+/// Four follower processes (ten callers each) wait for another process's load, which runs for
+/// 400 ms: while the store's notifications are received, each process looks the key up twice
+/// (once to find the lock held, once when the fill is notified), whatever the load's length,
+/// where a backoff poll (5 ms growing to 200 ms) would look it up about nine times. The
+/// followers' slow poll (`poll_while_notified`, 1 s by default, jittered down to half) comes
+/// after the load.
+async fn followers_do_not_poll_while_notifications_are_received(stores: Vec<Shared>) {
+    for shared in stores {
+        let leader = shared.cache().build();
+        let (loads, gate) = (Counter::default(), Arc::new(Notify::new()));
+        let leading = tokio::spawn({
+            let (leader, load) = (leader.clone(), gated_load(&loads, &gate));
+            async move { leader.get_or_load("fleet", load).await }
+        });
+        wait_until("the leader loads", || loads.get() == 1).await;
+        let mut processes = Vec::new();
+        for _ in 0..4 {
+            let observed = Observed::new(&shared.other_process().await, Duration::ZERO);
+            let cache = Cache::builder_shared(observed.clone())
+                .namespace("test")
+                .store_timeout(support::PATIENT)
+                .build();
+            processes.push((observed, cache));
+        }
+        let mut callers = Vec::new();
+        for (_, cache) in &processes {
+            for _ in 0..10 {
+                let cache = cache.clone();
+                callers.push(tokio::spawn(async move {
+                    cache.fetch("fleet", never_called).await
+                }));
+            }
+        }
+        wait_until("every process found the lock held", || {
+            processes
+                .iter()
+                .all(|(observed, _)| observed.lookups() >= 1)
+        })
+        .await;
+        // The load's length: real time on Redis, paused time on the embedded store.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        gate.notify_one();
+        for caller in callers {
+            let fetched = caller.await.unwrap().unwrap();
+            assert_eq!(fetched.value().unwrap(), "loaded once", "{}", shared.name);
+            assert_eq!(fetched.outcome(), Outcome::Follower, "{}", shared.name);
+        }
+        assert_eq!(leading.await.unwrap().unwrap(), "loaded once");
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        let lookups: Vec<_> = processes.iter().map(|(o, _)| o.lookups()).collect();
+        assert_eq!(lookups, [2; 4], "{}: lookups per process", shared.name);
+    }
+}
+
+/// Polling stays the fallback: a follower waiting while notifications are received (its slow
+/// poll a minute away) polls on its backoff as soon as they are lost (a subscriber's
+/// connection dropped), before the load it waits for ends. Paused time, the embedded store:
+/// the loss is told to its notifier as `RedisStore`'s subscriber tells it.
+#[tokio::test(start_paused = true)]
+async fn a_follower_polls_once_notifications_are_lost() {
+    let shared = Shared::memory();
+    let leader = shared.cache().build();
+    let (loads, gate) = (Counter::default(), Arc::new(Notify::new()));
+    let leading = tokio::spawn({
+        let (leader, load) = (leader.clone(), gated_load(&loads, &gate));
+        async move { leader.get_or_load("lost", load).await }
+    });
+    wait_until("the leader loads", || loads.get() == 1).await;
+    let observed = Observed::new(&shared.store, Duration::ZERO);
+    let follower = Cache::builder_shared(observed.clone())
+        .namespace("test")
+        .poll_while_notified(Duration::from_secs(60))
+        .wait_timeout(Duration::from_secs(120))
+        .build();
+    let following = tokio::spawn({
+        let follower = follower.clone();
+        async move { follower.fetch("lost", never_called).await }
+    });
+    wait_until("the follower found the lock held", || {
+        observed.lookups() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        observed.lookups(),
+        1,
+        "no poll while notifications are received"
+    );
+    let notifier = shared.store.notifier().unwrap();
+    notifier.lost();
+    // The backoff: 5 ms, growing by half, to 200 ms.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let polled = observed.lookups();
+    assert!(
+        polled >= 4,
+        "{polled} lookups: the follower polls once they are lost"
+    );
+    notifier.restored();
+    gate.notify_one();
+    let fetched = following.await.unwrap().unwrap();
+    assert_eq!(fetched.value().unwrap(), "loaded once");
+    assert_eq!(leading.await.unwrap().unwrap(), "loaded once");
+}
