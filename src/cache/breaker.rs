@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{telemetry::Meter, Config};
+use super::{store_timeout, telemetry::Meter, Config};
 use crate::store::{KeyDigest, Store, StoreError, StoreKey};
 
 /// What the breaker lets a store call do.
@@ -302,10 +302,9 @@ impl Breaker {
             }
         };
         let timeout = self.timeout;
-        let result = match tokio::time::timeout_at(crate::sync::later(now, timeout), call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::timeout(timeout)),
-        };
+        let result = store_timeout::within(now, timeout, call)
+            .await
+            .unwrap_or_else(|| Err(StoreError::timeout(timeout)));
         if result.is_err() {
             self.errors.fetch_add(1, Ordering::Relaxed);
             self.meter.store_error();
@@ -347,8 +346,8 @@ impl Breaker {
                     Check::Ask => {
                         let asked = Instant::now();
                         let answered = matches!(
-                            tokio::time::timeout(timeout, store.get(key)).await,
-                            Ok(Ok(_))
+                            store_timeout::within(Instant::now(), timeout, store.get(key)).await,
+                            Some(Ok(_))
                         );
                         // A failed check is not a failed call: it neither opens the breaker
                         // nor counts in the stats.
@@ -362,8 +361,8 @@ impl Breaker {
                             reported: false,
                         };
                         let answered = matches!(
-                            tokio::time::timeout(timeout, store.get(key)).await,
-                            Ok(Ok(_))
+                            store_timeout::within(Instant::now(), timeout, store.get(key)).await,
+                            Some(Ok(_))
                         );
                         trial.report(answered);
                     }

@@ -79,6 +79,7 @@
 //! | `loaded.rs` | what a loader is given and produces: [`Previous`], [`Loaded`] |
 //! | `fetched.rs` | what a call is answered: [`Fetched`], [`Outcome`] |
 //! | `stats.rs` | [`Stats`] and the counters behind it |
+//! | `store_timeout.rs` | the store timeout, measured against the store, not the process's scheduling |
 //! | `entry.rs` | the bytes kept in the store: header, kinds, tags, windows |
 //! | `error.rs` | [`Error`] and [`ErrorKind`] |
 //! | `health.rs` | [`Cache::health`] and [`Health`] |
@@ -101,6 +102,7 @@ mod loaded;
 mod protocol;
 mod refreshes;
 mod stats;
+mod store_timeout;
 mod tags;
 pub(crate) mod telemetry;
 #[cfg(feature = "serde")]

@@ -131,3 +131,47 @@ async fn a_follower_polls_once_notifications_are_lost() {
     assert_eq!(fetched.value().unwrap(), "loaded once");
     assert_eq!(leading.await.unwrap().unwrap(), "loaded once");
 }
+
+/// A follower whose process does not run for four times the store timeout (its thread held
+/// just after its lookup was sent, as on a machine with more busy processes than cores), while
+/// Redis answers at once, is not a store error: the follower waits for the leader's load
+/// instead of loading alone. Redis only (the embedded store answers within its call); a
+/// current-thread runtime, so nothing of the process runs while the thread is held.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_busy_process_does_not_take_itself_for_a_slow_store() {
+    let shared = Shared::redis().await;
+    let leader = shared.cache().build();
+    let (loads, gate) = (Counter::default(), Arc::new(Notify::new()));
+    let leading = tokio::spawn({
+        let (leader, load) = (leader.clone(), gated_load(&loads, &gate));
+        async move { leader.get_or_load("busy", load).await }
+    });
+    wait_until("the leader loads", || loads.get() == 1).await;
+    let other = shared.other_process().await;
+    let observed = Observed::stalling_first_lookup(&other, Duration::from_millis(200));
+    let follower = Cache::builder_shared(observed.clone())
+        .namespace("test")
+        .store_timeout(Duration::from_millis(50))
+        .build();
+    let following = tokio::spawn({
+        let follower = follower.clone();
+        async move { follower.fetch("busy", never_called).await }
+    });
+    wait_until("the follower found the lock held", || {
+        observed.lookups() >= 1
+    })
+    .await;
+    gate.notify_one();
+    let fetched = following.await.unwrap().unwrap();
+    assert_eq!(fetched.value().unwrap(), "loaded once");
+    // Woken by the fill, or (if the fill went out before the held lookup) reading it.
+    assert!(
+        matches!(fetched.outcome(), Outcome::Follower | Outcome::L2Hit),
+        "{:?}",
+        fetched.outcome()
+    );
+    assert_eq!(follower.stats().store_errors, 0);
+    assert_eq!(leading.await.unwrap().unwrap(), "loaded once");
+    assert_eq!(loads.get(), 1);
+}

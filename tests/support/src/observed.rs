@@ -12,7 +12,9 @@ use tower_stampede::store::{
 /// Another store seen through a wrapper that counts its calls, lookups and fills and, if asked,
 /// answers lookups late (after they took effect), as a slow network would, fails every fill,
 /// or leaves its lookups and reads unanswered for good while it [hangs](Observed::hang) (its
-/// reads alone, while [they hang](Observed::hang_reads)).
+/// reads alone, while [they hang](Observed::hang_reads)), or holds the thread of its first
+/// lookup once the lookup is sent, as a process starved of CPU would
+/// ([`stalling_first_lookup`](Observed::stalling_first_lookup)).
 #[derive(Debug)]
 pub struct Observed {
     inner: Arc<dyn Store>,
@@ -23,11 +25,23 @@ pub struct Observed {
     reads_hang: std::sync::atomic::AtomicBool,
     fills: std::sync::atomic::AtomicUsize,
     calls: std::sync::atomic::AtomicUsize,
+    /// How long the first lookup holds its thread once sent (taken by that lookup).
+    stall: std::sync::Mutex<Option<Duration>>,
 }
 
 impl Observed {
     pub fn new(inner: &Arc<dyn Store>, lookup_delay: Duration) -> Arc<Self> {
         Observed::built(inner, lookup_delay, false)
+    }
+
+    /// A store whose first lookup, once asked of `inner`, holds the calling thread for
+    /// `stall` (`std::thread::sleep`): on a current-thread runtime nothing of the process
+    /// runs meanwhile (its timers, its connection's task), as when a busy machine starves
+    /// the process of CPU, while the store answers.
+    pub fn stalling_first_lookup(inner: &Arc<dyn Store>, stall: Duration) -> Arc<Self> {
+        let observed = Observed::built(inner, Duration::ZERO, false);
+        *observed.stall.lock().unwrap() = Some(stall);
+        observed
     }
 
     /// A store whose fills all fail (and change nothing), its other calls going through.
@@ -45,6 +59,7 @@ impl Observed {
             reads_hang: Default::default(),
             fills: Default::default(),
             calls: Default::default(),
+            stall: Default::default(),
         })
     }
 
@@ -100,8 +115,19 @@ impl Store for Observed {
             return Box::pin(std::future::pending());
         }
         let key = key.clone();
+        let stall = self.stall.lock().unwrap().take();
         Box::pin(async move {
-            let answer = self.inner.lookup(&key, token, lock_ttl, lock_when).await;
+            let lookup = self.inner.lookup(&key, token, lock_ttl, lock_when);
+            tokio::pin!(lookup);
+            if let Some(stall) = stall {
+                // Asked (polled once), then the thread is held.
+                tokio::select! {
+                    biased;
+                    answer = &mut lookup => return answer,
+                    () = std::future::ready(()) => std::thread::sleep(stall),
+                }
+            }
+            let answer = lookup.await;
             tokio::time::sleep(self.lookup_delay).await;
             answer
         })
