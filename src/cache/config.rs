@@ -285,7 +285,11 @@ impl CacheBuilder {
     }
 
     /// How long one store call may take; a slower call counts as a store error, and the engine
-    /// falls back to protection within this process. Default: 50 ms.
+    /// falls back to protection within this process. Counted in the time this process runs:
+    /// a timer that fires late (by more than a quarter of this: the process was starved of
+    /// CPU, or its runtime's thread blocked, while the store's reply may be waiting unread)
+    /// gives the call this long again from when the process runs, up to ten times this in
+    /// all. Default: 50 ms.
     pub fn store_timeout(mut self, store_timeout: Duration) -> Self {
         self.config.store_timeout = store_timeout;
         self
