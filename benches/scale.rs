@@ -1,0 +1,413 @@
+//! Cost as the fleet grows: P processes (real OS processes, each a small instance of the
+//! engine with default settings over its own `RedisStore`) share one `redis-server`; each
+//! stampedes K cold keys with C concurrent callers per key, released together. Per cell:
+//!
+//! - origin loads across every process (must be K);
+//! - Redis commands per stampede, from `INFO commandstats` before and after (calls made from
+//!   scripts included), per process and key, and the breakdown by command;
+//! - pub/sub: publishes per fill, and messages delivered per fill (publishes times the
+//!   channel's subscribers, `PUBSUB NUMSUB`; one server uses classic pub/sub);
+//! - the callers' latency past the origin's own time (p50/p99), against an all-hit burst of
+//!   the same width made right after (the same calls, answered from L1);
+//! - `MEMORY USAGE` of each of a value's Redis keys (value, lock slot with its fresh marker,
+//!   waiters' slot), and the engine's L1 bytes per entry;
+//! - store errors the processes counted (timeouts included).
+//!
+//! ```sh
+//! ./scripts/scale.sh                     # the grid in invocations of under ten minutes
+//! cargo bench --bench scale -- --p 1,4 --k 1,100 --c 10 --origin-ms 100 --value 100
+//! ```
+//!
+//! The same binary is the worker (`--worker`): the coordinator starts it P times per cell.
+//! Latency figures come from a machine whose cores the processes (and other work) share;
+//! the counts are what the bench is for.
+
+#[path = "shared/percentile.rs"]
+mod percentile;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use percentile::percentile_ms;
+use support::RedisServer;
+use tower_stampede::store::RedisStore;
+use tower_stampede::Cache;
+
+/// How many latency quantiles a worker reports (its samples, evenly spaced by rank).
+const QUANTILES: usize = 1000;
+
+/// Commands the coordinator itself sends, left out of the counts.
+const OWN_COMMANDS: &[&str] = &["info", "memory", "pubsub", "config", "strlen", "exists"];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--worker") {
+        worker(&args[at + 1..]);
+        return;
+    }
+    let grid = Grid::from_args(&args);
+    let server = RedisServer::start();
+    println!(
+        "scale: origin {} ms, value {} B, store timeout {} ms, commit {}, {} cores",
+        grid.origin_ms,
+        grid.value,
+        grid.store_timeout_ms.as_deref().unwrap_or("default"),
+        std::env::var("SCALE_COMMIT").unwrap_or_else(|_| "(set SCALE_COMMIT)".into()),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    println!("| P | K | C | origin loads | commands | per process and key | publishes per fill | delivered per fill | added p50 / p99 ms | all-hit p50 / p99 ms | store errors |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut breakdowns = Vec::new();
+    let mut memory = None;
+    for &p in &grid.p {
+        for &k in &grid.k {
+            for &c in &grid.c {
+                let cell = run_cell(&server, &grid, p, k, c);
+                println!("{}", cell.row);
+                breakdowns.push((p, k, c, cell.breakdown));
+                memory = memory.or(Some(cell.memory));
+            }
+        }
+    }
+    println!();
+    for (p, k, c, breakdown) in breakdowns {
+        println!("P={p} K={k} C={c}: {breakdown}");
+    }
+    if let Some(memory) = memory {
+        println!("{memory}");
+    }
+}
+
+/// The cells to run and the origin.
+struct Grid {
+    p: Vec<usize>,
+    k: Vec<usize>,
+    c: Vec<usize>,
+    origin_ms: u64,
+    value: usize,
+    /// The processes' `store_timeout`, if not the default.
+    store_timeout_ms: Option<String>,
+}
+
+impl Grid {
+    fn from_args(args: &[String]) -> Self {
+        let value_of = |name: &str| {
+            args.iter()
+                .position(|a| a == name)
+                .and_then(|at| args.get(at + 1))
+        };
+        let list = |name: &str, default: &[usize]| {
+            value_of(name).map_or_else(
+                || default.to_vec(),
+                |v| v.split(',').map(|n| n.parse().expect("a number")).collect(),
+            )
+        };
+        Grid {
+            p: list("--p", &[1, 4, 16, 32]),
+            k: list("--k", &[1, 100, 10_000]),
+            c: list("--c", &[10]),
+            origin_ms: value_of("--origin-ms").map_or(100, |v| v.parse().expect("ms")),
+            value: value_of("--value").map_or(100, |v| v.parse().expect("bytes")),
+            store_timeout_ms: value_of("--store-timeout-ms").cloned(),
+        }
+    }
+}
+
+/// What one cell printed.
+struct Cell {
+    row: String,
+    breakdown: String,
+    memory: String,
+}
+
+/// One worker process and its pipes.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Worker {
+    fn start(url: &str, namespace: &str, grid: &Grid, k: usize, c: usize) -> Self {
+        let mut child = Command::new(std::env::current_exe().expect("this binary"))
+            .args(["--worker", url, namespace])
+            .args([k, c].map(|n| n.to_string()))
+            .args([grid.origin_ms.to_string(), grid.value.to_string()])
+            .args(grid.store_timeout_ms.as_deref())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start a worker");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Worker {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("a worker's line");
+        assert!(!line.is_empty(), "a worker ended early");
+        line.trim_end().to_owned()
+    }
+
+    fn tell(&mut self, word: &str) {
+        writeln!(self.stdin, "{word}").expect("tell a worker");
+    }
+}
+
+/// A worker's report of one burst: loads, store errors, its latency quantiles (ms), L1 bytes.
+struct Report {
+    loads: u64,
+    errors: u64,
+    l1_bytes: u64,
+    quantiles: Vec<f64>,
+}
+
+impl Report {
+    fn parse(line: &str) -> Self {
+        let mut words = line.split(' ');
+        let mut next = || words.next().expect("a field");
+        let (loads, errors, l1_bytes) = (next().parse(), next().parse(), next().parse());
+        let quantiles = next()
+            .split(',')
+            .filter(|q| !q.is_empty())
+            .map(|q| q.parse().expect("ms"))
+            .collect();
+        Report {
+            loads: loads.expect("loads"),
+            errors: errors.expect("errors"),
+            l1_bytes: l1_bytes.expect("bytes"),
+            quantiles,
+        }
+    }
+}
+
+/// p50 and p99 of the pooled quantiles of every worker (each worker made as many calls).
+fn pooled(reports: &[Report], less_ms: f64) -> (f64, f64) {
+    let samples: Vec<Duration> = reports
+        .iter()
+        .flat_map(|r| r.quantiles.iter())
+        .map(|ms| Duration::from_secs_f64((ms - less_ms).max(0.0) / 1000.0))
+        .collect();
+    (percentile_ms(&samples, 50), percentile_ms(&samples, 99))
+}
+
+fn run_cell(server: &RedisServer, grid: &Grid, p: usize, k: usize, c: usize) -> Cell {
+    let namespace = format!("scale-p{p}-k{k}-c{c}");
+    let url = server.url();
+    let mut workers: Vec<Worker> = (0..p)
+        .map(|_| Worker::start(&url, &namespace, grid, k, c))
+        .collect();
+    for worker in &mut workers {
+        assert_eq!(worker.line(), "ready");
+    }
+    let mut redis = server.client().get_connection().expect("a connection");
+    let before = command_calls(&mut redis);
+    for worker in &mut workers {
+        worker.tell("go");
+    }
+    let stampede: Vec<Report> = workers
+        .iter_mut()
+        .map(|w| Report::parse(&w.line()))
+        .collect();
+    let after = command_calls(&mut redis);
+    for worker in &mut workers {
+        worker.tell("go");
+    }
+    let hits: Vec<Report> = workers
+        .iter_mut()
+        .map(|w| Report::parse(&w.line()))
+        .collect();
+    let memory = memory_of(&mut redis, &namespace, server);
+    let subscribers: u64 = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(format!("{namespace}:filled"))
+        .query::<(String, u64)>(&mut redis)
+        .map_or(0, |(_, n)| n);
+    for mut worker in workers {
+        worker.tell("quit");
+        let _ = worker.child.wait();
+    }
+    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
+    for (command, count) in &after {
+        let earlier = before.get(command).copied().unwrap_or(0);
+        if count > &earlier && !OWN_COMMANDS.contains(&command.as_str()) {
+            calls.insert(command.clone(), count - earlier);
+        }
+    }
+    let commands: u64 = calls.values().sum();
+    let publishes = calls.get("publish").copied().unwrap_or(0);
+    let loads: u64 = stampede.iter().map(|r| r.loads).sum();
+    let errors: u64 = stampede.iter().chain(&hits).map(|r| r.errors).sum();
+    let (added50, added99) = pooled(&stampede, grid.origin_ms as f64);
+    let (hit50, hit99) = pooled(&hits, 0.0);
+    let l1 = hits.iter().map(|r| r.l1_bytes).max().unwrap_or(0) / k as u64;
+    let fills = loads.max(1) as f64;
+    let row = format!(
+        "| {p} | {k} | {c} | {loads} | {commands} | {:.2} | {:.2} | {:.2} | {added50:.1} / {added99:.1} | {hit50:.3} / {hit99:.3} | {errors} |",
+        commands as f64 / (p * k) as f64,
+        publishes as f64 / fills,
+        (publishes * subscribers) as f64 / fills,
+    );
+    let breakdown = calls
+        .iter()
+        .map(|(command, n)| format!("{command} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Cell {
+        row,
+        breakdown,
+        memory: format!("{memory}; L1 {l1} B per entry"),
+    }
+}
+
+/// `cmdstat_*` calls by command.
+fn command_calls(redis: &mut redis::Connection) -> BTreeMap<String, u64> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(redis)
+        .expect("INFO");
+    info.lines()
+        .filter_map(|line| line.strip_prefix("cmdstat_"))
+        .filter_map(|rest| {
+            let (command, stats) = rest.split_once(':')?;
+            let calls = stats.strip_prefix("calls=")?.split(',').next()?;
+            Some((command.to_owned(), calls.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `MEMORY USAGE` of each Redis key of the cell's first key, and the value's own bytes.
+fn memory_of(redis: &mut redis::Connection, namespace: &str, server: &RedisServer) -> String {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let key = runtime.block_on(async {
+        let store = RedisStore::connect(server.url()).await.expect("a store");
+        Cache::builder(store)
+            .namespace(namespace)
+            .build()
+            .store_key("key-0")
+    });
+    let mut parts = Vec::new();
+    for (what, name) in [
+        ("value", RedisStore::value_name(&key)),
+        ("lock slot (fresh marker)", RedisStore::lock_name(&key)),
+        ("waiters' slot", RedisStore::waiters_name(&key)),
+    ] {
+        let usage: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&name)
+            .query(redis)
+            .expect("MEMORY USAGE");
+        parts.push(match usage {
+            Some(bytes) => format!("{what} {bytes} B"),
+            None => format!("{what} absent"),
+        });
+    }
+    let stored: u64 = redis::cmd("STRLEN")
+        .arg(RedisStore::value_name(&key))
+        .query(redis)
+        .expect("STRLEN");
+    format!(
+        "MEMORY USAGE of one entry: {} (the value's string: {stored} B)",
+        parts.join(", ")
+    )
+}
+
+/// A worker: `URL NAMESPACE K C ORIGIN_MS VALUE_BYTES [STORE_TIMEOUT_MS]`. Prints `ready` once subscribed, then for
+/// each `go` on stdin one burst of K×C calls and its report line; ends on `quit`.
+fn worker(args: &[String]) {
+    let Some([url, namespace, k, c, origin_ms, value]) = args.first_chunk() else {
+        panic!("worker: URL NAMESPACE K C ORIGIN_MS VALUE_BYTES [STORE_TIMEOUT_MS]");
+    };
+    let store_timeout = args.get(6);
+    let (k, c): (usize, usize) = (k.parse().expect("K"), c.parse().expect("C"));
+    let origin = Duration::from_millis(origin_ms.parse().expect("ms"));
+    let value = Bytes::from(vec![b'x'; value.parse().expect("bytes")]);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let cache = runtime.block_on(async {
+        let store = RedisStore::connect(url.as_str()).await.expect("a store");
+        let mut builder = Cache::builder(store).namespace(namespace);
+        if let Some(ms) = store_timeout {
+            builder = builder.store_timeout(Duration::from_millis(ms.parse().expect("ms")));
+        }
+        let cache = builder.build();
+        // Subscribes to the namespace's channel (and loads the scripts) before the count.
+        let warm = format!("warm-up-{}", std::process::id());
+        let value = value.clone();
+        cache
+            .get_or_load(warm, move || async move { Ok::<_, std::io::Error>(value) })
+            .await
+            .expect("the warm-up");
+        cache
+    });
+    let loads = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    println!("ready");
+    let mut lines = std::io::stdin().lock().lines();
+    let mut errors_before = cache.stats().store_errors;
+    while let Some(Ok(line)) = lines.next() {
+        if line != "go" {
+            return;
+        }
+        let loads_before = loads.load(std::sync::atomic::Ordering::SeqCst);
+        let latencies = runtime.block_on(async {
+            let mut calls = tokio::task::JoinSet::new();
+            for key in 0..k {
+                for _ in 0..c {
+                    let (cache, loads, value) = (cache.clone(), Arc::clone(&loads), value.clone());
+                    calls.spawn(async move {
+                        let started = Instant::now();
+                        let loader = move || async move {
+                            loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            tokio::time::sleep(origin).await;
+                            Ok::<_, std::io::Error>(value)
+                        };
+                        let got = cache.get_or_load(format!("key-{key}"), loader).await;
+                        got.expect("an answer");
+                        started.elapsed()
+                    });
+                }
+            }
+            let mut latencies = Vec::with_capacity(k * c);
+            while let Some(latency) = calls.join_next().await {
+                latencies.push(latency.expect("a call"));
+            }
+            latencies
+        });
+        let stats = cache.stats();
+        let loaded = loads.load(std::sync::atomic::Ordering::SeqCst) - loads_before;
+        println!(
+            "{loaded} {} {} {}",
+            stats.store_errors - errors_before,
+            stats.l1_bytes,
+            quantiles(latencies)
+        );
+        errors_before = stats.store_errors;
+    }
+}
+
+/// At most [`QUANTILES`] of `samples`, evenly spaced by rank, in ms, comma-separated.
+fn quantiles(mut samples: Vec<Duration>) -> String {
+    samples.sort_unstable();
+    let n = samples.len();
+    let step = n.div_ceil(QUANTILES).max(1);
+    samples
+        .iter()
+        .step_by(step)
+        .map(|d| format!("{:.3}", d.as_secs_f64() * 1000.0))
+        .collect::<Vec<_>>()
+        .join(",")
+}
