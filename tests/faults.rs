@@ -14,12 +14,16 @@ use tower_stampede::{Cache, Loaded, Outcome};
 /// The failure guard on anything that waits: far beyond what a healthy run needs.
 const LIMIT: Duration = Duration::from_secs(20);
 
-/// `count` app instances, each with its own connections to the server.
+/// `count` app instances, each with its own connections to the server, and a short store
+/// timeout (50 ms), so that a Redis that answers nothing is found out quickly.
 async fn instances(server: &RedisServer, count: usize) -> Vec<Cache> {
     let mut instances = Vec::new();
     for _ in 0..count {
         let store = RedisStore::connect(server.url()).await.unwrap();
-        instances.push(Cache::builder(store).namespace("faults").build());
+        let cache = Cache::builder(store)
+            .namespace("faults")
+            .store_timeout(Duration::from_millis(50));
+        instances.push(cache.build());
     }
     instances
 }

@@ -558,7 +558,7 @@ async fn a_stampede_over_three_proxies_loads_the_origin_once() {
             "--redis".to_owned(),
             redis.url(),
             // 1000 connections on a 2-core machine can starve a proxy's runtime for longer than
-            // the 50 ms default; a store call that times out falls back to in-process protection,
+            // the 250 ms default; a store call that times out falls back to in-process protection,
             // which is right in production but would make this count flaky.
             "--store-timeout-ms".to_owned(),
             "2000".to_owned(),

@@ -78,7 +78,7 @@ pub(crate) struct Args {
     #[arg(long = "lock-ttl-ms", value_name = "MS", value_parser = positive_millis)]
     pub(crate) lock_ttl: Option<Duration>,
 
-    /// Bound on each Redis call; slower calls fall back to in-process protection (default: 50)
+    /// Bound on each Redis call; slower calls fall back to in-process protection (default: 250)
     #[arg(long = "store-timeout-ms", value_name = "MS", value_parser = positive_millis)]
     pub(crate) store_timeout: Option<Duration>,
 

@@ -73,7 +73,7 @@ impl Default for Config {
             backoff_multiplier: 1.5,
             backoff_max: Duration::from_millis(200),
             poll_while_notified: Duration::from_secs(1),
-            store_timeout: Duration::from_millis(50),
+            store_timeout: Duration::from_millis(250),
             pass_ttl: Duration::from_secs(5),
             l1_capacity: 64 * 1024 * 1024,
             l1_ttl_cap: Duration::from_secs(10),
@@ -289,7 +289,14 @@ impl CacheBuilder {
     /// a timer that fires late (by more than a quarter of this: the process was starved of
     /// CPU, or its runtime's thread blocked, while the store's reply may be waiting unread)
     /// gives the call this long again from when the process runs, up to ten times this in
-    /// all. Default: 50 ms.
+    /// all.
+    ///
+    /// A healthy Redis answers in a millisecond or two; the default leaves room for a Redis
+    /// or a process that shares its cores with busy neighbours, where a call over the
+    /// timeout makes its process load alone (on two cores shared by 32 processes and Redis,
+    /// 50 ms let a stampede of 100 keys cost 2,900 loads instead of 100, see the crate's
+    /// `benches/README.md`), while a Redis that hangs costs each call at most this until the
+    /// [circuit breaker](Self::circuit_breaker) opens. Default: 250 ms.
     pub fn store_timeout(mut self, store_timeout: Duration) -> Self {
         self.config.store_timeout = store_timeout;
         self

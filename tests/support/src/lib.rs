@@ -207,7 +207,7 @@ impl Shared {
     /// A cache of its own (so its own L1) over the shared store, to configure and build.
     ///
     /// Its store calls may take [`PATIENT`]: the suite runs tests side by side on two cores,
-    /// and a call that waited longer than the default 50 ms for a CPU would count as a store
+    /// and a call that waited longer than the default 250 ms for a CPU would count as a store
     /// error and load with in-process protection only, so a test counting one load per
     /// stampede would see one per process. Tests of slow stores set their own timeout.
     pub fn cache(&self) -> CacheBuilder {
