@@ -101,6 +101,8 @@ pub(crate) struct Breaker {
     /// Times the breaker opened.
     opened: AtomicU64,
     meter: Meter,
+    /// The calls that are out.
+    in_flight: store_timeout::InFlight,
 }
 
 /// What [`Breaker::counts`] tells of the store calls.
@@ -132,6 +134,7 @@ impl Breaker {
             skipped: AtomicU64::new(0),
             opened: AtomicU64::new(0),
             meter: Meter::new(&config.namespace),
+            in_flight: store_timeout::InFlight::default(),
         }
     }
 
@@ -275,7 +278,8 @@ impl Breaker {
 
 impl Breaker {
     /// One store call, bounded by the store timeout, counted if it fails, and not made at all
-    /// while the circuit breaker is open.
+    /// while the circuit breaker is open. Past [`IN_FLIGHT`](store_timeout::IN_FLIGHT) calls
+    /// out at once, it waits for room, and its timeout counts from when it is sent.
     pub(super) async fn call<T>(
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -290,6 +294,8 @@ impl Breaker {
         now: Instant,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        // Room first, so that a breaker opened meanwhile spares a call that waited for it.
+        let (_sending, now) = self.in_flight.send(now).await;
         let trial = match self.admit() {
             Admit::Call => None,
             Admit::Probe => Some(Trial {

@@ -10,11 +10,44 @@
 //! call gets the timeout again from the moment the process runs, up to ten timeouts in all,
 //! so a process starved for good still fails its calls and its breaker opens. A timer that
 //! fires on time ends the call: the process was running, and the store did not answer.
+//!
+//! Nor can it tell a slow store from a process that asks too much at once: a burst of calls
+//! (a cold start over thousands of keys) queues in the process's own connection, and the last
+//! ones would time out behind the first. So at most [`IN_FLIGHT`] calls of a cache are out at
+//! once; the others wait in the process, and their timeout counts from when they are sent.
 
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
+
+/// How many store calls of one cache may be out at once: enough to keep a connection's
+/// pipeline full (a few hundred commands take Redis a few milliseconds), few enough that the
+/// last of them is answered well within a timeout.
+pub(super) const IN_FLIGHT: usize = 256;
+
+/// The store calls of a cache that are out, at most [`IN_FLIGHT`].
+pub(super) struct InFlight(Semaphore);
+
+impl Default for InFlight {
+    fn default() -> Self {
+        InFlight(Semaphore::new(IN_FLIGHT))
+    }
+}
+
+impl InFlight {
+    /// Waits for room to send a call whose caller read the clock at `now`: the permit to hold
+    /// while the call is out, and when its timeout starts (`now`, or when it got room).
+    pub(super) async fn send(&self, now: Instant) -> (Option<SemaphorePermit<'_>>, Instant) {
+        if let Ok(permit) = self.0.try_acquire() {
+            return (Some(permit), now);
+        }
+        // The semaphore is never closed; were it, the call would go out unbounded.
+        let permit = self.0.acquire().await.ok();
+        (permit, Instant::now().max(now))
+    }
+}
 
 /// The most a call may take, in timeouts, however late its timers fire.
 const MOST: u32 = 10;

@@ -175,3 +175,36 @@ async fn a_busy_process_does_not_take_itself_for_a_slow_store() {
     assert_eq!(leading.await.unwrap().unwrap(), "loaded once");
     assert_eq!(loads.get(), 1);
 }
+
+/// A cold start: one process asks for 10,000 keys at once (each its own flight, so its own
+/// lookup). The lookups queue in the process's connection, and the last are answered long
+/// after they were asked; they must not count as store timeouts (default `store_timeout`),
+/// which would make each of their flights release a lock and load with in-process protection
+/// only. Redis only (the embedded store answers within its call).
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_burst_of_cold_keys_in_one_process_is_not_a_slow_store() {
+    let shared = Shared::redis().await;
+    let cache = Cache::builder_shared(Arc::clone(&shared.store))
+        .namespace("test")
+        .build();
+    let loads = Counter::default();
+    let mut calls = tokio::task::JoinSet::new();
+    for key in 0..10_000 {
+        let (cache, load) = (
+            cache.clone(),
+            crate::slow_value(&loads, Duration::ZERO, "v"),
+        );
+        calls.spawn(async move { cache.get_or_load(format!("cold-{key}"), load).await });
+    }
+    while let Some(call) = calls.join_next().await {
+        assert_eq!(call.unwrap().unwrap(), "v");
+    }
+    assert_eq!(loads.get(), 10_000);
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.store_errors, stats.breaker_opened),
+        (0, 0),
+        "{stats:?}"
+    );
+}
