@@ -52,7 +52,7 @@ fn main() {
     let grid = Grid::from_args(&args);
     let server = RedisServer::start();
     println!(
-        "scale: origin {} ms, value {} B, store timeout {} ms, commit {}, {} cores",
+        "scale: origin {} ms, value {} B, store timeout (ms) {}, commit {}, {} cores",
         grid.origin_ms,
         grid.value,
         grid.store_timeout_ms.as_deref().unwrap_or("default"),
