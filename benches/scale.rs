@@ -211,21 +211,9 @@ fn run_cell(server: &RedisServer, grid: &Grid, p: usize, k: usize, c: usize) -> 
     }
     let mut redis = server.client().get_connection().expect("a connection");
     let before = command_calls(&mut redis);
-    for worker in &mut workers {
-        worker.tell("go");
-    }
-    let stampede: Vec<Report> = workers
-        .iter_mut()
-        .map(|w| Report::parse(&w.line()))
-        .collect();
+    let stampede = burst(&mut workers);
     let after = command_calls(&mut redis);
-    for worker in &mut workers {
-        worker.tell("go");
-    }
-    let hits: Vec<Report> = workers
-        .iter_mut()
-        .map(|w| Report::parse(&w.line()))
-        .collect();
+    let hits = burst(&mut workers);
     let memory = memory_of(&mut redis, &namespace, server);
     let subscribers: u64 = redis::cmd("PUBSUB")
         .arg("NUMSUB")
@@ -269,6 +257,25 @@ fn run_cell(server: &RedisServer, grid: &Grid, p: usize, k: usize, c: usize) -> 
     }
 }
 
+/// One burst in every worker, released together: their reports.
+fn burst(workers: &mut [Worker]) -> Vec<Report> {
+    for worker in workers.iter_mut() {
+        worker.tell("go");
+    }
+    workers
+        .iter_mut()
+        .map(|w| Report::parse(&w.line()))
+        .collect()
+}
+
+/// A current-thread runtime: a worker's, as an instance with a core of its own would run.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 /// `cmdstat_*` calls by command.
 fn command_calls(redis: &mut redis::Connection) -> BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
@@ -287,10 +294,7 @@ fn command_calls(redis: &mut redis::Connection) -> BTreeMap<String, u64> {
 
 /// `MEMORY USAGE` of each Redis key of the cell's first key, and the value's own bytes.
 fn memory_of(redis: &mut redis::Connection, namespace: &str, server: &RedisServer) -> String {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = current_thread();
     let key = runtime.block_on(async {
         let store = RedisStore::connect(server.url()).await.expect("a store");
         Cache::builder(store)
@@ -334,10 +338,7 @@ fn worker(args: &[String]) {
     let (k, c): (usize, usize) = (k.parse().expect("K"), c.parse().expect("C"));
     let origin = Duration::from_millis(origin_ms.parse().expect("ms"));
     let value = Bytes::from(vec![b'x'; value.parse().expect("bytes")]);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = current_thread();
     let cache = runtime.block_on(async {
         let store = RedisStore::connect(url.as_str()).await.expect("a store");
         let mut builder = Cache::builder(store).namespace(namespace);

@@ -27,6 +27,26 @@ pub struct Observed {
     calls: std::sync::atomic::AtomicUsize,
     /// How long the first lookup holds its thread once sent (taken by that lookup).
     stall: std::sync::Mutex<Option<Duration>>,
+    /// Lookups asked and not yet answered, and the most there were at once.
+    out: std::sync::Mutex<(usize, usize)>,
+}
+
+/// Counts a lookup out until it is dropped (answered or abandoned).
+struct Out<'a>(&'a std::sync::Mutex<(usize, usize)>);
+
+impl<'a> Out<'a> {
+    fn new(out: &'a std::sync::Mutex<(usize, usize)>) -> Self {
+        let mut counts = out.lock().unwrap();
+        counts.0 += 1;
+        counts.1 = counts.1.max(counts.0);
+        Out(out)
+    }
+}
+
+impl Drop for Out<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().0 -= 1;
+    }
 }
 
 impl Observed {
@@ -60,6 +80,7 @@ impl Observed {
             fills: Default::default(),
             calls: Default::default(),
             stall: Default::default(),
+            out: Default::default(),
         })
     }
 
@@ -78,6 +99,11 @@ impl Observed {
 
     fn hanging(&self) -> bool {
         self.hanging.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The most lookups that were out (asked and not yet answered) at once.
+    pub fn most_lookups_out(&self) -> usize {
+        self.out.lock().unwrap().1
     }
 
     pub fn lookups(&self) -> usize {
@@ -117,6 +143,7 @@ impl Store for Observed {
         let key = key.clone();
         let stall = self.stall.lock().unwrap().take();
         Box::pin(async move {
+            let _out = Out::new(&self.out);
             let lookup = self.inner.lookup(&key, token, lock_ttl, lock_when);
             tokio::pin!(lookup);
             if let Some(stall) = stall {
