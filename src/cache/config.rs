@@ -55,6 +55,7 @@ pub(crate) struct Config {
     pub(crate) keep_for_revalidation: Duration,
     pub(crate) early_refresh_beta: f64,
     pub(crate) refresh_in_background: bool,
+    pub(crate) soft_timeout: Option<Duration>,
     pub(crate) failure_ttl: Duration,
     pub(crate) breaker_threshold: u32,
     pub(crate) breaker_open_for: Duration,
@@ -84,6 +85,7 @@ impl Default for Config {
             keep_for_revalidation: Duration::ZERO,
             early_refresh_beta: 1.0,
             refresh_in_background: true,
+            soft_timeout: None,
             failure_ttl: Duration::from_secs(1),
             breaker_threshold: 5,
             breaker_open_for: Duration::from_secs(1),
@@ -214,6 +216,20 @@ impl CacheBuilder {
     /// Default: `true`.
     pub fn refresh_in_background(mut self, on: bool) -> Self {
         self.config.refresh_in_background = on;
+        self
+    }
+
+    /// How long a caller that has a stale value waits for its reload before it is answered
+    /// with the stale value (as FusionCache's `FactorySoftTimeout`): the reload goes on, its
+    /// fill lands for everyone, and it is still one load. Applies to a leader and to a
+    /// follower alike, where the value is within its
+    /// [`stale_if_error`](Self::stale_if_error) window (a value within the
+    /// [`stale`](Self::stale) window is answered at once anyway, unless
+    /// [`refresh_in_background`](Self::refresh_in_background) is off for the leader). The
+    /// answer's outcome is [`Outcome::Stale`](crate::Outcome::Stale). Per call:
+    /// [`Cache::fetch_with_soft_timeout`]. Default: none (callers wait for the reload).
+    pub fn soft_timeout(mut self, soft_timeout: Duration) -> Self {
+        self.config.soft_timeout = Some(soft_timeout);
         self
     }
 

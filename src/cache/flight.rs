@@ -6,6 +6,7 @@
 
 use std::future::{poll_fn, Future};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -23,7 +24,11 @@ use crate::store::{BoxFuture, KeyDigest};
 /// payload it cannot read is treated as a corrupt entry (a miss, counted and overwritten).
 /// Built once per flight, never on an L1 hit, in one allocation (none for a loader that
 /// captures nothing).
-pub(super) struct BoxLoader(Box<dyn Load>);
+pub(super) struct BoxLoader {
+    load: Box<dyn Load>,
+    /// The caller's soft timeout (see [`CacheBuilder::soft_timeout`](super::CacheBuilder::soft_timeout)).
+    soft_timeout: Option<Duration>,
+}
 
 /// What a [`BoxLoader`] holds: the caller's loader and its test of payloads.
 trait Load: Send {
@@ -80,19 +85,22 @@ impl Reader<'_> {
 }
 
 impl BoxLoader {
-    fn new<A, F, Fut, E>(accepts: A, loader: F) -> Self
+    fn new<A, F, Fut, E>(accepts: A, loader: F, soft_timeout: Option<Duration>) -> Self
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
         F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        BoxLoader(Box::new(Parts { accepts, loader }))
+        BoxLoader {
+            load: Box::new(Parts { accepts, loader }),
+            soft_timeout,
+        }
     }
 
     /// What its caller can read.
     pub(super) fn reader(&self) -> Reader<'_> {
-        Reader(self.0.accepts())
+        Reader(self.load.accepts())
     }
 
     /// Starts the load, handed the value it reloads when there is one.
@@ -100,7 +108,12 @@ impl BoxLoader {
         self,
         previous: Option<Previous>,
     ) -> BoxFuture<'static, Result<Loaded, BoxError>> {
-        self.0.run(previous)
+        self.load.run(previous)
+    }
+
+    /// How long its caller waits for a reload before it takes a stale value, if it does.
+    pub(super) fn soft_timeout(&self) -> Option<Duration> {
+        self.soft_timeout
     }
 }
 
@@ -109,6 +122,7 @@ impl Inner {
     pub(super) async fn fetch_digest<A, F, Fut, E>(
         self: &Arc<Self>,
         digest: KeyDigest,
+        soft_timeout: Option<Duration>,
         accepts: A,
         loader: F,
     ) -> Result<Fetched, Error>
@@ -124,7 +138,7 @@ impl Inner {
                 let entry = match hit {
                     L1Hit::Fresh(entry, _) => entry,
                     L1Hit::RefreshDue(entry) => {
-                        let loader = BoxLoader::new(accepts, loader);
+                        let loader = BoxLoader::new(accepts, loader, soft_timeout);
                         self.refresh_early(digest, loader, entry.fresh_until);
                         entry
                     }
@@ -164,7 +178,7 @@ impl Inner {
                 }
                 Entered::Started(id, posts) => (id, posts),
             };
-            let loader = BoxLoader::new(accepts, loader);
+            let loader = BoxLoader::new(accepts, loader, soft_timeout);
             let landing = ListedFlight {
                 inner: Arc::clone(self),
                 digest,

@@ -293,6 +293,53 @@ impl Cache {
         self.fetch_accepting(key, |_| true, loader).await
     }
 
+    /// Like [`fetch`](Self::fetch), with this call's own soft timeout in place of the
+    /// cache's ([`CacheBuilder::soft_timeout`]): where a stale value is there to answer
+    /// with, this call gets it once its reload has taken `soft_timeout`, and the reload
+    /// goes on and fills the cache for everyone. A call that joins a flight of this process
+    /// already in progress shares that flight's soft timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// # tokio::time::pause();
+    /// let cache = Cache::builder(MemoryStore::new())
+    ///     .stale_if_error(Duration::from_secs(3600))
+    ///     .build();
+    /// let load = |value: &'static [u8]| move || async move {
+    ///     tokio::time::sleep(Duration::from_millis(500)).await; // a slow backend
+    ///     Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(value)))
+    /// };
+    /// cache.fetch("report", load(b"v1")).await?;
+    /// cache.expire("report").await?; // stale now
+    /// let soft = Duration::from_millis(50);
+    /// let answer = cache.fetch_with_soft_timeout("report", soft, load(b"v2")).await?;
+    /// assert_eq!(answer.outcome(), Outcome::Stale);
+    /// assert_eq!(answer.value().map(|v| &v[..]), Some(&b"v1"[..]));
+    /// # Ok(()) }
+    /// ```
+    pub async fn fetch_with_soft_timeout<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        soft_timeout: Duration,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let key = key.as_ref();
+        let soft_timeout = Some(soft_timeout);
+        let loader = move |_| loader();
+        self.fetch_within(KeyDigest::of(key), key, soft_timeout, |_| true, loader)
+            .await
+    }
+
     /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
     /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
     /// overwritten by this load).
@@ -329,12 +376,35 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
+        let soft_timeout = self.inner.config.soft_timeout;
+        self.fetch_within(digest, name, soft_timeout, accepts, loader)
+            .await
+    }
+
+    /// [`fetch_named`](Self::fetch_named) with this call's own soft timeout (see
+    /// [`CacheBuilder::soft_timeout`]).
+    pub(crate) async fn fetch_within<A, F, Fut, E>(
+        &self,
+        digest: KeyDigest,
+        name: &[u8],
+        soft_timeout: Option<Duration>,
+        accepts: A,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         // A span to enter, record and time only for a subscriber that wants it (see
         // `fetch_span`), with the moment the fetch started.
         // A caller without the key's text (the service layer, which hashed its key) gives none.
         let name = (self.inner.config.readable_keys && !name.is_empty()).then_some(name);
         let traced = fetch_span(&digest, name).map(|span| (span, Instant::now()));
-        let fetch = self.inner.fetch_digest(digest, accepts, loader);
+        let fetch = self
+            .inner
+            .fetch_digest(digest, soft_timeout, accepts, loader);
         let answer = match &traced {
             Some((span, _)) => fetch.instrument(span.clone()).await,
             None => fetch.await,

@@ -15,6 +15,7 @@
 //! | `breaker.rs` | the store failing: degraded service, the circuit breaker, reconnection |
 //! | `wire.rs` | what the store holds: foreign bytes, the `fresh` marker, round trips |
 //! | `fences.rs` | lock ownership and fenced writes: no older value over a newer one |
+//! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
 //!
 //! This file holds the loaders and store helpers the modules share.
@@ -27,6 +28,7 @@ mod fleet;
 mod followers;
 mod for_waiters;
 mod hits;
+mod soft_timeout;
 mod stale;
 mod wire;
 

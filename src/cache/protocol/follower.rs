@@ -11,6 +11,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -329,7 +330,11 @@ impl Inner {
                 return Box::pin(self.after_wait_timeout(stamp, key, loader, last_stale, early))
                     .await;
             }
-            let limit = config.wait_timeout - waited;
+            let soft = self.follower_soft_left(loader.soft_timeout(), last_stale.as_ref(), waited);
+            if let (Some(Duration::ZERO), Some(stale)) = (soft, last_stale) {
+                return Ok(stale.answer());
+            }
+            let limit = (config.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
             let wait = self.wait_between_reads(&mut filled, &mut backoff, limit);
             following.ended = Some(Box::pin(wait).await);
         }

@@ -236,9 +236,11 @@ impl Inner {
         stale: Option<StaleValue>,
         early: Option<&FlightPosts>,
     ) -> FlightResult {
+        let mut posted = false;
         if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
         {
             if let Some(left) = self.stale_window_left(stale) {
+                posted = true;
                 // Servable to the callers that join this flight only while it is within the
                 // stale window, and nothing was heard of its key or tags since it was read;
                 // later joiners wait for the load's answer.
@@ -265,7 +267,14 @@ impl Inner {
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let previous = self.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
-        let loaded = self.load(loader, Some((&guard.key, token)), previous).await;
+        let soft = self.leader_soft_timeout(loader.soft_timeout(), stale.as_ref(), early, posted);
+        let load = self.load(loader, Some((&guard.key, token)), previous);
+        let loaded = super::soft::within(load, soft, || {
+            if let (Some(stale), Some(early)) = (&stale, early) {
+                self.post_soft(*guard.key.digest(), stamp, stale, early);
+            }
+        })
+        .await;
         let load_time = started.elapsed();
         // A result for the waiters only is a failed load where a stale value stands in for
         // it, and for an early refresh (nobody waits; the value it refreshes stays).

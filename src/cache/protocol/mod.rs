@@ -12,6 +12,7 @@
 //! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
 //! | `revalidate.rs` | a reload handed the stale value, and "not modified" renewing it |
 //! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
+//! | `soft.rs` | soft timeouts: a stale value answered while a slow reload goes on |
 //! | `refresh.rs` | an early refresh in the background, one per key and process |
 
 mod follower;
@@ -19,6 +20,7 @@ mod leader;
 pub(super) mod lookup;
 mod refresh;
 mod revalidate;
+mod soft;
 mod stale;
 mod wait;
 mod waiters;

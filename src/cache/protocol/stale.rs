@@ -98,11 +98,17 @@ impl Inner {
 
     /// Whether a stale value may stand in for a failed or too slow load.
     pub(in crate::cache) fn serves_on_error(&self, stale: &StaleValue) -> bool {
+        self.error_window_left(stale).is_some()
+    }
+
+    /// How long a stale value may still stand in for a failed or too slow load, if it may.
+    pub(in crate::cache) fn error_window_left(&self, stale: &StaleValue) -> Option<Duration> {
         let max = stale
             .windows
             .and_then(|w| w.if_error)
             .unwrap_or_else(|| self.config.stale_if_error());
-        !max.is_zero() && stale.staleness() <= max
+        let staleness = stale.staleness();
+        (!max.is_zero() && staleness <= max).then(|| max - staleness)
     }
 
     /// A test that nothing was heard of the key `digest` (since `stamp`) nor of the tags
