@@ -70,7 +70,12 @@ where
 #[derive(Clone, Copy)]
 pub(super) struct Reader<'a>(&'a (dyn Fn(&Bytes) -> bool + Send + Sync));
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader of the payloads `accepts` says yes to.
+    pub(super) fn of(accepts: &'a (dyn Fn(&Bytes) -> bool + Send + Sync)) -> Self {
+        Reader(accepts)
+    }
+
     /// Decodes a store entry; a value this reader's caller cannot read is corrupt.
     pub(super) fn decode(self, bytes: Bytes) -> Result<Entry, entry::Corrupt> {
         match entry::decode(bytes)? {
@@ -85,7 +90,7 @@ impl Reader<'_> {
 }
 
 impl BoxLoader {
-    fn new<A, F, Fut, E>(accepts: A, loader: F, soft_timeout: Option<Duration>) -> Self
+    pub(super) fn new<A, F, Fut, E>(accepts: A, loader: F, soft_timeout: Option<Duration>) -> Self
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
         F: FnOnce(Option<Previous>) -> Fut + Send + 'static,

@@ -74,6 +74,7 @@
 //! | `known_tags.rs` | `KnownTags`: whether loaders return tags, the first tag clock, the versions read |
 //! | `tags.rs` | [`Cache::invalidate_tags`], and checking a tagged value against its tags |
 //! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
+//! | `batch.rs` | [`Cache::get_many_or_load`]: batches |
 //! | `changes.rs` | [`Cache::invalidate`], [`Cache::set`], [`Cache::expire`]: changes made outside a load |
 //! | `protocol/` | leader, follower, waiters, revalidation, stale values, early refresh |
 //! | `loaded.rs` | what a loader is given and produces: [`Previous`], [`Loaded`] |
@@ -86,6 +87,7 @@
 //! | `telemetry.rs` | tracing events and metrics |
 //! | `typed.rs` | typed values (feature `serde`) |
 
+mod batch;
 mod breaker;
 mod carry;
 mod changes;

@@ -6,6 +6,7 @@
 //! | call | what it does |
 //! | --- | --- |
 //! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire (see [`LockWhen`]), try `SET lock NX PX` |
+//! | [`Store::lookup_many`] | the lookups of a batch of keys, in one round trip |
 //! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
 //! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::extend`] | compare-and-`PEXPIRE`, for the watchdog of a long load |
@@ -175,6 +176,30 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>>;
+
+    /// [`lookup`](Self::lookup)s each of `keys` with `token`, in one round trip (on a Redis
+    /// Cluster, one per master, all at once): for a batch
+    /// ([`Cache::get_many_or_load`](crate::Cache::get_many_or_load)), whose missing keys' locks
+    /// are taken in the same trip as the lookup of the whole batch. Answers in the order of
+    /// `keys`, each as its own lookup would (the locks are per key: one token may hold many).
+    /// On an error, locks may have been taken for some keys: the caller releases them. The
+    /// default looks the keys up one after the other, a call each.
+    fn lookup_many(
+        &self,
+        keys: &[StoreKey],
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
+        let keys = keys.to_vec();
+        Box::pin(async move {
+            let mut found = Vec::with_capacity(keys.len());
+            for key in &keys {
+                found.push(self.lookup(key, token, lock_ttl, lock_when).await?);
+            }
+            Ok(found)
+        })
+    }
 
     /// Fenced write: if the lock of `key` still holds `token`, stores `value` for `ttl`, deletes
     /// the lock and returns `true`. Otherwise (the lock expired, or another leader took it)

@@ -7,6 +7,7 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `fleet.rs` | cost as the fleet grows: store calls per process and stampede, busy processes |
+//! | `batch.rs` | batches: one lookup round trip, one load of the keys a call leads, fences |
 //! | `followers.rs` | the leader and its followers: one load per stampede, takeovers, wait timeouts |
 //! | `for_waiters.rs` | results for the waiting calls only (`Loaded::for_waiters`) |
 //! | `failures.rs` | failed, panicking and timed-out loads, and the shared failure marker |
@@ -20,6 +21,7 @@
 //!
 //! This file holds the loaders and store helpers the modules share.
 
+mod batch;
 mod breaker;
 mod early_refresh;
 mod failures;

@@ -123,7 +123,7 @@ impl Inner {
 
     /// A fresh value found in the store as a flight's answer (through L1, and with an early
     /// refresh where one is due); `followed`: the flight waited for another leader's load.
-    fn stored_hit(
+    pub(super) fn stored_hit(
         self: &Arc<Self>,
         digest: KeyDigest,
         fresh: FreshValue,

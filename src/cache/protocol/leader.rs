@@ -19,8 +19,8 @@ use crate::cache::flight::BoxLoader;
 use crate::cache::l1::TagStamps;
 use crate::cache::loaded::LoadedKind;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::{Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
-use crate::store::{KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
+use crate::cache::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
+use crate::store::{BoxFuture, KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
 pub(in crate::cache) struct LockGuard {
@@ -31,6 +31,16 @@ pub(in crate::cache) struct LockGuard {
 }
 
 impl LockGuard {
+    /// The guard of the lock of `key` that `token` holds.
+    pub(in crate::cache) fn new(store: &Arc<dyn Store>, key: StoreKey, token: LockToken) -> Self {
+        LockGuard {
+            store: Arc::clone(store),
+            key,
+            token,
+            armed: true,
+        }
+    }
+
     fn disarm(&mut self) {
         self.armed = false;
     }
@@ -177,11 +187,34 @@ impl Inner {
         lock: Option<(&StoreKey, LockToken)>,
         previous: Option<Previous>,
     ) -> Result<Loaded, Error> {
+        let had_previous = previous.is_some();
+        let (keys, token) = match lock {
+            Some((key, token)) => (std::slice::from_ref(key), Some(token)),
+            None => (&[][..], None),
+        };
+        match self.load_watched(loader.run(previous), keys, token).await {
+            Ok(Loaded {
+                kind: LoadedKind::NotModified { .. },
+                ..
+            }) if !had_previous => Err(Error::load(
+                "the loader answered \"not modified\" without a previous value".into(),
+            )),
+            loaded => loaded,
+        }
+    }
+
+    /// Runs a load in a task of its own, counted, bounded by the load timeout; while it runs,
+    /// renews the locks of `keys` held under `token` (the watchdog).
+    pub(in crate::cache) async fn load_watched<T: Send + 'static>(
+        &self,
+        load: BoxFuture<'static, Result<T, BoxError>>,
+        keys: &[StoreKey],
+        token: Option<LockToken>,
+    ) -> Result<T, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
         let started = Instant::now();
-        let had_previous = previous.is_some();
-        let mut task = tokio::spawn(loader.run(previous));
+        let mut task = tokio::spawn(load);
         let deadline = tokio::time::sleep(config.load_timeout);
         tokio::pin!(deadline);
         let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
@@ -192,9 +225,6 @@ impl Inner {
                 joined = &mut task => {
                     self.meter.load(started.elapsed());
                     return match joined {
-                        Ok(Ok(Loaded { kind: LoadedKind::NotModified { .. }, .. })) if !had_previous => {
-                            Err(Error::load("the loader answered \"not modified\" without a previous value".into()))
-                        }
                         Ok(Ok(loaded)) => Ok(loaded),
                         Ok(Err(error)) => Err(Error::load(error)),
                         Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
@@ -205,22 +235,30 @@ impl Inner {
                     task.abort();
                     return Err(Error::load_timeout(config.load_timeout));
                 }
-                _ = renew.tick(), if lock.is_some() => {
-                    if let Some((key, token)) = lock {
-                        match self.breaker.call(self.store.extend(key, token, config.lock_ttl)).await {
-                            Ok(true) => {
-                                self.meter.lock(LockEvent::Extended);
-                                debug!(?key, "lock extended");
-                            }
-                            Ok(false) => {
-                                self.meter.lock(LockEvent::Lost);
-                                warn!(?key, "lock lost during the load; its fill will be refused");
-                            }
-                            Err(error) => debug!(?key, %error, "lock extension failed"),
+                _ = renew.tick(), if token.is_some() => {
+                    if let Some(token) = token {
+                        for key in keys {
+                            self.extend_lock(key, token).await;
                         }
                     }
                 }
             }
+        }
+    }
+
+    /// The watchdog's renewal of the lock of `key` held under `token`.
+    async fn extend_lock(&self, key: &StoreKey, token: LockToken) {
+        let extended = self.store.extend(key, token, self.config.lock_ttl);
+        match self.breaker.call(extended).await {
+            Ok(true) => {
+                self.meter.lock(LockEvent::Extended);
+                debug!(?key, "lock extended");
+            }
+            Ok(false) => {
+                self.meter.lock(LockEvent::Lost);
+                warn!(?key, "lock lost during the load; its fill will be refused");
+            }
+            Err(error) => debug!(?key, %error, "lock extension failed"),
         }
     }
 
@@ -256,12 +294,7 @@ impl Inner {
                 )));
             }
         }
-        let mut guard = LockGuard {
-            store: Arc::clone(&self.store),
-            key,
-            token,
-            armed: true,
-        };
+        let mut guard = LockGuard::new(&self.store, key, token);
         let stamp = seen.stamp;
         let clock = self.clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
@@ -296,20 +329,7 @@ impl Inner {
         let loaded = match loaded {
             Ok(loaded) => loaded,
             Err(error) => {
-                // Tell every follower, here and elsewhere, instead of letting each of them
-                // take the lock and call the failing backend in turn.
-                let told = if self.config.failure_ttl.is_zero() || seen.speculative {
-                    self.breaker
-                        .call(self.store.release(&guard.key, token))
-                        .await
-                } else {
-                    self.breaker
-                        .call(self.store.fail(&guard.key, token, self.config.failure_ttl))
-                        .await
-                };
-                if told.is_ok() {
-                    guard.disarm();
-                }
+                self.tell_failure(&mut guard, seen.speculative).await;
                 let overtaken = early.is_some_and(FlightPosts::is_overtaken);
                 return match stale {
                     Some(stale)
@@ -337,14 +357,7 @@ impl Inner {
         match (loaded.kind, tagged(loaded.tags, clock)) {
             (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {
                 warn!(key = ?guard.key, "a tagged value without the tag clock, or with too many tags, is not stored");
-                if self
-                    .breaker
-                    .call(self.store.release(&guard.key, token))
-                    .await
-                    .is_ok()
-                {
-                    guard.disarm();
-                }
+                self.release_lock(&mut guard).await;
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
             (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
@@ -390,6 +403,33 @@ impl Inner {
                 }
                 Ok(Fetched::pass())
             }
+        }
+    }
+
+    /// After a failed load: tells every follower, here and elsewhere (a failure marker,
+    /// unless failures are not remembered or the load was `speculative`: then the lock is
+    /// released), instead of letting each of them take the lock and call the failing backend
+    /// in turn.
+    pub(in crate::cache) async fn tell_failure(&self, guard: &mut LockGuard, speculative: bool) {
+        let (key, token) = (&guard.key, guard.token);
+        let told = if self.config.failure_ttl.is_zero() || speculative {
+            self.breaker.call(self.store.release(key, token)).await
+        } else {
+            let failure_ttl = self.config.failure_ttl;
+            self.breaker
+                .call(self.store.fail(key, token, failure_ttl))
+                .await
+        };
+        if told.is_ok() {
+            guard.disarm();
+        }
+    }
+
+    /// Releases the lock of a load that has nothing to write (token-checked).
+    pub(in crate::cache) async fn release_lock(&self, guard: &mut LockGuard) {
+        let released = self.store.release(&guard.key, guard.token);
+        if self.breaker.call(released).await.is_ok() {
+            guard.disarm();
         }
     }
 
@@ -494,12 +534,7 @@ mod tests {
     }
 
     fn guard_of(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> LockGuard {
-        LockGuard {
-            store: Arc::clone(store),
-            key: key.clone(),
-            token,
-            armed: true,
-        }
+        LockGuard::new(store, key.clone(), token)
     }
 
     /// A leader torn down mid-load (its flight dropped) leaves the lock to the next flight at

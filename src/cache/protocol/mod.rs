@@ -4,6 +4,7 @@
 //!
 //! | file | holds |
 //! | --- | --- |
+//! | `batch.rs` | a batch of keys: one lookup round trip, one load for the keys it leads |
 //! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
 //! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
 //! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
@@ -15,6 +16,7 @@
 //! | `soft.rs` | soft timeouts: a stale value answered while a slow reload goes on |
 //! | `refresh.rs` | an early refresh in the background, one per key and process |
 
+pub(super) mod batch;
 mod follower;
 mod leader;
 pub(super) mod lookup;

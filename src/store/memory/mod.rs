@@ -307,6 +307,20 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(result) })
     }
 
+    fn lookup_many(
+        &self,
+        keys: &[StoreKey],
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
+        let found = keys
+            .iter()
+            .map(|key| self.lookup_now(key, token, lock_ttl, lock_when))
+            .collect();
+        Box::pin(async move { Ok(found) })
+    }
+
     fn fill(
         &self,
         key: &StoreKey,

@@ -14,13 +14,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
-    Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value,
+    Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, ToRedisArgs,
+    Value,
 };
 use tokio::task::JoinSet;
 
 use super::cluster_link::ClusterLink;
-use super::connection::evalsha;
-use super::names::key_slot;
+use super::connection::{evalsha, lookup_replies};
+use super::names::{key_slot, KeyName};
+use super::store::LookupReplies;
+use crate::store::StoreKey;
 
 /// A cluster connection and the slot layout it last read; cheap to clone, never locked
 /// across a call.
@@ -172,6 +175,80 @@ impl Cluster {
         result
     }
 
+    /// The replies to the lookups of `keys` (three commands each, put in a pipeline by
+    /// `add`), in order: one pipeline per master, all at once, as
+    /// [`invoke_pipelined`](Self::invoke_pipelined) sends its calls. A group that a node
+    /// refused for a slot's move (or lost) goes again key by key, where the client routes it.
+    pub(super) async fn lookups(
+        &self,
+        keys: &[StoreKey],
+        add: impl Fn(&mut Pipeline, &StoreKey),
+    ) -> RedisResult<Vec<LookupReplies>> {
+        let connection = self.connection()?;
+        let layout = self.layout(&connection).await;
+        // Each group: its master (none: a key the layout does not place, alone), a slot of
+        // it to route by, and the indexes of its keys.
+        let mut groups: Vec<(Option<&str>, u16, Vec<usize>)> = Vec::new();
+        for (index, key) in keys.iter().enumerate() {
+            let slot = key_slot(&KeyName::lock(key).to_redis_args().concat());
+            let master = layout.as_deref().and_then(|layout| layout.master_of(slot));
+            let group = master.and_then(|master| groups.iter_mut().find(|g| g.0 == Some(master)));
+            match group {
+                Some((_, _, members)) => members.push(index),
+                None => groups.push((master, slot, vec![index])),
+            }
+        }
+        let mut runs = JoinSet::new();
+        for (master, slot, members) in groups {
+            let mut pipeline = Pipeline::with_capacity(3 * members.len());
+            for &index in &members {
+                add(&mut pipeline, &keys[index]);
+            }
+            pipeline.ignore_errors();
+            let mut connection = connection.clone();
+            let placed = master.is_some();
+            runs.spawn(async move {
+                let count = 3 * members.len();
+                let replies = if placed {
+                    let route =
+                        SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                    connection.route_pipeline(pipeline, 0, count, route).await
+                } else {
+                    pipeline.query_async(&mut connection).await
+                };
+                (members, pipeline_or_moved(replies))
+            });
+        }
+        let mut found: Vec<Option<LookupReplies>> = keys.iter().map(|_| None).collect();
+        let mut again = Vec::new();
+        while let Some(ran) = runs.join_next().await {
+            let (members, replies) = ran.map_err(|_| cancelled())?;
+            match replies {
+                Ok(replies) => {
+                    let replies = lookup_replies(replies?, members.len())?;
+                    for (index, replies) in members.into_iter().zip(replies) {
+                        found[index] = Some(replies);
+                    }
+                }
+                Err(Moved) => {
+                    self.forget_layout();
+                    again.extend(members);
+                }
+            }
+        }
+        for index in again {
+            let mut pipeline = Pipeline::with_capacity(3);
+            add(&mut pipeline, &keys[index]);
+            pipeline.ignore_errors();
+            let replies = pipeline.query_async(&mut connection.clone()).await?;
+            found[index] = lookup_replies(replies, 1)?.pop();
+        }
+        found
+            .into_iter()
+            .map(|replies| replies.ok_or_else(cancelled))
+            .collect()
+    }
+
     /// Runs each call on its own, all at once, following `MOVED` and `ASK` and loading the
     /// script on `NOSCRIPT`. The first error, if any.
     async fn each_alone(&self, script: &Script, calls: Vec<Cmd>) -> RedisResult<()> {
@@ -221,6 +298,26 @@ fn slot_of(call: &Cmd) -> u16 {
     match call.args_iter().nth(3) {
         Some(Arg::Simple(key)) => key_slot(key),
         _ => key_slot(b""),
+    }
+}
+
+/// A group of lookups that a node refused for a slot's move or lost: sent again key by key.
+struct Moved;
+
+/// The replies of a group of lookups, or [`Moved`] where the pipeline failed for a slot's
+/// move or a node's loss, or any of its replies is a `MOVED` or `ASK`.
+fn pipeline_or_moved(replies: RedisResult<Vec<Value>>) -> Result<RedisResult<Vec<Value>>, Moved> {
+    match replies {
+        Err(error) if moved_or_lost(&error) => Err(Moved),
+        Ok(replies)
+            if replies.iter().any(|reply| {
+                matches!(reply, Value::ServerError(error)
+                    if matches!(error.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
+            }) =>
+        {
+            Err(Moved)
+        }
+        replies => Ok(replies),
     }
 }
 

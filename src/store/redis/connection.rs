@@ -9,11 +9,13 @@ use std::fmt;
 
 use redis::{
     Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisResult, Script, ServerErrorKind,
+    Value,
 };
 
 use super::link::Link;
+use super::store::LookupReplies;
 use super::RedisStore;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{StoreError, StoreErrorKind, StoreKey};
 
 /// A connection to one server or to a cluster; cheap to clone, never locked.
 #[derive(Clone)]
@@ -55,6 +57,30 @@ impl Connection {
             }
             #[cfg(feature = "cluster")]
             Connection::Cluster(cluster) => pipeline.query_async(&mut cluster.connection()?).await,
+        }
+    }
+
+    /// The replies to the lookups of `keys`, each three commands that `add` puts in a
+    /// pipeline (see [`LookupReplies`]): one round trip on one server; on a cluster, one
+    /// pipeline per master, all at once (see [`Cluster`]).
+    pub(super) async fn lookups(
+        &self,
+        keys: &[StoreKey],
+        add: impl Fn(&mut Pipeline, &StoreKey),
+    ) -> RedisResult<Vec<LookupReplies>> {
+        match self {
+            Connection::Server(link) => {
+                let mut pipeline = Pipeline::with_capacity(3 * keys.len());
+                for key in keys {
+                    add(&mut pipeline, key);
+                }
+                pipeline.ignore_errors();
+                let answer = pipeline.query_async(&mut link.manager()?).await;
+                link.saw(&answer);
+                lookup_replies(answer?, keys.len())
+            }
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(cluster) => cluster.lookups(keys, add).await,
         }
     }
 
@@ -141,6 +167,28 @@ pub(super) async fn evalsha<T: FromRedisValue>(
         }
         answer => answer,
     }
+}
+
+/// The replies of `keys` lookups, three each, in order.
+pub(super) fn lookup_replies(replies: Vec<Value>, keys: usize) -> RedisResult<Vec<LookupReplies>> {
+    if replies.len() != 3 * keys {
+        return Err(RedisError::from((
+            ErrorKind::Parse,
+            "a pipeline of lookups answered the wrong number of replies",
+        )));
+    }
+    let mut replies = replies.into_iter();
+    let mut found = Vec::with_capacity(keys);
+    while let (Some(held), Some(value), Some(pttl)) =
+        (replies.next(), replies.next(), replies.next())
+    {
+        found.push((
+            redis::from_redis_value(held)?,
+            redis::from_redis_value(value)?,
+            redis::from_redis_value(pttl)?,
+        ));
+    }
+    Ok(found)
 }
 
 /// `calls` (`EVALSHA`s of `script`) in one pipeline, loading the script on `NOSCRIPT`.

@@ -160,6 +160,31 @@ impl Store for Observed {
         })
     }
 
+    /// One call, counted as one lookup (one round trip).
+    fn lookup_many(
+        &self,
+        keys: &[StoreKey],
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
+        self.count();
+        self.lookups
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.hanging() {
+            return Box::pin(std::future::pending());
+        }
+        let keys = keys.to_vec();
+        Box::pin(async move {
+            let answer = self
+                .inner
+                .lookup_many(&keys, token, lock_ttl, lock_when)
+                .await;
+            tokio::time::sleep(self.lookup_delay).await;
+            answer
+        })
+    }
+
     fn fill(
         &self,
         key: &StoreKey,

@@ -1,0 +1,279 @@
+//! A batch of keys: L1 first; then the lookups of every key L1 missed in one store round trip
+//! ([`Store::lookup_many`](crate::store::Store::lookup_many)), which takes the locks of the
+//! stale and absent keys in the same trip; one load for the keys this call leads, and a fenced
+//! fill for each. A key another caller or process leads (or that holds what only a flight
+//! knows how to answer: a failure marker, a pass, a waiters' answer) is fetched as any single
+//! key is, so it is waited for through the same notifications, never loaded twice.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::leader::{spawn_release, LockGuard};
+use super::lookup::LookupFound;
+use crate::cache::flight::{BoxLoader, Reader};
+use crate::cache::l1::{L1Hit, TagStamps};
+use crate::cache::{BoxError, Error, ErrorKind, Inner, Loaded, Previous};
+use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
+
+/// A batch's loader, its own type erased: handed the keys to load, it answers their values.
+pub(in crate::cache) type BatchLoad<K> =
+    Arc<dyn Fn(Vec<K>) -> BoxFuture<'static, Result<HashMap<K, Bytes>, BoxError>> + Send + Sync>;
+
+/// Which stored payloads a batch's caller can read.
+pub(in crate::cache) type Accepts = Arc<dyn Fn(&Bytes) -> bool + Send + Sync>;
+
+/// Each key's answer.
+pub(in crate::cache) type Answers<K> = HashMap<K, Result<Bytes, Error>>;
+
+/// Some keys' answers, as a task of the batch gives them.
+type Answered<K> = Vec<(K, Result<Bytes, Error>)>;
+
+/// The bounds of a batch's key.
+pub(in crate::cache) trait BatchKey:
+    AsRef<[u8]> + Eq + Hash + Clone + Send + Sync + 'static
+{
+}
+
+impl<K: AsRef<[u8]> + Eq + Hash + Clone + Send + Sync + 'static> BatchKey for K {}
+
+/// A key whose lock the batch's lookup took: this call loads it.
+struct Led<K> {
+    key: K,
+    guard: LockGuard,
+    /// What this process had heard of the key before the lookup.
+    stamp: Option<Stamp>,
+}
+
+impl Inner {
+    /// Every key's answer; see the [module docs](self).
+    pub(in crate::cache) async fn resolve_many<K: BatchKey>(
+        self: &Arc<Self>,
+        keys: Vec<K>,
+        load: BatchLoad<K>,
+        accepts: Accepts,
+    ) -> Answers<K> {
+        let mut answers = HashMap::with_capacity(keys.len());
+        let mut missed: Vec<(K, KeyDigest)> = Vec::new();
+        let mut asked = std::collections::HashSet::with_capacity(keys.len());
+        for key in keys {
+            if !asked.insert(key.clone()) {
+                continue;
+            }
+            let digest = KeyDigest::of(key.as_ref());
+            match self.l1_get(&digest) {
+                // A hit due for an early refresh is answered too: a batch refreshes nothing early.
+                Some(L1Hit::Fresh(entry, _) | L1Hit::RefreshDue(entry)) => {
+                    answers.insert(key, Ok(entry.value.clone()));
+                }
+                None => missed.push((key, digest)),
+            }
+        }
+        let Some((_, first)) = missed.first() else {
+            return answers;
+        };
+        let namespace = &self.config.namespace;
+        // Subscribed before the reads, so that what they find may enter L1.
+        drop(
+            self.watch_fills_subscribed(&StoreKey::new(Arc::clone(namespace), *first))
+                .await,
+        );
+        let (led, followed) = self
+            .look_up_many(missed, &load, &accepts, &mut answers)
+            .await;
+        let mut runs: Vec<JoinHandle<Answered<K>>> = Vec::new();
+        if !led.is_empty() {
+            // A task of its own: it loads and fills to the end even if this call goes away.
+            let (inner, load) = (Arc::clone(self), Arc::clone(&load));
+            runs.push(tokio::spawn(
+                async move { inner.lead_many(led, load).await },
+            ));
+        }
+        for (key, digest) in followed {
+            let (loader, accepts) = (single(&load, key.clone()), Arc::clone(&accepts));
+            let inner = Arc::clone(self);
+            runs.push(tokio::spawn(async move {
+                let soft_timeout = inner.config.soft_timeout;
+                let accepts = move |bytes: &Bytes| accepts(bytes);
+                let fetched = inner
+                    .fetch_digest(digest, soft_timeout, accepts, loader)
+                    .await;
+                vec![(key, fetched.and_then(|fetched| fetched.value_or_pass()))]
+            }));
+        }
+        for run in runs {
+            // A task that panicked answers nothing: its keys are told below.
+            if let Ok(ran) = run.await {
+                answers.extend(ran);
+            }
+        }
+        for key in asked {
+            answers
+                .entry(key)
+                .or_insert_with(|| Err(Error::new(ErrorKind::LoadPanicked)));
+        }
+        answers
+    }
+
+    /// One round trip for the keys L1 missed: answers those the store has fresh, and sorts the
+    /// others into those whose lock this call took (it leads them) and those it follows.
+    async fn look_up_many<K: BatchKey>(
+        self: &Arc<Self>,
+        missed: Vec<(K, KeyDigest)>,
+        load: &BatchLoad<K>,
+        accepts: &Accepts,
+        answers: &mut Answers<K>,
+    ) -> (Vec<Led<K>>, Vec<(K, KeyDigest)>) {
+        let namespace = &self.config.namespace;
+        let store_keys: Vec<StoreKey> = missed
+            .iter()
+            .map(|(_, digest)| StoreKey::new(Arc::clone(namespace), *digest))
+            .collect();
+        // Taken before the read, so that a change heard after it keeps the value out of L1.
+        let stamps: Vec<Option<Stamp>> = missed.iter().map(|(_, d)| self.l1.stamp(d)).collect();
+        let token = LockToken::random();
+        let read_at = Instant::now();
+        let (lock_ttl, lock_when) = (
+            self.config.lock_ttl,
+            LockWhen::LifeAtMost(self.config.keep()),
+        );
+        let lookup = self
+            .store
+            .lookup_many(&store_keys, token, lock_ttl, lock_when);
+        let lookups = match self.breaker.call_from(read_at, lookup).await {
+            Ok(lookups) if lookups.len() == store_keys.len() => lookups,
+            failed => {
+                if let Err(error) = &failed {
+                    warn!(%error, keys = store_keys.len(), "batch lookup failed; each key goes its own way");
+                } else {
+                    warn!("a store answered a batch lookup with too few answers; each key goes its own way");
+                }
+                // A lookup that failed may still have taken locks: free them.
+                for key in &store_keys {
+                    spawn_release(&self.store, key, token);
+                }
+                return (Vec::new(), missed);
+            }
+        };
+        let reader = Reader::of(&**accepts);
+        let (mut led, mut followed) = (Vec::new(), Vec::new());
+        let found = missed
+            .into_iter()
+            .zip(store_keys)
+            .zip(lookups.into_iter().zip(stamps));
+        for (((key, digest), store_key), (lookup, stamp)) in found {
+            let mut found = LookupFound {
+                lock: lookup.lock,
+                entry: lookup
+                    .value
+                    .map(|stored| (reader.decode(stored.bytes), stored.ttl)),
+                tag_stamps: TagStamps::default(),
+                outdated: false,
+            };
+            let checked = self.check_tags(&mut found).await;
+            if let (Ok(()), Some(fresh)) = (&checked, found.take_fresh()) {
+                let loader = single_boxed(load, accepts, key.clone());
+                let fetched = self.stored_hit(digest, fresh, stamp, read_at, loader, false);
+                answers.insert(key, fetched.value_or_pass());
+                continue;
+            }
+            match (checked, found.lock) {
+                (Ok(()), LockState::Acquired) => led.push(Led {
+                    key,
+                    guard: LockGuard::new(&self.store, store_key, token),
+                    stamp,
+                }),
+                (_, lock) => {
+                    if lock == LockState::Acquired {
+                        spawn_release(&self.store, &store_key, token);
+                    }
+                    followed.push((key, digest));
+                }
+            }
+        }
+        (led, followed)
+    }
+
+    /// Loads the keys this call leads, in one call of the loader (under their locks, renewed
+    /// while it runs), and fills each (fenced by its lock, as any leader's fill). A key the
+    /// loader leaves out is an error for that key alone, and its lock is released; a failed
+    /// load fails every key, and tells their followers as a single leader's failure does.
+    async fn lead_many<K: BatchKey>(
+        self: Arc<Self>,
+        led: Vec<Led<K>>,
+        load: BatchLoad<K>,
+    ) -> Answered<K> {
+        let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
+        let token = led.first().map(|led| led.guard.token);
+        let wanted = led.iter().map(|led| led.key.clone()).collect();
+        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let loaded = self.load_watched(load(wanted), &keys, token).await;
+        let load_time = started.elapsed();
+        let mut values = match loaded {
+            Ok(values) => values,
+            Err(error) => {
+                let mut answers = Vec::with_capacity(led.len());
+                for mut led in led {
+                    self.tell_failure(&mut led.guard, false).await;
+                    answers.push((led.key, Err(error.clone())));
+                }
+                return answers;
+            }
+        };
+        let mut answers = Vec::with_capacity(led.len());
+        let mut fills = Vec::with_capacity(led.len());
+        for mut led in led {
+            let Some(bytes) = values.remove(&led.key) else {
+                self.release_lock(&mut led.guard).await;
+                answers.push((led.key, Err(Error::load(NOT_RETURNED.into()))));
+                continue;
+            };
+            let inner = Arc::clone(&self);
+            fills.push(tokio::spawn(async move {
+                let load = (started_at, load_time);
+                let ready = inner.ready_to_store(&bytes, None, load, None, None);
+                inner
+                    .fill_value(&mut led.guard, led.stamp, &ready, None, None)
+                    .await;
+                (led.key, Ok(ready.value))
+            }));
+        }
+        for fill in fills {
+            if let Ok(filled) = fill.await {
+                answers.push(filled);
+            }
+        }
+        answers
+    }
+}
+
+/// Why a key the loader left out of its answer has no value.
+const NOT_RETURNED: &str = "the batch loader did not return this key";
+
+/// The loader of one key of a batch: the batch's loader, handed that key alone.
+fn single<K: BatchKey>(
+    load: &BatchLoad<K>,
+    key: K,
+) -> impl FnOnce(Option<Previous>) -> BoxFuture<'static, Result<Loaded, BoxError>> + Send + 'static
+{
+    let load = Arc::clone(load);
+    move |_| {
+        Box::pin(async move {
+            let mut values = load(vec![key.clone()]).await?;
+            let value = values.remove(&key).ok_or(NOT_RETURNED)?;
+            Ok(Loaded::value(value))
+        })
+    }
+}
+
+/// [`single`] as a flight's loader, reading what `accepts` says yes to.
+fn single_boxed<K: BatchKey>(load: &BatchLoad<K>, accepts: &Accepts, key: K) -> BoxLoader {
+    let accepts = Arc::clone(accepts);
+    BoxLoader::new(move |bytes: &Bytes| accepts(bytes), single(load, key), None)
+}
