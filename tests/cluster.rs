@@ -814,3 +814,75 @@ async fn without_sharded_pubsub_notifications_use_classic_pubsub() {
     let classic = bus_messages_per_fill(&cluster, &instances(&cluster, true, "s").await).await;
     assert!(classic >= 2.0, "classic {classic:.2}");
 }
+
+/// Issue 34, item 1: the lookup of a batch of 60 keys spread over every master (many slots
+/// on each) costs each master one read: one pipeline per node, not one per key or slot. And
+/// the batch's loader is called once, with exactly the keys that are missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_looks_up_with_one_pipeline_per_master() {
+    let cluster = RedisCluster::start();
+    let a = cache(instance(&cluster).await).build();
+    let b = cache(instance(&cluster).await).build();
+    let keys: Vec<String> = (0..60).map(|i| format!("batch-{i}")).collect();
+    let masters: HashSet<u16> = keys
+        .iter()
+        .map(|key| cluster.node_of(&RedisStore::value_name(&a.store_key(key))))
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys are on every master");
+    let loads = Counter::default();
+    for key in &keys {
+        read_counted(&b, key, &loads).await;
+    }
+    let no_load = |_: Vec<String>| async {
+        Err::<std::collections::HashMap<String, Bytes>, _>(std::io::Error::other("no load"))
+    };
+    // A first batch readies what a store learns once (the layout, the subscription).
+    let ready = a.get_many_or_load(["ready".to_owned()], no_load).await;
+    assert!(ready["ready"].is_err());
+    let reads_between = |before: &[u64], after: &[u64]| -> Vec<u64> {
+        after.iter().zip(before).map(|(a, b)| a - b).collect()
+    };
+    let (first, second) = (cluster.reads_per_node(), cluster.reads_per_node());
+    let asking = reads_between(&first, &second);
+    let before = cluster.reads_per_node();
+    let found = a.get_many_or_load(keys.clone(), no_load).await;
+    let after = cluster.reads_per_node();
+    let reads = reads_between(&before, &after);
+    let pipelines: Vec<u64> = reads.iter().zip(&asking).map(|(r, a)| r - a).collect();
+    assert_eq!(
+        pipelines,
+        vec![1, 1, 1],
+        "reads per master ({reads:?}, asking {asking:?})"
+    );
+    for key in &keys {
+        assert_eq!(
+            found[key].as_ref().unwrap(),
+            &read_counted(&b, key, &loads).await
+        );
+    }
+    // Ten of them gone: a third process's batch loads exactly those, once.
+    b.invalidate_many(&keys[..10]).await.unwrap();
+    let c = cache(instance(&cluster).await).build();
+    let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let found = c
+        .get_many_or_load(keys.clone(), {
+            let asked = Arc::clone(&asked);
+            move |missing: Vec<String>| {
+                asked.lock().unwrap().push(missing.clone());
+                async move {
+                    let values = missing.into_iter().map(|k| (k, Bytes::from("reloaded")));
+                    Ok::<_, std::io::Error>(values.collect::<std::collections::HashMap<_, _>>())
+                }
+            }
+        })
+        .await;
+    let asked = asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 1, "one loader call");
+    let (mut loaded, mut gone) = (asked[0].clone(), keys[..10].to_vec());
+    loaded.sort();
+    gone.sort();
+    assert_eq!(loaded, gone, "exactly the missing keys");
+    for key in &keys[..10] {
+        assert_eq!(found[key].as_ref().unwrap(), "reloaded");
+    }
+}
