@@ -23,7 +23,8 @@ impl Cache {
     /// each is filled under its own lock, fenced as any leader's fill is. A key that another
     /// caller or process is loading is not loaded again: it is waited for, woken by the
     /// same notifications as any follower (and should its leader fail, `loader` is called
-    /// for that key alone).
+    /// for that key alone). So is a key whose stored bytes this call cannot read (foreign
+    /// bytes, another type's): it is loaded on its own, and overwritten.
     ///
     /// Every key gets an answer, the value or an error of its own: a key `loader` leaves out
     /// of its map is an [`ErrorKind::Load`](crate::ErrorKind::Load) error for that key alone

@@ -86,6 +86,7 @@
 //! | `health.rs` | [`Cache::health`] and [`Health`] |
 //! | `telemetry.rs` | tracing events and metrics |
 //! | `typed.rs` | typed values (feature `serde`) |
+//! | `typed_batch.rs` | typed batches (feature `serde`) |
 
 mod batch;
 mod breaker;
@@ -110,6 +111,8 @@ pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;
+#[cfg(feature = "serde")]
+mod typed_batch;
 
 use std::future::Future;
 use std::sync::Arc;

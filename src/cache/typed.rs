@@ -141,11 +141,11 @@ impl Codec for Postcard {
 /// Cheap to clone (it shares the cache); make it once rather than per call, since making it
 /// hashes the schema tag.
 pub struct Typed<T, C = Postcard> {
-    cache: Cache,
-    codec: C,
+    pub(super) cache: Cache,
+    pub(super) codec: C,
     schema_name: Option<Arc<str>>,
     schema_version: u32,
-    tag: [u8; TAG_LEN],
+    pub(super) tag: [u8; TAG_LEN],
     value: PhantomData<fn() -> T>,
 }
 
@@ -316,7 +316,7 @@ where
     }
 
     /// Which stored values this handle reads: its schema tag, then a whole `T`.
-    fn accepts(&self) -> impl Fn(&Bytes) -> bool + Send + Sync + 'static {
+    pub(super) fn accepts(&self) -> impl Fn(&Bytes) -> bool + Send + Sync + 'static {
         let (codec, tag) = (self.codec.clone(), self.tag);
         move |bytes: &Bytes| decode::<T, C>(&codec, tag, bytes).is_some()
     }
@@ -344,7 +344,7 @@ where
 }
 
 /// `value` encoded behind its schema tag.
-fn encode<T: Serialize, C: Codec>(
+pub(super) fn encode<T: Serialize, C: Codec>(
     codec: &C,
     tag: [u8; TAG_LEN],
     value: &T,
@@ -356,7 +356,11 @@ fn encode<T: Serialize, C: Codec>(
 }
 
 /// The `T` behind `tag` in `bytes`, if that is what they hold.
-fn decode<T: DeserializeOwned, C: Codec>(codec: &C, tag: [u8; TAG_LEN], bytes: &[u8]) -> Option<T> {
+pub(super) fn decode<T: DeserializeOwned, C: Codec>(
+    codec: &C,
+    tag: [u8; TAG_LEN],
+    bytes: &[u8],
+) -> Option<T> {
     let body = bytes.strip_prefix(&tag[..])?;
     codec.decode(body).ok()
 }

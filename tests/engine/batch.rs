@@ -371,3 +371,100 @@ async fn an_invalidation_during_a_batch_load_is_not_overtaken() {
         );
     }
 }
+
+/// The typed form (feature `serde`): values of a type, one loader call with the key
+/// missing; a key that holds another program's bytes is a miss, loaded on its own (as a
+/// single key, which overwrites such bytes) and overwritten.
+#[cfg(feature = "serde")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_batch_loads_the_missing_keys_once_and_decodes_every_value() {
+    #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+    struct Price {
+        cents: u64,
+    }
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        let prices = cache.typed::<Price>();
+        prices
+            .get_or_load("p1", || async {
+                Ok::<_, std::io::Error>(Price { cents: 100 })
+            })
+            .await
+            .unwrap();
+        cache
+            .set(
+                "p2",
+                Bytes::from_static(b"not a price"),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        let other = shared.cache().build().typed::<Price>();
+        let asked: Arc<Mutex<Vec<Vec<&'static str>>>> = Arc::default();
+        let found = other
+            .get_many_or_load(["p1", "p2", "p3"], {
+                let asked = Arc::clone(&asked);
+                move |missing: Vec<&'static str>| {
+                    asked.lock().unwrap().push(missing.clone());
+                    async move {
+                        let rows = missing.into_iter().map(|k| (k, Price { cents: 7 }));
+                        Ok::<_, std::io::Error>(rows.collect::<HashMap<_, _>>())
+                    }
+                }
+            })
+            .await;
+        let mut asked = asked.lock().unwrap().clone();
+        asked.sort_unstable();
+        assert_eq!(asked, vec![vec!["p2"], vec!["p3"]], "{}", shared.name);
+        assert_eq!(found["p1"].as_ref().unwrap().cents, 100, "{}", shared.name);
+        assert_eq!(found["p2"].as_ref().unwrap().cents, 7, "{}", shared.name);
+        assert_eq!(found["p3"].as_ref().unwrap().cents, 7, "{}", shared.name);
+    }
+}
+
+/// A batch whose caller goes away mid-load: the load runs on in a task of its own and fills
+/// every key (its locks go with the fills), so the next callers read the values, no load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_dropped_mid_load_still_fills_its_keys() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let batch = tokio::spawn({
+            let (cache, started, gate) = (cache.clone(), started.clone(), gate.clone());
+            async move {
+                cache
+                    .get_many_or_load(["d1", "d2"], move |keys: Vec<&'static str>| {
+                        let (started, gate) = (started.clone(), gate.clone());
+                        async move {
+                            started.notify_one();
+                            gate.notified().await;
+                            let values = keys.into_iter().map(|k| (k, value_of(k)));
+                            Ok::<_, std::io::Error>(values.collect::<HashMap<_, _>>())
+                        }
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        batch.abort();
+        assert!(batch.await.unwrap_err().is_cancelled());
+        gate.notify_one();
+        let other = shared.cache().build();
+        let found = tokio::time::timeout(
+            Duration::from_secs(10),
+            other.get_many_or_load(["d1", "d2"], |_: Vec<&'static str>| async {
+                Err::<HashMap<&'static str, Bytes>, _>(std::io::Error::other("no second load"))
+            }),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{}: a lock was left behind", shared.name));
+        for key in ["d1", "d2"] {
+            assert_eq!(
+                found[key].as_ref().unwrap(),
+                &value_of(key),
+                "{}",
+                shared.name
+            );
+        }
+    }
+}
