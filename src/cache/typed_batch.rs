@@ -41,12 +41,12 @@ where
     /// # async fn main() {
     /// let prices = Cache::builder(MemoryStore::new()).build().typed::<u64>();
     /// let found = prices
-    ///     .get_many_or_load([1_u32, 2, 3], |missing: Vec<u32>| async move {
-    ///         let rows = missing.into_iter().map(|id| (id, u64::from(id) * 100));
+    ///     .get_many_or_load(["apple", "pear"], |missing: Vec<&'static str>| async move {
+    ///         let rows = missing.into_iter().map(|fruit| (fruit, fruit.len() as u64 * 100));
     ///         Ok::<_, std::io::Error>(rows.collect::<HashMap<_, _>>())
     ///     })
     ///     .await;
-    /// assert_eq!(*found[&2].as_ref().unwrap().as_ref(), 200);
+    /// assert_eq!(*found["pear"].as_ref().unwrap().as_ref(), 400);
     /// # }
     /// ```
     pub async fn get_many_or_load<K, F, Fut, E>(
