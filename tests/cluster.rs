@@ -263,6 +263,25 @@ async fn reloaded_after(cache: &Cache, keys: &[String], loads: &Counter, before:
     }
 }
 
+/// What `call` answers, and the reads each master made while it ran less what asking costs
+/// (a connection's handshake and the `INFO`), with the figures for a failure's message.
+async fn reads_during<T>(
+    cluster: &RedisCluster,
+    call: impl std::future::Future<Output = T>,
+) -> (T, Vec<u64>, String) {
+    let reads_between = |before: &[u64], after: &[u64]| -> Vec<u64> {
+        after.iter().zip(before).map(|(a, b)| a - b).collect()
+    };
+    let (first, second) = (cluster.reads_per_node(), cluster.reads_per_node());
+    let asking = reads_between(&first, &second);
+    let before = cluster.reads_per_node();
+    let answer = call.await;
+    let after = cluster.reads_per_node();
+    let reads = reads_between(&before, &after);
+    let pipelines = reads.iter().zip(&asking).map(|(r, a)| r - a).collect();
+    (answer, pipelines, format!("{reads:?}, asking {asking:?}"))
+}
+
 /// Issue 28, item 3: an `invalidate_many` of 60 keys spread over every master (many slots on
 /// each) costs each master exactly one read: one pipeline per node, not one per slot. Each
 /// key is gone from the store (the next read loads) and from another instance's L1 (the
@@ -286,22 +305,9 @@ async fn invalidate_many_sends_one_pipeline_per_master() {
         read_counted(&b, key, &loads).await;
     }
     assert_eq!(loads.get(), 60);
-    let reads_between = |before: &[u64], after: &[u64]| -> Vec<u64> {
-        after.iter().zip(before).map(|(a, b)| a - b).collect()
-    };
-    // What asking costs (a connection's handshake and the `INFO`), to take away.
-    let (first, second) = (cluster.reads_per_node(), cluster.reads_per_node());
-    let asking = reads_between(&first, &second);
-    let before = cluster.reads_per_node();
-    a.invalidate_many(&keys).await.unwrap();
-    let after = cluster.reads_per_node();
-    let reads = reads_between(&before, &after);
-    let pipelines: Vec<u64> = reads.iter().zip(&asking).map(|(r, a)| r - a).collect();
-    assert_eq!(
-        pipelines,
-        vec![1, 1, 1],
-        "reads per master ({reads:?}, asking {asking:?})"
-    );
+    let (invalidated, pipelines, detail) = reads_during(&cluster, a.invalidate_many(&keys)).await;
+    invalidated.unwrap();
+    assert_eq!(pipelines, vec![1, 1, 1], "reads per master ({detail})");
     for key in &keys {
         read_counted(&a, key, &loads).await;
     }
@@ -839,21 +845,9 @@ async fn a_batch_looks_up_with_one_pipeline_per_master() {
     // A first batch readies what a store learns once (the layout, the subscription).
     let ready = a.get_many_or_load(["ready".to_owned()], no_load).await;
     assert!(ready["ready"].is_err());
-    let reads_between = |before: &[u64], after: &[u64]| -> Vec<u64> {
-        after.iter().zip(before).map(|(a, b)| a - b).collect()
-    };
-    let (first, second) = (cluster.reads_per_node(), cluster.reads_per_node());
-    let asking = reads_between(&first, &second);
-    let before = cluster.reads_per_node();
-    let found = a.get_many_or_load(keys.clone(), no_load).await;
-    let after = cluster.reads_per_node();
-    let reads = reads_between(&before, &after);
-    let pipelines: Vec<u64> = reads.iter().zip(&asking).map(|(r, a)| r - a).collect();
-    assert_eq!(
-        pipelines,
-        vec![1, 1, 1],
-        "reads per master ({reads:?}, asking {asking:?})"
-    );
+    let (found, pipelines, detail) =
+        reads_during(&cluster, a.get_many_or_load(keys.clone(), no_load)).await;
+    assert_eq!(pipelines, vec![1, 1, 1], "reads per master ({detail})");
     for key in &keys {
         assert_eq!(
             found[key].as_ref().unwrap(),

@@ -65,6 +65,37 @@ async fn warm(cache: &Cache, keys: &[String]) {
     }
 }
 
+/// A batch of `keys` through `cache`, in a task, whose load has begun and waits for the
+/// returned gate; it loads each key's [`value_of`].
+async fn gated_batch(
+    cache: &Cache,
+    keys: &[&'static str],
+) -> (
+    tokio::task::JoinHandle<HashMap<&'static str, Result<Bytes, tower_stampede::Error>>>,
+    Arc<Notify>,
+) {
+    let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let batch = tokio::spawn({
+        let (cache, keys, started, gate) =
+            (cache.clone(), keys.to_vec(), started.clone(), gate.clone());
+        async move {
+            cache
+                .get_many_or_load(keys, move |keys: Vec<&'static str>| {
+                    let (started, gate) = (started.clone(), gate.clone());
+                    async move {
+                        started.notify_one();
+                        gate.notified().await;
+                        let values = keys.into_iter().map(|k| (k, value_of(k)));
+                        Ok::<_, std::io::Error>(values.collect::<HashMap<_, _>>())
+                    }
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    (batch, gate)
+}
+
 /// A batch of 100 keys, 90 of them in the store and 10 cold, from a process whose L1 holds
 /// none: one store round trip for the lookup of all 100 (the locks of the 10 taken in it),
 /// and one loader call, with exactly those 10; every key answered its value.
@@ -311,34 +342,14 @@ async fn a_failed_or_panicking_batch_load_fails_each_key_and_frees_its_locks() {
 async fn an_invalidation_during_a_batch_load_is_not_overtaken() {
     for shared in Shared::both().await {
         let cache = shared.cache().build();
-        let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let batch = tokio::spawn({
-            let (cache, started, gate) = (cache.clone(), started.clone(), gate.clone());
-            async move {
-                cache
-                    .get_many_or_load(["x", "y"], move |keys: Vec<&'static str>| {
-                        let (started, gate) = (started.clone(), gate.clone());
-                        async move {
-                            started.notify_one();
-                            gate.notified().await;
-                            Ok::<_, std::io::Error>(
-                                keys.into_iter()
-                                    .map(|k| (k, Bytes::from("before")))
-                                    .collect::<HashMap<_, _>>(),
-                            )
-                        }
-                    })
-                    .await
-            }
-        });
-        started.notified().await;
+        let (batch, gate) = gated_batch(&cache, &["x", "y"]).await;
         let other = shared.cache().build();
         other.invalidate("x").await.unwrap();
         gate.notify_one();
         let found = batch.await.unwrap();
         assert_eq!(
             found["x"].as_ref().unwrap(),
-            "before",
+            &value_of("x"),
             "{}: its caller's answer",
             shared.name
         );
@@ -428,24 +439,7 @@ async fn a_typed_batch_loads_the_missing_keys_once_and_decodes_every_value() {
 async fn a_batch_dropped_mid_load_still_fills_its_keys() {
     for shared in Shared::both().await {
         let cache = shared.cache().build();
-        let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let batch = tokio::spawn({
-            let (cache, started, gate) = (cache.clone(), started.clone(), gate.clone());
-            async move {
-                cache
-                    .get_many_or_load(["d1", "d2"], move |keys: Vec<&'static str>| {
-                        let (started, gate) = (started.clone(), gate.clone());
-                        async move {
-                            started.notify_one();
-                            gate.notified().await;
-                            let values = keys.into_iter().map(|k| (k, value_of(k)));
-                            Ok::<_, std::io::Error>(values.collect::<HashMap<_, _>>())
-                        }
-                    })
-                    .await
-            }
-        });
-        started.notified().await;
+        let (batch, gate) = gated_batch(&cache, &["d1", "d2"]).await;
         batch.abort();
         assert!(batch.await.unwrap_err().is_cancelled());
         gate.notify_one();

@@ -18,7 +18,7 @@ use tracing::warn;
 use super::leader::{spawn_release, LockGuard};
 use super::lookup::LookupFound;
 use crate::cache::flight::{BoxLoader, Reader};
-use crate::cache::l1::{L1Hit, TagStamps};
+use crate::cache::l1::L1Hit;
 use crate::cache::{BoxError, Error, ErrorKind, Inner, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
 
@@ -168,29 +168,23 @@ impl Inner {
             .zip(store_keys)
             .zip(lookups.into_iter().zip(stamps));
         for (((key, digest), store_key), (lookup, stamp)) in found {
-            let mut found = LookupFound {
-                lock: lookup.lock,
-                entry: lookup
-                    .value
-                    .map(|stored| (reader.decode(stored.bytes), stored.ttl)),
-                tag_stamps: TagStamps::default(),
-                outdated: false,
-            };
-            let checked = self.check_tags(&mut found).await;
-            if let (Ok(()), Some(fresh)) = (&checked, found.take_fresh()) {
+            let lock = lookup.lock;
+            let mut found = self.found(lookup, reader).await;
+            if let Some(fresh) = found.as_mut().ok().and_then(LookupFound::take_fresh) {
                 let loader = single_boxed(load, accepts, key.clone());
                 let fetched = self.stored_hit(digest, fresh, stamp, read_at, loader, false);
                 answers.insert(key, fetched.value_or_pass());
                 continue;
             }
-            match (checked, found.lock) {
-                (Ok(()), LockState::Acquired) => led.push(Led {
+            match (found, lock) {
+                (Ok(_), LockState::Acquired) => led.push(Led {
                     key,
                     guard: LockGuard::new(&self.store, store_key, token),
                     stamp,
                 }),
                 (_, lock) => {
                     if lock == LockState::Acquired {
+                        // The tags could not be checked: the key goes its own way.
                         spawn_release(&self.store, &store_key, token);
                     }
                     followed.push((key, digest));

@@ -10,7 +10,7 @@ use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::Reader;
 use crate::cache::l1::TagStamps;
 use crate::cache::Inner;
-use crate::store::{FillWatch, LockState, LockToken, LockWhen, StoreError, StoreKey};
+use crate::store::{FillWatch, LockState, LockToken, LockWhen, Lookup, StoreError, StoreKey};
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
@@ -89,6 +89,15 @@ impl Inner {
                     .lookup(key, token, self.config.lock_ttl, lock_when),
             )
             .await?;
+        self.found(lookup, reader).await
+    }
+
+    /// What a lookup found, decoded for `reader`'s caller and checked against its tags.
+    pub(in crate::cache) async fn found(
+        &self,
+        lookup: Lookup,
+        reader: Reader<'_>,
+    ) -> Result<LookupFound, StoreError> {
         let mut found = LookupFound {
             lock: lookup.lock,
             entry: lookup
