@@ -1,5 +1,5 @@
 //! The differential test of the store contract (issue 16): random sequences of store calls
-//! (lookup, fill, release, extend, fail, put, get, invalidate, set, expire, tag calls, the
+//! (lookup, a batch's lookup, fill, release, extend, fail, put, get, invalidate, set, expire, tag calls, the
 //! answer for a load's waiters and its read), time
 //! advances, evictions and a full server, run against the embedded `MemoryStore` and a real
 //! `redis-server`, with their answers compared call by call. `MemoryStore` claims Redis's
@@ -106,6 +106,14 @@ enum Op {
         when: When,
         lock_ttl: u8,
     },
+    /// A lookup of every key of the case at once (`Store::lookup_many`), in order or the
+    /// other way round.
+    LookupMany {
+        reversed: bool,
+        token: usize,
+        when: When,
+        lock_ttl: u8,
+    },
     Fill {
         key: usize,
         token: usize,
@@ -199,10 +207,13 @@ fn op() -> impl Strategy<Value = Op> {
         }),
     ];
     prop_oneof![
-        6 => (key.clone(), token.clone(), when, 1..4u8)
+        6 => (key.clone(), token.clone(), when.clone(), 1..4u8)
             .prop_map(|(key, token, when, lock_ttl)| Op::Lookup { key, token, when, lock_ttl }),
         4 => (key.clone(), token.clone(), 0..5u8, 1..7u8)
             .prop_map(|(key, token, value, ttl)| Op::Fill { key, token, value, ttl }),
+        2 => (any::<bool>(), token.clone(), when, 1..4u8).prop_map(|(reversed, token, when, lock_ttl)| {
+            Op::LookupMany { reversed, token, when, lock_ttl }
+        }),
         2 => (key.clone(), token.clone()).prop_map(|(key, token)| Op::Release { key, token }),
         1 => (key.clone(), token.clone(), 1..4u8)
             .prop_map(|(key, token, lock_ttl)| Op::Extend { key, token, lock_ttl }),
@@ -232,6 +243,7 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Debug)]
 enum Answer {
     Lookup(tower_stampede::store::Lookup),
+    Lookups(Vec<tower_stampede::store::Lookup>),
     Done(bool),
     Value(Option<tower_stampede::store::Stored>),
     Unit,
@@ -359,6 +371,21 @@ impl Stores {
                 .lookup(key(k), token(t), units(lock_ttl), when.lock_when())
                 .await
                 .map(Answer::Lookup),
+            Op::LookupMany {
+                reversed,
+                token: t,
+                when,
+                lock_ttl,
+            } => {
+                let mut keys = case.keys.clone();
+                if reversed {
+                    keys.reverse();
+                }
+                store
+                    .lookup_many(&keys, token(t), units(lock_ttl), when.lock_when())
+                    .await
+                    .map(Answer::Lookups)
+            }
             Op::Fill {
                 key: k,
                 token: t,
@@ -598,6 +625,12 @@ fn compare(at: &Step<'_>, memory: &Answer, redis: &Answer) -> Result<(), TestCas
     let same = match (memory, redis) {
         (Answer::Lookup(memory), Answer::Lookup(redis)) => {
             memory.lock == redis.lock && same_value(&memory.value, &redis.value)
+        }
+        (Answer::Lookups(memory), Answer::Lookups(redis)) => {
+            memory.len() == redis.len()
+                && memory.iter().zip(redis).all(|(memory, redis)| {
+                    memory.lock == redis.lock && same_value(&memory.value, &redis.value)
+                })
         }
         (Answer::Value(memory), Answer::Value(redis)) => same_value(memory, redis),
         (Answer::Done(memory), Answer::Done(redis)) => memory == redis,
