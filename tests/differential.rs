@@ -1,6 +1,6 @@
 //! The differential test of the store contract (issue 16): random sequences of store calls
-//! (lookup, a batch's lookup, fill, release, extend, fail, put, get, invalidate, set, expire, tag calls, the
-//! answer for a load's waiters and its read), time
+//! (lookup, a batch's lookup, fill, release, extend, fail, put, get, invalidate, set, expire,
+//! tag calls, the answer for a load's waiters and its read), time
 //! advances, evictions and a full server, run against the embedded `MemoryStore` and a real
 //! `redis-server`, with their answers compared call by call. `MemoryStore` claims Redis's
 //! semantics; here is where the claim is checked.
