@@ -263,6 +263,17 @@ async fn reloaded_after(cache: &Cache, keys: &[String], loads: &Counter, before:
     }
 }
 
+/// 60 keys named after `prefix`, which land on every master (many slots on each).
+fn sixty_on_every_master(cluster: &RedisCluster, cache: &Cache, prefix: &str) -> Vec<String> {
+    let keys: Vec<String> = (0..60).map(|i| format!("{prefix}-{i}")).collect();
+    let masters: HashSet<u16> = keys
+        .iter()
+        .map(|key| cluster.node_of(&RedisStore::value_name(&cache.store_key(key))))
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys are on every master");
+    keys
+}
+
 /// What `call` answers, and the reads each master made while it ran less what asking costs
 /// (a connection's handshake and the `INFO`), with the figures for a failure's message.
 async fn reads_during<T>(
@@ -291,12 +302,7 @@ async fn invalidate_many_sends_one_pipeline_per_master() {
     let cluster = RedisCluster::start();
     let a = cache(instance(&cluster).await).build();
     let b = cache(instance(&cluster).await).build();
-    let keys: Vec<String> = (0..60).map(|i| format!("per-node-{i}")).collect();
-    let masters: HashSet<u16> = keys
-        .iter()
-        .map(|key| cluster.node_of(&RedisStore::value_name(&a.store_key(key))))
-        .collect();
-    assert_eq!(masters.len(), 3, "the keys are on every master");
+    let keys = sixty_on_every_master(&cluster, &a, "per-node");
     let loads = Counter::default();
     // A first invalidation readies what a store learns once (scripts, the cluster's layout).
     a.invalidate_many(&keys).await.unwrap();
@@ -829,12 +835,7 @@ async fn a_batch_looks_up_with_one_pipeline_per_master() {
     let cluster = RedisCluster::start();
     let a = cache(instance(&cluster).await).build();
     let b = cache(instance(&cluster).await).build();
-    let keys: Vec<String> = (0..60).map(|i| format!("batch-{i}")).collect();
-    let masters: HashSet<u16> = keys
-        .iter()
-        .map(|key| cluster.node_of(&RedisStore::value_name(&a.store_key(key))))
-        .collect();
-    assert_eq!(masters.len(), 3, "the keys are on every master");
+    let keys = sixty_on_every_master(&cluster, &a, "batch");
     let loads = Counter::default();
     for key in &keys {
         read_counted(&b, key, &loads).await;

@@ -47,6 +47,21 @@ fn recording(
     }
 }
 
+/// Checks that each of `keys` was answered its [`value_of`].
+fn each_its_value(
+    name: &str,
+    found: &HashMap<String, Result<Bytes, tower_stampede::Error>>,
+    keys: &[String],
+) {
+    for key in keys {
+        assert_eq!(
+            found[key].as_ref().unwrap(),
+            &value_of(key),
+            "{name}: {key}"
+        );
+    }
+}
+
 /// Fills `keys` through `cache`, one at a time.
 async fn warm(cache: &Cache, keys: &[String]) {
     let loads = Counter::default();
@@ -126,14 +141,7 @@ async fn a_batch_of_100_with_10_cold_costs_one_lookup_and_one_load_of_those_10()
         cold.sort();
         assert_eq!(loaded, cold, "{}: exactly the cold keys", shared.name);
         assert_eq!(found.len(), 100, "{}", shared.name);
-        for key in &all {
-            assert_eq!(
-                found[key].as_ref().unwrap(),
-                &value_of(key),
-                "{}",
-                shared.name
-            );
-        }
+        each_its_value(shared.name, &found, &all);
         assert_eq!(
             observed.fills(),
             10,
@@ -236,14 +244,7 @@ async fn overlapping_batches_over_four_instances_load_each_cold_key_once() {
                 .await
                 .unwrap_or_else(|_| panic!("{}: a batch hangs", shared.name))
                 .unwrap();
-            for key in &all {
-                assert_eq!(
-                    found[key].as_ref().unwrap(),
-                    &value_of(key),
-                    "{}",
-                    shared.name
-                );
-            }
+            each_its_value(shared.name, &found, &all);
         }
         let loads = loads.lock().unwrap().clone();
         let mut loaded: Vec<_> = loads.keys().cloned().collect();
