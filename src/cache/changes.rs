@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 
 use super::flights::Overtaken;
+use super::loaded::Life;
 use super::{entry, Cache, Error, Inner};
 use crate::store::{KeyDigest, StoreError, StoreKey};
 
@@ -69,8 +70,9 @@ impl Cache {
             .await
     }
 
-    /// Writes `value` for `key`, fresh for `ttl`, through to the store, and drops the key
-    /// from every process's L1 (the next read there is one store round trip).
+    /// Writes `value` for `key`, fresh for `ttl` (plus a share of the cache's
+    /// [`ttl_jitter`](super::CacheBuilder::ttl_jitter)), through to the store, and drops the
+    /// key from every process's L1 (the next read there is one store round trip).
     ///
     /// The write voids the key's reload lock, as [`invalidate`](Self::invalidate) does: a
     /// load that started before it cannot overwrite `value` with an older result.
@@ -89,10 +91,15 @@ impl Cache {
         // Written now: a load that started before cannot overwrite it after a wait timeout.
         let (encoded, _) =
             entry::encode_value(&value, SystemTime::now(), Duration::ZERO, None, None);
-        let store_ttl = ttl.saturating_add(self.inner.config.keep());
+        let config = &self.inner.config;
+        let fresh_for = config.fresh_for(Life {
+            ttl: Some(ttl),
+            jitter: None,
+        });
+        let store_ttl = fresh_for.saturating_add(config.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner
-            .change(&key, store.set(&key, encoded, ttl, store_ttl))
+            .change(&key, store.set(&key, encoded, fresh_for, store_ttl))
             .await
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::store::{key::sanitize_namespace, Store};
 
+use super::loaded::Life;
 use super::Cache;
 
 /// What a follower does when it has waited [`wait_timeout`](CacheBuilder::wait_timeout) for
@@ -36,6 +37,7 @@ pub enum WaitTimeoutPolicy {
 pub(crate) struct Config {
     pub(crate) namespace: Arc<str>,
     pub(crate) ttl: Duration,
+    pub(crate) ttl_jitter: Duration,
     pub(crate) lock_ttl: Duration,
     pub(crate) load_timeout: Duration,
     pub(crate) wait_timeout: Duration,
@@ -66,6 +68,7 @@ impl Default for Config {
         Config {
             namespace: Arc::from("stampede"),
             ttl: Duration::from_secs(60),
+            ttl_jitter: Duration::ZERO,
             lock_ttl: Duration::from_secs(5),
             load_timeout: Duration::from_secs(30),
             wait_timeout: Duration::from_secs(30),
@@ -97,6 +100,17 @@ impl Config {
     /// The longest a stale value may stand in for a failed (or too slow) load.
     pub(crate) fn stale_if_error(&self) -> Duration {
         self.stale_if_error.unwrap_or(self.stale)
+    }
+
+    /// How long a loaded value of `life` stays fresh: its TTL (or the default), plus a share
+    /// of its jitter (or the cache's) drawn uniformly at random.
+    pub(super) fn fresh_for(&self, life: Life) -> Duration {
+        let ttl = life.ttl.unwrap_or(self.ttl);
+        let jitter = life.jitter.unwrap_or(self.ttl_jitter);
+        if jitter.is_zero() {
+            return ttl;
+        }
+        ttl.saturating_add(jitter.mul_f64(rand::random::<f64>()))
     }
 
     /// How long a value is kept in the store past its freshness: for its stale windows, and
@@ -153,6 +167,17 @@ impl CacheBuilder {
     /// [`default_ttl`](crate::http::RfcPolicy::default_ttl)), so this does not apply to it.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config.ttl = ttl;
+        self
+    }
+
+    /// The most added to each stored value's freshness: a uniform random share of it, drawn
+    /// per value, so that keys written together (a warm-up, a bulk import) do not all expire
+    /// in the same second and reload together. The value's life in the store and in L1
+    /// follow its freshness. A loader may give a value its own
+    /// ([`Loaded::ttl_jitter`](crate::Loaded::ttl_jitter)); the HTTP layer gives its
+    /// responses none, as their freshness is the origin's (RFC 9111 §4.2.1). Default: 0.
+    pub fn ttl_jitter(mut self, max: Duration) -> Self {
+        self.config.ttl_jitter = max;
         self
     }
 

@@ -32,21 +32,33 @@ impl Previous {
     }
 }
 
-/// What a loader passed to [`Cache::fetch`] produced.
+/// What a loader passed to [`Cache::fetch`] produced: a value (`V`, bytes unless the loader
+/// hands values to encode) and how to keep it.
 #[derive(Clone, Debug)]
-pub struct Loaded {
-    pub(super) kind: LoadedKind,
+pub struct Loaded<V = Bytes> {
+    pub(super) kind: LoadedKind<V>,
     /// The digests of the value's tags.
     pub(super) tags: Vec<KeyDigest>,
     /// The value's own stale windows (each `None`: the cache's).
     pub(super) windows: Windows,
+    /// The most added at random to the value's freshness (`None`: the cache's
+    /// [`ttl_jitter`](CacheBuilder::ttl_jitter)).
+    pub(super) jitter: Option<Duration>,
+}
+
+/// How long a loaded value stays fresh: its TTL and its jitter, each `None` where the loader
+/// left it to the cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Life {
+    pub(super) ttl: Option<Duration>,
+    pub(super) jitter: Option<Duration>,
 }
 
 /// A loader's result, as the engine reads it.
 #[derive(Clone, Debug)]
-pub(super) enum LoadedKind {
+pub(super) enum LoadedKind<V = Bytes> {
     Value {
-        bytes: Bytes,
+        bytes: V,
         ttl: Option<Duration>,
     },
     /// The [`Previous`] value still holds, fresh again for `ttl` (or the default TTL).
@@ -59,91 +71,36 @@ pub(super) enum LoadedKind {
     },
 }
 
-impl Loaded {
-    /// A value to store for the cache's default [`ttl`](CacheBuilder::ttl).
-    pub fn value(bytes: Bytes) -> Self {
+impl<V> Loaded<V> {
+    fn of(kind: LoadedKind<V>) -> Self {
         Loaded {
-            kind: LoadedKind::Value { bytes, ttl: None },
+            kind,
             tags: Vec::new(),
             windows: Windows::default(),
+            jitter: None,
         }
     }
 
+    /// A value to store for the cache's default [`ttl`](CacheBuilder::ttl).
+    pub fn value(value: V) -> Self {
+        Loaded::of(LoadedKind::Value {
+            bytes: value,
+            ttl: None,
+        })
+    }
+
     /// A value to store for `ttl`.
-    pub fn value_with_ttl(bytes: Bytes, ttl: Duration) -> Self {
-        Loaded {
-            kind: LoadedKind::Value {
-                bytes,
-                ttl: Some(ttl),
-            },
-            tags: Vec::new(),
-            windows: Windows::default(),
-        }
+    pub fn value_with_ttl(value: V, ttl: Duration) -> Self {
+        Loaded::of(LoadedKind::Value {
+            bytes: value,
+            ttl: Some(ttl),
+        })
     }
 
     /// Nothing to store: the load's result is not cacheable. A short "pass" marker tells
     /// followers to stop waiting and go to the backend directly.
     pub fn pass() -> Self {
-        Loaded {
-            kind: LoadedKind::Pass,
-            tags: Vec::new(),
-            windows: Windows::default(),
-        }
-    }
-
-    /// A result that is not kept, but that the calls waiting for this load get as well, in
-    /// this process and in every other that shares the store: not a failure they share (see
-    /// [`failure_ttl`](CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
-    /// of them to the backend. A call that starts after the load ended does not get it: it
-    /// loads again, one load at a time across processes, as for any miss. (A call is told
-    /// from a waiter by the store's clock, read in whole milliseconds and a round trip late:
-    /// one that joined less than a round trip before the load ended loads again too.) A value
-    /// the store keeps past its freshness for revalidation (see
-    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)) stays, and is the
-    /// [`Previous`] value of that next load: this result is kept beside it for the waiters
-    /// ([`Store::answer_waiters`](crate::store::Store::answer_waiters)).
-    ///
-    /// Where a stale value may stand in for a failed load (see
-    /// [`stale_if_error`](CacheBuilder::stale_if_error)), it does, and this result is treated
-    /// as a failure; an early refresh that gets it keeps the value it refreshes. The HTTP layer
-    /// answers this way for an origin's server error without explicit freshness.
-    pub fn for_waiters(bytes: Bytes) -> Self {
-        Loaded {
-            kind: LoadedKind::ForWaiters { bytes },
-            tags: Vec::new(),
-            windows: Windows::default(),
-        }
-    }
-
-    /// The [`Previous`] value the loader was given still holds: it is fresh again for the
-    /// cache's default [`ttl`](CacheBuilder::ttl), as if it had been loaded now, and the store
-    /// keeps it without its bytes being sent again. A loader that was given no previous value
-    /// must not answer this: its load fails.
-    pub fn not_modified() -> Self {
-        Loaded {
-            kind: LoadedKind::NotModified { ttl: None },
-            tags: Vec::new(),
-            windows: Windows::default(),
-        }
-    }
-
-    /// Like [`not_modified`](Self::not_modified), fresh again for `ttl`.
-    pub fn not_modified_with_ttl(ttl: Duration) -> Self {
-        Loaded {
-            kind: LoadedKind::NotModified { ttl: Some(ttl) },
-            tags: Vec::new(),
-            windows: Windows::default(),
-        }
-    }
-
-    /// The same result with `bytes` as its value, its TTL, windows and tags kept: for a
-    /// result described before its value was encoded (the service layer's freshness). A
-    /// result that stores no value is returned as it is.
-    pub(crate) fn with_bytes(mut self, bytes: Bytes) -> Self {
-        if let LoadedKind::Value { bytes: value, .. } = &mut self.kind {
-            *value = bytes;
-        }
-        self
+        Loaded::of(LoadedKind::Pass)
     }
 
     /// Gives the value a stale-while-revalidate window of its own (RFC 5861 §3), in place of
@@ -186,17 +143,6 @@ impl Loaded {
             .stale_if_error(Duration::ZERO)
     }
 
-    /// Attaches the tags of the `previous` value (see [`tags`](Self::tags)): for a value
-    /// rebuilt from the previous one (a revalidated HTTP response with updated headers), so
-    /// that an invalidation of the previous value's tags still reaches it.
-    #[must_use]
-    pub fn tags_of(mut self, previous: &Previous) -> Self {
-        self.tags.extend_from_slice(&previous.tags);
-        self.tags.sort_unstable();
-        self.tags.dedup();
-        self
-    }
-
     /// Attaches tags to the value: [`Cache::invalidate_tag`](super::Cache::invalidate_tag)
     /// of any of them makes it a miss, in every process. A value carries at most 1024 tags;
     /// one with more is not stored (its callers still get it). Tags cost a tagged value's L2
@@ -215,6 +161,82 @@ impl Loaded {
     {
         self.tags
             .extend(tags.into_iter().map(|tag| KeyDigest::of_tag(tag.as_ref())));
+        self.tags.sort_unstable();
+        self.tags.dedup();
+        self
+    }
+    /// Gives the value a TTL jitter of its own, in place of the cache's
+    /// [`ttl_jitter`](CacheBuilder::ttl_jitter): up to `max` (uniformly drawn) is added to
+    /// its freshness. `Duration::ZERO` keeps its TTL exact.
+    #[must_use]
+    pub fn ttl_jitter(mut self, max: Duration) -> Self {
+        self.jitter = Some(max);
+        self
+    }
+
+    /// How long a value (or a value not modified) of this load stays fresh.
+    pub(super) fn life(&self) -> Life {
+        let ttl = match &self.kind {
+            LoadedKind::Value { ttl, .. } | LoadedKind::NotModified { ttl } => *ttl,
+            LoadedKind::Pass | LoadedKind::ForWaiters { .. } => None,
+        };
+        Life {
+            ttl,
+            jitter: self.jitter,
+        }
+    }
+}
+
+impl Loaded {
+    /// The same result with `bytes` as its value, its TTL, windows and tags kept: for a
+    /// result described before its value was encoded (the service layer's freshness). A
+    /// result that stores no value is returned as it is.
+    pub(crate) fn with_bytes(mut self, bytes: Bytes) -> Self {
+        if let LoadedKind::Value { bytes: value, .. } = &mut self.kind {
+            *value = bytes;
+        }
+        self
+    }
+
+    /// A result that is not kept, but that the calls waiting for this load get as well, in
+    /// this process and in every other that shares the store: not a failure they share (see
+    /// [`failure_ttl`](CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
+    /// of them to the backend. A call that starts after the load ended does not get it: it
+    /// loads again, one load at a time across processes, as for any miss. (A call is told
+    /// from a waiter by the store's clock, read in whole milliseconds and a round trip late:
+    /// one that joined less than a round trip before the load ended loads again too.) A value
+    /// the store keeps past its freshness for revalidation (see
+    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)) stays, and is the
+    /// [`Previous`] value of that next load: this result is kept beside it for the waiters
+    /// ([`Store::answer_waiters`](crate::store::Store::answer_waiters)).
+    ///
+    /// Where a stale value may stand in for a failed load (see
+    /// [`stale_if_error`](CacheBuilder::stale_if_error)), it does, and this result is treated
+    /// as a failure; an early refresh that gets it keeps the value it refreshes. The HTTP layer
+    /// answers this way for an origin's server error without explicit freshness.
+    pub fn for_waiters(bytes: Bytes) -> Self {
+        Loaded::of(LoadedKind::ForWaiters { bytes })
+    }
+
+    /// The [`Previous`] value the loader was given still holds: it is fresh again for the
+    /// cache's default [`ttl`](CacheBuilder::ttl), as if it had been loaded now, and the store
+    /// keeps it without its bytes being sent again. A loader that was given no previous value
+    /// must not answer this: its load fails.
+    pub fn not_modified() -> Self {
+        Loaded::of(LoadedKind::NotModified { ttl: None })
+    }
+
+    /// Like [`not_modified`](Self::not_modified), fresh again for `ttl`.
+    pub fn not_modified_with_ttl(ttl: Duration) -> Self {
+        Loaded::of(LoadedKind::NotModified { ttl: Some(ttl) })
+    }
+
+    /// Attaches the tags of the `previous` value (see [`tags`](Self::tags)): for a value
+    /// rebuilt from the previous one (a revalidated HTTP response with updated headers), so
+    /// that an invalidation of the previous value's tags still reaches it.
+    #[must_use]
+    pub fn tags_of(mut self, previous: &Previous) -> Self {
+        self.tags.extend_from_slice(&previous.tags);
         self.tags.sort_unstable();
         self.tags.dedup();
         self

@@ -18,6 +18,7 @@
 //! | `fences.rs` | lock ownership and fenced writes: no older value over a newer one |
 //! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
+//! | `jitter.rs` | TTL jitter: keys written together expire over a spread |
 //!
 //! This file holds the loaders and store helpers the modules share.
 
@@ -30,6 +31,7 @@ mod fleet;
 mod followers;
 mod for_waiters;
 mod hits;
+mod jitter;
 mod soft_timeout;
 mod stale;
 mod wire;

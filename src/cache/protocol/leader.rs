@@ -17,7 +17,7 @@ use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
 use crate::cache::l1::TagStamps;
-use crate::cache::loaded::LoadedKind;
+use crate::cache::loaded::{Life, LoadedKind};
 use crate::cache::telemetry::LockEvent;
 use crate::cache::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
@@ -112,16 +112,17 @@ pub(in crate::cache) struct ReadyValue {
 
 impl Inner {
     /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
-    /// fresh for `ttl` (or the default TTL).
+    /// fresh for its `life`: its TTL (or the default TTL), plus a random share of its jitter
+    /// (or the cache's).
     pub(in crate::cache) fn ready_to_store(
         &self,
         bytes: &[u8],
-        ttl: Option<Duration>,
+        life: Life,
         (started, load_time): (SystemTime, Duration),
         tagged: Option<&Tagged>,
         windows: Option<Windows>,
     ) -> ReadyValue {
-        let fresh_for = ttl.unwrap_or(self.config.ttl);
+        let fresh_for = self.config.fresh_for(life);
         let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
         ReadyValue {
             value,
@@ -347,11 +348,12 @@ impl Inner {
             self.known_tags.mark_seen();
         }
         let kept = stale.is_some();
-        if let (LoadedKind::NotModified { ttl }, Some(stale), true) =
+        let life = loaded.life();
+        if let (LoadedKind::NotModified { .. }, Some(stale), true) =
             (&loaded.kind, stale, had_previous)
         {
             return Ok(self
-                .renew(&mut guard, stamp, stale, *ttl, started_at, early)
+                .renew(&mut guard, stamp, stale, life, started_at, early)
                 .await);
         }
         match (loaded.kind, tagged(loaded.tags, clock)) {
@@ -360,10 +362,10 @@ impl Inner {
                 self.release_lock(&mut guard).await;
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
-            (LoadedKind::Value { bytes, ttl }, Ok(tagged)) => {
+            (LoadedKind::Value { bytes, .. }, Ok(tagged)) => {
                 let load = (started_at, load_time);
                 let fill =
-                    self.ready_to_store(&bytes, ttl, load, tagged.as_ref(), Some(loaded.windows));
+                    self.ready_to_store(&bytes, life, load, tagged.as_ref(), Some(loaded.windows));
                 self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), early)
                     .await;
                 Ok(Fetched::loaded(fill.value, Outcome::Leader))
@@ -603,14 +605,17 @@ mod tests {
             .stale(Duration::from_secs(30))
             .build();
         let load = (SystemTime::UNIX_EPOCH, Duration::from_millis(3));
-        let ready = cache.inner.ready_to_store(b"v", None, load, None, None);
+        let ready = cache
+            .inner
+            .ready_to_store(b"v", Life::default(), load, None, None);
         assert_eq!(ready.fresh_for, Duration::from_secs(60), "the default TTL");
         assert_eq!(ready.store_ttl, Duration::from_secs(90));
         assert_eq!(&ready.value[..], b"v");
-        let ready =
-            cache
-                .inner
-                .ready_to_store(b"v", Some(Duration::from_secs(5)), load, None, None);
+        let five = Life {
+            ttl: Some(Duration::from_secs(5)),
+            jitter: None,
+        };
+        let ready = cache.inner.ready_to_store(b"v", five, load, None, None);
         assert_eq!(ready.store_ttl, Duration::from_secs(35), "the loader's TTL");
     }
 }

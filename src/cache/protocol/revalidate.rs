@@ -3,11 +3,12 @@
 //! [`Store::renew`](crate::store::Store::renew), its bytes not sent again) instead of filling
 //! a new one.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use super::leader::LockGuard;
 use super::stale::StaleValue;
 use crate::cache::carry::FlightPosts;
+use crate::cache::loaded::Life;
 use crate::cache::{Fetched, Inner, Outcome, Previous};
 use crate::store::{Renewal, Stamp};
 
@@ -40,13 +41,13 @@ impl Inner {
         guard: &mut LockGuard,
         stamp: Option<Stamp>,
         stale: StaleValue,
-        ttl: Option<Duration>,
+        life: Life,
         started: SystemTime,
         flight: Option<&FlightPosts>,
     ) -> Fetched {
         let fill = self.ready_to_store(
             &stale.payload,
-            ttl,
+            life,
             (started, stale.load_time),
             stale.tags.as_ref(),
             stale.windows,

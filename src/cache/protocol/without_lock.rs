@@ -70,8 +70,9 @@ impl Inner {
         let clock = self.tag_clock().await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load(loader, None, None).await?;
-        let (bytes, ttl) = match loaded.kind {
-            LoadedKind::Value { bytes, ttl } => (bytes, ttl),
+        let life = loaded.life();
+        let bytes = match loaded.kind {
+            LoadedKind::Value { bytes, .. } => bytes,
             LoadedKind::ForWaiters { bytes } => return Ok(Fetched::loaded(bytes, Outcome::Leader)),
             LoadedKind::Pass | LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
         };
@@ -85,7 +86,7 @@ impl Inner {
         let load_time = started.elapsed();
         let fill = self.ready_to_store(
             &bytes,
-            ttl,
+            life,
             (started_at, load_time),
             tagged.as_ref(),
             Some(loaded.windows),

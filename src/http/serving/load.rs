@@ -106,7 +106,7 @@ impl HttpConfig {
     /// maximum) and tags.
     fn to_store(&self, entry: Bytes, ttl: Duration, stale: Staleness, tags: &[Vec<u8>]) -> Loaded {
         let max = self.max_response_stale;
-        let mut loaded = Loaded::value_with_ttl(entry, ttl).tags(tags);
+        let mut loaded = exactly(entry, ttl).tags(tags);
         if let Some(window) = stale.while_revalidating {
             loaded = loaded.stale_while_revalidate(window.min(max));
         }
@@ -345,13 +345,19 @@ where
         }
     };
     let _ = to_leader.send(own);
-    Ok(Loaded::value_with_ttl(marker_entry, ttl))
+    Ok(exactly(marker_entry, ttl))
 }
 
 /// The origin answered the revalidation of `stored` with `304 Not Modified`: the stored
 /// response, its header fields updated by the `304`'s, is stored again (with its body, its
 /// tags and the `304`'s) for the freshness the policy gives the updated response, and is
 /// this request's answer. If the policy no longer stores it, it goes to this request alone.
+/// An entry to store fresh for `ttl` exactly: a response's freshness is the origin's (RFC 9111
+/// §4.2.1), which the cache's TTL jitter must not lengthen.
+fn exactly(entry: Bytes, ttl: Duration) -> Loaded {
+    Loaded::value_with_ttl(entry, ttl).ttl_jitter(Duration::ZERO)
+}
+
 fn not_modified<B: Body, E>(
     config: &HttpConfig,
     cache: &Cache,
@@ -429,5 +435,5 @@ async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Lo
     let left = marker
         .remaining(SystemTime::now())
         .max(Duration::from_secs(1));
-    Ok(Loaded::value_with_ttl(entry, left))
+    Ok(exactly(entry, left))
 }
