@@ -99,6 +99,15 @@ pub(super) enum L1Hit {
     RefreshDue(Arc<L1Entry>),
 }
 
+impl L1Hit {
+    /// The value the entry holds.
+    pub(super) fn value(&self) -> Bytes {
+        match self {
+            L1Hit::Fresh(entry, _) | L1Hit::RefreshDue(entry) => entry.value.clone(),
+        }
+    }
+}
+
 struct L1Expiry;
 
 impl moka::Expiry<KeyDigest, Arc<L1Entry>> for L1Expiry {

@@ -75,6 +75,7 @@
 //! | `tags.rs` | [`Cache::invalidate_tags`], and checking a tagged value against its tags |
 //! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
 //! | `batch.rs` | [`Cache::get_many_or_load`]: batches |
+//! | `peek.rs` | [`Cache::get`]: what is cached, from L1 then the store, never loaded |
 //! | `changes.rs` | [`Cache::invalidate`], [`Cache::set`], [`Cache::expire`]: changes made outside a load |
 //! | `protocol/` | leader, follower, waiters, revalidation, stale values, early refresh |
 //! | `loaded.rs` | what a loader is given and produces: [`Previous`], [`Loaded`] |
@@ -102,6 +103,7 @@ mod health;
 mod known_tags;
 mod l1;
 mod loaded;
+mod peek;
 mod protocol;
 mod refreshes;
 mod stats;

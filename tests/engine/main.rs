@@ -19,6 +19,7 @@
 //! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
 //! | `jitter.rs` | TTL jitter: keys written together expire over a spread |
+//! | `peek.rs` | `Cache::get`: what is cached, never loaded, never locked |
 //!
 //! This file holds the loaders and store helpers the modules share.
 
@@ -32,6 +33,7 @@ mod followers;
 mod for_waiters;
 mod hits;
 mod jitter;
+mod peek;
 mod soft_timeout;
 mod stale;
 mod wire;
