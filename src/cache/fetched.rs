@@ -53,10 +53,11 @@ impl Outcome {
     }
 }
 
-/// The answer of [`Cache::fetch`].
+/// The answer of [`Cache::fetch`] (and, its value decoded, of
+/// [`Typed::fetch`](crate::cache::Typed::fetch)).
 #[derive(Clone, Debug)]
-pub struct Fetched {
-    pub(super) value: Option<Bytes>,
+pub struct Fetched<V = Bytes> {
+    pub(super) value: Option<V>,
     pub(super) outcome: Outcome,
     /// When the value stops (or stopped) being fresh, for an answer from the cache.
     pub(super) fresh_until: Option<Instant>,
@@ -91,14 +92,16 @@ impl Fetched {
             fresh_until: None,
         }
     }
+}
 
+impl<V> Fetched<V> {
     /// The value; `None` only when the outcome is [`Outcome::Pass`].
-    pub fn value(&self) -> Option<&Bytes> {
+    pub fn value(&self) -> Option<&V> {
         self.value.as_ref()
     }
 
     /// The value, taken out.
-    pub fn into_value(self) -> Option<Bytes> {
+    pub fn into_value(self) -> Option<V> {
         self.value
     }
 
@@ -115,7 +118,7 @@ impl Fetched {
     }
 
     /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.
-    pub(super) fn value_or_pass(self) -> Result<Bytes, super::Error> {
+    pub(super) fn value_or_pass(self) -> Result<V, super::Error> {
         self.value
             .ok_or_else(|| super::Error::new(super::ErrorKind::Pass))
     }

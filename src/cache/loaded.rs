@@ -32,8 +32,8 @@ impl Previous {
     }
 }
 
-/// What a loader passed to [`Cache::fetch`] produced: a value (`V`, bytes unless the loader
-/// hands values to encode) and how to keep it.
+/// What a loader passed to [`Cache::fetch`] produced: a value (bytes, or with
+/// [`Typed::fetch`](crate::cache::Typed::fetch) a `T` to encode) and how to keep it.
 #[derive(Clone, Debug)]
 pub struct Loaded<V = Bytes> {
     pub(super) kind: LoadedKind<V>,
@@ -184,6 +184,29 @@ impl<V> Loaded<V> {
             ttl,
             jitter: self.jitter,
         }
+    }
+
+    /// The value as bytes, by `encode`, with the same TTL, tags and windows.
+    #[cfg(feature = "serde")]
+    pub(super) fn try_map<E>(
+        self,
+        encode: impl FnOnce(V) -> Result<Bytes, E>,
+    ) -> Result<Loaded, E> {
+        let kind = match self.kind {
+            LoadedKind::Value { bytes, ttl } => LoadedKind::Value {
+                bytes: encode(bytes)?,
+                ttl,
+            },
+            LoadedKind::NotModified { ttl } => LoadedKind::NotModified { ttl },
+            LoadedKind::Pass => LoadedKind::Pass,
+            LoadedKind::ForWaiters { bytes } => LoadedKind::ForWaiters { bytes },
+        };
+        Ok(Loaded {
+            kind,
+            tags: self.tags,
+            windows: self.windows,
+            jitter: self.jitter,
+        })
     }
 }
 

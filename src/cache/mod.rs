@@ -86,8 +86,7 @@
 //! | `error.rs` | [`Error`] and [`ErrorKind`] |
 //! | `health.rs` | [`Cache::health`] and [`Health`] |
 //! | `telemetry.rs` | tracing events and metrics |
-//! | `typed.rs` | typed values (feature `serde`) |
-//! | `typed_batch.rs` | typed batches (feature `serde`) |
+//! | `typed/` | typed values (feature `serde`): handles, codecs, batches |
 
 mod batch;
 mod breaker;
@@ -113,8 +112,6 @@ pub(crate) mod telemetry;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;
-#[cfg(feature = "serde")]
-mod typed_batch;
 
 use std::future::Future;
 use std::sync::Arc;

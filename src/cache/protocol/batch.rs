@@ -19,6 +19,7 @@ use super::leader::{spawn_release, LockGuard};
 use super::lookup::LookupFound;
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;
+use crate::cache::loaded::Life;
 use crate::cache::{BoxError, Error, ErrorKind, Inner, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
 
@@ -231,7 +232,8 @@ impl Inner {
             let inner = Arc::clone(&self);
             fills.push(tokio::spawn(async move {
                 let load = (started_at, load_time);
-                let ready = inner.ready_to_store(&bytes, None, load, None, None);
+                // A batch's values take the cache's TTL and jitter.
+                let ready = inner.ready_to_store(&bytes, Life::default(), load, None, None);
                 inner
                     .fill_value(&mut led.guard, led.stamp, &ready, None, None)
                     .await;

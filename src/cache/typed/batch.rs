@@ -9,11 +9,12 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::protocol::batch::BatchLoad;
-use super::typed::{decode, encode, Codec, Typed};
+use super::codec::{decode, encode};
+use super::{Codec, Typed};
+use crate::cache::protocol::batch::BatchLoad;
 #[cfg(doc)]
-use super::Cache;
-use super::{BoxError, Error, ErrorKind};
+use crate::cache::Cache;
+use crate::cache::{BoxError, Error, ErrorKind};
 
 impl<T, C> Typed<T, C>
 where

@@ -1,6 +1,15 @@
 //! Typed values (feature `serde`): [`Cache::typed`] hands out a [`Typed`] handle whose
 //! [`get_or_load`](Typed::get_or_load) stores any serde type, encoded by a [`Codec`]
-//! ([`Postcard`] unless told otherwise), with the engine's whole protocol underneath.
+//! ([`Postcard`] unless told otherwise), with the engine's whole protocol underneath. Its
+//! [`fetch`](Typed::fetch) takes the same options as the bytes' [`Cache::fetch`] (a
+//! [`Loaded<T>`](super::Loaded): TTL, tags, stale windows, jitter, pass) and tells the
+//! [`Outcome`]; [`get`](Typed::get) peeks, [`set`](Typed::set) and
+//! [`invalidate`](Typed::invalidate) change a key, as their bytes twins do.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `mod.rs` | [`Typed`]: the handle, its schema tag, and its calls |
+//! | `codec.rs` | [`Codec`], [`Postcard`], and a value behind its schema tag |
 //!
 //! ```
 //! use serde::{Deserialize, Serialize};
@@ -66,6 +75,11 @@
 //! this process's L1 forgets the L1 entry and reads the store again, with its own loader if
 //! it has not run yet; if that fails too, the call fails with [`ErrorKind::Decode`].
 
+mod batch;
+mod codec;
+
+pub use codec::{Codec, Postcard};
+
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -77,64 +91,9 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{BoxError, Cache, Error, ErrorKind, Loaded};
+use self::codec::{decode, encode, TAG_LEN};
+use super::{BoxError, Cache, Error, ErrorKind, Fetched, Loaded, Outcome};
 use crate::store::{KeyDigest, StoreKey};
-
-/// Length of the schema tag in front of every typed value.
-const TAG_LEN: usize = 8;
-
-/// How typed values become bytes and back: a serde data format.
-///
-/// Implement it to store values in another format (JSON for values other programs read,
-/// MessagePack, bincode, ...). Decoding must fail, never panic, on bytes it did not write.
-pub trait Codec: Clone + Send + Sync + 'static {
-    /// The format's name and major version, part of every value's schema tag: change it
-    /// whenever the format's bytes change, so values of the old format become misses.
-    fn name(&self) -> &str;
-
-    /// Appends `value`'s encoding to `out`.
-    ///
-    /// # Errors
-    ///
-    /// The format cannot encode the value (the load then fails with [`ErrorKind::Load`]).
-    fn encode<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), BoxError>;
-
-    /// Decodes a whole `T` from `bytes`.
-    ///
-    /// # Errors
-    ///
-    /// `bytes` are not one well-formed `T` (trailing bytes included).
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError>;
-}
-
-/// The default [`Codec`]: [postcard](https://docs.rs/postcard) 1, a compact binary format
-/// with a stable, documented wire format (varint integers, no field names).
-///
-/// Chosen over bincode 2, MessagePack (rmp-serde) and bitcode for size and decoding speed on
-/// typical rows (see `benches/README.md`, "Typed values: the encoding"). Bytes left over after
-/// a value are an error, so a struct that lost fields does not decode.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Postcard;
-
-impl Codec for Postcard {
-    fn name(&self) -> &str {
-        "postcard/1"
-    }
-
-    fn encode<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), BoxError> {
-        postcard::to_io(value, out)?;
-        Ok(())
-    }
-
-    fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
-        let (value, rest) = postcard::take_from_bytes(bytes)?;
-        if rest.is_empty() {
-            Ok(value)
-        } else {
-            Err(format!("{} bytes left over after the value", rest.len()).into())
-        }
-    }
-}
 
 /// A typed view of a [`Cache`], made by [`Cache::typed`]; see the [module docs](self).
 ///
@@ -270,10 +229,61 @@ where
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: Into<BoxError>,
     {
+        let load = move || async move { loader().await.map(Loaded::value) };
+        self.fetch(key, load).await?.value_or_pass()
+    }
+
+    /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value,
+    /// as [`Cache::fetch`]'s does: its own TTL ([`Loaded::value_with_ttl`]), tags, stale
+    /// windows, TTL jitter, or not at all ([`Loaded::pass`]); and an answer that tells how the
+    /// call was served ([`Outcome`](super::Outcome)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let names = cache.typed::<String>();
+    /// let load = || async {
+    ///     let name = String::from("Ada");
+    ///     Ok::<_, std::io::Error>(
+    ///         Loaded::value_with_ttl(name, Duration::from_secs(300))
+    ///             .tags(["users"])
+    ///             .stale_while_revalidate(Duration::from_secs(30)),
+    ///     )
+    /// };
+    /// let fetched = names.fetch("user:42:name", load).await?;
+    /// assert_eq!(fetched.outcome(), Outcome::Leader);
+    /// assert_eq!(fetched.value().map(|name| name.as_str()), Some("Ada"));
+    /// cache.invalidate_tag("users").await?;
+    /// assert_eq!(names.get("user:42:name").await?, None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load); a pass is an answer without a value, not an
+    /// error.
+    pub async fn fetch<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Fetched<Arc<T>>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded<T>, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
         let digest = KeyDigest::of(key.as_ref());
         let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
         if let Some(found) = self.cache.l1_hit(&digest, read) {
-            return Ok(found.value);
+            return Ok(Fetched {
+                value: Some(found.value),
+                outcome: Outcome::L1Hit,
+                fresh_until: Some(found.fresh_until),
+            });
         }
         // The loader is taken by whichever attempt loads; a second attempt is rare.
         let loader = Arc::new(Mutex::new(Some(loader)));
@@ -283,17 +293,24 @@ where
                 let loader = crate::sync::lock(&loader)
                     .take()
                     .ok_or("the loader already ran in a first attempt")?;
-                let value = loader().await.map_err(Into::into)?;
-                encode(&codec, tag, &value).map(Loaded::value)
+                let loaded = loader().await.map_err(Into::into)?;
+                loaded.try_map(|value| encode(&codec, tag, &value))
             };
             let fetched = self
                 .cache
                 .fetch_named(digest, key.as_ref(), self.accepts(), load)
                 .await?;
-            let bytes = fetched.value_or_pass()?;
-            if let Some(value) = read(&bytes).map(Arc::new) {
-                self.cache.inner.l1.keep_decoded(&digest, &bytes, &value);
-                return Ok(value);
+            let decoded = |value| Fetched {
+                value,
+                outcome: fetched.outcome,
+                fresh_until: fetched.fresh_until,
+            };
+            let Some(bytes) = &fetched.value else {
+                return Ok(decoded(None));
+            };
+            if let Some(value) = read(bytes).map(Arc::new) {
+                self.cache.inner.l1.keep_decoded(&digest, bytes, &value);
+                return Ok(decoded(Some(value)));
             }
             if attempt == 0 {
                 // Another reader's bytes, from this process's L1 or flight.
@@ -305,6 +322,30 @@ where
         Err(Error::new(ErrorKind::Decode))
     }
 
+    /// The value of `key` as `T`, if a fresh one is cached, as [`Cache::get`] finds it: from
+    /// L1 (decoded once, as for [`get_or_load`](Self::get_or_load)), else from the store;
+    /// never loaded, never locked. A value that is not a `T` of this schema is `None`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::get`].
+    pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Arc<T>>, Error> {
+        let digest = KeyDigest::of(key.as_ref());
+        let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
+        if let Some(found) = self.cache.l1_hit(&digest, read) {
+            return Ok(Some(found.value));
+        }
+        let peeked = self.cache.inner.peek(digest, self.accepts()).await;
+        let Some(bytes) = peeked.map_err(Error::store)? else {
+            return Ok(None);
+        };
+        let value = read(&bytes).map(Arc::new);
+        if let Some(value) = &value {
+            self.cache.inner.l1.keep_decoded(&digest, &bytes, value);
+        }
+        Ok(value)
+    }
+
     /// Writes `value` for `key`, fresh for `ttl`, as [`Cache::set`] does.
     ///
     /// # Errors
@@ -313,6 +354,15 @@ where
     pub async fn set(&self, key: impl AsRef<[u8]>, value: &T, ttl: Duration) -> Result<(), Error> {
         let bytes = encode(&self.codec, self.tag, value).map_err(Error::load)?;
         self.cache.set(key, bytes, ttl).await
+    }
+
+    /// Removes the value of `key` everywhere, as [`Cache::invalidate`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Cache::invalidate`].
+    pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
+        self.cache.invalidate(key).await
     }
 
     /// Which stored values this handle reads: its schema tag, then a whole `T`.
@@ -341,26 +391,4 @@ where
     pub(crate) fn decode_value(&self, bytes: &[u8]) -> Option<T> {
         decode(&self.codec, self.tag, bytes)
     }
-}
-
-/// `value` encoded behind its schema tag.
-pub(super) fn encode<T: Serialize, C: Codec>(
-    codec: &C,
-    tag: [u8; TAG_LEN],
-    value: &T,
-) -> Result<Bytes, BoxError> {
-    let mut out = Vec::with_capacity(64);
-    out.extend_from_slice(&tag);
-    codec.encode(value, &mut out)?;
-    Ok(Bytes::from(out))
-}
-
-/// The `T` behind `tag` in `bytes`, if that is what they hold.
-pub(super) fn decode<T: DeserializeOwned, C: Codec>(
-    codec: &C,
-    tag: [u8; TAG_LEN],
-    bytes: &[u8],
-) -> Option<T> {
-    let body = bytes.strip_prefix(&tag[..])?;
-    codec.decode(body).ok()
 }
