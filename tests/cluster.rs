@@ -231,6 +231,31 @@ async fn invalidate_many_reaches_keys_on_every_node() {
     assert_eq!(loads.get(), 6, "b reads a's reloads");
 }
 
+/// `clear` on a cluster: one store call (the namespace's tag state lives in one slot of its
+/// own), after which keys on every master are misses for every instance, whose L1 copies go
+/// through the cluster's pub/sub; each key is loaded once again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_reaches_keys_on_every_node_and_every_instance() {
+    let cluster = RedisCluster::start();
+    let a = cache(instance(&cluster).await).build();
+    let b = cache(instance(&cluster).await).build();
+    let keys = keys_on_each_node(&cluster, &a, "clear");
+    let loads = Counter::default();
+    for key in &keys {
+        read_counted(&a, key, &loads).await;
+        read_counted(&b, key, &loads).await;
+    }
+    assert_eq!(loads.get(), keys.len());
+    let before = loads.get() as u64;
+    a.clear().await.unwrap();
+    for key in &keys {
+        assert_eq!(a.get(key).await.unwrap(), None, "{key}: a miss at once");
+    }
+    reloaded_after(&b, &keys, &loads, before).await;
+    reloaded_after(&a, &keys, &loads, before).await;
+    assert_eq!(loads.get(), 2 * keys.len(), "each key reloaded once");
+}
+
 /// Reads `key` through `cache`, loading `load {n}` (n counted by `loads`) on a miss.
 async fn read_counted(cache: &Cache, key: &str, loads: &Counter) -> Bytes {
     let loads = loads.clone();

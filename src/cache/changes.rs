@@ -1,5 +1,6 @@
 //! Changes made outside a load: [`Cache::invalidate`] (and [`Cache::invalidate_many`]),
-//! [`Cache::set`] and [`Cache::expire`] change a key in the store and in every process's L1.
+//! [`Cache::set`] and [`Cache::expire`] change a key in the store and in every process's L1;
+//! [`Cache::clear`] drops every key of the namespace.
 //!
 //! Each is one store call that also voids the key's reload lock, so a load that started
 //! before the change cannot fill its (older) result after it: its fenced fill is refused,
@@ -118,6 +119,55 @@ impl Cache {
         let store = Arc::clone(&self.inner.store);
         let keep = self.inner.config.keep();
         self.inner.change(&key, store.expire(&key, keep)).await
+    }
+}
+
+impl Cache {
+    /// Drops every value of this cache's namespace, in every process, with one store call
+    /// whatever their number: the namespace starts a new generation (the one its tags count
+    /// in), which every value the engine stores carries, so every value stored before is a
+    /// miss from now on (one load per stampede, as any miss), and its bytes leave the store
+    /// with their TTL. Every process's L1 is emptied through the store's notifications (of
+    /// every namespace sharing the store in that process: its entries are read again once).
+    ///
+    /// Fenced as [`invalidate`](Self::invalidate) is: a load that started before the clear
+    /// may still answer its own callers, but its value, filled after, is a miss at once. The
+    /// clear is kept in the store, so a process started after it reads the new generation.
+    ///
+    /// Values written by a release of this crate before `clear` existed, and values whose
+    /// load could not read the namespace's generation (the store failing at that moment),
+    /// carry none: a clear does not reach them, and they live out their TTL. Every process
+    /// must run a release that knows `clear` for its L1 to be emptied.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// let cache = Cache::builder(MemoryStore::new()).namespace("catalog").build();
+    /// cache
+    ///     .get_or_load("sku:1", || async { Ok::<_, std::io::Error>(Bytes::from_static(b"v1")) })
+    ///     .await?;
+    /// cache.clear().await?;
+    /// assert_eq!(cache.get("sku:1").await?, None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Store`](super::ErrorKind::Store) if the store could not be reached (or
+    /// the circuit breaker is open, or the store cannot clear): this process's L1 is empty all
+    /// the same, but the store and other processes may still hold the values.
+    pub async fn clear(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        let store = Arc::clone(&inner.store);
+        let clear = store.clear(&inner.config.namespace);
+        let result = inner.change_all(&[], Overtaken::Every, clear).await;
+        // Stamps moved on with the store's notifier; without one, L1 is emptied here.
+        inner.l1.clear();
+        inner.known_tags.forget_generation();
+        result
     }
 }
 

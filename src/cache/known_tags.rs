@@ -1,13 +1,13 @@
-//! What this process knows of tags: whether its loaders return any, the first tag clock it
-//! read, and the tag versions it read, kept while notifications keep them right (see the
-//! `tags` module for how values are checked against them).
+//! What this process knows of tags: whether its loaders return any, the tag clock it read for
+//! loads that expect none, the namespace's generation, and the tag versions it read, kept
+//! while notifications keep them right (see the `tags` module for how values are checked
+//! against them).
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use crate::store::{KeyDigest, Stamp, TagClock, TagVersions};
@@ -21,8 +21,13 @@ pub(super) struct KnownTags {
     /// Whether a loader of this process has returned tags: from then on every leader reads
     /// the tag clock before its load.
     seen: AtomicBool,
-    /// The first tag clock this process read, for its loads before then.
-    first_clock: OnceCell<TagClock>,
+    /// The tag clock read for loads that expect no tags, with the stamp of
+    /// [`CLEARS`] taken before the read: kept while that stamp is current and the store is
+    /// not found in another generation.
+    first_clock: Mutex<Option<(TagClock, Stamp)>>,
+    /// The namespace's generation as last read, with the stamp of [`CLEARS`] taken before the
+    /// read, and how long it may be kept.
+    generation: Mutex<Option<(u64, Stamp, Instant)>>,
     /// The tag versions read, each with the stamp its tag had just before the read and how
     /// long it may be kept.
     versions: Mutex<HashMap<KeyDigest, Known>>,
@@ -35,8 +40,10 @@ struct Known {
     until: Instant,
 }
 
-/// The store did not tell the tag clock.
-struct NoClock;
+/// The digest whose stamp stands for the namespace's generation: a clear moves every stamp on
+/// (see [`Notifier::cleared`](crate::store::Notifier::cleared)), so any key's would do; this
+/// one is nobody's.
+pub(super) const CLEARS: KeyDigest = KeyDigest::from_bytes([0; 32]);
 
 impl KnownTags {
     /// Whether a loader of this process has returned tags.
@@ -49,19 +56,53 @@ impl KnownTags {
         self.seen.store(true, Ordering::Relaxed);
     }
 
-    /// The tag clock this process read first, reading it with `read` if none was read yet:
-    /// a clock no later than the current one, in the generation of then, for a load that does
-    /// not expect tags. One round trip in a process's life, so an application without tags
-    /// pays for tags that once. `None` while the store does not answer.
+    /// A tag clock for a load that does not expect tags: the one read last, while `stamp` (of
+    /// [`CLEARS`], taken now) is the one taken before that read, else one read now with `read`.
+    /// A clock no later than the current one, in the current generation (as far as this
+    /// process has heard), so an application without tags pays for tags one round trip per
+    /// clear heard of, not one per load. `None` while the store does not answer.
     pub(super) async fn first_clock(
         &self,
+        stamp: Option<Stamp>,
         read: impl Future<Output = Option<TagClock>>,
     ) -> Option<TagClock> {
-        self.first_clock
-            .get_or_try_init(|| async { read.await.ok_or(NoClock) })
-            .await
-            .ok()
-            .copied()
+        let kept = *crate::sync::lock(&self.first_clock);
+        if let (Some((clock, at)), Some(stamp)) = (kept, stamp) {
+            if at == stamp {
+                return Some(clock);
+            }
+        }
+        let clock = read.await?;
+        if let Some(stamp) = stamp {
+            *crate::sync::lock(&self.first_clock) = Some((clock, stamp));
+        }
+        Some(clock)
+    }
+
+    /// The namespace's generation, if it was read under `stamp` (of [`CLEARS`], taken now)
+    /// and may still be kept at `now`.
+    pub(super) fn generation(&self, stamp: Option<Stamp>, now: Instant) -> Option<u64> {
+        let (generation, at, until) = (*crate::sync::lock(&self.generation))?;
+        (Some(at) == stamp && now < until).then_some(generation)
+    }
+
+    /// Keeps the namespace's `generation` just read, under `stamp` (of [`CLEARS`], taken
+    /// before the read), until `until`; the clock kept for loads goes if it is of another.
+    pub(super) fn learn_generation(&self, generation: u64, stamp: Option<Stamp>, until: Instant) {
+        let mut first = crate::sync::lock(&self.first_clock);
+        if first.is_some_and(|(clock, _)| clock.generation != generation) {
+            *first = None;
+        }
+        drop(first);
+        if let Some(stamp) = stamp {
+            *crate::sync::lock(&self.generation) = Some((generation, stamp, until));
+        }
+    }
+
+    /// Forgets the generation and the clock kept: this process cleared the namespace.
+    pub(super) fn forget_generation(&self) {
+        *crate::sync::lock(&self.first_clock) = None;
+        *crate::sync::lock(&self.generation) = None;
     }
 
     /// The versions of `tags` in `generation`, if every one is known in it under its current
@@ -188,21 +229,56 @@ mod tests {
         assert!(known.versions(1, &one_more, &[stamp], now).is_some());
     }
 
-    #[tokio::test]
-    async fn the_first_clock_is_read_once_and_a_missing_answer_is_asked_again() {
+    #[tokio::test(start_paused = true)]
+    async fn the_clock_for_loads_is_kept_under_its_stamp_and_generation() {
         let known = KnownTags::default();
         assert!(!known.seen());
-        assert_eq!(known.first_clock(async { None }).await, None);
+        let (stamp, changed) = stamps(&CLEARS);
+        assert_eq!(known.first_clock(Some(stamp), async { None }).await, None);
         let clock = TagClock {
             generation: 1,
             clock: 2,
         };
-        assert_eq!(known.first_clock(async { Some(clock) }).await, Some(clock));
         let later = TagClock {
             generation: 1,
             clock: 3,
         };
-        assert_eq!(known.first_clock(async { Some(later) }).await, Some(clock));
+        let read = |clock| async move { Some(clock) };
+        assert_eq!(
+            known.first_clock(Some(stamp), read(clock)).await,
+            Some(clock)
+        );
+        assert_eq!(
+            known.first_clock(Some(stamp), read(later)).await,
+            Some(clock)
+        );
+        // Heard of a change (a clear): read again.
+        assert_eq!(
+            known.first_clock(Some(changed), read(later)).await,
+            Some(later)
+        );
+        // Notifications lost: read each time, nothing kept.
+        let cleared = TagClock {
+            generation: 9,
+            clock: 0,
+        };
+        assert_eq!(known.first_clock(None, read(cleared)).await, Some(cleared));
+        assert_eq!(
+            known.first_clock(Some(changed), read(clock)).await,
+            Some(later)
+        );
+        // The store found in another generation: the kept clock goes.
+        let now = Instant::now();
+        known.learn_generation(9, Some(changed), now + Duration::from_secs(1));
+        assert_eq!(known.generation(Some(changed), now), Some(9));
+        assert_eq!(known.generation(Some(stamp), now), None, "another stamp");
+        assert_eq!(known.generation(None, now), None, "notifications lost");
+        assert_eq!(
+            known.first_clock(Some(changed), read(cleared)).await,
+            Some(cleared)
+        );
+        known.forget_generation();
+        assert_eq!(known.generation(Some(changed), now), None);
         known.mark_seen();
         assert!(known.seen());
     }

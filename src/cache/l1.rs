@@ -270,6 +270,13 @@ impl L1 {
         }
     }
 
+    /// Drops every entry: the namespace was cleared here.
+    pub(super) fn clear(&self) {
+        if let Some(l1) = &self.cache {
+            l1.invalidate_all();
+        }
+    }
+
     /// Keeps `value`, decoded from `bytes`, with the entry of the key if that entry holds
     /// these very bytes (the same buffer: alive, so equal pointers and lengths mean equal
     /// contents), so the first hit on the entry does not decode them again. For typed values.

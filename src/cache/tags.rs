@@ -9,7 +9,9 @@
 //! versions (one more round trip, for tagged values only) and treats the value as a miss if
 //! the store is in another generation (its tag state was lost and started again) or any tag
 //! was invalidated at a later clock: the value may have been loaded before the change that
-//! the invalidation announces. Untagged values never pay for tags but the leader's clock read.
+//! the invalidation announces. A value without tags carries the generation too, so that
+//! [`Cache::clear`] (a new generation) outdates it; it is checked against the generation this
+//! process read last, kept as tag versions are (below): no round trip while nothing is heard.
 //!
 //! L1 entries of tagged values also carry the stamps of their tags: the invalidation's
 //! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
@@ -27,6 +29,7 @@ use tokio::time::Instant;
 
 use super::entry::{Corrupt, Entry, Tagged};
 use super::flights::Overtaken;
+use super::known_tags::CLEARS;
 use super::l1::TagStamps;
 use super::protocol::lookup::LookupFound;
 use super::{Cache, Error, Inner};
@@ -87,12 +90,13 @@ impl Inner {
             .ok()
     }
 
-    /// The tag clock this process read first (reading it if none was read yet): a clock no
-    /// later than the current one, in the generation of then, for a load that does not expect
-    /// tags. One round trip in a process's life, so an application without tags pays for
-    /// tags that once. `None` while the store does not answer.
+    /// A tag clock for a load that does not expect tags: the one read last, unless a clear
+    /// (or a loss of notifications) was heard of since, or the store was found in another
+    /// generation (see [`KnownTags::first_clock`](super::known_tags::KnownTags::first_clock)).
+    /// `None` while the store does not answer.
     pub(super) async fn first_tag_clock(&self) -> Option<TagClock> {
-        self.known_tags.first_clock(self.tag_clock()).await
+        let stamp = self.l1.stamp(&CLEARS);
+        self.known_tags.first_clock(stamp, self.tag_clock()).await
     }
 
     /// The stamps of `tags`, taken before their versions are read.
@@ -102,12 +106,13 @@ impl Inner {
             .collect()
     }
 
-    /// Whether a value of `tagged` is still valid: none of its tags was invalidated since its
-    /// clock. The stamps of its tags, taken before the versions are read, go with a valid one.
+    /// Whether a value of `tagged` is still valid: the store is still in its generation (not
+    /// cleared, its tag state not lost), and none of its tags was invalidated since its clock.
+    /// The stamps of its tags, taken before the versions are read, go with a valid one.
     ///
-    /// The versions come from [`KnownTags`](super::known_tags::KnownTags) when every tag's
-    /// is known and nothing has been heard of the tag since it was read (no round trip), else
-    /// from the store.
+    /// The generation and versions come from [`KnownTags`](super::known_tags::KnownTags)
+    /// where they are known and nothing has been heard since they were read (no round trip),
+    /// else from the store.
     pub(super) async fn tags_valid(
         &self,
         tagged: &Tagged,
@@ -119,16 +124,24 @@ impl Inner {
             .l1
             .notifier()
             .and_then(|notifier| tagged.tags.iter().map(|tag| notifier.stamp(tag)).collect());
+        // Without notifications, the generation is kept as L1 entries are: `l1_ttl_cap`.
+        let clears = self.l1.stamp(&CLEARS);
         let now = Instant::now();
         // A value of no generation is outdated whatever the store says.
         let Some(generation) = tagged.generation else {
             return Ok(None);
         };
-        if let Some(live) = &live {
-            if let Some(versions) = self
-                .known_tags
-                .versions(generation, &tagged.tags, live, now)
-            {
+        if let Some(current) = self.known_tags.generation(clears, now) {
+            if current != generation {
+                return Ok(None);
+            }
+            let known = match &live {
+                Some(live) => self
+                    .known_tags
+                    .versions(generation, &tagged.tags, live, now),
+                None => None,
+            };
+            if let Some(versions) = known {
                 return Ok(valid(&versions, tagged.clock).then_some(stamps));
             }
         }
@@ -139,15 +152,32 @@ impl Inner {
                     .tag_versions(&self.config.namespace, &tagged.tags),
             )
             .await?;
-        // No tag state, or another generation: it was lost since the value's load.
+        let until = crate::sync::later(now, self.config.l1_ttl_cap);
+        if let Some(versions) = &versions {
+            self.known_tags
+                .learn_generation(versions.generation, clears, until);
+        }
+        // No tag state, or another generation: it was lost or cleared since the value's load.
         let Some(versions) = versions.filter(|versions| versions.generation == generation) else {
             return Ok(None);
         };
         if let Some(live) = live {
-            let until = crate::sync::later(now, self.config.l1_ttl_cap);
             self.known_tags.learn(&tagged.tags, &versions, &live, until);
         }
         Ok(valid(&versions.versions, tagged.clock).then_some(stamps))
+    }
+
+    /// Whether a value found with `tags` is valid without reading any tag's version: a value
+    /// without tags, of no generation or of the namespace's current one (asked of the store
+    /// where this process does not know it). A value with tags is not: they need checking.
+    pub(in crate::cache) async fn untagged_valid(&self, tags: Option<&Tagged>) -> bool {
+        match tags {
+            None => true,
+            Some(tagged) if tagged.tags.is_empty() => {
+                matches!(Box::pin(self.tags_valid(tagged)).await, Ok(Some(_)))
+            }
+            Some(_) => false,
+        }
     }
 
     /// Checks the tags of a tagged value a lookup found: a value whose tags were invalidated
@@ -168,7 +198,15 @@ impl Inner {
         else {
             return Ok(());
         };
-        // Boxed: most values have no tags, and a lookup's state stays small without this wait.
+        // A value without tags in the generation known: valid, no round trip (most values).
+        let clears = self.l1.stamp(&CLEARS);
+        if tagged.tags.is_empty()
+            && tagged.generation.is_some()
+            && self.known_tags.generation(clears, Instant::now()) == tagged.generation
+        {
+            return Ok(());
+        }
+        // Boxed: a lookup's state stays small without this wait.
         match Box::pin(self.tags_valid(tagged)).await? {
             Some(stamps) => found.tag_stamps = stamps,
             None => {

@@ -30,7 +30,7 @@ impl KeyDigest {
     }
 
     /// A digest from its bytes (as stored by the engine).
-    pub(crate) fn from_bytes(bytes: [u8; 32]) -> Self {
+    pub(crate) const fn from_bytes(bytes: [u8; 32]) -> Self {
         KeyDigest(bytes)
     }
 

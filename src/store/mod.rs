@@ -378,6 +378,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>>;
 
+    /// Clears `namespace`: starts a new tag generation in it (as a lost tag state does; see
+    /// [`tag_clock`](Self::tag_clock)), so that every value the engine stored under an older
+    /// one is outdated, whatever their number, in one round trip; then notifies every process
+    /// ([`Notifier::cleared`]), whose L1 forgets what it holds. The default cannot clear: it
+    /// fails and changes nothing.
+    fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        let _ = namespace;
+        Box::pin(async { Err(StoreError::new("this store cannot clear a namespace")) })
+    }
+
     /// The notifier this store feeds, if it has notifications: the engine stamps L1 entries
     /// with it ([`Notifier::stamp`]), so that what one process changes, every process's L1
     /// forgets. Without one, L1 entries live out their (capped) TTL.

@@ -197,6 +197,13 @@ impl Notifier {
         }
     }
 
+    /// Anything may have changed (a namespace was [cleared](super::Store::clear)): every stamp
+    /// taken so far goes out of date, so every L1 entry is dropped at its next read, whatever
+    /// its key. Notifications stay received.
+    pub fn cleared(&self) {
+        self.0.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Notifications may be lost from now on (the subscription dropped, or is not in place
     /// yet): every stamp taken so far goes out of date, and none is given until
     /// [`restored`](Self::restored).

@@ -3,6 +3,7 @@
 //! own (its own L1) over its own store connections (its own subscriber).
 //!
 //! Tests that wait for a notification poll with a bounded deadline; none sleeps and hopes.
+//! `clear.rs` holds `Cache::clear`; `holds.rs` what a change does to calls it overtakes.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -744,4 +745,5 @@ async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidate
 }
 
 /// Issue 29: changes that reach this instance's flights, values never served once invalidated.
+mod clear;
 mod holds;

@@ -211,8 +211,8 @@ impl Inner {
                 // The lock was taken to overwrite a corrupt entry; if another leader has
                 // overwritten it since, use its value instead of loading again.
                 // (Not a tagged one: its tags would need checking; this flight reloads it.)
-                if let Some((Ok(Entry::Value { tags: None, .. }), Some(ttl))) = &found.entry {
-                    if *ttl > keep {
+                if let Some((Ok(Entry::Value { tags, .. }), Some(ttl))) = &found.entry {
+                    if *ttl > keep && self.untagged_valid(tags.as_ref()).await {
                         spawn_release(&self.store, key, token);
                         found.lock = LockState::NotRequested;
                     }

@@ -82,19 +82,22 @@ pub(in crate::cache) struct LeaderStart {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct TagsNotStorable;
 
-/// The tags of a loaded value, with the tag clock read before its load: `None` for an
-/// untagged value.
+/// The tags of a loaded value, with the tag clock read before its load. A value without tags
+/// carries the clock too (with no tags), for its generation: a [clear](crate::Cache::clear)
+/// after the clock was read outdates it, as a tag invalidation outdates a tagged value. Only
+/// where the clock could not be read (the store failing) is an untagged value stored
+/// without one (`None`): a clear does not reach it, and it lives out its TTL.
 pub(super) fn tagged(
     tags: Vec<KeyDigest>,
     clock: Option<TagClock>,
 ) -> Result<Option<Tagged>, TagsNotStorable> {
     match clock {
-        _ if tags.is_empty() => Ok(None),
         Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged {
             generation: Some(clock.generation),
             clock: clock.clock,
             tags,
         })),
+        None if tags.is_empty() => Ok(None),
         _ => Err(TagsNotStorable),
     }
 }
@@ -581,6 +584,15 @@ mod tests {
             tagged(Vec::new(), None),
             Ok(None),
             "untagged needs no clock"
+        );
+        assert_eq!(
+            tagged(Vec::new(), Some(clock)),
+            Ok(Some(Tagged {
+                generation: Some(9),
+                clock: 4,
+                tags: Vec::new(),
+            })),
+            "untagged carries the generation"
         );
         let stored = tagged(tags.clone(), Some(clock)).expect("storable");
         assert_eq!(

@@ -46,12 +46,12 @@ impl LookupFound {
         })
     }
 
-    /// Whether the value found carried tags (or was outdated by them).
+    /// Whether the value found carried tags (or was outdated by them or by a clear).
     pub(in crate::cache) fn tagged(&self) -> bool {
         self.outdated
             || matches!(
                 &self.entry,
-                Some((Ok(Entry::Value { tags: Some(_), .. }), _))
+                Some((Ok(Entry::Value { tags: Some(tagged), .. }), _)) if !tagged.tags.is_empty()
             )
     }
 }

@@ -439,6 +439,14 @@ impl Store for MemoryStore {
         Some(&self.notifier)
     }
 
+    fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.state()
+            .tags
+            .insert(namespace.to_owned(), TagState::new());
+        self.notifier.cleared();
+        Box::pin(async { Ok(()) })
+    }
+
     fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
         let mut state = self.state();
         let tags = state

@@ -140,6 +140,11 @@ pub(super) fn tag_state_name(namespace: &str) -> String {
     format!("{namespace}:{{tags}}:h")
 }
 
+/// The message of a namespace's [clear](crate::store::Store::clear) on its fill channel, in the
+/// place of a key's digest (then the sender's origin): 64 characters, as a digest is, that no
+/// digest is (a release that does not know it ignores it as foreign).
+pub(super) const CLEARED: &str = "cleared:cleared:cleared:cleared:cleared:cleared:cleared:cleared:";
+
 /// What follows the namespace in the name of its fill channel.
 const CHANNEL_SUFFIX: &str = ":filled";
 

@@ -27,7 +27,7 @@ use super::connection::Connection;
 use super::link::Link;
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
-use super::names::{channel, namespace_of};
+use super::names::{channel, namespace_of, CLEARED};
 use crate::store::{KeyDigest, Notifier, StoreKey};
 
 /// The process's one subscriber connection (RESP3, resubscribing by itself after a
@@ -326,6 +326,10 @@ fn wake_followers(notifier: &Notifier, own: &[u8], push: PushInfo) {
     };
     let (digest, origin) = message.split_at(message.len().min(64));
     if origin == own {
+        return;
+    }
+    if digest == CLEARED.as_bytes() {
+        notifier.cleared();
         return;
     }
     let namespace = std::str::from_utf8(channel).ok().and_then(namespace_of);

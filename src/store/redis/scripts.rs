@@ -332,6 +332,21 @@ return clock
     )
 });
 
+/// Clears a namespace: starts its tag state (`KEYS[1]`) again in the generation `ARGV[3]`,
+/// and publishes the message `ARGV[4]` (that of a clear) on the channel `ARGV[1]`, tagged with
+/// the origin `ARGV[2]`.
+pub(super) static CLEAR: LazyLock<Script> = LazyLock::new(|| {
+    publishing(
+        "",
+        r"
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'g', ARGV[3], 'c', '0')
+publish(ARGV[1], ARGV[4] .. ARGV[2])
+return 1
+",
+    )
+});
+
 /// Compare-and-PEXPIRE of the lock.
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(

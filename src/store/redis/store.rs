@@ -322,6 +322,14 @@ impl RedisStore {
         }
     }
 
+    /// Tells this process's notifier that a namespace was cleared here (see
+    /// [`Notifier::cleared`]).
+    pub(super) fn cleared_here(&self) {
+        if let Some(notifications) = &self.notifications {
+            notifications.notifier.cleared();
+        }
+    }
+
     /// A fenced script that changes `key` when it answers 1.
     async fn run_fenced_change(
         &self,
@@ -600,6 +608,10 @@ impl Store for RedisStore {
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
         self.invalidate_tags_now(namespace, tags)
+    }
+
+    fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.clear_now(namespace)
     }
 }
 

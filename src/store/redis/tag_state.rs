@@ -3,7 +3,8 @@
 //! and changed by the calls below, each one round trip.
 
 use super::names::tag_state_name;
-use super::scripts::{command, script_call, INVALIDATE_TAGS, TAG_CLOCK};
+use super::names::CLEARED;
+use super::scripts::{command, script_call, CLEAR, INVALIDATE_TAGS, TAG_CLOCK};
 use super::RedisStore;
 use crate::store::{
     tags, BoxFuture, KeyDigest, StoreError, StoreErrorKind, StoreKey, TagClock, TagVersions,
@@ -89,6 +90,22 @@ impl RedisStore {
             for key in &keys {
                 self.changed_here(key);
             }
+            ran.map(drop)
+        })
+    }
+}
+
+impl RedisStore {
+    pub(super) fn clear_now(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        let mut call = script_call(&CLEAR, &[tag_state_name(namespace)]);
+        call.arg(self.fill_channel(namespace))
+            .arg(self.origin())
+            .arg(tags::generation_text(tags::new_generation()))
+            .arg(CLEARED);
+        Box::pin(async move {
+            let ran: Result<i64, StoreError> = self.run(&CLEAR, &call).await;
+            // Whatever the answer: the change may have been made.
+            self.cleared_here();
             ran.map(drop)
         })
     }

@@ -328,4 +328,9 @@ impl Store for Observed {
         self.count();
         self.inner.invalidate_tags(namespace, tags)
     }
+
+    fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.count();
+        self.inner.clear(namespace)
+    }
 }

@@ -1,0 +1,190 @@
+//! `Cache::clear`: every value of the namespace dropped with one store call, every instance's
+//! L1 emptied, loads in flight fenced, and the clear kept for processes started after it.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use support::observed::Observed;
+use support::{Counter, Shared};
+use tower_stampede::{Cache, Outcome};
+
+use super::{as_is, eventually, instances, never_loads, slow_load, Database, LIMIT};
+
+/// The race the fence is for, as for `invalidate`: a loader reads version 1, the database
+/// moves to version 2 and another instance clears the namespace while that load runs. The
+/// load answers its own caller with version 1; its fill lands after the clear but is a miss
+/// at once (it carries the generation from before), so every instance reads version 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_started_before_a_clear_is_a_miss_once_filled() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        let db = Database::at(1);
+        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
+        db.move_to(2);
+        caches[1].clear().await.unwrap();
+        finish.notify_one();
+        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        for cache in &caches {
+            assert_eq!(db.read(cache, "row").await, "v2", "{}", shared.name);
+        }
+        assert_eq!(
+            db.loads.get(),
+            2,
+            "{}: the outdated load and one reload",
+            shared.name
+        );
+    }
+}
+
+/// Keys held in every instance's L1 are read again everywhere once the clear's notification
+/// is delivered (at once in the instance that cleared), and each key is loaded once again in
+/// all: the clear is one store call (one `EVALSHA` on Redis, `INFO commandstats`), whatever
+/// the number of keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_is_one_store_call_and_reaches_every_instances_l1() {
+    const KEYS: usize = 200;
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 3, as_is).await;
+        let db = Database::at(1);
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("row{i}")).collect();
+        for cache in &caches {
+            for key in &keys {
+                assert_eq!(db.read(cache, key).await, "v1");
+            }
+        }
+        // Held in L1 everywhere (the subscription confirmed by `instances`).
+        for cache in &caches {
+            let deadline = tokio::time::Instant::now() + LIMIT;
+            while cache.fetch(&keys[0], never_loads).await.unwrap().outcome() != Outcome::L1Hit {
+                assert!(tokio::time::Instant::now() < deadline, "never in L1");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        assert_eq!(db.loads.get(), KEYS, "{}", shared.name);
+        db.move_to(2);
+        let observed = Observed::new(caches[0].store(), Duration::ZERO);
+        let clearing = Cache::builder_shared(observed.clone())
+            .namespace("test")
+            .build();
+        shared.reset_stats().await;
+        clearing.clear().await.unwrap();
+        assert_eq!(observed.calls(), 1, "{}: one store call", shared.name);
+        if let Some(info) = shared.info("commandstats").await {
+            let stat = |command: &str, field: &str| {
+                let line = info
+                    .lines()
+                    .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:")))?;
+                line.split(',')
+                    .find_map(|pair| pair.strip_prefix(&format!("{field}=")))
+                    .map(|n| n.parse::<u64>().unwrap())
+            };
+            // One script run (the first refused if the server did not have the script yet),
+            // which deletes one key (the tag state), and no scan of keys.
+            let ran = stat("evalsha", "calls").unwrap() - stat("evalsha", "failed_calls").unwrap();
+            assert_eq!(ran, 1, "{info}");
+            assert_eq!(stat("del", "calls"), Some(1), "{info}");
+            for scan in ["scan", "keys", "unlink"] {
+                assert_eq!(stat(scan, "calls"), None, "{info}");
+            }
+        }
+        for key in &keys {
+            assert_eq!(db.read(&clearing, key).await, "v2", "{}", shared.name);
+        }
+        for cache in &caches {
+            for key in &keys {
+                eventually(&db, cache, key, "v2").await;
+            }
+        }
+        assert_eq!(
+            db.loads.get(),
+            2 * KEYS,
+            "{}: each key reloaded once for everyone",
+            shared.name
+        );
+    }
+}
+
+/// The clear is kept in the store: an instance started after it (its own connections, an
+/// empty L1, nothing known of the namespace) finds none of the values from before, and loads
+/// each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_after_a_clear_finds_nothing_from_before() {
+    for shared in Shared::both().await {
+        let before = shared.cache().build();
+        let loads = Counter::default();
+        for key in ["a", "b"] {
+            let loads = loads.clone();
+            before
+                .get_or_load(key, move || async move {
+                    loads.hit();
+                    Ok::<_, std::io::Error>(Bytes::from_static(b"old"))
+                })
+                .await
+                .unwrap();
+        }
+        before.clear().await.unwrap();
+        drop(before);
+        let after = Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .build();
+        for key in ["a", "b"] {
+            assert_eq!(
+                after.get(key).await.unwrap(),
+                None,
+                "{}: {key}",
+                shared.name
+            );
+            let fetched = after
+                .fetch(key, || async {
+                    Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(
+                        b"new",
+                    )))
+                })
+                .await
+                .unwrap();
+            assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
+        }
+        assert_eq!(loads.get(), 2, "{}", shared.name);
+    }
+}
+
+/// A clear reaches tagged values too, and tags invalidated before it are forgotten with the
+/// rest of the namespace's tag state (a new generation), without bringing anything back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_reaches_tagged_values_and_brings_nothing_back() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        let tagged = |value: &'static [u8]| {
+            move || async move {
+                Ok::<_, std::io::Error>(
+                    tower_stampede::Loaded::value(Bytes::from_static(value)).tags(["users"]),
+                )
+            }
+        };
+        cache.fetch("old", tagged(b"old")).await.unwrap();
+        cache.invalidate_tag("users").await.unwrap();
+        cache.fetch("kept", tagged(b"kept")).await.unwrap();
+        cache.clear().await.unwrap();
+        let other = shared.cache().build();
+        for key in ["old", "kept"] {
+            assert_eq!(
+                other.get(key).await.unwrap(),
+                None,
+                "{}: {key}",
+                shared.name
+            );
+            assert_eq!(
+                cache.get(key).await.unwrap(),
+                None,
+                "{}: {key}",
+                shared.name
+            );
+        }
+        let again = other.fetch("kept", tagged(b"new")).await.unwrap();
+        assert_eq!(again.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(
+            cache.get("kept").await.unwrap().as_deref(),
+            Some(&b"new"[..])
+        );
+    }
+}
