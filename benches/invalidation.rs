@@ -1,5 +1,5 @@
-//! How soon the other app instances serve a corrected value: after [`Cache::invalidate`] or
-//! [`Cache::set`] in one instance, with the store's notifications evicting the key from every
+//! How soon the other app instances serve a corrected value: after [`Cache::invalidate`],
+//! [`Cache::set`] or [`Cache::clear`] in one instance, with the store's notifications evicting the key from every
 //! L1, against [`l1_ttl_cap`](tower_stampede::CacheBuilder::l1_ttl_cap) without them.
 //!
 //! The bench starts its own `redis-server` on a free loopback port and builds three "app
@@ -8,14 +8,15 @@
 //! key, at version 1 in a shared "database" that the loader reads, and makes every instance
 //! hold it in L1 (each reads until [`Cache::fetch`] answers [`Outcome::L1Hit`]). Then B and C
 //! poll the key ([`Cache::fetch`] in a loop), the database moves to version 2, and A calls
-//! `invalidate` (the next read loads version 2) or `set` (writes version 2 through). A round's
+//! `invalidate` (the next read loads version 2), `set` (writes version 2 through) or `clear`
+//! (the whole namespace: the next read loads version 2). A round's
 //! **lateness** is the time from just before A's call until the last of B and C served
 //! version 2.
 //!
 //! Four configurations take turns round by round (their order rotates every round):
 //!
-//! - `invalidate` and `set`, `notifications on` (the default): the change's notification
-//!   evicts the key from B's and C's L1;
+//! - `invalidate`, `set` and `clear`, `notifications on` (the default): the change's
+//!   notification evicts the key from B's and C's L1 (a clear's, every key);
 //! - `invalidate` and `set`, `notifications off`
 //!   ([`CacheBuilder::notifications(false)`](tower_stampede::CacheBuilder::notifications), with
 //!   `l1_ttl_cap` 1 s): B and C keep their copy until it leaves L1 at the cap. Each round's
@@ -25,8 +26,8 @@
 //!
 //! Each configuration first runs one warm-up round that is not counted (script loading,
 //! subscribing to the namespace's channel). The `loads` column counts the backend loads after
-//! the change: one per round for `invalidate` (B or C reloads, the other follows it), none
-//! for `set`. The bench panics if a round does not converge within 10 s with notifications
+//! the change: one per round for `invalidate` and `clear` (B or C reloads, the other follows
+//! it), none for `set`. The bench panics if a round does not converge within 10 s with notifications
 //! (the cap + 5 s without), or if an instance serves anything but the old or the new version:
 //! a broken protocol cannot print a table.
 //!
@@ -97,6 +98,7 @@ const TARGET_P99: Duration = Duration::from_millis(5);
 enum Change {
     Invalidate,
     Set,
+    Clear,
 }
 
 impl Change {
@@ -104,6 +106,7 @@ impl Change {
         match self {
             Change::Invalidate => "invalidate",
             Change::Set => "set",
+            Change::Clear => "clear",
         }
     }
 }
@@ -335,6 +338,7 @@ async fn correct(
     let changed = match change {
         Change::Invalidate => a.invalidate(key).await,
         Change::Set => a.set(key, row(2), TTL).await,
+        Change::Clear => a.clear().await,
     };
     changed.unwrap_or_else(|e| panic!("{what}: A's {} failed: {e}", change.name()));
     let deadline = start + bound;
@@ -423,6 +427,7 @@ async fn run(server: &support::RedisServer, options: &Options) {
     let mut benches = [
         Bench::new(Change::Invalidate, true, on, &stores),
         Bench::new(Change::Set, true, on, &stores),
+        Bench::new(Change::Clear, true, on, &stores),
         Bench::new(Change::Invalidate, false, off, &stores),
         Bench::new(Change::Set, false, off, &stores),
     ];

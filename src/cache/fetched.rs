@@ -53,8 +53,8 @@ impl Outcome {
     }
 }
 
-/// The answer of [`Cache::fetch`] (and, its value decoded, of
-/// [`Typed::fetch`](crate::cache::Typed::fetch)).
+/// The answer of [`Cache::fetch`] (and, its value decoded, of `Typed::fetch`, feature
+/// `serde`).
 #[derive(Clone, Debug)]
 pub struct Fetched<V = Bytes> {
     pub(super) value: Option<V>,

@@ -32,8 +32,8 @@ impl Previous {
     }
 }
 
-/// What a loader passed to [`Cache::fetch`] produced: a value (bytes, or with
-/// [`Typed::fetch`](crate::cache::Typed::fetch) a `T` to encode) and how to keep it.
+/// What a loader passed to [`Cache::fetch`] produced: a value (bytes, or with `Typed::fetch`,
+/// feature `serde`, a `T` to encode) and how to keep it.
 #[derive(Clone, Debug)]
 pub struct Loaded<V = Bytes> {
     pub(super) kind: LoadedKind<V>,

@@ -188,3 +188,58 @@ async fn a_clear_reaches_tagged_values_and_brings_nothing_back() {
         );
     }
 }
+
+/// The measure of issue 34: 100,000 keys, then one clear. Ignored (a load run): run it with
+/// `cargo test --all-features --test invalidation -- --ignored --nocapture
+/// clear_of_100000`. The clear is one store call (`Observed`), and each key reloads once after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a load run; see the doc comment"]
+async fn clear_of_100000_keys_is_one_call_and_each_key_reloads_once() {
+    const KEYS: usize = 100_000;
+    for shared in Shared::both().await {
+        let observed = Observed::new(&shared.store, Duration::ZERO);
+        let cache = Cache::builder_shared(observed.clone())
+            .namespace("hundred-thousand")
+            .store_timeout(support::PATIENT)
+            .l1_capacity(0)
+            .build();
+        let loads = Counter::default();
+        let load_all = || async {
+            for start in (0..KEYS).step_by(500) {
+                let reads: Vec<_> = (start..KEYS.min(start + 500))
+                    .map(|i| {
+                        let (cache, loads) = (cache.clone(), loads.clone());
+                        tokio::spawn(async move {
+                            cache
+                                .get_or_load(format!("k{i}"), move || async move {
+                                    loads.hit();
+                                    Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+                                })
+                                .await
+                                .unwrap()
+                        })
+                    })
+                    .collect();
+                for read in reads {
+                    read.await.unwrap();
+                }
+            }
+        };
+        load_all().await;
+        assert_eq!(loads.get(), KEYS, "{}", shared.name);
+        load_all().await;
+        assert_eq!(loads.get(), KEYS, "{}: all cached", shared.name);
+        let (calls, started) = (observed.calls(), std::time::Instant::now());
+        cache.clear().await.unwrap();
+        let took = started.elapsed();
+        let calls = observed.calls() - calls;
+        assert_eq!(calls, 1, "{}", shared.name);
+        load_all().await;
+        println!(
+            "{}: {KEYS} keys, clear: {calls} store call in {took:?}, loads after: {}",
+            shared.name,
+            loads.get() - KEYS
+        );
+        assert_eq!(loads.get(), 2 * KEYS, "{}: each key once", shared.name);
+    }
+}

@@ -3,7 +3,7 @@
 //! own (its own L1) over its own store connections (its own subscriber).
 //!
 //! Tests that wait for a notification poll with a bounded deadline; none sleeps and hopes.
-//! `clear.rs` holds `Cache::clear`; `holds.rs` what a change does to calls it overtakes.
+//! `clear.rs` holds `Cache::clear`; `holds.rs` invalidation that holds (issue 29).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;

@@ -236,7 +236,7 @@ where
     /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value,
     /// as [`Cache::fetch`]'s does: its own TTL ([`Loaded::value_with_ttl`]), tags, stale
     /// windows, TTL jitter, or not at all ([`Loaded::pass`]); and an answer that tells how the
-    /// call was served ([`Outcome`](super::Outcome)).
+    /// call was served ([`Outcome`]).
     ///
     /// ```
     /// use std::time::Duration;
