@@ -434,7 +434,7 @@ async fn run(server: &support::RedisServer, options: &Options) {
 
     let (cores, workers) = cores_and_workers();
     println!(
-        "invalidation: {INSTANCES} instances each holding the round's key in L1, A invalidates or sets it, \
+        "invalidation: {INSTANCES} instances each holding the round's key in L1, A invalidates, sets or clears it, \
          the others poll it; {on} rounds per configuration with notifications, {off} without \
          (l1_ttl_cap {} s), +1 warm-up each; redis-server on loopback, {cores} cores, {workers} runtime workers",
         CAP.as_secs(),
