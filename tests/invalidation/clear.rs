@@ -8,7 +8,7 @@ use support::observed::Observed;
 use support::{Counter, Shared};
 use tower_stampede::{Cache, Outcome};
 
-use super::{as_is, eventually, instances, never_loads, slow_load, Database, LIMIT};
+use super::{as_is, eventually, instances, never_loads, overtaken_load, Database, LIMIT};
 
 /// The race the fence is for, as for `invalidate`: a loader reads version 1, the database
 /// moves to version 2 and another instance clears the namespace while that load runs. The
@@ -17,22 +17,10 @@ use super::{as_is, eventually, instances, never_loads, slow_load, Database, LIMI
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_that_started_before_a_clear_is_a_miss_once_filled() {
     for shared in Shared::both().await {
-        let caches = instances(&shared, 3, as_is).await;
-        let db = Database::at(1);
-        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
-        db.move_to(2);
-        caches[1].clear().await.unwrap();
-        finish.notify_one();
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
-        for cache in &caches {
-            assert_eq!(db.read(cache, "row").await, "v2", "{}", shared.name);
-        }
-        assert_eq!(
-            db.loads.get(),
-            2,
-            "{}: the outdated load and one reload",
-            shared.name
-        );
+        overtaken_load(&shared, |cache| {
+            Box::pin(async move { cache.clear().await.unwrap() })
+        })
+        .await;
     }
 }
 

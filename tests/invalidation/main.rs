@@ -152,23 +152,36 @@ async fn slow_load(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_that_started_before_an_invalidation_cannot_fill() {
     for shared in Shared::both().await {
-        let caches = instances(&shared, 3, as_is).await;
-        let db = Database::at(1);
-        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
-        db.move_to(2);
-        caches[1].invalidate("row").await.unwrap();
-        finish.notify_one();
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
-        for cache in &caches {
-            assert_eq!(db.read(cache, "row").await, "v2", "{}", shared.name);
-        }
-        assert_eq!(
-            db.loads.get(),
-            2,
-            "{}: the refused load and one reload",
-            shared.name
-        );
+        overtaken_load(&shared, |cache| {
+            Box::pin(async move { cache.invalidate("row").await.unwrap() })
+        })
+        .await;
     }
+}
+
+/// A load of "row" in one of three instances reads version 1; the database moves to version
+/// 2 and `change` is made in another instance while the load runs. The load answers its own
+/// caller with version 1, and afterwards every instance reads version 2, one reload in all.
+async fn overtaken_load(
+    shared: &Shared,
+    change: impl for<'a> Fn(&'a Cache) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>,
+) {
+    let caches = instances(shared, 3, as_is).await;
+    let db = Database::at(1);
+    let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
+    db.move_to(2);
+    change(&caches[1]).await;
+    finish.notify_one();
+    assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    for cache in &caches {
+        assert_eq!(db.read(cache, "row").await, "v2", "{}", shared.name);
+    }
+    assert_eq!(
+        db.loads.get(),
+        2,
+        "{}: the overtaken load and one reload",
+        shared.name
+    );
 }
 
 /// Followers waiting on a load that an invalidation overtakes load again: they are woken by
