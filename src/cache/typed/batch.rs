@@ -32,7 +32,7 @@ where
     /// Each key's own, as [`Cache::get_many_or_load`]'s; a value the codec cannot encode
     /// fails the load ([`ErrorKind::Load`] for each key it was to load), and a key this
     /// process holds as another type is an [`ErrorKind::Decode`] error (see
-    /// [One type per key](super::typed#one-type-per-key)).
+    /// [One type per key](crate::cache::typed#one-type-per-key)).
     ///
     /// ```
     /// use std::collections::HashMap;
