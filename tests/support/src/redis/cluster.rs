@@ -25,8 +25,10 @@ pub struct RedisCluster {
 struct ClusterNode {
     child: Child,
     port: u16,
-    /// The node's files, removed when it is dropped.
-    _dir: TempDir,
+    /// The cluster bus port, kept for a restart.
+    bus_port: u16,
+    /// The node's files (its cluster configuration among them), removed when it is dropped.
+    dir: TempDir,
 }
 
 impl Drop for ClusterNode {
@@ -71,6 +73,12 @@ impl RedisCluster {
     /// ping for 1 s is failed, and a replica takes over however long ago it last heard its
     /// master (`cluster-replica-validity-factor 0`). Returns once every replica is in sync.
     pub fn start_with_replicas() -> Self {
+        Self::start_with_replicas_and(&[])
+    }
+
+    /// Like [`start_with_replicas`](Self::start_with_replicas), with more configuration for
+    /// every node, e.g. ACL users: `["--user", "app", "on", "nopass", "~*", "&*", "+@all"]`.
+    pub fn start_with_replicas_and(extra: &[&str]) -> Self {
         let options = ServerOptions {
             extra: [
                 "--cluster-node-timeout",
@@ -78,8 +86,10 @@ impl RedisCluster {
                 "--cluster-replica-validity-factor",
                 "0",
             ]
-            .map(str::to_owned)
-            .to_vec(),
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect(),
             tls: None,
         };
         let cluster = Self::start_with(options, Vec::new(), "redis://".to_owned(), 1);
@@ -235,6 +245,45 @@ impl RedisCluster {
 
     fn live_nodes(&self) -> impl Iterator<Item = &ClusterNode> {
         self.nodes.iter().filter(|n| !self.killed.contains(&n.port))
+    }
+
+    /// The ports of the nodes not killed, masters and replicas.
+    pub fn live_ports(&self) -> Vec<u16> {
+        self.live_nodes().map(|n| n.port).collect()
+    }
+
+    /// Restarts every node killed by [`kill_master_of`](Self::kill_master_of) on its ports,
+    /// with its cluster configuration file: a master whose replica took over rejoins as the
+    /// replica of its successor. Returns whether, within `limit`, each one came back and
+    /// reports its link to its new master up; the nodes count as live either way.
+    pub fn restart_killed(&mut self, limit: Duration) -> bool {
+        let started = Instant::now();
+        let mut back = true;
+        for port in std::mem::take(&mut self.killed) {
+            let options = &self.options;
+            let Some(node) = self.nodes.iter_mut().find(|n| n.port == port) else {
+                continue;
+            };
+            node.child = spawn(&mut node.command(options));
+            let args = [
+                "-p".to_owned(),
+                port.to_string(),
+                "INFO".into(),
+                "REPLICATION".into(),
+            ];
+            loop {
+                let info = String::from_utf8_lossy(&self.redis_cli(&args).stdout).into_owned();
+                if info.contains("role:slave") && info.contains("master_link_status:up") {
+                    break;
+                }
+                if started.elapsed() >= limit {
+                    back = false;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        back
     }
 
     /// Kills (SIGKILL) the master that serves `key`'s slot, and returns its port.
@@ -456,6 +505,23 @@ impl ClusterNode {
         panic!("a cluster node did not start on port {port}");
     }
 
+    /// The command that starts this node again, on its ports and with its files.
+    fn command(&self, options: &ServerOptions) -> Command {
+        Self::command_in(options, self.port, self.bus_port, &self.dir)
+    }
+
+    fn command_in(options: &ServerOptions, port: u16, bus_port: u16, dir: &TempDir) -> Command {
+        let mut command = options.command(port);
+        command
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-port", &bus_port.to_string()])
+            .arg("--cluster-config-file")
+            .arg(dir.path().join(format!("nodes-{port}.conf")))
+            .arg("--dir")
+            .arg(dir.path());
+        command
+    }
+
     /// A node on `port` and a free bus port, or none if it did not come up (a port lost to
     /// another test: the drop kills it).
     fn try_start(options: &ServerOptions, port: u16) -> Option<Self> {
@@ -464,20 +530,12 @@ impl ClusterNode {
             return None;
         }
         let dir = TempDir::new("cluster");
-        let child = spawn(
-            options
-                .command(port)
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-port", &bus_port.to_string()])
-                .arg("--cluster-config-file")
-                .arg(dir.path().join(format!("nodes-{port}.conf")))
-                .arg("--dir")
-                .arg(dir.path()),
-        );
+        let child = spawn(&mut Self::command_in(options, port, bus_port, &dir));
         let mut node = ClusterNode {
             child,
             port,
-            _dir: dir,
+            bus_port,
+            dir,
         };
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(10) {
