@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The soak (tests/soak): several engine instances on one redis-server under continuous load,
-# a writer and a seeded fault injector; checks every answer and the origin's loads, and exits
-# non-zero with the seed and the time line around each violation. See docs/soak.md.
+# The soak (tests/soak): several engine instances on one redis-server (or a Redis Cluster with
+# replicas) under continuous load, a writer and a seeded fault injector; checks every answer,
+# the origin's loads, the resources held and the recovery after the faults, and exits non-zero
+# with the seed and the time line around each violation. See docs/soak.md.
 #
-# Usage: ./scripts/soak.sh [--secs S] [--seed N] [--instances N] [--keys N] [--rate R]
-#                          [--writes W] [--fault-gap S] [--release]
-#   --secs S        how long it runs (default 60)
+# Usage: ./scripts/soak.sh [--secs S] [--seed N] [--cluster] [--instances N] [--keys N]
+#                          [--rate R] [--writes W] [--fault-gap S] [--release]
+#   --secs S        how long it runs (default 60; the last fifth, at least 15 s, has no faults)
 #   --seed N        the seed of the workload and the faults (default: from the clock; printed)
+#   --cluster       a Redis Cluster of three masters with a replica each (feature `cluster`)
 #   --instances N   Cache instances, each with a RedisStore of its own (default 3)
 #   --keys N        keys; the first tenth are hot, asked four times in five (default 200)
 #   --rate R        requests per second per instance (default 200)
@@ -18,19 +20,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 profile=()
+features=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --secs) export SOAK_SECS="$2"; shift 2 ;;
     --seed) export SOAK_SEED="$2"; shift 2 ;;
+    --cluster) export SOAK_CLUSTER=1; features=(--features cluster); shift ;;
     --instances) export SOAK_INSTANCES="$2"; shift 2 ;;
     --keys) export SOAK_KEYS="$2"; shift 2 ;;
     --rate) export SOAK_RATE="$2"; shift 2 ;;
     --writes) export SOAK_WRITES="$2"; shift 2 ;;
     --fault-gap) export SOAK_FAULT_GAP="$2"; shift 2 ;;
     --release) profile=(--release); shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-exec cargo test "${profile[@]}" --test soak -- --ignored --nocapture
+exec cargo test "${profile[@]}" "${features[@]}" --test soak -- --ignored --nocapture

@@ -5,7 +5,12 @@
 //! - no answer is older than a change acknowledged before the call started, beyond the
 //!   README's bound for a lost notification (`l1_ttl_cap`) plus [`DELIVERY`]; and, while no
 //!   fault is near, beyond [`DELIVERY`] alone (the time pub/sub takes);
-//! - while no fault is near, no key is loaded twice within half a TTL without a change of it.
+//!   During a Cluster failover, a change acknowledged by the dying master may be lost, so
+//!   near one the bound is the life of a value loaded before the change (see [`Bounds`]);
+//! - while no fault is near, no key is loaded twice within half a TTL without a change of it,
+//!   and that holds without exception once the faults are over ([`Checks::check_loads`]);
+//! - an instance killed mid-load costs the others no wait and no load beyond its lock's TTL
+//!   ([`kills`](crate::kills)).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
@@ -13,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use tower_stampede::{Error, ErrorKind, Fetched};
 
-use crate::faults::Timeline;
+use crate::kills::{Kill, Kills};
 use crate::origin::{key_name, read_stamp, Origin};
+use crate::timeline::Timeline;
 
 /// How long a change may take to reach another process's L1 when its notification is not
 /// lost: pub/sub delivery on a busy machine.
@@ -23,25 +29,37 @@ const DELIVERY: Duration = Duration::from_millis(500);
 /// How many of a key's last answers a violation report shows.
 const RECENT: usize = 16;
 
+/// How old an answer may be, after a change acknowledged before the call started.
+pub struct Bounds {
+    /// The README's bound for a lost notification: `l1_ttl_cap`.
+    pub lost_notification: Duration,
+    /// A change lost with a dying Cluster master (replication is asynchronous): a value
+    /// loaded before the change may be filled on its replica and served for its whole life,
+    /// `load_timeout` + TTL + the stale window.
+    pub failover: Duration,
+}
+
 pub struct Checks {
-    l1_ttl_cap: Duration,
+    bounds: Bounds,
     counts: Mutex<BTreeMap<String, usize>>,
-    violations: Mutex<Vec<(Instant, usize, String)>>,
+    violations: Mutex<Vec<(Instant, Option<usize>, String)>>,
+    kills: Kills,
     /// The last answers of each key, for the report around a violation.
     recent: Mutex<HashMap<usize, VecDeque<(Instant, String)>>>,
 }
 
 impl Checks {
-    pub fn new(l1_ttl_cap: Duration) -> Self {
+    pub fn new(bounds: Bounds) -> Self {
         Checks {
-            l1_ttl_cap,
+            bounds,
             counts: Mutex::default(),
             violations: Mutex::default(),
+            kills: Kills::default(),
             recent: Mutex::default(),
         }
     }
 
-    fn count(&self, what: String) {
+    pub fn count(&self, what: String) {
         self.add(what, 1);
     }
 
@@ -49,7 +67,20 @@ impl Checks {
         *self.counts.lock().unwrap().entry(what).or_default() += n;
     }
 
-    fn violation(&self, timeline: &Timeline, at: Instant, key: usize, what: String) {
+    /// Keeps the largest `value` seen under `what`.
+    pub fn max(&self, what: String, value: usize) {
+        let mut counts = self.counts.lock().unwrap();
+        let max = counts.entry(what).or_default();
+        *max = (*max).max(value);
+    }
+
+    /// Records an instance killed mid-load, for the checks of the others' calls and loads.
+    pub fn kill(&self, kill: Kill) {
+        self.kills.add(kill);
+    }
+
+    /// Records a violation at `at`, of `key`'s calls if it is about one key.
+    pub fn violation(&self, timeline: &Timeline, at: Instant, key: Option<usize>, what: String) {
         timeline.event(format!("VIOLATION {what}"));
         self.count(format!(
             "violation: {}",
@@ -82,6 +113,9 @@ impl Checks {
         answer: Result<Fetched, Error>,
     ) {
         let now = Instant::now();
+        if let Some(what) = self.kills.check_wait(timeline, instance, key, started, now) {
+            self.violation(timeline, now, Some(key), what);
+        }
         let fetched = match answer {
             Ok(fetched) => fetched,
             Err(error) => {
@@ -96,7 +130,7 @@ impl Checks {
                     self.violation(
                         timeline,
                         now,
-                        key,
+                        Some(key),
                         format!(
                             "error {kind:?}: instance {instance} {}: {error}",
                             key_name(key)
@@ -122,7 +156,7 @@ impl Checks {
             self.violation(
                 timeline,
                 now,
-                key,
+                Some(key),
                 format!(
                     "not a stamp: instance {instance} {} got {:?}",
                     key_name(key),
@@ -135,7 +169,7 @@ impl Checks {
             self.violation(
                 timeline,
                 now,
-                key,
+                Some(key),
                 format!(
                     "cross-key: instance {instance} {} got {stamped} v{version}",
                     key_name(key)
@@ -143,7 +177,7 @@ impl Checks {
             );
             return;
         }
-        let bound = self.l1_ttl_cap + DELIVERY;
+        let bound = self.bounds.lost_notification + DELIVERY;
         let acked_long_ago = origin.acked_before(key, started - bound);
         let acked_a_moment_ago = origin.acked_before(key, started - DELIVERY);
         let old = |what: &str, acked: u64, before: Duration| {
@@ -155,35 +189,55 @@ impl Checks {
                 timeline.since_start(started)
             )
         };
+        let failover = self.bounds.failover + DELIVERY;
+        let near_failover = || timeline.fault_during("master-killed", started - failover, now);
         if version < acked_long_ago {
-            let what = old("old beyond bound", acked_long_ago, bound);
-            self.violation(timeline, now, key, what);
+            let acked_before_failover = origin.acked_before(key, started - failover);
+            if version >= acked_before_failover && near_failover() {
+                self.count("old within the failover bound".to_owned());
+            } else {
+                let what = old("old beyond bound", acked_long_ago, bound);
+                self.violation(timeline, now, Some(key), what);
+            }
         } else if version < acked_a_moment_ago {
             if timeline.unhealthy_during(started - bound, now) {
                 self.count("old within the lost-notification bound, near a fault".to_owned());
             } else {
                 let what = old("old while healthy", acked_a_moment_ago, DELIVERY);
-                self.violation(timeline, now, key, what);
+                self.violation(timeline, now, Some(key), what);
             }
         }
     }
 
     /// Checks the origin's load counts: while no fault is near, two loads of one key less
-    /// than half a TTL apart need a change of the key between them.
-    pub fn check_loads(&self, origin: &Origin, timeline: &Timeline, ttl: Duration) {
+    /// than half a TTL apart need a change of the key between them; from `recovered` on (a
+    /// stated time after the last fault), a fault is no excuse. Then the loads after each
+    /// instance killed mid-load.
+    pub fn check_loads(
+        &self,
+        origin: &Origin,
+        timeline: &Timeline,
+        ttl: Duration,
+        recovered: Option<Instant>,
+    ) {
         let mut loads: Vec<(usize, Vec<Instant>)> = origin.loads().into_iter().collect();
         loads.sort_by_key(|(key, _)| *key);
         let mut total = 0;
         let mut checked = 0;
+        let mut after_recovery = 0;
         for (key, mut starts) in loads {
             total += starts.len();
             starts.sort();
             let changes = origin.changes(key);
             for pair in starts.windows(2) {
                 let (a, b) = (pair[0], pair[1]);
-                let near_fault = timeline.unhealthy_during(a - ttl, b);
+                let recovering = recovered.is_some_and(|from| from <= a);
+                let near_fault = !recovering && timeline.unhealthy_during(a - ttl, b);
                 if !near_fault {
                     checked += 1;
+                }
+                if recovering {
+                    after_recovery += 1;
                 }
                 let excused = b.duration_since(a) >= ttl / 2
                     || near_fault
@@ -194,7 +248,7 @@ impl Checks {
                     self.violation(
                         timeline,
                         b,
-                        key,
+                        Some(key),
                         format!(
                             "two loads: {} at {:.3}s and {:.3}s, no change or fault near",
                             key_name(key),
@@ -207,6 +261,15 @@ impl Checks {
         }
         self.add("loads (origin)".to_owned(), total);
         self.add("load pairs checked, no fault near".to_owned(), checked);
+        self.add(
+            "load pairs checked after recovery".to_owned(),
+            after_recovery,
+        );
+        let (kills, violations) = self.kills.check_loads(origin, timeline, ttl);
+        self.add("kills mid-load checked".to_owned(), kills);
+        for (at, key, what) in violations {
+            self.violation(timeline, at, Some(key), what);
+        }
     }
 
     /// The counts, the faults, and each violation with the time line around it.
@@ -228,11 +291,12 @@ impl Checks {
         let recent = self.recent.lock().unwrap();
         for (at, key, what) in violations.iter().take(20) {
             out += &format!(
-                "VIOLATION at {:.3}s: {what}\n  time line around it:\n{}  last calls of {}:\n",
+                "VIOLATION at {:.3}s: {what}\n  time line around it:\n{}",
                 timeline.since_start(*at),
                 timeline.around(*at, Duration::from_secs(3)),
-                key_name(*key)
             );
+            let Some(key) = key else { continue };
+            out += &format!("  last calls of {}:\n", key_name(*key));
             for (started, answer) in recent.get(key).into_iter().flatten() {
                 out += &format!("    {:8.3}s {answer}\n", timeline.since_start(*started));
             }

@@ -1,68 +1,21 @@
 //! The fault injector: at random times drawn from the seed, one fault at a time against the
-//! shared redis-server or the origin, each written to the time line with the span during which
-//! the load bound is not checked.
+//! shared Redis (one server, or a Cluster's nodes), the origin or an instance, each written to
+//! the time line with the span during which the bounds of a healthy system are not checked.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use support::RedisServer;
 
-use crate::instances::Instances;
-use crate::origin::{Mode, Origin};
+use crate::backend::{on_each_node, on_node, Backend};
+use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
+use crate::kills::Kill;
+use crate::origin::Mode;
+use crate::Workload;
 
-/// What happened when, for the report around a violation, and when Redis was not healthy.
-#[derive(Default)]
-pub struct Timeline {
-    start: Option<Instant>,
-    events: Mutex<Vec<(Instant, String)>>,
-    unhealthy: Mutex<Vec<(Instant, Instant)>>,
-    pub counts: Mutex<std::collections::BTreeMap<&'static str, usize>>,
-}
-
-impl Timeline {
-    pub fn new(start: Instant) -> Self {
-        Timeline {
-            start: Some(start),
-            ..Timeline::default()
-        }
-    }
-
-    pub fn event(&self, text: String) {
-        self.events.lock().unwrap().push((Instant::now(), text));
-    }
-
-    /// Whether any fault span overlaps `from..to`.
-    pub fn unhealthy_during(&self, from: Instant, to: Instant) -> bool {
-        self.unhealthy
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(a, b)| *a <= to && from <= *b)
-    }
-
-    pub fn since_start(&self, at: Instant) -> f64 {
-        at.saturating_duration_since(self.start.unwrap_or(at))
-            .as_secs_f64()
-    }
-
-    /// The events within `around` of `at`, one per line.
-    pub fn around(&self, at: Instant, around: Duration) -> String {
-        let events = self.events.lock().unwrap();
-        events
-            .iter()
-            .filter(|(when, _)| {
-                when.saturating_duration_since(at) <= around
-                    && at.saturating_duration_since(*when) <= around
-            })
-            .map(|(when, text)| format!("    {:8.3}s {text}\n", self.since_start(*when)))
-            .collect()
-    }
-}
-
-/// The faults the injector draws from.
-const FAULTS: [&str; 10] = [
+/// The faults drawn on one server.
+const SERVER_FAULTS: [&str; 11] = [
     "redis-kill-restart",
     "redis-sigstop",
     "client-kill-pubsub",
@@ -73,126 +26,256 @@ const FAULTS: [&str; 10] = [
     "origin-failing",
     "origin-hanging",
     "instance-restart",
+    "instance-killed-mid-load",
 ];
 
+/// The faults drawn on a Cluster: a master killed instead of the server's kill and pause;
+/// the others sent to every node.
+const CLUSTER_FAULTS: [&str; 10] = [
+    "master-killed",
+    "client-kill-pubsub",
+    "client-kill-normal",
+    "flushall",
+    "maxmemory-full",
+    "evict-random-keys",
+    "origin-failing",
+    "origin-hanging",
+    "instance-restart",
+    "instance-killed-mid-load",
+];
+
+/// How long after an instance is killed a call of the key it was loading may still run: the
+/// lock TTL, then a follower's longest pause between polls (200 ms), a store round trip and
+/// the load, with room for a busy machine.
+pub const KILL_MARGIN: Duration = Duration::from_secs(1);
+
 /// Injects faults until `until`, one every `gap` on average; `settle` is how long after a
-/// fault loads are not counted against the bound.
-#[allow(clippy::too_many_arguments)]
+/// fault its effects may last. Returns when the last fault ended.
 pub async fn inject(
-    server: Arc<Mutex<RedisServer>>,
-    instances: Arc<Instances>,
-    origin: Arc<Origin>,
-    timeline: Arc<Timeline>,
+    backend: Arc<Mutex<Backend>>,
+    workload: Arc<Workload>,
     mut rng: StdRng,
     until: Instant,
     gap: Duration,
     settle: Duration,
-) {
+) -> Option<Instant> {
+    let timeline = &workload.timeline;
+    let faults: &[&'static str] = if backend.lock().unwrap().is_cluster() {
+        &CLUSTER_FAULTS
+    } else {
+        &SERVER_FAULTS
+    };
+    let mut last = None;
+    // Whether a killed master rejoined as a replica, so that another may be killed.
+    let mut masters_replicated = true;
     loop {
         let wait = gap.mul_f64(rng.random_range(0.2..1.8));
         if Instant::now() + wait >= until {
-            return;
+            return last;
         }
         tokio::time::sleep(wait).await;
-        let fault = FAULTS[rng.random_range(0..FAULTS.len())];
+        let mut fault = faults[rng.random_range(0..faults.len())];
+        if fault == "master-killed" && !masters_replicated {
+            fault = "client-kill-normal";
+        }
         let length = Duration::from_millis(rng.random_range(300..2500));
         let from = Instant::now();
         timeline.event(format!("fault {fault} begins ({} ms)", length.as_millis()));
-        *timeline.counts.lock().unwrap().entry(fault).or_default() += 1;
+        timeline.count(fault);
+        let ports = backend.lock().unwrap().live_ports();
         match fault {
             "redis-kill-restart" => {
-                let server = Arc::clone(&server);
-                server.lock().unwrap().kill();
+                server(&backend, |s| s.kill());
                 tokio::time::sleep(length).await;
-                tokio::task::spawn_blocking(move || server.lock().unwrap().restart())
+                let backend = Arc::clone(&backend);
+                tokio::task::spawn_blocking(move || server(&backend, |s| s.restart()))
                     .await
                     .unwrap();
             }
             "redis-sigstop" => {
-                server.lock().unwrap().pause();
+                server(&backend, |s| s.pause());
                 tokio::time::sleep(length).await;
-                server.lock().unwrap().resume();
+                server(&backend, |s| s.resume());
             }
-            "client-kill-pubsub" => client_kill(&server, "pubsub").await,
-            "client-kill-normal" => client_kill(&server, "normal").await,
-            "flushall" => admin(&server, redis::cmd("FLUSHALL")).await,
+            "master-killed" => {
+                let marker = format!("fault-{}", rng.random::<u32>());
+                masters_replicated = master_killed(&backend, &workload, marker, length).await;
+            }
+            "client-kill-pubsub" => on_each_node(&ports, &client_kill("pubsub")).await,
+            "client-kill-normal" => on_each_node(&ports, &client_kill("normal")).await,
+            "flushall" => on_each_node(&ports, &redis::cmd("FLUSHALL")).await,
             // Under the default `noeviction` policy, a full server refuses every write.
             "maxmemory-full" => {
-                config_set_maxmemory(&server, "1").await;
+                on_each_node(&ports, &config_set_maxmemory("1")).await;
                 tokio::time::sleep(length).await;
-                config_set_maxmemory(&server, "0").await;
+                on_each_node(&ports, &config_set_maxmemory("0")).await;
             }
             "evict-random-keys" => {
                 for _ in 0..rng.random_range(10..100) {
-                    evict_one(&server).await;
+                    evict_one(ports[rng.random_range(0..ports.len())]).await;
                 }
             }
             "origin-failing" | "origin-hanging" => {
-                origin.set_mode(if fault == "origin-failing" {
+                workload.origin.set_mode(if fault == "origin-failing" {
                     Mode::Failing
                 } else {
                     Mode::Hanging
                 });
                 tokio::time::sleep(length).await;
-                origin.set_mode(Mode::Normal);
+                workload.origin.set_mode(Mode::Normal);
             }
             "instance-restart" => {
-                let instance = rng.random_range(0..instances.len());
+                let instance = rng.random_range(0..workload.instances.len());
                 timeline.event(format!("instance {instance} restarts"));
-                instances.restart(instance);
+                workload.instances.restart(instance);
+            }
+            "instance-killed-mid-load" => {
+                // After the last fault's effects, so that the others owe the dead instance
+                // what the checks say, with no excuse.
+                if let Some(last) = last {
+                    tokio::time::sleep_until((last + settle).into()).await;
+                }
+                let instance = rng.random_range(0..workload.instances.len());
+                kill_mid_load(&workload, instance, from, &mut rng).await;
             }
             _ => unreachable!(),
         }
         timeline.event(format!("fault {fault} ends"));
-        timeline
-            .unhealthy
-            .lock()
-            .unwrap()
-            .push((from, Instant::now() + settle));
+        let ended = Instant::now();
+        timeline.span(fault, from, ended + settle);
+        last = Some(ended);
     }
 }
 
-async fn client_kill(server: &Mutex<RedisServer>, kind: &str) {
+/// Runs `what` on the one server (the server faults are not drawn on a Cluster).
+fn server(backend: &Mutex<Backend>, what: impl FnOnce(&mut support::RedisServer)) {
+    match &mut *backend.lock().unwrap() {
+        Backend::Server(server) => what(server),
+        #[cfg(feature = "cluster")]
+        Backend::Cluster(_) => unreachable!("a server fault on a cluster"),
+    }
+}
+
+/// Kills (SIGKILL) the master of `marker`'s slot, waits for its replica to take over, and
+/// after `length` restarts the dead node, which rejoins as the new master's replica. Returns
+/// whether it did (else no other master may be killed: its shard would have no replica).
+#[cfg(feature = "cluster")]
+async fn master_killed(
+    backend: &Arc<Mutex<Backend>>,
+    workload: &Workload,
+    marker: String,
+    length: Duration,
+) -> bool {
+    let timeline = &workload.timeline;
+    let kill = Arc::clone(backend);
+    let promoted = tokio::task::spawn_blocking(move || {
+        let mut backend = kill.lock().unwrap();
+        let Backend::Cluster(cluster) = &mut *backend else {
+            unreachable!("a cluster fault on a server")
+        };
+        let killed = cluster.kill_master_of(&marker);
+        (
+            killed,
+            cluster.wait_promoted(&marker, Duration::from_secs(30)),
+        )
+    })
+    .await;
+    let Ok((killed, promoted)) = promoted else {
+        workload.checks.violation(
+            timeline,
+            Instant::now(),
+            None,
+            "no replica took over in 30 s".into(),
+        );
+        return false;
+    };
+    timeline.event(format!(
+        "master on port {killed} killed, {promoted} took over"
+    ));
+    tokio::time::sleep(length).await;
+    let restart = Arc::clone(backend);
+    let rejoined = tokio::task::spawn_blocking(move || {
+        let mut backend = restart.lock().unwrap();
+        let Backend::Cluster(cluster) = &mut *backend else {
+            unreachable!("a cluster fault on a server")
+        };
+        cluster.restart_killed(Duration::from_secs(30))
+    })
+    .await
+    .unwrap_or(false);
+    timeline.event(format!(
+        "node on port {killed} restarted, {}",
+        if rejoined {
+            "a replica again"
+        } else {
+            "not a replica in 30 s"
+        }
+    ));
+    if !rejoined {
+        timeline.count("master-killed: node not back as a replica");
+    }
+    rejoined
+}
+
+#[cfg(not(feature = "cluster"))]
+async fn master_killed(_: &Arc<Mutex<Backend>>, _: &Workload, _: String, _: Duration) -> bool {
+    unreachable!("a cluster fault without the `cluster` feature")
+}
+
+/// Holds the next load of `instance` (its lock taken), kills the instance there, starts a
+/// new one with new callers, and waits until the others had time to take over, recording
+/// the kill for the checks.
+async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant, rng: &mut StdRng) {
+    let timeline = &workload.timeline;
+    let held = workload.origin.hold_next(instance);
+    let held = tokio::time::timeout(Duration::from_secs(3), held).await;
+    workload.origin.cancel_hold();
+    workload.instances.kill(instance);
+    let killed_at = Instant::now();
+    workload.spawn_callers(instance, rng);
+    match held {
+        Ok(Ok((key, load_started))) => {
+            timeline.event(format!(
+                "instance {instance} killed while loading {}",
+                crate::origin::key_name(key)
+            ));
+            workload.checks.kill(Kill {
+                instance,
+                key,
+                load_started,
+                killed_at,
+                fault_began: from,
+            });
+        }
+        _ => {
+            timeline.event(format!("instance {instance} killed, no load in flight"));
+            timeline.count("instance-killed-mid-load: no load in flight");
+        }
+    }
+    // No other fault while the others take over from the dead instance's lock.
+    tokio::time::sleep(LOCK_TTL + KILL_MARGIN + LOAD_TIMEOUT).await;
+}
+
+fn client_kill(kind: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("CLIENT");
     cmd.arg("KILL")
         .arg("TYPE")
         .arg(kind)
         .arg("SKIPME")
         .arg("yes");
-    admin(server, cmd).await;
+    cmd
 }
 
-async fn config_set_maxmemory(server: &Mutex<RedisServer>, bytes: &str) {
+fn config_set_maxmemory(bytes: &str) -> redis::Cmd {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("SET").arg("maxmemory").arg(bytes);
-    admin(server, cmd).await;
+    cmd
 }
 
-/// Removes one random key (a value, a lock, a `fresh` marker or the tag hash), as an
-/// eviction would.
-async fn evict_one(server: &Mutex<RedisServer>) {
-    let client = server.lock().unwrap().client();
-    let run = async {
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        let key: Option<Vec<u8>> = redis::cmd("RANDOMKEY").query_async(&mut conn).await?;
-        if let Some(key) = key {
-            redis::cmd("DEL")
-                .arg(key)
-                .query_async::<()>(&mut conn)
-                .await?;
-        }
-        Ok::<_, redis::RedisError>(())
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(2), run).await;
-}
-
-/// Runs one command on a connection of its own (the injector's own connection would be
-/// killed with the others).
-async fn admin(server: &Mutex<RedisServer>, cmd: redis::Cmd) {
-    let client = server.lock().unwrap().client();
-    let run = async {
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        cmd.query_async::<redis::Value>(&mut conn).await
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(2), run).await;
+/// Removes one random key of the node on `port` (a value, a lock, a `fresh` marker or the tag
+/// hash), as an eviction would; a replica refuses, as it would not evict on its own.
+async fn evict_one(port: u16) {
+    if let Some(Some(key)) = on_node::<Option<Vec<u8>>>(port, &redis::cmd("RANDOMKEY")).await {
+        let _ = on_node::<redis::Value>(port, redis::cmd("DEL").arg(key)).await;
+    }
 }

@@ -1,42 +1,104 @@
 //! The engine instances of the soak: each a `Cache` over a `RedisStore` of its own, as an app
-//! process would have, and replaceable by a new one (an instance restarted).
+//! process would have, on a tokio runtime of its own with its callers. An instance can be
+//! restarted (a new `Cache`; calls in progress finish on the old one) or killed (its runtime
+//! shut down: its callers, its loads, its lock watchdogs and its connections' tasks stop where
+//! they are, as when a process dies) and started anew.
 
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
+use tokio::runtime::{Handle, Runtime};
+use tokio::task::JoinHandle;
 use tower_stampede::store::RedisStore;
 use tower_stampede::Cache;
 
+/// How the instances' caches are set up; the checks' bounds follow from it.
+pub const LOCK_TTL: Duration = Duration::from_secs(1);
+pub const LOAD_TIMEOUT: Duration = Duration::from_millis(1500);
+const STORE_TIMEOUT: Duration = Duration::from_millis(200);
+
 pub struct Instances {
-    url: String,
+    /// The URLs each instance connects to (its own ACL user's).
+    urls: Vec<Vec<String>>,
+    cluster: bool,
     ttl: Duration,
     l1_ttl_cap: Duration,
-    slots: Vec<RwLock<Cache>>,
+    slots: Vec<RwLock<Instance>>,
+}
+
+struct Instance {
+    cache: Cache,
+    /// Taken when the instance is killed or dropped (a runtime is not dropped in async code).
+    runtime: Option<Runtime>,
+    callers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl Instances {
-    pub fn start(url: String, n: usize, ttl: Duration, l1_ttl_cap: Duration) -> Self {
+    pub fn start(
+        urls: Vec<Vec<String>>,
+        cluster: bool,
+        ttl: Duration,
+        l1_ttl_cap: Duration,
+    ) -> Self {
         let mut instances = Instances {
-            url,
+            urls,
+            cluster,
             ttl,
             l1_ttl_cap,
-            slots: Vec::with_capacity(n),
+            slots: Vec::new(),
         };
-        for _ in 0..n {
-            let cache = instances.build();
-            instances.slots.push(RwLock::new(cache));
+        for i in 0..instances.urls.len() {
+            let instance = instances.build(i);
+            instances.slots.push(RwLock::new(instance));
         }
         instances
     }
 
-    /// A new instance: `open` rather than `connect`, so that it starts while Redis is down.
-    fn build(&self) -> Cache {
-        let store = RedisStore::open(self.url.clone()).expect("a valid Redis URL");
-        Cache::builder(store)
+    /// A new instance on a runtime of its own; `open` rather than `connect`, so that it starts
+    /// while Redis is down.
+    fn build(&self, i: usize) -> Instance {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("soak-instance-{i}"))
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let cache = {
+            let _entered = runtime.enter();
+            self.cache(i)
+        };
+        Instance {
+            cache,
+            runtime: Some(runtime),
+            callers: Mutex::default(),
+        }
+    }
+
+    fn cache(&self, i: usize) -> Cache {
+        let urls = self.urls[i].clone();
+        let store = if self.cluster {
+            #[cfg(feature = "cluster")]
+            {
+                RedisStore::cluster_builder(urls).open()
+            }
+            #[cfg(not(feature = "cluster"))]
+            unreachable!("a cluster needs the `cluster` feature")
+        } else {
+            RedisStore::open(urls[0].clone())
+        };
+        Cache::builder(store.expect("valid Redis URLs"))
             .ttl(self.ttl)
-            .lock_ttl(Duration::from_secs(1))
-            .store_timeout(Duration::from_millis(200))
-            .load_timeout(Duration::from_millis(1500))
+            .lock_ttl(LOCK_TTL)
+            .store_timeout(STORE_TIMEOUT)
+            .load_timeout(LOAD_TIMEOUT)
             .l1_ttl_cap(self.l1_ttl_cap)
             .build()
     }
@@ -47,13 +109,48 @@ impl Instances {
 
     /// Instance `i` as it is now.
     pub fn get(&self, i: usize) -> Cache {
-        self.slots[i].read().unwrap().clone()
+        self.slots[i].read().unwrap().cache.clone()
     }
 
-    /// Replaces instance `i` by a new one, with an empty L1 and new connections; calls in
-    /// progress on the old one finish on it.
+    /// The runtime of instance `i`, for its callers and its task count.
+    pub fn handle(&self, i: usize) -> Handle {
+        let slot = self.slots[i].read().unwrap();
+        slot.runtime
+            .as_ref()
+            .expect("a live instance")
+            .handle()
+            .clone()
+    }
+
+    /// Keeps the handles of callers spawned on instance `i`'s runtime, to await at the end.
+    pub fn add_callers(&self, i: usize, callers: Vec<JoinHandle<()>>) {
+        let slot = self.slots[i].read().unwrap();
+        slot.callers.lock().unwrap().extend(callers);
+    }
+
+    /// The callers of instance `i` as it is now.
+    pub fn take_callers(&self, i: usize) -> Vec<JoinHandle<()>> {
+        let slot = self.slots[i].read().unwrap();
+        let callers = std::mem::take(&mut *slot.callers.lock().unwrap());
+        callers
+    }
+
+    /// Replaces instance `i`'s cache by a new one, with an empty L1 and new connections; calls
+    /// in progress on the old one finish on it.
     pub fn restart(&self, i: usize) {
-        let cache = self.build();
-        *self.slots[i].write().unwrap() = cache;
+        let cache = {
+            let slot = self.slots[i].read().unwrap();
+            let _entered = slot.runtime.as_ref().expect("a live instance").enter();
+            self.cache(i)
+        };
+        self.slots[i].write().unwrap().cache = cache;
+    }
+
+    /// Kills instance `i` (its runtime and everything on it) and starts a new one in its
+    /// place, without callers (the caller spawns them).
+    pub fn kill(&self, i: usize) {
+        let new = self.build(i);
+        let old = std::mem::replace(&mut *self.slots[i].write().unwrap(), new);
+        drop(old);
     }
 }

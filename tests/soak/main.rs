@@ -1,45 +1,59 @@
-//! The soak: several engine instances (each a `Cache` over a `RedisStore` of its own) on one
-//! real redis-server, under continuous load over hot and cold keys with short TTLs, stale
-//! windows on some and tags on some, while a writer changes keys and tags and a fault injector
-//! ([`faults`]) kills, pauses and flushes Redis and makes the origin fail or hang, all at
-//! random times drawn from a seed. It checks, from the callers' side and the origin's counters
-//! only, what the README promises (see [`checks`]), and fails with the seed and the time line
-//! around each violation.
+//! The soak: several engine instances (each a `Cache` over a `RedisStore` of its own, on a
+//! runtime of its own) on one real redis-server or a Redis Cluster with replicas, under
+//! continuous load over hot and cold keys with short TTLs, stale windows on some and tags on
+//! some, while a writer changes keys and tags and a fault injector ([`faults`]) kills, pauses
+//! and flushes Redis, kills instances mid-load and makes the origin fail or hang, all at
+//! random times drawn from a seed; the last part of a run is left without faults. It checks,
+//! from the callers' side, the origin's counters and the resources held, what the README
+//! promises (see [`checks`], [`resources`], [`recovery`]), and fails with the seed and the
+//! time line around each violation.
 //!
 //! Ignored, so the suite skips it; `./scripts/soak.sh` runs it (its flags are the `SOAK_*`
-//! variables of [`Settings`]). See `benches/README.md`.
+//! variables of [`Settings`]). See `docs/soak.md`.
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `main.rs` | settings, instances, callers, the writer, the report |
+//! | `main.rs` | settings, the workload: callers and the writer, the report |
+//! | `backend.rs` | the shared Redis (a server or a Cluster) and commands to its nodes |
 //! | `origin.rs` | the origin: versions, stamped values, load counters, failing/hanging |
-//! | `instances.rs` | the engine instances, each restartable |
-//! | `faults.rs` | the fault injector and the time line |
+//! | `instances.rs` | the engine instances, each restartable and killable |
+//! | `faults.rs` | the fault injector |
+//! | `timeline.rs` | the time line: events, fault spans, counts |
 //! | `checks.rs` | what each answer and the load counts are checked against |
+//! | `kills.rs` | what an instance killed mid-load may cost the others |
+//! | `resources.rs` | connections, tasks and memory, sampled, with their bounds |
+//! | `recovery.rs` | health and loads once the faults are over |
 #![cfg(feature = "redis")]
 
+mod backend;
 mod checks;
 mod faults;
 mod instances;
+mod kills;
 mod origin;
+mod recovery;
+mod resources;
+mod timeline;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::RedisServer;
 use tower_stampede::Loaded;
 
-use checks::Checks;
-use faults::Timeline;
-use instances::Instances;
+use backend::Backend;
+use checks::{Bounds, Checks};
+use instances::{Instances, LOAD_TIMEOUT};
 use origin::{key_name, stamp, Origin};
+use timeline::Timeline;
 
 /// What a run is made of, from `SOAK_*` environment variables.
 struct Settings {
     secs: u64,
     seed: u64,
+    /// A Redis Cluster with replicas instead of one server.
+    cluster: bool,
     instances: usize,
     keys: usize,
     /// Requests per second, per instance.
@@ -66,6 +80,7 @@ impl Settings {
         Settings {
             secs: var("SOAK_SECS", 60),
             seed: var("SOAK_SEED", clock),
+            cluster: var("SOAK_CLUSTER", 0) == 1,
             instances: var("SOAK_INSTANCES", 3),
             keys: var("SOAK_KEYS", 200),
             rate: var("SOAK_RATE", 200),
@@ -74,6 +89,12 @@ impl Settings {
             ttl: Duration::from_millis(var("SOAK_TTL_MS", 1000)),
             l1_ttl_cap: Duration::from_millis(var("SOAK_L1_CAP_MS", 2000)),
         }
+    }
+
+    /// The last part of a run, without faults: a fifth, at least 15 s (half of a short run).
+    fn quiet(&self) -> Duration {
+        let secs = Duration::from_secs(self.secs);
+        (secs / 5).max(Duration::from_secs(15)).min(secs / 2)
     }
 }
 
@@ -87,6 +108,9 @@ fn has_stale_window(key: usize) -> bool {
     key.is_multiple_of(3)
 }
 
+/// The stale-while-revalidate window of the keys that have one.
+const STALE_WINDOW: Duration = Duration::from_secs(1);
+
 /// Callers pick a hot key (the first tenth) four times in five.
 fn pick_key(rng: &mut StdRng, keys: usize) -> usize {
     let hot = (keys / 10).max(1);
@@ -97,83 +121,130 @@ fn pick_key(rng: &mut StdRng, keys: usize) -> usize {
     }
 }
 
+/// Callers per instance.
+const CALLERS: u64 = 4;
+
+/// What the callers, the writer, the faults and the checks share.
+pub struct Workload {
+    instances: Arc<Instances>,
+    origin: Arc<Origin>,
+    timeline: Arc<Timeline>,
+    checks: Arc<Checks>,
+    /// When the callers and the writer stop.
+    until: Instant,
+    /// A caller's pause between two calls.
+    pause: Duration,
+    keys: usize,
+}
+
+impl Workload {
+    /// Starts the callers of `instance` on its runtime.
+    pub fn spawn_callers(self: &Arc<Self>, instance: usize, seeds: &mut StdRng) {
+        let handle = self.instances.handle(instance);
+        let callers = (0..CALLERS)
+            .map(|_| {
+                let rng = StdRng::seed_from_u64(seeds.random());
+                handle.spawn(call(Arc::clone(self), instance, rng))
+            })
+            .collect();
+        self.instances.add_callers(instance, callers);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a soak: run it with ./scripts/soak.sh"]
 async fn soak() {
     let settings = Settings::from_env();
     println!(
-        "soak: seed {} for {} s, {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s",
+        "soak: seed {} for {} s on {}, {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s but in the last {} s",
         settings.seed,
         settings.secs,
+        if settings.cluster { "a Redis Cluster (3 masters, a replica each)" } else { "one redis-server" },
         settings.instances,
         settings.keys,
         settings.rate,
         settings.writes,
-        settings.fault_gap
+        settings.fault_gap,
+        settings.quiet().as_secs()
     );
-    let server = RedisServer::start();
+    let backend = Backend::start(settings.cluster, settings.instances);
     let instances = Arc::new(Instances::start(
-        server.url(),
-        settings.instances,
+        (0..settings.instances).map(|i| backend.urls(i)).collect(),
+        settings.cluster,
         settings.ttl,
         settings.l1_ttl_cap,
     ));
-    let server = Arc::new(Mutex::new(server));
+    let backend = Arc::new(Mutex::new(backend));
     let start = Instant::now();
     let until = start + Duration::from_secs(settings.secs);
-    let origin = Arc::new(Origin::new(settings.keys, Duration::from_secs(2)));
-    let timeline = Arc::new(Timeline::new(start));
-    let checks = Arc::new(Checks::new(settings.l1_ttl_cap));
+    let settle = recovery::recovery(settings.ttl);
+    let workload = Arc::new(Workload {
+        instances: Arc::clone(&instances),
+        origin: Arc::new(Origin::new(settings.keys, Duration::from_secs(2))),
+        timeline: Arc::new(Timeline::new(start)),
+        checks: Arc::new(Checks::new(Bounds {
+            lost_notification: settings.l1_ttl_cap,
+            failover: LOAD_TIMEOUT + settings.ttl + STALE_WINDOW,
+        })),
+        until,
+        pause: Duration::from_secs_f64(CALLERS as f64 / settings.rate.max(1) as f64),
+        keys: settings.keys,
+    });
     let mut seeds = StdRng::seed_from_u64(settings.seed);
 
-    let mut tasks = Vec::new();
-    if settings.fault_gap > 0.0 {
-        tasks.push(tokio::spawn(faults::inject(
-            Arc::clone(&server),
-            Arc::clone(&instances),
-            Arc::clone(&origin),
-            Arc::clone(&timeline),
+    let faults = (settings.fault_gap > 0.0).then(|| {
+        tokio::spawn(faults::inject(
+            Arc::clone(&backend),
+            Arc::clone(&workload),
             StdRng::seed_from_u64(seeds.random()),
-            until,
+            until - settings.quiet(),
             Duration::from_secs_f64(settings.fault_gap),
-            // A fault's effects (broken connections, a breaker open for 1 s, locks of 1 s,
-            // values of one TTL loaded alone) are over after this.
-            Duration::from_secs(3) + settings.ttl * 2,
-        )));
-    }
-    tasks.push(tokio::spawn(write(
-        Arc::clone(&instances),
-        Arc::clone(&origin),
-        Arc::clone(&timeline),
+            settle,
+        ))
+    });
+    let writer = tokio::spawn(write(
+        Arc::clone(&workload),
         StdRng::seed_from_u64(seeds.random()),
-        until,
         settings.writes,
         settings.ttl,
-        settings.keys,
-    )));
-    const CALLERS: u64 = 4;
-    let pause = Duration::from_secs_f64(CALLERS as f64 / settings.rate.max(1) as f64);
+    ));
+    let sampler = tokio::spawn(resources::sample(
+        Arc::clone(&backend),
+        Arc::clone(&workload),
+    ));
     for instance in 0..instances.len() {
-        for _ in 0..CALLERS {
-            tasks.push(tokio::spawn(call(
-                Arc::clone(&instances),
-                instance,
-                Arc::clone(&origin),
-                Arc::clone(&timeline),
-                Arc::clone(&checks),
-                StdRng::seed_from_u64(seeds.random()),
-                until,
-                pause,
-                settings.keys,
-            )));
-        }
-    }
-    for task in tasks {
-        task.await.unwrap();
+        workload.spawn_callers(instance, &mut seeds);
     }
 
-    checks.check_loads(&origin, &timeline, settings.ttl);
-    let report = checks.report(&timeline, &origin);
+    let last_fault = match faults {
+        Some(faults) => faults.await.unwrap(),
+        None => None,
+    };
+    let recovered = last_fault.unwrap_or(start) + settle;
+    recovery::check_health(&workload, recovered).await;
+    writer.await.unwrap();
+    sampler.await.unwrap();
+    for instance in 0..instances.len() {
+        for caller in instances.take_callers(instance) {
+            caller.await.unwrap();
+        }
+    }
+    let nodes = backend.lock().unwrap().live_ports().len();
+    resources::check_idle(&workload, nodes).await;
+
+    let checks = &workload.checks;
+    checks.check_loads(
+        &workload.origin,
+        &workload.timeline,
+        settings.ttl,
+        Some(recovered),
+    );
+    println!(
+        "recovered {:.3}s after the start, the last fault ended at {:.3}s",
+        workload.timeline.since_start(recovered),
+        last_fault.map_or(0.0, |at| workload.timeline.since_start(at))
+    );
+    let report = checks.report(&workload.timeline, &workload.origin);
     println!("{report}");
     for instance in 0..instances.len() {
         println!(
@@ -183,62 +254,62 @@ async fn soak() {
     }
     assert!(
         checks.violations() == 0,
-        "soak: {} violation(s) with SOAK_SEED={} (see above)",
+        "soak: {} violation(s) with SOAK_SEED={}{} (see above)",
         checks.violations(),
-        settings.seed
+        settings.seed,
+        if settings.cluster {
+            " SOAK_CLUSTER=1"
+        } else {
+            ""
+        }
     );
 }
 
-/// One caller of one instance: requests until `until`, each checked.
-#[allow(clippy::too_many_arguments)]
-async fn call(
-    instances: Arc<Instances>,
-    instance: usize,
-    origin: Arc<Origin>,
-    timeline: Arc<Timeline>,
-    checks: Arc<Checks>,
-    mut rng: StdRng,
-    until: Instant,
-    pause: Duration,
-    keys: usize,
-) {
-    while Instant::now() < until {
-        let key = pick_key(&mut rng, keys);
+/// One caller of one instance: requests until the workload's end, each checked.
+async fn call(workload: Arc<Workload>, instance: usize, mut rng: StdRng) {
+    let Workload {
+        instances,
+        origin,
+        timeline,
+        checks,
+        ..
+    } = &*workload;
+    while Instant::now() < workload.until {
+        let key = pick_key(&mut rng, workload.keys);
         let delay = Duration::from_millis(rng.random_range(1..20));
-        let loader_origin = Arc::clone(&origin);
+        let loader_origin = Arc::clone(origin);
         let started = Instant::now();
         let answer = instances
             .get(instance)
             .fetch(key_name(key), move || async move {
-                let bytes = loader_origin.load(key, delay).await?;
+                let bytes = loader_origin.load(key, delay, instance).await?;
                 let mut loaded = Loaded::value(bytes);
                 if let Some(tag) = tag_of(key) {
                     loaded = loaded.tags([tag]);
                 }
                 if has_stale_window(key) {
-                    loaded = loaded.stale_while_revalidate(Duration::from_secs(1));
+                    loaded = loaded.stale_while_revalidate(STALE_WINDOW);
                 }
                 Ok::<_, std::io::Error>(loaded)
             })
             .await;
-        checks.answer(&origin, &timeline, instance, key, started, answer);
-        tokio::time::sleep(pause).await;
+        checks.answer(origin, timeline, instance, key, started, answer);
+        tokio::time::sleep(workload.pause).await;
     }
 }
 
 /// The writer: one change at a time (so that changes of a key are acknowledged in the order
-/// the origin made them), from a random instance, until `until`.
-#[allow(clippy::too_many_arguments)]
-async fn write(
-    instances: Arc<Instances>,
-    origin: Arc<Origin>,
-    timeline: Arc<Timeline>,
-    mut rng: StdRng,
-    until: Instant,
-    writes: u64,
-    ttl: Duration,
-    keys: usize,
-) {
+/// the origin made them), from a random instance, until the workload's end.
+async fn write(workload: Arc<Workload>, mut rng: StdRng, writes: u64, ttl: Duration) {
+    let Workload {
+        instances,
+        origin,
+        timeline,
+        until,
+        keys,
+        ..
+    } = &*workload;
+    let (until, keys) = (*until, *keys);
     if writes == 0 {
         return;
     }
@@ -290,15 +361,10 @@ async fn write(
                 format!("{:?}", result.err().map(|e| e.kind()))
             }
         ));
-        *timeline
-            .counts
-            .lock()
-            .unwrap()
-            .entry(if acked {
-                "writes acked"
-            } else {
-                "writes failed"
-            })
-            .or_default() += 1;
+        timeline.count(if acked {
+            "writes acked"
+        } else {
+            "writes failed"
+        });
     }
 }

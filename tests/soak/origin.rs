@@ -1,6 +1,6 @@
 //! The origin the soak's instances load from: every key has a version that the writer moves,
 //! each value is stamped `key|version`, and the origin counts its loads and can be told to
-//! fail or hang.
+//! fail or hang, or hold the next load of one instance until that instance is killed.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -17,6 +17,8 @@ pub enum Mode {
     Hanging = 2,
 }
 
+type Held = tokio::sync::oneshot::Sender<(usize, Instant)>;
+
 pub struct Origin {
     /// The current version of each key.
     versions: Vec<AtomicU64>,
@@ -25,6 +27,8 @@ pub struct Origin {
     /// The start of each load, per key.
     loads: Vec<Mutex<Vec<Instant>>>,
     mode: AtomicU8,
+    /// An instance whose next load is to hang, and where to tell which key and when.
+    hold: Mutex<Option<(usize, Held)>>,
     pub failed_loads: AtomicUsize,
     pub hang: Duration,
 }
@@ -36,6 +40,7 @@ impl Origin {
             acked: (0..keys).map(|_| Mutex::new(Vec::new())).collect(),
             loads: (0..keys).map(|_| Mutex::new(Vec::new())).collect(),
             mode: AtomicU8::new(Mode::Normal as u8),
+            hold: Mutex::default(),
             failed_loads: AtomicUsize::new(0),
             hang,
         }
@@ -53,10 +58,41 @@ impl Origin {
         }
     }
 
-    /// One load of `key`: its stamped value at the version read when the load starts.
-    pub async fn load(&self, key: usize, delay: Duration) -> Result<Bytes, std::io::Error> {
-        self.loads[key].lock().unwrap().push(Instant::now());
+    /// Makes the next load by `instance` hang for good (until the instance is killed), and
+    /// says which key it loads and when it started.
+    pub fn hold_next(&self, instance: usize) -> tokio::sync::oneshot::Receiver<(usize, Instant)> {
+        let (tell, told) = tokio::sync::oneshot::channel();
+        *self.hold.lock().unwrap() = Some((instance, tell));
+        told
+    }
+
+    /// Forgets a hold no load took.
+    pub fn cancel_hold(&self) {
+        self.hold.lock().unwrap().take();
+    }
+
+    /// One load of `key` by `instance`: its stamped value at the version read when the load
+    /// starts.
+    pub async fn load(
+        &self,
+        key: usize,
+        delay: Duration,
+        instance: usize,
+    ) -> Result<Bytes, std::io::Error> {
+        let started = Instant::now();
+        self.loads[key].lock().unwrap().push(started);
         let version = self.versions[key].load(Ordering::SeqCst);
+        let held = {
+            let mut hold = self.hold.lock().unwrap();
+            match &*hold {
+                Some((i, _)) if *i == instance => hold.take(),
+                _ => None,
+            }
+        };
+        if let Some((_, tell)) = held {
+            let _ = tell.send((key, started));
+            std::future::pending::<()>().await;
+        }
         match self.mode() {
             Mode::Failing => {
                 self.failed_loads.fetch_add(1, Ordering::Relaxed);
