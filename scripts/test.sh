@@ -51,6 +51,9 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-default-features --no-deps
 echo "==> cargo test (library, integration, examples' build, doctests)"
 cargo test --all-features
 
+echo "==> the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)"
+SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
+
 echo "==> cargo test (no default features: the tests over the embedded store, without Redis)"
 cargo test --no-default-features
 
