@@ -14,25 +14,15 @@ use crate::kills::Kill;
 use crate::origin::Mode;
 use crate::Workload;
 
-/// The faults drawn on one server.
-const SERVER_FAULTS: [&str; 11] = [
-    "redis-kill-restart",
-    "redis-sigstop",
-    "client-kill-pubsub",
-    "client-kill-normal",
-    "flushall",
-    "maxmemory-full",
-    "evict-random-keys",
-    "origin-failing",
-    "origin-hanging",
-    "instance-restart",
-    "instance-killed-mid-load",
-];
+/// The faults drawn on one server, before the others.
+const SERVER_FAULTS: [&str; 2] = ["redis-kill-restart", "redis-sigstop"];
 
-/// The faults drawn on a Cluster: a master killed instead of the server's kill and pause;
-/// the others sent to every node.
-const CLUSTER_FAULTS: [&str; 10] = [
-    "master-killed",
+/// The faults drawn on a Cluster, before the others: a master killed instead of the server's
+/// kill and pause.
+const CLUSTER_FAULTS: [&str; 1] = ["master-killed"];
+
+/// The faults drawn in either mode; on a Cluster, those of Redis are sent to every node.
+const FAULTS: [&str; 9] = [
     "client-kill-pubsub",
     "client-kill-normal",
     "flushall",
@@ -60,10 +50,10 @@ pub async fn inject(
     settle: Duration,
 ) -> Option<Instant> {
     let timeline = &workload.timeline;
-    let faults: &[&'static str] = if backend.lock().unwrap().is_cluster() {
-        &CLUSTER_FAULTS
+    let faults: Vec<&'static str> = if backend.lock().unwrap().is_cluster() {
+        CLUSTER_FAULTS.iter().chain(&FAULTS).copied().collect()
     } else {
-        &SERVER_FAULTS
+        SERVER_FAULTS.iter().chain(&FAULTS).copied().collect()
     };
     let mut last = None;
     // Whether a killed master rejoined as a replica, so that another may be killed.
