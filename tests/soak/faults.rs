@@ -12,7 +12,7 @@ use crate::backend::{on_each_node, on_node, Backend};
 use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
 use crate::kills::Kill;
 use crate::origin::Mode;
-use crate::Workload;
+use crate::workload::Workload;
 
 /// The faults drawn on one server, before the others.
 const SERVER_FAULTS: [&str; 2] = ["redis-kill-restart", "redis-sigstop"];

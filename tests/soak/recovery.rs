@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::Workload;
+use crate::workload::Workload;
 
 /// How long after the last fault ends the system is whole again: broken connections back, a
 /// circuit breaker open for 1 s closed again, locks of 1 s expired, and the values loaded by

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::backend::{connections_per_user, user, Backend};
-use crate::Workload;
+use crate::workload::Workload;
 
 /// Connections of one instance per live node: its data connection and its subscriber, twice
 /// over for a reconnection whose old socket the server has not closed yet.
