@@ -72,6 +72,7 @@ pub async fn inject(
         let from = Instant::now();
         timeline.event(format!("fault {fault} begins ({} ms)", length.as_millis()));
         timeline.count(fault);
+        let span = timeline.begin(fault, from);
         let ports = backend.lock().unwrap().live_ports();
         match fault {
             "redis-kill-restart" => {
@@ -132,7 +133,7 @@ pub async fn inject(
         }
         timeline.event(format!("fault {fault} ends"));
         let ended = Instant::now();
-        timeline.span(fault, from, ended + settle);
+        timeline.end(span, ended + settle);
         last = Some(ended);
     }
 }

@@ -5,10 +5,10 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// A fault's span: from when it began until its effects are over.
+/// A fault's span: from when it began until its effects are over (`None` while it lasts).
 struct Span {
     from: Instant,
-    to: Instant,
+    to: Option<Instant>,
     fault: &'static str,
 }
 
@@ -37,9 +37,21 @@ impl Timeline {
         *self.counts.lock().unwrap().entry(what).or_default() += 1;
     }
 
-    /// Records that `fault`'s effects last from `from` until `to`.
-    pub fn span(&self, fault: &'static str, from: Instant, to: Instant) {
-        self.spans.lock().unwrap().push(Span { from, to, fault });
+    /// Records that `fault` began at `from`: its span is open until [`end`](Self::end)
+    /// closes it, so that the checks made while it lasts see it. Returns the span's index.
+    pub fn begin(&self, fault: &'static str, from: Instant) -> usize {
+        let mut spans = self.spans.lock().unwrap();
+        spans.push(Span {
+            from,
+            to: None,
+            fault,
+        });
+        spans.len() - 1
+    }
+
+    /// Records that the effects of the fault of span `index` last until `to`.
+    pub fn end(&self, index: usize, to: Instant) {
+        self.spans.lock().unwrap()[index].to = Some(to);
     }
 
     /// Whether any fault's span overlaps `from..to`.
@@ -62,7 +74,7 @@ impl Timeline {
             .lock()
             .unwrap()
             .iter()
-            .any(|span| span.from <= to && from <= span.to && which(span))
+            .any(|span| span.from <= to && span.to.is_none_or(|end| from <= end) && which(span))
     }
 
     pub fn since_start(&self, at: Instant) -> f64 {
@@ -80,5 +92,27 @@ impl Timeline {
             })
             .map(|(when, text)| format!("    {:8.3}s {text}\n", self.since_start(*when)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fault in progress (begun, not ended: a failover that takes seconds) makes the time
+    /// unhealthy for the checks made meanwhile, not only once it has ended.
+    #[test]
+    fn a_fault_in_progress_is_unhealthy() {
+        let start = Instant::now();
+        let timeline = Timeline::new(start);
+        let span = timeline.begin("master-killed", start);
+        let later = start + Duration::from_secs(2);
+        assert!(timeline.unhealthy_during(later, later));
+        assert!(timeline.fault_during("master-killed", later, later));
+        assert!(!timeline.other_fault_during(start, later, later));
+        timeline.end(span, start + Duration::from_secs(5));
+        let after = start + Duration::from_secs(6);
+        assert!(timeline.unhealthy_during(later, later));
+        assert!(!timeline.unhealthy_during(after, after));
     }
 }
