@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use crate::backend::{connections_per_user, user, Backend};
 use crate::workload::Workload;
 
-/// Connections of one instance per live node: its data connection and its subscriber, twice
-/// over for a reconnection whose old socket the server has not closed yet.
-pub const CONNECTIONS_PER_NODE: usize = 4;
+/// Connections of one instance per live node: its data connection and its subscriber; twice
+/// that while a restarted instance's old calls finish on the old ones; and two more for a
+/// reconnection whose old socket the server has not closed yet.
+pub const CONNECTIONS_PER_NODE: usize = 6;
 /// Tasks on one instance's runtime: its 4 callers, their flights and loads, its connections'
 /// tasks, with room for the releases and refreshes of an outage.
 pub const TASKS: usize = 200;
