@@ -21,8 +21,8 @@ use tokio::task::JoinSet;
 
 use super::cluster_link::ClusterLink;
 use super::connection::{evalsha, lookup_replies};
+use super::lookup::LookupReplies;
 use super::names::{key_slot, KeyName};
-use super::store::LookupReplies;
 use crate::store::StoreKey;
 
 /// A cluster connection and the slot layout it last read; cheap to clone, never locked

@@ -13,7 +13,7 @@ use redis::{
 };
 
 use super::link::Link;
-use super::store::LookupReplies;
+use super::lookup::LookupReplies;
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind, StoreKey};
 

@@ -11,6 +11,7 @@
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
 //! | `store.rs` | `impl Store for RedisStore`, and reading the replies |
+//! | `lookup.rs` | lookups: a key's three commands in one round trip, a batch's in one pipeline |
 //! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
 //! | `cluster.rs` | a Redis Cluster's slot map, for one pipeline per master (feature `cluster`) |
 //! | `cluster_link.rs` | a Cluster connection made in the background by `open` (feature `cluster`) |
@@ -34,6 +35,7 @@ mod cluster;
 mod cluster_link;
 mod connection;
 mod link;
+mod lookup;
 mod names;
 mod notifications;
 mod scripts;

@@ -1,51 +1,27 @@
 //! `impl Store for RedisStore`: each call one round trip (a pipeline of plain commands, or a
 //! script), and how the replies are read.
-//! A namespace's tag state has its own file, `tag_state.rs`; the trait's tag calls go there.
+//! Lookups have their own file, `lookup.rs`, and so has a namespace's tag state, `tag_state.rs`;
+//! the trait's calls go there.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::names::KeyName;
 use super::scripts::{
-    command, is_lock, lock_value, publish_filled, script_call, LockValue, ANSWER, EXPIRE, EXTEND,
-    FAIL, FILL, INVALIDATE, LOOKUP, PUT, RELEASE, RENEW, REPAIR, SET,
+    command, publish_filled, script_call, ANSWER, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE, PUT,
+    RELEASE, RENEW, SET,
 };
 use super::RedisStore;
 use crate::store::{
-    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup,
-    Notifier, Renewal, Store, StoreError, StoreErrorKind, StoreKey, Stored, TagClock, TagVersions,
+    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier,
+    Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
 };
 
 impl RedisStore {
-    /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`
-    /// marker, and for servers before Redis 7.0.
-    pub(super) async fn lookup_by_script(&self, call: Cmd) -> Result<Lookup, StoreError> {
-        let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
-        let lock = match state {
-            0 => LockState::NotRequested,
-            1 => LockState::Acquired,
-            2 => LockState::HeldElsewhere,
-            3 => LockState::Failed,
-            other => {
-                return Err(StoreError::of_kind(
-                    StoreErrorKind::Protocol,
-                    format_args!(
-                        "unexpected lock state {other} from Redis at {}",
-                        self.address
-                    ),
-                ))
-            }
-        };
-        Ok(Lookup {
-            value: stored(value, pttl),
-            lock,
-        })
-    }
-
     /// Runs a script fenced by the lock's token: it answers 1 if the lock held the token (and
     /// the script did its work), 0 if not.
     async fn run_fenced(&self, script: &Script, call: Cmd) -> Result<bool, StoreError> {
@@ -55,7 +31,7 @@ impl RedisStore {
 
     /// The value from the replies to a pipelined `GET` and `PTTL` of it; a value of a foreign
     /// type (`WRONGTYPE` to the `GET`) counts as absent.
-    fn read(
+    pub(super) fn read(
         &self,
         value: RedisResult<Option<Vec<u8>>>,
         pttl: RedisResult<i64>,
@@ -92,7 +68,7 @@ impl RedisStore {
     /// Whether a pipelined command's error sends the call to its script: a server that does not
     /// know `SET … NX GET` (before Redis 7.0) gets the script from now on, and a key of a
     /// foreign type gets it for this call.
-    fn pipeline_refused(&self, error: &redis::RedisError) -> bool {
+    pub(super) fn pipeline_refused(&self, error: &redis::RedisError) -> bool {
         match error.code() {
             Some("WRONGTYPE") => true,
             Some("ERR") if error.to_string().contains("syntax error") => {
@@ -103,161 +79,6 @@ impl RedisStore {
             }
             _ => false,
         }
-    }
-}
-
-/// Whether a value read with its remaining life is fresh: more than `below` ms left.
-fn is_fresh(value: Option<&Stored>, below: u64) -> bool {
-    value
-        .and_then(|value| value.ttl)
-        .is_some_and(|ttl| ttl > Duration::from_millis(below))
-}
-
-/// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
-fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
-    (pttl != -2).then(|| Stored {
-        bytes: Bytes::from(value),
-        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-    })
-}
-
-/// The replies to a lookup's three commands: the lock's old holder (`SET … NX GET`), the
-/// value, and its remaining life.
-pub(super) type LookupReplies = (
-    RedisResult<Option<Vec<u8>>>,
-    RedisResult<Option<Vec<u8>>>,
-    RedisResult<i64>,
-);
-
-/// What a lookup asks, the same for every key of a batch.
-struct LookupPlan {
-    /// Below this remaining life (ms) a value is stale, and the lock is taken.
-    below: u64,
-    /// The lock value: the token, and what the fill measures the `fresh` marker from.
-    lock: LockValue,
-    lock_ms: u64,
-    /// Whether the lookup goes to the script whatever the server (`LockWhen::Always`).
-    by_script: bool,
-}
-
-impl LookupPlan {
-    fn new(token: LockToken, lock_ttl: Duration, lock_when: LockWhen) -> Self {
-        // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
-        // no remaining life exceeds (a fill under that lock then leaves no marker: the next
-        // lookup takes the lock of a fresh value and puts the marker back).
-        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        // `below` decides whether to take the lock; `fresh_above`, which the lock value
-        // carries, is what the fill measures the `fresh` marker from.
-        let (below, fresh_above, by_script) = match lock_when {
-            LockWhen::LifeAtMost(life) => (ms(life), ms(life), false),
-            LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
-            LockWhen::Always => (u64::MAX, u64::MAX, true),
-        };
-        LookupPlan {
-            below,
-            lock: lock_value(token, fresh_above),
-            lock_ms: millis(lock_ttl),
-            by_script,
-        }
-    }
-
-    /// The lookup script's call for `key`.
-    fn script(&self, key: &StoreKey) -> Cmd {
-        let mut call = script_call(&LOOKUP, &KeyName::value_and_lock(key));
-        call.arg(&self.lock[..]).arg(self.lock_ms).arg(self.below);
-        call
-    }
-
-    /// The three plain commands of a lookup of `key`: the lock is taken only where no
-    /// `fresh` marker stands, which is where the value is stale or absent.
-    fn add_commands(&self, pipeline: &mut Pipeline, key: &StoreKey) {
-        let mut take = command(7, "SET", KeyName::lock(key));
-        take.arg(&self.lock[..])
-            .arg("NX")
-            .arg("PX")
-            .arg(self.lock_ms)
-            .arg("GET");
-        pipeline
-            .add_command(take)
-            .add_command(command(2, "GET", KeyName::value(key)))
-            .add_command(command(2, "PTTL", KeyName::value(key)));
-    }
-}
-
-impl RedisStore {
-    /// What a lookup of `key` found, from the replies to its three commands; the rare cases
-    /// go to the script (one more round trip).
-    async fn lookup_answer(
-        &self,
-        plan: &LookupPlan,
-        key: &StoreKey,
-        (held, value, pttl): LookupReplies,
-    ) -> Result<Lookup, StoreError> {
-        let below = plan.below;
-        let held = match held {
-            Ok(held) => held,
-            Err(error) if self.pipeline_refused(&error) => {
-                // A server before Redis 7.0, or a lock key of a foreign type: the script
-                // decides (and counts a foreign lock key as free).
-                return self.lookup_by_script(plan.script(key)).await;
-            }
-            Err(error) if error.code() == Some("OOM") => {
-                // A full server under `noeviction` refuses the `SET` even where it would
-                // write nothing, but the `GET` and `PTTL` did answer: a fresh value is a
-                // hit; only a miss needs the lock, and that is a store error.
-                let value = self.read(value, pttl)?;
-                if is_fresh(value.as_ref(), below) {
-                    return Ok(Lookup {
-                        value,
-                        lock: LockState::NotRequested,
-                    });
-                }
-                return Err(self.error(error));
-            }
-            Err(error) => return Err(self.error(error)),
-        };
-        // A value of a foreign type counts as absent: the fill overwrites it.
-        let value = self.read(value, pttl)?;
-        let fresh = is_fresh(value.as_ref(), below);
-        let lock = match held.as_deref() {
-            _ if fresh && held.is_none() => {
-                // We took the lock of a fresh value whose marker is gone (a failure marker
-                // expired, or the value was written by a put): put the marker back before
-                // answering, so that this flight's next lookup finds no lock of its own.
-                // A repair that fails costs nothing but the marker (the lock of a fresh
-                // value turns nobody away): the value in hand is still the answer.
-                // No notification: the value did not change, and every process's L1
-                // may keep it (issue 16 #5: under `volatile-ttl` markers go first).
-                let mut repair = script_call(&REPAIR, &KeyName::value_and_lock(key));
-                repair.arg(&plan.lock[..32]);
-                let repaired: Result<i64, StoreError> = self.run(&REPAIR, &repair).await;
-                if let Err(error) = repaired {
-                    debug!(%error, "could not put the fresh marker back; answering the hit");
-                }
-                LockState::NotRequested
-            }
-            _ if fresh => LockState::NotRequested,
-            None => LockState::Acquired,
-            Some(b"fresh") => {
-                // The value is gone or stale but its marker still stands (the value was
-                // evicted, or this lookup wants to refresh early): the script decides.
-                return self.lookup_by_script(plan.script(key)).await;
-            }
-            Some(b"failed") => LockState::Failed,
-            Some(held) if held.starts_with(&plan.lock[..33]) => {
-                // Our own lock (this caller asks again): the script takes it again,
-                // renewing its TTL, as `MemoryStore` does.
-                return self.lookup_by_script(plan.script(key)).await;
-            }
-            Some(held) if is_lock(held) => LockState::HeldElsewhere,
-            Some(_) => {
-                // Bytes this crate never wrote: no lock to wait for. The script takes the
-                // lock in their place (one more round trip).
-                warn!(key = ?key, "a lock key holds bytes that are no lock; replacing them");
-                return self.lookup_by_script(plan.script(key)).await;
-            }
-        };
-        Ok(Lookup { value, lock })
     }
 }
 
@@ -345,6 +166,14 @@ impl RedisStore {
     }
 }
 
+/// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
+pub(super) fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
+    (pttl != -2).then(|| Stored {
+        bytes: Bytes::from(value),
+        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+    })
+}
+
 impl Store for RedisStore {
     fn lookup(
         &self,
@@ -353,22 +182,7 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let plan = LookupPlan::new(token, lock_ttl, lock_when);
-        if plan.by_script || !self.pipelined.load(Ordering::Relaxed) {
-            return Box::pin(self.lookup_by_script(plan.script(key)));
-        }
-        let mut pipeline = Pipeline::with_capacity(3);
-        plan.add_commands(&mut pipeline, key);
-        pipeline.ignore_errors();
-        let key = key.clone();
-        Box::pin(async move {
-            let replies: LookupReplies = self
-                .connection
-                .pipeline(&pipeline)
-                .await
-                .map_err(|error| self.error(error))?;
-            self.lookup_answer(&plan, &key, replies).await
-        })
+        self.lookup_key(key, token, lock_ttl, lock_when)
     }
 
     fn lookup_many(
@@ -378,30 +192,7 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
-        let plan = LookupPlan::new(token, lock_ttl, lock_when);
-        let keys = keys.to_vec();
-        if plan.by_script || !self.pipelined.load(Ordering::Relaxed) {
-            return Box::pin(async move {
-                let mut found = Vec::with_capacity(keys.len());
-                for key in &keys {
-                    found.push(self.lookup_by_script(plan.script(key)).await?);
-                }
-                Ok(found)
-            });
-        }
-        Box::pin(async move {
-            // Every key's three commands, in one round trip (on a cluster, one per master).
-            let replies = self
-                .connection
-                .lookups(&keys, |pipeline, key| plan.add_commands(pipeline, key))
-                .await
-                .map_err(|error| self.error(error))?;
-            let mut found = Vec::with_capacity(keys.len());
-            for (key, replies) in keys.iter().zip(replies) {
-                found.push(self.lookup_answer(&plan, key, replies).await?);
-            }
-            Ok(found)
-        })
+        self.lookup_keys(keys, token, lock_ttl, lock_when)
     }
 
     fn fill(

@@ -1,0 +1,254 @@
+//! Lookups on Redis: a key's three commands (`SET … NX GET` of its lock, `GET` and `PTTL` of its
+//! value) pipelined in one round trip, a batch's in one pipeline (one per master on a
+//! Cluster), and the lookup script for the rare cases the replies cannot decide.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use redis::{Cmd, Pipeline, RedisResult};
+use tracing::{debug, warn};
+
+use super::names::KeyName;
+use super::scripts::{command, is_lock, lock_value, script_call, LockValue, LOOKUP, REPAIR};
+use super::store::stored;
+use super::RedisStore;
+use crate::store::{
+    millis, BoxFuture, LockState, LockToken, LockWhen, Lookup, StoreError, StoreErrorKind,
+    StoreKey, Stored,
+};
+
+impl RedisStore {
+    /// [`Store::lookup`](crate::store::Store::lookup): the three commands in one pipeline, or
+    /// the script where the lock may be taken from a `fresh` marker or the server is older.
+    pub(super) fn lookup_key(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
+        let plan = LookupPlan::new(token, lock_ttl, lock_when);
+        if plan.by_script || !self.pipelined.load(Ordering::Relaxed) {
+            return Box::pin(self.lookup_by_script(plan.script(key)));
+        }
+        let mut pipeline = Pipeline::with_capacity(3);
+        plan.add_commands(&mut pipeline, key);
+        pipeline.ignore_errors();
+        let key = key.clone();
+        Box::pin(async move {
+            let replies: LookupReplies = self
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| self.error(error))?;
+            self.lookup_answer(&plan, &key, replies).await
+        })
+    }
+
+    /// [`Store::lookup_many`](crate::store::Store::lookup_many): every key's three commands in
+    /// one round trip (one per master on a Cluster), or the script key by key.
+    pub(super) fn lookup_keys(
+        &self,
+        keys: &[StoreKey],
+        token: LockToken,
+        lock_ttl: Duration,
+        lock_when: LockWhen,
+    ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
+        let plan = LookupPlan::new(token, lock_ttl, lock_when);
+        let keys = keys.to_vec();
+        if plan.by_script || !self.pipelined.load(Ordering::Relaxed) {
+            return Box::pin(async move {
+                let mut found = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    found.push(self.lookup_by_script(plan.script(key)).await?);
+                }
+                Ok(found)
+            });
+        }
+        Box::pin(async move {
+            // Every key's three commands, in one round trip (on a cluster, one per master).
+            let replies = self
+                .connection
+                .lookups(&keys, |pipeline, key| plan.add_commands(pipeline, key))
+                .await
+                .map_err(|error| self.error(error))?;
+            let mut found = Vec::with_capacity(keys.len());
+            for (key, replies) in keys.iter().zip(replies) {
+                found.push(self.lookup_answer(&plan, key, replies).await?);
+            }
+            Ok(found)
+        })
+    }
+
+    /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`
+    /// marker, and for servers before Redis 7.0.
+    pub(super) async fn lookup_by_script(&self, call: Cmd) -> Result<Lookup, StoreError> {
+        let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
+        let lock = match state {
+            0 => LockState::NotRequested,
+            1 => LockState::Acquired,
+            2 => LockState::HeldElsewhere,
+            3 => LockState::Failed,
+            other => {
+                return Err(StoreError::of_kind(
+                    StoreErrorKind::Protocol,
+                    format_args!(
+                        "unexpected lock state {other} from Redis at {}",
+                        self.address
+                    ),
+                ))
+            }
+        };
+        Ok(Lookup {
+            value: stored(value, pttl),
+            lock,
+        })
+    }
+}
+
+/// Whether a value read with its remaining life is fresh: more than `below` ms left.
+fn is_fresh(value: Option<&Stored>, below: u64) -> bool {
+    value
+        .and_then(|value| value.ttl)
+        .is_some_and(|ttl| ttl > Duration::from_millis(below))
+}
+
+/// The replies to a lookup's three commands: the lock's old holder (`SET … NX GET`), the
+/// value, and its remaining life.
+pub(super) type LookupReplies = (
+    RedisResult<Option<Vec<u8>>>,
+    RedisResult<Option<Vec<u8>>>,
+    RedisResult<i64>,
+);
+
+/// What a lookup asks, the same for every key of a batch.
+struct LookupPlan {
+    /// Below this remaining life (ms) a value is stale, and the lock is taken.
+    below: u64,
+    /// The lock value: the token, and what the fill measures the `fresh` marker from.
+    lock: LockValue,
+    lock_ms: u64,
+    /// Whether the lookup goes to the script whatever the server (`LockWhen::Always`).
+    by_script: bool,
+}
+
+impl LookupPlan {
+    fn new(token: LockToken, lock_ttl: Duration, lock_when: LockWhen) -> Self {
+        // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
+        // no remaining life exceeds (a fill under that lock then leaves no marker: the next
+        // lookup takes the lock of a fresh value and puts the marker back).
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        // `below` decides whether to take the lock; `fresh_above`, which the lock value
+        // carries, is what the fill measures the `fresh` marker from.
+        let (below, fresh_above, by_script) = match lock_when {
+            LockWhen::LifeAtMost(life) => (ms(life), ms(life), false),
+            LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
+            LockWhen::Always => (u64::MAX, u64::MAX, true),
+        };
+        LookupPlan {
+            below,
+            lock: lock_value(token, fresh_above),
+            lock_ms: millis(lock_ttl),
+            by_script,
+        }
+    }
+
+    /// The lookup script's call for `key`.
+    fn script(&self, key: &StoreKey) -> Cmd {
+        let mut call = script_call(&LOOKUP, &KeyName::value_and_lock(key));
+        call.arg(&self.lock[..]).arg(self.lock_ms).arg(self.below);
+        call
+    }
+
+    /// The three plain commands of a lookup of `key`: the lock is taken only where no
+    /// `fresh` marker stands, which is where the value is stale or absent.
+    fn add_commands(&self, pipeline: &mut Pipeline, key: &StoreKey) {
+        let mut take = command(7, "SET", KeyName::lock(key));
+        take.arg(&self.lock[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(self.lock_ms)
+            .arg("GET");
+        pipeline
+            .add_command(take)
+            .add_command(command(2, "GET", KeyName::value(key)))
+            .add_command(command(2, "PTTL", KeyName::value(key)));
+    }
+}
+
+impl RedisStore {
+    /// What a lookup of `key` found, from the replies to its three commands; the rare cases
+    /// go to the script (one more round trip).
+    async fn lookup_answer(
+        &self,
+        plan: &LookupPlan,
+        key: &StoreKey,
+        (held, value, pttl): LookupReplies,
+    ) -> Result<Lookup, StoreError> {
+        let below = plan.below;
+        let held = match held {
+            Ok(held) => held,
+            Err(error) if self.pipeline_refused(&error) => {
+                // A server before Redis 7.0, or a lock key of a foreign type: the script
+                // decides (and counts a foreign lock key as free).
+                return self.lookup_by_script(plan.script(key)).await;
+            }
+            Err(error) if error.code() == Some("OOM") => {
+                // A full server under `noeviction` refuses the `SET` even where it would
+                // write nothing, but the `GET` and `PTTL` did answer: a fresh value is a
+                // hit; only a miss needs the lock, and that is a store error.
+                let value = self.read(value, pttl)?;
+                if is_fresh(value.as_ref(), below) {
+                    return Ok(Lookup {
+                        value,
+                        lock: LockState::NotRequested,
+                    });
+                }
+                return Err(self.error(error));
+            }
+            Err(error) => return Err(self.error(error)),
+        };
+        // A value of a foreign type counts as absent: the fill overwrites it.
+        let value = self.read(value, pttl)?;
+        let fresh = is_fresh(value.as_ref(), below);
+        let lock = match held.as_deref() {
+            _ if fresh && held.is_none() => {
+                // We took the lock of a fresh value whose marker is gone (a failure marker
+                // expired, or the value was written by a put): put the marker back before
+                // answering, so that this flight's next lookup finds no lock of its own.
+                // A repair that fails costs nothing but the marker (the lock of a fresh
+                // value turns nobody away): the value in hand is still the answer.
+                // No notification: the value did not change, and every process's L1
+                // may keep it (issue 16 #5: under `volatile-ttl` markers go first).
+                let mut repair = script_call(&REPAIR, &KeyName::value_and_lock(key));
+                repair.arg(&plan.lock[..32]);
+                let repaired: Result<i64, StoreError> = self.run(&REPAIR, &repair).await;
+                if let Err(error) = repaired {
+                    debug!(%error, "could not put the fresh marker back; answering the hit");
+                }
+                LockState::NotRequested
+            }
+            _ if fresh => LockState::NotRequested,
+            None => LockState::Acquired,
+            Some(b"fresh") => {
+                // The value is gone or stale but its marker still stands (the value was
+                // evicted, or this lookup wants to refresh early): the script decides.
+                return self.lookup_by_script(plan.script(key)).await;
+            }
+            Some(b"failed") => LockState::Failed,
+            Some(held) if held.starts_with(&plan.lock[..33]) => {
+                // Our own lock (this caller asks again): the script takes it again,
+                // renewing its TTL, as `MemoryStore` does.
+                return self.lookup_by_script(plan.script(key)).await;
+            }
+            Some(held) if is_lock(held) => LockState::HeldElsewhere,
+            Some(_) => {
+                // Bytes this crate never wrote: no lock to wait for. The script takes the
+                // lock in their place (one more round trip).
+                warn!(key = ?key, "a lock key holds bytes that are no lock; replacing them");
+                return self.lookup_by_script(plan.script(key)).await;
+            }
+        };
+        Ok(Lookup { value, lock })
+    }
+}
