@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::leader::{spawn_release, LockGuard};
+use super::lock::{spawn_release, LockGuard};
 use super::lookup::LookupFound;
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;

@@ -15,7 +15,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::{spawn_release, LeaderStart};
+use super::leader::LeaderStart;
+use super::lock::spawn_release;
 use super::lookup::{FreshValue, LookupFound};
 use super::stale::StaleValue;
 use super::wait::Backoff;

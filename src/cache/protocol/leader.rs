@@ -1,16 +1,17 @@
 //! Loading: the leader's load under the reload lock (renewed by a watchdog while it runs),
 //! its fenced fill, and the release of the lock on every path (the fill itself, an explicit
-//! token-checked release or failure marker, the [`LockGuard`] drop guard, the lock's TTL).
+//! token-checked release or failure marker, the [`LockGuard`] drop guard of `lock.rs`, the
+//! lock's TTL).
 //! Loads made without the lock are in `without_lock.rs`.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::warn;
 
+use super::lock::LockGuard;
 use super::stale::StaleValue;
 use crate::cache::carry::{Early, FlightPosts};
 use crate::cache::entry::{self, Tagged, Windows};
@@ -20,51 +21,7 @@ use crate::cache::l1::TagStamps;
 use crate::cache::loaded::{Life, LoadedKind};
 use crate::cache::telemetry::LockEvent;
 use crate::cache::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
-use crate::store::{BoxFuture, KeyDigest, LockToken, Stamp, Store, StoreError, StoreKey, TagClock};
-
-/// The leader's lock, released when dropped unless the fill or an explicit release took it.
-pub(in crate::cache) struct LockGuard {
-    store: Arc<dyn Store>,
-    pub(in crate::cache) key: StoreKey,
-    pub(in crate::cache) token: LockToken,
-    armed: bool,
-}
-
-impl LockGuard {
-    /// The guard of the lock of `key` that `token` holds.
-    pub(in crate::cache) fn new(store: &Arc<dyn Store>, key: StoreKey, token: LockToken) -> Self {
-        LockGuard {
-            store: Arc::clone(store),
-            key,
-            token,
-            armed: true,
-        }
-    }
-
-    fn disarm(&mut self) {
-        self.armed = false;
-    }
-}
-
-impl Drop for LockGuard {
-    fn drop(&mut self) {
-        if self.armed {
-            // The backstop for a flight torn down mid-load.
-            spawn_release(&self.store, &self.key, self.token);
-        }
-    }
-}
-
-/// A best-effort, token-checked release in a task of its own; without a runtime, the lock's
-/// TTL frees it.
-pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        let (store, key) = (Arc::clone(store), key.clone());
-        runtime.spawn(async move {
-            let _ = store.release(&key, token).await;
-        });
-    }
-}
+use crate::store::{BoxFuture, KeyDigest, LockToken, Stamp, StoreError, StoreKey, TagClock};
 
 /// What a leader knows of its key from the lookup that made it leader.
 pub(in crate::cache) struct LeaderStart {
@@ -250,22 +207,6 @@ impl Inner {
         }
     }
 
-    /// The watchdog's renewal of the lock of `key` held under `token`.
-    async fn extend_lock(&self, key: &StoreKey, token: LockToken) {
-        let extended = self.store.extend(key, token, self.config.lock_ttl);
-        match self.breaker.call(extended).await {
-            Ok(true) => {
-                self.meter.lock(LockEvent::Extended);
-                debug!(?key, "lock extended");
-            }
-            Ok(false) => {
-                self.meter.lock(LockEvent::Lost);
-                warn!(?key, "lock lost during the load; its fill will be refused");
-            }
-            Err(error) => debug!(?key, %error, "lock extension failed"),
-        }
-    }
-
     /// The leader: load, fill (fenced), and make sure the lock goes on every path. With a
     /// `stale` value, the flight's callers get it at once (through `early`) when refreshes run
     /// in the background, and in place of an error if the load fails (stale-if-error).
@@ -411,33 +352,6 @@ impl Inner {
         }
     }
 
-    /// After a failed load: tells every follower, here and elsewhere (a failure marker,
-    /// unless failures are not remembered or the load was `speculative`: then the lock is
-    /// released), instead of letting each of them take the lock and call the failing backend
-    /// in turn.
-    pub(in crate::cache) async fn tell_failure(&self, guard: &mut LockGuard, speculative: bool) {
-        let (key, token) = (&guard.key, guard.token);
-        let told = if self.config.failure_ttl.is_zero() || speculative {
-            self.breaker.call(self.store.release(key, token)).await
-        } else {
-            let failure_ttl = self.config.failure_ttl;
-            self.breaker
-                .call(self.store.fail(key, token, failure_ttl))
-                .await
-        };
-        if told.is_ok() {
-            guard.disarm();
-        }
-    }
-
-    /// Releases the lock of a load that has nothing to write (token-checked).
-    pub(in crate::cache) async fn release_lock(&self, guard: &mut LockGuard) {
-        let released = self.store.release(&guard.key, guard.token);
-        if self.breaker.call(released).await.is_ok() {
-            guard.disarm();
-        }
-    }
-
     /// Fills a loaded value under the lock, and keeps it in L1 where the fill took; the
     /// `flight` it answers is marked if the value is outdated by its tags.
     pub(in crate::cache) async fn fill_value(
@@ -516,62 +430,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{LockState, LockWhen, MemoryStore};
-
-    const LOCK_TTL: Duration = Duration::from_secs(5);
-
-    /// Takes the lock of `key` for `token`: whether it was free.
-    async fn take(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> bool {
-        let lookup = store
-            .lookup(key, token, LOCK_TTL, LockWhen::Always)
-            .await
-            .expect("the embedded store answers");
-        lookup.lock == LockState::Acquired
-    }
-
-    /// A store whose key `k`'s lock a leader holds, the key, and the leader's token.
-    async fn locked() -> (Arc<dyn Store>, StoreKey, LockToken) {
-        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
-        let leader = LockToken::random();
-        assert!(take(&store, &key, leader).await);
-        (store, key, leader)
-    }
-
-    fn guard_of(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> LockGuard {
-        LockGuard::new(store, key.clone(), token)
-    }
-
-    /// A leader torn down mid-load (its flight dropped) leaves the lock to the next flight at
-    /// once, not after the lock's TTL.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_dropped_leader_s_guard_frees_the_lock_for_the_next_flight() {
-        let (store, key, leader) = locked().await;
-        assert!(!take(&store, &key, LockToken::random()).await, "held");
-        drop(guard_of(&store, &key, leader));
-        // The release runs in a task of its own: let it run.
-        let mut freed = false;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-            freed = take(&store, &key, LockToken::random()).await;
-            if freed {
-                break;
-            }
-        }
-        assert!(freed, "the guard released the lock");
-    }
-
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_disarmed_guard_leaves_the_lock_to_whoever_holds_it() {
-        let (store, key, leader) = locked().await;
-        let mut guard = guard_of(&store, &key, leader);
-        guard.disarm();
-        drop(guard);
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        assert!(!take(&store, &key, LockToken::random()).await, "still held");
-    }
+    use crate::store::MemoryStore;
 
     #[test]
     fn tags_are_stored_with_the_clock_read_before_the_load_and_only_then() {

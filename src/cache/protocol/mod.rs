@@ -8,7 +8,8 @@
 //! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
 //! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
 //! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
-//! | `leader.rs` | the leader's load under the reload lock, its fenced fill, and the lock's release on every path |
+//! | `leader.rs` | the leader's load under the reload lock, and its fenced fill |
+//! | `lock.rs` | the reload lock a leader holds: its drop guard, its renewal, its release or failure marker |
 //! | `without_lock.rs` | loads made without the lock: after a wait timeout, or while the store fails |
 //! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
 //! | `revalidate.rs` | a reload handed the stale value, and "not modified" renewing it |
@@ -19,6 +20,7 @@
 pub(super) mod batch;
 mod follower;
 mod leader;
+mod lock;
 pub(super) mod lookup;
 mod refresh;
 mod revalidate;

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::{spawn_release, LeaderStart};
+use super::leader::LeaderStart;
+use super::lock::spawn_release;
 use super::wait::Backoff;
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;

@@ -5,7 +5,7 @@
 
 use std::time::SystemTime;
 
-use super::leader::LockGuard;
+use super::lock::LockGuard;
 use super::stale::StaleValue;
 use crate::cache::carry::FlightPosts;
 use crate::cache::loaded::Life;

@@ -1,0 +1,163 @@
+//! The reload lock a leader holds: its guard, released when dropped unless the fill or an
+//! explicit release took it; the watchdog's renewal; and the release or failure marker that
+//! ends a load with nothing to fill.
+
+use std::sync::Arc;
+
+use tracing::{debug, warn};
+
+use crate::cache::telemetry::LockEvent;
+use crate::cache::Inner;
+use crate::store::{LockToken, Store, StoreKey};
+
+/// The leader's lock, released when dropped unless the fill or an explicit release took it.
+pub(in crate::cache) struct LockGuard {
+    store: Arc<dyn Store>,
+    pub(in crate::cache) key: StoreKey,
+    pub(in crate::cache) token: LockToken,
+    armed: bool,
+}
+
+impl LockGuard {
+    /// The guard of the lock of `key` that `token` holds.
+    pub(in crate::cache) fn new(store: &Arc<dyn Store>, key: StoreKey, token: LockToken) -> Self {
+        LockGuard {
+            store: Arc::clone(store),
+            key,
+            token,
+            armed: true,
+        }
+    }
+
+    pub(in crate::cache) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            // The backstop for a flight torn down mid-load.
+            spawn_release(&self.store, &self.key, self.token);
+        }
+    }
+}
+
+/// A best-effort, token-checked release in a task of its own; without a runtime, the lock's
+/// TTL frees it.
+pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let (store, key) = (Arc::clone(store), key.clone());
+        runtime.spawn(async move {
+            let _ = store.release(&key, token).await;
+        });
+    }
+}
+
+impl Inner {
+    /// The watchdog's renewal of the lock of `key` held under `token`.
+    pub(super) async fn extend_lock(&self, key: &StoreKey, token: LockToken) {
+        let extended = self.store.extend(key, token, self.config.lock_ttl);
+        match self.breaker.call(extended).await {
+            Ok(true) => {
+                self.meter.lock(LockEvent::Extended);
+                debug!(?key, "lock extended");
+            }
+            Ok(false) => {
+                self.meter.lock(LockEvent::Lost);
+                warn!(?key, "lock lost during the load; its fill will be refused");
+            }
+            Err(error) => debug!(?key, %error, "lock extension failed"),
+        }
+    }
+
+    /// After a failed load: tells every follower, here and elsewhere (a failure marker,
+    /// unless failures are not remembered or the load was `speculative`: then the lock is
+    /// released), instead of letting each of them take the lock and call the failing backend
+    /// in turn.
+    pub(in crate::cache) async fn tell_failure(&self, guard: &mut LockGuard, speculative: bool) {
+        let (key, token) = (&guard.key, guard.token);
+        let told = if self.config.failure_ttl.is_zero() || speculative {
+            self.breaker.call(self.store.release(key, token)).await
+        } else {
+            let failure_ttl = self.config.failure_ttl;
+            self.breaker
+                .call(self.store.fail(key, token, failure_ttl))
+                .await
+        };
+        if told.is_ok() {
+            guard.disarm();
+        }
+    }
+
+    /// Releases the lock of a load that has nothing to write (token-checked).
+    pub(in crate::cache) async fn release_lock(&self, guard: &mut LockGuard) {
+        let released = self.store.release(&guard.key, guard.token);
+        if self.breaker.call(released).await.is_ok() {
+            guard.disarm();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::{KeyDigest, LockState, LockWhen, MemoryStore};
+
+    const LOCK_TTL: Duration = Duration::from_secs(5);
+
+    /// Takes the lock of `key` for `token`: whether it was free.
+    async fn take(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> bool {
+        let lookup = store
+            .lookup(key, token, LOCK_TTL, LockWhen::Always)
+            .await
+            .expect("the embedded store answers");
+        lookup.lock == LockState::Acquired
+    }
+
+    /// A store whose key `k`'s lock a leader holds, the key, and the leader's token.
+    async fn locked() -> (Arc<dyn Store>, StoreKey, LockToken) {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let key = StoreKey::new(Arc::from("t"), KeyDigest::of(b"k"));
+        let leader = LockToken::random();
+        assert!(take(&store, &key, leader).await);
+        (store, key, leader)
+    }
+
+    fn guard_of(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> LockGuard {
+        LockGuard::new(store, key.clone(), token)
+    }
+
+    /// A leader torn down mid-load (its flight dropped) leaves the lock to the next flight at
+    /// once, not after the lock's TTL.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dropped_leader_s_guard_frees_the_lock_for_the_next_flight() {
+        let (store, key, leader) = locked().await;
+        assert!(!take(&store, &key, LockToken::random()).await, "held");
+        drop(guard_of(&store, &key, leader));
+        // The release runs in a task of its own: let it run.
+        let mut freed = false;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+            freed = take(&store, &key, LockToken::random()).await;
+            if freed {
+                break;
+            }
+        }
+        assert!(freed, "the guard released the lock");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_disarmed_guard_leaves_the_lock_to_whoever_holds_it() {
+        let (store, key, leader) = locked().await;
+        let mut guard = guard_of(&store, &key, leader);
+        guard.disarm();
+        drop(guard);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!take(&store, &key, LockToken::random()).await, "still held");
+    }
+}
