@@ -1,0 +1,187 @@
+//! The way every call reaches the engine once its public entry point has its key: the L1 hit
+//! counted and traced without a task, and the fetch with its span (for a subscriber that wants
+//! it, with the key as text where the cache shows readable keys), its outcome counted.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+use tracing::{debug, debug_span, info_span, Instrument};
+
+#[cfg(doc)]
+use super::CacheBuilder;
+use super::{l1, BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Previous};
+use crate::store::KeyDigest;
+
+impl Cache {
+    /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
+    /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
+    /// overwritten by this load).
+    pub(crate) async fn fetch_accepting<A, F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        accepts: A,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let key = key.as_ref();
+        self.fetch_named(KeyDigest::of(key), key, accepts, loader)
+            .await
+    }
+
+    /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed to `digest`, whose
+    /// text `name` (empty if the caller has none) is shown in its trace if the cache has
+    /// [`readable_keys`](CacheBuilder::readable_keys).
+    pub(crate) async fn fetch_named<A, F, Fut, E>(
+        &self,
+        digest: KeyDigest,
+        name: &[u8],
+        accepts: A,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let soft_timeout = self.inner.config.soft_timeout;
+        self.fetch_within(digest, name, soft_timeout, accepts, loader)
+            .await
+    }
+
+    /// [`fetch_named`](Self::fetch_named) with this call's own soft timeout (see
+    /// [`CacheBuilder::soft_timeout`]).
+    pub(crate) async fn fetch_within<A, F, Fut, E>(
+        &self,
+        digest: KeyDigest,
+        name: &[u8],
+        soft_timeout: Option<Duration>,
+        accepts: A,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        // A span to enter, record and time only for a subscriber that wants it (see
+        // `fetch_span`), with the moment the fetch started.
+        // A caller without the key's text (the service layer, which hashed its key) gives none.
+        let name = (self.inner.config.readable_keys && !name.is_empty()).then_some(name);
+        let traced = fetch_span(&digest, name).map(|span| (span, Instant::now()));
+        let fetch = self
+            .inner
+            .fetch_digest(digest, soft_timeout, accepts, loader);
+        let answer = match &traced {
+            Some((span, _)) => fetch.instrument(span.clone()).await,
+            None => fetch.await,
+        };
+        if let Ok(fetched) = &answer {
+            self.inner.meter.outcome(fetched.outcome);
+        }
+        if let Some((span, started)) = &traced {
+            span.record(
+                "outcome",
+                answer
+                    .as_ref()
+                    .map_or("error", |fetched| fetched.outcome.label()),
+            );
+            // An L1 hit waited for nothing.
+            if !matches!(&answer, Ok(fetched) if fetched.outcome == Outcome::L1Hit) {
+                span.record("wait_ms", started.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        if let Err(error) = &answer {
+            let span = traced.as_ref().and_then(|(span, _)| span.id());
+            debug!(parent: span, error = error as &dyn std::error::Error, "no value");
+        }
+        answer
+    }
+
+    /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value
+    /// with nothing more to do (no early refresh due) and `read` can answer with it (`Some`):
+    /// then counted and traced as any L1 hit. `read` runs once per L1 entry: its answer is
+    /// kept with the entry and shared by the hits after it. Else `None`, nothing is counted,
+    /// and the caller goes on to the fetch with the same digest.
+    /// For a caller that has work to do before a fetch that may load (the layer wraps its
+    /// request into a loader): a hit skips that work.
+    pub(crate) fn l1_hit<T: std::any::Any + Send + Sync>(
+        &self,
+        digest: &KeyDigest,
+        read: impl FnOnce(&Bytes) -> Option<T>,
+    ) -> Option<L1Found<T>> {
+        let Some(l1::L1Hit::Fresh(entry, read_at)) = self.inner.l1_get(digest) else {
+            return None;
+        };
+        let found = L1Found {
+            value: entry.decoded(read)?,
+            fresh_until: entry.fresh_until,
+            read_at,
+        };
+        self.inner.meter.outcome(Outcome::L1Hit);
+        if let Some(span) = fetch_span(digest, None) {
+            span.record("outcome", Outcome::L1Hit.label());
+        }
+        Some(found)
+    }
+}
+
+/// The span of one fetch of `digest` (its outcome, and how long a caller that did not hit L1
+/// waited), if a subscriber wants it. A disabled span is not kept: with `tracing`'s `log`
+/// feature (which `axum` turns on), even a disabled span asks the logger at each poll and
+/// record. Nor is a span built where no subscriber takes `DEBUG` (one atomic load): the macro
+/// would still format its fields for `log` (a bare "stampede.fetch" line, without its
+/// outcome), on every L1 hit too.
+///
+/// With the key's text (`name`, given only where the cache shows readable keys), the span is
+/// at `INFO`, so the warnings logged inside it carry the key under a default subscriber.
+fn fetch_span(digest: &KeyDigest, name: Option<&[u8]>) -> Option<tracing::Span> {
+    let level = if name.is_some() {
+        tracing::Level::INFO
+    } else {
+        tracing::Level::DEBUG
+    };
+    if level > tracing::level_filters::LevelFilter::current() {
+        return None;
+    }
+    let span = match name {
+        Some(name) => info_span!(
+            "stampede.fetch",
+            key = %digest,
+            key_text = ?KeyText(name),
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+        ),
+        None => debug_span!(
+            "stampede.fetch",
+            key = %digest,
+            outcome = tracing::field::Empty,
+            wait_ms = tracing::field::Empty,
+        ),
+    };
+    (!span.is_disabled()).then_some(span)
+}
+
+/// A key's bytes for a log line: UTF-8 (invalid bytes replaced), cut at 256 bytes, and
+/// quoted with control characters escaped, so a hostile key cannot forge log lines.
+struct KeyText<'a>(&'a [u8]);
+
+impl std::fmt::Debug for KeyText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const SHOWN: usize = 256;
+        let shown = &self.0[..self.0.len().min(SHOWN)];
+        write!(f, "{:?}", String::from_utf8_lossy(shown))?;
+        if self.0.len() > SHOWN {
+            write!(f, "...({} bytes)", self.0.len())?;
+        }
+        Ok(())
+    }
+}
