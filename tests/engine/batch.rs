@@ -163,22 +163,30 @@ async fn a_batch_of_100_with_10_cold_costs_one_lookup_and_one_load_of_those_10()
         assert!(observed.lookups() <= lookups + 1, "{}", shared.name);
         // On Redis, the one lookup is one pipeline: a process that has none of the 100 in its
         // L1 costs the server the reads of one write of 300 commands (about 30 KB, which it
-        // reads 16 KB at a time), where a lookup per key would cost 100.
+        // reads 16 KB at a time), where a lookup per key would cost 100. The server counts
+        // every client's reads: a fresh cache first reads what it reads once (the namespace's
+        // generation, with a stored key of its own), and the least of three tries is taken,
+        // as another task's call may land in one of them.
         if shared.info("stats").await.is_some() {
-            let fresh = shared.cache().build();
-            let (first, second) = (reads(&shared).await, reads(&shared).await);
-            let before = reads(&shared).await;
-            let found = fresh
-                .get_many_or_load(all.clone(), recording(&Calls::default()))
-                .await;
-            let after = reads(&shared).await;
-            assert!(found.values().all(Result::is_ok));
-            let asking = second - first;
-            let batch = after - before - asking;
-            assert!(
-                batch <= 3,
-                "redis: {batch} reads for the batch (asking {asking})"
-            );
+            warm(&shared.cache().build(), &keys(100, 101)).await;
+            let mut least = u64::MAX;
+            for _ in 0..3 {
+                let fresh = shared.cache().build();
+                let ready = fresh
+                    .get_many_or_load(keys(100, 101), recording(&Calls::default()))
+                    .await;
+                assert!(ready.values().all(Result::is_ok));
+                let (first, second) = (reads(&shared).await, reads(&shared).await);
+                let before = reads(&shared).await;
+                let found = fresh
+                    .get_many_or_load(all.clone(), recording(&Calls::default()))
+                    .await;
+                let after = reads(&shared).await;
+                assert!(found.values().all(Result::is_ok));
+                let asking = second - first;
+                least = least.min((after - before).saturating_sub(asking));
+            }
+            assert!(least <= 3, "redis: {least} reads for the batch");
         }
     }
 }
