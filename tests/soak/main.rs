@@ -124,6 +124,11 @@ async fn soak() {
         settings.l1_ttl_cap,
     ));
     let backend = Arc::new(Mutex::new(backend));
+    // Each instance opens its store in the background (`RedisStore::open`) and, until the
+    // store answers, loads alone, as the README says: the run starts once every instance is
+    // healthy, so that this window is not taken for a double load (an instance restarted by a
+    // fault opens it again, inside the fault's span).
+    recovery::ready(&instances).await;
     let start = Instant::now();
     let until = start + Duration::from_secs(settings.secs);
     let settle = recovery::recovery(settings.ttl);

@@ -1,10 +1,12 @@
 //! After the faults: the last part of a run injects none, and from a stated time after the
 //! last fault ended ([`RECOVERY`]) every instance reports the store healthy
 //! (`Cache::health()`), checked every half second until the end; the loads of that part are
-//! checked without excuse ([`Checks::check_loads`](crate::checks::Checks::check_loads)).
+//! checked without excuse ([`Checks::check_loads`](crate::checks::Checks::check_loads)). Before
+//! the run, every instance is waited for until it is healthy ([`ready`]).
 
 use std::time::{Duration, Instant};
 
+use crate::instances::Instances;
 use crate::workload::Workload;
 
 /// How long after the last fault ends the system is whole again: broken connections back, a
@@ -15,6 +17,17 @@ pub fn recovery(ttl: Duration) -> Duration {
 }
 
 /// Checks every instance's health from `recovered` until the workload's end.
+/// Waits until every instance reports its store healthy (answering, notifications live), for
+/// at most 30 s: a run that starts unhealthy shows it in its checks.
+pub async fn ready(instances: &Instances) {
+    let limit = Instant::now() + Duration::from_secs(30);
+    for i in 0..instances.len() {
+        while !instances.get(i).health().await.is_healthy() && Instant::now() < limit {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 pub async fn check_health(workload: &Workload, recovered: Instant) {
     let checks = &workload.checks;
     let timeline = &workload.timeline;
