@@ -11,7 +11,10 @@
 //!   the same width made right after (the same calls, answered from L1);
 //! - `MEMORY USAGE` of each of a value's Redis keys (value, lock slot with its fresh marker,
 //!   waiters' slot), and the engine's L1 bytes per entry;
-//! - store errors the processes counted (timeouts included).
+//! - store errors the processes counted (timeouts included), and the loads of the all-hit
+//!   burst (must be 0).
+//!
+//! `SCALE_LOG=1` prints the workers' warnings on stderr (why a cell loaded a key twice).
 //!
 //! ```sh
 //! ./scripts/scale.sh                     # the grid in invocations of under ten minutes
@@ -59,8 +62,8 @@ fn main() {
         std::env::var("SCALE_COMMIT").unwrap_or_else(|_| "(set SCALE_COMMIT)".into()),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
-    println!("| P | K | C | origin loads | commands | per process and key | publishes per fill | delivered per fill | added p50 / p99 ms | all-hit p50 / p99 ms | store errors |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| P | K | C | origin loads | commands | per process and key | publishes per fill | delivered per fill | added p50 / p99 ms | all-hit p50 / p99 ms | store errors | all-hit loads |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let mut breakdowns = Vec::new();
     let mut memory = None;
     for &p in &grid.p {
@@ -234,13 +237,14 @@ fn run_cell(server: &RedisServer, grid: &Grid, p: usize, k: usize, c: usize) -> 
     let commands: u64 = calls.values().sum();
     let publishes = calls.get("publish").copied().unwrap_or(0);
     let loads: u64 = stampede.iter().map(|r| r.loads).sum();
+    let hit_loads: u64 = hits.iter().map(|r| r.loads).sum();
     let errors: u64 = stampede.iter().chain(&hits).map(|r| r.errors).sum();
     let (added50, added99) = pooled(&stampede, grid.origin_ms as f64);
     let (hit50, hit99) = pooled(&hits, 0.0);
     let l1 = hits.iter().map(|r| r.l1_bytes).max().unwrap_or(0) / k as u64;
     let fills = loads.max(1) as f64;
     let row = format!(
-        "| {p} | {k} | {c} | {loads} | {commands} | {:.2} | {:.2} | {:.2} | {added50:.1} / {added99:.1} | {hit50:.3} / {hit99:.3} | {errors} |",
+        "| {p} | {k} | {c} | {loads} | {commands} | {:.2} | {:.2} | {:.2} | {added50:.1} / {added99:.1} | {hit50:.3} / {hit99:.3} | {errors} | {hit_loads} |",
         commands as f64 / (p * k) as f64,
         publishes as f64 / fills,
         (publishes * subscribers) as f64 / fills,
@@ -338,6 +342,14 @@ fn worker(args: &[String]) {
     let (k, c): (usize, usize) = (k.parse().expect("K"), c.parse().expect("C"));
     let origin = Duration::from_millis(origin_ms.parse().expect("ms"));
     let value = Bytes::from(vec![b'x'; value.parse().expect("bytes")]);
+    if std::env::var_os("SCALE_LOG").is_some() {
+        // The engine's warnings (a store call that failed, a lock lost) say why a cell loaded
+        // more than once per key.
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_max_level(tracing::Level::WARN)
+            .init();
+    }
     let runtime = current_thread();
     let cache = runtime.block_on(async {
         let store = RedisStore::connect(url.as_str()).await.expect("a store");
