@@ -103,6 +103,8 @@ pub(crate) struct Breaker {
     meter: Meter,
     /// The calls that are out.
     in_flight: store_timeout::InFlight,
+    /// The calls the store answered: what tells a queued call from a stuck one.
+    answers: store_timeout::Answers,
 }
 
 /// What [`Breaker::counts`] tells of the store calls.
@@ -135,6 +137,7 @@ impl Breaker {
             opened: AtomicU64::new(0),
             meter: Meter::new(&config.namespace),
             in_flight: store_timeout::InFlight::default(),
+            answers: store_timeout::Answers::default(),
         }
     }
 
@@ -308,7 +311,7 @@ impl Breaker {
             }
         };
         let timeout = self.timeout;
-        let result = store_timeout::within(now, timeout, call)
+        let result = store_timeout::within(&self.answers, now, timeout, call)
             .await
             .unwrap_or_else(|| Err(StoreError::timeout(timeout)));
         if result.is_err() {
@@ -352,7 +355,13 @@ impl Breaker {
                     Check::Ask => {
                         let asked = Instant::now();
                         let answered = matches!(
-                            store_timeout::within(Instant::now(), timeout, store.get(key)).await,
+                            store_timeout::within(
+                                &breaker.answers,
+                                Instant::now(),
+                                timeout,
+                                store.get(key)
+                            )
+                            .await,
                             Some(Ok(_))
                         );
                         // A failed check is not a failed call: it neither opens the breaker
@@ -367,7 +376,13 @@ impl Breaker {
                             reported: false,
                         };
                         let answered = matches!(
-                            store_timeout::within(Instant::now(), timeout, store.get(key)).await,
+                            store_timeout::within(
+                                &breaker.answers,
+                                Instant::now(),
+                                timeout,
+                                store.get(key)
+                            )
+                            .await,
                             Some(Ok(_))
                         );
                         trial.report(answered);

@@ -326,11 +326,13 @@ impl CacheBuilder {
     }
 
     /// How long one store call may take; a slower call counts as a store error, and the engine
-    /// falls back to protection within this process. Counted in the time this process runs:
-    /// a timer that fires late (by more than a quarter of this: the process was starved of
-    /// CPU, or its runtime's thread blocked, while the store's reply may be waiting unread)
-    /// gives the call this long again from when the process runs, up to ten times this in
-    /// all.
+    /// falls back to protection within this process. Counted against the store, up to ten
+    /// times this in all: a timer that fires late (by more than a quarter of this: the process
+    /// was starved of CPU, or its runtime's thread blocked, while the store's reply may be
+    /// waiting unread) gives the call this long again from when the process runs; and so does
+    /// a timer on time while the store works through a queue (it answered a call of this
+    /// cache within the last timeout, and none sent after this one), as when many processes
+    /// stampede many keys at once. A store that answers nothing for this long fails the call.
     ///
     /// A healthy Redis answers in a millisecond or two; the default leaves room for a Redis
     /// or a process that shares its cores with busy neighbours, where a call over the

@@ -1,5 +1,5 @@
 //! The store timeout, measured against the store rather than against this process's own
-//! scheduling.
+//! scheduling or its own queue.
 //!
 //! A plain timer cannot tell a slow store from a process that did not run: when a busy
 //! machine starves the process of CPU (or a blocking call holds its runtime's thread), the
@@ -8,8 +8,18 @@
 //! second load of a key whose leader is loading elsewhere. So a timer that fires late (by
 //! more than a quarter of the timeout: the process was not running) does not end the call: the
 //! call gets the timeout again from the moment the process runs, up to ten timeouts in all,
-//! so a process starved for good still fails its calls and its breaker opens. A timer that
-//! fires on time ends the call: the process was running, and the store did not answer.
+//! so a process starved for good still fails its calls and its breaker opens.
+//!
+//! Nor can a plain timer tell a store that stopped answering from one working through a
+//! queue: when many processes stampede many keys at once, a store that answers every call it
+//! is given may take longer than the timeout to reach the last of them, and each call that
+//! timed out would be a second load, sent to the origin just when it is busiest. So a timer
+//! that fires on time ends the call only if the store is not answering: if it answered a call
+//! of this cache within the last timeout, and none sent after this one (calls to one server
+//! are answered in the order they were sent, so a later call answered first means this one
+//! is stuck, not queued), the call is queued behind others and gets the timeout again, up to
+//! the same ten in all. A store that stops answering is found out within one timeout, as
+//! before; one that answers slowly, within ten.
 //!
 //! Nor can it tell a slow store from a process that asks too much at once: a burst of calls
 //! (a cold start over thousands of keys) queues in the process's own connection, and the last
@@ -17,6 +27,7 @@
 //! once; the others wait in the process, and their timeout counts from when they are sent.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
@@ -52,9 +63,76 @@ impl InFlight {
 /// The most a call may take, in timeouts, however late its timers fire.
 const MOST: u32 = 10;
 
-/// `call`, if it answers within `limit` of the process's running time from `start` (see the
-/// module's page); `None` if it does not.
-pub(super) async fn within<F: Future>(
+/// Which calls of a cache the store has answered, and when it last did: what tells a call
+/// queued behind others from one the store does not answer (see the module's page).
+pub(super) struct Answers {
+    /// Calls sent so far; a call's number is its place in that order.
+    sent: AtomicU64,
+    /// One past the number of the latest-sent call answered.
+    latest: AtomicU64,
+    /// When the store last answered a call, in nanoseconds from `epoch`.
+    last: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for Answers {
+    fn default() -> Self {
+        Answers {
+            sent: AtomicU64::new(0),
+            latest: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Answers {
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn send(&self) -> u64 {
+        self.sent.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn answered(&self, number: u64) {
+        self.latest.fetch_max(number + 1, Ordering::Relaxed);
+        self.last
+            .fetch_max(self.nanos(Instant::now()), Ordering::Relaxed);
+    }
+
+    /// Whether call `number`, unanswered at `now`, waits in a queue the store works through:
+    /// the store answered a call within the last `limit`, and none sent after this one.
+    fn queued(&self, number: u64, now: Instant, limit: Duration) -> bool {
+        let since = now.checked_sub(limit).unwrap_or(self.epoch);
+        self.latest.load(Ordering::Relaxed) <= number + 1
+            && self.last.load(Ordering::Relaxed) > self.nanos(since)
+    }
+}
+
+/// `call`, if it answers within `limit` of the process's running time from `start`, or while
+/// the store works through a queue it waits in (see the module's page), up to ten timeouts in
+/// all; `None` if it does not. Its answer, if a success, counts in `answers`.
+pub(super) async fn within<T, E, F>(
+    answers: &Answers,
+    start: Instant,
+    limit: Duration,
+    call: F,
+) -> Option<Result<T, E>>
+where
+    F: Future<Output = Result<T, E>>,
+{
+    let number = answers.send();
+    let answer = waited(answers, number, start, limit, call).await;
+    if let Some(Ok(_)) = answer {
+        answers.answered(number);
+    }
+    answer
+}
+
+async fn waited<F: Future>(
+    answers: &Answers,
+    number: u64,
     start: Instant,
     limit: Duration,
     call: F,
@@ -62,45 +140,116 @@ pub(super) async fn within<F: Future>(
     let latest = crate::sync::later(start, limit.saturating_mul(MOST));
     let mut deadline = crate::sync::later(start, limit);
     tokio::pin!(call);
+    // The call's first poll hands its request to the connection's task.
+    let mut sent = None;
     loop {
-        if let Ok(output) = tokio::time::timeout_at(deadline, call.as_mut()).await {
+        let waited = tokio::time::timeout_at(deadline, async {
+            let output = std::future::poll_fn(|context| {
+                let polled = call.as_mut().poll(context);
+                if polled.is_pending() && sent.is_none() {
+                    sent = Some(Written::queued());
+                }
+                polled
+            });
+            output.await
+        });
+        if let Ok(output) = waited.await {
             return Some(output);
         }
         let fired = Instant::now();
-        // A reply read in the same turn as the timer reaches the call through the connection's
-        // own task: let it run, then look once more (a timeout past its deadline polls the
-        // call once before it ends).
-        tokio::task::yield_now().await;
-        if let Ok(output) = tokio::time::timeout_at(fired, call.as_mut()).await {
-            return Some(output);
-        }
+        // When the connection's task could first run after the request was handed to it: a
+        // process busy with its own work (a burst of callers queued on its thread) may not
+        // have written the request yet. The call may answer meanwhile.
+        let ran = match sent.as_mut() {
+            Some(written) => tokio::select! {
+                biased;
+                output = call.as_mut() => return Some(output),
+                ran = written.at() => ran,
+            },
+            None => start,
+        };
         let late = fired.saturating_duration_since(deadline);
-        if late <= limit / 4 || fired >= latest {
+        let against_store = crate::sync::later(ran.max(start), limit);
+        let extended = if late > limit / 4 || answers.queued(number, fired, limit) {
+            crate::sync::later(Instant::now(), limit)
+        } else {
+            against_store
+        };
+        if fired >= latest || extended <= fired {
             return None;
         }
-        deadline = crate::sync::later(fired, limit).min(latest);
+        deadline = extended.min(latest);
+    }
+}
+
+/// When the connection's task could first run after a call handed it its request.
+enum Written {
+    /// A task queued with the request, which reads the clock when it runs: on a current-thread
+    /// runtime, after every task queued before it, the connection's own among them.
+    Queued(tokio::task::JoinHandle<Instant>),
+    At(Instant),
+}
+
+/// Below this many live tasks, a runtime's queue is short (a task's turn comes within a few
+/// milliseconds): no marker is queued, which would cost each store call a task.
+const FEW_TASKS: usize = 256;
+
+impl Written {
+    /// Now, where the wait for a turn is short: on a runtime with few tasks, on a multi-thread
+    /// runtime (where an idle worker takes queued tasks, and a task spawned here would push
+    /// the connection's task out of the next-to-run slot), and outside a runtime.
+    fn queued() -> Self {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current() {
+            Ok(runtime)
+                if runtime.runtime_flavor() == RuntimeFlavor::CurrentThread
+                    && runtime.metrics().num_alive_tasks() > FEW_TASKS =>
+            {
+                Written::Queued(runtime.spawn(async { Instant::now() }))
+            }
+            _ => Written::At(Instant::now()),
+        }
+    }
+
+    /// When it ran, once it has (at once after the first time).
+    async fn at(&mut self) -> Instant {
+        if let Written::Queued(marker) = self {
+            // A runtime shutting down cancels the marker: the process runs no more anyway.
+            let at = marker.await.unwrap_or_else(|_| Instant::now());
+            *self = Written::At(at);
+        }
+        match self {
+            Written::At(at) => *at,
+            Written::Queued(_) => Instant::now(),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::future::pending;
+    use std::sync::Arc;
+
     use super::*;
+
+    type Answer = Result<u32, ()>;
 
     /// A call that never answers ends at its deadline when the timer fires on time (paused
     /// time fires it exactly then), and one that answers in time is answered.
     #[tokio::test(start_paused = true)]
     async fn a_timer_on_time_ends_the_call() {
+        let answers = Answers::default();
         let start = Instant::now();
         let limit = Duration::from_millis(50);
-        let never = within(start, limit, std::future::pending::<()>()).await;
+        let never = within(&answers, start, limit, pending::<Answer>()).await;
         assert_eq!(never, None);
         assert_eq!(start.elapsed(), limit);
-        let answered = within(Instant::now(), limit, async {
+        let answered = within(&answers, Instant::now(), limit, async {
             tokio::time::sleep(Duration::from_millis(40)).await;
-            7
+            Answer::Ok(7)
         })
         .await;
-        assert_eq!(answered, Some(7));
+        assert_eq!(answered, Some(Ok(7)));
     }
 
     /// A thread held past the deadline (as a starved process is) does not end a call that
@@ -108,27 +257,132 @@ mod tests {
     /// timeouts.
     #[tokio::test]
     async fn a_late_timer_gives_the_call_the_timeout_again() {
+        let answers = Answers::default();
         let limit = Duration::from_millis(20);
         let start = Instant::now();
         let (send, receive) = tokio::sync::oneshot::channel();
-        let answered = within(start, limit, async move {
+        let answered = within(&answers, start, limit, async move {
             // The reply comes 1 ms after the process runs again.
             std::thread::sleep(Duration::from_millis(100));
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 let _ = send.send(7);
             });
-            receive.await.ok()
+            receive.await.map_err(|_| ())
         })
         .await;
-        assert_eq!(answered, Some(Some(7)));
+        assert_eq!(answered, Some(Ok(7)));
         let start = Instant::now();
-        let never = within(start, limit, async {
+        let never = within(&answers, start, limit, async {
             std::thread::sleep(Duration::from_millis(100));
-            std::future::pending::<()>().await
+            pending::<Answer>().await
         })
         .await;
         assert_eq!(never, None);
         assert!(start.elapsed() <= limit * MOST + Duration::from_millis(100));
+    }
+
+    /// A store working through a queue: six calls sent at once, answered one every 100 ms
+    /// (as one connection's replies come, in order), with a 250 ms timeout. Each call that
+    /// waits past its timeout while the store answers the calls ahead of it gets the timeout
+    /// again: all six are answered, the last after 600 ms. (Timed out, the last three would
+    /// each have made its flight load alone.)
+    #[tokio::test(start_paused = true)]
+    async fn a_call_queued_behind_answered_calls_waits_for_its_turn() {
+        let answers = Arc::new(Answers::default());
+        let limit = Duration::from_millis(250);
+        let start = Instant::now();
+        let calls: Vec<_> = (1..=6u32)
+            .map(|place| {
+                let answers = Arc::clone(&answers);
+                tokio::spawn(async move {
+                    within(&answers, start, limit, async move {
+                        tokio::time::sleep(Duration::from_millis(100) * place).await;
+                        Answer::Ok(place)
+                    })
+                    .await
+                })
+            })
+            .collect();
+        for (place, call) in (1..=6).zip(calls) {
+            assert_eq!(call.await.unwrap(), Some(Ok(place)));
+        }
+        assert_eq!(start.elapsed(), Duration::from_millis(600));
+    }
+
+    /// A store that answers nothing fails its calls on time, however many are out; and a call
+    /// the store passed over (a call sent after it was answered, as replies to one server
+    /// come in order) fails on time too, while the store answers others.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_the_store_does_not_answer_fails_on_time() {
+        let answers = Answers::default();
+        let limit = Duration::from_millis(250);
+        let start = Instant::now();
+        let ended = tokio::join!(
+            within(&answers, start, limit, pending::<Answer>()),
+            within(&answers, start, limit, pending::<Answer>()),
+        );
+        assert_eq!(ended, (None, None));
+        assert_eq!(start.elapsed(), limit);
+
+        let start = Instant::now();
+        let stuck = within(&answers, start, limit, pending::<Answer>());
+        let later = within(&answers, start, limit, async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Answer::Ok(1)
+        });
+        let busy = async {
+            // Calls sent later still, answered all along.
+            for _ in 0..10 {
+                let answered = within(&answers, Instant::now(), limit, async {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Answer::Ok(2)
+                });
+                assert_eq!(answered.await, Some(Ok(2)));
+            }
+        };
+        let (stuck, later, ()) = tokio::join!(stuck, later, busy);
+        assert_eq!((stuck, later), (None, Some(Ok(1))));
+        assert_eq!(start.elapsed(), Duration::from_millis(500));
+    }
+
+    /// On a current-thread runtime, a call whose request sits with the connection's task,
+    /// itself queued behind 77 ms of this process's own work (a burst of callers), is timed
+    /// from when that task runs: the store answers 50 ms after it, 127 ms after the call was
+    /// made, and the 100 ms timeout, on time, does not end the call. (Timed from the call,
+    /// it ended at 100 ms with the store's answer on its way.)
+    #[tokio::test]
+    async fn a_request_not_yet_written_is_not_timed() {
+        let answers = Answers::default();
+        // 77 ms of work, in more tasks than a runtime with a short queue has.
+        for _ in 0..FEW_TASKS + 1 {
+            tokio::spawn(async { std::thread::sleep(Duration::from_micros(300)) });
+        }
+        let (send, receive) = tokio::sync::oneshot::channel();
+        let mut send = Some(send);
+        let call = std::future::poll_fn(move |_| {
+            // The first poll hands the request to the connection's task, which writes it when
+            // it runs; the store answers 50 ms later.
+            if let Some(send) = send.take() {
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let _ = send.send(7);
+                });
+            }
+            std::task::Poll::Pending
+        });
+        let answered = within(
+            &answers,
+            Instant::now(),
+            Duration::from_millis(100),
+            async {
+                tokio::select! {
+                    () = call => unreachable!("the request never ends by itself"),
+                    answer = receive => answer.map_err(|_| ()),
+                }
+            },
+        )
+        .await;
+        assert_eq!(answered, Some(Ok(7)));
     }
 }

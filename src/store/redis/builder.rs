@@ -100,7 +100,7 @@ impl RedisStoreBuilder {
         RedisStoreBuilder {
             target,
             connection_timeout: Duration::from_secs(1),
-            response_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(3),
             notifications: true,
             sharded_notifications: true,
             #[cfg(feature = "tls")]
@@ -114,11 +114,13 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long the connection waits for one reply before it gives up on it. Default: 1 s.
+    /// How long the connection waits for one reply before it gives up on it. Default: 3 s.
     /// On a cluster, this bounds a call with its redirections and retries.
     ///
-    /// This is a backstop: the engine bounds every store call with its own, shorter timeout
-    /// ([`CacheBuilder::store_timeout`](crate::CacheBuilder::store_timeout)).
+    /// This is a backstop: the engine bounds every store call with its own timeout
+    /// ([`CacheBuilder::store_timeout`](crate::CacheBuilder::store_timeout)), which a call
+    /// queued behind others while the store answers may take up to ten times (2.5 s by
+    /// default). Keep this above that, or it ends such calls first.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
