@@ -101,8 +101,12 @@ pub(crate) struct Breaker {
     /// Times the breaker opened.
     opened: AtomicU64,
     meter: Meter,
-    /// The calls that are out.
+    /// The calls that are out, but those of flights past their lookup.
     in_flight: store_timeout::InFlight,
+    /// The calls of flights past their lookup that are out (the tag clock read before a load,
+    /// fills, renewals, releases): a lane of their own, so that they never wait behind a
+    /// burst of lookups while their locks run out.
+    finishing: store_timeout::InFlight,
     /// The calls the store answered: what tells a queued call from a stuck one.
     answers: store_timeout::Answers,
 }
@@ -137,6 +141,7 @@ impl Breaker {
             opened: AtomicU64::new(0),
             meter: Meter::new(&config.namespace),
             in_flight: store_timeout::InFlight::default(),
+            finishing: store_timeout::InFlight::default(),
             answers: store_timeout::Answers::default(),
         }
     }
@@ -297,8 +302,29 @@ impl Breaker {
         now: Instant,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
+        self.call_in(&self.in_flight, now, call).await
+    }
+
+    /// [`call`](Self::call) for a flight past its lookup (the tag clock read before its load,
+    /// its fill, renewal or release): in a lane of its own, ahead of the lookups that start
+    /// flights. Behind them, the leaders of a burst over thousands of keys waited for as long
+    /// as the burst's lookups took (on two cores shared by 32 processes, over 5 s), and their
+    /// locks ran out: a second load of each such key.
+    pub(super) async fn finish<T>(
+        self: &Arc<Self>,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.call_in(&self.finishing, Instant::now(), call).await
+    }
+
+    async fn call_in<T>(
+        self: &Arc<Self>,
+        lane: &store_timeout::InFlight,
+        now: Instant,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         // Room first, so that a breaker opened meanwhile spares a call that waited for it.
-        let (_sending, now) = self.in_flight.send(now).await;
+        let (_sending, now) = lane.send(now).await;
         let trial = match self.admit() {
             Admit::Call => None,
             Admit::Probe => Some(Trial {

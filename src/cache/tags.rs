@@ -82,10 +82,10 @@ impl Cache {
 
 impl Inner {
     /// The namespace's tag generation and clock, read before a load; `None` if the store did
-    /// not answer (then a tagged value cannot be stored).
+    /// not answer (then a tagged value cannot be stored). A call of a flight past its lookup.
     pub(super) async fn tag_clock(&self) -> Option<TagClock> {
         self.breaker
-            .call(self.store.tag_clock(&self.config.namespace))
+            .finish(self.store.tag_clock(&self.config.namespace))
             .await
             .ok()
     }

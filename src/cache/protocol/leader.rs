@@ -326,7 +326,7 @@ impl Inner {
                 } else {
                     self.store.fill(&guard.key, token, answer, ttl)
                 };
-                if let Ok(filled) = self.breaker.call(written).await {
+                if let Ok(filled) = self.breaker.finish(written).await {
                     guard.disarm();
                     if !filled {
                         self.meter.lock(LockEvent::Lost);
@@ -339,7 +339,7 @@ impl Inner {
                 let pass = entry::encode_pass(started_at);
                 if let Ok(true | false) = self
                     .breaker
-                    .call(
+                    .finish(
                         self.store
                             .fill(&guard.key, token, pass, self.config.pass_ttl),
                     )
@@ -364,7 +364,7 @@ impl Inner {
     ) {
         let filled = self
             .breaker
-            .call(self.store.fill(
+            .finish(self.store.fill(
                 &guard.key,
                 guard.token,
                 fill.encoded.clone(),

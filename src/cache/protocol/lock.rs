@@ -58,7 +58,7 @@ impl Inner {
     /// The watchdog's renewal of the lock of `key` held under `token`.
     pub(super) async fn extend_lock(&self, key: &StoreKey, token: LockToken) {
         let extended = self.store.extend(key, token, self.config.lock_ttl);
-        match self.breaker.call(extended).await {
+        match self.breaker.finish(extended).await {
             Ok(true) => {
                 self.meter.lock(LockEvent::Extended);
                 debug!(?key, "lock extended");
@@ -78,11 +78,11 @@ impl Inner {
     pub(in crate::cache) async fn tell_failure(&self, guard: &mut LockGuard, speculative: bool) {
         let (key, token) = (&guard.key, guard.token);
         let told = if self.config.failure_ttl.is_zero() || speculative {
-            self.breaker.call(self.store.release(key, token)).await
+            self.breaker.finish(self.store.release(key, token)).await
         } else {
             let failure_ttl = self.config.failure_ttl;
             self.breaker
-                .call(self.store.fail(key, token, failure_ttl))
+                .finish(self.store.fail(key, token, failure_ttl))
                 .await
         };
         if told.is_ok() {
@@ -93,7 +93,7 @@ impl Inner {
     /// Releases the lock of a load that has nothing to write (token-checked).
     pub(in crate::cache) async fn release_lock(&self, guard: &mut LockGuard) {
         let released = self.store.release(&guard.key, guard.token);
-        if self.breaker.call(released).await.is_ok() {
+        if self.breaker.finish(released).await.is_ok() {
             guard.disarm();
         }
     }

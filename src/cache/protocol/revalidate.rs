@@ -54,7 +54,7 @@ impl Inner {
         );
         let renewed = self
             .breaker
-            .call(self.store.renew(&guard.key, guard.token, fill.store_ttl))
+            .finish(self.store.renew(&guard.key, guard.token, fill.store_ttl))
             .await;
         let tagged = stale.tags.as_ref();
         match renewed {
