@@ -285,9 +285,10 @@ impl Breaker {
 }
 
 impl Breaker {
-    /// One store call, bounded by the store timeout, counted if it fails, and not made at all
-    /// while the circuit breaker is open. Past [`IN_FLIGHT`](store_timeout::IN_FLIGHT) calls
-    /// out at once, it waits for room, and its timeout counts from when it is sent.
+    /// One store call, bounded by the store timeout (measured against the store: see
+    /// [`store_timeout`]), counted if it fails, and not made at all while the circuit breaker
+    /// is open. Past [`IN_FLIGHT`](store_timeout::IN_FLIGHT) calls out at once, it waits for
+    /// room, and its timeout counts from when it is sent.
     pub(super) async fn call<T>(
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>>,
