@@ -1,12 +1,16 @@
 //! Cost as the fleet grows: P processes (real OS processes, each a small instance of the
-//! engine with default settings over its own `RedisStore`) share one `redis-server`; each
-//! stampedes K cold keys with C concurrent callers per key, released together. Per cell:
+//! engine with default settings over its own `RedisStore`) share one `redis-server`, or with
+//! `--cluster` a Redis Cluster of three masters (`--classic`: the stores publish with classic
+//! pub/sub, `sharded_notifications(false)`); each stampedes K cold keys with C concurrent
+//! callers per key, released together. Per cell:
 //!
 //! - origin loads across every process (must be K);
 //! - Redis commands per stampede, from `INFO commandstats` before and after (calls made from
-//!   scripts included), per process and key, and the breakdown by command;
-//! - pub/sub: publishes per fill, and messages delivered per fill (publishes times the
-//!   channel's subscribers, `PUBSUB NUMSUB`; one server uses classic pub/sub);
+//!   scripts included; summed over a cluster's masters), per process and key, and the
+//!   breakdown by command;
+//! - pub/sub: publishes per fill, and messages delivered per fill (each publish times its
+//!   channel's subscribers, see `shared/deployment.rs`); on a cluster, the pub/sub messages
+//!   sent over the cluster bus per fill;
 //! - the callers' latency past the origin's own time (p50/p99), against an all-hit burst of
 //!   the same width made right after (the same calls, answered from L1);
 //! - `MEMORY USAGE` of each of a value's Redis keys (value, lock slot with its fresh marker,
@@ -18,6 +22,7 @@
 //!
 //! ```sh
 //! ./scripts/scale.sh                     # the grid in invocations of under ten minutes
+//! ./scripts/scale.sh cluster             # on a Redis Cluster, sharded then classic pub/sub
 //! cargo bench --bench scale -- --p 1,4 --k 1,100 --c 10 --origin-ms 100 --value 100
 //! ```
 //!
@@ -25,26 +30,24 @@
 //! Latency figures come from a machine whose cores the processes (and other work) share;
 //! the counts are what the bench is for.
 
+#[path = "shared/deployment.rs"]
+mod deployment;
 #[path = "shared/percentile.rs"]
 mod percentile;
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use deployment::Deployment;
 use percentile::percentile_ms;
-use support::RedisServer;
 use tower_stampede::store::RedisStore;
 use tower_stampede::Cache;
 
 /// How many latency quantiles a worker reports (its samples, evenly spaced by rank).
 const QUANTILES: usize = 1000;
-
-/// Commands the coordinator itself sends, left out of the counts.
-const OWN_COMMANDS: &[&str] = &["info", "memory", "pubsub", "config", "strlen", "exists"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -53,23 +56,30 @@ fn main() {
         return;
     }
     let grid = Grid::from_args(&args);
-    let server = RedisServer::start();
+    let redis = Deployment::from_args(&args);
     println!(
-        "scale: origin {} ms, value {} B, store timeout (ms) {}, commit {}, {} cores",
+        "scale on {}: origin {} ms, value {} B, store timeout (ms) {}, commit {}, {} cores",
+        redis.describe(),
         grid.origin_ms,
         grid.value,
         grid.store_timeout_ms.as_deref().unwrap_or("default"),
         std::env::var("SCALE_COMMIT").unwrap_or_else(|_| "(set SCALE_COMMIT)".into()),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
-    println!("| P | K | C | origin loads | commands | per process and key | publishes per fill | delivered per fill | added p50 / p99 ms | all-hit p50 / p99 ms | store errors | all-hit loads |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    // A cluster adds the messages its bus carried.
+    let (bus, bus_rule) = if redis.is_cluster() {
+        (" bus messages per fill |", " --- |")
+    } else {
+        ("", "")
+    };
+    println!("| P | K | C | origin loads | commands | per process and key | publishes per fill | delivered per fill |{bus} added p50 / p99 ms | all-hit p50 / p99 ms | store errors | all-hit loads |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |{bus_rule} --- | --- | --- | --- |");
     let mut breakdowns = Vec::new();
     let mut memory = None;
     for &p in &grid.p {
         for &k in &grid.k {
             for &c in &grid.c {
-                let cell = run_cell(&server, &grid, p, k, c);
+                let cell = run_cell(&redis, &grid, p, k, c);
                 println!("{}", cell.row);
                 breakdowns.push((p, k, c, cell.breakdown));
                 memory = memory.or(Some(cell.memory));
@@ -135,9 +145,9 @@ struct Worker {
 }
 
 impl Worker {
-    fn start(url: &str, namespace: &str, grid: &Grid, k: usize, c: usize) -> Self {
+    fn start(address: &str, namespace: &str, grid: &Grid, k: usize, c: usize) -> Self {
         let mut child = Command::new(std::env::current_exe().expect("this binary"))
-            .args(["--worker", url, namespace])
+            .args(["--worker", address, namespace])
             .args([k, c].map(|n| n.to_string()))
             .args([grid.origin_ms.to_string(), grid.value.to_string()])
             .args(grid.store_timeout_ms.as_deref())
@@ -203,39 +213,26 @@ fn pooled(reports: &[Report], less_ms: f64) -> (f64, f64) {
     (percentile_ms(&samples, 50), percentile_ms(&samples, 99))
 }
 
-fn run_cell(server: &RedisServer, grid: &Grid, p: usize, k: usize, c: usize) -> Cell {
+fn run_cell(redis: &Deployment, grid: &Grid, p: usize, k: usize, c: usize) -> Cell {
     let namespace = format!("scale-p{p}-k{k}-c{c}");
-    let url = server.url();
+    let address = redis.address();
     let mut workers: Vec<Worker> = (0..p)
-        .map(|_| Worker::start(&url, &namespace, grid, k, c))
+        .map(|_| Worker::start(&address, &namespace, grid, k, c))
         .collect();
     for worker in &mut workers {
         assert_eq!(worker.line(), "ready");
     }
-    let mut redis = server.client().get_connection().expect("a connection");
-    let before = command_calls(&mut redis);
+    let before = redis.counts();
     let stampede = burst(&mut workers);
-    let after = command_calls(&mut redis);
+    let after = redis.counts();
     let hits = burst(&mut workers);
-    let memory = memory_of(&mut redis, &namespace, server);
-    let subscribers: u64 = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(format!("{namespace}:filled"))
-        .query::<(String, u64)>(&mut redis)
-        .map_or(0, |(_, n)| n);
+    let cost = redis.cost(&namespace, &before, &after);
+    let memory = memory_of(redis, &namespace);
     for mut worker in workers {
         worker.tell("quit");
         let _ = worker.child.wait();
     }
-    let mut calls: BTreeMap<String, u64> = BTreeMap::new();
-    for (command, count) in &after {
-        let earlier = before.get(command).copied().unwrap_or(0);
-        if count > &earlier && !OWN_COMMANDS.contains(&command.as_str()) {
-            calls.insert(command.clone(), count - earlier);
-        }
-    }
-    let commands: u64 = calls.values().sum();
-    let publishes = calls.get("publish").copied().unwrap_or(0);
+    let commands: u64 = cost.calls.values().sum();
     let loads: u64 = stampede.iter().map(|r| r.loads).sum();
     let hit_loads: u64 = hits.iter().map(|r| r.loads).sum();
     let errors: u64 = stampede.iter().chain(&hits).map(|r| r.errors).sum();
@@ -243,17 +240,28 @@ fn run_cell(server: &RedisServer, grid: &Grid, p: usize, k: usize, c: usize) -> 
     let (hit50, hit99) = pooled(&hits, 0.0);
     let l1 = hits.iter().map(|r| r.l1_bytes).max().unwrap_or(0) / k as u64;
     let fills = loads.max(1) as f64;
+    let bus = cost
+        .bus
+        .map_or(String::new(), |bus| format!(" {:.2} |", bus as f64 / fills));
     let row = format!(
-        "| {p} | {k} | {c} | {loads} | {commands} | {:.2} | {:.2} | {:.2} | {added50:.1} / {added99:.1} | {hit50:.3} / {hit99:.3} | {errors} | {hit_loads} |",
+        "| {p} | {k} | {c} | {loads} | {commands} | {:.2} | {:.2} | {:.2} |{bus} {added50:.1} / {added99:.1} | {hit50:.3} / {hit99:.3} | {errors} | {hit_loads} |",
         commands as f64 / (p * k) as f64,
-        publishes as f64 / fills,
-        (publishes * subscribers) as f64 / fills,
+        cost.publishes as f64 / fills,
+        cost.delivered as f64 / fills,
     );
-    let breakdown = calls
+    let refused = cost
+        .refused
+        .iter()
+        .map(|(command, n)| format!("{command} {n}"));
+    let breakdown = cost
+        .calls
         .iter()
         .map(|(command, n)| format!("{command} {n}"))
         .collect::<Vec<_>>()
-        .join(", ");
+        .join(", ")
+        + &refused
+            .map(|r| format!("; refused in scripts: {r}"))
+            .collect::<String>();
     Cell {
         row,
         breakdown,
@@ -280,32 +288,18 @@ fn current_thread() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// `cmdstat_*` calls by command.
-fn command_calls(redis: &mut redis::Connection) -> BTreeMap<String, u64> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(redis)
-        .expect("INFO");
-    info.lines()
-        .filter_map(|line| line.strip_prefix("cmdstat_"))
-        .filter_map(|rest| {
-            let (command, stats) = rest.split_once(':')?;
-            let calls = stats.strip_prefix("calls=")?.split(',').next()?;
-            Some((command.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
 /// `MEMORY USAGE` of each Redis key of the cell's first key, and the value's own bytes.
-fn memory_of(redis: &mut redis::Connection, namespace: &str, server: &RedisServer) -> String {
+fn memory_of(redis: &Deployment, namespace: &str) -> String {
     let runtime = current_thread();
     let key = runtime.block_on(async {
-        let store = RedisStore::connect(server.url()).await.expect("a store");
+        let store = Deployment::connect(&redis.address()).await;
         Cache::builder(store)
             .namespace(namespace)
             .build()
             .store_key("key-0")
     });
+    // The key's names share a hash tag: one node holds them all.
+    let mut node = redis.connection_for(&RedisStore::value_name(&key));
     let mut parts = Vec::new();
     for (what, name) in [
         ("value", RedisStore::value_name(&key)),
@@ -315,7 +309,7 @@ fn memory_of(redis: &mut redis::Connection, namespace: &str, server: &RedisServe
         let usage: Option<u64> = redis::cmd("MEMORY")
             .arg("USAGE")
             .arg(&name)
-            .query(redis)
+            .query(&mut node)
             .expect("MEMORY USAGE");
         parts.push(match usage {
             Some(bytes) => format!("{what} {bytes} B"),
@@ -324,7 +318,7 @@ fn memory_of(redis: &mut redis::Connection, namespace: &str, server: &RedisServe
     }
     let stored: u64 = redis::cmd("STRLEN")
         .arg(RedisStore::value_name(&key))
-        .query(redis)
+        .query(&mut node)
         .expect("STRLEN");
     format!(
         "MEMORY USAGE of one entry: {} (the value's string: {stored} B)",
@@ -332,11 +326,12 @@ fn memory_of(redis: &mut redis::Connection, namespace: &str, server: &RedisServe
     )
 }
 
-/// A worker: `URL NAMESPACE K C ORIGIN_MS VALUE_BYTES [STORE_TIMEOUT_MS]`. Prints `ready` once subscribed, then for
-/// each `go` on stdin one burst of K×C calls and its report line; ends on `quit`.
+/// A worker: `ADDRESS NAMESPACE K C ORIGIN_MS VALUE_BYTES [STORE_TIMEOUT_MS]` (the address
+/// from [`Deployment::address`]). Prints `ready` once subscribed, then for each `go` on stdin
+/// one burst of K×C calls and its report line; ends on `quit`.
 fn worker(args: &[String]) {
-    let Some([url, namespace, k, c, origin_ms, value]) = args.first_chunk() else {
-        panic!("worker: URL NAMESPACE K C ORIGIN_MS VALUE_BYTES [STORE_TIMEOUT_MS]");
+    let Some([address, namespace, k, c, origin_ms, value]) = args.first_chunk() else {
+        panic!("worker: ADDRESS NAMESPACE K C ORIGIN_MS VALUE_BYTES [STORE_TIMEOUT_MS]");
     };
     let store_timeout = args.get(6);
     let (k, c): (usize, usize) = (k.parse().expect("K"), c.parse().expect("C"));
@@ -352,7 +347,7 @@ fn worker(args: &[String]) {
     }
     let runtime = current_thread();
     let cache = runtime.block_on(async {
-        let store = RedisStore::connect(url.as_str()).await.expect("a store");
+        let store = Deployment::connect(address).await;
         let mut builder = Cache::builder(store).namespace(namespace);
         if let Some(ms) = store_timeout {
             builder = builder.store_timeout(Duration::from_millis(ms.parse().expect("ms")));
