@@ -249,19 +249,7 @@ fn run_cell(redis: &Deployment, grid: &Grid, p: usize, k: usize, c: usize) -> Ce
         cost.publishes as f64 / fills,
         cost.delivered as f64 / fills,
     );
-    let refused = cost
-        .refused
-        .iter()
-        .map(|(command, n)| format!("{command} {n}"));
-    let breakdown = cost
-        .calls
-        .iter()
-        .map(|(command, n)| format!("{command} {n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-        + &refused
-            .map(|r| format!("; refused in scripts: {r}"))
-            .collect::<String>();
+    let breakdown = cost.breakdown();
     Cell {
         row,
         breakdown,

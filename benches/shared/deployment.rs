@@ -55,6 +55,8 @@ pub struct Cost {
     pub publishes: u64,
     /// Each publish times its channel's subscribers.
     pub delivered: u64,
+    /// What each master delivered to its own subscribers, in the order of the masters.
+    pub delivered_by_master: Vec<u64>,
     /// Pub/sub messages sent over the cluster bus (none on one server).
     pub bus: Option<u64>,
 }
@@ -167,34 +169,37 @@ impl Deployment {
     /// The cost of what happened between `before` and `after`, with the subscribers of
     /// `namespace`'s channels as they are now (the workers still subscribed).
     pub fn cost(&self, namespace: &str, before: &Counts, after: &Counts) -> Cost {
-        let ports = self.ports();
-        let mut connections: Vec<redis::Connection> =
-            ports.iter().map(|p| connection(*p)).collect();
+        let nodes: Vec<NodeCost> = before
+            .nodes
+            .iter()
+            .zip(&after.nodes)
+            .map(|(earlier, later)| node_cost(earlier, later))
+            .collect();
+        // A classic publish on any node reaches every node's subscribers.
+        let classic: u64 = nodes.iter().map(|node| node.calls("publish")).sum();
         let classic_channel = format!("{namespace}:filled");
-        let classic_subscribers: u64 = connections
-            .iter_mut()
-            .map(|redis| subscribers(redis, "NUMSUB", &classic_channel))
-            .sum();
         let mut cost = Cost {
             calls: BTreeMap::new(),
             refused: BTreeMap::new(),
             publishes: 0,
             delivered: 0,
+            delivered_by_master: Vec::new(),
             bus: self.is_cluster().then_some(0),
         };
-        for ((earlier, later), redis) in before.nodes.iter().zip(&after.nodes).zip(&mut connections)
-        {
-            let node = node_cost(earlier, later);
-            let (publish, spublish) = (node.calls("publish"), node.calls("spublish"));
-            cost.publishes += publish + spublish;
-            cost.delivered += publish * classic_subscribers;
+        for (node, port) in nodes.into_iter().zip(self.ports()) {
+            let mut redis = connection(port);
+            let spublish = node.calls("spublish");
+            let mut delivered = classic * subscribers(&mut redis, "NUMSUB", &classic_channel);
             if spublish > 0 {
-                cost.delivered += spublish * first_shard_subscribers(redis, namespace);
+                delivered += spublish * first_shard_subscribers(&mut redis, namespace);
             }
+            cost.publishes += node.calls("publish") + spublish;
+            cost.delivered += delivered;
+            cost.delivered_by_master.push(delivered);
             if let Some(bus) = &mut cost.bus {
-                *bus += later.bus_sent - earlier.bus_sent;
+                *bus += node.bus_sent;
             }
-            for (command, (calls, refused)) in node.0 {
+            for (command, (calls, refused)) in node.calls {
                 if OWN_COMMANDS.contains(&command.as_str()) {
                     continue;
                 }
@@ -210,17 +215,43 @@ impl Deployment {
     }
 }
 
-/// One node's calls and refused calls of each command between two counts.
-struct NodeCost(BTreeMap<String, (u64, u64)>);
+impl Cost {
+    /// The calls by command, the calls refused inside scripts, and on a cluster what each
+    /// master delivered.
+    pub fn breakdown(&self) -> String {
+        let listed = |counts: &BTreeMap<String, u64>| {
+            counts
+                .iter()
+                .map(|(command, n)| format!("{command} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut breakdown = listed(&self.calls);
+        if !self.refused.is_empty() {
+            breakdown += &format!("; refused in scripts: {}", listed(&self.refused));
+        }
+        if self.bus.is_some() {
+            breakdown += &format!("; delivered by master: {:?}", self.delivered_by_master);
+        }
+        breakdown
+    }
+}
+
+/// What one node did between two counts.
+struct NodeCost {
+    /// Calls and refused calls of each command.
+    calls: BTreeMap<String, (u64, u64)>,
+    bus_sent: u64,
+}
 
 impl NodeCost {
     fn calls(&self, command: &str) -> u64 {
-        self.0.get(command).map_or(0, |(calls, _)| *calls)
+        self.calls.get(command).map_or(0, |(calls, _)| *calls)
     }
 }
 
 fn node_cost(before: &NodeCounts, after: &NodeCounts) -> NodeCost {
-    let diff = after
+    let calls = after
         .calls
         .iter()
         .map(|(command, (calls, refused))| {
@@ -228,7 +259,10 @@ fn node_cost(before: &NodeCounts, after: &NodeCounts) -> NodeCost {
             (command.clone(), (calls - calls0, refused - refused0))
         })
         .collect();
-    NodeCost(diff)
+    NodeCost {
+        calls,
+        bus_sent: after.bus_sent - before.bus_sent,
+    }
 }
 
 fn connection(port: u16) -> redis::Connection {
