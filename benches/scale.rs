@@ -238,7 +238,8 @@ fn run_cell(redis: &Deployment, grid: &Grid, p: usize, k: usize, c: usize) -> Ce
     let errors: u64 = stampede.iter().chain(&hits).map(|r| r.errors).sum();
     let (added50, added99) = pooled(&stampede, grid.origin_ms as f64);
     let (hit50, hit99) = pooled(&hits, 0.0);
-    let l1 = hits.iter().map(|r| r.l1_bytes).max().unwrap_or(0) / k as u64;
+    // Each worker's L1 also holds its warm-up entry.
+    let l1 = hits.iter().map(|r| r.l1_bytes).max().unwrap_or(0) / (k as u64 + 1);
     let fills = loads.max(1) as f64;
     let bus = cost
         .bus
