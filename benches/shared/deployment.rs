@@ -57,6 +57,8 @@ pub struct Cost {
     pub delivered: u64,
     /// What each master delivered to its own subscribers, in the order of the masters.
     pub delivered_by_master: Vec<u64>,
+    /// The calls each master counted (the coordinator's own left out), in the same order.
+    pub commands_by_master: Vec<u64>,
     /// Pub/sub messages sent over the cluster bus (none on one server).
     pub bus: Option<u64>,
 }
@@ -184,6 +186,7 @@ impl Deployment {
             publishes: 0,
             delivered: 0,
             delivered_by_master: Vec::new(),
+            commands_by_master: Vec::new(),
             bus: self.is_cluster().then_some(0),
         };
         for (node, port) in nodes.into_iter().zip(self.ports()) {
@@ -199,10 +202,12 @@ impl Deployment {
             if let Some(bus) = &mut cost.bus {
                 *bus += node.bus_sent;
             }
+            let mut commands = 0;
             for (command, (calls, refused)) in node.calls {
                 if OWN_COMMANDS.contains(&command.as_str()) {
                     continue;
                 }
+                commands += calls;
                 if calls > 0 {
                     *cost.calls.entry(command.clone()).or_default() += calls;
                 }
@@ -210,14 +215,15 @@ impl Deployment {
                     *cost.refused.entry(command).or_default() += refused;
                 }
             }
+            cost.commands_by_master.push(commands);
         }
         cost
     }
 }
 
 impl Cost {
-    /// The calls by command, the calls refused inside scripts, and on a cluster what each
-    /// master delivered.
+    /// The calls by command, the calls refused inside scripts, and on a cluster the calls and
+    /// the deliveries of each master.
     pub fn breakdown(&self) -> String {
         let listed = |counts: &BTreeMap<String, u64>| {
             counts
@@ -231,7 +237,10 @@ impl Cost {
             breakdown += &format!("; refused in scripts: {}", listed(&self.refused));
         }
         if self.bus.is_some() {
-            breakdown += &format!("; delivered by master: {:?}", self.delivered_by_master);
+            breakdown += &format!(
+                "; by master: commands {:?}, delivered {:?}",
+                self.commands_by_master, self.delivered_by_master
+            );
         }
         breakdown
     }
