@@ -69,6 +69,7 @@ impl Deployment {
     pub fn from_args(args: &[String]) -> Self {
         let has = |flag: &str| args.iter().any(|a| a == flag);
         if !has("--cluster") {
+            assert!(!has("--classic"), "--classic goes with --cluster");
             return Deployment::Server(RedisServer::start());
         }
         if cfg!(not(feature = "cluster")) {
