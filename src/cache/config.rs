@@ -329,10 +329,12 @@ impl CacheBuilder {
     /// falls back to protection within this process. Counted against the store, up to ten
     /// times this in all: a timer that fires late (by more than a quarter of this: the process
     /// was starved of CPU, or its runtime's thread blocked, while the store's reply may be
-    /// waiting unread) gives the call this long again from when the process runs; and so does
-    /// a timer on time while the store works through a queue (it answered a call of this
-    /// cache within the last timeout, and none sent after this one), as when many processes
-    /// stampede many keys at once. A store that answers nothing for this long fails the call.
+    /// waiting unread) gives the call this long again from when the process runs; so does a
+    /// call whose request waited for the connection's task behind this process's own work;
+    /// and so does a timer on time while the store works through a queue (it answered a call
+    /// of this cache within the last timeout), as when many processes stampede many keys at
+    /// once. A store that answers nothing for this long fails the call; one that holds a call
+    /// while it answers others (a stalled master of a cluster) fails it at ten times this.
     ///
     /// A healthy Redis answers in a millisecond or two; the default leaves room for a Redis
     /// or a process that shares its cores with busy neighbours, where a call over the
