@@ -908,3 +908,60 @@ async fn a_batch_looks_up_with_one_pipeline_per_master() {
         assert_eq!(found[key].as_ref().unwrap(), "reloaded");
     }
 }
+
+/// A master stalls (`SIGSTOP`) while the other two answer: a call to one of its keys ends
+/// (within ten store timeouts, since the cluster answers others meanwhile) and its flight
+/// loads with in-process protection; keys on the other masters are loaded and answered all
+/// along, and the breaker stays closed. Once the master is back, its key is shared again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_master_fails_its_calls_while_the_others_answer() {
+    let cluster = RedisCluster::start();
+    let filler = cache(instance(&cluster).await).build();
+    let keys = keys_on_each_node(&cluster, &filler, "stall");
+    for key in &keys {
+        filler
+            .get_or_load(key.as_str(), || async {
+                Ok::<_, std::io::Error>(Bytes::from_static(b"stored"))
+            })
+            .await
+            .unwrap();
+    }
+    let stalled = cluster.node_of(&RedisStore::value_name(&filler.store_key(&keys[0])));
+    let stalling = Cache::builder(instance(&cluster).await)
+        .namespace("test")
+        .store_timeout(Duration::from_millis(100))
+        .build();
+    // Twenty keys on the other two masters, each asked once (no copy in L1 yet: from the store).
+    let elsewhere: Vec<String> = (0..)
+        .map(|i| format!("elsewhere-{i}"))
+        .filter(|key| cluster.node_of(&RedisStore::value_name(&stalling.store_key(key))) != stalled)
+        .take(20)
+        .collect();
+    cluster.pause(stalled, true);
+    let others = async {
+        for key in &elsewhere {
+            let fetched = stalling.fetch(key.as_str(), || async {
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"loaded")))
+            });
+            let fetched = fetched.await.unwrap();
+            assert_eq!(fetched.outcome(), Outcome::Leader, "{key}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let held = stalling.fetch(keys[0].as_str(), || async {
+        Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"loaded alone")))
+    });
+    let (held, ()) = tokio::join!(held, others);
+    let held = held.unwrap();
+    assert_eq!(held.value().unwrap(), "loaded alone");
+    assert_eq!(held.outcome(), Outcome::Degraded);
+    let stats = stalling.stats();
+    // The held call, and (on the master that holds the namespace's tag clock) the clock
+    // reads of this new process's loads; never enough in a row to open the breaker.
+    assert!(stats.store_errors >= 1, "{stats:?}");
+    assert_eq!(stats.breaker_opened, 0, "{stats:?}");
+    cluster.pause(stalled, false);
+    let other = cache(instance(&cluster).await).build();
+    let shared = other.fetch(keys[0].as_str(), never_called).await.unwrap();
+    assert_eq!(shared.value().unwrap(), "stored");
+}

@@ -300,6 +300,22 @@ impl RedisCluster {
         port
     }
 
+    /// Freezes (`SIGSTOP`, with `true`) or thaws (`SIGCONT`) the node on `port`: frozen, it keeps
+    /// its connections and answers nothing, while the other nodes go on.
+    pub fn pause(&self, port: u16, frozen: bool) {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a node of this cluster");
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        let status = Command::new("kill")
+            .args([signal, &node.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// Waits, for at most `limit`, until a live node serves `key`'s slot as its master and
     /// every live node reports `cluster_state:ok` (after [`kill_master_of`](Self::kill_master_of):
     /// the failed master's replica has been promoted). Returns the port of the new master.
