@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::store::{KeyDigest, Stamp, TagClock, TagVersions};
@@ -31,6 +32,10 @@ pub(super) struct KnownTags {
     /// The tag versions read, each with the stamp its tag had just before the read and how
     /// long it may be kept.
     versions: Mutex<HashMap<KeyDigest, Known>>,
+    /// Whether a read of the tag state is under way, and its end: the other readers of values
+    /// without tags, and loads that expect none, wait for it rather than each read it.
+    reading: AtomicBool,
+    read_ended: Notify,
 }
 
 struct Known {
@@ -38,6 +43,17 @@ struct Known {
     version: u64,
     stamp: Stamp,
     until: Instant,
+}
+
+/// A read of the tag state under way (see [`KnownTags::read_tag_state`]): dropped, answered
+/// or not, it lets the waiting readers go.
+pub(super) struct TagStateRead<'a>(&'a KnownTags);
+
+impl Drop for TagStateRead<'_> {
+    fn drop(&mut self) {
+        self.0.reading.store(false, Ordering::Release);
+        self.0.read_ended.notify_waiters();
+    }
 }
 
 /// The digest whose stamp stands for the namespace's generation: a clear moves every stamp on
@@ -60,18 +76,29 @@ impl KnownTags {
     /// [`CLEARS`], taken now) is the one taken before that read, else one read now with `read`.
     /// A clock no later than the current one, in the current generation (as far as this
     /// process has heard), so an application without tags pays for tags one round trip per
-    /// clear heard of, not one per load. `None` while the store does not answer.
+    /// clear heard of, not one per load (and the loads that start together share it). `None`
+    /// while the store does not answer.
     pub(super) async fn first_clock(
         &self,
         stamp: Option<Stamp>,
         read: impl Future<Output = Option<TagClock>>,
     ) -> Option<TagClock> {
-        let kept = *crate::sync::lock(&self.first_clock);
-        if let (Some((clock, at)), Some(stamp)) = (kept, stamp) {
-            if at == stamp {
-                return Some(clock);
-            }
+        if let Some(clock) = self.kept_clock(stamp) {
+            return Some(clock);
         }
+        let _reading = match stamp {
+            Some(_) => match self.read_tag_state().await {
+                Some(reading) => Some(reading),
+                None => {
+                    if let Some(clock) = self.kept_clock(stamp) {
+                        return Some(clock);
+                    }
+                    // That read failed, or read the generation alone: this one reads.
+                    None
+                }
+            },
+            None => None,
+        };
         let clock = read.await?;
         if let Some(stamp) = stamp {
             *crate::sync::lock(&self.first_clock) = Some((clock, stamp));
@@ -79,11 +106,35 @@ impl KnownTags {
         Some(clock)
     }
 
+    /// The clock kept for loads, if it was read under `stamp` (of [`CLEARS`], taken now).
+    fn kept_clock(&self, stamp: Option<Stamp>) -> Option<TagClock> {
+        let (clock, at) = (*crate::sync::lock(&self.first_clock))?;
+        (Some(at) == stamp).then_some(clock)
+    }
+
     /// The namespace's generation, if it was read under `stamp` (of [`CLEARS`], taken now)
     /// and may still be kept at `now`.
     pub(super) fn generation(&self, stamp: Option<Stamp>, now: Instant) -> Option<u64> {
         let (generation, at, until) = (*crate::sync::lock(&self.generation))?;
         (Some(at) == stamp && now < until).then_some(generation)
+    }
+
+    /// Lets one caller read the namespace's tag state (its generation, or its clock, which
+    /// carries the generation) at a time: the guard of the read for the first, which ends the
+    /// others' wait when dropped; `None` for the others, once that read has ended (then what
+    /// it read is kept, if the store answered). A burst of readers of values without tags, or
+    /// of loads that expect none, in a process that does not know the generation yet, so
+    /// reads it once rather than once each.
+    pub(super) async fn read_tag_state(&self) -> Option<TagStateRead<'_>> {
+        let ended = self.read_ended.notified();
+        tokio::pin!(ended);
+        // Registered before the flag is looked at: a read that ends in between still wakes it.
+        ended.as_mut().enable();
+        if !self.reading.swap(true, Ordering::AcqRel) {
+            return Some(TagStateRead(self));
+        }
+        ended.await;
+        None
     }
 
     /// Keeps the namespace's `generation` just read, under `stamp` (of [`CLEARS`], taken

@@ -83,11 +83,18 @@ impl Cache {
 impl Inner {
     /// The namespace's tag generation and clock, read before a load; `None` if the store did
     /// not answer (then a tagged value cannot be stored). A call of a flight past its lookup.
+    /// The clock carries the generation: it is kept for the values read meanwhile.
     pub(super) async fn tag_clock(&self) -> Option<TagClock> {
-        self.breaker
+        let clears = self.l1.stamp(&CLEARS);
+        let until = crate::sync::later(Instant::now(), self.config.l1_ttl_cap);
+        let clock = self
+            .breaker
             .finish(self.store.tag_clock(&self.config.namespace))
             .await
-            .ok()
+            .ok()?;
+        self.known_tags
+            .learn_generation(clock.generation, clears, until);
+        Some(clock)
     }
 
     /// A tag clock for a load that does not expect tags: the one read last, unless a clear
@@ -145,6 +152,23 @@ impl Inner {
                 return Ok(valid(&versions, tagged.clock).then_some(stamps));
             }
         }
+        // A value without tags needs the generation alone: one read of it at a time.
+        let _reading = match (tagged.tags.is_empty(), clears) {
+            (true, Some(_)) => match self.known_tags.read_tag_state().await {
+                Some(reading) => Some(reading),
+                None => {
+                    let read = self
+                        .known_tags
+                        .generation(self.l1.stamp(&CLEARS), Instant::now());
+                    if let Some(current) = read {
+                        return Ok((current == generation).then_some(stamps));
+                    }
+                    // That read failed: this one asks again.
+                    None
+                }
+            },
+            _ => None,
+        };
         let versions = self
             .breaker
             .call(
