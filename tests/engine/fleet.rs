@@ -359,3 +359,31 @@ async fn listening(shared: &Shared) -> Arc<Observed> {
     }
     observed
 }
+
+timed_test!(a_leader_keeps_its_lock_until_its_fill_lands);
+/// A leader whose fill takes 400 ms to reach the store (a busy process, a store far behind),
+/// with 150 ms locks: its watchdog renews the lock from the lead's start until the fill is
+/// done, not only while the load runs, so the fill lands and another process finds the value
+/// without loading. (Renewed during the load alone, the lock ran out before the fill, which
+/// was refused: on two cores shared by 32 processes and a Redis Cluster, 4,603 of 10,000 keys
+/// loaded twice.) Real time on Redis, paused time on the embedded store.
+async fn a_leader_keeps_its_lock_until_its_fill_lands(stores: Vec<Shared>) {
+    for shared in stores {
+        let slow = Observed::slow_fills(&shared.store, Duration::from_millis(400));
+        let leader = Cache::builder_shared(slow.clone())
+            .namespace("test")
+            .store_timeout(support::PATIENT)
+            .lock_ttl(Duration::from_millis(150))
+            .build();
+        let loads = Counter::default();
+        let loaded = leader
+            .get_or_load("slow fill", crate::slow_value(&loads, Duration::ZERO, "v"))
+            .await
+            .unwrap();
+        assert_eq!((loaded, loads.get()), ("v".into(), 1), "{}", shared.name);
+        assert_eq!(slow.fills(), 1, "{}", shared.name);
+        let other = shared.cache().build();
+        let fetched = other.fetch("slow fill", never_called).await.unwrap();
+        assert_eq!(fetched.value().unwrap(), "v", "{}", shared.name);
+    }
+}

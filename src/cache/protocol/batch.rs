@@ -196,7 +196,7 @@ impl Inner {
     }
 
     /// Loads the keys this call leads, in one call of the loader (under their locks, renewed
-    /// while it runs), and fills each (fenced by its lock, as any leader's fill). A key the
+    /// until every fill is done), and fills each (fenced by its lock, as any leader's fill). A key the
     /// loader leaves out is an error for that key alone, and its lock is released; a failed
     /// load fails every key, and tells their followers as a single leader's failure does.
     async fn lead_many<K: BatchKey>(
@@ -205,10 +205,12 @@ impl Inner {
         load: BatchLoad<K>,
     ) -> Answered<K> {
         let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
-        let token = led.first().map(|led| led.guard.token);
+        let _watchdog = led
+            .first()
+            .map(|first| self.watch_locks(keys, first.guard.token));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         let (started, started_at) = (Instant::now(), SystemTime::now());
-        let loaded = self.load_watched(load(wanted), &keys, token).await;
+        let loaded = self.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
         let mut values = match loaded {
             Ok(values) => values,

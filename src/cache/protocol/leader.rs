@@ -140,20 +140,15 @@ impl Inner {
     }
 
     /// Runs a loader in a task of its own, handed the `previous` value if there is one,
-    /// bounded by the load timeout; while it runs, renews the lock named by `lock` (the
-    /// watchdog). A loader that answers "not modified" without a previous value fails.
+    /// bounded by the load timeout (a leader's [watchdog](super::lock::Watchdog) renews its
+    /// lock meanwhile). A loader that answers "not modified" without a previous value fails.
     pub(in crate::cache) async fn load(
         &self,
         loader: BoxLoader,
-        lock: Option<(&StoreKey, LockToken)>,
         previous: Option<Previous>,
     ) -> Result<Loaded, Error> {
         let had_previous = previous.is_some();
-        let (keys, token) = match lock {
-            Some((key, token)) => (std::slice::from_ref(key), Some(token)),
-            None => (&[][..], None),
-        };
-        match self.load_watched(loader.run(previous), keys, token).await {
+        match self.load_watched(loader.run(previous)).await {
             Ok(Loaded {
                 kind: LoadedKind::NotModified { .. },
                 ..
@@ -164,45 +159,24 @@ impl Inner {
         }
     }
 
-    /// Runs a load in a task of its own, counted, bounded by the load timeout; while it runs,
-    /// renews the locks of `keys` held under `token` (the watchdog).
+    /// Runs a load in a task of its own, counted, bounded by the load timeout.
     pub(in crate::cache) async fn load_watched<T: Send + 'static>(
         &self,
         load: BoxFuture<'static, Result<T, BoxError>>,
-        keys: &[StoreKey],
-        token: Option<LockToken>,
     ) -> Result<T, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let config = &self.config;
         let started = Instant::now();
         let mut task = tokio::spawn(load);
-        let deadline = tokio::time::sleep(config.load_timeout);
-        tokio::pin!(deadline);
-        let period = (config.lock_ttl / 3).max(Duration::from_millis(1));
-        let mut renew =
-            tokio::time::interval_at(crate::sync::later(Instant::now(), period), period);
-        loop {
-            tokio::select! {
-                joined = &mut task => {
-                    self.meter.load(started.elapsed());
-                    return match joined {
-                        Ok(Ok(loaded)) => Ok(loaded),
-                        Ok(Err(error)) => Err(Error::load(error)),
-                        Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
-                    };
-                }
-                () = &mut deadline => {
-                    self.meter.load(started.elapsed());
-                    task.abort();
-                    return Err(Error::load_timeout(config.load_timeout));
-                }
-                _ = renew.tick(), if token.is_some() => {
-                    if let Some(token) = token {
-                        for key in keys {
-                            self.extend_lock(key, token).await;
-                        }
-                    }
-                }
+        let joined = tokio::time::timeout(config.load_timeout, &mut task).await;
+        self.meter.load(started.elapsed());
+        match joined {
+            Ok(Ok(Ok(loaded))) => Ok(loaded),
+            Ok(Ok(Err(error))) => Err(Error::load(error)),
+            Ok(Err(_)) => Err(Error::new(ErrorKind::LoadPanicked)),
+            Err(_) => {
+                task.abort();
+                Err(Error::load_timeout(config.load_timeout))
             }
         }
     }
@@ -240,13 +214,14 @@ impl Inner {
             }
         }
         let mut guard = LockGuard::new(&self.store, key, token);
+        let _watchdog = self.watch_locks(vec![guard.key.clone()], token);
         let stamp = seen.stamp;
         let clock = self.clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let previous = self.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
         let soft = self.leader_soft_timeout(loader.soft_timeout(), stale.as_ref(), early, posted);
-        let load = self.load(loader, Some((&guard.key, token)), previous);
+        let load = self.load(loader, previous);
         let loaded = super::soft::within(load, soft, || {
             if let (Some(stale), Some(early)) = (&stale, early) {
                 self.post_soft(*guard.key.digest(), stamp, stale, early);

@@ -37,7 +37,7 @@ impl Inner {
         // Kept in L1 even while notifications are lost (the store is failing), until the
         // store answers again or notifications come back.
         let vouch = (self.l1.stamp_anyway(&digest), self.breaker.recoveries());
-        let loaded = self.load(loader, None, None).await?;
+        let loaded = self.load(loader, None).await?;
         if !loaded.tags.is_empty() {
             self.known_tags.mark_seen();
         }
@@ -69,7 +69,7 @@ impl Inner {
     ) -> FlightResult {
         let clock = self.tag_clock().await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
-        let loaded = self.load(loader, None, None).await?;
+        let loaded = self.load(loader, None).await?;
         let life = loaded.life();
         let bytes = match loaded.kind {
             LoadedKind::Value { bytes, .. } => bytes,

@@ -20,6 +20,8 @@ pub struct Observed {
     inner: Arc<dyn Store>,
     lookups: std::sync::atomic::AtomicUsize,
     lookup_delay: Duration,
+    /// How long a fill takes to reach the store.
+    fill_delay: Duration,
     fills_fail: bool,
     hanging: std::sync::atomic::AtomicBool,
     reads_hang: std::sync::atomic::AtomicBool,
@@ -69,11 +71,22 @@ impl Observed {
         Observed::built(inner, Duration::ZERO, true)
     }
 
+    /// A store whose fills reach it `delay` late (a slow network, a busy process), its other
+    /// calls going through at once.
+    pub fn slow_fills(inner: &Arc<dyn Store>, delay: Duration) -> Arc<Self> {
+        let mut observed = Observed::built(inner, Duration::ZERO, false);
+        Arc::get_mut(&mut observed)
+            .expect("not shared yet")
+            .fill_delay = delay;
+        observed
+    }
+
     fn built(inner: &Arc<dyn Store>, lookup_delay: Duration, fills_fail: bool) -> Arc<Self> {
         Arc::new(Observed {
             inner: Arc::clone(inner),
             lookups: Default::default(),
             lookup_delay,
+            fill_delay: Duration::ZERO,
             fills_fail,
             hanging: Default::default(),
             reads_hang: Default::default(),
@@ -197,7 +210,11 @@ impl Store for Observed {
         if self.fills_fail {
             return Box::pin(async { Err(StoreError::new("fills fail")) });
         }
-        self.inner.fill(key, token, value, ttl)
+        let key = key.clone();
+        Box::pin(async move {
+            tokio::time::sleep(self.fill_delay).await;
+            self.inner.fill(&key, token, value, ttl).await
+        })
     }
 
     // Every other call goes through as it is, the trait's defaults included: without these,
