@@ -181,8 +181,9 @@ impl CacheBuilder {
         self
     }
 
-    /// How long the reload lock lives if its leader never releases it (a crash). While a load
-    /// runs, its leader renews the lock every third of this. Default: 5 s.
+    /// How long the reload lock lives if its leader never releases it (a crash). From the
+    /// start of its lead until its fill is done (the tag clock read, the load, the fill), a
+    /// leader renews the lock every third of this. Default: 5 s.
     pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
         self.config.lock_ttl = lock_ttl;
         self

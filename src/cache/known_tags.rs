@@ -36,6 +36,8 @@ pub(super) struct KnownTags {
     /// without tags, and loads that expect none, wait for it rather than each read it.
     reading: AtomicBool,
     read_ended: Notify,
+    /// When the last read of the tag state was sent.
+    read_sent: Mutex<Option<Instant>>,
 }
 
 struct Known {
@@ -87,7 +89,7 @@ impl KnownTags {
             return Some(clock);
         }
         let _reading = match stamp {
-            Some(_) => match self.read_tag_state().await {
+            Some(_) => match self.read_tag_state(None).await {
                 Some(reading) => Some(reading),
                 None => {
                     if let Some(clock) = self.kept_clock(stamp) {
@@ -120,21 +122,33 @@ impl KnownTags {
     }
 
     /// Lets one caller read the namespace's tag state (its generation, or its clock, which
-    /// carries the generation) at a time: the guard of the read for the first, which ends the
-    /// others' wait when dropped; `None` for the others, once that read has ended (then what
-    /// it read is kept, if the store answered). A burst of readers of values without tags, or
-    /// of loads that expect none, in a process that does not know the generation yet, so
-    /// reads it once rather than once each.
-    pub(super) async fn read_tag_state(&self) -> Option<TagStateRead<'_>> {
-        let ended = self.read_ended.notified();
-        tokio::pin!(ended);
-        // Registered before the flag is looked at: a read that ends in between still wakes it.
-        ended.as_mut().enable();
-        if !self.reading.swap(true, Ordering::AcqRel) {
-            return Some(TagStateRead(self));
+    /// carries the generation) at a time: the guard of the read for the caller that makes it,
+    /// which ends the others' wait when dropped; `None` for the others, once a read they may
+    /// use has ended (then what it read is kept, if the store answered). A burst of readers
+    /// of values without tags, or of loads that expect none, in a process that does not know
+    /// the generation yet, so reads it once or twice rather than once each.
+    ///
+    /// A read sent before `after` does not do: what it read may be older than what the caller
+    /// checks (a value read from the store at `after` must be checked against a generation
+    /// read after it, or a clear between the two would go unseen). Such a caller waits for
+    /// that read to end, then for the next, or makes it.
+    pub(super) async fn read_tag_state(&self, after: Option<Instant>) -> Option<TagStateRead<'_>> {
+        loop {
+            let ended = self.read_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the flag is looked at: a read that ends in between still
+            // wakes it.
+            ended.as_mut().enable();
+            if !self.reading.swap(true, Ordering::AcqRel) {
+                *crate::sync::lock(&self.read_sent) = Some(Instant::now());
+                return Some(TagStateRead(self));
+            }
+            ended.await;
+            let sent = *crate::sync::lock(&self.read_sent);
+            if after.is_none_or(|after| sent.is_some_and(|sent| sent >= after)) {
+                return None;
+            }
         }
-        ended.await;
-        None
     }
 
     /// Keeps the namespace's `generation` just read, under `stamp` (of [`CLEARS`], taken

@@ -83,18 +83,14 @@ impl Cache {
 impl Inner {
     /// The namespace's tag generation and clock, read before a load; `None` if the store did
     /// not answer (then a tagged value cannot be stored). A call of a flight past its lookup.
-    /// The clock carries the generation: it is kept for the values read meanwhile.
+    ///
+    /// The generation it carries is not kept for checking values: read before a load, it
+    /// would vouch for that load's own value, whatever a clear did while the load ran.
     pub(super) async fn tag_clock(&self) -> Option<TagClock> {
-        let clears = self.l1.stamp(&CLEARS);
-        let until = crate::sync::later(Instant::now(), self.config.l1_ttl_cap);
-        let clock = self
-            .breaker
+        self.breaker
             .finish(self.store.tag_clock(&self.config.namespace))
             .await
-            .ok()?;
-        self.known_tags
-            .learn_generation(clock.generation, clears, until);
-        Some(clock)
+            .ok()
     }
 
     /// A tag clock for a load that does not expect tags: the one read last, unless a clear
@@ -152,9 +148,10 @@ impl Inner {
                 return Ok(valid(&versions, tagged.clock).then_some(stamps));
             }
         }
-        // A value without tags needs the generation alone: one read of it at a time.
+        // A value without tags needs the generation alone: one read of it at a time, sent
+        // after this value was read.
         let _reading = match (tagged.tags.is_empty(), clears) {
-            (true, Some(_)) => match self.known_tags.read_tag_state().await {
+            (true, Some(_)) => match self.known_tags.read_tag_state(Some(now)).await {
                 Some(reading) => Some(reading),
                 None => {
                     let read = self

@@ -118,7 +118,7 @@ mod imp {
         metrics::describe_counter!(
             LOCK,
             "Reload lock events: acquired, contended (held elsewhere), lost (a fill or \
-             renewal refused), extended (renewed while a load runs)"
+             renewal refused), extended (renewed while its leader works)"
         );
         metrics::describe_histogram!(
             FOLLOWER_WAIT,

@@ -263,10 +263,11 @@ async fn a_burst_of_cold_keys_fills_before_its_locks_run_out(stores: Vec<Shared>
 timed_test!(a_process_reads_the_namespace_generation_once);
 /// Every stored value carries its namespace's generation, checked when it is read from the
 /// store. A new process reading 100 values another process filled, all at once, reads the
-/// generation once (100 lookups and one read), not once per value; and a process whose first
-/// load read the tag clock (which carries the generation) reads it never (its load's lookup,
-/// clock and fill, then 100 lookups); 100 loads that start together in a new process read the
-/// clock once. Before, 10,000 cold keys over 4 processes cost 23,953 reads of the generation,
+/// generation once or twice (a read sent before a value was read cannot vouch for it), not
+/// once per value; a process whose load
+/// checked its value against the generation (lookup, clock, fill, generation) reads it no more
+/// for the next 100 values; and 100 loads that start together in a new process read the clock
+/// once. Before, 10,000 cold keys over 4 processes cost 23,953 reads of the generation,
 /// nearly one per follower, and over 32 processes 890 reads of the clock.
 async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
     for shared in stores {
@@ -301,7 +302,14 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
                 shared.name
             );
         }
-        assert_eq!(observed.calls(), 100 + 1, "{}: a new reader", shared.name);
+        // The first read of the generation may have been sent before some of the values were
+        // read: those wait for a second.
+        let others = observed.calls() - observed.lookups();
+        assert!(
+            (1..=2).contains(&others),
+            "{}: a new reader read it {others} times",
+            shared.name
+        );
 
         let observed = listening(&shared).await;
         let loader = Cache::builder_shared(observed.clone())
@@ -314,7 +322,7 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
             })
             .await
             .unwrap();
-        assert_eq!(observed.calls(), 3, "{}: a load", shared.name);
+        assert_eq!(observed.calls(), 4, "{}: a load", shared.name);
         for fetched in reads_all(&loader).await {
             assert_eq!(
                 fetched.unwrap().outcome(),
@@ -323,7 +331,7 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
                 shared.name
             );
         }
-        assert_eq!(observed.calls(), 3 + 100, "{}: a loader", shared.name);
+        assert_eq!(observed.calls(), 4 + 100, "{}: a loader", shared.name);
 
         // Loads that start together read the tag clock (and with it the generation) once.
         let observed = listening(&shared).await;
@@ -342,7 +350,19 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
         for loaded in loads.join_all().await {
             assert_eq!(loaded.unwrap(), "new", "{}", shared.name);
         }
-        assert_eq!(observed.calls(), 100 + 1 + 100, "{}: loads", shared.name);
+        assert_eq!(
+            (observed.lookups(), observed.fills()),
+            (100, 100),
+            "{}",
+            shared.name
+        );
+        // The clock once, and the generation (to check the values) once or twice.
+        let others = observed.calls() - observed.lookups() - observed.fills();
+        assert!(
+            (2..=3).contains(&others),
+            "{}: loads read the tag state {others} times",
+            shared.name
+        );
     }
 }
 
