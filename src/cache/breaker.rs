@@ -372,8 +372,7 @@ impl Breaker {
         };
         let breaker = Arc::clone(self);
         runtime.spawn(async move {
-            let (store, key) = (&breaker.store, &breaker.probe_key);
-            let (timeout, open_for) = (breaker.timeout, breaker.open_for);
+            let open_for = breaker.open_for;
             loop {
                 tokio::time::sleep(open_for).await;
                 match breaker.check() {
@@ -381,16 +380,7 @@ impl Breaker {
                     Check::Wait => continue,
                     Check::Ask => {
                         let asked = Instant::now();
-                        let answered = matches!(
-                            store_timeout::within(
-                                &breaker.answers,
-                                Instant::now(),
-                                timeout,
-                                store.get(key)
-                            )
-                            .await,
-                            Some(Ok(_))
-                        );
+                        let answered = breaker.probe_answered().await;
                         // A failed check is not a failed call: it neither opens the breaker
                         // nor counts in the stats.
                         if answered {
@@ -402,21 +392,21 @@ impl Breaker {
                             breaker: &breaker,
                             reported: false,
                         };
-                        let answered = matches!(
-                            store_timeout::within(
-                                &breaker.answers,
-                                Instant::now(),
-                                timeout,
-                                store.get(key)
-                            )
-                            .await,
-                            Some(Ok(_))
-                        );
+                        let answered = breaker.probe_answered().await;
                         trial.report(answered);
                     }
                 }
             }
         });
+    }
+}
+
+impl Breaker {
+    /// Whether the store answers a read of the probe key within the store timeout.
+    async fn probe_answered(&self) -> bool {
+        let read = self.store.get(&self.probe_key);
+        let answer = store_timeout::within(&self.answers, Instant::now(), self.timeout, read);
+        matches!(answer.await, Some(Ok(_)))
     }
 }
 
