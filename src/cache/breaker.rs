@@ -121,6 +121,7 @@ pub(super) struct CallCounts {
 impl Breaker {
     /// A closed breaker over `store`, as `config` sets it; a threshold of 0 never opens.
     pub(crate) fn new(config: &Config, store: Arc<dyn Store>) -> Self {
+        let lane = (store.calls_at_once() / 2).min(store_timeout::IN_FLIGHT);
         Breaker {
             threshold: config.breaker_threshold,
             open_for: config.breaker_open_for,
@@ -140,8 +141,8 @@ impl Breaker {
             skipped: AtomicU64::new(0),
             opened: AtomicU64::new(0),
             meter: Meter::new(&config.namespace),
-            in_flight: store_timeout::InFlight::default(),
-            finishing: store_timeout::InFlight::default(),
+            in_flight: store_timeout::InFlight::new(lane),
+            finishing: store_timeout::InFlight::new(lane),
             answers: store_timeout::Answers::default(),
         }
     }

@@ -34,21 +34,21 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-/// How many store calls of one cache may be out at once: enough to keep a connection's
-/// pipeline full (a few hundred commands take Redis a few milliseconds), few enough that the
-/// last of them is answered well within a timeout.
+/// How many store calls of one cache may be out at once in each lane, where the store says
+/// nothing else ([`Store::calls_at_once`](crate::store::Store::calls_at_once)): enough to keep a
+/// connection's pipeline full (a few hundred commands take Redis a few milliseconds), few
+/// enough that the last of them is answered well within a timeout.
 pub(super) const IN_FLIGHT: usize = 256;
 
-/// The store calls of a cache that are out, at most [`IN_FLIGHT`].
+/// The store calls of a cache that are out in one lane, at most its room.
 pub(super) struct InFlight(Semaphore);
 
-impl Default for InFlight {
-    fn default() -> Self {
-        InFlight(Semaphore::new(IN_FLIGHT))
-    }
-}
-
 impl InFlight {
+    /// A lane with room for `room` calls (at least one).
+    pub(super) fn new(room: usize) -> Self {
+        InFlight(Semaphore::new(room.max(1)))
+    }
+
     /// Waits for room to send a call whose caller read the clock at `now`: the permit to hold
     /// while the call is out, and when its timeout starts (`now`, or when it got room).
     pub(super) async fn send(&self, now: Instant) -> (Option<SemaphorePermit<'_>>, Instant) {

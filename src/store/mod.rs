@@ -398,6 +398,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn notifier(&self) -> Option<&Notifier> {
         None
     }
+
+    /// How many calls the store takes at once before it queues them inside its client, where
+    /// their time would run against the engine's store timeout while they have not even been
+    /// sent. The engine keeps at most this many of a cache's calls out (half for lookups, half
+    /// for the calls of flights past their lookup) and makes the others wait for room, their
+    /// timeout not yet running. Default: 512.
+    fn calls_at_once(&self) -> usize {
+        512
+    }
 }
 
 /// When the load of a value the engine wrote started, in milliseconds since the UNIX epoch,

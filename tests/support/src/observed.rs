@@ -269,6 +269,10 @@ impl Store for Observed {
         self.inner.notifier()
     }
 
+    fn calls_at_once(&self) -> usize {
+        self.inner.calls_at_once()
+    }
+
     fn extend(
         &self,
         key: &StoreKey,
