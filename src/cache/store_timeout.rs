@@ -22,6 +22,13 @@
 //! answer): telling it from a queued one would take the order the calls left in, which a
 //! store's own awaits (a script loaded again, a connection made) can change.
 //!
+//! Nor can it tell a slow store from a request that has not left the process: on a
+//! current-thread runtime, the connection's task that writes a call's request waits its turn
+//! behind every task queued before it, and a burst of thousands of callers held the first
+//! requests of a process back for 250 to 300 ms. So where a runtime has many tasks, a marker
+//! task is queued with the request, and the call is timed from when it runs: when the
+//! connection's task could first write the request.
+//!
 //! Nor can it tell a slow store from a process that asks too much at once: a burst of calls
 //! (a cold start over thousands of keys) queues in the process's own connection, and the last
 //! ones would time out behind the first. So at most [`IN_FLIGHT`] calls of a cache are out at
