@@ -70,7 +70,7 @@
 //! | `flights.rs` | `Flights`: the flights in progress in this process, by key |
 //! | `flight.rs` | a fetch: L1, then joining or starting a flight, and the flight's loader |
 //! | `carry.rs` | how the caller that starts a flight carries it, and how it posts to the others |
-//! | `breaker.rs` | `Breaker`: the circuit breaker, every store call, and its probe |
+//! | `breaker/` | `Breaker`: the circuit breaker, every store call, and its probe (and its tests) |
 //! | `known_tags.rs` | `KnownTags`: whether loaders return tags, the first tag clock, the versions read |
 //! | `tags.rs` | [`Cache::invalidate_tags`], and checking a tagged value against its tags |
 //! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
