@@ -1,4 +1,11 @@
 //! `MemoryStore`: the embedded store, with the semantics of the Redis scripts.
+//!
+//! | file | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | `MemoryStore`: its state's upkeep (expiry, eviction) and the steps the calls share |
+//! | `store.rs` | `impl Store for MemoryStore` |
+//! | `state.rs` | the values, locks and tag state it keeps |
+//! | `tests.rs` | its tests |
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -6,11 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use self::state::{Holder, State, TagState};
-use super::{
-    millis, BoxFuture, FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Notifier,
-    Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions, MAX_TAG_VERSIONS,
-};
+use self::state::{Holder, State};
+use super::{millis, LockState, LockToken, LockWhen, Lookup, Notifier, Renewal, StoreKey, Stored};
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
 /// (value TTLs, lock TTLs, owner tokens, fenced fills).
@@ -295,215 +299,7 @@ impl std::fmt::Debug for MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn lookup(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-        lock_when: LockWhen,
-    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let result = self.lookup_now(key, token, lock_ttl, lock_when);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn lookup_many(
-        &self,
-        keys: &[StoreKey],
-        token: LockToken,
-        lock_ttl: Duration,
-        lock_when: LockWhen,
-    ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
-        let found = keys
-            .iter()
-            .map(|key| self.lookup_now(key, token, lock_ttl, lock_when))
-            .collect();
-        Box::pin(async move { Ok(found) })
-    }
-
-    fn fill(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.fill_now(key, token, value, ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn renew(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
-        let result = self.renew_now(key, token, ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.release_now(key, token);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn extend(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.extend_now(key, token, lock_ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn put(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.put_now(key, value, ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        let result = self.state().live_value(key, Instant::now());
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn fail(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        failure_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.fail_now(key, token, failure_ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn answer_waiters(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        answer: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.answer_waiters_now(key, token, answer, ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
-        let result = self.waiters_answer_now(key);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
-        Some(self.notifier.watch(key))
-    }
-
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.change(key, |_, _| None);
-        Box::pin(async { Ok(()) })
-    }
-
-    fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
-        for key in keys {
-            self.change(key, |_, _| None);
-        }
-        Box::pin(async { Ok(()) })
-    }
-
-    fn set(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        _fresh_for: Duration,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        // Freshness is judged by each lookup from the remaining life; no marker to set.
-        self.change(key, |_, now| Some((value, expiry(now, ttl))));
-        Box::pin(async { Ok(()) })
-    }
-
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.change(key, |old, now| {
-            let (bytes, expires) = old?;
-            let kept = (!keep.is_zero()).then(|| expiry(now, keep))?;
-            Some((bytes, expires.min(kept)))
-        });
-        Box::pin(async { Ok(()) })
-    }
-
-    fn notifier(&self) -> Option<&Notifier> {
-        Some(&self.notifier)
-    }
-
-    fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.state()
-            .tags
-            .insert(namespace.to_owned(), TagState::new());
-        self.notifier.cleared();
-        Box::pin(async { Ok(()) })
-    }
-
-    fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
-        let mut state = self.state();
-        let tags = state
-            .tags
-            .entry(namespace.to_owned())
-            .or_insert_with(TagState::new);
-        let clock = TagClock {
-            generation: tags.generation,
-            clock: tags.clock,
-        };
-        Box::pin(async move { Ok(clock) })
-    }
-
-    fn tag_versions(
-        &self,
-        namespace: &str,
-        tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>> {
-        let state = self.state();
-        let versions = state.tags.get(namespace).map(|state| TagVersions {
-            generation: state.generation,
-            versions: tags
-                .iter()
-                .map(|tag| state.versions.get(tag).copied().unwrap_or(0))
-                .collect(),
-        });
-        Box::pin(async move { Ok(versions) })
-    }
-
-    fn invalidate_tags(
-        &self,
-        namespace: &str,
-        tags: &[KeyDigest],
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        {
-            let mut state = self.state();
-            let state = state
-                .tags
-                .entry(namespace.to_owned())
-                .or_insert_with(TagState::new);
-            if state.versions.len() + tags.len() > MAX_TAG_VERSIONS {
-                *state = TagState::new();
-            }
-            state.clock += 1;
-            for tag in tags {
-                state.versions.insert(*tag, state.clock);
-            }
-        }
-        let namespace: Arc<str> = Arc::from(namespace);
-        for tag in tags {
-            self.notifier
-                .notify(&StoreKey::new(Arc::clone(&namespace), *tag));
-        }
-        Box::pin(async { Ok(()) })
-    }
-}
-
 mod state;
+mod store;
 #[cfg(test)]
 mod tests;
