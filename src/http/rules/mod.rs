@@ -6,7 +6,7 @@
 //! | --- | --- |
 //! | `request.rs` | what the layer does with a request: look it up, ignore, invalidate, bypass |
 //! | `methods.rs` | safe methods, and those whose response invalidates their URL |
-//! | `policy.rs` | [`Policy`] and [`RfcPolicy`]: whether a response is stored, and for how long |
+//! | `policy.rs` | [`Policy`] and [`RfcPolicy`]: whether a response is stored, and for how long (its tests and its property test in `policy/`) |
 //! | `decision.rs` | [`Decision`], what a policy decides, and [`Staleness`] |
 //! | `stored_fields.rs` | which header fields of a response are stored |
 //! | `parse.rs` | parsers of `Cache-Control`, `Vary`, `Age`, HTTP dates and entity tags |

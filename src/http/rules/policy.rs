@@ -336,4 +336,6 @@ fn cacheable_by_default(status: StatusCode) -> bool {
 }
 
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod tests;
