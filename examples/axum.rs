@@ -1,5 +1,5 @@
 //! An axum app behind the stampede guard: a database pool, a TTL per route, a typed hot key
-//! and a readiness probe (the recipes of `docs/recipes.md`, together).
+//! and probes that stay ready while the store is down (the recipes of `docs/recipes.md`, together).
 //!
 //! ```sh
 //! cargo run --features serde --example axum                # embedded MemoryStore
@@ -7,19 +7,20 @@
 //! curl -i http://127.0.0.1:3000/prices      # x-cache: MISS after 300 ms, then HIT for 5 s
 //! curl -i http://127.0.0.1:3000/about       # the same, HIT for an hour
 //! curl -i http://127.0.0.1:3000/products/7  # a typed value, cached by the handler
-//! curl -i http://127.0.0.1:3000/ready       # 200, or 503 while the store does not answer
+//! curl -i http://127.0.0.1:3000/ready       # 200 while the app serves, Redis up or down
+//! curl -i http://127.0.0.1:3000/health/cache  # the store's state, for dashboards
 //! ```
 //!
 //! `LISTEN` sets the address (default `127.0.0.1:3000`). With `REDIS_URL`, the app starts
-//! even while Redis is down (`RedisStore::open`): `/ready` says 503 and every route still
-//! answers, each process loading for itself, until Redis is up.
+//! even while Redis is down (`RedisStore::open`): `/ready` stays 200 and every route still
+//! answers, each process loading for itself, until Redis is up; `/health/cache` says so.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderName, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use serde::{Deserialize, Serialize};
@@ -86,16 +87,21 @@ async fn product(State(state): State<AppState>, Path(id): Path<u64>) -> Result<S
     ))
 }
 
-/// Readiness: 503 while the store does not answer, its notifications are down or the
-/// breaker is open. The cache still serves then, protected within this process only.
-async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
+/// Probes are of this instance, now: no cache may keep them.
+const NO_STORE: [(HeaderName, &str); 1] = [(header::CACHE_CONTROL, "no-store")];
+
+/// Readiness: ready while the app serves. With the store down the cache still answers,
+/// protected within this process only; failing readiness then would pull every instance at
+/// once and turn a store outage into a full one.
+async fn ready() -> ([(HeaderName, &'static str); 1], &'static str) {
+    (NO_STORE, "ready\n")
+}
+
+/// The store's state (answers, notifications, breaker), for dashboards and alerts.
+async fn cache_health(State(state): State<AppState>) -> ([(HeaderName, &'static str); 1], String) {
     let health = state.cache.health().await;
-    let status = if health.is_healthy() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (status, format!("{health:?}\n"))
+    let text = format!("healthy: {}\n{health:?}\n", health.is_healthy());
+    (NO_STORE, text)
 }
 
 #[tokio::main]
@@ -127,6 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .route("/products/{id}", get(product))
         .route("/ready", get(ready))
+        .route("/health/cache", get(cache_health))
         .with_state(state);
 
     let listen = std::env::var("LISTEN").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());

@@ -782,6 +782,8 @@ async fn the_proxy_serves_prometheus_metrics() {
         .await
         .unwrap();
     assert_eq!(scraped.status, StatusCode::OK);
+    // A scrape is of this instance, now: no cache between may keep it.
+    assert_eq!(scraped.headers["cache-control"], "no-store");
     let text = String::from_utf8_lossy(&scraped.body);
     for line in [
         format!("stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"miss-leader\"}} 2"),

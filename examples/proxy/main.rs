@@ -227,15 +227,11 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
 #[cfg(feature = "metrics")]
 async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-    use tower_stampede::cache::{DURATION_BUCKETS, HISTOGRAMS};
+    use tower_stampede::cache::{DURATION_BUCKETS, METRICS_PREFIX};
 
-    let mut builder = PrometheusBuilder::new();
-    for name in HISTOGRAMS {
-        builder = builder
-            .set_buckets_for_metric(Matcher::Full(name.to_owned()), &DURATION_BUCKETS)
-            .map_err(|e| format!("cannot set the buckets of {name}: {e}"))?;
-    }
-    let handle = builder
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Prefix(METRICS_PREFIX.into()), &DURATION_BUCKETS)
+        .map_err(|e| format!("cannot set the histograms' buckets: {e}"))?
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let listener = TcpListener::bind(addr)
@@ -255,7 +251,11 @@ async fn serve_metrics(addr: SocketAddr) -> Result<SocketAddr, String> {
     });
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || std::future::ready(handle.render())),
+        // A scrape is of this instance now: `no-store`, so no cache between keeps it.
+        axum::routing::get(move || {
+            let no_store = [(http::header::CACHE_CONTROL, "no-store")];
+            std::future::ready((no_store, handle.render()))
+        }),
     );
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {

@@ -84,6 +84,28 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
+
+    /// The cause, if there is one: the loader's own error for [`ErrorKind::Load`] (downcast it
+    /// to your type), the [`StoreError`](crate::store::StoreError) for [`ErrorKind::Store`].
+    /// `Display` prints it after the kind.
+    ///
+    /// ```
+    /// use tower_stampede::{store::MemoryStore, Cache, ErrorKind};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let load = || async { Err::<bytes::Bytes, _>(std::io::Error::other("database down")) };
+    /// let error = cache.get_or_load("user:42", load).await.unwrap_err();
+    /// assert_eq!(error.kind(), ErrorKind::Load);
+    /// assert_eq!(error.to_string(), "the load failed: database down");
+    /// let cause = error.get_ref().and_then(|cause| cause.downcast_ref::<std::io::Error>());
+    /// assert_eq!(cause.map(|io| io.kind()), Some(std::io::ErrorKind::Other));
+    /// # }
+    /// ```
+    pub fn get_ref(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
+        self.source.as_deref()
+    }
 }
 
 impl fmt::Debug for Error {
@@ -96,27 +118,39 @@ impl fmt::Debug for Error {
 }
 
 impl fmt::Display for Error {
-    /// What went wrong, without the cause: [`source`](StdError::source) returns that, so
-    /// reporters that walk the chain do not print it twice.
+    /// What went wrong, then its cause: `the load failed: connection refused`. As with
+    /// [`std::io::Error`], the cause is [`get_ref`](Error::get_ref), and
+    /// [`source`](StdError::source) is the cause's own source, so a reporter that walks the
+    /// chain prints each message once.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.kind {
+        f.write_str(self.kind.describe())?;
+        match &self.source {
+            Some(cause) => write!(f, ": {cause}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The kind in words, as [`Error`]'s `Display` starts.
+    fn describe(self) -> &'static str {
+        match self {
             ErrorKind::Load => "the load failed",
             ErrorKind::LoadTimeout => "the load timed out",
             ErrorKind::LoadPanicked => "the load panicked",
             ErrorKind::WaitTimeout => "timed out waiting for another load",
             ErrorKind::RecentFailure => "another load of this key failed a moment ago",
             ErrorKind::Pass => "the key is marked pass",
-            ErrorKind::Store => "the change did not reach the store",
+            ErrorKind::Store => "the store did not answer",
             ErrorKind::Decode => "the value in this process is not of the requested type",
             ErrorKind::Url => "the URL names no page the layer could store: it needs a scheme (http or https) and an authority",
-        })
+        }
     }
 }
 
 impl StdError for Error {
+    /// The cause's own source: the cause itself is in `Display` and [`Error::get_ref`].
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source
-            .as_deref()
-            .map(|e| e as &(dyn StdError + 'static))
+        self.source.as_deref().and_then(StdError::source)
     }
 }

@@ -1,4 +1,5 @@
-//! The way every call reaches the engine once its public entry point has its key: the L1 hit
+//! The calls a newcomer needs first ([`Cache::get_or_load`], [`Cache::fetch`]), and the way
+//! every call reaches the engine once its public entry point has its key: the L1 hit
 //! counted and traced without a task, and the fetch with its span (for a subscriber that wants
 //! it, with the key as text where the cache shows readable keys), its outcome counted.
 
@@ -15,6 +16,83 @@ use super::{l1, BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Previ
 use crate::store::KeyDigest;
 
 impl Cache {
+    /// The value of `key`: from L1, from the store, or from `loader`, run at most once per
+    /// stampede across every process that shares the store. The value is stored for the
+    /// cache's default [`ttl`](CacheBuilder::ttl).
+    ///
+    /// `loader` runs in its own task, so it finishes and fills the cache even if this call is
+    /// dropped. Callers that shared a failed load share its error.
+    pub async fn get_or_load<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Bytes, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let fetched = self
+            .fetch_accepting(
+                key,
+                |_| true,
+                move |_| async move { loader().await.map(Loaded::value).map_err(Into::into) },
+            )
+            .await?;
+        fetched.value_or_pass()
+    }
+
+    /// Like [`get_or_load`](Self::get_or_load), with a loader that chooses each value's TTL or
+    /// declares its result not cacheable ([`Loaded::pass`]), and an answer that tells how the
+    /// call was served ([`Outcome`]).
+    pub async fn fetch<F, Fut, E>(&self, key: impl AsRef<[u8]>, loader: F) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.fetch_accepting(key, |_| true, move |_| loader()).await
+    }
+
+    /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value
+    /// ([`Loaded`]: its own TTL, tags, stale windows, TTL jitter), answered with the value
+    /// itself. A loader that answers [`Loaded::pass`] fails the call with
+    /// [`ErrorKind::Pass`](super::ErrorKind::Pass): use [`fetch`](Self::fetch) to tell a pass from a value.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let row = cache
+    ///     .get_or_load_with("user:42", || async {
+    ///         let row = Bytes::from("Ada");
+    ///         Ok::<_, std::io::Error>(Loaded::value_with_ttl(row, Duration::from_secs(300)).tags(["users"]))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(row, "Ada");
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load), and [`ErrorKind::Pass`](super::ErrorKind::Pass) for a pass.
+    pub async fn get_or_load_with<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Bytes, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.fetch(key, loader).await?.value_or_pass()
+    }
+
     /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
     /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
     /// overwritten by this load).

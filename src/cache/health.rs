@@ -12,11 +12,12 @@ use super::Cache;
 const RECENT: Duration = Duration::from_secs(1);
 
 /// What [`Cache::health`] found. [`is_healthy`](Self::is_healthy) is the answer for a
-/// readiness probe; the other methods say what is wrong.
+/// dashboard or an alert; the other methods say what is wrong.
 ///
 /// An unhealthy cache still answers every call (the store is an optimisation): loads are
 /// then protected within this process only, one per key per process, and L1 keeps what this
-/// process loads. Whether to take an instance out of service for it is the operator's choice.
+/// process loads. So it is no reason to fail a readiness probe: every instance shares the
+/// store, and a probe that failed with it would take them all out of service at once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
     answered: Option<Duration>,
@@ -56,7 +57,8 @@ impl Health {
 }
 
 impl Cache {
-    /// Checks the store, for a readiness or liveness probe: whether it answered a call within
+    /// Checks the store, for a dashboard or an alert (not a readiness probe: see [`Health`]):
+    /// whether it answered a call within
     /// the last second, and if not, whether it answers a read now (one store call, within
     /// [`store_timeout`](crate::CacheBuilder::store_timeout), counted by the circuit breaker
     /// as any other); whether its notifications are received (the check also makes sure this

@@ -85,9 +85,13 @@
 //! | `entry/` | the bytes kept in the store: header, kinds, tags, windows (and its tests) |
 //! | `error.rs` | [`Error`] and [`ErrorKind`] |
 //! | `health.rs` | [`Cache::health`] and [`Health`] |
-//! | `fetch.rs` | every call's way into the engine: the L1 hit, the fetch, its span and count |
+//! | `fetch.rs` | [`Cache::get_or_load`] and [`Cache::fetch`], and every call's way into the engine: the L1 hit, the fetch, its span and count |
 //! | `telemetry.rs` | tracing events and metrics |
 //! | `typed/` | typed values (feature `serde`): handles, codecs, batches |
+
+// First: its `impl Cache` opens the rustdoc page of `Cache` (the calls a newcomer needs first),
+// and rustdoc lists the modules' impls in the order they are declared.
+mod fetch;
 
 mod batch;
 mod breaker;
@@ -96,7 +100,6 @@ mod changes;
 mod config;
 pub(crate) mod entry;
 mod error;
-mod fetch;
 mod fetched;
 mod flight;
 mod flights;
@@ -135,14 +138,39 @@ pub use loaded::{Loaded, Previous};
 pub use stats::Stats;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
+pub use telemetry::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS, METRICS_PREFIX};
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub use typed::{Codec, Postcard, Typed};
 
-/// The stampede guard's engine; see the [module docs](self).
+/// The stampede guard's engine: one load per stampede, across tasks and processes.
 ///
-/// Cheap to clone: clones share L1, flights and settings. Build one with [`Cache::builder`].
+/// Start with [`get_or_load`](Cache::get_or_load): the value of a key, loaded at most once per
+/// stampede. [`fetch`](Cache::fetch) is the same with a loader that chooses its value's TTL,
+/// tags and stale windows, or not to store it. Then the rest: batches
+/// ([`get_many_or_load`](Cache::get_many_or_load)), changes ([`invalidate`](Cache::invalidate),
+/// [`set`](Cache::set), [`expire`](Cache::expire), [`invalidate_tag`](Cache::invalidate_tag),
+/// [`clear`](Cache::clear)), a peek ([`get`](Cache::get)), and [`health`](Cache::health) and
+/// [`stats`](Cache::stats) for probes and dashboards.
+///
+/// ```
+/// use bytes::Bytes;
+/// use tower_stampede::{store::MemoryStore, Cache};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_stampede::Error> {
+/// let cache = Cache::builder(MemoryStore::new()).build();
+/// let name = cache
+///     .get_or_load("user:42", || async {
+///         Ok::<_, std::io::Error>(Bytes::from("Ada")) // one database call per stampede
+///     })
+///     .await?;
+/// assert_eq!(name, "Ada");
+/// # Ok(()) }
+/// ```
+///
+/// Cheap to clone: clones share L1, flights and settings. Build one with [`Cache::builder`];
+/// more in the [module docs](self).
 #[derive(Clone)]
 pub struct Cache {
     inner: Arc<Inner>,
@@ -178,16 +206,6 @@ pub(crate) struct L1Found<T> {
 }
 
 impl Cache {
-    /// A builder for a cache over `store`.
-    pub fn builder(store: impl Store) -> CacheBuilder {
-        CacheBuilder::new(Arc::new(store))
-    }
-
-    /// A builder for a cache over a store that is already shared.
-    pub fn builder_shared(store: Arc<dyn Store>) -> CacheBuilder {
-        CacheBuilder::new(store)
-    }
-
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
         let notifier = if config.notifications {
             store.notifier().cloned()
@@ -209,42 +227,14 @@ impl Cache {
         }
     }
 
-    /// The value of `key`: from L1, from the store, or from `loader`, run at most once per
-    /// stampede across every process that shares the store. The value is stored for the
-    /// cache's default [`ttl`](CacheBuilder::ttl).
-    ///
-    /// `loader` runs in its own task, so it finishes and fills the cache even if this call is
-    /// dropped. Callers that shared a failed load share its error.
-    pub async fn get_or_load<F, Fut, E>(
-        &self,
-        key: impl AsRef<[u8]>,
-        loader: F,
-    ) -> Result<Bytes, Error>
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
-        E: Into<BoxError>,
-    {
-        let fetched = self
-            .fetch_accepting(
-                key,
-                |_| true,
-                move |_| async move { loader().await.map(Loaded::value).map_err(Into::into) },
-            )
-            .await?;
-        fetched.value_or_pass()
+    /// A builder for a cache over `store`.
+    pub fn builder(store: impl Store) -> CacheBuilder {
+        CacheBuilder::new(Arc::new(store))
     }
 
-    /// Like [`get_or_load`](Self::get_or_load), with a loader that chooses each value's TTL or
-    /// declares its result not cacheable ([`Loaded::pass`]), and an answer that tells how the
-    /// call was served ([`Outcome`]).
-    pub async fn fetch<F, Fut, E>(&self, key: impl AsRef<[u8]>, loader: F) -> Result<Fetched, Error>
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
-        E: Into<BoxError>,
-    {
-        self.fetch_accepting(key, |_| true, move |_| loader()).await
+    /// A builder for a cache over a store that is already shared.
+    pub fn builder_shared(store: Arc<dyn Store>) -> CacheBuilder {
+        CacheBuilder::new(store)
     }
 
     /// Like [`fetch`](Self::fetch), with a loader that revalidates: when the store still keeps

@@ -91,6 +91,21 @@ mod imp {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub const HISTOGRAMS: [&str; 2] = [LOAD_DURATION, FOLLOWER_WAIT];
 
+    /// What every metric of this crate's name starts with. Every histogram among them is a
+    /// duration in seconds, so one call gives them all [`DURATION_BUCKETS`]:
+    ///
+    /// ```
+    /// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    /// use tower_stampede::cache::{DURATION_BUCKETS, METRICS_PREFIX};
+    ///
+    /// let builder = PrometheusBuilder::new()
+    ///     .set_buckets_for_metric(Matcher::Prefix(METRICS_PREFIX.into()), &DURATION_BUCKETS)
+    ///     .expect("the buckets are not empty");
+    /// # drop(builder);
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub const METRICS_PREFIX: &str = "stampede_";
+
     const LOOKUPS: &str = "stampede_lookups_total";
     const LOADS: &str = "stampede_loads_total";
     const LOAD_DURATION: &str = "stampede_load_duration_seconds";
@@ -219,7 +234,7 @@ mod imp {
 }
 
 #[cfg(feature = "metrics")]
-pub use imp::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS};
+pub use imp::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS, METRICS_PREFIX};
 
 /// Where one cache's metrics go: the recorder installed when each is recorded (looked up then,
 /// so a recorder installed after the cache was built still gets them), labelled with the

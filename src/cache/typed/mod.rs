@@ -233,6 +233,47 @@ where
         self.fetch(key, load).await?.value_or_pass()
     }
 
+    /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value
+    /// ([`Loaded`]: its own TTL, tags, stale windows, TTL jitter), answered with the value
+    /// itself, as [`Cache::get_or_load_with`] is. A loader that answers [`Loaded::pass`] fails
+    /// the call with [`ErrorKind::Pass`]: use [`fetch`](Self::fetch) to tell a pass from a value.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// let cache = Cache::builder(MemoryStore::new()).build();
+    /// let names = cache.typed::<String>();
+    /// let name = names
+    ///     .get_or_load_with("user:42:name", || async {
+    ///         let name = String::from("Ada");
+    ///         Ok::<_, std::io::Error>(Loaded::value_with_ttl(name, Duration::from_secs(300)).tags(["users"]))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(*name, "Ada");
+    /// cache.invalidate_tag("users").await?;
+    /// assert_eq!(names.get("user:42:name").await?, None);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get_or_load`](Self::get_or_load), and [`ErrorKind::Pass`] for a pass.
+    pub async fn get_or_load_with<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Arc<T>, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded<T>, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.fetch(key, loader).await?.value_or_pass()
+    }
+
     /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value,
     /// as [`Cache::fetch`]'s does: its own TTL ([`Loaded::value_with_ttl`]), tags, stale
     /// windows, TTL jitter, or not at all ([`Loaded::pass`]); and an answer that tells how the
