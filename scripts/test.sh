@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
 # Installs what the tests need (redis-server and redis-cli; openssl for the TLS tests), then runs
-# formatting, lints and the whole suite.
-# Usage: ./scripts/test.sh
+# formatting, lints and the whole suite, and ends with a summary: the time of each step, and the
+# tests passed and failed per test binary.
+#
+# Usage: ./scripts/test.sh              everything (what CI runs)
+#        ./scripts/test.sh --repeat N   the unit and integration tests N times (built once), then
+#                                       every test that failed in any run, with how often
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+repeat=0
+case "${1:-}" in
+  "") ;;
+  --repeat)
+    repeat="${2:-}"
+    [[ "$repeat" =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [--repeat N]" >&2; exit 2; }
+    ;;
+  *) echo "usage: $0 [--repeat N]" >&2; exit 2 ;;
+esac
 
 missing() {
   local packages=()
@@ -35,32 +49,95 @@ fi
 echo "==> $(redis-server --version)"
 echo "==> $(openssl version)"
 
-echo "==> cargo fmt --check"
-cargo fmt --all -- --check
+# Every test run's output goes to this log too, for the summary.
+log="$(mktemp -t tower-stampede-tests.XXXXXX)"
+steps=()
+trap 'summary $?' EXIT
 
-echo "==> cargo clippy (all targets, all features, -D warnings)"
-cargo clippy --all-targets --all-features -- -D warnings
+# step NAME COMMAND...: runs COMMAND, timed, its output shown and kept in the log.
+step() {
+  local name="$1" started=$SECONDS status=0
+  shift
+  echo "==> $name" | tee -a "$log"
+  "$@" 2>&1 | tee -a "$log" || status=$?
+  steps+=("$(printf '%5ds  %s%s' $((SECONDS - started)) "$name" "$([ $status -eq 0 ] || echo '  FAILED')")")
+  return $status
+}
 
-echo "==> cargo clippy (all targets, no default features: the embedded store alone)"
-cargo clippy --all-targets --no-default-features -- -D warnings
+# The tests passed and failed per binary, from cargo test's own lines in the log, and the total
+# as the plain closing line.
+summary() {
+  local status=$1
+  trap - EXIT
+  [ "$repeat" -eq 0 ] || exit "$status"
+  echo
+  echo "==> summary"
+  printf '%s\n' "${steps[@]}"
+  echo
+  awk '
+    /^==> / { step = substr($0, 5) }
+    /^ *Running / { binary = ($2 == "unittests") ? $3 : $2 }
+    /^ *Doc-tests / { binary = "doctests of " $2 }
+    /^test result: / {
+      passed = $4; failed = $6; sub(";", "", passed); sub(";", "", failed)
+      key = step SUBSEP binary
+      if (!(key in ok)) { order[++n] = key }
+      ok[key] += passed; bad[key] += failed
+      total_ok += passed; total_bad += failed
+    }
+    END {
+      for (i = 1; i <= n; i++) {
+        split(order[i], part, SUBSEP)
+        if (part[1] != shown) { print part[1]; shown = part[1] }
+        printf "  %6d passed %4d failed  %s\n", ok[order[i]], bad[order[i]], part[2]
+      }
+      printf "tests: %d passed, %d failed\n", total_ok, total_bad
+    }' "$log"
+  rm -f "$log"
+  exit "$status"
+}
 
-echo "==> cargo doc (all features and none, -D warnings: a broken intra-doc link fails)"
-RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps
-RUSTDOCFLAGS="-D warnings" cargo doc --no-default-features --no-deps
+if [ "$repeat" -gt 0 ]; then
+  # Flakes cannot hide: the same tests N times, built once, and every failure named.
+  cargo test --all-features --no-run
+  failures="$(mktemp -t tower-stampede-failures.XXXXXX)"
+  for run in $(seq "$repeat"); do
+    started=$SECONDS
+    status=0
+    cargo test --all-features --no-fail-fast --lib --bins --tests >"$log" 2>&1 || status=$?
+    grep -E '^test .* \.\.\. FAILED$' "$log" | sed -E 's/^test (.*) \.\.\. FAILED$/\1/' | sort -u >>"$failures" || true
+    echo "run $run of $repeat: $(grep -cE '^test .* \.\.\. FAILED$' "$log" || true) failed, exit $status, $((SECONDS - started)) s"
+  done
+  echo
+  if [ -s "$failures" ]; then
+    echo "==> tests that failed in some run (runs failed, test):"
+    sort "$failures" | uniq -c | sort -rn
+    rm -f "$failures"
+    exit 1
+  fi
+  rm -f "$failures"
+  echo "==> no test failed in $repeat runs"
+  exit 0
+fi
 
-echo "==> cargo test (library, integration, examples' build, doctests)"
-cargo test --all-features
-
-echo "==> the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)"
-SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
-
-echo "==> cargo test (no default features: the tests over the embedded store, without Redis)"
-cargo test --no-default-features
-
-echo "==> the gRPC example (tonic; its own crate, its tests over redis-server)"
-cargo clippy -p tower-stampede-grpc --all-targets -- -D warnings
-cargo test -p tower-stampede-grpc
-
-echo "==> the protocol models (stateright, exhaustive; release mode: about two minutes on 2 cores)"
-cargo clippy -p tower-stampede-model --all-targets -- -D warnings
-cargo test --release -p tower-stampede-model -- --nocapture
+step "cargo fmt --check" cargo fmt --all -- --check
+step "cargo clippy (all targets, all features, -D warnings)" \
+  cargo clippy --all-targets --all-features -- -D warnings
+step "cargo clippy (all targets, no default features: the embedded store alone)" \
+  cargo clippy --all-targets --no-default-features -- -D warnings
+# A broken intra-doc link fails; both feature sets, since each hides items of the other.
+step "cargo doc (all features, -D warnings)" \
+  env RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps
+step "cargo doc (no default features, -D warnings)" \
+  env RUSTDOCFLAGS="-D warnings" cargo doc --no-default-features --no-deps
+step "cargo test (library, integration, examples' build, doctests)" cargo test --all-features
+step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)" \
+  env SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
+step "cargo test (no default features: the tests over the embedded store, without Redis)" \
+  cargo test --no-default-features
+step "the gRPC example: clippy (tonic; its own crate)" \
+  cargo clippy -p tower-stampede-grpc --all-targets -- -D warnings
+step "the gRPC example: tests over redis-server" cargo test -p tower-stampede-grpc
+step "the protocol models: clippy" cargo clippy -p tower-stampede-model --all-targets -- -D warnings
+step "the protocol models (stateright, exhaustive; release mode: about two minutes on 2 cores)" \
+  cargo test --release -p tower-stampede-model -- --nocapture
