@@ -277,7 +277,12 @@ async fn other_methods_pass_through_untouched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncacheable_responses_and_requests_are_bypassed() {
     for shared in Shared::both().await {
-        for path in ["/no-store", "/private", "/cookie"] {
+        // Issue 40: each pass names its rule, for the requests sent on by a "pass" marker too.
+        for (path, rule) in [
+            ("/no-store", "no-store"),
+            ("/private", "private"),
+            ("/cookie", "set-cookie"),
+        ] {
             let origin = Counter::default();
             let (a, b) = (shared.app(&origin), shared.app(&origin));
             let bare = send(&app(&Counter::default()), "GET", path).await;
@@ -287,7 +292,7 @@ async fn uncacheable_responses_and_requests_are_bypassed() {
                 headers.remove("x-cache");
                 assert_eq!(
                     headers.remove("cache-status").unwrap(),
-                    "tower-stampede; fwd=uri-miss; fwd-status=200",
+                    format!("tower-stampede; fwd=uri-miss; fwd-status=200; detail={rule}"),
                     "{}: {path}",
                     shared.name
                 );

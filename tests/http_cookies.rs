@@ -21,6 +21,10 @@ fn origin(calls: &Counter) -> Router {
     Router::new().fallback(move |uri: Uri, headers: HeaderMap| {
         let n = calls.hit();
         async move {
+            if uri.path() == "/slow" {
+                // A slow origin, so that the requests of a burst arrive while it loads.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             let cookie = headers
                 .get("cookie")
                 .map_or("nobody", |c| c.to_str().unwrap_or("?"))
@@ -275,5 +279,89 @@ async fn a_cookie_after_a_comma_counts_as_a_cookie() {
                 victim.body()
             );
         }
+    }
+}
+
+/// Issue 40: the cookies that analytics and advertising scripts set (Google Analytics, Meta,
+/// and the like) personalise nothing and are ignored by default: 200 concurrent `GET`s, each
+/// with `_ga` and `_gid`, over two instances, load the origin once (a response without
+/// `public`, `max-age=60`). Any other cookie still makes the request one with credentials,
+/// and `ignore_analytics_cookies(false)` counts them all again. Real time: the origin takes
+/// 200 ms, so that the burst arrives while it loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analytics_cookies_are_ignored_by_default() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let apps = instances(&shared, &calls, RfcPolicy::new);
+        let uri = "http://app.test/slow?cc=max-age%3D60";
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(200));
+        let burst: Vec<_> = (0..200)
+            .map(|i| {
+                let (app, barrier) = (apps[i % 2].clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    as_user(&app, uri, "_ga=GA1.2.3; _gid=GA1.2.4").await
+                })
+            })
+            .collect();
+        let mut bodies = std::collections::BTreeSet::new();
+        for answer in burst {
+            bodies.insert(answer.await.unwrap().body().to_owned());
+        }
+        assert_eq!(calls.get(), 1, "{}: {} bodies", shared.name, bodies.len());
+        for cookie in [
+            "_ga_ABC123=GS1.1; _gat_UA1=1; __utma=1.2; __utmz=3",
+            "_fbp=fb.1.2; _fbc=fb.1.3; _gcl_au=1.1; _hjSessionUser_1=x",
+            "_clck=a; _clsk=b; _uetsid=c; _uetvid=d; ajs_anonymous_id=e; mp_abc_mixpanel=f",
+        ] {
+            let answer = as_user(&apps[1], uri, cookie).await;
+            assert_eq!(answer.x_cache(), "HIT", "{}: {cookie}", shared.name);
+        }
+        for personal in [
+            "_ga=GA1.2.3; session=alice",
+            "_GA=1",
+            "mp_session=x",
+            "ga=1",
+        ] {
+            let answer = as_user(&apps[0], uri, personal).await;
+            assert_eq!(answer.x_cache(), "BYPASS", "{}: {personal}", shared.name);
+            assert!(
+                answer.body().starts_with(&format!("hello {personal} #")),
+                "{}",
+                shared.name
+            );
+        }
+        let counted = instances(&shared, &calls, || {
+            RfcPolicy::new().ignore_analytics_cookies(false)
+        });
+        let answer = as_user(&counted[0], uri, "_ga=GA1.2.3").await;
+        assert_eq!(answer.x_cache(), "BYPASS", "{}: opted out", shared.name);
+    }
+}
+
+/// Issue 40: a response not stored because the request had credentials says so in
+/// `Cache-Status`'s `detail`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_for_credentials_says_so() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, _] = instances(&shared, &calls, RfcPolicy::new);
+        let answer = as_user(
+            &one,
+            "http://app.test/dash?cc=max-age%3D60",
+            "session=alice",
+        )
+        .await;
+        let ours = answer
+            .headers
+            .get_all("cache-status")
+            .iter()
+            .next_back()
+            .unwrap();
+        assert_eq!(
+            ours, "tower-stampede; fwd=uri-miss; fwd-status=200; detail=credentials",
+            "{}",
+            shared.name
+        );
     }
 }

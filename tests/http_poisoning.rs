@@ -22,6 +22,10 @@ fn origin(calls: &Counter) -> Router {
     Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
         calls.hit();
         async move {
+            if uri.path().starts_with("/slow") {
+                // A slow origin, so that the requests of a burst arrive while it loads.
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
             // As CGI, WSGI and Rack servers name headers (`HTTP_X_FORWARDED_HOST`), an
             // underscore spells a hyphen.
             let header = |name: &str| {
@@ -101,8 +105,10 @@ async fn get_with(app: &Router, uri: &str, headers: &[(&str, &str)], body: &str)
 }
 
 /// Each vector of the issue: the attacker's request is passed (its answer, which the origin
-/// made from what the key leaves out, is neither stored nor answered from the cache), and the
-/// victim's plain request, on either instance, gets the page the URL names.
+/// made from what the key leaves out, is neither stored nor answered from the cache) or, for
+/// a forwarding header, which is part of the key (issue 40), stored as a variant that only
+/// requests with that same header read; and the victim's plain request, on either instance,
+/// gets the page the URL names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attackers_request_never_becomes_the_victims_page() {
     let vectors: [(&[(&str, &str)], &str); 16] = [
@@ -132,18 +138,34 @@ async fn an_attackers_request_never_becomes_the_victims_page() {
             let [one, two] = instances(&shared, &calls, |layer| layer);
             let uri = format!("http://app.test/page/{i}");
             let attack = get_with(&one, &uri, headers, body).await;
-            // Passed: a bypass, or, for an override to an unsafe method, unmarked as the
-            // method it names would be.
-            assert!(
-                matches!(attack.x_cache(), "BYPASS" | ""),
-                "{} {headers:?} {body}: {}",
-                shared.name,
-                attack.x_cache()
-            );
+            // The hyphenated forwarding headers are keyed: the attacker's page is stored for
+            // them alone. The others pass: a bypass, or, for an override to an unsafe method,
+            // unmarked as the method it names would be.
+            let keyed = (4..=13).contains(&i);
+            if keyed {
+                assert_eq!(attack.x_cache(), "MISS", "{} {headers:?}", shared.name);
+            } else {
+                assert!(
+                    matches!(attack.x_cache(), "BYPASS" | ""),
+                    "{} {headers:?} {body}: {}",
+                    shared.name,
+                    attack.x_cache()
+                );
+            }
             let honest = format!("<a href=\"http://app.test/next\"> /page/{i} ");
             for app in [&two, &one, &two] {
                 let victim = send(app, "GET", &uri, &[]).await;
                 assert_eq!(victim.body(), honest, "{} {headers:?} {body}", shared.name);
+            }
+            if keyed {
+                // The variant only the attacker's own value reads.
+                let again = get_with(&two, &uri, headers, body).await;
+                assert_eq!(
+                    (again.x_cache(), again.body()),
+                    ("HIT", attack.body()),
+                    "{} {headers:?}",
+                    shared.name
+                );
             }
             assert_eq!(
                 calls.get(),
@@ -181,10 +203,15 @@ async fn trusted_headers_are_cached_and_named_headers_pass() {
             let themed = get_with(&one, "http://app.test/themed", &[("x-theme", "dark")], "").await;
             assert_eq!(themed.x_cache(), "BYPASS", "{}", shared.name);
         }
+        // Only the named one is trusted: another forwarding header is part of the key, so
+        // the attacker's page is a variant of its own (issue 40), never the balancer's page.
         let evil = get_with(&one, uri, &[("x-forwarded-host", "evil.example")], "").await;
+        assert_eq!(evil.x_cache(), "MISS", "{}", shared.name);
+        assert!(evil.body().contains("evil.example"), "{}", shared.name);
+        let third = get_with(&two, uri, &proto, "").await;
         assert_eq!(
-            evil.x_cache(),
-            "BYPASS",
+            (third.x_cache(), third.body()),
+            ("HIT", first.body()),
             "{}: only the named one is trusted",
             shared.name
         );
@@ -268,5 +295,236 @@ async fn a_method_override_invalidates_as_the_method_it_names() {
             "{}: a safe override changes nothing",
             shared.name
         );
+    }
+}
+
+/// The cache status member of the layer (the last one).
+fn ours(answer: &Answer) -> &str {
+    answer
+        .headers
+        .get_all("cache-status")
+        .iter()
+        .next_back()
+        .map_or("", |v| v.to_str().unwrap())
+}
+
+/// The headers a load balancer sets on every request: the same scheme and port, and each
+/// client's own address.
+fn from_the_balancer(client: usize) -> Vec<(String, String)> {
+    vec![
+        ("x-forwarded-proto".to_owned(), "https".to_owned()),
+        ("x-forwarded-port".to_owned(), "443".to_owned()),
+        (
+            "x-forwarded-for".to_owned(),
+            format!(
+                "10.{}.{}.{}",
+                client / 65536,
+                client / 256 % 256,
+                client % 256
+            ),
+        ),
+    ]
+}
+
+async fn get_owned(app: &Router, uri: &str, headers: &[(String, String)]) -> Answer {
+    let headers: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    get_with(app, uri, &headers, "").await
+}
+
+/// Issue 40: behind a load balancer every request carries its `X-Forwarded-Proto` and
+/// `X-Forwarded-Port` (the same values) and its own `X-Forwarded-For`. The forwarding headers
+/// are part of the key (the origin builds its links from them), the client's address is not:
+/// 200 concurrent `GET`s over two instances load the origin once, and all get its page.
+/// Real time: the origin takes 200 ms, so that the burst arrives while it loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_balancers_forwarding_headers_make_one_entry_loaded_once() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let apps = instances(&shared, &calls, |layer| layer);
+        let uri = "http://app.test/slow/behind-the-balancer";
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(200));
+        let burst: Vec<_> = (0..200)
+            .map(|client| {
+                let (app, barrier) = (apps[client % 2].clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    get_owned(&app, uri, &from_the_balancer(client)).await
+                })
+            })
+            .collect();
+        for answer in burst {
+            let answer = answer.await.unwrap();
+            assert_eq!(
+                answer.body(),
+                "<a href=\"https://app.test:443/next\"> /slow/behind-the-balancer ",
+                "{}",
+                shared.name
+            );
+            assert!(
+                matches!(answer.x_cache(), "MISS" | "HIT"),
+                "{}: {}",
+                shared.name,
+                ours(&answer)
+            );
+        }
+        assert_eq!(calls.get(), 1, "{}: one origin load", shared.name);
+    }
+}
+
+/// Issue 40: an attacker's `X-Forwarded-Host` makes a variant that only requests with that
+/// same value read (the attacker's second request is a hit on it); a plain request and one
+/// with the load balancer's own values, on either instance, never get the attacker's page.
+/// `Forwarded` is keyed without its `for=` (each client's address). An unsafe request, and a
+/// purge by URL, reach every variant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attackers_forwarding_header_makes_a_variant_only_it_reads() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, |layer| layer);
+        let uri = "http://app.test/page/variants";
+        let evil = [("x-forwarded-host", "evil.example")];
+        let attack = get_with(&one, uri, &evil, "").await;
+        assert!(attack.body().contains("evil.example"), "{}", shared.name);
+        let again = get_with(&two, uri, &evil, "").await;
+        assert_eq!(
+            (again.x_cache(), again.body()),
+            ("HIT", attack.body()),
+            "{}: cached, for that value",
+            shared.name
+        );
+        let balancer = [("x-forwarded-proto", "https"), ("x-forwarded-port", "443")];
+        for app in [&two, &one] {
+            let plain = get_with(app, uri, &[], "").await;
+            assert_eq!(
+                plain.body(),
+                "<a href=\"http://app.test/next\"> /page/variants ",
+                "{}",
+                shared.name
+            );
+            let behind = get_with(app, uri, &balancer, "").await;
+            assert_eq!(
+                behind.body(),
+                "<a href=\"https://app.test:443/next\"> /page/variants ",
+                "{}",
+                shared.name
+            );
+        }
+        assert_eq!(
+            calls.get(),
+            3,
+            "{}: three pages, each loaded once",
+            shared.name
+        );
+
+        // `for=` names the client: two clients of one proxy share the page.
+        let forwarded = |client: &str| format!("for={client};proto=https");
+        let first = get_with(&one, uri, &[("forwarded", &forwarded("192.0.2.1"))], "").await;
+        let second = get_with(&two, uri, &[("forwarded", &forwarded("192.0.2.2"))], "").await;
+        assert_eq!(
+            [first.x_cache(), second.x_cache()],
+            ["MISS", "HIT"],
+            "{}",
+            shared.name
+        );
+
+        // RFC 9111 §4.4: a POST to the URL invalidates every variant.
+        let posted = send(&one, "POST", uri, &[]).await;
+        assert!(posted.status.is_success(), "{}", shared.name);
+        for (app, headers) in [(&two, &evil[..]), (&one, &balancer[..])] {
+            let reloaded = get_with(app, uri, headers, "").await;
+            assert_eq!(reloaded.x_cache(), "MISS", "{} {headers:?}", shared.name);
+        }
+    }
+}
+
+/// Issue 40: the forwarding variants of one URL are bounded (16 per URL in each process);
+/// past the bound a new value passes, and says why, while the values seen are still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarding_variants_per_url_are_bounded() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, _] = instances(&shared, &calls, |layer| layer);
+        let uri = "http://app.test/page/bounded";
+        for i in 0..16 {
+            let prefix = format!("/p{i}");
+            let answer = get_with(&one, uri, &[("x-forwarded-prefix", &prefix)], "").await;
+            assert_eq!(answer.x_cache(), "MISS", "{} {prefix}", shared.name);
+        }
+        let past = get_with(&one, uri, &[("x-forwarded-prefix", "/p16")], "").await;
+        assert_eq!(past.x_cache(), "BYPASS", "{}", shared.name);
+        assert_eq!(
+            ours(&past),
+            "tower-stampede; fwd=request; fwd-status=200; detail=too-many-variants",
+            "{}",
+            shared.name
+        );
+        let seen = get_with(&one, uri, &[("x-forwarded-prefix", "/p3")], "").await;
+        assert_eq!(seen.x_cache(), "HIT", "{}", shared.name);
+    }
+}
+
+/// Issue 40: a pass says which rule made it, in `Cache-Status`'s `detail` (RFC 9211 §2.8: a
+/// Token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_names_its_rule_in_cache_status() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let [one, _] = instances(&shared, &calls, |layer| {
+            layer.pass_header(HeaderName::from_static("x-theme"))
+        });
+        let uri = "http://app.test/page/why";
+        for (headers, body, detail) in [
+            (
+                &[("x-http-method-override", "GET")][..],
+                "",
+                "method-override",
+            ),
+            (&[], "q=1", "body"),
+            (&[("x-theme", "dark")], "", "pass-header:x-theme"),
+            (
+                &[("x_forwarded_host", "evil.example")],
+                "",
+                "forwarding-header:x_forwarded_host",
+            ),
+        ] {
+            let answer = get_with(&one, uri, headers, body).await;
+            assert_eq!(
+                ours(&answer),
+                format!("tower-stampede; fwd=request; fwd-status=200; detail={detail}"),
+                "{} {headers:?}",
+                shared.name
+            );
+        }
+    }
+}
+
+/// Issue 40: a purge by URL reaches the URL's forwarding variants, in every process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_by_url_reaches_every_forwarding_variant() {
+    for shared in Shared::both().await {
+        let calls = Counter::default();
+        let layers = [0, 1].map(|_| StampedeLayer::new(shared.cache().build()));
+        let purger = layers[0].purger();
+        let [one, two] = layers.map(|layer| origin(&calls).layer(layer));
+        let uri = "http://app.test/page/purged";
+        let variants: [&[(&str, &str)]; 3] = [
+            &[],
+            &[("x-forwarded-host", "evil.example")],
+            &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")],
+        ];
+        for headers in variants {
+            for (app, mark) in [(&one, "MISS"), (&two, "HIT")] {
+                let answer = get_with(app, uri, headers, "").await;
+                assert_eq!(answer.x_cache(), mark, "{} {headers:?}", shared.name);
+            }
+        }
+        purger.purge_url(&uri.parse().unwrap()).await.unwrap();
+        for headers in variants {
+            let answer = get_with(&two, uri, headers, "").await;
+            assert_eq!(answer.x_cache(), "MISS", "{} {headers:?}", shared.name);
+        }
     }
 }

@@ -1504,7 +1504,7 @@ async fn cache_status_says_how_each_response_was_served_rfc_9211() {
         let no_store = send(&a, Method::GET, &fresh, &[("cache-control", "no-store")]).await;
         assert_eq!(
             cache_status(&no_store).last().unwrap(),
-            "tower-stampede; fwd=request; fwd-status=200",
+            "tower-stampede; fwd=request; fwd-status=200; detail=no-store-request",
             "{}",
             shared.name
         );
@@ -1514,7 +1514,7 @@ async fn cache_status_says_how_each_response_was_served_rfc_9211() {
         );
         assert_eq!(
             cache_status(&get(&a, &private).await),
-            ["tower-stampede; fwd=uri-miss; fwd-status=404"],
+            ["tower-stampede; fwd=uri-miss; fwd-status=404; detail=private"],
             "{}",
             shared.name
         );

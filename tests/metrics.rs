@@ -304,3 +304,62 @@ fn two_caches_of_one_process_are_told_apart_by_namespace() {
         );
     }
 }
+
+/// Issue 40: passes are counted by the rule that made them
+/// (`stampede_http_passes_total{reason}`): a request with a session cookie whose response
+/// does not say it may be shared, and one with a method override.
+#[test]
+fn passes_are_counted_by_reason() {
+    use axum::http::HeaderValue;
+    use axum::response::IntoResponse;
+    use support::http::send;
+    use tower_stampede::StampedeLayer;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for shared in runtime.block_on(Shared::both()) {
+        let name = shared.name;
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            runtime.block_on(async {
+                let cache = shared.cache().namespace("pages").build();
+                let app = axum::Router::new()
+                    .fallback(|| async {
+                        let mut response = "page".into_response();
+                        response
+                            .headers_mut()
+                            .insert("cache-control", HeaderValue::from_static("max-age=60"));
+                        response
+                    })
+                    .layer(StampedeLayer::new(cache));
+                let uri = "http://app.test/p";
+                for _ in 0..2 {
+                    send(&app, "GET", uri, &[("cookie", "session=alice")]).await;
+                }
+                send(&app, "GET", uri, &[("x-http-method-override", "GET")]).await;
+                send(&app, "GET", uri, &[("cookie", "_ga=GA1.2.3")]).await;
+            });
+        });
+        let m = read(&snapshotter);
+        let at = |metric: &str| value(&m, metric);
+        assert_eq!(
+            at("stampede_http_passes_total{namespace=pages,reason=credentials}"),
+            2.0,
+            "{name}: {m:?}"
+        );
+        assert_eq!(
+            at("stampede_http_passes_total{namespace=pages,reason=method-override}"),
+            1.0,
+            "{name}: {m:?}"
+        );
+        let passes: f64 = m
+            .iter()
+            .filter(|(metric, _)| metric.starts_with("stampede_http_passes_total"))
+            .map(|(_, v)| v)
+            .sum();
+        assert_eq!(passes, 3.0, "{name}: an analytics cookie is no pass: {m:?}");
+    }
+}

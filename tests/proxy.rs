@@ -443,15 +443,33 @@ fn get(url: &str) -> Request<Full<Bytes>> {
 /// `requests` concurrent GETs of `path`, spread round robin over `proxies` and released
 /// together; each answer, or why there is none, in the order they were sent.
 async fn burst(proxies: &[Proxy], requests: usize, path: &str) -> Vec<Result<Answer, String>> {
+    burst_with(proxies, requests, path, |_| Vec::new()).await
+}
+
+/// Header fields to send.
+type Headers = Vec<(&'static str, String)>;
+
+/// As [`burst`], the `i`th request with the headers `headers(i)`.
+async fn burst_with(
+    proxies: &[Proxy],
+    requests: usize,
+    path: &str,
+    headers: impl Fn(usize) -> Headers,
+) -> Vec<Result<Answer, String>> {
     let client = client(requests);
     let barrier = Arc::new(Barrier::new(requests));
     let tasks: Vec<_> = (0..requests)
         .map(|i| {
             let (client, barrier) = (client.clone(), Arc::clone(&barrier));
-            let url = proxies[i % proxies.len()].url(path);
+            let mut request = get(&proxies[i % proxies.len()].url(path));
+            for (name, value) in headers(i) {
+                request
+                    .headers_mut()
+                    .append(name, value.parse().expect("a header value"));
+            }
             tokio::spawn(async move {
                 barrier.wait().await;
-                send(&client, get(&url)).await
+                send(&client, request).await
             })
         })
         .collect();
@@ -1034,10 +1052,11 @@ async fn each_user_gets_their_own_page_through_the_proxies() {
 }
 
 /// Cache poisoning through the proxies, one attacker's request then plain ones: a method
-/// override, a `GET` with a body, a forwarded host (also spelled `x_forwarded_host`), a
-/// forwarded port and a rewritten URL each go to the origin
-/// uncached, and the victims (on either proxy) get the page the URL names. A header the load
-/// balancer sets (`--trust-header`) is cached.
+/// override, a `GET` with a body and a forwarded host spelled `x_forwarded_host` each go to
+/// the origin uncached; a forwarded host, a forwarded port and a rewritten URL are part of
+/// the key (issue 40), so each is stored as a variant that only the attacker's own value
+/// reads; and the victims (on either proxy) get the page the URL names. A header the load
+/// balancer sets (`--trust-header`) is cached, and left out of the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_attackers_request_becomes_the_page_of_the_proxies() {
     let redis = RedisServer::start();
@@ -1078,19 +1097,42 @@ async fn no_attackers_request_becomes_the_page_of_the_proxies() {
             &[("x-forwarded-port", "1337")],
         ),
     ];
+    // The attacks whose header is part of the key: `x-forwarded-host`, `x-original-url`,
+    // `x-forwarded-port`.
+    let keyed = [2, 3, 5];
     for (i, attack) in attacks.into_iter().enumerate() {
         let path = format!("/reflect?{}", i + 1);
+        let repeat = {
+            let mut again = Request::get(proxies[1].url(&path))
+                .body(Full::default())
+                .unwrap();
+            *again.headers_mut() = attack.headers().clone();
+            again
+        };
         let attacked = send(&client, attack).await.unwrap();
-        // Passed: a bypass, or (the override to `DELETE`) unmarked, as a `DELETE` is.
-        assert!(
-            matches!(attacked.x_cache.as_deref(), Some("BYPASS") | None),
-            "{path}: {:?}",
-            attacked.x_cache
-        );
+        if keyed.contains(&i) {
+            // Stored for its own value alone.
+            assert_eq!(attacked.x_cache.as_deref(), Some("MISS"), "{path}");
+        } else {
+            // Passed: a bypass, or (the override to `DELETE`) unmarked, as a `DELETE` is.
+            assert!(
+                matches!(attacked.x_cache.as_deref(), Some("BYPASS") | None),
+                "{path}: {:?}",
+                attacked.x_cache
+            );
+        }
         let honest = "<a href=\"http://origin/next\"> ";
         for proxy in [&proxies[1], &proxies[0]] {
             let victim = send(&client, get(&proxy.url(&path))).await.unwrap();
             assert_eq!(String::from_utf8_lossy(&victim.body), honest, "{path}");
+        }
+        if keyed.contains(&i) {
+            let again = send(&client, repeat).await.unwrap();
+            assert_eq!(
+                (again.x_cache.as_deref(), &again.body),
+                (Some("HIT"), &attacked.body),
+                "{path}: the variant only the attacker's value reads"
+            );
         }
     }
     let proto = [("x-forwarded-proto", "https")];
@@ -1382,4 +1424,37 @@ async fn proxies_started_while_redis_is_down_share_it_once_it_is_up() {
     tokio::time::sleep(IDLE_AFTER_REDIS).await;
     let loads = cold_stampede(&proxies, &origin_loads, "/after-start").await;
     assert_eq!(loads, 1, "the origin was loaded once per proxy, not once");
+}
+
+/// Issue 40, through two proxies on one Redis: 200 concurrent `GET`s of one URL (`max-age=60`)
+/// from behind a load balancer, each with `X-Forwarded-Proto: https`, `X-Forwarded-Port: 443`
+/// and its own `X-Forwarded-For`, load the origin once; so do 200 with the analytics cookies
+/// `_ga` and `_gid`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn forwarding_headers_and_analytics_cookies_load_the_origin_once() {
+    const REQUESTS: usize = 200;
+    let redis = RedisServer::start();
+    let origin_loads = Counter::default();
+    let origin = start_origin(origin_loads.clone()).await;
+    let proxies = two_proxies(origin, "behind-a-balancer", &redis, &[]).await;
+    let balancer = |i: usize| {
+        vec![
+            ("x-forwarded-proto", "https".to_owned()),
+            ("x-forwarded-port", "443".to_owned()),
+            ("x-forwarded-for", format!("10.0.{}.{}", i / 256, i % 256)),
+        ]
+    };
+    let analytics = |_| vec![("cookie", "_ga=GA1.2.3; _gid=GA1.2.4".to_owned())];
+    let bursts: [(&str, &dyn Fn(usize) -> Headers); 2] =
+        [("/balanced", &balancer), ("/analytics", &analytics)];
+    for (path, headers) in bursts {
+        let before = origin_loads.get();
+        let answers = burst_with(&proxies, REQUESTS, path, headers).await;
+        for answer in answers {
+            let answer = answer.expect("an answer");
+            assert_eq!(answer.status, StatusCode::OK, "{path}");
+            assert_eq!(answer.body, origin_body(path), "{path}");
+        }
+        assert_eq!(origin_loads.get() - before, 1, "{path}: origin loads");
+    }
 }

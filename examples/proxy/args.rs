@@ -97,8 +97,9 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) readable_keys: bool,
 
-    /// A cookie that personalises nothing (analytics, consent): requests whose cookies are
-    /// all ignored are cached as requests without cookies. Repeat for each name. Any other
+    /// A cookie that personalises nothing (consent; the analytics cookies of Google, Meta and
+    /// the like are ignored already): requests whose cookies are all ignored are cached as
+    /// requests without cookies. Repeat for each name. Any other
     /// cookie makes a request private: its response is stored only if the origin says
     /// `public`, `s-maxage` or `must-revalidate` (or `Vary: Cookie`), and gets no --ttl-secs
     #[arg(long = "ignore-cookie", value_name = "NAME")]
@@ -110,11 +111,11 @@ pub(crate) struct Args {
     pub(crate) ignore_all_cookies: bool,
 
     /// A forwarding header the load balancer in front of this proxy sets on every request,
-    /// replacing any a client sent (e.g. x-forwarded-proto): GET and HEAD requests with it
-    /// are cached. Repeat for each name. By default a request with a forwarding or rewrite
-    /// header (X-Forwarded-Host, X-Forwarded-Proto, Forwarded, X-Original-URL, ...), a
-    /// method override or a body is passed to the origin, never cached: the origin may
-    /// answer from it, and one client's request would become every client's page
+    /// replacing any a client sent (e.g. x-forwarded-proto): left out of the key, its value
+    /// ignored. Repeat for each name. By default a GET or HEAD with a forwarding or rewrite
+    /// header (X-Forwarded-Host, X-Forwarded-Proto, Forwarded, X-Original-URL, ...) is keyed
+    /// by its values, so that one client's value never becomes every client's page, and one
+    /// with a method override or a body is passed to the origin, never cached
     #[arg(long = "trust-header", value_name = "NAME", value_parser = header_name)]
     pub(crate) trust_headers: Vec<HeaderName>,
 

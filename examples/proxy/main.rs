@@ -61,12 +61,13 @@
 //!
 //! A request with a cookie or `Authorization` gets its own page: its response is stored only
 //! if the origin says it may be shared (`public`, `s-maxage`, `must-revalidate`, or per cookie
-//! with `Vary: Cookie`), never for `--ttl-secs`; `--ignore-cookie NAME` (repeatable) names
-//! cookies that personalise nothing, `--ignore-all-cookies` says no page depends on cookies.
-//! A `GET` with a method override, a body or a forwarding header (`X-Forwarded-Host`,
-//! `Forwarded`, `X-Original-URL`, ...) goes to the origin uncached, so that no client's
-//! request becomes everyone's page; `--trust-header NAME` (repeatable) names one the load
-//! balancer in front sets on every request, which is then cached.
+//! with `Vary: Cookie`), never for `--ttl-secs`; analytics cookies (`_ga`, `_gid`, `_fbp`,
+//! ...) do not count, `--ignore-cookie NAME` (repeatable) names more cookies that personalise
+//! nothing, `--ignore-all-cookies` says no page depends on cookies. A `GET` with a forwarding
+//! header (`X-Forwarded-Host`, `Forwarded`, `X-Original-URL`, ...) is keyed by its values, so
+//! that no client's value becomes everyone's page while the load balancer's values share one
+//! entry; `--trust-header NAME` (repeatable) leaves one the load balancer overwrites out of
+//! the key. A `GET` with a method override or a body goes to the origin uncached.
 //!
 //! The cache key is the origin's URL (scheme, authority, path and query), whatever `Host` the
 //! client sent: every proxy in front of one origin shares one entry per URL; proxies in front

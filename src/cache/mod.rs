@@ -334,6 +334,11 @@ impl Cache {
             .await
     }
 
+    /// Where the cache's metrics go, for the HTTP layer's own.
+    pub(crate) fn meter(&self) -> telemetry::Meter {
+        self.inner.meter.clone()
+    }
+
     /// Counts a request the HTTP layer answered without the cache.
     pub(crate) fn count_bypass(&self) {
         self.inner.meter.lookup("bypass");

@@ -16,6 +16,7 @@
 //! | `stampede_corrupt_entries_total` | counter | | stored values this engine (or a typed reader) could not read: each a miss, reloaded and overwritten |
 //! | `stampede_breaker_open` | gauge | | 1 while the circuit breaker is open, else 0 |
 //! | `stampede_l1_bytes` | gauge | | L1's weighted size in bytes (values plus a per-entry overhead) |
+//! | `stampede_http_passes_total` | counter | `reason` | requests the HTTP layer passed (neither answered from the cache nor stored), by the rule that made them pass: the `detail` of their `Cache-Status` without its header (`credentials`, `no-freshness`, `method-override`, `forwarding-header`, `pass-header`, `too-many-variants`, ...; see [`http`](crate::http#why-a-request-passes)) |
 //!
 //! Every metric is described (its `# HELP` text, and its unit) by [`describe_metrics`], which
 //! each [`CacheBuilder::build`](super::CacheBuilder::build) calls: describing is cheap and
@@ -115,6 +116,7 @@ mod imp {
     const CORRUPT_ENTRIES: &str = "stampede_corrupt_entries_total";
     const BREAKER_OPEN: &str = "stampede_breaker_open";
     const L1_BYTES: &str = "stampede_l1_bytes";
+    const HTTP_PASSES: &str = "stampede_http_passes_total";
 
     /// Describes every metric of the engine to the installed recorder: its `# HELP` text in
     /// Prometheus, and its unit. [`CacheBuilder::build`](crate::CacheBuilder::build) calls it;
@@ -154,6 +156,11 @@ mod imp {
         metrics::describe_gauge!(
             BREAKER_OPEN,
             "1 while the store's circuit breaker is open (store calls skipped), else 0"
+        );
+        metrics::describe_counter!(
+            HTTP_PASSES,
+            "Requests the HTTP layer passed (neither answered from the cache nor stored), by \
+             the rule that made them pass (the detail of their Cache-Status)"
         );
         metrics::describe_gauge!(
             L1_BYTES,
@@ -210,6 +217,11 @@ mod imp {
             metrics::gauge!(L1_BYTES, "namespace" => self.label()).set(bytes as f64);
         }
 
+        pub(crate) fn pass(&self, reason: &'static str) {
+            metrics::counter!(HTTP_PASSES, "namespace" => self.label(), "reason" => reason)
+                .increment(1);
+        }
+
         /// The namespace as a label value: a count's increment, not a copy of the text.
         fn label(&self) -> metrics::SharedString {
             metrics::SharedString::from(Arc::clone(&self.namespace))
@@ -230,6 +242,7 @@ mod imp {
         pub(crate) fn corrupt_entry(&self) {}
         pub(crate) fn breaker_open(&self, _open: bool) {}
         pub(crate) fn l1_bytes(&self, _bytes: u64) {}
+        pub(crate) fn pass(&self, _reason: &'static str) {}
     }
 }
 

@@ -22,9 +22,9 @@
 //! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
 //! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long (without `stored` if it was not: a server error) |
 //! | `hit; ttl=-3; detail=stale` | `STALE` | a stale response (stale for 3 seconds: a negative `ttl`), served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
-//! | `fwd=uri-miss; fwd-status=200` | `BYPASS` | passed to the inner service: the response may not be stored |
-//! | `fwd=request; fwd-status=200` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition) |
-//! | `fwd=bypass; fwd-status=200` | `BYPASS` | passed to the inner service: the key cannot describe the request |
+//! | `fwd=uri-miss; fwd-status=200; detail=no-freshness` | `BYPASS` | passed to the inner service: the response may not be stored, for the rule `detail` names ([below](#why-a-request-passes)) |
+//! | `fwd=request; fwd-status=200; detail=method-override` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition, a method override, ...: `detail`) |
+//! | `fwd=bypass; fwd-status=200; detail=no-key` | `BYPASS` | passed to the inner service: the key cannot describe the request |
 //! | `fwd=uri-miss; detail=no-origin-response` or `detail=timeout` | `MISS` | a `502` or `504` the layer made itself: the load got no answer from the origin (the inner service failed, its body failed), or timed out |
 //!
 //! `ttl` is given on the response whose load stored it; the fixed values are made once, so a
@@ -43,10 +43,11 @@
 //! | request `Cache-Control: no-store` | no (`BYPASS`) | the client asks that nothing be stored |
 //! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
 //! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
-//! | `GET` or `HEAD` with a method override (`X-HTTP-Method-Override`, ...), a body, a forwarding or rewrite header (`X-Forwarded-Host`, `X-Forwarded-Proto`, `Forwarded`, `X-Original-URL`, ...) or a [`pass_header`](StampedeLayer::pass_header) | no (`BYPASS`); an override naming an unsafe method invalidates the URL as that method does; cached if the header is one your load balancer sets ([`trust_header`](StampedeLayer::trust_header)) | cache poisoning: the origin may answer from what the key leaves out (listed in `trust_header`) |
+//! | `GET` or `HEAD` with a forwarding or rewrite header (`X-Forwarded-Host`, `X-Forwarded-Proto`, `X-Forwarded-Port`, `Forwarded`, `X-Original-URL`, ...) | yes, keyed by the values of those headers (`Forwarded` without its `for=` and `by=`), as if the response varied on them: a load balancer's values make one entry, an attacker's a variant only that value reads; at most 16 sets of values per URL in each process, then `BYPASS` (`detail=too-many-variants`); left out of the key if your load balancer overwrites it ([`trust_header`](StampedeLayer::trust_header)) | cache poisoning: the origin builds links and routes from them (see [Keys](#keys)); `X-Forwarded-For`, `X-Real-IP` and `for=` differ per client and are never keyed |
+//! | `GET` or `HEAD` with a method override (`X-HTTP-Method-Override`, ...), a body, a forwarding header spelled with `_` (`X_Forwarded_Host`) or a [`pass_header`](StampedeLayer::pass_header) | no (`BYPASS`, `detail=method-override`, `body`, `forwarding-header:x_forwarded_host`, `pass-header:x-theme`); an override naming an unsafe method invalidates the URL as that method does | cache poisoning: the origin may answer from what the key leaves out; a load balancer overwrites no `_` spelling |
 //! | request with `If-None-Match` / `If-Modified-Since` | yes | answered `304` from an entry with a matching `ETag` / `Last-Modified` |
 //! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, with explicit freshness, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without credentials | RFC 9111 §3.5; credentials never decide what anonymous requests get |
-//! | request with `Cookie` | as with `Authorization`, or per cookie value if the response has `Vary: Cookie`; cookies the policy [ignores](RfcPolicy::ignore_cookie) (or [all](RfcPolicy::ignore_all_cookies)) do not count | a cookie usually names a user: stricter than RFC 9111, as Varnish is |
+//! | request with `Cookie` | as with `Authorization`, or per cookie value if the response has `Vary: Cookie`; the [analytics cookies](RfcPolicy::ignore_analytics_cookies) (`_ga`, `_gid`, `_fbp`, ...) and those the policy [ignores](RfcPolicy::ignore_cookie) (or [all](RfcPolicy::ignore_all_cookies)) do not count | a cookie usually names a user: stricter than RFC 9111, as Varnish is; scripts in the browser read analytics cookies, no page depends on them |
 //! | [`MakeKey`] returns `None` | no (`BYPASS`) | the key cannot describe the request |
 //! | response 200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501 | with explicit freshness, or with a [`default_ttl`](RfcPolicy::default_ttl) | cacheable by default, but a cache that invents freshness must be told to |
 //! | other statuses (but 206, 304, 1xx) | only with explicit freshness | RFC 9111 §3 |
@@ -92,8 +93,45 @@
 //! keyed apart from those without: a page stored for anonymous requests never answers a
 //! signed-in user (it would show them signed out), nor the other way round.
 //!
+//! Requests with forwarding headers (`X-Forwarded-Proto`, `X-Forwarded-Host`, `Forwarded`,
+//! ...; those not [trusted](StampedeLayer::trust_header)) are keyed apart too, and by the
+//! values of every such header, as if the response had named them all in `Vary` (the URL's
+//! forwarded key holds a vary marker naming them): a load balancer that sets the same values
+//! on every request makes one entry, cached and coalesced, while an attacker's
+//! `X-Forwarded-Host: evil.example` makes a variant that only requests with that very value
+//! read. What names the client (`X-Forwarded-For`, `X-Real-IP`, and the `for=` and `by=` of
+//! `Forwarded`) is no part of the key, or each client would be a variant of its own. Each
+//! process keeps at most 16 sets of forwarding values per URL; a request with another passes
+//! (`detail=too-many-variants`). Invalidation and purges reach every such variant.
+//!
 //! Keys are hashed before they reach the store: a 64 KB URL or a thousand header values never
 //! make a long store key.
+//!
+//! # Why a request passes
+//!
+//! Every pass says why, three ways: its `Cache-Status` ends with `detail=` naming the rule
+//! (an RFC 8941 Token, RFC 9211 §2.8), the metric `stampede_http_passes_total` (with the
+//! `metrics` feature) counts it under that `reason` (without the header), and a `WARN` names
+//! the rule and the header, at most once a minute per rule per layer.
+//!
+//! | `detail` | rule |
+//! | --- | --- |
+//! | `credentials` | the request had `Authorization` or a cookie that counts, and the response does not say it may be shared |
+//! | `private`, `no-store`, `set-cookie` | the response is private to its request |
+//! | `no-cache` | `no-cache` without a validator, or where the cache keeps no values to revalidate |
+//! | `no-freshness` | no explicit freshness (and no [`default_ttl`](RfcPolicy::default_ttl) for it), or a freshness of 0 |
+//! | `status` | a `206`, `304` or informational response |
+//! | `vary-star` | `Vary: *`, or a `Vary` the layer cannot key |
+//! | `too-large`, `headers-too-large`, `trailers`, `body-error` | a body over [`max_body_bytes`](StampedeLayer::max_body_bytes), header fields over [`max_header_bytes`](StampedeLayer::max_header_bytes), a body with trailers, a body that failed |
+//! | `too-many-tags`, `not-encodable` | more tags than a stored response may carry; a response the layer cannot encode |
+//! | `uncacheable` | another request's load of the URL was not stored, and the policy would store this one: a "pass" marker sent it on |
+//! | `policy` | a [`Policy`] of your own passed the response |
+//! | `method-override`, `body` | a `GET` or `HEAD` with a method override, or a body |
+//! | `forwarding-header:x_forwarded_host` | a forwarding header spelled with `_` |
+//! | `pass-header:x-theme` | a header named with [`pass_header`](StampedeLayer::pass_header) |
+//! | `too-many-variants` | the URL has as many sets of forwarding values as it may (16 per process) |
+//! | `no-store-request`, `client-no-cache`, `range`, `precondition` | the request's `no-store`, a reload the layer [honours](StampedeLayer::honor_client_no_cache), a `Range`, an `If-Match` / `If-Unmodified-Since` / `If-Range` |
+//! | `no-key` | the [`MakeKey`] cannot describe the request |
 //!
 //! # Invalidation
 //!
@@ -101,7 +139,8 @@
 //! `HEAD`, `OPTIONS`, `TRACE` and `CONNECT`) invalidates the stored responses of its URL
 //! before it is sent on (RFC 9111 §4.4), so the client that changed a resource reads the
 //! change next: those under the key a `GET` of that URL (with the request's headers) would
-//! have, with and without credentials, every `Vary` variant included, and likewise for
+//! have, with and without credentials and forwarding headers, every `Vary` and forwarding
+//! variant included, and likewise for
 //! the URLs in its `Location` and `Content-Location` when they are of the same origin
 //! (relative, or the same scheme and authority). All of them go in one store call (one
 //! round trip on Redis; on a Redis Cluster, one per slot, all at once). The invalidation

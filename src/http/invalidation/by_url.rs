@@ -2,8 +2,9 @@
 //! unsafe method invalidates (RFC 9111 §4.4), and the engine calls that remove them.
 //!
 //! A URL's stored responses are those under the primary keys of a `GET` of it, with and
-//! without `Authorization` (requests with credentials are keyed apart). Its `Vary` variants
-//! go with its vary marker: see [`key`](crate::http::stored::key#invalidating-a-url).
+//! without credentials, and with and without keyed forwarding headers (each keyed apart).
+//! Its `Vary` variants, and its forwarding variants, go with the vary markers of those keys:
+//! see [`key`](crate::http::stored::key#invalidating-a-url).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -32,7 +33,8 @@ pub(crate) fn invalidates(status: StatusCode) -> bool {
 }
 
 /// The primary keys under which responses for a `GET` of `request`'s URL are stored (with its
-/// headers, which a [`MakeKey`](crate::http::MakeKey) may read), added to `keys`; none if the key
+/// headers, which a [`MakeKey`](crate::http::MakeKey) may read; with credentials or not, with
+/// forwarding headers or not, whatever the request's), added to `keys`; none if the key
 /// cannot describe the request.
 pub(crate) fn url_keys(config: &HttpConfig, request: &Parts, keys: &mut Vec<String>) {
     let key = if request.method == Method::GET {
@@ -43,7 +45,8 @@ pub(crate) fn url_keys(config: &HttpConfig, request: &Parts, keys: &mut Vec<Stri
         config.make_key.make_key(&get)
     };
     if let Some(key) = key {
-        for key in [key::authorized(&key), key] {
+        let forwarding_keyed = !config.reflected.keyed().is_empty();
+        for key in key::primaries(&key, forwarding_keyed) {
             if !keys.contains(&key) {
                 keys.push(key);
             }
@@ -325,7 +328,7 @@ mod tests {
     }
 
     #[test]
-    fn a_url_names_its_keys_with_and_without_authorization() {
+    fn a_url_names_its_keys_with_and_without_credentials_and_forwarding_headers() {
         let config = HttpConfig::default();
         let mut keys = Vec::new();
         url_keys(
@@ -333,16 +336,17 @@ mod tests {
             &parts("POST", "http://a.example/x", &[]),
             &mut keys,
         );
-        let get = key::primary(
-            config
-                .make_key
-                .make_key(&parts("GET", "http://a.example/x", &[]))
-                .unwrap(),
-            false,
-        );
-        assert_eq!(keys.len(), 2);
-        assert!(keys.contains(&get));
-        assert!(keys.contains(&key::authorized(&get)));
+        let url = config
+            .make_key
+            .make_key(&parts("GET", "http://a.example/x", &[]))
+            .unwrap();
+        assert_eq!(keys.len(), 4);
+        for (credentialed, forwarded) in
+            [(false, false), (true, false), (false, true), (true, true)]
+        {
+            let get = key::primary(url.clone(), credentialed, forwarded);
+            assert!(keys.contains(&get), "{credentialed} {forwarded}");
+        }
 
         let mut response = HeaderMap::new();
         response.insert(LOCATION, HeaderValue::from_static("/created/7"));
@@ -350,7 +354,7 @@ mod tests {
         let keys = keys_after_unsafe(&config, parts("POST", "http://a.example/x", &[]), &response);
         assert_eq!(
             keys.len(),
-            4,
+            8,
             "the URL and Location; Content-Location is the URL"
         );
     }

@@ -1,13 +1,16 @@
 //! The layer's settings, shared by every service it makes: [`HttpConfig`].
 
+use std::any::Any;
 use std::sync::Arc;
 
-use http::{request, HeaderMap, HeaderName};
+use http::{request, response, HeaderMap, HeaderName};
 
 use crate::http::invalidation::tag_fields;
-use crate::http::rules::poisoning::Unkeyed;
+use crate::http::rules::pass::Pass;
+use crate::http::rules::poisoning::Reflected;
 use crate::http::serving::cache_status::CacheStatus;
-use crate::http::{DefaultKey, MakeKey, Policy, RfcPolicy};
+use crate::http::stored::key::ForwardedVariants;
+use crate::http::{Decision, DefaultKey, MakeKey, Policy, RfcPolicy};
 
 /// A decision on a request's head: whether a `PURGE` may remove anything (see
 /// [`StampedeLayer::purge`](crate::http::StampedeLayer::purge)), whether an unsafe request invalidates.
@@ -27,10 +30,15 @@ pub(crate) enum UnsafeInvalidation {
 pub(crate) struct HttpConfig {
     pub(crate) max_body_bytes: usize,
     pub(crate) max_header_bytes: usize,
-    /// The request headers that make a `GET` or `HEAD` pass.
-    pub(crate) unkeyed: Unkeyed,
+    /// The request headers that make a `GET` or `HEAD` pass, and the forwarding headers
+    /// that are part of its key.
+    pub(crate) reflected: Reflected,
+    /// The sets of forwarding values each URL is stored for, bounded.
+    pub(crate) forwarded_variants: ForwardedVariants,
     pub(crate) make_key: Arc<dyn MakeKey>,
     pub(crate) policy: Arc<dyn Policy>,
+    /// The policy, when it is an [`RfcPolicy`]: it says why it passes a response.
+    rfc: Option<Arc<RfcPolicy>>,
     pub(crate) honor_client_no_cache: bool,
     pub(crate) tag_headers: Vec<HeaderName>,
     pub(crate) keep_tag_headers: bool,
@@ -43,6 +51,38 @@ pub(crate) struct HttpConfig {
 }
 
 impl HttpConfig {
+    /// Decides with `policy` from now on.
+    pub(crate) fn set_policy<P: Policy>(&mut self, policy: P) {
+        match (&policy as &dyn Any).downcast_ref::<RfcPolicy>() {
+            Some(rfc) => {
+                let rfc = Arc::new(rfc.clone());
+                self.policy = rfc.clone();
+                self.rfc = Some(rfc);
+            }
+            None => {
+                self.policy = Arc::new(policy);
+                self.rfc = None;
+            }
+        }
+    }
+
+    /// What the policy decides for `response` to `request`, and for a response it does not
+    /// store, why: an [`RfcPolicy`] names its rule, a policy of the operator's own is
+    /// [`Pass::Policy`].
+    pub(crate) fn judge(
+        &self,
+        request: &request::Parts,
+        response: &response::Parts,
+    ) -> (Decision, Pass) {
+        match &self.rfc {
+            Some(rfc) => {
+                let (decision, why) = rfc.judge(request, response);
+                (decision, why.unwrap_or(Pass::Policy))
+            }
+            None => (self.policy.decide(request, response), Pass::Policy),
+        }
+    }
+
     /// Whether a non-error response to the unsafe `request` invalidates what it names.
     pub(crate) fn invalidates_after(&self, request: &request::Parts) -> bool {
         match &self.unsafe_invalidation {
@@ -63,12 +103,15 @@ impl HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
+        let rfc = Arc::new(RfcPolicy::new());
         HttpConfig {
             max_body_bytes: 1024 * 1024,
             max_header_bytes: 32 * 1024,
-            unkeyed: Unkeyed::default(),
+            reflected: Reflected::default(),
+            forwarded_variants: ForwardedVariants::default(),
             make_key: Arc::new(DefaultKey),
-            policy: Arc::new(RfcPolicy::new()),
+            policy: rfc.clone(),
+            rfc: Some(rfc),
             honor_client_no_cache: false,
             tag_headers: tag_fields::default_headers(),
             keep_tag_headers: false,
@@ -85,7 +128,7 @@ impl std::fmt::Debug for HttpConfig {
         f.debug_struct("HttpConfig")
             .field("max_body_bytes", &self.max_body_bytes)
             .field("max_header_bytes", &self.max_header_bytes)
-            .field("unkeyed", &self.unkeyed)
+            .field("reflected", &self.reflected)
             .field("honor_client_no_cache", &self.honor_client_no_cache)
             .field("tag_headers", &self.tag_headers)
             .field("keep_tag_headers", &self.keep_tag_headers)

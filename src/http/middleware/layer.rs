@@ -7,8 +7,8 @@ use http::{request, HeaderName};
 use tower::Layer;
 
 use super::config::{HttpConfig, UnsafeInvalidation};
+use super::passes::Passes;
 use crate::cache::Cache;
-use crate::http::serving::cache_status::CacheStatus;
 use crate::http::MakeKey;
 use crate::http::Policy;
 use crate::http::Purger;
@@ -28,9 +28,11 @@ impl StampedeLayer {
     /// A layer that caches through `cache`, with the [`DefaultKey`](crate::http::DefaultKey) and
     /// the [`RfcPolicy`](crate::http::RfcPolicy) without a default TTL.
     pub fn new(cache: Cache) -> Self {
+        let mut config = HttpConfig::default();
+        config.cache_status = config.cache_status.reporting(Passes::new(cache.meter()));
         StampedeLayer {
             cache,
-            config: Arc::new(HttpConfig::default()),
+            config: Arc::new(config),
         }
     }
 
@@ -52,18 +54,23 @@ impl StampedeLayer {
     }
 
     /// A request header your own load balancer or proxy sets on every request, replacing
-    /// whatever a client sent, such as `X-Forwarded-Proto`: `GET`s and `HEAD`s that carry it
-    /// are cached (it stays out of the key), instead of passed. Give one call per header.
+    /// whatever a client sent, such as `X-Forwarded-Proto`: it is left out of the key (its
+    /// value is ignored), so requests with any value of it share one entry. Give one call per
+    /// header.
     ///
     /// By default a `GET` or `HEAD` that carries a well-known forwarding or rewrite header
     /// (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`, `X-Forwarded-Scheme`,
     /// `X-Forwarded-Ssl`, `X-Forwarded-Port`, `X-Forwarded-Prefix`, `Forwarded`,
-    /// `X-Original-URL`, `X-Rewrite-URL`; each also spelled with underscores), a method override
-    /// (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`) or a body passes:
-    /// frameworks reflect these in the page (links to `http://evil.example/`, the `/admin`
-    /// page under another URL, a `DELETE`'s answer), and one attacker's request would
-    /// otherwise become every user's page. Trust only a header the load balancer overwrites;
-    /// one it appends to (`Forwarded`, often) still carries what the client sent.
+    /// `X-Original-URL`, `X-Rewrite-URL`) is keyed by its values (see the
+    /// [module docs](crate::http#keys)): frameworks reflect these in the page (links to
+    /// `http://evil.example/`, the `/admin` page under another URL), so an attacker's value
+    /// makes a variant that only requests with that value read, while your load balancer's
+    /// values make one entry. Trusting a header saves the variants it would make, and is
+    /// right only for a header the load balancer overwrites; one it appends to (`Forwarded`,
+    /// often) still carries what the client sent. A method override (`X-HTTP-Method-Override`,
+    /// `X-HTTP-Method`, `X-Method-Override`) or a body passes, and so does any of these
+    /// headers spelled with underscores, trusted or not; a trusted method override no longer
+    /// passes.
     ///
     /// ```
     /// use http::{request, HeaderName};
@@ -75,18 +82,19 @@ impl StampedeLayer {
     ///     .pass_header(HeaderName::from_static("x-theme"));
     /// ```
     pub fn trust_header(mut self, name: HeaderName) -> Self {
-        Arc::make_mut(&mut self.config).unkeyed.trust(&name);
+        Arc::make_mut(&mut self.config).reflected.trust(&name);
         self
     }
 
     /// A request header your application reflects in its responses without naming it in
     /// `Vary` (a theme, a debug switch, a header of its own framework): `GET`s and `HEAD`s
-    /// that carry it pass (neither stored nor answered from the cache), as those with a
-    /// forwarding header do (see [`trust_header`](Self::trust_header)). To cache such
-    /// requests per value instead, add the header to the key
+    /// that carry it pass (neither stored nor answered from the cache; `Cache-Status` says
+    /// `detail=pass-header:x-theme`), as those with a method override do (see
+    /// [`trust_header`](Self::trust_header)); a forwarding header named so passes instead of
+    /// being keyed. To cache such requests per value instead, add the header to the key
     /// ([`make_key`](Self::make_key)). Give one call per header.
     pub fn pass_header(mut self, name: HeaderName) -> Self {
-        Arc::make_mut(&mut self.config).unkeyed.pass(name);
+        Arc::make_mut(&mut self.config).reflected.pass(name);
         self
     }
 
@@ -159,7 +167,7 @@ impl StampedeLayer {
     /// let layer = StampedeLayer::new(cache).policy(policy);
     /// ```
     pub fn policy(mut self, policy: impl Policy) -> Self {
-        Arc::make_mut(&mut self.config).policy = Arc::new(policy);
+        Arc::make_mut(&mut self.config).set_policy(policy);
         self
     }
 
@@ -191,7 +199,7 @@ impl StampedeLayer {
     /// one, else as a String (of its printable ASCII characters). Default: `tower-stampede`.
     pub fn cache_status_name(mut self, name: &str) -> Self {
         let config = Arc::make_mut(&mut self.config);
-        config.cache_status = CacheStatus::new(name, config.cache_status.x_cache());
+        config.cache_status = config.cache_status.renamed(name);
         self
     }
 

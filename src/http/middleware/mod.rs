@@ -9,11 +9,13 @@
 //! | `service.rs` | [`Stampede`]: sorts each request (purge, ignored, unsafe, bypassed, cached) |
 //! | `future.rs` | [`ResponseFuture`], the service's named future |
 //! | `body.rs` | [`ResponseBody`]: a cached body, the inner service's, or one the layer made |
+//! | `passes.rs` | the layer's report of its passes: a metric by reason, a rate-limited warning |
 
 pub(super) mod body;
 pub(super) mod config;
 pub(super) mod future;
 pub(super) mod layer;
+pub(super) mod passes;
 pub(super) mod service;
 
 pub use body::ResponseBody;

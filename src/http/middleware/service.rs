@@ -17,6 +17,7 @@ use super::future::ResponseFuture;
 use crate::cache::Cache;
 use crate::http::invalidation::by_url;
 use crate::http::invalidation::purge::{self, Purger};
+use crate::http::rules::pass::Pass;
 use crate::http::rules::request::{self, RequestRule};
 use crate::http::serving::cache_status::Served;
 use crate::http::serving::flow::{fetch, from_l1};
@@ -53,15 +54,32 @@ impl<S> Stampede<S> {
     inner_service_accessors!();
 
     /// The request's key under the [`MakeKey`](crate::http::MakeKey), made apart for requests with
-    /// credentials (see [`key::primary`]); `None` if it cannot describe the request.
-    fn primary_key<B>(&self, request: Request<B>) -> (Request<B>, Option<String>) {
+    /// credentials or keyed forwarding headers (see [`key::primary`]), and whether it is a
+    /// forwarded one; or why the request passes instead: the key cannot describe it, or its
+    /// URL has as many forwarding variants as it may.
+    fn primary_key<B>(&self, request: Request<B>) -> (Request<B>, Result<(String, bool), Pass>) {
         // A HEAD is answered from the GET entry, so its key is the GET's.
         let (mut parts, body) = request.into_parts();
         let method = std::mem::replace(&mut parts.method, Method::GET);
-        let primary = self.config.make_key.make_key(&parts).map(|key| {
-            let credentialed = self.config.policy.credentialed(&parts);
-            key::primary(key, credentialed)
-        });
+        let config = &self.config;
+        let primary = match config.make_key.make_key(&parts) {
+            None => Err(Pass::NoKey),
+            Some(key) => {
+                let credentialed = config.policy.credentialed(&parts);
+                let forwarded = config.reflected.forwarded(&parts.headers);
+                let primary = key::primary(key, credentialed, forwarded);
+                let keyed = config.reflected.keyed();
+                if forwarded
+                    && !config
+                        .forwarded_variants
+                        .admit(&primary, keyed, &parts.headers)
+                {
+                    Err(Pass::TooManyVariants)
+                } else {
+                    Ok((primary, forwarded))
+                }
+            }
+        };
         parts.method = method;
         (Request::from_parts(parts, body), primary)
     }
@@ -94,10 +112,10 @@ where
             let (parts, _body) = request.into_parts();
             return ResponseFuture::boxed(Box::pin(purge::endpoint(purger, parts)));
         }
-        let (honor_client_no_cache, unkeyed) =
-            (self.config.honor_client_no_cache, &self.config.unkeyed);
+        let (honor_client_no_cache, reflected) =
+            (self.config.honor_client_no_cache, &self.config.reflected);
         let (bypassed, served) =
-            match request::request_rule(&request, honor_client_no_cache, unkeyed) {
+            match request::request_rule(&request, honor_client_no_cache, reflected) {
                 RequestRule::Ignore => {
                     let inner = Oneshot::new(self.inner.clone(), request);
                     return ResponseFuture::inner(inner, None, Arc::clone(&self.config));
@@ -114,9 +132,9 @@ where
                     let sent = by_url::send_unsafe(inner, self.cache.clone(), config, request);
                     return ResponseFuture::boxed(Box::pin(sent));
                 }
-                RequestRule::Bypass => (request, Served::Request),
+                RequestRule::Bypass(pass) => (request, Served::Request(pass)),
                 RequestRule::Cache => match self.primary_key(request) {
-                    (request, Some(primary)) => {
+                    (request, Ok((primary, forwarded))) => {
                         let form = AnswerForm::of(&request);
                         // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
                         let digest = KeyDigest::of(primary.as_bytes());
@@ -127,12 +145,14 @@ where
                             inner: self.inner.clone(),
                             cache: self.cache.clone(),
                             config: Arc::clone(&self.config),
+                            forwarded,
                         };
                         let fetched = fetch(loading, primary, digest, request, form);
                         return ResponseFuture::boxed(Box::pin(fetched));
                     }
                     // The key cannot describe the request.
-                    (request, None) => (request, Served::Unkeyed),
+                    (request, Err(Pass::NoKey)) => (request, Served::Unkeyed),
+                    (request, Err(pass)) => (request, Served::Request(pass)),
                 },
             };
         self.cache.count_bypass();

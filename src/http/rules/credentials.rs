@@ -8,13 +8,78 @@
 use http::header::{AUTHORIZATION, COOKIE};
 use http::HeaderMap;
 
-/// Which cookies count as credentials: by default, every one.
-#[derive(Clone, Debug, Default)]
+/// The cookies that analytics and advertising scripts set, which personalise no page: ignored
+/// unless [`RfcPolicy::ignore_analytics_cookies`](crate::http::RfcPolicy::ignore_analytics_cookies)
+/// turns them off. Those that Varnish and CDN guides strip, each named as its script names
+/// it (cookie names are case-sensitive): Google Analytics (`_ga`, `_ga_<id>`, `_gid`,
+/// `_gat`, `_gat_<id>`, `_gac_<id>`, and urchin's `__utma`, `__utmb`, `__utmc`, `__utmt`,
+/// `__utmv`, `__utmz`), Google Ads (`_gcl_<x>`), Meta (`_fbp`, `_fbc`), Hotjar (`_hj<x>`),
+/// Microsoft Clarity (`_clck`, `_clsk`) and Ads (`_uetsid`, `_uetvid`), Segment
+/// (`ajs_anonymous_id`, `ajs_user_id`, `ajs_group_id`) and Mixpanel (`mp_<token>_mixpanel`).
+pub(crate) const ANALYTICS_COOKIES: Analytics = Analytics {
+    exact: &[
+        "_ga",
+        "_gid",
+        "_gat",
+        "_fbp",
+        "_fbc",
+        "_clck",
+        "_clsk",
+        "_uetsid",
+        "_uetvid",
+        "ajs_anonymous_id",
+        "ajs_user_id",
+        "ajs_group_id",
+    ],
+    prefixes: &["_ga_", "_gat_", "_gac_", "__utm", "_gcl_", "_hj"],
+    // Mixpanel's name holds the project's token: `mp_<token>_mixpanel`.
+    framed: &[("mp_", "_mixpanel")],
+};
+
+/// Cookie names, by exact name, prefix, or prefix and suffix together.
+#[derive(Debug)]
+pub(crate) struct Analytics {
+    exact: &'static [&'static str],
+    prefixes: &'static [&'static str],
+    framed: &'static [(&'static str, &'static str)],
+}
+
+impl Analytics {
+    /// Whether a cookie named `name` is one of these.
+    fn names(&self, name: &[u8]) -> bool {
+        self.exact.iter().any(|exact| exact.as_bytes() == name)
+            || self
+                .prefixes
+                .iter()
+                .any(|prefix| name.len() > prefix.len() && name.starts_with(prefix.as_bytes()))
+            || self.framed.iter().any(|(prefix, suffix)| {
+                name.len() > prefix.len() + suffix.len()
+                    && name.starts_with(prefix.as_bytes())
+                    && name.ends_with(suffix.as_bytes())
+            })
+    }
+}
+
+/// Which cookies count as credentials: by default, every one but the
+/// [analytics cookies](ANALYTICS_COOKIES).
+#[derive(Clone, Debug)]
 pub(crate) struct CookieRule {
     /// Names of cookies that do not personalise a response (analytics, consent).
     ignored: Vec<Box<[u8]>>,
+    /// Whether the [analytics cookies](ANALYTICS_COOKIES) are ignored.
+    ignore_analytics: bool,
     /// No cookie counts: the service's responses never depend on them.
     ignore_all: bool,
+}
+
+impl Default for CookieRule {
+    fn default() -> Self {
+        CookieRule {
+            ignored: Vec::new(),
+            ignore_analytics: true,
+            ignore_all: false,
+        }
+    }
 }
 
 impl CookieRule {
@@ -29,6 +94,11 @@ impl CookieRule {
     /// Ignores every cookie, or none but those named.
     pub(crate) fn ignore_all(&mut self, on: bool) {
         self.ignore_all = on;
+    }
+
+    /// Ignores the [analytics cookies](ANALYTICS_COOKIES), or counts them.
+    pub(crate) fn ignore_analytics(&mut self, on: bool) {
+        self.ignore_analytics = on;
     }
 
     /// Whether `headers` hold a cookie this rule does not ignore. A cookie is a `;`-separated
@@ -49,10 +119,9 @@ impl CookieRule {
             .filter(|member| !member.is_empty())
             .any(|member| {
                 let name = member.split(|&b| b == b'=').next().unwrap_or(member);
-                !self
-                    .ignored
-                    .iter()
-                    .any(|ignored| **ignored == *name.trim_ascii())
+                let name = name.trim_ascii();
+                !(self.ignored.iter().any(|ignored| **ignored == *name)
+                    || (self.ignore_analytics && ANALYTICS_COOKIES.names(name)))
             })
     }
 }
@@ -115,7 +184,10 @@ mod tests {
 
     #[test]
     fn every_cookie_counts_but_those_ignored() {
+        // Without the analytics cookies, which the next test covers: an ignored name is
+        // matched exactly.
         let mut rule = CookieRule::default();
+        rule.ignore_analytics(false);
         let of = |rule: &CookieRule, pairs| Credentials::of(&headers(pairs), rule);
         assert!(!of(&rule, &[]).any());
         assert!(!of(&rule, &[("cookie", ""), ("cookie", " ; ")]).any());
@@ -139,6 +211,37 @@ mod tests {
         rule.ignore_all(true);
         assert!(!of(&rule, &[("cookie", "session=alice")]).any());
         assert!(of(&rule, &[("authorization", "Bearer a")]).authorization);
+    }
+
+    #[test]
+    fn analytics_cookies_count_for_nothing_unless_turned_off() {
+        let mut rule = CookieRule::default();
+        let of = |rule: &CookieRule, cookie| Credentials::of(&headers(&[("cookie", cookie)]), rule);
+        for analytics in [
+            "_ga=GA1.2.3; _gid=GA1.2.4",
+            "_ga_ABC123=GS1; _gat=1; _gat_UA1=1; _gac_UA1=1",
+            "__utma=1; __utmb=2; __utmc=3; __utmt=4; __utmv=5; __utmz=6",
+            "_gcl_au=1; _fbp=fb.1; _fbc=fb.2; _hjSessionUser_1=x; _hjid=y",
+            "_clck=a; _clsk=b; _uetsid=c; _uetvid=d",
+            "ajs_anonymous_id=e; ajs_user_id=f; ajs_group_id=g; mp_0123abc_mixpanel=h",
+        ] {
+            assert!(!of(&rule, analytics).any(), "{analytics}");
+        }
+        for personal in [
+            "_ga=1; session=alice",
+            "_GA=1",
+            "ga=1",
+            "_ga_",
+            "_hj",
+            "mp_session=x",
+            "mp__mixpanel=x",
+            "ajs_user=x",
+            "__ut=1",
+        ] {
+            assert!(of(&rule, personal).cookies, "{personal}");
+        }
+        rule.ignore_analytics(false);
+        assert!(of(&rule, "_ga=GA1.2.3").cookies);
     }
 
     /// RFC 9111 §3.5 for `Authorization`, and the same for cookies, but for `Vary: Cookie`.

@@ -13,13 +13,15 @@
 //! | `targeted.rs` | targeted fields (`CDN-Cache-Control`, RFC 9213) |
 //! | `conditional.rs` | `If-None-Match` / `If-Modified-Since` answered with `304` |
 //! | `credentials.rs` | which credentials a request carries, and the cookies that do not count |
-//! | `poisoning.rs` | the requests whose response may depend on what the key leaves out |
+//! | `poisoning.rs` | the request headers a page may reflect: those that pass, and the forwarding headers that are keyed |
+//! | `pass.rs` | [`Pass`](pass::Pass): why a request or a response passed, one name per rule |
 
 pub(super) mod conditional;
 pub(super) mod credentials;
 pub(super) mod decision;
 pub(super) mod methods;
 pub(super) mod parse;
+pub(super) mod pass;
 pub(super) mod poisoning;
 pub(super) mod policy;
 pub(super) mod request;

@@ -1,25 +1,32 @@
-//! Requests that could poison the cache: a `GET` or `HEAD` whose response may depend on what
-//! the key leaves out, so that one client's request would become everyone's page. By default
-//! the layer passes them (neither stored nor answered from the cache):
+//! Request headers that could poison the cache: a `GET` or `HEAD` whose response may depend
+//! on a header the URL does not name, so that one client's request would become everyone's
+//! page. The layer keys some of them and passes the requests that carry the others (neither
+//! stored nor answered from the cache):
 //!
-//! - a **method override** (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`),
-//!   which many frameworks obey: a `GET` that the origin runs as a `DELETE`. One that names
-//!   an unsafe method also invalidates the URL as that method would (RFC 9111 §4.4), so the
-//!   change it made is not hidden behind the page stored before;
-//! - a **request body** (`Content-Length` other than 0, or `Transfer-Encoding`), which some
-//!   frameworks read on a `GET` as they would on a `POST`;
 //! - a **forwarding or rewrite header** (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`,
 //!   `X-Forwarded-Scheme`, `X-Forwarded-Ssl`, `X-Forwarded-Port`, `X-Forwarded-Prefix`,
 //!   `Forwarded`, `X-Original-URL`, `X-Rewrite-URL`), which frameworks reflect in links and
-//!   redirects or route by;
+//!   redirects or route by, is **part of the key**, as if the response had named it in
+//!   `Vary` (see [`key`](crate::http::stored::key#forwarding-headers)): the values a load
+//!   balancer sets on every request make one entry, and an attacker's value makes a variant
+//!   that only requests with that same value read. `X-Forwarded-For`, `X-Real-IP` and the
+//!   `for=` and `by=` of `Forwarded` name the client and the proxy, not the page: they are
+//!   left out, or every client would be a variant of its own;
+//! - a **method override** (`X-HTTP-Method-Override`, `X-HTTP-Method`, `X-Method-Override`),
+//!   which many frameworks obey: a `GET` that the origin runs as a `DELETE`, passed. One that
+//!   names an unsafe method also invalidates the URL as that method would (RFC 9111 §4.4), so
+//!   the change it made is not hidden behind the page stored before;
+//! - a **request body** (`Content-Length` other than 0, or `Transfer-Encoding`), which some
+//!   frameworks read on a `GET` as they would on a `POST`: passed;
 //! - any header the operator names as one the application reflects
-//!   ([`pass_header`](crate::http::StampedeLayer::pass_header)).
+//!   ([`pass_header`](crate::http::StampedeLayer::pass_header)): passed.
 //!
 //! A forwarding header that the operator's own load balancer sets on every request, replacing
 //! whatever a client sent, cannot come from an attacker: naming it with
-//! [`trust_header`](crate::http::StampedeLayer::trust_header) lets such requests be cached again.
+//! [`trust_header`](crate::http::StampedeLayer::trust_header) leaves it out of the key (its
+//! value is then ignored); a trusted method override no longer passes.
 //!
-//! Each of these headers also counts when spelled with underscores (`X_Forwarded_Host`), even
+//! Each of these headers also passes when spelled with underscores (`X_Forwarded_Host`), even
 //! a trusted one: servers that name headers the CGI way (`HTTP_X_FORWARDED_HOST`) read it as
 //! the hyphenated one, and a load balancer overwrites only the hyphenated one.
 //!
@@ -31,13 +38,17 @@ use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, Method};
 
 use super::methods::invalidates_its_url;
+use super::pass::{interned, Pass};
 
-/// The headers that make a `GET` or `HEAD` pass unless trusted: method overrides, then the
-/// well-known forwarding and rewrite headers.
-const UNKEYED: [&str; 13] = [
+/// The method overrides: a `GET` or `HEAD` with one passes unless it is trusted.
+const OVERRIDES: [&str; 3] = [
     "x-http-method-override",
     "x-http-method",
     "x-method-override",
+];
+
+/// The well-known forwarding and rewrite headers: part of the key unless trusted.
+const FORWARDING: [&str; 10] = [
     "x-forwarded-host",
     "x-host",
     "x-forwarded-proto",
@@ -50,49 +61,85 @@ const UNKEYED: [&str; 13] = [
     "x-rewrite-url",
 ];
 
-/// How many of [`UNKEYED`] are method overrides (its first).
-const OVERRIDES: usize = 3;
+/// [`FORWARDING`], spelled with underscores, as a pass names them.
+const FORWARDING_UNDERSCORED: [&str; 10] = [
+    "x_forwarded_host",
+    "x_host",
+    "x_forwarded_proto",
+    "x_forwarded_scheme",
+    "x_forwarded_ssl",
+    "x_forwarded_port",
+    "x_forwarded_prefix",
+    "forwarded",
+    "x_original_url",
+    "x_rewrite_url",
+];
 
-/// The request headers that make a `GET` or `HEAD` pass.
+/// The request headers the origin may reflect in its page: those that make a `GET` or `HEAD`
+/// pass, and the forwarding headers that are part of its key.
 #[derive(Clone, Debug)]
-pub(crate) struct Unkeyed {
-    names: Vec<HeaderName>,
+pub(crate) struct Reflected {
+    /// The method overrides not trusted, then the headers named by `pass_header`.
+    passes: Vec<HeaderName>,
+    /// The forwarding headers not trusted, in [`FORWARDING`]'s order.
+    keyed: Vec<HeaderName>,
 }
 
-impl Default for Unkeyed {
+impl Default for Reflected {
     fn default() -> Self {
-        Unkeyed {
-            names: UNKEYED.map(HeaderName::from_static).to_vec(),
+        Reflected {
+            passes: OVERRIDES.map(HeaderName::from_static).to_vec(),
+            keyed: FORWARDING.map(HeaderName::from_static).to_vec(),
         }
     }
 }
 
-impl Unkeyed {
-    /// Requests with `name` no longer pass for it.
+impl Reflected {
+    /// Requests with `name` no longer pass for it, and its value is not part of the key.
     pub(crate) fn trust(&mut self, name: &HeaderName) {
-        self.names.retain(|held| held != name);
+        self.passes.retain(|held| held != name);
+        self.keyed.retain(|held| held != name);
     }
 
-    /// Requests with `name` pass.
+    /// Requests with `name` pass (a forwarding header too: it is then no longer keyed).
     pub(crate) fn pass(&mut self, name: HeaderName) {
-        if !self.names.contains(&name) {
-            self.names.push(name);
+        self.keyed.retain(|held| *held != name);
+        if !self.passes.contains(&name) {
+            self.passes.push(name);
         }
     }
 
-    /// Whether a `GET` or `HEAD` with these headers must pass: it has a body or one of the
-    /// headers (or a well-known one, trusted or not, spelled with underscores). One walk over
-    /// the request's field names, which are few.
-    pub(crate) fn poisons(&self, headers: &HeaderMap) -> bool {
-        headers.keys().any(|name| {
-            *name == TRANSFER_ENCODING
+    /// The forwarding headers that are part of the key, in a fixed order.
+    pub(crate) fn keyed(&self) -> &[HeaderName] {
+        &self.keyed
+    }
+
+    /// Whether a request with these headers carries a forwarding header that is part of the
+    /// key: it is then keyed by their values (see [`key`](crate::http::stored::key)).
+    pub(crate) fn forwarded(&self, headers: &HeaderMap) -> bool {
+        self.keyed.iter().any(|name| headers.contains_key(name))
+    }
+
+    /// Why a `GET` or `HEAD` with these headers must pass, if it must: it has a body or one
+    /// of the headers that pass (or a well-known one, trusted or not, spelled with
+    /// underscores). One walk over the request's field names, which are few.
+    pub(crate) fn passes(&self, headers: &HeaderMap) -> Option<Pass> {
+        headers.keys().find_map(|name| {
+            if *name == TRANSFER_ENCODING
                 || (*name == CONTENT_LENGTH
                     && headers
                         .get_all(CONTENT_LENGTH)
                         .iter()
                         .any(|length| length.as_bytes().trim_ascii() != b"0"))
-                || self.names.contains(name)
-                || (name.as_str().contains('_') && self.underscored(name.as_str()))
+            {
+                Some(Pass::Body)
+            } else if self.passes.contains(name) {
+                Some(self.named(name.as_str()))
+            } else if name.as_str().contains('_') {
+                self.underscored(name.as_str())
+            } else {
+                None
+            }
         })
     }
 
@@ -100,9 +147,9 @@ impl Unkeyed {
     /// that names an unsafe method (any case; frameworks upper-case it): the origin runs it
     /// as that method, whose response invalidates the URL.
     pub(crate) fn overrides_to_unsafe(&self, headers: &HeaderMap) -> bool {
-        UNKEYED[..OVERRIDES]
+        OVERRIDES
             .iter()
-            .filter(|name| self.names.iter().any(|held| held == **name))
+            .filter(|name| self.passes.iter().any(|held| held == **name))
             .flat_map(|name| headers.get_all(*name))
             .any(|value| {
                 let method = value.as_bytes().trim_ascii().to_ascii_uppercase();
@@ -110,12 +157,26 @@ impl Unkeyed {
             })
     }
 
-    /// Whether `name`, its underscores read as hyphens, is one of the headers or a well-known
-    /// one.
-    fn underscored(&self, name: &str) -> bool {
+    /// The pass for a header that passes, named hyphenated.
+    fn named(&self, hyphenated: &str) -> Pass {
+        if OVERRIDES.contains(&hyphenated) {
+            Pass::MethodOverride
+        } else {
+            Pass::NamedHeader(interned(hyphenated))
+        }
+    }
+
+    /// The pass for `name` spelled with underscores, if its underscores read as hyphens make
+    /// one of the headers or a well-known one.
+    fn underscored(&self, name: &str) -> Option<Pass> {
         let hyphenated = name.replace('_', "-");
-        UNKEYED.contains(&hyphenated.as_str())
-            || self.names.iter().any(|held| held.as_str() == hyphenated)
+        if let Some(i) = FORWARDING.iter().position(|f| *f == hyphenated) {
+            return Some(Pass::ForwardingHeader(FORWARDING_UNDERSCORED[i]));
+        }
+        let known = OVERRIDES.contains(&hyphenated.as_str())
+            || self.passes.iter().any(|held| held.as_str() == hyphenated)
+            || self.keyed.iter().any(|held| held.as_str() == hyphenated);
+        known.then(|| self.named(&hyphenated))
     }
 }
 
@@ -125,33 +186,67 @@ mod tests {
     use crate::http::invalidation::tag_fields::tests::headers;
 
     #[test]
-    fn overrides_bodies_and_forwarding_headers_pass_unless_trusted() {
-        let mut unkeyed = Unkeyed::default();
+    fn overrides_and_bodies_pass_and_forwarding_headers_are_keyed_unless_trusted() {
+        let mut reflected = Reflected::default();
         let plain = headers(&[("accept", "*/*"), ("content-length", "0")]);
-        assert!(!unkeyed.poisons(&plain));
-        for name in UNKEYED {
-            assert!(unkeyed.poisons(&headers(&[(name, "x")])), "{name}");
+        assert_eq!(reflected.passes(&plain), None);
+        assert!(!reflected.forwarded(&plain));
+        for name in OVERRIDES {
+            let request = headers(&[(name, "x")]);
+            assert_eq!(
+                reflected.passes(&request),
+                Some(Pass::MethodOverride),
+                "{name}"
+            );
         }
+        for name in FORWARDING {
+            let request = headers(&[(name, "x")]);
+            assert_eq!(reflected.passes(&request), None, "{name}");
+            assert!(reflected.forwarded(&request), "{name}");
+        }
+        assert!(!reflected.forwarded(&headers(&[
+            ("x-forwarded-for", "192.0.2.1"),
+            ("x-real-ip", "192.0.2.1")
+        ])));
         for body in [
             &[("content-length", "7")][..],
             &[("content-length", "0"), ("content-length", "7")],
             &[("transfer-encoding", "chunked")],
         ] {
-            assert!(unkeyed.poisons(&headers(body)), "{body:?}");
-        }
-        let proto = HeaderName::from_static("x-forwarded-proto");
-        unkeyed.trust(&proto);
-        assert!(!unkeyed.poisons(&headers(&[("x-forwarded-proto", "https")])));
-        assert!(unkeyed.poisons(&headers(&[("x-forwarded-host", "evil")])));
-        unkeyed.pass(HeaderName::from_static("x-theme"));
-        assert!(unkeyed.poisons(&headers(&[("x-theme", "dark")])));
-        for underscored in ["x_forwarded_proto", "x_forwarded-host", "x_theme"] {
-            assert!(
-                unkeyed.poisons(&headers(&[(underscored, "x")])),
-                "{underscored}"
+            assert_eq!(
+                reflected.passes(&headers(body)),
+                Some(Pass::Body),
+                "{body:?}"
             );
         }
-        assert!(!unkeyed.poisons(&headers(&[("x_request_id", "x")])));
+        let proto = HeaderName::from_static("x-forwarded-proto");
+        reflected.trust(&proto);
+        assert!(!reflected.forwarded(&headers(&[("x-forwarded-proto", "https")])));
+        assert!(!reflected.keyed().contains(&proto));
+        assert!(reflected.forwarded(&headers(&[("x-forwarded-host", "evil")])));
+        reflected.pass(HeaderName::from_static("x-theme"));
+        assert_eq!(
+            reflected.passes(&headers(&[("x-theme", "dark")])),
+            Some(Pass::NamedHeader("x-theme"))
+        );
+        reflected.pass(HeaderName::from_static("x-forwarded-prefix"));
+        assert!(!reflected.forwarded(&headers(&[("x-forwarded-prefix", "/a")])));
+        for (underscored, pass) in [
+            (
+                "x_forwarded_proto",
+                Pass::ForwardingHeader("x_forwarded_proto"),
+            ),
+            (
+                "x_forwarded-host",
+                Pass::ForwardingHeader("x_forwarded_host"),
+            ),
+            ("x_theme", Pass::NamedHeader("x-theme")),
+            ("x_http_method", Pass::MethodOverride),
+        ] {
+            let request = headers(&[(underscored, "x")]);
+            assert_eq!(reflected.passes(&request), Some(pass), "{underscored}");
+        }
+        assert_eq!(reflected.passes(&headers(&[("x_request_id", "x")])), None);
         for (value, unsafe_) in [("DELETE", true), (" put ", true), ("FROB", true)]
             .into_iter()
             .chain([
@@ -162,9 +257,17 @@ mod tests {
             ])
         {
             let overridden = headers(&[("x-http-method", value)]);
-            assert_eq!(unkeyed.overrides_to_unsafe(&overridden), unsafe_, "{value}");
+            assert_eq!(
+                reflected.overrides_to_unsafe(&overridden),
+                unsafe_,
+                "{value}"
+            );
         }
-        unkeyed.trust(&HeaderName::from_static("x-http-method"));
-        assert!(!unkeyed.overrides_to_unsafe(&headers(&[("x-http-method", "DELETE")])));
+        reflected.trust(&HeaderName::from_static("x-http-method"));
+        assert!(!reflected.overrides_to_unsafe(&headers(&[("x-http-method", "DELETE")])));
+        assert_eq!(
+            reflected.passes(&headers(&[("x-http-method", "GET")])),
+            None
+        );
     }
 }

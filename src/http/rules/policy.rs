@@ -9,6 +9,7 @@ use http::{request, response, HeaderMap, HeaderName, StatusCode};
 use super::credentials::{CookieRule, Credentials};
 use super::decision::{Decision, Staleness};
 use super::parse::{self, Directive};
+use super::pass::Pass;
 use super::targeted;
 
 /// Decides whether a response may be stored, and for how long; see
@@ -53,7 +54,8 @@ where
 ///    or without field names), or a `max-age` / `s-maxage` that is not a number;
 /// 3. passed if the request had credentials (RFC 9111 §3.5), unless the response says it may
 ///    be shared: `public`, `s-maxage` or `must-revalidate`. Credentials are `Authorization`
-///    (unless [`share_authorized`](Self::share_authorized) is on) and cookies (but those
+///    (unless [`share_authorized`](Self::share_authorized) is on) and cookies (but the
+///    [analytics cookies](Self::ignore_analytics_cookies) and those
 ///    [ignored](Self::ignore_cookie)); a response with `Vary: Cookie` may be stored for a
 ///    request with cookies too, as one variant per cookie value;
 /// 4. stored for its explicit freshness, if it has one (a server error too): `s-maxage`, else `max-age`, else
@@ -138,7 +140,8 @@ impl RfcPolicy {
     /// sent: a request whose cookies are all ignored is cached as one without cookies (one
     /// entry with the requests that have none), while any other cookie makes the request
     /// one with credentials (see [`RfcPolicy`], rule 3). Give one call per name. Default:
-    /// none, every cookie is a credential.
+    /// none but the [analytics cookies](Self::ignore_analytics_cookies): every other cookie
+    /// is a credential.
     ///
     /// ```
     /// use tower_stampede::http::RfcPolicy;
@@ -159,6 +162,28 @@ impl RfcPolicy {
     #[must_use]
     pub fn ignore_all_cookies(mut self, on: bool) -> Self {
         self.cookies.ignore_all(on);
+        self
+    }
+
+    /// Whether the cookies that well-known analytics and advertising scripts set are
+    /// ignored, as those given to [`ignore_cookie`](Self::ignore_cookie) are: Google
+    /// Analytics (`_ga`, `_ga_<id>`, `_gid`, `_gat`, `_gat_<id>`, `_gac_<id>`, `__utma`,
+    /// `__utmb`, `__utmc`, `__utmt`, `__utmv`, `__utmz`), Google Ads (`_gcl_<x>`), Meta
+    /// (`_fbp`, `_fbc`), Hotjar (`_hj<x>`), Microsoft Clarity (`_clck`, `_clsk`) and Ads
+    /// (`_uetsid`, `_uetvid`), Segment (`ajs_anonymous_id`, `ajs_user_id`, `ajs_group_id`)
+    /// and Mixpanel (`mp_<token>_mixpanel`), named exactly so (cookie names are
+    /// case-sensitive). They are read by scripts in the browser, and a page does not depend
+    /// on them; any other cookie still makes the request one with credentials. Default: on;
+    /// off for an application that does read one of them to build its pages.
+    ///
+    /// ```
+    /// use tower_stampede::http::RfcPolicy;
+    ///
+    /// let policy = RfcPolicy::new().ignore_analytics_cookies(false);
+    /// ```
+    #[must_use]
+    pub fn ignore_analytics_cookies(mut self, on: bool) -> Self {
+        self.cookies.ignore_analytics(on);
         self
     }
 
@@ -205,25 +230,40 @@ impl Policy for RfcPolicy {
     }
 
     fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
+        self.judge(request, response).0
+    }
+}
+
+impl RfcPolicy {
+    /// What [`decide`](Policy::decide) decides, and, for a response it does not store, the
+    /// rule that says so.
+    pub(crate) fn judge(
+        &self,
+        request: &request::Parts,
+        response: &response::Parts,
+    ) -> (Decision, Option<Pass>) {
         let (status, headers) = (response.status, &response.headers);
         // What is not stored: a pass, but for a server error, a failed load (shared with the
         // requests that waited for it, unless it is private to its own).
-        let unstored = |private: bool| match (
-            status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED,
-            private,
-        ) {
-            (false, _) => Decision::Pass,
-            (true, false) => Decision::Share,
-            (true, true) => Decision::Fail,
+        let unstored = |private: bool, why: Pass| {
+            let decision = match (
+                status.is_server_error() && status != StatusCode::NOT_IMPLEMENTED,
+                private,
+            ) {
+                (false, _) => Decision::Pass,
+                (true, false) => Decision::Share,
+                (true, true) => Decision::Fail,
+            };
+            (decision, Some(why))
         };
         if status.is_informational()
             || status == StatusCode::PARTIAL_CONTENT
             || status == StatusCode::NOT_MODIFIED
         {
-            return Decision::Pass;
+            return (Decision::Pass, Some(Pass::Status));
         }
         if headers.contains_key(SET_COOKIE) {
-            return unstored(true);
+            return unstored(true, Pass::SetCookie);
         }
         let (mut max_age, mut s_maxage) = (None, None);
         // Whether the response says it may be shared (RFC 9111 §3.5).
@@ -234,7 +274,8 @@ impl Policy for RfcPolicy {
         for Directive { name, argument } in directives {
             let seconds = || argument.as_deref().and_then(parse::delta_seconds);
             match name.as_str() {
-                "no-store" | "private" => return unstored(true),
+                "no-store" => return unstored(true, Pass::NoStore),
+                "private" => return unstored(true, Pass::Private),
                 "no-cache" => no_cache = true,
                 "public" => shared = true,
                 "must-revalidate" => {
@@ -249,7 +290,7 @@ impl Policy for RfcPolicy {
                 "max-age" | "s-maxage" => {
                     let Some(seconds) = argument.as_deref().and_then(parse::delta_seconds) else {
                         // An unreadable lifetime is no permission to store.
-                        return unstored(false);
+                        return unstored(false, Pass::NoFreshness);
                     };
                     if name == "s-maxage" {
                         shared = true;
@@ -272,18 +313,21 @@ impl Policy for RfcPolicy {
                 credentials.cookies && varies_on_cookie(),
             )
         {
-            return unstored(true);
+            return unstored(true, Pass::Credentials);
         }
         if must_revalidate {
             stale = Staleness::must_revalidate();
         }
         if no_cache {
             let validated = headers.contains_key(ETAG) || headers.contains_key(LAST_MODIFIED);
-            return match unstored(false) {
-                Decision::Pass if validated => Decision::StoreWith {
-                    fresh_for: Duration::ZERO,
-                    stale: Staleness::must_revalidate(),
-                },
+            return match unstored(false, Pass::NoCache) {
+                (Decision::Pass, _) if validated => (
+                    Decision::StoreWith {
+                        fresh_for: Duration::ZERO,
+                        stale: Staleness::must_revalidate(),
+                    },
+                    Some(Pass::NoCache),
+                ),
                 unstored => unstored,
             };
         }
@@ -297,13 +341,18 @@ impl Policy for RfcPolicy {
             })
         });
         match lifetime.map(|l| l.saturating_sub(parse::age(headers))) {
-            Some(ttl) if !ttl.is_zero() && stale == Staleness::default() => Decision::Store(ttl),
-            Some(ttl) if !ttl.is_zero() => Decision::StoreWith {
-                fresh_for: ttl,
-                stale,
-            },
+            Some(ttl) if !ttl.is_zero() && stale == Staleness::default() => {
+                (Decision::Store(ttl), None)
+            }
+            Some(ttl) if !ttl.is_zero() => (
+                Decision::StoreWith {
+                    fresh_for: ttl,
+                    stale,
+                },
+                None,
+            ),
             // A server error without freshness is the origin's answer to this load only.
-            _ => unstored(false),
+            _ => unstored(false, Pass::NoFreshness),
         }
     }
 }

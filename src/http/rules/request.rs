@@ -8,7 +8,8 @@ use http::{HeaderName, Method, Request};
 
 use super::methods::invalidates_its_url;
 use super::parse::{self, Directive};
-use super::poisoning::Unkeyed;
+use super::pass::Pass;
+use super::poisoning::Reflected;
 
 /// What the layer does with a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,17 +24,17 @@ pub(crate) enum RequestRule {
     Invalidate,
     /// A cacheable method that must not be answered from the cache (`no-store`, a range, a
     /// precondition other than `If-None-Match` / `If-Modified-Since`, a reload the layer
-    /// honours, or what could [poison](super::poisoning) the cache): pass it on, marked
-    /// `x-cache: BYPASS`.
-    Bypass,
+    /// honours, or what could [poison](super::poisoning) the cache), for this reason: pass
+    /// it on, marked `x-cache: BYPASS`.
+    Bypass(Pass),
 }
 
-/// Decides what to do with a request, before its key is made: `unkeyed` names what makes a
+/// Decides what to do with a request, before its key is made: `reflected` names what makes a
 /// `GET` or `HEAD` pass.
 pub(crate) fn request_rule<B>(
     request: &Request<B>,
     honor_client_no_cache: bool,
-    unkeyed: &Unkeyed,
+    reflected: &Reflected,
 ) -> RequestRule {
     let method = request.method();
     if method != Method::GET && method != Method::HEAD {
@@ -44,28 +45,26 @@ pub(crate) fn request_rule<B>(
         };
     }
     let headers = request.headers();
-    if unkeyed.overrides_to_unsafe(headers) {
+    if reflected.overrides_to_unsafe(headers) {
         tracing::debug!("a method override to an unsafe method; passed, and it invalidates");
         return RequestRule::Invalidate;
     }
-    if unkeyed.poisons(headers) {
-        tracing::debug!("a request that could poison the cache; passed");
-        return RequestRule::Bypass;
+    if let Some(pass) = reflected.passes(headers) {
+        return RequestRule::Bypass(pass);
     }
     // Ranges and these preconditions get answers for this request only (206, 412) that the
     // layer does not compute from an entry.
-    const ANSWERED_BY_THE_ORIGIN: [HeaderName; 4] =
-        [RANGE, IF_MATCH, IF_UNMODIFIED_SINCE, IF_RANGE];
-    if ANSWERED_BY_THE_ORIGIN
-        .iter()
-        .any(|h| headers.contains_key(h))
-    {
-        return RequestRule::Bypass;
+    if headers.contains_key(RANGE) {
+        return RequestRule::Bypass(Pass::Range);
+    }
+    const PRECONDITIONS: [HeaderName; 3] = [IF_MATCH, IF_UNMODIFIED_SINCE, IF_RANGE];
+    if PRECONDITIONS.iter().any(|h| headers.contains_key(h)) {
+        return RequestRule::Bypass(Pass::Precondition);
     }
     let mut reload = false;
     for Directive { name, argument } in parse::directives(headers) {
         match name.as_str() {
-            "no-store" => return RequestRule::Bypass,
+            "no-store" => return RequestRule::Bypass(Pass::NoStoreRequest),
             "no-cache" => reload = true,
             "max-age" => {
                 reload |= argument.as_deref().and_then(parse::delta_seconds) == Some(Duration::ZERO)
@@ -80,7 +79,7 @@ pub(crate) fn request_rule<B>(
             .iter()
             .any(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"no-cache"));
     if reload && honor_client_no_cache {
-        return RequestRule::Bypass;
+        return RequestRule::Bypass(Pass::ClientNoCache);
     }
     RequestRule::Cache
 }
@@ -104,7 +103,7 @@ mod tests {
         for method in ["POST", "PUT", "DELETE", "PATCH", "PURGE", "FROB"] {
             let method = Method::from_bytes(method.as_bytes()).unwrap();
             assert_eq!(
-                request_rule(&with(method.clone(), &[]), false, &Unkeyed::default()),
+                request_rule(&with(method.clone(), &[]), false, &Reflected::default()),
                 RequestRule::Invalidate,
                 "{method}"
             );
@@ -112,50 +111,60 @@ mod tests {
         for method in [Method::POST, Method::GET, Method::HEAD] {
             let overridden = with(method, &[("x-http-method-override", "PUT")]);
             assert_eq!(
-                request_rule(&overridden, false, &Unkeyed::default()),
+                request_rule(&overridden, false, &Reflected::default()),
                 RequestRule::Invalidate
             );
         }
         for method in [Method::OPTIONS, Method::TRACE, Method::CONNECT] {
             assert_eq!(
-                request_rule(&with(method.clone(), &[]), false, &Unkeyed::default()),
+                request_rule(&with(method.clone(), &[]), false, &Reflected::default()),
                 RequestRule::Ignore,
                 "{method}"
             );
         }
         assert_eq!(
-            request_rule(&with(Method::GET, &[]), false, &Unkeyed::default()),
+            request_rule(&with(Method::GET, &[]), false, &Reflected::default()),
             RequestRule::Cache
         );
         assert_eq!(
-            request_rule(&with(Method::HEAD, &[]), false, &Unkeyed::default()),
+            request_rule(&with(Method::HEAD, &[]), false, &Reflected::default()),
             RequestRule::Cache
         );
-        for (name, value) in [
-            ("range", "bytes=0-10"),
-            ("if-match", "\"v1\""),
-            ("if-unmodified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
-            ("if-range", "\"v1\""),
-            ("cache-control", "no-store"),
-            ("x-http-method-override", "GET"),
-            ("content-length", "5"),
-            ("x-forwarded-host", "evil.example"),
+        for (name, value, pass) in [
+            ("range", "bytes=0-10", Pass::Range),
+            ("if-match", "\"v1\"", Pass::Precondition),
+            (
+                "if-unmodified-since",
+                "Wed, 21 Oct 2015 07:28:00 GMT",
+                Pass::Precondition,
+            ),
+            ("if-range", "\"v1\"", Pass::Precondition),
+            ("cache-control", "no-store", Pass::NoStoreRequest),
+            ("x-http-method-override", "GET", Pass::MethodOverride),
+            ("content-length", "5", Pass::Body),
+            (
+                "x_forwarded_host",
+                "evil.example",
+                Pass::ForwardingHeader("x_forwarded_host"),
+            ),
         ] {
             let request = with(Method::GET, &[(name, value)]);
             assert_eq!(
-                request_rule(&request, false, &Unkeyed::default()),
-                RequestRule::Bypass,
+                request_rule(&request, false, &Reflected::default()),
+                RequestRule::Bypass(pass),
                 "{name}"
             );
         }
+        // Keyed by their values (the key's module), not passed.
         for (name, value) in [
             ("if-none-match", "\"v1\""),
             ("if-modified-since", "Wed, 21 Oct 2015 07:28:00 GMT"),
             ("authorization", "Bearer a"),
+            ("x-forwarded-host", "evil.example"),
         ] {
             let request = with(Method::GET, &[(name, value)]);
             assert_eq!(
-                request_rule(&request, false, &Unkeyed::default()),
+                request_rule(&request, false, &Reflected::default()),
                 RequestRule::Cache,
                 "{name}"
             );
@@ -167,13 +176,13 @@ mod tests {
         ] {
             let request = with(Method::GET, reload);
             assert_eq!(
-                request_rule(&request, false, &Unkeyed::default()),
+                request_rule(&request, false, &Reflected::default()),
                 RequestRule::Cache,
                 "{reload:?}"
             );
             assert_eq!(
-                request_rule(&request, true, &Unkeyed::default()),
-                RequestRule::Bypass,
+                request_rule(&request, true, &Reflected::default()),
+                RequestRule::Bypass(Pass::ClientNoCache),
                 "{reload:?}"
             );
         }
@@ -182,7 +191,7 @@ mod tests {
             &[("pragma", "no-cache"), ("cache-control", "max-age=5")],
         );
         assert_eq!(
-            request_rule(&request, true, &Unkeyed::default()),
+            request_rule(&request, true, &Reflected::default()),
             RequestRule::Cache
         );
     }

@@ -1,5 +1,6 @@
 //! How the layer says it handled a response: `Cache-Status` (RFC 9211), and the older
-//! `x-cache` for existing users.
+//! `x-cache` for existing users. A pass says why in `Cache-Status`'s `detail` (a [`Pass`]),
+//! and marking it also reports it ([`Passes`]: a metric by reason, a rate-limited warning).
 //!
 //! Every response the layer handles gets one `Cache-Status` member under the layer's cache
 //! name, appended after any the response already carries: RFC 9211 §2 lists the caches in
@@ -16,6 +17,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::memo::made_once;
+use crate::http::middleware::passes::Passes;
+use crate::http::rules::pass::Pass;
 
 /// `Cache-Status` (RFC 9211).
 pub(crate) static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -85,15 +88,15 @@ pub(crate) enum Served {
     /// with `304`: `fwd=stale; fwd-status=304`, with `stored; ttl=N` if the refreshed entry
     /// was stored for that long (`MISS`; `BYPASS` if it was not).
     Revalidated(Option<Duration>),
-    /// By the inner service, the response not to be stored (or a "pass" marker said so):
-    /// `fwd=uri-miss; fwd-status=N` (`BYPASS`).
-    Passed,
+    /// By the inner service, the response not to be stored (or a "pass" marker said so), for
+    /// this reason: `fwd=uri-miss; fwd-status=N; detail=R` (`BYPASS`).
+    Passed(Pass),
     /// By the inner service, the request not to be answered from the cache (`no-store`, a
-    /// range, a precondition, a reload the layer honours): `fwd=request; fwd-status=N`
-    /// (`BYPASS`).
-    Request,
-    /// By the inner service, the key not describing the request: `fwd=bypass; fwd-status=N`
-    /// (`BYPASS`).
+    /// range, a precondition, a reload the layer honours, a header that passes), for this
+    /// reason: `fwd=request; fwd-status=N; detail=R` (`BYPASS`).
+    Request(Pass),
+    /// By the inner service, the key not describing the request: `fwd=bypass; fwd-status=N;
+    /// detail=no-key` (`BYPASS`).
     Unkeyed,
     /// Made by the layer, with no answer of the origin to give: `fwd=uri-miss; detail=D`
     /// (`MISS`).
@@ -134,8 +137,19 @@ impl Detail {
     }
 }
 
+impl Served {
+    /// Why the response passed the cache, if it did.
+    pub(crate) fn pass(self) -> Option<Pass> {
+        match self {
+            Served::Passed(pass) | Served::Request(pass) => Some(pass),
+            Served::Unkeyed => Some(Pass::NoKey),
+            _ => None,
+        }
+    }
+}
+
 /// The layer's `Cache-Status` name and whether it writes `x-cache` too, with the values made
-/// once.
+/// once, and where it reports passes.
 #[derive(Clone, Debug)]
 pub(crate) struct CacheStatus {
     /// The name as a Structured Field item: a Token if it is one, else a String.
@@ -143,6 +157,7 @@ pub(crate) struct CacheStatus {
     hit: HeaderValue,
     stale: HeaderValue,
     x_cache: bool,
+    passes: Passes,
 }
 
 impl Default for CacheStatus {
@@ -168,12 +183,22 @@ impl CacheStatus {
             stale: fixed(b"; hit; detail=stale"),
             name,
             x_cache,
+            passes: Passes::default(),
         }
     }
 
-    /// Whether `x-cache` is written too.
-    pub(crate) fn x_cache(&self) -> bool {
-        self.x_cache
+    /// The same under the cache name `name`.
+    pub(crate) fn renamed(&self, name: &str) -> Self {
+        CacheStatus {
+            passes: self.passes.clone(),
+            ..CacheStatus::new(name, self.x_cache)
+        }
+    }
+
+    /// The same, reporting passes to `passes`.
+    pub(crate) fn reporting(mut self, passes: Passes) -> Self {
+        self.passes = passes;
+        self
     }
 
     /// The same, with `x-cache` on or off.
@@ -182,8 +207,11 @@ impl CacheStatus {
         self
     }
 
-    /// Marks a response `status` with `headers` as `served`.
+    /// Marks a response `status` with `headers` as `served`; a pass is reported too.
     pub(crate) fn mark(&self, status: StatusCode, headers: &mut HeaderMap, served: Served) {
+        if let Some(pass) = served.pass() {
+            self.passes.report(pass);
+        }
         if self.x_cache {
             let x_cache = match served {
                 Served::Hit(_) | Served::Collapsed(_) => HIT,
@@ -192,9 +220,10 @@ impl CacheStatus {
                 | Served::Refreshed(_)
                 | Served::Revalidated(Some(_))
                 | Served::MadeUp(_) => MISS,
-                Served::Passed | Served::Request | Served::Unkeyed | Served::Revalidated(None) => {
-                    BYPASS
-                }
+                Served::Passed(_)
+                | Served::Request(_)
+                | Served::Unkeyed
+                | Served::Revalidated(None) => BYPASS,
             };
             headers.insert(X_CACHE.clone(), x_cache);
         }
@@ -238,7 +267,7 @@ impl CacheStatus {
         let mut value = BytesMut::with_capacity(self.name.len() + 64);
         value.put_slice(&self.name);
         value.put_slice(match served {
-            Served::Request => b"; fwd=request",
+            Served::Request(_) => b"; fwd=request",
             Served::Unkeyed => b"; fwd=bypass",
             Served::Revalidated(_)
             | Served::Refreshed(_)
@@ -271,6 +300,12 @@ impl CacheStatus {
                 value.put_slice(numbers.format(ttl.as_secs()).as_bytes());
             }
             _ => {}
+        }
+        if let Some(pass) = served.pass() {
+            // RFC 9211 §2.8: a Token or a String. Every rule's name, and with the header it
+            // names, is a Token; a String stands in should one not be.
+            value.put_slice(b"; detail=");
+            value.put_slice(&serialized_name(&pass.detail()));
         }
         HeaderValue::from_maybe_shared(value.freeze()).unwrap_or_else(|_| self.hit.clone())
     }
@@ -394,20 +429,27 @@ mod tests {
             ),
             (
                 200,
-                Served::Passed,
-                "tower-stampede; fwd=uri-miss; fwd-status=200",
+                Served::Passed(Pass::NoFreshness),
+                "tower-stampede; fwd=uri-miss; fwd-status=200; detail=no-freshness",
                 "BYPASS",
             ),
             (
                 206,
-                Served::Request,
-                "tower-stampede; fwd=request; fwd-status=206",
+                Served::Request(Pass::Range),
+                "tower-stampede; fwd=request; fwd-status=206; detail=range",
+                "BYPASS",
+            ),
+            (
+                200,
+                Served::Request(Pass::ForwardingHeader("x_forwarded_host")),
+                "tower-stampede; fwd=request; fwd-status=200; \
+                 detail=forwarding-header:x_forwarded_host",
                 "BYPASS",
             ),
             (
                 200,
                 Served::Unkeyed,
-                "tower-stampede; fwd=bypass; fwd-status=200",
+                "tower-stampede; fwd=bypass; fwd-status=200; detail=no-key",
                 "BYPASS",
             ),
             (

@@ -30,6 +30,8 @@ use super::slot::{Slot, Step};
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::config::HttpConfig;
+use crate::http::rules::decision::Decision;
+use crate::http::rules::pass::Pass;
 use crate::http::stored::codec::{self, Decoded};
 use crate::store::KeyDigest;
 
@@ -289,11 +291,20 @@ where
     drop(done);
     match (failed, request) {
         (None, Some(request)) => {
-            let mut response = Oneshot::new(inner, request).await?;
-            config.strip_tags(response.headers_mut());
+            // Another request's load of the URL was not stored (a "pass" marker said so): the
+            // policy tells why of this response, if it does not store it either.
+            let (parts, body) = request.into_parts();
+            let asked = parts.clone();
+            let response = Oneshot::new(inner, Request::from_parts(parts, body)).await?;
+            let (mut head, body) = response.into_parts();
+            let why = match config.judge(&asked, &head) {
+                (Decision::Store(_) | Decision::StoreWith { .. }, _) => Pass::Uncacheable,
+                (_, why) => why,
+            };
+            config.strip_tags(&mut head.headers);
             Ok(marked(
-                response.map(ResponseBody::inner),
-                Served::Passed,
+                Response::from_parts(head, ResponseBody::inner(body)),
+                Served::Passed(why),
                 &config.cache_status,
             ))
         }

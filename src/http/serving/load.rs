@@ -34,16 +34,19 @@ use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::decision::{Decision, Staleness};
 use crate::http::rules::parse::{self, Vary};
+use crate::http::rules::pass::Pass;
 use crate::http::rules::stored_fields::is_stored_header;
 use crate::http::stored::codec::{self, VaryMarker};
 use crate::http::stored::key;
 
 /// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a
-/// second key) and the settings.
+/// second key), the settings, and whether the request is keyed by its forwarding headers
+/// (its response is then always stored as a variant: see [`key`]).
 pub(crate) struct Loading<S> {
     pub(crate) inner: S,
     pub(crate) cache: Cache,
     pub(crate) config: Arc<HttpConfig>,
+    pub(crate) forwarded: bool,
 }
 
 impl<S: Clone> Clone for Loading<S> {
@@ -52,6 +55,7 @@ impl<S: Clone> Clone for Loading<S> {
             inner: self.inner.clone(),
             cache: self.cache.clone(),
             config: Arc::clone(&self.config),
+            forwarded: self.forwarded,
         }
     }
 }
@@ -73,22 +77,23 @@ pub(crate) enum ForCaller<B: Body, E> {
 }
 
 impl HttpConfig {
-    /// What the policy decides for `response`, [in full](Decision::in_full): a freshness of 0
-    /// is stored only with stale rules of its own, and only where `cache` keeps values to
-    /// revalidate them.
+    /// What the policy decides for `response`, [in full](Decision::in_full), and why if it
+    /// is not stored: a freshness of 0 is stored only with stale rules of its own, and only
+    /// where `cache` keeps values to revalidate them.
     fn decide(
         &self,
         cache: &Cache,
         asked: &http::request::Parts,
         response: &http::response::Parts,
-    ) -> Decision {
-        match self.policy.decide(asked, response).in_full() {
+    ) -> (Decision, Pass) {
+        let (decision, why) = self.judge(asked, response);
+        match decision.in_full() {
             Decision::StoreWith { fresh_for, .. }
                 if fresh_for.is_zero() && cache.keep().is_zero() =>
             {
-                Decision::Pass
+                (Decision::Pass, why)
             }
-            decision => decision,
+            decision => (decision, why),
         }
     }
 
@@ -175,10 +180,10 @@ where
     let (mut parts, body) = response.into_parts();
     let tags = tag_fields::read(&parts.headers, &loading.config.tag_headers);
     loading.config.strip_tags(&mut parts.headers);
-    let passed = |body: ResponseBody<ResBody>, failed: bool| ForCaller::Passed {
+    let passed = |body: ResponseBody<ResBody>, failed: bool, why: Pass| ForCaller::Passed {
         answer: Ok(marked(
             Response::from_parts(parts.clone(), body),
-            Served::Passed,
+            Served::Passed(why),
             &loading.config.cache_status,
         )),
         failed,
@@ -198,7 +203,8 @@ where
         );
         return Ok(loaded);
     }
-    let (ttl, stale) = match loading.config.decide(&loading.cache, &asked, &parts) {
+    let (decision, why) = loading.config.decide(&loading.cache, &asked, &parts);
+    let (ttl, stale) = match decision {
         Decision::StoreWith { fresh_for, stale } => (Some(fresh_for), stale),
         // A failed load (a server error without explicit freshness): stored for nobody, but
         // the requests that waited for this load, here and elsewhere, get the origin's own
@@ -207,11 +213,11 @@ where
         Decision::Fail => {
             // A failed load private to its request: a stale response, if there is one, is
             // served in its place to the others.
-            let _ = to_leader.send(passed(ResponseBody::inner(body), true));
+            let _ = to_leader.send(passed(ResponseBody::inner(body), true, why));
             return Err(LoadFailure::PrivateServerError(parts.status).into());
         }
         _ => {
-            let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+            let _ = to_leader.send(passed(ResponseBody::inner(body), false, why));
             return Ok(Loaded::pass());
         }
     };
@@ -220,7 +226,11 @@ where
         // be shared fails its waiters.
         debug!("response header fields over the limit; passed");
         let failed = ttl.is_none();
-        let _ = to_leader.send(passed(ResponseBody::inner(body), failed));
+        let _ = to_leader.send(passed(
+            ResponseBody::inner(body),
+            failed,
+            Pass::HeadersTooLarge,
+        ));
         return if failed {
             Err(LoadFailure::HeadersTooLarge.into())
         } else {
@@ -232,10 +242,22 @@ where
         (Some(_), Err(_)) => {
             // A purge of its tags could not reach it.
             debug!("more tags than a stored response may carry; passed");
-            let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+            let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::TooManyTags));
             return Ok(Loaded::pass());
         }
         (Some(_), Ok(tags)) => match (parse::vary(&parts.headers), &step) {
+            // Keyed by its forwarding headers: a variant, as if it varied on them too.
+            (Vary::None, Step::Primary) if loading.forwarded => {
+                (tags, loading.config.reflected.keyed().to_vec())
+            }
+            (Vary::Names(mut names), Step::Primary) if loading.forwarded => {
+                for name in loading.config.reflected.keyed() {
+                    if !names.contains(name) {
+                        names.push(name.clone());
+                    }
+                }
+                (tags, names)
+            }
             (Vary::None, _) => (tags, Vec::new()),
             // A variant may be stored under a key that names more fields than it varies on,
             // never fewer.
@@ -246,7 +268,7 @@ where
             }
             (Vary::Names(names), Step::Primary) => (tags, names),
             (Vary::Names(_) | Vary::Unkeyable, _) => {
-                let _ = to_leader.send(passed(ResponseBody::inner(body), false));
+                let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::VaryStar));
                 return Ok(Loaded::pass());
             }
         },
@@ -260,8 +282,13 @@ where
             rest,
         } => {
             let failed = error.is_some() || ttl.is_none();
+            let why = match (&error, &trailers) {
+                (Some(_), _) => Pass::BodyError,
+                (None, Some(_)) => Pass::Trailers,
+                (None, None) => Pass::TooLarge,
+            };
             let body = ResponseBody::replay(read, trailers, error, rest);
-            let _ = to_leader.send(passed(body, failed));
+            let _ = to_leader.send(passed(body, failed, why));
             // A server error's answer that cannot be shared fails its waiters (the layer
             // answers them itself).
             return if failed {
@@ -284,7 +311,7 @@ where
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
     else {
         let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body, ttl.is_none()));
+        let _ = to_leader.send(passed(body, ttl.is_none(), Pass::NotEncodable));
         return match ttl {
             Some(_) => Ok(Loaded::pass()),
             None => Err(LoadFailure::NotEncodable.into()),
@@ -294,7 +321,7 @@ where
         // The waiting requests get this answer through the cache; this request gets it as
         // it came, if a stale response does not stand in for it.
         let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body, true));
+        let _ = to_leader.send(passed(body, true, why));
         return Ok(Loaded::for_waiters(entry));
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
@@ -381,7 +408,7 @@ fn not_modified<B: Body, E>(
             Forward::Revalidated,
         )
     };
-    if let (Decision::StoreWith { fresh_for, stale }, Ok(tags)) =
+    if let ((Decision::StoreWith { fresh_for, stale }, _), Ok(tags)) =
         (config.decide(cache, asked, &updated), tags)
     {
         if let Some(entry) = encoded().filter(|_| config.headers_fit(&updated.headers)) {

@@ -25,6 +25,26 @@
 //! unreachable too. The price: when a marker is loaded again (it expired), the URL's other
 //! variants are loaded again as well, each once, even if they were still fresh.
 //!
+//! # Forwarding headers
+//!
+//! A request with a forwarding or rewrite header (`X-Forwarded-Proto`, `X-Forwarded-Host`,
+//! `Forwarded`, ...: see [`poisoning`](crate::http::rules::poisoning)) that the operator
+//! does not trust is keyed by its values, as if every response to it named these headers in
+//! `Vary`: it gets a **forwarded primary key** apart from the URL's, which always holds a
+//! vary marker naming every keyed forwarding header (and what the response's own `Vary`
+//! names), so that each set of values is a variant of its own. A load balancer that sets the
+//! same values on every request makes one variant, cached and coalesced as any entry; an
+//! attacker's value makes one that only requests with that very value read. `Forwarded` is
+//! keyed without its `for=` and `by=` parameters (in any element), which name the client and
+//! the proxy rather than the page; `X-Forwarded-For` and `X-Real-IP` are not keyed at all.
+//! Invalidating the URL removes its forwarded primary keys too, so their markers go, and
+//! every forwarding variant with them.
+//!
+//! The variants of one URL are bounded: each process keeps at most
+//! [16](forwarded::MAX_FORWARDED_VARIANTS) sets of forwarding values per URL (see
+//! [`ForwardedVariants`]); a request with another set passes, with the reason
+//! `too-many-variants`.
+//!
 //! Requests with credentials (`Authorization`, or a cookie the [`Policy`](crate::http::Policy) does
 //! not ignore: [`Policy::credentialed`](crate::http::Policy::credentialed)) are keyed apart from
 //! requests without, whatever the [`MakeKey`]: an anonymous request never gets a response
@@ -308,13 +328,46 @@ impl MakeKey for DefaultKey {
 }
 
 /// The primary key the layer uses for a request whose [`MakeKey`] said `key`: the same, or a
-/// key apart for requests with credentials.
-pub(crate) fn primary(key: String, credentialed: bool) -> String {
+/// key apart for requests with credentials, or with forwarding headers that are keyed, or
+/// both.
+pub(crate) fn primary(key: String, credentialed: bool, forwarded: bool) -> String {
+    let key = if forwarded { forwarded_key(&key) } else { key };
     if credentialed {
         authorized(&key)
     } else {
         key
     }
+}
+
+/// The primary keys of a URL whose [`MakeKey`] said `key`: without and with credentials,
+/// and (if any forwarding header is keyed) their forwarded ones.
+pub(crate) fn primaries(key: &str, forwarding_keyed: bool) -> Vec<String> {
+    let mut keys = vec![authorized(key), key.to_owned()];
+    if forwarding_keyed {
+        let forwarded = forwarded_key(key);
+        keys.push(authorized(&forwarded));
+        keys.push(forwarded);
+    }
+    keys
+}
+
+/// The forwarded primary key of requests with keyed forwarding headers whose [`MakeKey`]
+/// said `key`.
+fn forwarded_key(key: &str) -> String {
+    // Length-prefixed, so no key of another shape can equal it.
+    format!("{FORWARDED_PREFIX}{}\0{key}", key.len())
+}
+
+/// How a forwarded primary key starts (after `authorized\0N\0`, for one with credentials).
+const FORWARDED_PREFIX: &str = "forwarded\0";
+
+/// Whether `primary` is a forwarded primary key.
+fn is_forwarded(primary: &str) -> bool {
+    let unauthorized = primary
+        .strip_prefix("authorized\0")
+        .and_then(|rest| rest.split_once('\0'))
+        .map_or(primary, |(_, key)| key);
+    unauthorized.starts_with(FORWARDED_PREFIX)
 }
 
 /// The primary key of requests with credentials (`Authorization`, cookies) whose [`MakeKey`]
@@ -325,7 +378,8 @@ pub(crate) fn authorized(key: &str) -> String {
 }
 
 /// The variant key of a request under a primary key whose vary marker has `generation` and
-/// names `names`.
+/// names `names`. Under a forwarded primary key, `Forwarded` is keyed without its `for=`
+/// and `by=` (see [Forwarding headers](self#forwarding-headers)).
 pub(crate) fn variant(
     primary: &str,
     generation: u64,
@@ -333,6 +387,14 @@ pub(crate) fn variant(
     request: &HeaderMap,
 ) -> String {
     let mut key = format!("vary\0{}\0{primary}\0{generation:016x}", primary.len());
+    let forwarded = is_forwarded(primary);
+    push_values(&mut key, names, request, forwarded);
+    key
+}
+
+/// Each of `names` with the request's values of it, appended to `key`; `Forwarded` without
+/// its `for=` and `by=` if `forwarded`.
+fn push_values(key: &mut String, names: &[HeaderName], request: &HeaderMap, forwarded: bool) {
     for name in names {
         key.push('\0');
         key.push_str(name.as_str());
@@ -347,11 +409,23 @@ pub(crate) fn variant(
             if i > 0 {
                 key.push(',');
             }
-            key.extend(value.as_bytes().trim_ascii().escape_ascii().map(char::from));
+            let value = value.as_bytes().trim_ascii();
+            let value = if forwarded && *name == FORWARDED {
+                forwarded::without_for_and_by(value)
+            } else {
+                Cow::Borrowed(value)
+            };
+            key.extend(value.escape_ascii().map(char::from));
         }
     }
-    key
 }
+
+/// `Forwarded` (RFC 7239).
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+
+mod forwarded;
+
+pub(crate) use forwarded::ForwardedVariants;
 
 #[cfg(test)]
 mod tests;

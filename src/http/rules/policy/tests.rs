@@ -412,7 +412,15 @@ fn cookies_are_credentials_but_those_ignored() {
     let session = request(&[("cookie", "_ga=1; session=a")]);
     let analytics = request(&[("cookie", "_ga=1")]);
     assert!(p.credentialed(&session) && !p.credentialed(&analytics));
-    assert!(RfcPolicy::new().credentialed(&analytics));
+    // Without `ignore_cookie`, a cookie counts; an analytics one only when they are counted.
+    assert!(RfcPolicy::new()
+        .ignore_analytics_cookies(false)
+        .credentialed(&analytics));
+    assert!(
+        !RfcPolicy::new().credentialed(&analytics),
+        "ignored by default"
+    );
+    assert!(RfcPolicy::new().credentialed(&request(&[("cookie", "consent=1")])));
     assert!(RfcPolicy::new()
         .ignore_all_cookies(true)
         .credentialed(&request(&[

@@ -97,8 +97,51 @@ fn authorities_are_copied_as_escape_ascii_leaves_them() {
 
 #[test]
 fn requests_with_credentials_are_keyed_apart() {
-    assert_eq!(primary("k".into(), false), "k");
-    assert_ne!(primary("k".into(), true), "k");
+    assert_eq!(primary("k".into(), false, false), "k");
+    assert_ne!(primary("k".into(), true, false), "k");
+}
+
+#[test]
+fn requests_with_forwarding_headers_are_keyed_apart() {
+    let keys = [(false, false), (true, false), (false, true), (true, true)]
+        .map(|(credentialed, forwarded)| primary("k".into(), credentialed, forwarded));
+    for (i, a) in keys.iter().enumerate() {
+        for b in &keys[i + 1..] {
+            assert_ne!(a, b);
+        }
+        assert_eq!(is_forwarded(a), i >= 2, "{a:?}");
+    }
+    assert_eq!(primaries("k", true).len(), 4);
+    assert!(keys.iter().all(|key| primaries("k", true).contains(key)));
+    assert_eq!(primaries("k", false), [keys[1].clone(), keys[0].clone()]);
+}
+
+/// RFC 7239: under a forwarded primary key, `Forwarded` is keyed without `for=` and `by=`;
+/// under any other (a response's own `Vary: Forwarded`), as it is.
+#[test]
+fn forwarded_is_keyed_without_the_client_under_a_forwarded_key() {
+    let names = [HeaderName::from_static("forwarded")];
+    let forwarded = primary("k".into(), false, true);
+    let key = |primary: &str, value: &'static str| {
+        variant(
+            primary,
+            1,
+            &names,
+            &parts("/", &[("forwarded", value)]).headers,
+        )
+    };
+    assert_eq!(
+        key(&forwarded, "for=192.0.2.1;proto=https"),
+        key(&forwarded, "for=192.0.2.2;proto=https;by=10.0.0.1")
+    );
+    assert_ne!(
+        key(&forwarded, "for=192.0.2.1;proto=https"),
+        key(&forwarded, "for=192.0.2.1;proto=http")
+    );
+    assert_ne!(
+        key("k", "for=192.0.2.1;proto=https"),
+        key("k", "for=192.0.2.2;proto=https")
+    );
 }
 
 #[test]

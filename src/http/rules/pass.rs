@@ -1,0 +1,159 @@
+//! Why a request or a response passes the cache: one [`Pass`] per rule, returned by the
+//! request rules and by the response rules alike. Its [`name`](Pass::name) is what
+//! `Cache-Status`'s `detail` says, the `reason` label of the pass metric, and the `rule` of
+//! the warning (see [`passes`](crate::http::middleware::passes)).
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+/// Why a request passed: a request rule, or a response rule of its load.
+///
+/// A rule that names a header carries the header's name, as the request spelled it (for a
+/// forwarding header spelled with underscores) or as the operator named it (for a
+/// [`pass_header`](crate::http::StampedeLayer::pass_header)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Pass {
+    // The request's rules.
+    /// A method override (`X-HTTP-Method-Override`, ...): `method-override`.
+    MethodOverride,
+    /// A `GET` or `HEAD` with a body: `body`.
+    Body,
+    /// A forwarding header spelled with underscores, which a load balancer does not
+    /// overwrite: `forwarding-header:x_forwarded_host`.
+    ForwardingHeader(&'static str),
+    /// A header the operator named with `pass_header`: `pass-header:x-theme`.
+    NamedHeader(&'static str),
+    /// More forwarding variants of the URL than the layer keeps: `too-many-variants`.
+    TooManyVariants,
+    /// The request's `Cache-Control: no-store`: `no-store-request`.
+    NoStoreRequest,
+    /// A reload the layer honours (`no-cache`, `max-age=0`): `client-no-cache`.
+    ClientNoCache,
+    /// `Range`: `range`.
+    Range,
+    /// `If-Match`, `If-Unmodified-Since`, `If-Range`: `precondition`.
+    Precondition,
+    /// The [`MakeKey`](crate::http::MakeKey) could not describe the request: `no-key`.
+    NoKey,
+    // The response's rules.
+    /// The request had credentials and the response does not say it may be shared:
+    /// `credentials`.
+    Credentials,
+    /// `Cache-Control: private`: `private`.
+    Private,
+    /// `Cache-Control: no-store`: `no-store`.
+    NoStore,
+    /// `Set-Cookie`: `set-cookie`.
+    SetCookie,
+    /// `no-cache` without a validator, or where the cache keeps no values to revalidate:
+    /// `no-cache`.
+    NoCache,
+    /// No explicit freshness, and no default TTL for it (or a freshness of 0): `no-freshness`.
+    NoFreshness,
+    /// A status that is never stored (`206`, `304`, informational): `status`.
+    Status,
+    /// `Vary: *`, or a `Vary` the layer cannot key: `vary-star`.
+    VaryStar,
+    /// A body over `max_body_bytes`: `too-large`.
+    TooLarge,
+    /// Header fields over `max_header_bytes`: `headers-too-large`.
+    HeadersTooLarge,
+    /// A body that ended with trailers: `trailers`.
+    Trailers,
+    /// A body that failed: `body-error`.
+    BodyError,
+    /// More tags than a stored response may carry: `too-many-tags`.
+    TooManyTags,
+    /// A response the codec cannot hold: `not-encodable`.
+    NotEncodable,
+    /// Another request's load of the URL was not stored (a "pass" marker said so), so this
+    /// one went to the origin itself: `uncacheable`.
+    Uncacheable,
+    /// A policy of the operator's own passed the response: `policy`.
+    Policy,
+}
+
+impl Pass {
+    /// The rule's name, without a header.
+    pub(crate) fn rule(self) -> &'static str {
+        match self {
+            Pass::MethodOverride => "method-override",
+            Pass::Body => "body",
+            Pass::ForwardingHeader(_) => "forwarding-header",
+            Pass::NamedHeader(_) => "pass-header",
+            Pass::TooManyVariants => "too-many-variants",
+            Pass::NoStoreRequest => "no-store-request",
+            Pass::ClientNoCache => "client-no-cache",
+            Pass::Range => "range",
+            Pass::Precondition => "precondition",
+            Pass::NoKey => "no-key",
+            Pass::Credentials => "credentials",
+            Pass::Private => "private",
+            Pass::NoStore => "no-store",
+            Pass::SetCookie => "set-cookie",
+            Pass::NoCache => "no-cache",
+            Pass::NoFreshness => "no-freshness",
+            Pass::Status => "status",
+            Pass::VaryStar => "vary-star",
+            Pass::TooLarge => "too-large",
+            Pass::HeadersTooLarge => "headers-too-large",
+            Pass::Trailers => "trailers",
+            Pass::BodyError => "body-error",
+            Pass::TooManyTags => "too-many-tags",
+            Pass::NotEncodable => "not-encodable",
+            Pass::Uncacheable => "uncacheable",
+            Pass::Policy => "policy",
+        }
+    }
+
+    /// The header the rule names, if it names one.
+    pub(crate) fn header(self) -> Option<&'static str> {
+        match self {
+            Pass::ForwardingHeader(name) | Pass::NamedHeader(name) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The rule and its header, as `Cache-Status`'s `detail` says it: `rule` or
+    /// `rule:header`. Header names are lowercase tokens, so this is an RFC 8941 Token (which
+    /// allows `:`), as RFC 9211 §2.8 asks of `detail`.
+    pub(crate) fn detail(self) -> String {
+        match self.header() {
+            Some(header) => format!("{}:{header}", self.rule()),
+            None => self.rule().to_owned(),
+        }
+    }
+}
+
+/// A header name the operator configured, held for the life of the process so that a
+/// [`Pass`] naming it stays `Copy`. Each distinct name is held once: their number is that of
+/// the names ever given to `pass_header`, a handful.
+pub(crate) fn interned(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut names = crate::sync::lock(NAMES.get_or_init(Mutex::default));
+    if let Some(held) = names.get(name) {
+        return held;
+    }
+    let held: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(held);
+    held
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detail_is_a_token_naming_the_rule_and_its_header() {
+        assert_eq!(Pass::Credentials.detail(), "credentials");
+        assert_eq!(
+            Pass::ForwardingHeader("x_forwarded_host").detail(),
+            "forwarding-header:x_forwarded_host"
+        );
+        assert_eq!(
+            Pass::NamedHeader(interned("x-theme")).detail(),
+            "pass-header:x-theme"
+        );
+        assert!(std::ptr::eq(interned("x-theme"), interned("x-theme")));
+    }
+}
