@@ -75,3 +75,68 @@ async fn the_app_stays_ready_while_redis_is_down() {
         assert_eq!(send_get(&app, "/ready").await.x_cache(), "");
     }
 }
+
+/// The header fields of a burst's request, by its client's number.
+type HeadersOf = fn(usize) -> Vec<(String, String)>;
+
+/// Two instances of the quick start over one Redis, and 200 concurrent requests of one page,
+/// as a load balancer sends them: each with `X-Forwarded-Proto`, `X-Forwarded-Port` and its
+/// client's own `X-Forwarded-For`; then, as browsers send them, each with analytics cookies.
+/// Each burst is one render over both instances (issue 40: each was 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_load_balancer_with_analytics_cookies_a_burst_renders_once() {
+    let server = RedisServer::start();
+    let renders = Counter::default();
+    let apps: Vec<Router> = server
+        .stores(2)
+        .await
+        .into_iter()
+        .map(|store| {
+            let cache = Cache::builder_shared(store)
+                .namespace("quick-start")
+                .store_timeout(Duration::from_secs(2))
+                .build();
+            counted_app(cache, &renders)
+        })
+        .collect();
+    let bursts: [(&str, HeadersOf); 2] = [
+        ("/slow?balancer", |client| {
+            vec![
+                ("x-forwarded-proto".into(), "https".into()),
+                ("x-forwarded-port".into(), "443".into()),
+                (
+                    "x-forwarded-for".into(),
+                    format!("203.0.113.{}", client % 250),
+                ),
+            ]
+        }),
+        ("/slow?analytics", |client| {
+            let cookie = format!("_ga=GA1.2.{client}; _gid=GA1.2.4");
+            vec![("cookie".into(), cookie)]
+        }),
+    ];
+    for (uri, headers) in bursts {
+        let before = renders.get();
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(200));
+        let burst: Vec<_> = (0..200)
+            .map(|client| {
+                let (app, barrier) = (apps[client % 2].clone(), barrier.clone());
+                let headers = headers(client);
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let headers: Vec<(&str, &str)> = headers
+                        .iter()
+                        .map(|(n, v)| (n.as_str(), v.as_str()))
+                        .collect();
+                    support::http::send(&app, "GET", uri, &headers).await
+                })
+            })
+            .collect();
+        for answer in burst {
+            let answer = answer.await.unwrap();
+            assert_eq!(answer.status, 200, "{uri}");
+            assert_eq!(answer.body(), "rendered once, served to everyone", "{uri}");
+        }
+        assert_eq!(renders.get() - before, 1, "{uri}: one render for the burst");
+    }
+}
