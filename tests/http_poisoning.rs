@@ -185,8 +185,11 @@ async fn trusted_headers_are_cached_and_named_headers_pass() {
     for shared in Shared::both().await {
         let calls = Counter::default();
         let [one, two] = instances(&shared, &calls, |layer| {
+            // A name as text in any case, or as a `HeaderName`; one that is no field name
+            // is ignored (no request can carry it).
             layer
-                .trust_header(HeaderName::from_static("x-forwarded-proto"))
+                .trust_header("X-Forwarded-Proto")
+                .trust_header("not a field name")
                 .pass_header(HeaderName::from_static("x-theme"))
         });
         let uri = "http://app.test/behind-the-balancer";

@@ -156,8 +156,8 @@ impl CacheBuilder {
 
     /// Prefix of every store key, so several applications can share one Redis.
     /// Default: `"stampede"`. Braces (which would break Redis Cluster hash tags) become `_`.
-    pub fn namespace(mut self, namespace: &str) -> Self {
-        self.config.namespace = sanitize_namespace(namespace);
+    pub fn namespace(mut self, namespace: impl AsRef<str>) -> Self {
+        self.config.namespace = sanitize_namespace(namespace.as_ref());
         self
     }
 

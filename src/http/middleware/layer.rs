@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use http::{request, HeaderName};
+use http::request;
 use tower::Layer;
 
 use super::config::{HttpConfig, UnsafeInvalidation};
 use super::passes::Passes;
 use crate::cache::Cache;
+use crate::http::rules::field_name::field_name;
 use crate::http::MakeKey;
 use crate::http::Policy;
 use crate::http::Purger;
@@ -72,17 +73,22 @@ impl StampedeLayer {
     /// headers spelled with underscores, trusted or not; a trusted method override no longer
     /// passes.
     ///
+    /// Every setter that takes a header field name takes it as text or as a `HeaderName`
+    /// (anything `AsRef<str>`), in any ASCII case; one that is not a field name is ignored
+    /// with an error logged (no request can carry it).
+    ///
     /// ```
-    /// use http::{request, HeaderName};
     /// use tower_stampede::{store::MemoryStore, Cache, StampedeLayer};
     ///
     /// let cache = Cache::builder(MemoryStore::new()).build();
     /// let layer = StampedeLayer::new(cache)
-    ///     .trust_header(HeaderName::from_static("x-forwarded-proto"))
-    ///     .pass_header(HeaderName::from_static("x-theme"));
+    ///     .trust_header("X-Forwarded-Proto")
+    ///     .pass_header(http::HeaderName::from_static("x-theme"));
     /// ```
-    pub fn trust_header(mut self, name: HeaderName) -> Self {
-        Arc::make_mut(&mut self.config).reflected.trust(&name);
+    pub fn trust_header(mut self, name: impl AsRef<str>) -> Self {
+        if let Some(name) = field_name("trust_header", name.as_ref()) {
+            Arc::make_mut(&mut self.config).reflected.trust(&name);
+        }
         self
     }
 
@@ -93,8 +99,10 @@ impl StampedeLayer {
     /// [`trust_header`](Self::trust_header)); a forwarding header named so passes instead of
     /// being keyed. To cache such requests per value instead, add the header to the key
     /// ([`make_key`](Self::make_key)). Give one call per header.
-    pub fn pass_header(mut self, name: HeaderName) -> Self {
-        Arc::make_mut(&mut self.config).reflected.pass(name);
+    pub fn pass_header(mut self, name: impl AsRef<str>) -> Self {
+        if let Some(name) = field_name("pass_header", name.as_ref()) {
+            Arc::make_mut(&mut self.config).reflected.pass(name);
+        }
         self
     }
 
@@ -197,9 +205,9 @@ impl StampedeLayer {
     /// handles (`tower-stampede; hit`): one name per cache in a chain, so that a response that
     /// went through several says which did what. Written as a Structured Field Token if it is
     /// one, else as a String (of its printable ASCII characters). Default: `tower-stampede`.
-    pub fn cache_status_name(mut self, name: &str) -> Self {
+    pub fn cache_status_name(mut self, name: impl AsRef<str>) -> Self {
         let config = Arc::make_mut(&mut self.config);
-        config.cache_status = config.cache_status.renamed(name);
+        config.cache_status = config.cache_status.renamed(name.as_ref());
         self
     }
 
@@ -220,8 +228,11 @@ impl StampedeLayer {
     ///
     /// A response may carry at most 128 distinct tags of at most 256 bytes each; one with
     /// more, or longer, is passed through and not stored (a purge could not reach it).
-    pub fn tag_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        Arc::make_mut(&mut self.config).tag_headers = names.into_iter().collect();
+    pub fn tag_headers(mut self, names: impl IntoIterator<Item: AsRef<str>>) -> Self {
+        Arc::make_mut(&mut self.config).tag_headers = names
+            .into_iter()
+            .filter_map(|name| field_name("tag_headers", name.as_ref()))
+            .collect();
         self
     }
 

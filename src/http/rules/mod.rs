@@ -14,11 +14,13 @@
 //! | `conditional.rs` | `If-None-Match` / `If-Modified-Since` answered with `304` |
 //! | `credentials.rs` | which credentials a request carries, and the cookies that do not count |
 //! | `poisoning.rs` | the request headers a page may reflect: those that pass, and the forwarding headers that are keyed |
+//! | `field_name.rs` | header field names given to setters as text |
 //! | `pass.rs` | [`Pass`](pass::Pass): why a request or a response passed, one name per rule |
 
 pub(super) mod conditional;
 pub(super) mod credentials;
 pub(super) mod decision;
+pub(super) mod field_name;
 pub(super) mod methods;
 pub(super) mod parse;
 pub(super) mod pass;

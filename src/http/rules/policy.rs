@@ -8,6 +8,7 @@ use http::{request, response, HeaderMap, HeaderName, StatusCode};
 
 use super::credentials::{CookieRule, Credentials};
 use super::decision::{Decision, Staleness};
+use super::field_name::field_name;
 use super::parse::{self, Directive};
 use super::pass::Pass;
 use super::targeted;
@@ -149,8 +150,8 @@ impl RfcPolicy {
     /// let policy = RfcPolicy::new().ignore_cookie("_ga").ignore_cookie("consent");
     /// ```
     #[must_use]
-    pub fn ignore_cookie(mut self, name: &str) -> Self {
-        self.cookies.ignore(name);
+    pub fn ignore_cookie(mut self, name: impl AsRef<str>) -> Self {
+        self.cookies.ignore(name.as_ref());
         self
     }
 
@@ -194,14 +195,15 @@ impl RfcPolicy {
     /// `CDN-Cache-Control`. Default: none of the operator's own.
     ///
     /// ```
-    /// use http::HeaderName;
     /// use tower_stampede::http::RfcPolicy;
     ///
-    /// let policy = RfcPolicy::new()
-    ///     .targeted_field(HeaderName::from_static("stampede-cache-control"));
+    /// let policy = RfcPolicy::new().targeted_field("Stampede-Cache-Control");
     /// ```
     #[must_use]
-    pub fn targeted_field(mut self, name: HeaderName) -> Self {
+    pub fn targeted_field(mut self, name: impl AsRef<str>) -> Self {
+        let Some(name) = field_name("targeted_field", name.as_ref()) else {
+            return self;
+        };
         if !self.targets.contains(&name) {
             let cdn = self
                 .targets
