@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::leader::tagged;
 use super::lock::{spawn_release, LockGuard};
 use super::lookup::LookupFound;
 use crate::cache::flight::{BoxLoader, Reader};
@@ -209,6 +210,8 @@ impl Inner {
             .first()
             .map(|first| self.watch_locks(keys, first.guard.token));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
+        // Read before the load, for the values' generation: a clear after it outdates them.
+        let clock = self.clock_for_load(false).await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
@@ -225,19 +228,29 @@ impl Inner {
         };
         let mut answers = Vec::with_capacity(led.len());
         let mut fills = Vec::with_capacity(led.len());
+        let tagged = tagged(Vec::new(), clock);
+        if tagged.is_err() {
+            warn!(keys = led.len(), "a batch's values without the namespace's generation (the tag clock) are not stored");
+        }
         for mut led in led {
             let Some(bytes) = values.remove(&led.key) else {
                 self.release_lock(&mut led.guard).await;
                 answers.push((led.key, Err(Error::load(NOT_RETURNED.into()))));
                 continue;
             };
+            let Ok(tagged) = tagged.clone() else {
+                self.release_lock(&mut led.guard).await;
+                answers.push((led.key, Ok(bytes)));
+                continue;
+            };
             let inner = Arc::clone(&self);
             fills.push(tokio::spawn(async move {
                 let load = (started_at, load_time);
                 // A batch's values take the cache's TTL and jitter.
-                let ready = inner.ready_to_store(&bytes, Life::default(), load, None, None);
+                let tagged = Some(&tagged);
+                let ready = inner.ready_to_store(&bytes, Life::default(), load, tagged, None);
                 inner
-                    .fill_value(&mut led.guard, led.stamp, &ready, None, None)
+                    .fill_value(&mut led.guard, led.stamp, &ready, tagged, None)
                     .await;
                 (led.key, Ok(ready.value))
             }));

@@ -44,7 +44,7 @@ impl Inner {
         match loaded.kind {
             LoadedKind::Value { bytes, ttl } => {
                 if let (Some(flight), Ok(tagged)) = (flight, tagged(loaded.tags, clock)) {
-                    self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+                    self.loaded_tags_hold(Some(&tagged), Some(flight)).await;
                 }
                 if outcome == Outcome::Degraded {
                     // Keep this process from reloading while the store is down.
@@ -79,7 +79,7 @@ impl Inner {
         let Ok(tagged) = tagged(loaded.tags, clock) else {
             warn!(
                 ?key,
-                "a tagged value without the tag clock, or with too many tags, is not stored"
+                "a value without the namespace's generation (the tag clock), or with too many tags, is not stored"
             );
             return Ok(Fetched::loaded(bytes, Outcome::Leader));
         };
@@ -88,7 +88,7 @@ impl Inner {
             &bytes,
             life,
             (started_at, load_time),
-            tagged.as_ref(),
+            Some(&tagged),
             Some(loaded.windows),
         );
         let stamp = match self
@@ -114,12 +114,12 @@ impl Inner {
         match stamp {
             Some(stamp) => {
                 let digest = *key.digest();
-                self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), Some(flight))
+                self.keep_loaded(stamp, digest, &fill, Some(&tagged), Some(flight))
                     .await;
             }
             // Not kept, but it still answers the flight.
             None => {
-                self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+                self.loaded_tags_hold(Some(&tagged), Some(flight)).await;
             }
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))
