@@ -184,8 +184,11 @@ impl Cache {
         let inner = &self.inner;
         let store = Arc::clone(&inner.store);
         let clear = store.clear(&inner.config.namespace);
+        // Before and after the store call, as a change of keys: whatever the store answers (or
+        // if the call is not made), a read in flight meanwhile does not enter L1 after it.
+        inner.l1.clear();
+        inner.known_tags.forget_generation();
         let result = inner.change_all(&[], Overtaken::Every, clear).await;
-        // Stamps moved on with the store's notifier; without one, L1 is emptied here.
         inner.l1.clear();
         inner.known_tags.forget_generation();
         result

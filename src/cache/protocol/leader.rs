@@ -370,7 +370,7 @@ impl Inner {
                 guard.disarm();
                 if written {
                     // The write's own notification moved the stamp on once.
-                    let stamp = stamp.map(Stamp::after_own_change);
+                    let stamp = stamp.map(|stamp| self.l1.after_own_write(stamp));
                     self.keep_loaded(stamp, digest, fill, tagged, flight).await;
                 } else {
                     self.meter.lock(LockEvent::Lost);
