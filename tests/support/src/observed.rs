@@ -126,7 +126,8 @@ impl Observed {
         self.hanging.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The most lookups that were out (asked and not yet answered) at once.
+    /// The most lookups that were out (asked and not yet answered) at once, a batch's counted
+    /// as one.
     pub fn most_lookups_out(&self) -> usize {
         self.out.lock().unwrap().1
     }
@@ -201,6 +202,7 @@ impl Store for Observed {
         }
         let keys = keys.to_vec();
         Box::pin(async move {
+            let _out = Out::new(&self.out);
             let answer = self
                 .inner
                 .lookup_many(&keys, token, lock_ttl, lock_when)
