@@ -31,8 +31,17 @@ impl Cache {
     /// (its lock released at once, so the next caller loads it); a failed load is the error
     /// of each key it was to load (and, as for one key, remembered for
     /// [`failure_ttl`](super::CacheBuilder::failure_ttl)). The load runs in a task of its
-    /// own: it fills the cache even if this call is dropped. Values are stored for the
-    /// cache's default [`ttl`](super::CacheBuilder::ttl). Duplicate keys are answered once.
+    /// own: it fills the cache even if this call is dropped (dropped before its lookup has
+    /// answered, it releases the locks the lookup took). Values are stored for the cache's
+    /// default [`ttl`](super::CacheBuilder::ttl). Duplicate keys are answered once.
+    ///
+    /// A key this call leads whose value the store still keeps past its freshness is
+    /// answered as [`get_or_load`](Self::get_or_load) answers it: its stale value at once
+    /// within the [`stale`](super::CacheBuilder::stale) window (the load runs on and fills
+    /// it), and within [`stale_if_error`](super::CacheBuilder::stale_if_error) in place of
+    /// a failed load, or once the load has taken the
+    /// [`soft_timeout`](super::CacheBuilder::soft_timeout). While the circuit breaker is
+    /// open, nothing is sent to the store: `loader` is called once, with every key L1 missed.
     ///
     /// ```
     /// use std::collections::HashMap;

@@ -89,9 +89,29 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
+        let clock = match self.inner.clock_for_write().await {
+            Ok(clock) => clock,
+            Err(error) => {
+                let digests = [*key.digest()];
+                self.inner
+                    .forget(std::slice::from_ref(&key), Overtaken::Keys(&digests));
+                return Err(Error::store(error));
+            }
+        };
+        // With the namespace's generation, so that a clear reaches it.
+        let tagged = entry::Tagged {
+            generation: Some(clock.generation),
+            clock: clock.clock,
+            tags: Vec::new(),
+        };
         // Written now: a load that started before cannot overwrite it after a wait timeout.
-        let (encoded, _) =
-            entry::encode_value(&value, SystemTime::now(), Duration::ZERO, None, None);
+        let (encoded, _) = entry::encode_value(
+            &value,
+            SystemTime::now(),
+            Duration::ZERO,
+            Some(&tagged),
+            None,
+        );
         let config = &self.inner.config;
         let fresh_for = config.fresh_for(Life {
             ttl: Some(ttl),
@@ -134,10 +154,11 @@ impl Cache {
     /// may still answer its own callers, but its value, filled after, is a miss at once. The
     /// clear is kept in the store, so a process started after it reads the new generation.
     ///
-    /// Values written by a release of this crate before `clear` existed, and values whose
-    /// load could not read the namespace's generation (the store failing at that moment),
-    /// carry none: a clear does not reach them, and they live out their TTL. Every process
-    /// must run a release that knows `clear` for its L1 to be emptied.
+    /// Values written by a release of this crate before `clear` existed carry none: a clear
+    /// does not reach them, and they live out their TTL. This release writes none without
+    /// it, whether loaded, [`set`](Self::set) or filled by a batch: a value whose generation
+    /// cannot be read (the store failing at that moment) is not stored, and `set` is then an
+    /// error. Every process must run a release that knows `clear` for its L1 to be emptied.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -163,8 +184,11 @@ impl Cache {
         let inner = &self.inner;
         let store = Arc::clone(&inner.store);
         let clear = store.clear(&inner.config.namespace);
+        // Before and after the store call, as a change of keys: whatever the store answers (or
+        // if the call is not made), a read in flight meanwhile does not enter L1 after it.
+        inner.l1.clear();
+        inner.known_tags.forget_generation();
         let result = inner.change_all(&[], Overtaken::Every, clear).await;
-        // Stamps moved on with the store's notifier; without one, L1 is emptied here.
         inner.l1.clear();
         inner.known_tags.forget_generation();
         result
@@ -195,15 +219,17 @@ impl Inner {
         overtaken: Overtaken<'_>,
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
-        for key in keys {
-            self.l1.forget_changed(key);
-        }
-        self.flights.detach(overtaken);
+        self.forget(keys, overtaken);
         let result = self.breaker.call(call).await;
+        self.forget(keys, overtaken);
+        result.map_err(Error::store)
+    }
+
+    /// Makes this process's L1 forget `keys`, and detaches the flights `overtaken`.
+    fn forget(&self, keys: &[StoreKey], overtaken: Overtaken<'_>) {
         for key in keys {
             self.l1.forget_changed(key);
         }
         self.flights.detach(overtaken);
-        result.map_err(Error::store)
     }
 }

@@ -8,6 +8,11 @@
 //! call reads the store again. While notifications are not received, nothing read from the
 //! store enters L1; what a flight loaded alone because the store failed does, until the store
 //! answers again (no notification vouches for it).
+//!
+//! A cache that hears no notifications (`notifications(false)`, or a store without them)
+//! stamps its entries with a notifier of its own, which hears this process's changes alone:
+//! a read or load in flight when this process changes its key (or clears, or invalidates a
+//! tag) does not enter L1 after the change, as where notifications are heard.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -140,6 +145,9 @@ pub(super) struct L1 {
     /// The store's notifier, if this cache listens to notifications: asked of the store once,
     /// not on every hit.
     notifier: Option<Notifier>,
+    /// What stamps entries where there is no `notifier`: one of this cache's own, which hears
+    /// this process's changes alone (see the module docs).
+    own: Notifier,
     /// The longest an entry stays, whatever its freshness.
     ttl_cap: Duration,
     meter: Meter,
@@ -184,6 +192,7 @@ impl L1 {
             cache,
             bytes,
             notifier,
+            own: Notifier::new(),
             ttl_cap: config.l1_ttl_cap,
             meter,
         }
@@ -199,22 +208,34 @@ impl L1 {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// What stamps the entries: the store's notifier, or this cache's own.
+    fn stamps(&self) -> &Notifier {
+        self.notifier.as_ref().unwrap_or(&self.own)
+    }
+
     /// What this process has heard of the key so far, to stamp a value about to be read;
     /// `None` while notifications are not received (nothing read now may enter L1). Without
-    /// notifications, entries live out their L1 TTL.
+    /// notifications, entries live out their L1 TTL, or until this process changes them.
     pub(super) fn stamp(&self, digest: &KeyDigest) -> Option<Stamp> {
         match &self.notifier {
             Some(notifier) => notifier.stamp(digest),
-            None => Some(Stamp::UNTRACKED),
+            None => Some(self.own.stamp_anyway(digest)),
         }
     }
 
     /// A stamp even while notifications are lost, for values loaded while the store fails;
     /// they go out of date when notifications are received again.
     pub(super) fn stamp_anyway(&self, digest: &KeyDigest) -> Stamp {
+        self.stamps().stamp_anyway(digest)
+    }
+
+    /// The stamp of a key once this process's own write of it (`stamp` taken before) is
+    /// heard: the store notifies it once where this cache hears notifications; its own
+    /// notifier hears writes of no value, only changes.
+    pub(super) fn after_own_write(&self, stamp: Stamp) -> Stamp {
         match &self.notifier {
-            Some(notifier) => notifier.stamp_anyway(digest),
-            None => Stamp::UNTRACKED,
+            Some(_) => stamp.after_own_change(),
+            None => stamp,
         }
     }
 
@@ -262,16 +283,17 @@ impl L1 {
     /// Drops the entry of a key this process changed, and moves the key's stamp on, so that
     /// no value read before the change enters after it.
     pub(super) fn forget_changed(&self, key: &StoreKey) {
-        if let Some(notifier) = &self.notifier {
-            notifier.notify(key);
-        }
+        self.stamps().notify(key);
         if let Some(l1) = &self.cache {
             l1.invalidate(key.digest());
         }
     }
 
-    /// Drops every entry: the namespace was cleared here.
+    /// Drops every entry, and moves every stamp on, so that no value read before enters
+    /// after: the namespace was cleared here. Whether or not the store's clear was made (the
+    /// breaker open, the store down), as [`forget_changed`](Self::forget_changed) is.
     pub(super) fn clear(&self) {
+        self.stamps().cleared();
         if let Some(l1) = &self.cache {
             l1.invalidate_all();
         }

@@ -417,10 +417,12 @@ impl Inner {
 
     /// Keeps a value loaded while the store failed in L1 for `ttl`, even while notifications
     /// are lost, until the store answers again: `stamp` and `recoveries`
-    /// ([`Breaker::recoveries`]) were read before the load started.
+    /// ([`Breaker::recoveries`]) were read before the load started; `tags`, the stamps of its
+    /// tags, so that this process's invalidation of one drops it.
     fn l1_insert_alone(
         &self,
         (stamp, recoveries): (Stamp, u64),
+        tags: TagStamps,
         digest: KeyDigest,
         value: &Bytes,
         ttl: Duration,
@@ -428,7 +430,6 @@ impl Inner {
     ) {
         let refresh_at = |fresh_until| self.refreshes.point(fresh_until, load_time);
         let vouch = Vouch::Alone(stamp, recoveries);
-        self.l1
-            .insert(vouch, TagStamps::default(), digest, value, ttl, refresh_at);
+        self.l1.insert(vouch, tags, digest, value, ttl, refresh_at);
     }
 }

@@ -17,7 +17,9 @@ impl Cache {
     /// The value of `key`, if a fresh one is cached: from this process's L1, else from the
     /// store (one round trip, and one more for a tagged value whose tags' versions this
     /// process does not know). Never loads, never takes the reload lock, never waits for a
-    /// load in progress. A value read from the store enters L1 as a lookup's would.
+    /// load in progress. A value read from the store enters L1 as a lookup's would: the
+    /// first read of a namespace subscribes to its notifications (as a lookup does), so that
+    /// what enters L1 is dropped once another process changes it.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -58,6 +60,10 @@ impl Inner {
             return Ok(accepts(&value).then_some(value));
         }
         let key = StoreKey::new(std::sync::Arc::clone(&self.config.namespace), digest);
+        // Subscribed to the namespace's notifications first, as a lookup is: a process that
+        // only peeks would otherwise keep what it read in L1 without ever hearing of a change
+        // made elsewhere.
+        drop(self.watch_fills_subscribed(&key).await);
         // Taken before the read: a change heard after it keeps the value out of L1.
         let stamp = self.l1.stamp(&digest);
         let Some(stored) = self.breaker.call(self.store.get(&key)).await? else {

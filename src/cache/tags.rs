@@ -102,6 +102,26 @@ impl Inner {
         self.known_tags.first_clock(stamp, self.tag_clock()).await
     }
 
+    /// The tag clock a value written outside a load ([`Cache::set`], a batch's fills) is
+    /// stamped with, for its generation: as [`first_tag_clock`](Self::first_tag_clock), with
+    /// the store's error where it could not be read (then nothing is written: a value without
+    /// a generation would outlive a clear).
+    pub(super) async fn clock_for_write(&self) -> Result<TagClock, StoreError> {
+        let stamp = self.l1.stamp(&CLEARS);
+        let mut failed = None;
+        let read = async {
+            let read = self
+                .breaker
+                .call(self.store.tag_clock(&self.config.namespace))
+                .await;
+            read.map_err(|error| failed = Some(error)).ok()
+        };
+        let clock = self.known_tags.first_clock(stamp, read).await;
+        clock.ok_or_else(|| {
+            failed.unwrap_or_else(|| StoreError::new("the namespace's generation was not read"))
+        })
+    }
+
     /// The stamps of `tags`, taken before their versions are read.
     pub(super) fn tag_stamps(&self, tags: &[KeyDigest]) -> TagStamps {
         tags.iter()

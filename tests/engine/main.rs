@@ -8,6 +8,8 @@
 //! | --- | --- |
 //! | `fleet.rs` | cost as the fleet grows: store calls per process and stampede, busy processes |
 //! | `batch.rs` | batches: one lookup round trip, one load of the keys a call leads, fences |
+//! | `batch_stale.rs` | a batch's stale values: while reloading, on errors, after a soft timeout |
+//! | `batch_outage.rs` | a batch when the store does not answer: a dropped lookup, an open breaker |
 //! | `followers.rs` | the leader and its followers: one load per stampede, takeovers, wait timeouts |
 //! | `for_waiters.rs` | results for the waiting calls only (`Loaded::for_waiters`) |
 //! | `failures.rs` | failed, panicking and timed-out loads, and the shared failure marker |
@@ -24,6 +26,8 @@
 //! This file holds the loaders and store helpers the modules share.
 
 mod batch;
+mod batch_outage;
+mod batch_stale;
 mod breaker;
 mod early_refresh;
 mod failures;

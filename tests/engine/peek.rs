@@ -128,3 +128,52 @@ async fn a_peek_answers_only_what_a_lookup_calls_fresh() {
         assert_eq!(stale.outcome(), Outcome::Stale, "{name}");
     }
 }
+
+/// A process that only peeks hears the other processes' changes as a lookup's would (issue
+/// 41, 2): what its peeks keep in L1 is dropped once another process's `invalidate`, `set`
+/// or `clear` is delivered, so its next peek reads the store again. On Redis its first peek
+/// subscribes to the namespace's notifications (or nothing it read could be trusted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peeking_process_hears_other_processes_changes() {
+    /// Peeks `key` on `reader` until it answers `want`, within a bound far beyond a
+    /// notification's delivery.
+    async fn peeks(reader: &tower_stampede::Cache, key: &str, want: Option<&[u8]>, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while reader.get(key).await.unwrap().as_deref() != want {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: never heard"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    for shared in Shared::both().await {
+        let name = shared.name;
+        let writer = shared.cache().build();
+        let reader = tower_stampede::Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .store_timeout(support::PATIENT)
+            .l1_ttl_cap(Duration::from_secs(120))
+            .build();
+        let minute = Duration::from_secs(60);
+        writer
+            .set("k", Bytes::from_static(b"v1"), minute)
+            .await
+            .unwrap();
+        assert_eq!(reader.get("k").await.unwrap().as_deref(), Some(&b"v1"[..]));
+        writer.invalidate("k").await.unwrap();
+        peeks(&reader, "k", None, &format!("{name}: invalidate")).await;
+        writer
+            .set("k", Bytes::from_static(b"v2"), minute)
+            .await
+            .unwrap();
+        peeks(&reader, "k", Some(b"v2"), &format!("{name}: first set")).await;
+        writer
+            .set("k", Bytes::from_static(b"v3"), minute)
+            .await
+            .unwrap();
+        peeks(&reader, "k", Some(b"v3"), &format!("{name}: set")).await;
+        writer.clear().await.unwrap();
+        peeks(&reader, "k", None, &format!("{name}: clear")).await;
+    }
+}

@@ -1,11 +1,15 @@
 //! `Cache::clear`: every value of the namespace dropped with one store call, every instance's
 //! L1 emptied, loads in flight fenced, and the clear kept for processes started after it.
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use support::observed::Observed;
 use support::{Counter, Shared};
+use tokio::sync::Notify;
 use tower_stampede::{Cache, Outcome};
 
 use super::{as_is, eventually, instances, never_loads, overtaken_load, Database, LIMIT};
@@ -229,5 +233,101 @@ async fn clear_of_100000_keys_is_one_call_and_each_key_reloads_once() {
             loads.get() - KEYS
         );
         assert_eq!(loads.get(), 2 * KEYS, "{}: each key once", shared.name);
+    }
+}
+
+/// `clear` reaches a value written by `set` (and by `Typed::set`, which writes through it):
+/// after the clear, neither the instance that cleared nor one started after it reads it, and
+/// the next read loads (issue 41, 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_reaches_values_written_by_set() {
+    for shared in Shared::both().await {
+        let cache = shared.cache().build();
+        cache
+            .set("row", Bytes::from_static(b"old"), Duration::from_secs(60))
+            .await
+            .unwrap();
+        #[cfg(feature = "serde")]
+        let typed = cache.typed::<String>();
+        #[cfg(feature = "serde")]
+        typed
+            .set("typed", &"old".to_owned(), Duration::from_secs(60))
+            .await
+            .unwrap();
+        let other = shared.cache().build();
+        assert_eq!(
+            other.get("row").await.unwrap().as_deref(),
+            Some(&b"old"[..])
+        );
+        cache.clear().await.unwrap();
+        let after = Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .build();
+        for reader in [&cache, &after] {
+            assert_eq!(reader.get("row").await.unwrap(), None, "{}", shared.name);
+            #[cfg(feature = "serde")]
+            assert_eq!(
+                reader.typed::<String>().get("typed").await.unwrap(),
+                None,
+                "{}: typed",
+                shared.name
+            );
+        }
+        let db = Database::at(2);
+        assert_eq!(db.read(&after, "row").await, "v2", "{}", shared.name);
+        assert_eq!(db.loads.get(), 1, "{}: loaded again", shared.name);
+    }
+}
+
+/// A batch whose load started before another instance's clear answers its own caller, but
+/// its fill is a miss at once, as a single key's is (issue 41, 1): an instance started after
+/// the clear, and the batch's own instance, read the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_load_that_started_before_a_clear_is_a_miss_once_filled() {
+    for shared in Shared::both().await {
+        let caches = instances(&shared, 2, as_is).await;
+        let db = Database::at(1);
+        let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let batch = tokio::spawn({
+            let (cache, db, started, gate) =
+                (caches[0].clone(), db.clone(), started.clone(), gate.clone());
+            async move {
+                cache
+                    .get_many_or_load(["a", "b"], move |keys: Vec<&'static str>| {
+                        let (db, started, gate) = (db.clone(), started.clone(), gate.clone());
+                        async move {
+                            let version = db.version.load(Ordering::SeqCst);
+                            db.loads.hit();
+                            started.notify_one();
+                            gate.notified().await;
+                            let value = Bytes::from(format!("v{version}"));
+                            let values = keys.into_iter().map(|k| (k, value.clone()));
+                            Ok::<_, std::io::Error>(values.collect::<HashMap<_, _>>())
+                        }
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        db.move_to(2);
+        caches[1].clear().await.unwrap();
+        gate.notify_one();
+        let answered = batch.await.unwrap();
+        for key in ["a", "b"] {
+            assert_eq!(answered[key].as_ref().unwrap(), "v1", "its own caller");
+        }
+        let after = Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .build();
+        for key in ["a", "b"] {
+            assert_eq!(
+                after.get(key).await.unwrap(),
+                None,
+                "{}: {key}",
+                shared.name
+            );
+            assert_eq!(db.read(&after, key).await, "v2", "{}", shared.name);
+            eventually(&db, &caches[0], key, "v2").await;
+        }
     }
 }

@@ -760,3 +760,4 @@ async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidate
 /// Issue 29: changes that reach this instance's flights, values never served once invalidated.
 mod clear;
 mod holds;
+mod own_changes;

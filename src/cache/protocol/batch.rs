@@ -3,7 +3,8 @@
 //! stale and absent keys in the same trip; one load for the keys this call leads, and a fenced
 //! fill for each. A key another caller or process leads (or that holds what only a flight
 //! knows how to answer: a failure marker, a pass, a waiters' answer) is fetched as any single
-//! key is, so it is waited for through the same notifications, never loaded twice.
+//! key is, so it is waited for through the same notifications, never loaded twice. The keys it
+//! leads honour the stale windows (`batch_stale.rs`); without the store, see `batch_outage.rs`.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -13,10 +14,13 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
+use super::batch_outage::PendingLocks;
+use super::leader::tagged;
 use super::lock::{spawn_release, LockGuard};
 use super::lookup::LookupFound;
+use super::stale::StaleValue;
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;
 use crate::cache::loaded::Life;
@@ -34,7 +38,7 @@ pub(in crate::cache) type Accepts = Arc<dyn Fn(&Bytes) -> bool + Send + Sync>;
 pub(in crate::cache) type Answers<K> = HashMap<K, Result<Bytes, Error>>;
 
 /// Some keys' answers, as a task of the batch gives them.
-type Answered<K> = Vec<(K, Result<Bytes, Error>)>;
+pub(super) type Answered<K> = Vec<(K, Result<Bytes, Error>)>;
 
 /// The bounds of a batch's key.
 pub(in crate::cache) trait BatchKey:
@@ -45,11 +49,23 @@ pub(in crate::cache) trait BatchKey:
 impl<K: AsRef<[u8]> + Eq + Hash + Clone + Send + Sync + 'static> BatchKey for K {}
 
 /// A key whose lock the batch's lookup took: this call loads it.
-struct Led<K> {
-    key: K,
-    guard: LockGuard,
+pub(super) struct Led<K> {
+    pub(super) key: K,
+    pub(super) guard: LockGuard,
     /// What this process had heard of the key before the lookup.
-    stamp: Option<Stamp>,
+    pub(super) stamp: Option<Stamp>,
+    /// The value the lookup found past its freshness, for the stale windows.
+    pub(super) stale: Option<StaleValue>,
+}
+
+/// What a batch's lookup sorted the keys L1 missed into.
+struct Sorted<K> {
+    /// Those whose lock it took: this call loads them.
+    led: Vec<Led<K>>,
+    /// Those another caller or process leads, or that only a flight knows how to answer.
+    followed: Vec<(K, KeyDigest)>,
+    /// All of them, when the lookup was not sent (the breaker open): loaded here, alone.
+    alone: Vec<(K, KeyDigest)>,
 }
 
 impl Inner {
@@ -85,17 +101,25 @@ impl Inner {
             self.watch_fills_subscribed(&StoreKey::new(Arc::clone(namespace), *first))
                 .await,
         );
-        let (led, followed) = self
+        let Sorted {
+            led,
+            followed,
+            alone,
+        } = self
             .look_up_many(missed, &load, &accepts, &mut answers)
             .await;
-        let mut runs: Vec<JoinHandle<Answered<K>>> = Vec::new();
+        if !alone.is_empty() {
+            answers.extend(self.load_many_alone(alone, &load).await);
+        }
+        let mut lead = None;
         if !led.is_empty() {
+            let waiting = self.answer_stale(&led, &mut answers);
             // A task of its own: it loads and fills to the end even if this call goes away.
             let (inner, load) = (Arc::clone(self), Arc::clone(&load));
-            runs.push(tokio::spawn(
-                async move { inner.lead_many(led, load).await },
-            ));
+            let run = tokio::spawn(async move { inner.lead_many(led, load).await });
+            lead = Some((run, waiting));
         }
+        let mut runs: Vec<JoinHandle<Answered<K>>> = Vec::new();
         for (key, digest) in followed {
             let (loader, accepts) = (single(&load, key.clone()), Arc::clone(&accepts));
             let inner = Arc::clone(self);
@@ -107,6 +131,9 @@ impl Inner {
                     .await;
                 vec![(key, fetched.and_then(|fetched| fetched.value_or_pass()))]
             }));
+        }
+        if let Some((run, waiting)) = lead {
+            self.await_lead(run, waiting, &mut answers).await;
         }
         for run in runs {
             // A task that panicked answers nothing: its keys are told below.
@@ -123,14 +150,15 @@ impl Inner {
     }
 
     /// One round trip for the keys L1 missed: answers those the store has fresh, and sorts the
-    /// others into those whose lock this call took (it leads them) and those it follows.
+    /// others into those whose lock this call took (it leads them) and those it follows, or
+    /// all of them to be loaded alone if the breaker kept the lookup from being sent.
     async fn look_up_many<K: BatchKey>(
         self: &Arc<Self>,
         missed: Vec<(K, KeyDigest)>,
         load: &BatchLoad<K>,
         accepts: &Accepts,
         answers: &mut Answers<K>,
-    ) -> (Vec<Led<K>>, Vec<(K, KeyDigest)>) {
+    ) -> Sorted<K> {
         let namespace = &self.config.namespace;
         let store_keys: Vec<StoreKey> = missed
             .iter()
@@ -144,33 +172,56 @@ impl Inner {
             self.config.lock_ttl,
             LockWhen::LifeAtMost(self.config.keep()),
         );
-        let lookup = self
-            .store
-            .lookup_many(&store_keys, token, lock_ttl, lock_when);
+        let count = store_keys.len();
+        // Until each key is handed on: a caller that goes away meanwhile (or a lookup that
+        // failed, which may still have taken them) releases the locks.
+        let mut pending = PendingLocks::new(&self.store, store_keys.clone(), token);
+        // Asked of the store only once the breaker lets it through.
+        let store = &self.store;
+        let lookup = async {
+            store
+                .lookup_many(&store_keys, token, lock_ttl, lock_when)
+                .await
+        };
         let lookups = match self.breaker.call_from(read_at, lookup).await {
-            Ok(lookups) if lookups.len() == store_keys.len() => lookups,
+            Ok(lookups) if lookups.len() == count => lookups,
+            Err(error) if error.skipped() => {
+                pending.never_sent();
+                debug!(
+                    keys = count,
+                    "circuit open; the batch loads with in-process protection only"
+                );
+                let (led, followed) = (Vec::new(), Vec::new());
+                return Sorted {
+                    led,
+                    followed,
+                    alone: missed,
+                };
+            }
             failed => {
                 if let Err(error) = &failed {
-                    warn!(%error, keys = store_keys.len(), "batch lookup failed; each key goes its own way");
+                    warn!(%error, keys = count, "batch lookup failed; each key goes its own way");
                 } else {
                     warn!("a store answered a batch lookup with too few answers; each key goes its own way");
                 }
-                // A lookup that failed may still have taken locks: free them.
-                for key in &store_keys {
-                    spawn_release(&self.store, key, token);
-                }
-                return (Vec::new(), missed);
+                let (led, alone) = (Vec::new(), Vec::new());
+                return Sorted {
+                    led,
+                    followed: missed,
+                    alone,
+                };
             }
         };
         let reader = Reader::of(&**accepts);
         let (mut led, mut followed) = (Vec::new(), Vec::new());
-        let found = missed
-            .into_iter()
-            .zip(store_keys)
-            .zip(lookups.into_iter().zip(stamps));
-        for (((key, digest), store_key), (lookup, stamp)) in found {
+        let keep = self.config.keep();
+        let found = missed.into_iter().zip(lookups.into_iter().zip(stamps));
+        for (index, ((key, digest), (lookup, stamp))) in found.enumerate() {
             let lock = lookup.lock;
             let mut found = self.found(lookup, reader).await;
+            let Some(store_key) = pending.take(index) else {
+                continue;
+            };
             if let Some(fresh) = found.as_mut().ok().and_then(LookupFound::take_fresh) {
                 let loader = single_boxed(load, accepts, key.clone());
                 let fetched = self.stored_hit(digest, fresh, stamp, read_at, loader, false);
@@ -178,10 +229,11 @@ impl Inner {
                 continue;
             }
             match (found, lock) {
-                (Ok(_), LockState::Acquired) => led.push(Led {
+                (Ok(found), LockState::Acquired) => led.push(Led {
                     key,
                     guard: LockGuard::new(&self.store, store_key, token),
                     stamp,
+                    stale: StaleValue::of(&found, keep),
                 }),
                 (_, lock) => {
                     if lock == LockState::Acquired {
@@ -192,7 +244,12 @@ impl Inner {
                 }
             }
         }
-        (led, followed)
+        let alone = Vec::new();
+        Sorted {
+            led,
+            followed,
+            alone,
+        }
     }
 
     /// Loads the keys this call leads, in one call of the loader (under their locks, renewed
@@ -209,6 +266,8 @@ impl Inner {
             .first()
             .map(|first| self.watch_locks(keys, first.guard.token));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
+        // Read before the load, for the values' generation: a clear after it outdates them.
+        let clock = self.clock_for_load(false).await;
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
@@ -218,26 +277,47 @@ impl Inner {
                 let mut answers = Vec::with_capacity(led.len());
                 for mut led in led {
                     self.tell_failure(&mut led.guard, false).await;
-                    answers.push((led.key, Err(error.clone())));
+                    // Stale-if-error, as a single key's leader: a stale value that still
+                    // stands answers in place of the error.
+                    let answer = match led.stale {
+                        Some(stale)
+                            if self.serves_on_error(&stale)
+                                && self.still_stands(&led.guard.key, &stale, false).await =>
+                        {
+                            Ok(stale.payload)
+                        }
+                        _ => Err(error.clone()),
+                    };
+                    answers.push((led.key, answer));
                 }
                 return answers;
             }
         };
         let mut answers = Vec::with_capacity(led.len());
         let mut fills = Vec::with_capacity(led.len());
+        let tagged = tagged(Vec::new(), clock);
+        if tagged.is_err() {
+            warn!(keys = led.len(), "a batch's values without the namespace's generation (the tag clock) are not stored");
+        }
         for mut led in led {
             let Some(bytes) = values.remove(&led.key) else {
                 self.release_lock(&mut led.guard).await;
                 answers.push((led.key, Err(Error::load(NOT_RETURNED.into()))));
                 continue;
             };
+            let Ok(tagged) = tagged.clone() else {
+                self.release_lock(&mut led.guard).await;
+                answers.push((led.key, Ok(bytes)));
+                continue;
+            };
             let inner = Arc::clone(&self);
             fills.push(tokio::spawn(async move {
                 let load = (started_at, load_time);
                 // A batch's values take the cache's TTL and jitter.
-                let ready = inner.ready_to_store(&bytes, Life::default(), load, None, None);
+                let tagged = Some(&tagged);
+                let ready = inner.ready_to_store(&bytes, Life::default(), load, tagged, None);
                 inner
-                    .fill_value(&mut led.guard, led.stamp, &ready, None, None)
+                    .fill_value(&mut led.guard, led.stamp, &ready, tagged, None)
                     .await;
                 (led.key, Ok(ready.value))
             }));
@@ -252,7 +332,7 @@ impl Inner {
 }
 
 /// Why a key the loader left out of its answer has no value.
-const NOT_RETURNED: &str = "the batch loader did not return this key";
+pub(super) const NOT_RETURNED: &str = "the batch loader did not return this key";
 
 /// The loader of one key of a batch: the batch's loader, handed that key alone.
 fn single<K: BatchKey>(

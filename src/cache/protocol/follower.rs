@@ -196,7 +196,7 @@ impl Inner {
                 Ok(found) => found,
                 Err(error) if error.skipped() => {
                     debug!(key = ?digest, "circuit open; loading with in-process protection only");
-                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, None))
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, early))
                         .await;
                 }
                 Err(error) => {
@@ -204,7 +204,7 @@ impl Inner {
                     // A lookup that timed out may still have taken the lock: free it, or every
                     // other process would wait for its TTL.
                     spawn_release(&self.store, key, token);
-                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, None))
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, early))
                         .await;
                 }
             };
@@ -317,7 +317,7 @@ impl Inner {
                 (state, _) => {
                     // Only a store that breaks the lookup contract gets here.
                     warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
-                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, None))
+                    return Box::pin(self.load_alone(digest, loader, Outcome::Degraded, early))
                         .await;
                 }
             };
@@ -353,8 +353,7 @@ impl Inner {
     ) -> FlightResult {
         match self.config.on_wait_timeout {
             WaitTimeoutPolicy::LoadUncached => {
-                Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached, Some(flight)))
-                    .await
+                Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached, flight)).await
             }
             WaitTimeoutPolicy::LoadAndCache => {
                 Box::pin(self.load_and_put(stamp, key, loader, flight)).await

@@ -35,26 +35,26 @@ pub(in crate::cache) struct LeaderStart {
 }
 
 /// Tags a loaded value cannot be stored with: the store did not answer the tag clock read
-/// before the load, or there are more than [`entry::MAX_TAGS`].
-#[derive(Debug, PartialEq, Eq)]
+/// before the load (so the value would carry no generation), or there are more than
+/// [`entry::MAX_TAGS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct TagsNotStorable;
 
-/// The tags of a loaded value, with the tag clock read before its load. A value without tags
-/// carries the clock too (with no tags), for its generation: a [clear](crate::Cache::clear)
-/// after the clock was read outdates it, as a tag invalidation outdates a tagged value. Only
-/// where the clock could not be read (the store failing) is an untagged value stored
-/// without one (`None`): a clear does not reach it, and it lives out its TTL.
+/// The tags of a loaded (or written) value, with the tag clock read before its load. A value
+/// without tags carries the clock too (with no tags), for its generation: a
+/// [clear](crate::Cache::clear) after the clock was read outdates it, as a tag invalidation
+/// outdates a tagged value. Where the clock could not be read (the store failing), no value
+/// is stored, tagged or not: one stored without a generation would outlive a clear.
 pub(super) fn tagged(
     tags: Vec<KeyDigest>,
     clock: Option<TagClock>,
-) -> Result<Option<Tagged>, TagsNotStorable> {
+) -> Result<Tagged, TagsNotStorable> {
     match clock {
-        Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Some(Tagged {
+        Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Tagged {
             generation: Some(clock.generation),
             clock: clock.clock,
             tags,
-        })),
-        None if tags.is_empty() => Ok(None),
+        }),
         _ => Err(TagsNotStorable),
     }
 }
@@ -277,15 +277,15 @@ impl Inner {
         }
         match (loaded.kind, tagged(loaded.tags, clock)) {
             (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {
-                warn!(key = ?guard.key, "a tagged value without the tag clock, or with too many tags, is not stored");
+                warn!(key = ?guard.key, "a value without the namespace's generation (the tag clock), or with too many tags, is not stored");
                 self.release_lock(&mut guard).await;
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
             (LoadedKind::Value { bytes, .. }, Ok(tagged)) => {
                 let load = (started_at, load_time);
                 let fill =
-                    self.ready_to_store(&bytes, life, load, tagged.as_ref(), Some(loaded.windows));
-                self.fill_value(&mut guard, stamp, &fill, tagged.as_ref(), early)
+                    self.ready_to_store(&bytes, life, load, Some(&tagged), Some(loaded.windows));
+                self.fill_value(&mut guard, stamp, &fill, Some(&tagged), early)
                     .await;
                 Ok(Fetched::loaded(fill.value, Outcome::Leader))
             }
@@ -370,7 +370,7 @@ impl Inner {
                 guard.disarm();
                 if written {
                     // The write's own notification moved the stamp on once.
-                    let stamp = stamp.map(Stamp::after_own_change);
+                    let stamp = stamp.map(|stamp| self.l1.after_own_write(stamp));
                     self.keep_loaded(stamp, digest, fill, tagged, flight).await;
                 } else {
                     self.meter.lock(LockEvent::Lost);
@@ -408,7 +408,7 @@ mod tests {
     use crate::store::MemoryStore;
 
     #[test]
-    fn tags_are_stored_with_the_clock_read_before_the_load_and_only_then() {
+    fn values_are_stored_with_the_clock_read_before_the_load_and_only_then() {
         let clock = TagClock {
             generation: 9,
             clock: 4,
@@ -416,26 +416,26 @@ mod tests {
         let tags = vec![KeyDigest::of_tag(b"a")];
         assert_eq!(
             tagged(Vec::new(), None),
-            Ok(None),
-            "untagged needs no clock"
+            Err(TagsNotStorable),
+            "untagged needs the clock too, for its generation"
         );
         assert_eq!(
             tagged(Vec::new(), Some(clock)),
-            Ok(Some(Tagged {
+            Ok(Tagged {
                 generation: Some(9),
                 clock: 4,
                 tags: Vec::new(),
-            })),
+            }),
             "untagged carries the generation"
         );
         let stored = tagged(tags.clone(), Some(clock)).expect("storable");
         assert_eq!(
             stored,
-            Some(Tagged {
+            Tagged {
                 generation: Some(9),
                 clock: 4,
                 tags: tags.clone(),
-            })
+            }
         );
         assert_eq!(tagged(tags, None), Err(TagsNotStorable), "no clock");
         let too_many = (0..=entry::MAX_TAGS as u32)

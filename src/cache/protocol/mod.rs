@@ -5,6 +5,8 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `batch.rs` | a batch of keys: one lookup round trip, one load for the keys it leads |
+//! | `batch_stale.rs` | a batch's stale values: at once while reloading, after a soft timeout |
+//! | `batch_outage.rs` | a batch without the store: its pending locks' drop guard, its load alone |
 //! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
 //! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
 //! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
@@ -18,6 +20,8 @@
 //! | `refresh.rs` | an early refresh in the background, one per key and process |
 
 pub(super) mod batch;
+mod batch_outage;
+mod batch_stale;
 mod follower;
 mod leader;
 mod lock;

@@ -15,15 +15,12 @@ use crate::store::{Renewal, Stamp};
 impl Inner {
     /// The value a leader's loader is handed: the stale value, unless a tag of it was
     /// invalidated (the lookup that took the lock did not check its tags, and an outdated
-    /// value must not be renewed).
+    /// value must not be renewed), or it carries no generation (written by a release before
+    /// `clear` existed: renewed, it would outlive a clear for another TTL).
     pub(in crate::cache) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
         let stale = stale?;
-        match &stale.tags {
-            Some(tagged) => {
-                matches!(self.tags_valid(tagged).await, Ok(Some(_))).then(|| stale.previous())
-            }
-            None => Some(stale.previous()),
-        }
+        let tagged = stale.tags.as_ref().filter(|t| t.generation.is_some())?;
+        matches!(self.tags_valid(tagged).await, Ok(Some(_))).then(|| stale.previous())
     }
 
     /// The loader, started at `started`, found the stale value unchanged: the store renews

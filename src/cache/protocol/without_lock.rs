@@ -18,20 +18,22 @@ use crate::cache::{Fetched, Inner, Outcome};
 use crate::store::{KeyDigest, Stamp, StoreKey};
 
 impl Inner {
-    /// Loads without the store's lock: after a wait timeout, or while the store is failing.
-    /// With a `flight` to check for (after a wait timeout, the store answering), a loaded
-    /// value's tags are checked as a leader's are, so that one invalidated during the load
-    /// marks the flight outdated; while the store fails, nothing can be checked.
+    /// Loads without the store's lock, for `flight`: after a wait timeout (the store
+    /// answering: a loaded value's tags are checked as a leader's are, so that one invalidated
+    /// during the load marks the flight outdated), or while the store is failing
+    /// ([`Outcome::Degraded`]: nothing can be checked; the value is kept in L1 with its tags'
+    /// stamps, unless a change of this process overtook the flight meanwhile).
     pub(in crate::cache) async fn load_alone(
         &self,
         digest: KeyDigest,
         loader: BoxLoader,
         outcome: Outcome,
-        flight: Option<&FlightPosts>,
+        flight: &FlightPosts,
     ) -> FlightResult {
-        let clock = match flight {
-            Some(_) => self.clock_for_load(false).await,
-            None => None,
+        let degraded = outcome == Outcome::Degraded;
+        let clock = match degraded {
+            false => self.clock_for_load(false).await,
+            true => None,
         };
         let started = Instant::now();
         // Kept in L1 even while notifications are lost (the store is failing), until the
@@ -42,14 +44,20 @@ impl Inner {
             self.known_tags.mark_seen();
         }
         match loaded.kind {
-            LoadedKind::Value { bytes, ttl } => {
-                if let (Some(flight), Ok(tagged)) = (flight, tagged(loaded.tags, clock)) {
-                    self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
-                }
-                if outcome == Outcome::Degraded {
+            LoadedKind::Value { bytes, ttl } if degraded => {
+                // Taken after the load (its tags are known only now): a tag invalidation of
+                // this process before it overtook the flight, and one after it moves them on.
+                let tags = self.tag_stamps(&loaded.tags);
+                if !flight.is_overtaken() {
                     // Keep this process from reloading while the store is down.
                     let ttl = ttl.unwrap_or(self.config.ttl);
-                    self.l1_insert_alone(vouch, digest, &bytes, ttl, started.elapsed());
+                    self.l1_insert_alone(vouch, tags, digest, &bytes, ttl, started.elapsed());
+                }
+                Ok(Fetched::loaded(bytes, outcome))
+            }
+            LoadedKind::Value { bytes, .. } => {
+                if let Ok(tagged) = tagged(loaded.tags, clock) {
+                    self.loaded_tags_hold(Some(&tagged), Some(flight)).await;
                 }
                 Ok(Fetched::loaded(bytes, outcome))
             }
@@ -79,7 +87,7 @@ impl Inner {
         let Ok(tagged) = tagged(loaded.tags, clock) else {
             warn!(
                 ?key,
-                "a tagged value without the tag clock, or with too many tags, is not stored"
+                "a value without the namespace's generation (the tag clock), or with too many tags, is not stored"
             );
             return Ok(Fetched::loaded(bytes, Outcome::Leader));
         };
@@ -88,7 +96,7 @@ impl Inner {
             &bytes,
             life,
             (started_at, load_time),
-            tagged.as_ref(),
+            Some(&tagged),
             Some(loaded.windows),
         );
         let stamp = match self
@@ -96,7 +104,7 @@ impl Inner {
             .call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
-            Ok(true) => Some(stamp.map(Stamp::after_own_change)),
+            Ok(true) => Some(stamp.map(|stamp| self.l1.after_own_write(stamp))),
             Ok(false) => {
                 // A value whose load started later is stored: ours is older; it answers this
                 // flight's callers only.
@@ -114,12 +122,12 @@ impl Inner {
         match stamp {
             Some(stamp) => {
                 let digest = *key.digest();
-                self.keep_loaded(stamp, digest, &fill, tagged.as_ref(), Some(flight))
+                self.keep_loaded(stamp, digest, &fill, Some(&tagged), Some(flight))
                     .await;
             }
             // Not kept, but it still answers the flight.
             None => {
-                self.loaded_tags_hold(tagged.as_ref(), Some(flight)).await;
+                self.loaded_tags_hold(Some(&tagged), Some(flight)).await;
             }
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))

@@ -23,6 +23,8 @@ pub struct Observed {
     /// How long a fill takes to reach the store.
     fill_delay: Duration,
     fills_fail: bool,
+    /// Sends no notifications (as a third-party store without them).
+    deaf: bool,
     hanging: std::sync::atomic::AtomicBool,
     reads_hang: std::sync::atomic::AtomicBool,
     fills: std::sync::atomic::AtomicUsize,
@@ -66,6 +68,15 @@ impl Observed {
         observed
     }
 
+    /// A store that sends no notifications ([`Store::notifier`] and [`Store::subscribe`] are
+    /// `None`, as for a third-party store without them), whose lookups answer `lookup_delay`
+    /// late.
+    pub fn deaf(inner: &Arc<dyn Store>, lookup_delay: Duration) -> Arc<Self> {
+        let mut observed = Observed::built(inner, lookup_delay, false);
+        Arc::get_mut(&mut observed).expect("not shared yet").deaf = true;
+        observed
+    }
+
     /// A store whose fills all fail (and change nothing), its other calls going through.
     pub fn failing_fills(inner: &Arc<dyn Store>) -> Arc<Self> {
         Observed::built(inner, Duration::ZERO, true)
@@ -88,6 +99,7 @@ impl Observed {
             lookup_delay,
             fill_delay: Duration::ZERO,
             fills_fail,
+            deaf: false,
             hanging: Default::default(),
             reads_hang: Default::default(),
             fills: Default::default(),
@@ -114,7 +126,8 @@ impl Observed {
         self.hanging.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// The most lookups that were out (asked and not yet answered) at once.
+    /// The most lookups that were out (asked and not yet answered) at once, a batch's counted
+    /// as one.
     pub fn most_lookups_out(&self) -> usize {
         self.out.lock().unwrap().1
     }
@@ -189,6 +202,7 @@ impl Store for Observed {
         }
         let keys = keys.to_vec();
         Box::pin(async move {
+            let _out = Out::new(&self.out);
             let answer = self
                 .inner
                 .lookup_many(&keys, token, lock_ttl, lock_when)
@@ -262,10 +276,16 @@ impl Store for Observed {
     }
 
     fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
+        if self.deaf {
+            return None;
+        }
         self.inner.subscribe(key)
     }
 
     fn notifier(&self) -> Option<&Notifier> {
+        if self.deaf {
+            return None;
+        }
         self.inner.notifier()
     }
 
