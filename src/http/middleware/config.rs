@@ -26,6 +26,9 @@ pub(crate) enum UnsafeInvalidation {
 #[derive(Clone)]
 pub(crate) struct HttpConfig {
     pub(crate) max_body_bytes: usize,
+    /// The most of a body too large to store that is kept for the requests that waited for
+    /// its load (see [`relay`](crate::http::serving::relay)).
+    pub(crate) max_relay_bytes: usize,
     pub(crate) max_header_bytes: usize,
     /// The request headers that make a `GET` or `HEAD` pass.
     pub(crate) unkeyed: Unkeyed,
@@ -65,6 +68,7 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             max_body_bytes: 1024 * 1024,
+            max_relay_bytes: 16 * 1024 * 1024,
             max_header_bytes: 32 * 1024,
             unkeyed: Unkeyed::default(),
             make_key: Arc::new(DefaultKey),
@@ -84,6 +88,7 @@ impl std::fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpConfig")
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_relay_bytes", &self.max_relay_bytes)
             .field("max_header_bytes", &self.max_header_bytes)
             .field("unkeyed", &self.unkeyed)
             .field("honor_client_no_cache", &self.honor_client_no_cache)
