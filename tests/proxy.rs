@@ -45,6 +45,14 @@ fn big_body() -> Vec<u8> {
     (0..50_000u32).map(|i| (i % 251) as u8).collect()
 }
 
+/// The origin's body for `/large`: 2 MiB (over the proxy's default `--max-body-bytes`, 1 MiB)
+/// of bytes that differ from position to position.
+fn large_body() -> Vec<u8> {
+    (0..2 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect()
+}
+
 /// A slow origin on a free loopback port, counting every request it receives.
 async fn start_origin(counter: Counter) -> SocketAddr {
     let app = Router::new().fallback(
@@ -128,6 +136,8 @@ async fn start_origin(counter: Counter) -> SocketAddr {
                         .into_response();
                 } else if uri.path() == "/big" {
                     big_body()
+                } else if uri.path() == "/large" {
+                    large_body()
                 } else {
                     origin_body(&path)
                 };
@@ -532,6 +542,70 @@ async fn a_server_error_reaches_its_waiters_and_is_not_reused() {
         assert_eq!(answer.body, format!("down #{}", before + 1));
         assert_eq!(origin_requests.get(), before + 1);
     }
+}
+
+/// A handler that sets no `Cache-Control` (nor `Expires`), under the proxy's default policy
+/// (no default TTL): the response is not stored, but the requests of a stampede over two
+/// proxies that waited for its load get it (RFC 9111 §4 lets a cache collapse requests onto a
+/// response it could store): one origin load per stampede, and a later stampede loads once
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_response_without_freshness_is_loaded_once_per_stampede() {
+    const REQUESTS: usize = 200;
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let proxies = two_proxies(origin, "no-freshness", &redis, &[]).await;
+    for stampede in 1..=2 {
+        let mut bodies = std::collections::BTreeSet::new();
+        for answer in burst(&proxies, REQUESTS, "/bare").await {
+            let answer = answer.expect("an answer");
+            assert_eq!(answer.status, StatusCode::OK);
+            bodies.insert(answer.body);
+        }
+        println!(
+            "stampede {stampede}: {REQUESTS} GETs of /bare over 2 proxies: origin loads so far {}",
+            origin_requests.get()
+        );
+        assert_eq!(
+            origin_requests.get(),
+            stampede,
+            "stampede {stampede}: one origin load each, nothing stored ({bodies:?})"
+        );
+        assert_eq!(bodies.len(), 1, "{bodies:?}");
+    }
+}
+
+/// A 2 MiB `max-age=60` body, over the proxy's `--max-body-bytes` (the layer's default,
+/// 1 MiB): not stored, but loaded at most once per proxy in a stampede of 200 requests over
+/// two proxies, and every client gets all of it, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_over_the_limit_is_loaded_once_per_proxy_in_a_stampede() {
+    const REQUESTS: usize = 200;
+    let redis = RedisServer::start();
+    let origin_requests = Counter::default();
+    let origin = start_origin(origin_requests.clone()).await;
+    let proxies = two_proxies(origin, "large", &redis, &[]).await;
+    let expected = large_body();
+    for answer in burst(&proxies, REQUESTS, "/large").await {
+        let answer = answer.expect("an answer");
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.body.len(), expected.len());
+        assert!(
+            answer.body == expected,
+            "the body differs from the origin's"
+        );
+    }
+    println!(
+        "{REQUESTS} GETs of a 2 MiB body over 2 proxies: origin loads {}",
+        origin_requests.get()
+    );
+    assert!(
+        origin_requests.get() <= proxies.len(),
+        "{} origin loads for {REQUESTS} requests over {} proxies",
+        origin_requests.get(),
+        proxies.len()
+    );
 }
 
 /// RFC 9111 §4.2.2: a shared cache should not invent freshness for everything. By default (and

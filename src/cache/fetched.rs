@@ -1,5 +1,8 @@
 //! What a call is answered: the value, and how it was served ([`Fetched`], [`Outcome`]).
 
+use std::any::Any;
+use std::sync::Arc;
+
 #[cfg(doc)]
 use super::{Cache, Loaded};
 use bytes::Bytes;
@@ -23,7 +26,9 @@ pub enum Outcome {
     /// The key is marked "pass": nothing is cached, go to the backend. If this call's own
     /// loader ran, the load was not cacheable.
     Pass,
-    /// This call's own loader ran after the wait timed out; its value was not stored.
+    /// This call's own loader ran without the lock, and its value was not stored: after the
+    /// wait timed out, or for a key whose last load stored nothing but may be shared within
+    /// each process (the HTTP layer's body too large to store).
     Uncached,
     /// A stale value (past its freshness, within the stale window), served while a leader
     /// refreshes it, or because the refresh failed.
@@ -61,6 +66,20 @@ pub struct Fetched<V = Bytes> {
     pub(super) outcome: Outcome,
     /// When the value stops (or stopped) being fresh, for an answer from the cache.
     pub(super) fresh_until: Option<Instant>,
+    /// What a load that stored nothing handed to the callers of its flight in this process.
+    pub(super) handoff: Option<Handoff>,
+}
+
+/// What a load that stores nothing hands to the callers that joined its flight in this
+/// process, beside its pass (see `Loaded::pass_handing`): the HTTP layer's relay of a body too
+/// large to store. Never stored, never seen by another process.
+#[derive(Clone)]
+pub(crate) struct Handoff(pub(crate) Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handoff")
+    }
 }
 
 impl Fetched {
@@ -70,6 +89,7 @@ impl Fetched {
             value: Some(value),
             outcome,
             fresh_until: None,
+            handoff: None,
         }
     }
 
@@ -80,16 +100,23 @@ impl Fetched {
             value: Some(value),
             outcome,
             fresh_until,
+            handoff: None,
         }
     }
 
     /// The answer of a load whose result is not cacheable: no value, for the callers that
     /// did not load.
     pub(super) fn pass() -> Self {
+        Fetched::pass_with(None)
+    }
+
+    /// A pass, with what its load handed to the callers of its flight, if anything.
+    pub(super) fn pass_with(handoff: Option<Handoff>) -> Self {
         Fetched {
             value: None,
             outcome: Outcome::Pass,
             fresh_until: None,
+            handoff,
         }
     }
 }
@@ -115,6 +142,11 @@ impl<V> Fetched<V> {
     /// a remaining freshness to show, as RFC 9211's `ttl` does (negative once stale).
     pub fn fresh_until(&self) -> Option<Instant> {
         self.fresh_until
+    }
+
+    /// What the load of a pass handed to the callers of its flight in this process.
+    pub(crate) fn handoff(&self) -> Option<&Handoff> {
+        self.handoff.as_ref()
     }
 
     /// The value, or an error of kind [`Pass`](super::ErrorKind::Pass) when there is none.

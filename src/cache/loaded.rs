@@ -5,6 +5,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::entry::Windows;
+use super::fetched::Handoff;
 #[cfg(doc)]
 use super::{Cache, CacheBuilder};
 use crate::store::KeyDigest;
@@ -65,9 +66,16 @@ pub(super) enum LoadedKind<V = Bytes> {
     NotModified {
         ttl: Option<Duration>,
     },
-    Pass,
+    /// Nothing to store; `handoff` goes to the callers of the flight in this process, and
+    /// the pass marker tells other processes that their callers may share one load each.
+    Pass {
+        handoff: Option<Handoff>,
+    },
+    /// For the calls that waited only; `failed`: a failed load's answer, which a stale value
+    /// stands in for where it may.
     ForWaiters {
         bytes: Bytes,
+        failed: bool,
     },
 }
 
@@ -100,7 +108,7 @@ impl<V> Loaded<V> {
     /// Nothing to store: the load's result is not cacheable. A short "pass" marker tells
     /// followers to stop waiting and go to the backend directly.
     pub fn pass() -> Self {
-        Loaded::of(LoadedKind::Pass)
+        Loaded::of(LoadedKind::Pass { handoff: None })
     }
 
     /// Gives the value a stale-while-revalidate window of its own (RFC 5861 §3), in place of
@@ -178,7 +186,7 @@ impl<V> Loaded<V> {
     pub(super) fn life(&self) -> Life {
         let ttl = match &self.kind {
             LoadedKind::Value { ttl, .. } | LoadedKind::NotModified { ttl } => *ttl,
-            LoadedKind::Pass | LoadedKind::ForWaiters { .. } => None,
+            LoadedKind::Pass { .. } | LoadedKind::ForWaiters { .. } => None,
         };
         Life {
             ttl,
@@ -198,8 +206,8 @@ impl<V> Loaded<V> {
                 ttl,
             },
             LoadedKind::NotModified { ttl } => LoadedKind::NotModified { ttl },
-            LoadedKind::Pass => LoadedKind::Pass,
-            LoadedKind::ForWaiters { bytes } => LoadedKind::ForWaiters { bytes },
+            LoadedKind::Pass { handoff } => LoadedKind::Pass { handoff },
+            LoadedKind::ForWaiters { bytes, failed } => LoadedKind::ForWaiters { bytes, failed },
         };
         Ok(Loaded {
             kind,
@@ -238,7 +246,33 @@ impl Loaded {
     /// as a failure; an early refresh that gets it keeps the value it refreshes. The HTTP layer
     /// answers this way for an origin's server error without explicit freshness.
     pub fn for_waiters(bytes: Bytes) -> Self {
-        Loaded::of(LoadedKind::ForWaiters { bytes })
+        Loaded::of(LoadedKind::ForWaiters {
+            bytes,
+            failed: true,
+        })
+    }
+
+    /// Like [`for_waiters`](Self::for_waiters), for a result that is no failure: it goes to
+    /// the calls that waited for the load and is not kept, and a stale value never stands in
+    /// for it. The HTTP layer answers this way for a response that may be shared but declares
+    /// no freshness.
+    pub(crate) fn shared_with_waiters(bytes: Bytes) -> Self {
+        Loaded::of(LoadedKind::ForWaiters {
+            bytes,
+            failed: false,
+        })
+    }
+
+    /// Like [`pass`](Self::pass), for a result that may still be shared within a process:
+    /// `handoff` goes to the calls that joined this load's flight in this process, and the pass
+    /// marker tells the flights of other processes to load once each (their first caller's
+    /// loader runs, without the lock, and its result goes to the others) rather than send every
+    /// caller to the backend. The HTTP layer answers this way for a body too large to store,
+    /// which it relays.
+    pub(crate) fn pass_handing(handoff: Handoff) -> Self {
+        Loaded::of(LoadedKind::Pass {
+            handoff: Some(handoff),
+        })
     }
 
     /// The [`Previous`] value the loader was given still holds: it is fresh again for the

@@ -132,6 +132,7 @@ use stats::Counters;
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
+pub(crate) use fetched::Handoff;
 pub use fetched::{Fetched, Outcome};
 pub use health::Health;
 pub use loaded::{Loaded, Previous};

@@ -50,6 +50,7 @@
 //! | request with `Cookie` | as with `Authorization`, or per cookie value if the response has `Vary: Cookie`; the [analytics cookies](RfcPolicy::ignore_analytics_cookies) (`_ga`, `_gid`, `_fbp`, ...) and those the policy [ignores](RfcPolicy::ignore_cookie) (or [all](RfcPolicy::ignore_all_cookies)) do not count | a cookie usually names a user: stricter than RFC 9111, as Varnish is; scripts in the browser read analytics cookies, no page depends on them |
 //! | [`MakeKey`] returns `None` | no (`BYPASS`) | the key cannot describe the request |
 //! | response 200, 203, 204, 300, 301, 308, 404, 405, 410, 414, 501 | with explicit freshness, or with a [`default_ttl`](RfcPolicy::default_ttl) | cacheable by default, but a cache that invents freshness must be told to |
+//! | a response that may be shared but declares no freshness (a status cacheable by default, no explicit freshness nor default TTL, not `no-store`, `private`, `no-cache`, `Set-Cookie`, `Vary: *`; a request without credentials) | not stored; handed to the requests that waited for its load, in every process, each only if it matches the loading request in every field `Vary` names: one origin load per burst ([`Policy::shares_with_waiters`]) | RFC 9111 §4: a cache may use a storable response to satisfy several requests (request collapsing), with heuristic freshness (§4.2.2) |
 //! | other statuses (but 206, 304, 1xx) | only with explicit freshness | RFC 9111 §3 |
 //! | response 5xx (but 501) without explicit freshness | no; the origin's own response goes to the request that loaded it and to every request that waited for that load, in every process; a later request goes to the origin again (one load at a time) | the origin's answer, not one the layer makes up; a stale response may stand in for it (see [`stale_if_error`](crate::CacheBuilder::stale_if_error)); one private to its request (`no-store`, `private`, `Set-Cookie`) goes to that request only, its waiters get a stale response or the layer's `502` |
 //! | response `CDN-Cache-Control`, or a [`targeted_field`](RfcPolicy::targeted_field) of the operator's own | its directives decide for this cache, `Cache-Control` and `Expires` ignored; an invalid or empty one is ignored itself; forwarded downstream unchanged | RFC 9213 §2.1, §2.2 |
@@ -61,7 +62,8 @@
 //! | response `immutable` | nothing changes | RFC 8246: this cache never revalidates a fresh response anyway |
 //! | response `Vary: *`, or `Vary` naming more than 16 fields, or unreadable | no (`BYPASS`) | no later request can be matched to it |
 //! | response `Vary: a, b` | yes, per variant | keyed by the request's `a` and `b`, below |
-//! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes), with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
+//! | body over [`max_body_bytes`](StampedeLayer::max_body_bytes) | no (`BYPASS`); relayed to the requests of its process that waited for its load, if it may be shared, up to [`max_relay_bytes`](StampedeLayer::max_relay_bytes) | streamed through intact; nothing partial is stored or sent to a waiter; one origin load per process per burst |
+//! | body with trailers, or failing | no (`BYPASS`) | streamed through intact; nothing partial is stored |
 //! | header fields over [`max_header_bytes`](StampedeLayer::max_header_bytes) (32 KiB) | no (`BYPASS`) | streamed through intact; no hit sends a huge header block |
 //!
 //! Freshness comes from `s-maxage`, then `max-age` (of the targeted field when there is one),
@@ -74,7 +76,8 @@
 //!
 //! A response that is not cacheable streams to the request that loaded it untouched (a body
 //! over the limit is replayed from what was read, then streamed on), and a short "pass"
-//! marker sends the requests waiting for it to the inner service directly.
+//! marker sends the requests waiting for it to the inner service directly, but for what may
+//! be shared: see the rows above on responses without freshness and on bodies over the limit.
 //!
 //! # Keys
 //!

@@ -18,7 +18,7 @@
 //! | kind | holds |
 //! | --- | --- |
 //! | 0 | a value |
-//! | 1 | a "pass" marker: the load's result is not cacheable |
+//! | 1 | a "pass" marker: the load's result is not cacheable; a payload of one byte, 1, says that it may be shared within a process (each process's flight loads once: see `Loaded::pass_handing`) |
 //! | 2 | a tagged value: after the header (and windows), the tag clock read before its load (u64), then the generation that clock counts in (u64, with [`GENERATION`]), then its tags (a u16 count, then each tag's 32-byte digest) |
 //! | 3 | a waiters' answer: the payload of a load whose result is not kept (see [`Loaded::for_waiters`](super::Loaded::for_waiters)), in the value's place or beside a value kept for revalidation (see [`Store::answer_waiters`](crate::store::Store::answer_waiters)) |
 //!
@@ -53,6 +53,8 @@ const KIND_VALUE: u8 = 0;
 const KIND_PASS: u8 = 1;
 const KIND_TAGGED: u8 = 2;
 const KIND_WAITERS: u8 = 3;
+/// The payload of a pass marker whose result may be shared within a process.
+const PASS_SHARED: u8 = 1;
 /// The kind bit of a value whose stale windows follow the header.
 const WINDOWS: u8 = 0x10;
 /// The kind bit of a waiters' answer whose life in the store follows the header.
@@ -78,7 +80,9 @@ pub(crate) enum Entry {
         windows: Option<Windows>,
     },
     /// "Do not wait for this key, go to the backend": its last load was not cacheable.
-    Pass,
+    /// `shared`: its result may be shared within a process, so a flight loads once for its
+    /// callers instead (see `Loaded::pass_handing`).
+    Pass { shared: bool },
     /// The result of the last load, for the calls that waited for it only: a call that
     /// started after it was written loads again. `life`: how long its writer had the store
     /// keep it (its age is that less its remaining life); `None` if it does not say. `load`:
@@ -195,10 +199,14 @@ pub(crate) fn encode_for_waiters(
     buf.freeze()
 }
 
-/// Encodes a pass marker, from a load that started at `started`.
-pub(crate) fn encode_pass(started: SystemTime) -> Bytes {
-    let mut buf = BytesMut::with_capacity(HEADER_LEN);
+/// Encodes a pass marker, from a load that started at `started`; `shared` if its result may be
+/// shared within a process.
+pub(crate) fn encode_pass(started: SystemTime, shared: bool) -> Bytes {
+    let mut buf = BytesMut::with_capacity(HEADER_LEN + 1);
     put_header(&mut buf, KIND_PASS, started, Duration::ZERO);
+    if shared {
+        buf.put_u8(PASS_SHARED);
+    }
     buf.freeze()
 }
 
@@ -286,7 +294,12 @@ pub(crate) fn decode(mut bytes: Bytes) -> Result<Entry, Corrupt> {
                 windows,
             })
         }
-        KIND_PASS if windows.is_none() && !rest.has_remaining() => Ok(Entry::Pass),
+        KIND_PASS if windows.is_none() && !rest.has_remaining() => {
+            Ok(Entry::Pass { shared: false })
+        }
+        KIND_PASS if windows.is_none() && rest[..] == [PASS_SHARED] => {
+            Ok(Entry::Pass { shared: true })
+        }
         KIND_WAITERS if windows.is_none() => Ok(Entry::ForWaiters {
             payload: rest,
             life: None,

@@ -42,7 +42,14 @@ fn round_trips() {
             windows: None,
         })
     );
-    assert_eq!(decode(encode_pass(at(5))), Ok(Entry::Pass));
+    assert_eq!(
+        decode(encode_pass(at(5), false)),
+        Ok(Entry::Pass { shared: false })
+    );
+    assert_eq!(
+        decode(encode_pass(at(5), true)),
+        Ok(Entry::Pass { shared: true })
+    );
     assert_eq!(
         decode(encode_for_waiters(
             b"503",
@@ -194,7 +201,7 @@ fn version_1_entries_are_read() {
         })
     );
     let pass = Bytes::from_static(b"TS\x01\x01\x00\x00\x00\x00");
-    assert_eq!(decode(pass.clone()), Ok(Entry::Pass));
+    assert_eq!(decode(pass.clone()), Ok(Entry::Pass { shared: false }));
     assert_eq!(
         crate::store::load_start(&v1),
         None,
@@ -251,7 +258,7 @@ fn the_store_finds_the_load_start() {
         encode_value(b"v", started, Duration::ZERO, Some(&tagged), None).0,
         encode_value(b"v", started, Duration::ZERO, None, Some(windows)).0,
         encode_value(b"v", started, Duration::ZERO, Some(&tagged), Some(windows)).0,
-        encode_pass(started),
+        encode_pass(started, false),
         encode_for_waiters(b"503", started, Duration::ZERO, Duration::from_secs(1)),
     ] {
         assert_eq!(crate::store::load_start(&encoded), Some(1_790_000_000_123));

@@ -283,7 +283,13 @@ impl Inner {
                     let key = key.clone();
                     return Box::pin(self.lead(seen, key, token, loader, stale, Some(early))).await;
                 }
-                (_, Some((Ok(Entry::Pass), _))) => return Ok(Fetched::pass()),
+                (_, Some((Ok(Entry::Pass { shared: false }), _))) => return Ok(Fetched::pass()),
+                (_, Some((Ok(Entry::Pass { shared: true }), _))) => {
+                    // A load that stored nothing, whose result may be shared within a
+                    // process: this flight loads once, for every caller that joined it.
+                    let load = self.load_alone(digest, loader, Outcome::Uncached, early);
+                    return Box::pin(load).await;
+                }
                 (_, Some((Err(Corrupt), _))) if !overwriting => {
                     if found.outdated {
                         debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");

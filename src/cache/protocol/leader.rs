@@ -229,16 +229,18 @@ impl Inner {
         })
         .await;
         let load_time = started.elapsed();
-        // A result for the waiters only is a failed load where a stale value stands in for
-        // it, and for an early refresh (nobody waits; the value it refreshes stays).
+        // A result for the waiters only is a failed load for an early refresh (nobody waits;
+        // the value it refreshes stays), and, for a failure's answer, where a stale value
+        // stands in for it.
         let loaded = match loaded {
             Ok(Loaded {
-                kind: LoadedKind::ForWaiters { .. },
+                kind: LoadedKind::ForWaiters { failed, .. },
                 ..
             }) if seen.speculative
-                || stale
-                    .as_ref()
-                    .is_some_and(|stale| self.serves_on_error(stale)) =>
+                || (failed
+                    && stale
+                        .as_ref()
+                        .is_some_and(|stale| self.serves_on_error(stale))) =>
             {
                 Err(Error::load(
                     "the load's result is for its waiters only".into(),
@@ -289,7 +291,7 @@ impl Inner {
                     .await;
                 Ok(Fetched::loaded(fill.value, Outcome::Leader))
             }
-            (LoadedKind::ForWaiters { bytes }, _) => {
+            (LoadedKind::ForWaiters { bytes, .. }, _) => {
                 // Kept for as long as the followers take to read it; never in L1. A value
                 // kept past its freshness stays in its place, for the next load to revalidate:
                 // the answer goes beside it (the followers that find it still stale look
@@ -310,8 +312,12 @@ impl Inner {
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
             // `load` lets "not modified" through only with a previous value, which renewed.
-            (LoadedKind::Pass | LoadedKind::NotModified { .. }, _) => {
-                let pass = entry::encode_pass(started_at);
+            (kind @ (LoadedKind::Pass { .. } | LoadedKind::NotModified { .. }), _) => {
+                let handoff = match kind {
+                    LoadedKind::Pass { handoff } => handoff,
+                    _ => None,
+                };
+                let pass = entry::encode_pass(started_at, handoff.is_some());
                 if let Ok(true | false) = self
                     .breaker
                     .finish(
@@ -322,7 +328,7 @@ impl Inner {
                 {
                     guard.disarm();
                 }
-                Ok(Fetched::pass())
+                Ok(Fetched::pass_with(handoff))
             }
         }
     }

@@ -204,4 +204,114 @@ mod tests {
         assert!(inner.takes_answer(&same, &recent, started, asked));
         assert!(inner.takes_answer(&EarlierAnswer::Unknown, &recent, started, asked));
     }
+
+    /// Runs a held load of `key` through `cache`, with `joiners` calls joining its flight
+    /// once it has started: the value each call got (the joiners' loaders must not run).
+    async fn flight_with_joiners(
+        cache: &crate::Cache,
+        key: &'static str,
+        loaded: crate::Loaded,
+        joiners: usize,
+    ) -> Vec<crate::Fetched> {
+        let (release, held) = tokio::sync::oneshot::channel::<()>();
+        let started = std::sync::Arc::new(tokio::sync::Notify::new());
+        let leader = tokio::spawn({
+            let (cache, started) = (cache.clone(), std::sync::Arc::clone(&started));
+            async move {
+                cache
+                    .fetch(key, move || async move {
+                        started.notify_one();
+                        let _ = held.await;
+                        Ok::<_, std::convert::Infallible>(loaded)
+                    })
+                    .await
+            }
+        });
+        started.notified().await;
+        let calls: Vec<_> = (0..joiners)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move {
+                    cache
+                        .fetch(key, || async {
+                            Err::<crate::Loaded, _>(std::io::Error::other("a joiner loaded"))
+                        })
+                        .await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        release.send(()).unwrap();
+        let mut answers = vec![leader.await.unwrap().unwrap()];
+        for call in calls {
+            answers.push(call.await.unwrap().unwrap());
+        }
+        answers
+    }
+
+    /// A constructor of a loader's result from its bytes.
+    type LoadedOf = fn(Bytes) -> crate::Loaded;
+
+    /// A result for the waiters that is no failure (`Loaded::shared_with_waiters`, the HTTP
+    /// layer's response without freshness) reaches them even where a stale value could stand in
+    /// for a failed load; a failure's (`Loaded::for_waiters`) does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_value_stands_in_for_a_failure_for_waiters_not_for_a_success() {
+        let cases: [(LoadedOf, &str); 2] = [
+            (crate::Loaded::shared_with_waiters, "new"),
+            (crate::Loaded::for_waiters, "old"),
+        ];
+        for (loaded, waiters_get) in cases {
+            let cache = crate::Cache::builder(crate::store::MemoryStore::new())
+                .ttl(Duration::from_secs(1))
+                .stale(Duration::ZERO)
+                .stale_if_error(Duration::from_secs(60))
+                .build();
+            let old = cache
+                .fetch("k", || async {
+                    Ok::<_, std::convert::Infallible>(crate::Loaded::value(Bytes::from_static(
+                        b"old",
+                    )))
+                })
+                .await
+                .unwrap();
+            assert_eq!(old.value().unwrap(), "old");
+            tokio::time::advance(Duration::from_secs(2)).await;
+            let answers =
+                flight_with_joiners(&cache, "k", loaded(Bytes::from_static(b"new")), 3).await;
+            for answer in &answers[1..] {
+                assert_eq!(
+                    answer.value().unwrap(),
+                    waiters_get,
+                    "{:?}",
+                    answer.outcome()
+                );
+            }
+        }
+    }
+
+    /// A pass that hands something to its flight (`Loaded::pass_handing`, the HTTP layer's
+    /// relay): the calls that joined the flight get it; in another process, the flight that
+    /// finds the pass marker loads once (its first caller's loader), and its joiners get what
+    /// that load handed them.
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_handing_something_is_loaded_once_per_flight_in_each_process() {
+        use std::sync::Arc;
+
+        use crate::cache::Handoff;
+        let store = crate::store::MemoryStore::new();
+        let handed = |fetched: &crate::Fetched| {
+            let handoff = fetched.handoff().expect("a handoff");
+            *Arc::clone(&handoff.0).downcast::<u32>().unwrap()
+        };
+        for (process, n) in [(1, 1u32), (2, 2)] {
+            let cache = crate::Cache::builder(store.clone()).build();
+            let loaded = crate::Loaded::pass_handing(Handoff(Arc::new(n)));
+            let answers = flight_with_joiners(&cache, "big", loaded, 4).await;
+            for answer in &answers {
+                assert_eq!(answer.outcome(), crate::Outcome::Pass, "process {process}");
+                assert_eq!(handed(answer), n, "process {process}");
+            }
+        }
+    }
 }

@@ -61,8 +61,9 @@ impl Inner {
                 }
                 Ok(Fetched::loaded(bytes, outcome))
             }
-            LoadedKind::ForWaiters { bytes } => Ok(Fetched::loaded(bytes, outcome)),
-            LoadedKind::Pass | LoadedKind::NotModified { .. } => Ok(Fetched::pass()),
+            LoadedKind::ForWaiters { bytes, .. } => Ok(Fetched::loaded(bytes, outcome)),
+            LoadedKind::Pass { handoff } => Ok(Fetched::pass_with(handoff)),
+            LoadedKind::NotModified { .. } => Ok(Fetched::pass()),
         }
     }
 
@@ -81,8 +82,11 @@ impl Inner {
         let life = loaded.life();
         let bytes = match loaded.kind {
             LoadedKind::Value { bytes, .. } => bytes,
-            LoadedKind::ForWaiters { bytes } => return Ok(Fetched::loaded(bytes, Outcome::Leader)),
-            LoadedKind::Pass | LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
+            LoadedKind::ForWaiters { bytes, .. } => {
+                return Ok(Fetched::loaded(bytes, Outcome::Leader))
+            }
+            LoadedKind::Pass { handoff } => return Ok(Fetched::pass_with(handoff)),
+            LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
         };
         let Ok(tagged) = tagged(loaded.tags, clock) else {
             warn!(

@@ -324,6 +324,7 @@ where
                 value: Some(found.value),
                 outcome: Outcome::L1Hit,
                 fresh_until: Some(found.fresh_until),
+                handoff: None,
             });
         }
         // The loader is taken by whichever attempt loads; a second attempt is rare.
@@ -345,6 +346,7 @@ where
                 value,
                 outcome: fetched.outcome,
                 fresh_until: fetched.fresh_until,
+                handoff: None,
             };
             let Some(bytes) = &fetched.value else {
                 return Ok(decoded(None));

@@ -9,9 +9,12 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project::pin_project;
 
+use crate::http::serving::relay::RelayReader;
+
 /// The body of a response from [`Stampede`](crate::http::Stampede): a cached body, the inner
-/// service's body untouched, or the inner body replayed after the part the cache had read
-/// before it gave up on storing it.
+/// service's body untouched, the inner body replayed after the part the cache had read
+/// before it gave up on storing it, or such a body read through the relay that also hands it
+/// to the requests that waited for its load.
 #[pin_project]
 pub struct ResponseBody<B: Body> {
     #[pin]
@@ -33,6 +36,9 @@ enum Kind<B: Body> {
         error: Option<B::Error>,
         rest: Option<Pin<Box<B>>>,
     },
+    Relayed {
+        reader: RelayReader<B::Error>,
+    },
 }
 
 impl<B: Body> ResponseBody<B> {
@@ -51,6 +57,13 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
+        }
+    }
+
+    /// The body of the request that loaded a relayed response.
+    pub(crate) fn relayed(reader: RelayReader<B::Error>) -> Self {
+        ResponseBody {
+            kind: Kind::Relayed { reader },
         }
     }
 
@@ -107,6 +120,7 @@ where
                     None => Poll::Ready(None),
                 }
             }
+            KindProj::Relayed { reader } => reader.poll_frame(cx),
         }
     }
 
@@ -125,6 +139,7 @@ where
                     && error.is_none()
                     && rest.as_ref().is_none_or(|b| b.is_end_stream())
             }
+            Kind::Relayed { .. } => false,
         }
     }
 
@@ -144,6 +159,7 @@ where
                 }
                 hint
             }
+            Kind::Relayed { reader } => reader.size_hint(),
         }
     }
 }
@@ -154,6 +170,7 @@ impl<B: Body> std::fmt::Debug for ResponseBody<B> {
             Kind::Cached { .. } => "Cached",
             Kind::Inner { .. } => "Inner",
             Kind::Replay { .. } => "Replay",
+            Kind::Relayed { .. } => "Relayed",
         };
         f.debug_struct("ResponseBody").field("kind", &kind).finish()
     }

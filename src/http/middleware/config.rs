@@ -29,6 +29,9 @@ pub(crate) enum UnsafeInvalidation {
 #[derive(Clone)]
 pub(crate) struct HttpConfig {
     pub(crate) max_body_bytes: usize,
+    /// The most of a body too large to store that is kept for the requests that waited for
+    /// its load (see [`relay`](crate::http::serving::relay)).
+    pub(crate) max_relay_bytes: usize,
     pub(crate) max_header_bytes: usize,
     /// The request headers that make a `GET` or `HEAD` pass, and the forwarding headers
     /// that are part of its key.
@@ -106,6 +109,7 @@ impl Default for HttpConfig {
         let rfc = Arc::new(RfcPolicy::new());
         HttpConfig {
             max_body_bytes: 1024 * 1024,
+            max_relay_bytes: 16 * 1024 * 1024,
             max_header_bytes: 32 * 1024,
             reflected: Reflected::default(),
             forwarded_variants: ForwardedVariants::default(),
@@ -127,6 +131,7 @@ impl std::fmt::Debug for HttpConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HttpConfig")
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_relay_bytes", &self.max_relay_bytes)
             .field("max_header_bytes", &self.max_header_bytes)
             .field("reflected", &self.reflected)
             .field("honor_client_no_cache", &self.honor_client_no_cache)

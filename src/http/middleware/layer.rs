@@ -38,9 +38,26 @@ impl StampedeLayer {
     }
 
     /// The largest response body that is stored, in bytes; larger ones stream through to
-    /// their caller intact and are not stored. Default: 1 MiB.
+    /// their caller intact and are not stored (but are still shared with the requests of this
+    /// process that waited for their load: see [`max_relay_bytes`](Self::max_relay_bytes)).
+    /// Default: 1 MiB.
     pub fn max_body_bytes(mut self, limit: usize) -> Self {
         Arc::make_mut(&mut self.config).max_body_bytes = limit;
+        self
+    }
+
+    /// The largest body over [`max_body_bytes`](Self::max_body_bytes) that is relayed: read
+    /// once from the origin, streamed to the request that loaded it, and kept in memory until
+    /// it is complete for the requests of this process that waited for that load (in other
+    /// processes, the first waiter loads it once for the others). A waiter gets its response
+    /// once the whole body is in, and reads it at its own pace; a slow client holds up
+    /// nobody. A larger body (by its `Content-Length`, or once this much was read), one that
+    /// fails or ends with trailers sends the waiters to the origin, each for itself, before
+    /// their response starts; the loading request's body then streams on with at most 256
+    /// KiB read ahead of it. So each such load holds at most this much memory. 0 relays
+    /// nothing. Default: 16 MiB.
+    pub fn max_relay_bytes(mut self, limit: usize) -> Self {
+        Arc::make_mut(&mut self.config).max_relay_bytes = limit;
         self
     }
 

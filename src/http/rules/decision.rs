@@ -24,7 +24,8 @@ pub enum Decision {
     },
     /// Hand the response to the request that loaded it and store nothing; the requests
     /// waiting for it go to the inner service themselves (a short "pass" marker tells
-    /// them, see [`pass_ttl`](crate::CacheBuilder::pass_ttl)).
+    /// them, see [`pass_ttl`](crate::CacheBuilder::pass_ttl)), unless the policy says it may
+    /// still go to them ([`Policy::shares_with_waiters`](crate::http::Policy::shares_with_waiters)).
     Pass,
     /// A failed load that is private to its request: hand the response to the request that
     /// loaded it, store nothing, and answer the requests waiting for it with a stale response

@@ -7,6 +7,7 @@
 //! | `request.rs` | what the layer does with a request: look it up, ignore, invalidate, bypass |
 //! | `methods.rs` | safe methods, and those whose response invalidates their URL |
 //! | `policy.rs` | [`Policy`] and [`RfcPolicy`]: whether a response is stored, and for how long (its tests and its property test in `policy/`) |
+//! | `unstored.rs` | which responses [`RfcPolicy`] does not store still go to the requests that waited for their load |
 //! | `decision.rs` | [`Decision`], what a policy decides, and [`Staleness`] |
 //! | `stored_fields.rs` | which header fields of a response are stored |
 //! | `parse.rs` | parsers of `Cache-Control`, `Vary`, `Age`, HTTP dates and entity tags |
@@ -29,6 +30,7 @@ pub(super) mod policy;
 pub(super) mod request;
 pub(super) mod stored_fields;
 pub(super) mod targeted;
+pub(super) mod unstored;
 
 pub use decision::{Decision, Staleness};
 pub use policy::{Policy, RfcPolicy};

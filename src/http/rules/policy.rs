@@ -35,6 +35,21 @@ pub trait Policy: Send + Sync + 'static {
     fn credentialed(&self, request: &request::Parts) -> bool {
         Credentials::any_in(&request.headers)
     }
+
+    /// Whether a response this policy does not store ([`Decision::Pass`]) may still go to the
+    /// requests that arrived while it was loaded (a request collapsed onto another's load):
+    /// it is handed to them, in every process, and not stored, so a request after the load
+    /// loads again; a waiter whose request differs in a field the response's `Vary` names
+    /// goes to the inner service instead. Default: no, every waiter of a pass goes to the
+    /// inner service. [`RfcPolicy`] says yes of a response it could have stored with
+    /// freshness of its own (RFC 9111 §4, request collapsing): to a request without
+    /// credentials, with a status cacheable by default, without `no-store`, `private`,
+    /// `no-cache`, `Set-Cookie`, `Vary: *`, nor an explicit freshness (which, not stored, was
+    /// 0).
+    fn shares_with_waiters(&self, request: &request::Parts, response: &response::Parts) -> bool {
+        let _ = (request, response);
+        false
+    }
 }
 
 impl<F> Policy for F
@@ -231,6 +246,10 @@ impl Policy for RfcPolicy {
         Credentials::of(&request.headers, &self.cookies).any()
     }
 
+    fn shares_with_waiters(&self, request: &request::Parts, response: &response::Parts) -> bool {
+        super::unstored::goes_to_waiters(self, request, response)
+    }
+
     fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
         self.judge(request, response).0
     }
@@ -379,7 +398,7 @@ fn expires_lifetime(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// RFC 9110's statuses that are heuristically cacheable.
-fn cacheable_by_default(status: StatusCode) -> bool {
+pub(super) fn cacheable_by_default(status: StatusCode) -> bool {
     matches!(
         status.as_u16(),
         200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501

@@ -12,16 +12,18 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::header::AGE;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::{oneshot, watch};
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
 
-use super::cache_status::{CacheStatus, Detail, Served};
+use super::cache_status::{CacheStatus, Detail, Forward, Served};
 use super::load::{load, ForCaller, Loading};
 use super::load_failure::LoadFailure;
+use super::relay::Relay;
 use super::responses::{
     self, answer, marked, own_entry, synthesized, without_body, Answer, AnswerForm, HitReady,
     HowFound,
@@ -31,8 +33,10 @@ use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::decision::Decision;
+use crate::http::rules::parse;
 use crate::http::rules::pass::Pass;
-use crate::http::stored::codec::{self, Decoded};
+use crate::http::stored::codec::{self, CachedResponse, Decoded};
+use crate::http::stored::key;
 use crate::store::KeyDigest;
 
 /// The hot path of a cacheable request: its answer from a plain response in L1 (the key
@@ -91,6 +95,12 @@ where
         Some((Decoded::Response(cached), found)) => {
             let served = own_served(found, &mut from_loader);
             return Ok(answer(&cached, served, &form, status));
+        }
+        Some((Decoded::ForWaiters(cached, sent_with), found)) => {
+            let handed = (cached, sent_with, found);
+            let config = &loading.config;
+            let waited = for_waiters(handed, from_loader, &slot, loading.inner, config, &form);
+            return Box::pin(waited).await;
         }
         Some((Decoded::Vary(marker), found)) => (marker, found.outcome),
         // The colder paths are boxed, so the future of every request stays small to build
@@ -167,6 +177,15 @@ where
         Some((Decoded::Response(cached), found)) => {
             let served = own_served(found, &mut from_loader);
             Ok(answer(&cached, served, &form, status))
+        }
+        Some((Decoded::ForWaiters(cached, sent_with), found)) => {
+            let handed = (cached, sent_with, found);
+            let config = &loading.config;
+            let waited = for_waiters(handed, from_loader, &slot, loading.inner, config, &form);
+            let answer = Box::pin(waited).await;
+            // Done with the request: a refresh of the URL's marker waiting for it may go on.
+            drop(done);
+            answer
         }
         _ => {
             Box::pin(answer_without_entry(
@@ -260,6 +279,7 @@ async fn answer_without_entry<S, ReqBody, ResBody>(
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
+    ResBody::Error: Send + 'static,
 {
     match from_loader.try_recv() {
         Ok(ForCaller::Passed { answer, .. }) => return without_body(answer, form),
@@ -271,11 +291,11 @@ where
     // A load that failed without an answer of the origin (this request's or another's, here or
     // in another process) is answered with a gateway error rather than by calling the failing
     // inner service again; a pass goes to the inner service directly.
-    let failed = match fetched {
+    let failed = match &fetched {
         Ok(_) => None,
         Err(error) => {
             debug!(
-                error = &error as &dyn std::error::Error,
+                error = error as &dyn std::error::Error,
                 "no cached response"
             );
             Some(match error.kind() {
@@ -286,11 +306,108 @@ where
             })
         }
     };
+    if let Some((code, detail)) = failed {
+        drop(slot.take_back());
+        // Done with the request: a refresh of the URL's marker waiting for it may go on.
+        drop(done);
+        return Ok(synthesized(code, detail, &config.cache_status));
+    }
+    // A pass whose load relayed its body to the requests that waited for it.
+    let relay = fetched
+        .as_ref()
+        .ok()
+        .and_then(Fetched::handoff)
+        .and_then(|handoff| {
+            Arc::clone(&handoff.0)
+                .downcast::<Relay<ResBody::Error>>()
+                .ok()
+        });
+    if let Some(relay) = relay {
+        if let Some(answer) = relayed(&relay, slot, config, form).await {
+            drop(done);
+            return answer;
+        }
+    }
+    pass_through(slot, inner, config, done).await
+}
+
+/// The answer from a `relay` this request waited for: the whole body once it is in, if the
+/// request matches the loading one in every field the response's `Vary` names and has no
+/// preconditions for the layer to answer (those go to the origin, which answers them); `None`
+/// where it cannot have it (see [`relay`](super::relay)): it goes to the origin.
+async fn relayed<ReqBody, ResBody, E>(
+    relay: &Relay<ResBody::Error>,
+    slot: &Slot<ReqBody>,
+    config: &HttpConfig,
+    form: &AnswerForm,
+) -> Option<Answer<ResBody, E>>
+where
+    ResBody: Body<Data = Bytes>,
+{
+    let alike = |sent: &HeaderMap| key::sent_alike(&relay.head.headers, &relay.sent_with, sent);
+    if form.has_conditions() || !slot.request_passes(alike) {
+        return None;
+    }
+    let chunks = relay.body().await?;
+    let mut response = Response::from_parts(relay.head.clone(), ());
+    // Its age, as a response from the cache says it (RFC 9111 §4.2.3), from when it came.
+    let age = relay.received_at.elapsed().unwrap_or_default();
+    let age = parse::age(response.headers()).saturating_add(age);
+    response
+        .headers_mut()
+        .insert(AGE, HeaderValue::from(age.as_secs().min(1 << 31)));
+    let response = response.map(|()| ResponseBody::replay(chunks, None, None, None));
+    let served = Served::Collapsed(Forward::Loaded);
+    Some(without_body(
+        Ok(marked(response, served, &config.cache_status)),
+        form,
+    ))
+}
+
+/// A response not stored, handed to the requests that waited for its load (`handed`: see
+/// [`Decoded::ForWaiters`]): this request's own load's answer, as it came; a waiter's, if its
+/// request matches the loading one in every field the response's `Vary` names (RFC 9111
+/// §4.1), else the inner service's own answer to it.
+async fn for_waiters<S, ReqBody, ResBody>(
+    (cached, sent_with, found): (CachedResponse, KeyDigest, HowFound),
+    mut from_loader: oneshot::Receiver<ForCaller<ResBody, S::Error>>,
+    slot: &Slot<ReqBody>,
+    inner: S,
+    config: &HttpConfig,
+    form: &AnswerForm,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
+    if let Ok(ForCaller::Passed { answer, .. }) = from_loader.try_recv() {
+        return without_body(answer, form);
+    }
+    let alike = |sent: &HeaderMap| key::sent_alike(&cached.headers, &sent_with, sent);
+    if slot.request_passes(alike) {
+        return Ok(answer(&cached, found.served(), form, &config.cache_status));
+    }
+    pass_through(slot, inner, config, None).await
+}
+
+/// The inner service's own answer to this request (a pass), or the layer's `502` if a loader
+/// took the request and ended without an answer for it. `done` is dropped once this request
+/// is done with the slot (see [`Slot::follow`]).
+async fn pass_through<S, ReqBody, ResBody>(
+    slot: &Slot<ReqBody>,
+    inner: S,
+    config: &HttpConfig,
+    done: Option<watch::Sender<bool>>,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Body<Data = Bytes>,
+{
     let request = slot.take_back();
     // Done with the request: a refresh of the URL's marker waiting for it may go on.
     drop(done);
-    match (failed, request) {
-        (None, Some(request)) => {
+    match request {
+        Some(request) => {
             // Another request's load of the URL was not stored (a "pass" marker said so): the
             // policy tells why of this response, if it does not store it either.
             let (parts, body) = request.into_parts();
@@ -308,9 +425,8 @@ where
                 &config.cache_status,
             ))
         }
-        (Some((code, detail)), _) => Ok(synthesized(code, detail, &config.cache_status)),
         // This request's own load took the request and ended without an answer for it.
-        (None, None) => Ok(synthesized(
+        None => Ok(synthesized(
             StatusCode::BAD_GATEWAY,
             Detail::NoOriginResponse,
             &config.cache_status,

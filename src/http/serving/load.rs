@@ -2,7 +2,9 @@
 //! preconditions the layer answers itself), asks the [`Policy`](crate::http::Policy) whether the
 //! response may be stored, reads its body up to the size limit, and encodes it for the cache.
 //! Whatever cannot be stored goes, intact (but for its tag header fields), to this request's
-//! own caller.
+//! own caller; and, where it may go to another user at all, to the requests that waited for
+//! this load too ([`Outlet::Waiters`]): encoded for them through the store, or, for a body over
+//! the size limit, relayed to those of this process (see [`relay`](super::relay)).
 //!
 //! A response with `Vary` loaded for the URL's key is stored under the request's variant key,
 //! and the URL's key gets the vary marker (see [`key`]). The tags in the response's tag header
@@ -15,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{IF_MODIFIED_SINCE, IF_NONE_MATCH};
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::oneshot;
 use tower::util::Oneshot;
@@ -24,11 +26,13 @@ use tracing::debug;
 
 use super::cache_status::{Forward, Served};
 use super::load_failure::LoadFailure;
+use super::outlet::{exactly, Outlet};
 use super::read_body::{read_body, Read};
+use super::relay::Relay;
 use super::responses::{marked, Answer};
 use super::slot::{Claim, Slot, Step};
 use super::validation;
-use crate::cache::{BoxError, Cache, Loaded, Outcome, Previous};
+use crate::cache::{BoxError, Cache, Handoff, Loaded, Outcome, Previous};
 use crate::http::invalidation::tag_fields;
 use crate::http::middleware::body::ResponseBody;
 use crate::http::middleware::config::HttpConfig;
@@ -76,52 +80,6 @@ pub(crate) enum ForCaller<B: Body, E> {
     Stored(Served),
 }
 
-impl HttpConfig {
-    /// What the policy decides for `response`, [in full](Decision::in_full), and why if it
-    /// is not stored: a freshness of 0 is stored only with stale rules of its own, and only
-    /// where `cache` keeps values to revalidate them.
-    fn decide(
-        &self,
-        cache: &Cache,
-        asked: &http::request::Parts,
-        response: &http::response::Parts,
-    ) -> (Decision, Pass) {
-        let (decision, why) = self.judge(asked, response);
-        match decision.in_full() {
-            Decision::StoreWith { fresh_for, .. }
-                if fresh_for.is_zero() && cache.keep().is_zero() =>
-            {
-                (Decision::Pass, why)
-            }
-            decision => (decision, why),
-        }
-    }
-
-    /// Whether a response's header fields are within
-    /// [`max_header_bytes`](crate::http::StampedeLayer::max_header_bytes).
-    fn headers_fit(&self, headers: &HeaderMap) -> bool {
-        let mut bytes = 0usize;
-        headers.iter().all(|(name, value)| {
-            bytes = bytes.saturating_add(name.as_str().len() + value.len() + 4);
-            bytes <= self.max_header_bytes
-        })
-    }
-
-    /// A response's entry to store for `ttl`, with its stale windows (within the layer's
-    /// maximum) and tags.
-    fn to_store(&self, entry: Bytes, ttl: Duration, stale: Staleness, tags: &[Vec<u8>]) -> Loaded {
-        let max = self.max_response_stale;
-        let mut loaded = exactly(entry, ttl).tags(tags);
-        if let Some(window) = stale.while_revalidating {
-            loaded = loaded.stale_while_revalidate(window.min(max));
-        }
-        if let Some(window) = stale.if_error {
-            loaded = loaded.stale_if_error(window.min(max));
-        }
-        loaded
-    }
-}
-
 /// Loads for `step` of the request in `slot`; see the [module docs](self). With a `previous`
 /// stored response, the load is a revalidation (see [`validation`]).
 pub(crate) async fn load<S, ReqBody, ResBody>(
@@ -134,7 +92,8 @@ pub(crate) async fn load<S, ReqBody, ResBody>(
 ) -> Result<Loaded, BoxError>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Body<Data = Bytes>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
 {
     let request = match slot.claim(&step).await {
         Claim::Request(request) => request,
@@ -204,28 +163,32 @@ where
         return Ok(loaded);
     }
     let (decision, why) = loading.config.decide(&loading.cache, &asked, &parts);
-    let (ttl, stale) = match decision {
-        Decision::StoreWith { fresh_for, stale } => (Some(fresh_for), stale),
+    let (outlet, stale) = match decision {
+        Decision::StoreWith { fresh_for, stale } => (Outlet::Store(fresh_for), stale),
         // A failed load (a server error without explicit freshness): stored for nobody, but
         // the requests that waited for this load, here and elsewhere, get the origin's own
         // answer too (below), and a stale response may stand in for it.
-        Decision::Share => (None, Staleness::default()),
+        Decision::Share => (Outlet::Waiters { failed: true }, Staleness::default()),
         Decision::Fail => {
             // A failed load private to its request: a stale response, if there is one, is
             // served in its place to the others.
             let _ = to_leader.send(passed(ResponseBody::inner(body), true, why));
             return Err(LoadFailure::PrivateServerError(parts.status).into());
         }
+        // Not stored, but it may go to the requests that waited for this load.
+        Decision::Pass if loading.config.policy.shares_with_waiters(&asked, &parts) => {
+            (Outlet::Waiters { failed: false }, Staleness::default())
+        }
         _ => {
             let _ = to_leader.send(passed(ResponseBody::inner(body), false, why));
             return Ok(Loaded::pass());
         }
     };
+    let failed = matches!(outlet, Outlet::Waiters { failed: true });
     if !loading.config.headers_fit(&parts.headers) {
         // As for a body over the limit: not stored, and a server error's answer that cannot
         // be shared fails its waiters.
         debug!("response header fields over the limit; passed");
-        let failed = ttl.is_none();
         let _ = to_leader.send(passed(
             ResponseBody::inner(body),
             failed,
@@ -237,26 +200,41 @@ where
             Ok(Loaded::pass())
         };
     }
-    let (tags, names) = match (ttl, tags) {
-        (None, _) => (Vec::new(), Vec::new()),
-        (Some(_), Err(_)) => {
+    // Keyed by its forwarding headers: as if the response varied on them too, so that what was
+    // loaded for one set of their values goes to no request with others, stored or handed on.
+    let with_forwarded = |mut names: Vec<HeaderName>| {
+        if loading.forwarded {
+            for name in loading.config.reflected.keyed() {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
+        names
+    };
+    let (tags, names) = match (outlet, tags) {
+        // A server error goes to every waiter (the layer's own gateway error is no better),
+        // but for its forwarding headers.
+        (Outlet::Waiters { failed: true }, _) => (Vec::new(), with_forwarded(Vec::new())),
+        (Outlet::Waiters { failed: false }, _) => match parse::vary(&parts.headers) {
+            Vary::None => (Vec::new(), with_forwarded(Vec::new())),
+            Vary::Names(names) => (Vec::new(), with_forwarded(names)),
+            Vary::Unkeyable => {
+                let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::VaryStar));
+                return Ok(Loaded::pass());
+            }
+        },
+        (Outlet::Store(_), Err(_)) => {
             // A purge of its tags could not reach it.
             debug!("more tags than a stored response may carry; passed");
             let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::TooManyTags));
             return Ok(Loaded::pass());
         }
-        (Some(_), Ok(tags)) => match (parse::vary(&parts.headers), &step) {
-            // Keyed by its forwarding headers: a variant, as if it varied on them too.
-            (Vary::None, Step::Primary) if loading.forwarded => {
-                (tags, loading.config.reflected.keyed().to_vec())
-            }
-            (Vary::Names(mut names), Step::Primary) if loading.forwarded => {
-                for name in loading.config.reflected.keyed() {
-                    if !names.contains(name) {
-                        names.push(name.clone());
-                    }
-                }
-                (tags, names)
+        (Outlet::Store(_), Ok(tags)) => match (parse::vary(&parts.headers), &step) {
+            // Keyed by its forwarding headers: a variant.
+            (Vary::None, Step::Primary) if loading.forwarded => (tags, with_forwarded(Vec::new())),
+            (Vary::Names(names), Step::Primary) if loading.forwarded => {
+                (tags, with_forwarded(names))
             }
             (Vary::None, _) => (tags, Vec::new()),
             // A variant may be stored under a key that names more fields than it varies on,
@@ -273,15 +251,31 @@ where
             }
         },
     };
+    // What the requests that wait for this load must match to get it, where it is not stored.
+    let sent_with = || key::vary_digest(&names, &asked.headers);
     let chunks = match read_body(Box::pin(body), loading.config.max_body_bytes).await {
         Read::Complete(chunks) => chunks,
+        Read::Stopped {
+            read,
+            trailers: None,
+            error: None,
+            rest: Some(rest),
+        } if !failed && loading.config.relays(rest.size_hint()) => {
+            // Over the limit, but shareable: relayed to the requests of this process that
+            // waited for this load (the engine hands them the relay); other processes' load
+            // once each.
+            let limit = loading.config.max_relay_bytes;
+            let (relay, reader) = Relay::start(parts.clone(), sent_with(), (read, rest), limit);
+            let _ = to_leader.send(passed(ResponseBody::relayed(reader), false, Pass::TooLarge));
+            return Ok(Loaded::pass_handing(Handoff(relay)));
+        }
         Read::Stopped {
             read,
             trailers,
             error,
             rest,
         } => {
-            let failed = error.is_some() || ttl.is_none();
+            let failed = error.is_some() || failed;
             let why = match (&error, &trailers) {
                 (Some(_), _) => Pass::BodyError,
                 (None, Some(_)) => Pass::Trailers,
@@ -308,21 +302,40 @@ where
         .iter()
         .filter(|(name, _)| is_stored_header(name, &parts.headers))
         .collect();
+    let ttl = match outlet {
+        Outlet::Store(ttl) => ttl,
+        Outlet::Waiters { failed } => {
+            // The waiting requests get this answer through the cache; this request gets it
+            // as it came (if a stale response does not stand in for a failure).
+            let head = (parts.status, &stored[..]);
+            let (entry, loaded): (_, fn(Bytes) -> Loaded) = if failed && names.is_empty() {
+                let entry =
+                    codec::encode_response(stored_at, parts.status, &stored, &chunks, forward);
+                (entry, Loaded::for_waiters)
+            } else {
+                let entry =
+                    codec::encode_for_waiters(stored_at, head, &chunks, forward, &sent_with());
+                let loaded = if failed {
+                    Loaded::for_waiters
+                } else {
+                    Loaded::shared_with_waiters
+                };
+                (entry, loaded)
+            };
+            let body = ResponseBody::replay(chunks, None, None, None);
+            let _ = to_leader.send(passed(body, failed, why));
+            return match entry {
+                Some(entry) => Ok(loaded(entry)),
+                None if failed => Err(LoadFailure::NotEncodable.into()),
+                None => Ok(Loaded::pass()),
+            };
+        }
+    };
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
     else {
         let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body, ttl.is_none(), Pass::NotEncodable));
-        return match ttl {
-            Some(_) => Ok(Loaded::pass()),
-            None => Err(LoadFailure::NotEncodable.into()),
-        };
-    };
-    let Some(ttl) = ttl else {
-        // The waiting requests get this answer through the cache; this request gets it as
-        // it came, if a stale response does not stand in for it.
-        let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body, true, why));
-        return Ok(Loaded::for_waiters(entry));
+        let _ = to_leader.send(passed(body, false, Pass::NotEncodable));
+        return Ok(Loaded::pass());
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
         let _ = to_leader.send(ForCaller::Stored(own_load(Some(ttl))));
@@ -379,12 +392,6 @@ where
 /// response, its header fields updated by the `304`'s, is stored again (with its body, its
 /// tags and the `304`'s) for the freshness the policy gives the updated response, and is
 /// this request's answer. If the policy no longer stores it, it goes to this request alone.
-/// An entry to store fresh for `ttl` exactly: a response's freshness is the origin's (RFC 9111
-/// §4.2.1), which the cache's TTL jitter must not lengthen.
-fn exactly(entry: Bytes, ttl: Duration) -> Loaded {
-    Loaded::value_with_ttl(entry, ttl).ttl_jitter(Duration::ZERO)
-}
-
 fn not_modified<B: Body, E>(
     config: &HttpConfig,
     cache: &Cache,

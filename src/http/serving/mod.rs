@@ -6,7 +6,9 @@
 //! | --- | --- |
 //! | `flow.rs` | one request's path: the URL's key, then its variant's; answers without an entry |
 //! | `load.rs` | the loader: calls the inner service, asks the policy, reads and encodes the response |
+//! | `outlet.rs` | what becomes of a loaded response: stored, or handed to the requests that waited for it; the limits that decide it |
 //! | `load_failure.rs` | why a load ended without a response to store or share |
+//! | `relay.rs` | a body too large to store, read once and handed to the requests that waited for its load |
 //! | `read_body.rs` | a response's body read up to the size limit, or handed on intact |
 //! | `slot.rs` | the request waiting to be sent, shared by its caller and its loaders; the [`Step`](slot::Step) a loader loads for |
 //! | `validation.rs` | a reload made conditional, and a `304` merged into the stored response |
@@ -19,7 +21,9 @@ pub(super) mod flow;
 pub(super) mod load;
 pub(super) mod load_failure;
 pub(super) mod memo;
+pub(super) mod outlet;
 pub(super) mod read_body;
+pub(super) mod relay;
 pub(super) mod responses;
 pub(super) mod slot;
 pub(super) mod validation;

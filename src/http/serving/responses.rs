@@ -89,6 +89,12 @@ impl AnswerForm {
             conditions: Conditions::of(request.headers()),
         }
     }
+
+    /// Whether the request has preconditions the layer answers (`If-None-Match`,
+    /// `If-Modified-Since`).
+    pub(crate) fn has_conditions(&self) -> bool {
+        self.conditions.is_some()
+    }
 }
 
 /// The answer from the variant entry this request's own load of the URL left (a response).

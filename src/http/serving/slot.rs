@@ -97,6 +97,14 @@ impl<B> Slot<B> {
         ))
     }
 
+    /// Whether the request, while it is still here, passes `test` on its header fields.
+    pub(crate) fn request_passes(&self, test: impl FnOnce(&HeaderMap) -> bool) -> bool {
+        self.lock()
+            .request
+            .as_ref()
+            .is_some_and(|request| test(request.headers()))
+    }
+
     /// The request, taken back by its caller to send it itself; `None` if a loader took it.
     pub(crate) fn take_back(&self) -> Option<Request<B>> {
         self.lock().request.take()

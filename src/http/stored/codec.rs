@@ -4,6 +4,8 @@
 //! ```text
 //! response: version (1) | 0, 3 or 4 | stored at (u64) | status (u16) | header count (u16)
 //!           | { name len (u16) | name | value len (u32) | value }* | body
+//! waiters:  version (1) | 5 | stored at (u64) | 0 or 3 (u8) | sent with (32 bytes)
+//!           | status (u16) | header count (u16) | { ... }* | body
 //! vary:     version (1) | 2 | stored at (u64) | ttl (u64) | generation (u64)
 //!           | name count (u16) | { name len (u16) | name }*
 //! ```
@@ -17,6 +19,7 @@
 //! | 2 | a vary marker | every reader of version 2 |
 //! | 3 | a response the origin sent to the reload of a stale entry ([`Forward::Refreshed`]) | readers that know kinds 3 and 4; others find it malformed |
 //! | 4 | a stale response the origin answered `304`, updated ([`Forward::Revalidated`]) | readers that know kinds 3 and 4; others find it malformed |
+//! | 5 | a response not stored, for the requests that waited for its load only ([`Decoded::ForWaiters`]): then the kind of the load as for a response (0 or 3), and the digest of the loading request's values of the fields its `Vary` names ([`key::vary_digest`](super::key::vary_digest)) | readers that know kind 5; others find it malformed (and load) |
 //!
 //! A response's kind tells the requests collapsed onto the load that stored it, here or in
 //! another process, how that load went to the origin (RFC 9211 §2.2, §2.3). The bytes of kind
@@ -36,6 +39,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::http::rules::parse::MAX_VARY_NAMES;
 use crate::http::serving::cache_status::Forward;
+use crate::store::KeyDigest;
 
 const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;
@@ -45,12 +49,19 @@ const KIND_VARY: u8 = 2;
 const KIND_REFRESHED: u8 = 3;
 /// A response stored by the reload of a stale entry, which the origin answered with `304`.
 const KIND_REVALIDATED: u8 = 4;
+/// A response for the requests that waited for its load only.
+const KIND_FOR_WAITERS: u8 = 5;
 
-/// What a decoded entry holds: a stored response, or the vary marker under a URL's key.
+/// What a decoded entry holds: a stored response, the vary marker under a URL's key, or a
+/// response for the requests that waited for its load.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Decoded {
     Response(CachedResponse),
     Vary(VaryMarker),
+    /// A response that is not stored, handed to the requests that waited for its load, here
+    /// and in other processes (see [`encode_for_waiters`]): only those whose request matches
+    /// the loading one in every field its `Vary` names may take it (this digest).
+    ForWaiters(CachedResponse, KeyDigest),
 }
 
 /// A response as the cache keeps it.
@@ -100,20 +111,53 @@ pub(crate) fn encode_response(
     body: &[Bytes],
     forward: Forward,
 ) -> Option<Bytes> {
+    encode(stored_at, (status, headers), body, forward, None)
+}
+
+/// Encodes a response for the requests that waited for its load only (see
+/// [`Decoded::ForWaiters`]), as [`encode_response`] does, with `sent_with`: the digest of the
+/// loading request's values of the fields its `Vary` names.
+pub(crate) fn encode_for_waiters(
+    stored_at: SystemTime,
+    (status, headers): (StatusCode, &[(&HeaderName, &HeaderValue)]),
+    body: &[Bytes],
+    forward: Forward,
+    sent_with: &KeyDigest,
+) -> Option<Bytes> {
+    encode(stored_at, (status, headers), body, forward, Some(sent_with))
+}
+
+/// The one writer of responses: kind 0, 3 or 4 as `forward` says, or kind 5 with `sent_with`.
+fn encode(
+    stored_at: SystemTime,
+    (status, headers): (StatusCode, &[(&HeaderName, &HeaderValue)]),
+    body: &[Bytes],
+    forward: Forward,
+    sent_with: Option<&KeyDigest>,
+) -> Option<Bytes> {
     let count = u16::try_from(headers.len()).ok()?;
     let header_len: usize = headers
         .iter()
         .map(|(n, v)| 6 + n.as_str().len() + v.len())
         .sum();
     let body_len: usize = body.iter().map(Bytes::len).sum();
-    let mut buf = BytesMut::with_capacity(14 + header_len + body_len);
+    let mut buf = BytesMut::with_capacity(47 + header_len + body_len);
     buf.put_u8(VERSION);
-    buf.put_u8(match forward {
+    let kind = match forward {
         Forward::Loaded => KIND_RESPONSE,
         Forward::Refreshed => KIND_REFRESHED,
         Forward::Revalidated => KIND_REVALIDATED,
+    };
+    buf.put_u8(if sent_with.is_some() {
+        KIND_FOR_WAITERS
+    } else {
+        kind
     });
     buf.put_u64(millis_since_epoch(stored_at));
+    if let Some(sent_with) = sent_with {
+        buf.put_u8(kind);
+        buf.put_slice(sent_with.as_bytes());
+    }
     buf.put_u16(status.as_u16());
     buf.put_u16(count);
     for (name, value) in headers {
@@ -169,6 +213,21 @@ pub(crate) fn decode(entry: &Bytes) -> Result<Decoded, Malformed> {
             decode_response(stored_at, buf).map(Decoded::Response)
         }
         KIND_VARY => decode_vary(stored_at, buf).map(Decoded::Vary),
+        KIND_FOR_WAITERS => {
+            if buf.remaining() < 33 {
+                return Err(Malformed);
+            }
+            if !matches!(buf.get_u8(), KIND_RESPONSE | KIND_REFRESHED) {
+                return Err(Malformed);
+            }
+            let mut sent_with = [0u8; 32];
+            buf.copy_to_slice(&mut sent_with);
+            let response = decode_response(stored_at, buf)?;
+            Ok(Decoded::ForWaiters(
+                response,
+                KeyDigest::from_bytes(sent_with),
+            ))
+        }
         _ => Err(Malformed),
     }
 }
@@ -227,7 +286,12 @@ fn decode_vary(stored_at: SystemTime, mut buf: Bytes) -> Result<VaryMarker, Malf
 /// How the load that stored the response `entry` (one [`decode`] accepts) went to the origin;
 /// read only for a request collapsed onto that load, or the load's own.
 pub(crate) fn forward(entry: &Bytes) -> Forward {
-    match entry.get(1) {
+    let kind = match entry.get(1) {
+        // The kind of its load follows the time it was made at.
+        Some(&KIND_FOR_WAITERS) => entry.get(10),
+        kind => kind,
+    };
+    match kind {
         Some(&KIND_REFRESHED) => Forward::Refreshed,
         Some(&KIND_REVALIDATED) => Forward::Revalidated,
         _ => Forward::Loaded,
@@ -241,9 +305,12 @@ pub(crate) fn accepts_primary(entry: &Bytes) -> bool {
 }
 
 /// Whether the engine may hand these bytes to the layer as the entry under a variant's key:
-/// a response only.
+/// a response (stored, or for the requests that waited for its load).
 pub(crate) fn accepts_variant(entry: &Bytes) -> bool {
-    matches!(decode(entry), Ok(Decoded::Response(_)))
+    matches!(
+        decode(entry),
+        Ok(Decoded::Response(_) | Decoded::ForWaiters(..))
+    )
 }
 
 /// Milliseconds since the Unix epoch; 0 before it.

@@ -63,6 +63,9 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName};
 
+use crate::http::rules::parse::{self, Vary};
+use crate::store::KeyDigest;
+
 /// Makes the cache key of a request; see [`StampedeLayer::make_key`](crate::http::StampedeLayer::make_key).
 ///
 /// Two requests share a cached response only if their keys are equal (and, for a response
@@ -426,6 +429,26 @@ static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 mod forwarded;
 
 pub(crate) use forwarded::ForwardedVariants;
+
+/// The digest of a request's values of the fields `names` (a response's `Vary`): a response
+/// handed to the requests that waited for its load, not stored, goes only to those whose
+/// digest is its loading request's (RFC 9111 §4.1), as a stored one goes only to the requests
+/// of its variant key. Hashed, so no request value leaves the process.
+pub(crate) fn vary_digest(names: &[HeaderName], request: &HeaderMap) -> KeyDigest {
+    KeyDigest::of(variant("", 0, names, request).as_bytes())
+}
+
+/// Whether a request with `request` header fields may take a response with `response` fields
+/// handed to the requests that waited for its load, made for a request whose values of the
+/// fields the response's `Vary` names hash to `sent_with` (see [`vary_digest`]): its own
+/// values must be the same. Never for a `Vary` that cannot be matched (`*`).
+pub(crate) fn sent_alike(response: &HeaderMap, sent_with: &KeyDigest, request: &HeaderMap) -> bool {
+    match parse::vary(response) {
+        Vary::None => vary_digest(&[], request) == *sent_with,
+        Vary::Names(names) => vary_digest(&names, request) == *sent_with,
+        Vary::Unkeyable => false,
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -244,3 +244,36 @@ proptest! {
         prop_assert_eq!(decode(&entry), Ok(Decoded::Vary(marker)));
     }
 }
+
+/// A response for the requests that waited for its load (kind 5) keeps what a stored one
+/// keeps, the kind of its load, and the digest its waiters are matched by; one cut short, or
+/// with another kind of load inside, is malformed.
+#[test]
+fn a_response_for_waiters_round_trips_with_its_digest() {
+    let (status, headers, body) = sample();
+    let fields = headers.iter().collect::<Vec<_>>();
+    let digest = KeyDigest::of(b"accept-language=fr");
+    for forward in [Forward::Loaded, Forward::Refreshed] {
+        let entry = encode_for_waiters(at(7), (status, &fields), &body, forward, &digest).unwrap();
+        let Ok(Decoded::ForWaiters(decoded, sent_with)) = decode(&entry) else {
+            panic!("not a response for waiters")
+        };
+        assert_eq!(sent_with, digest);
+        assert_eq!((decoded.status, &decoded.headers), (status, &headers));
+        assert_eq!(decoded.body, "hello world");
+        assert_eq!(decoded.stored_at, at(7));
+        assert_eq!(forward_of(&entry), forward);
+        assert!(accepts_primary(&entry) && accepts_variant(&entry));
+        assert_eq!(decode(&entry.slice(..40)), Err(Malformed));
+    }
+    let mut revalidated =
+        encode_for_waiters(at(7), (status, &fields), &body, Forward::Loaded, &digest)
+            .unwrap()
+            .to_vec();
+    revalidated[10] = 4;
+    assert_eq!(decode(&Bytes::from(revalidated)), Err(Malformed));
+}
+
+fn forward_of(entry: &Bytes) -> Forward {
+    forward(entry)
+}
