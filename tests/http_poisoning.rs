@@ -4,7 +4,8 @@
 //!
 //! The origin behaves as common frameworks do: it obeys a method override, reads the body of
 //! a `GET`, builds its links from the forwarding headers and routes by the rewrite headers,
-//! and says every answer is fresh for a minute.
+//! and says every answer is fresh for a minute (but under `/unstored`, which says nothing of
+//! its freshness, and `/error`, a server error).
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
@@ -64,6 +65,15 @@ fn origin(calls: &Counter) -> Router {
                 format!("<a href=\"{link}\"> {} {query}", uri.path())
             };
             let mut response: Response = page.into_response();
+            if uri.path().contains("/unstored") {
+                // Shared with the requests that waited for it, not stored (issue 40).
+                return response;
+            }
+            if uri.path().contains("/error") {
+                // A server error: handed to the requests that waited for it, not stored.
+                *response.status_mut() = axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+                return response;
+            }
             response
                 .headers_mut()
                 .insert("cache-control", HeaderValue::from_static("max-age=60"));
@@ -528,6 +538,54 @@ async fn a_purge_by_url_reaches_every_forwarding_variant() {
         for headers in variants {
             let answer = get_with(&two, uri, headers, "").await;
             assert_eq!(answer.x_cache(), "MISS", "{} {headers:?}", shared.name);
+        }
+    }
+}
+
+/// Issue 40: requests with forwarding headers share one flight per URL, whatever their
+/// values; a response that is not stored but handed to the requests that waited for its load
+/// (one without freshness, a server error) goes only to those with the loading request's
+/// forwarding values. The attacker's request leads; the balancer's requests, on both
+/// instances, wait for it and never get the attacker's page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unstored_answer_to_an_attacker_reaches_no_other_waiter() {
+    for shared in Shared::both().await {
+        for path in ["/slow/unstored", "/slow/error"] {
+            let calls = Counter::default();
+            let apps = instances(&shared, &calls, |layer| layer);
+            let uri = format!("http://app.test{path}");
+            let evil = vec![("x-forwarded-host".to_owned(), "evil.example".to_owned())];
+            let attacker = {
+                let (app, uri) = (apps[0].clone(), uri.clone());
+                tokio::spawn(async move { get_owned(&app, &uri, &evil).await })
+            };
+            // Real time: the origin takes 200 ms, so the others arrive while it loads.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let victims: Vec<_> = (0..10)
+                .map(|client| {
+                    let (app, uri) = (apps[client % 2].clone(), uri.clone());
+                    tokio::spawn(
+                        async move { get_owned(&app, &uri, &from_the_balancer(client)).await },
+                    )
+                })
+                .collect();
+            let attacker = attacker.await.unwrap();
+            assert!(attacker.body().contains("evil.example"), "{}", shared.name);
+            for victim in victims {
+                let victim = victim.await.unwrap();
+                assert!(
+                    !victim.body().contains("evil.example"),
+                    "{} {path}: {} {}",
+                    shared.name,
+                    ours(&victim),
+                    victim.body()
+                );
+                assert!(
+                    victim.body().contains("https://app.test:443/next"),
+                    "{}",
+                    shared.name
+                );
+            }
         }
     }
 }
