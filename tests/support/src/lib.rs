@@ -51,6 +51,29 @@ macro_rules! timed_test {
     };
 }
 
+/// `store_test!(name)` runs `async fn name(shared: Shared)`, a test of one behaviour, once per
+/// store: as `name::memory` over `MemoryStore` and, with the `redis` feature, as `name::redis`
+/// over a real `redis-server` of its own, each a test of its own, so that a failure names its
+/// store. Both run on real time in a two-thread runtime; a test of a timing rule is a
+/// [`timed_test!`] instead, on paused time where the store allows.
+#[macro_export]
+macro_rules! store_test {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                super::$name($crate::Shared::memory()).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+}
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
