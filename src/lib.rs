@@ -53,6 +53,7 @@
 #![deny(missing_docs, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod clock;
 #[macro_use]
 mod macros;
 

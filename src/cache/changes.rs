@@ -17,7 +17,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -107,7 +107,7 @@ impl Cache {
         // Written now: a load that started before cannot overwrite it after a wait timeout.
         let (encoded, _) = entry::encode_value(
             &value,
-            SystemTime::now(),
+            crate::clock::now(),
             Duration::ZERO,
             Some(&tagged),
             None,

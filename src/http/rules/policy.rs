@@ -1,7 +1,7 @@
 //! The replaceable response [`Policy`] and its default, [`RfcPolicy`]: whether a response
 //! may be stored, and for how long.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::header::{COOKIE, DATE, ETAG, EXPIRES, LAST_MODIFIED, SET_COOKIE};
 use http::{request, response, HeaderMap, HeaderName, StatusCode};
@@ -391,7 +391,7 @@ fn expires_lifetime(headers: &HeaderMap) -> Option<Duration> {
     let expires = parse::http_date(first);
     let date = parse::date_field(headers, &DATE)
         .flatten()
-        .unwrap_or_else(SystemTime::now);
+        .unwrap_or_else(crate::clock::now);
     Some(expires.map_or(Duration::ZERO, |expires| {
         expires.duration_since(date).unwrap_or_default()
     }))

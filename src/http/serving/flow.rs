@@ -351,7 +351,9 @@ where
     let chunks = relay.body().await?;
     let mut response = Response::from_parts(relay.head.clone(), ());
     // Its age, as a response from the cache says it (RFC 9111 §4.2.3), from when it came.
-    let age = relay.received_at.elapsed().unwrap_or_default();
+    let age = crate::clock::now()
+        .duration_since(relay.received_at)
+        .unwrap_or_default();
     let age = parse::age(response.headers()).saturating_add(age);
     response
         .headers_mut()

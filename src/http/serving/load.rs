@@ -292,7 +292,7 @@ where
             };
         }
     };
-    let now = SystemTime::now();
+    let now = crate::clock::now();
     // `Age` is counted from when the response was generated, as far as the cache knows.
     let stored_at = now
         .checked_sub(parse::age(&parts.headers))
@@ -403,7 +403,7 @@ fn not_modified<B: Body, E>(
 ) -> Loaded {
     let updated = validation::updated(&stored, answer);
     let encoded = || {
-        let stored_at = SystemTime::now()
+        let stored_at = crate::clock::now()
             .checked_sub(parse::age(&answer.headers))
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let fields: Vec<_> = updated.headers.iter().collect();
@@ -467,7 +467,7 @@ async fn restore(cache: &Cache, primary: &str, marker: &VaryMarker) -> Result<Lo
     };
     let entry = codec::encode_vary(&marker).ok_or(LoadFailure::MarkerNotEncodable)?;
     let left = marker
-        .remaining(SystemTime::now())
+        .remaining(crate::clock::now())
         .max(Duration::from_secs(1));
     Ok(exactly(entry, left))
 }

@@ -102,7 +102,7 @@ impl<E: Send + 'static> Relay<E> {
         }
         let relay = Arc::new(Relay {
             head,
-            received_at: SystemTime::now(),
+            received_at: crate::clock::now(),
             sent_with,
             hint,
             limit,

@@ -158,7 +158,7 @@ impl HitReady {
         config
             .cache_status
             .mark(cached.status, &mut fields, Served::Hit(None));
-        let (made_at, now) = (Instant::now(), SystemTime::now());
+        let (made_at, now) = (Instant::now(), crate::clock::now());
         HitReady {
             age_then: now.duration_since(cached.stored_at).unwrap_or_default(),
             cached,
@@ -234,7 +234,7 @@ pub(crate) fn answer<B: Body>(
     form: &AnswerForm,
     status: &CacheStatus,
 ) -> Response<ResponseBody<B>> {
-    let now = SystemTime::now();
+    let now = crate::clock::now();
     let not_modified = form
         .conditions
         .as_ref()

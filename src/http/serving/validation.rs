@@ -42,8 +42,6 @@ pub(crate) fn updated(stored: &CachedResponse, not_modified: &response::Parts) -
 
 #[cfg(test)]
 mod tests {
-    use std::time::SystemTime;
-
     use bytes::Bytes;
     use http::{HeaderValue, StatusCode};
 
@@ -55,7 +53,7 @@ mod tests {
             map.append(*name, HeaderValue::from_static(value));
         }
         CachedResponse {
-            stored_at: SystemTime::now(),
+            stored_at: crate::clock::now(),
             status: StatusCode::OK,
             headers: map,
             body: Bytes::from_static(b"body"),

@@ -1,5 +1,6 @@
 use super::*;
 use http::{HeaderValue, Request, Response};
+use std::time::SystemTime;
 
 pub(super) fn request(headers: &[(&'static str, &'static str)]) -> request::Parts {
     let mut request = Request::get("/").body(()).unwrap();
