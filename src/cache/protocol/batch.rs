@@ -180,7 +180,7 @@ impl Inner {
             match (found, lock) {
                 (Ok(_), LockState::Acquired) => led.push(Led {
                     key,
-                    guard: LockGuard::new(&self.store, store_key, token),
+                    guard: LockGuard::new(&self.store, store_key, token, read_at),
                     stamp,
                 }),
                 (_, lock) => {
@@ -207,7 +207,7 @@ impl Inner {
         let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
         let _watchdog = led
             .first()
-            .map(|first| self.watch_locks(keys, first.guard.token));
+            .map(|first| self.watch_locks(keys, first.guard.token, first.guard.asked_at));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         let (started, started_at) = (Instant::now(), SystemTime::now());
         let loaded = self.load_watched(load(wanted)).await;
