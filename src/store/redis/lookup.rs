@@ -186,7 +186,7 @@ impl LookupPlan {
             LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
             LockWhen::Always => (u64::MAX, u64::MAX, true),
         };
-        // The lock key lives the lock's TTL, then as long again while it lapses (see the
+        // The lock key lives the lock's TTL, then the time it is kept lapsed (see the
         // `Store` trait's "Locks that lapse").
         let kept = millis(lapsed_kept_for(lock_ttl));
         LookupPlan {

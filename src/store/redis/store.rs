@@ -250,7 +250,7 @@ impl Store for RedisStore {
         locks: &[(StoreKey, LockToken)],
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>> {
-        // The lock key lives the lock's TTL, then as long again while it lapses.
+        // The lock key lives the lock's TTL, then the time it is kept lapsed.
         let kept = millis(lock_ttl.saturating_add(lapsed_kept_for(lock_ttl)));
         let calls = locks
             .iter()
