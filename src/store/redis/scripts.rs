@@ -350,14 +350,20 @@ return 1
     )
 });
 
-/// Compare-and-PEXPIRE of the lock (held, or lapsed while nobody took it), for `ARGV[2]` ms:
-/// its hold and the time it is kept lapsed after it.
+/// Compare-and-renew of the lock (held, or lapsed while nobody took it): its key lives
+/// `ARGV[2]` ms more (its hold, then the time it is kept lapsed), and its third field says
+/// that it is kept `ARGV[3]` ms lapsed (see [`lock_value`]), as a lock taken now would.
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LOCK_FUNCTIONS}{}",
         r"
-if not owns(KEYS[1]) then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local held, l = owns(KEYS[1])
+if not held then return 0 end
+local head, rest = string.match(l, '^(%x+:%d+)(.*)$')
+if not head then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local tail = string.match(rest, '^:%d+(.*)$') or rest
+redis.call('SET', KEYS[1], head .. ':' .. ARGV[3] .. tail, 'PX', ARGV[2])
+return 1
 "
     ))
 });

@@ -251,12 +251,13 @@ impl Store for RedisStore {
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>> {
         // The lock key lives the lock's TTL, then the time it is kept lapsed.
-        let kept = millis(lock_ttl.saturating_add(lapsed_kept_for(lock_ttl)));
+        let kept = millis(lapsed_kept_for(lock_ttl));
+        let lives = millis(lock_ttl).saturating_add(kept);
         let calls = locks
             .iter()
             .map(|(key, token)| {
                 let mut call = script_call(&EXTEND, &[KeyName::lock(key)]);
-                call.arg(&token.hex_bytes()[..]).arg(kept);
+                call.arg(&token.hex_bytes()[..]).arg(lives).arg(kept);
                 call
             })
             .collect();
