@@ -130,8 +130,8 @@ async fn every_store_call_works_on_every_node() {
             .await
             .unwrap();
         assert_eq!(lookup.lock, LockState::HeldElsewhere);
-        assert!(!store.extend(&key, other, ttl).await.unwrap());
-        assert!(store.extend(&key, token, ttl).await.unwrap());
+        assert!(!store.extend(&[(key.clone(), other)], ttl).await.unwrap()[0]);
+        assert!(store.extend(&[(key.clone(), token)], ttl).await.unwrap()[0]);
         assert!(!store.release(&key, other).await.unwrap());
         assert!(!store.fill(&key, other, "x".into(), ttl).await.unwrap());
         assert!(store.fill(&key, token, "filled".into(), ttl).await.unwrap());

@@ -403,9 +403,9 @@ impl Stores {
                 token: t,
                 lock_ttl,
             } => store
-                .extend(key(k), token(t), units(lock_ttl))
+                .extend(&[(key(k).clone(), token(t))], units(lock_ttl))
                 .await
-                .map(Answer::Done),
+                .map(|renewed| Answer::Done(renewed == [true])),
             Op::Fail {
                 key: k,
                 token: t,

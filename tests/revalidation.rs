@@ -223,7 +223,7 @@ async fn renew_is_fenced_and_keeps_the_bytes() {
         let renewed = store.renew(&key, ours, Duration::from_secs(60)).await;
         assert_eq!(renewed.unwrap(), Renewal::NoValue, "{}", shared.name);
         assert!(
-            store.extend(&key, ours, ttl).await.unwrap(),
+            store.extend(&[(key.clone(), ours)], ttl).await.unwrap()[0],
             "{}",
             shared.name
         );

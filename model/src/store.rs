@@ -9,7 +9,9 @@
 //! side follows `src/cache/follower.rs` (`resolve_key`), `leader.rs` (`lead`) and `refresh.rs`.
 //!
 //! Time is not counted: every TTL may run out at any moment (a lock's between any two steps,
-//! however its leader's watchdog renews it, which covers a process paused past its lock's TTL;
+//! however its leader's watchdog renews it, which covers a process paused past its lock's TTL:
+//! the lock lapses, any lookup may take it, and until one does its holder may still fill; then
+//! the lapsed lock's key itself;
 //! a value's freshness, then the value itself; a failure marker). A follower's wait is a
 //! bounded number of polls (its `wait_timeout`), and each notification may be lost.
 //!
@@ -28,6 +30,9 @@ use stateright::{Model, Property, Representative};
 pub enum Flaw {
     /// `FILL` writes without checking that the lock holds its token.
     UnfencedFill,
+    /// `INVALIDATE` removes the value but leaves a lock that lapsed in place (as if only a
+    /// held lock were voided), so its holder still fills after the invalidation.
+    InvalidateSparesLapsedLock,
     /// `RELEASE` (and `REPAIR`, which shares its compare-and-release) unlocks whatever the
     /// lock holds.
     ReleaseIgnoresToken,
@@ -75,8 +80,11 @@ pub enum Lock {
     Free,
     /// `fresh`: the value is fresh; `SET … NX` fails on it.
     Fresh,
-    /// `<token>:<bound>`: a leader's lock.
+    /// `<token>:<bound>:<kept>`: a leader's lock.
     Held(Token),
+    /// A leader's lock whose TTL ran out while nobody took it: the lookup script takes it as
+    /// free, and its holder's fenced scripts still take it as held (`owns`).
+    Lapsed(Token),
     /// `failed`: the last load failed.
     Failed,
 }
@@ -164,11 +172,14 @@ pub struct State {
     pub sets: u8,
     /// Restarts left.
     pub restarts: u8,
-    /// Ghost: the tokens whose lock expired or was voided (by an invalidation, a `SET` or a
-    /// restart), as bits; forgotten when their flight ends.
+    /// Ghost: the tokens whose lock was taken by another, expired for good, or was voided (by
+    /// an invalidation, a `SET` or a restart), as bits; forgotten when their flight ends. A
+    /// lock that lapsed while nobody took it is not dead.
     pub dead: u64,
     /// Ghost: a fill landed from a dead token.
     pub dead_fill: bool,
+    /// Ghost: a fill landed from a lock that had lapsed.
+    pub lapsed_fill: bool,
     /// Ghost: a fill landed from a load that started before a completed invalidation.
     pub old_fill: bool,
     /// Ghost: an answer for the waiters took the place of the value it found kept.
@@ -208,7 +219,8 @@ pub enum Action {
     Poll(usize),
     /// A process's subscriber loses a notification.
     LoseNotification(usize),
-    /// The lock (or failure marker) TTL runs out.
+    /// The lock's TTL runs out (it lapses), or the key of a lapsed lock (or a failure marker)
+    /// expires.
     LockExpires,
     /// The value's freshness ends (its `fresh` marker expires with it).
     FreshnessEnds,
@@ -257,7 +269,7 @@ impl StoreModel {
 
     /// The lock goes away other than by its owner's own script: its token is dead.
     fn void_lock(state: &mut State) {
-        if let Lock::Held(t) = state.lock {
+        if let Lock::Held(t) | Lock::Lapsed(t) = state.lock {
             state.dead |= t.bit();
         }
         state.lock = Lock::Free;
@@ -282,7 +294,7 @@ impl StoreModel {
 
     /// The `owns` check of the fenced scripts (`LOCK_FUNCTIONS`).
     fn owns(&self, state: &State, t: Token) -> bool {
-        state.lock == Lock::Held(t)
+        matches!(state.lock, Lock::Held(held) | Lock::Lapsed(held) if held == t)
     }
 
     /// `RELEASE`'s compare-and-release (which `REPAIR` shares) by process `p`'s token: the
@@ -390,6 +402,7 @@ impl Model for StoreModel {
             restarts: self.restarts,
             dead: 0,
             dead_fill: false,
+            lapsed_fill: false,
             old_fill: false,
             kept_lost: false,
         })
@@ -442,7 +455,7 @@ impl Model for StoreModel {
                 actions.push(Action::LoseNotification(p));
             }
         }
-        if matches!(state.lock, Lock::Held(_) | Lock::Failed) {
+        if matches!(state.lock, Lock::Held(_) | Lock::Lapsed(_) | Lock::Failed) {
             actions.push(Action::LockExpires);
         }
         if state.answer {
@@ -503,7 +516,10 @@ impl Model for StoreModel {
                     // `is_lock`: held elsewhere (a token of ours would be taken again, but
                     // the pipeline cannot find one: a flight never looks up again once it
                     // took the lock).
-                    Some(Lock::Held(_) | Lock::Free) => {
+                    // Another leader's lock of this release (`may_lapse`): the script weighs
+                    // whether it lapsed.
+                    Some(Lock::Held(_) | Lock::Lapsed(_)) => state.procs[p].pc = Pc::Scripting,
+                    Some(Lock::Free) => {
                         let had_value = state.value.is_some();
                         self.follow(&mut state, p, had_value);
                     }
@@ -519,6 +535,14 @@ impl Model for StoreModel {
                     match state.lock {
                         Lock::Failed => Self::answer(&mut state, p),
                         Lock::Free | Lock::Fresh => {
+                            state.lock = Lock::Held(me);
+                            Self::lead(&mut state, p);
+                        }
+                        // Lapsed: taken as free (its holder's fill is refused from now on).
+                        Lock::Lapsed(t) => {
+                            if t != me {
+                                state.dead |= t.bit();
+                            }
                             state.lock = Lock::Held(me);
                             Self::lead(&mut state, p);
                         }
@@ -543,6 +567,7 @@ impl Model for StoreModel {
                 };
                 let me = Self::own(&state, p);
                 if self.owns(&state, me) || self.flawed(Flaw::UnfencedFill) {
+                    state.lapsed_fill |= state.lock == Lock::Lapsed(me);
                     state.value = Some(Value { fresh: true });
                     state.lock = Lock::Fresh;
                     Self::publish(&mut state);
@@ -611,7 +636,11 @@ impl Model for StoreModel {
             Action::LoseNotification(p) => {
                 state.procs[p].heard = false;
             }
-            Action::LockExpires => Self::void_lock(&mut state),
+            Action::LockExpires => match state.lock {
+                // The hold ends; the key stays, for its holder, until someone takes it.
+                Lock::Held(t) => state.lock = Lock::Lapsed(t),
+                _ => Self::void_lock(&mut state),
+            },
             Action::FreshnessEnds => {
                 // The marker's TTL is the value's life less the stale period: both end at once.
                 if let Some(value) = &mut state.value {
@@ -626,7 +655,11 @@ impl Model for StoreModel {
                 // `INVALIDATE`: `DEL value lock`, publish.
                 state.invalidations -= 1;
                 state.value = None;
-                Self::void_lock(&mut state);
+                let spared = matches!(state.lock, Lock::Lapsed(_))
+                    && self.flawed(Flaw::InvalidateSparesLapsedLock);
+                if !spared {
+                    Self::void_lock(&mut state);
+                }
                 Self::publish(&mut state);
                 Self::outdate_loads(&mut state);
             }
@@ -652,9 +685,10 @@ impl Model for StoreModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("a fill lands only under a live lock", |_, s: &State| {
-                !s.dead_fill
-            }),
+            Property::always(
+                "a fill lands only under a lock nobody took or voided since",
+                |_, s: &State| !s.dead_fill,
+            ),
             Property::always(
                 "while a lock lives, no second load starts",
                 |_, s: &State| {
@@ -687,6 +721,10 @@ impl Model for StoreModel {
                 (0..s.procs.len())
                     .any(|p| matches!(s.procs[p].pc, Pc::Loading { .. }) && StoreModel::dead(s, p))
             }),
+            Property::sometimes(
+                "a fill lands from a lock that lapsed while nobody took it",
+                |_, s: &State| s.lapsed_fill,
+            ),
             Property::sometimes("two leaders load at once", |_, s: &State| {
                 s.procs
                     .iter()
@@ -725,7 +763,9 @@ impl Representative for State {
     fn representative(&self) -> Self {
         let key = |p: usize| {
             let proc = self.procs[p];
-            let mine = proc.pc != Pc::Idle && self.lock == Lock::Held(StoreModel::own(self, p));
+            let own = StoreModel::own(self, p);
+            let mine = proc.pc != Pc::Idle
+                && matches!(self.lock, Lock::Held(t) | Lock::Lapsed(t) if t == own);
             let dead = proc.pc != Pc::Idle && StoreModel::dead(self, p);
             (proc, mine, dead)
         };
@@ -738,8 +778,10 @@ impl Representative for State {
         };
         let mut state = self.clone();
         state.procs = order.iter().map(|p| self.procs[*p]).collect();
-        if let Lock::Held(t) = self.lock {
-            state.lock = Lock::Held(rename(t));
+        match self.lock {
+            Lock::Held(t) => state.lock = Lock::Held(rename(t)),
+            Lock::Lapsed(t) => state.lock = Lock::Lapsed(rename(t)),
+            _ => {}
         }
         state.dead = (0..64u8)
             .filter(|bit| self.dead & (1 << bit) != 0)

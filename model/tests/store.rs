@@ -89,7 +89,10 @@ fn counterexample(flaw: Flaw, name: &'static str) -> Vec<String> {
 /// and from a load older than an invalidation.
 #[test]
 fn an_unfenced_fill_is_caught() {
-    let steps = counterexample(Flaw::UnfencedFill, "a fill lands only under a live lock");
+    let steps = counterexample(
+        Flaw::UnfencedFill,
+        "a fill lands only under a lock nobody took or voided since",
+    );
     assert!(steps.iter().any(|step| step.starts_with("Fill")));
     counterexample(
         Flaw::UnfencedFill,
@@ -123,4 +126,16 @@ fn an_answer_that_replaces_the_value_is_caught() {
         "an answer for the waiters leaves the value it found",
     );
     assert!(steps.iter().any(|step| step.starts_with("Answer")));
+}
+
+/// A lapsed lock that an invalidation spares lets a load older than the invalidation fill:
+/// the fence of a lapsed lock is the fence of a held one.
+#[test]
+fn an_invalidation_that_spares_a_lapsed_lock_is_caught() {
+    let steps = counterexample(
+        Flaw::InvalidateSparesLapsedLock,
+        "no fill from a load older than a completed invalidation lands",
+    );
+    assert!(steps.iter().any(|step| step == "LockExpires"));
+    assert!(steps.iter().any(|step| step == "Invalidate"));
 }

@@ -110,6 +110,7 @@ mod loaded;
 mod peek;
 mod protocol;
 mod refreshes;
+mod renewals;
 mod stats;
 mod store_timeout;
 mod tags;
@@ -184,6 +185,8 @@ struct Inner {
     l1: l1::L1,
     flights: flights::Flights,
     refreshes: refreshes::Refreshes,
+    /// The renewals of the locks this cache's leaders hold.
+    renewals: renewals::Renewals,
     known_tags: known_tags::KnownTags,
     counters: Counters,
     meter: telemetry::Meter,
@@ -213,11 +216,18 @@ impl Cache {
         } else {
             None
         };
+        let breaker = Arc::new(Breaker::new(&config, Arc::clone(&store)));
         Cache {
             inner: Arc::new(Inner {
                 meter: telemetry::Meter::new(&config.namespace),
                 l1: l1::L1::new(&config, notifier),
-                breaker: Arc::new(Breaker::new(&config, Arc::clone(&store))),
+                renewals: renewals::Renewals::new(
+                    Arc::clone(&store),
+                    Arc::clone(&breaker),
+                    telemetry::Meter::new(&config.namespace),
+                    config.lock_ttl,
+                ),
+                breaker,
                 store,
                 refreshes: refreshes::Refreshes::new(config.early_refresh_beta),
                 config,

@@ -39,7 +39,7 @@ async fn locks_are_released_and_extended_only_by_their_owner() {
             shared.name
         );
         assert!(
-            !store.extend(&key, intruder, ttl).await.unwrap(),
+            !store.extend(&[(key.clone(), intruder)], ttl).await.unwrap()[0],
             "{}",
             shared.name
         );
@@ -60,7 +60,7 @@ async fn locks_are_released_and_extended_only_by_their_owner() {
             .unwrap();
         assert_eq!(third.lock, LockState::HeldElsewhere, "{}", shared.name);
         assert!(
-            store.extend(&key, owner, ttl).await.unwrap(),
+            store.extend(&[(key.clone(), owner)], ttl).await.unwrap()[0],
             "{}",
             shared.name
         );

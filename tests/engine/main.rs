@@ -18,6 +18,7 @@
 //! | `breaker.rs` | the store failing: degraded service, the circuit breaker, reconnection |
 //! | `wire.rs` | what the store holds: foreign bytes, the `fresh` marker, round trips |
 //! | `fences.rs` | lock ownership and fenced writes: no older value over a newer one |
+//! | `renewals.rs` | a leader's lock lives until its fill: renewals, a batch's in one call, lapsed locks |
 //! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
 //! | `jitter.rs` | TTL jitter: keys written together expire over a spread |
@@ -38,6 +39,7 @@ mod for_waiters;
 mod hits;
 mod jitter;
 mod peek;
+mod renewals;
 mod soft_timeout;
 mod stale;
 mod wire;

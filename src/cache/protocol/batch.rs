@@ -231,7 +231,7 @@ impl Inner {
             match (found, lock) {
                 (Ok(found), LockState::Acquired) => led.push(Led {
                     key,
-                    guard: LockGuard::new(&self.store, store_key, token),
+                    guard: LockGuard::new(&self.store, store_key, token, read_at),
                     stamp,
                     stale: StaleValue::of(&found, keep),
                 }),
@@ -264,7 +264,7 @@ impl Inner {
         let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
         let _watchdog = led
             .first()
-            .map(|first| self.watch_locks(keys, first.guard.token));
+            .map(|first| self.watch_locks(keys, first.guard.token, first.guard.asked_at));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         // Read before the load, for the values' generation: a clear after it outdates them.
         let clock = self.clock_for_load(false).await;

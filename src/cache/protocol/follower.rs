@@ -277,6 +277,7 @@ impl Inner {
                         stamp,
                         tagged,
                         speculative: false,
+                        asked_at: read_at,
                     };
                     // The leader waits for no fill: its watch ends.
                     drop(filled);

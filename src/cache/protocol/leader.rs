@@ -32,6 +32,9 @@ pub(in crate::cache) struct LeaderStart {
     /// An early refresh: speculative, the value still fresh and nobody waiting for it, so a
     /// failure is not shared (no failure marker: the lock is only released).
     pub(in crate::cache) speculative: bool,
+    /// When that lookup was sent (the clock read before it): the lock's TTL runs from no
+    /// earlier than this, and so do its renewals.
+    pub(in crate::cache) asked_at: Instant,
 }
 
 /// Tags a loaded value cannot be stored with: the store did not answer the tag clock read
@@ -140,7 +143,7 @@ impl Inner {
     }
 
     /// Runs a loader in a task of its own, handed the `previous` value if there is one,
-    /// bounded by the load timeout (a leader's [watchdog](super::lock::Watchdog) renews its
+    /// bounded by the load timeout (a leader's [watchdog](crate::cache::renewals::Watchdog) renews its
     /// lock meanwhile). A loader that answers "not modified" without a previous value fails.
     pub(in crate::cache) async fn load(
         &self,
@@ -213,8 +216,8 @@ impl Inner {
                 )));
             }
         }
-        let mut guard = LockGuard::new(&self.store, key, token);
-        let _watchdog = self.watch_locks(vec![guard.key.clone()], token);
+        let mut guard = LockGuard::new(&self.store, key, token, seen.asked_at);
+        let _watchdog = self.watch_locks(vec![guard.key.clone()], token, seen.asked_at);
         let stamp = seen.stamp;
         let clock = self.clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), SystemTime::now());

@@ -3,12 +3,10 @@
 //! release or failure marker that ends a load with nothing to fill.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::debug;
 
-use crate::cache::telemetry::LockEvent;
+use crate::cache::renewals::Watchdog;
 use crate::cache::Inner;
 use crate::store::{LockToken, Store, StoreKey};
 
@@ -17,16 +15,25 @@ pub(in crate::cache) struct LockGuard {
     store: Arc<dyn Store>,
     pub(in crate::cache) key: StoreKey,
     pub(in crate::cache) token: LockToken,
+    /// When the lock was asked for (the clock read before its lookup was sent): the store
+    /// took it no earlier, so its TTL runs from no earlier than this.
+    pub(in crate::cache) asked_at: Instant,
     armed: bool,
 }
 
 impl LockGuard {
-    /// The guard of the lock of `key` that `token` holds.
-    pub(in crate::cache) fn new(store: &Arc<dyn Store>, key: StoreKey, token: LockToken) -> Self {
+    /// The guard of the lock of `key` that `token` holds, asked for at `asked_at`.
+    pub(in crate::cache) fn new(
+        store: &Arc<dyn Store>,
+        key: StoreKey,
+        token: LockToken,
+        asked_at: Instant,
+    ) -> Self {
         LockGuard {
             store: Arc::clone(store),
             key,
             token,
+            asked_at,
             armed: true,
         }
     }
@@ -56,64 +63,24 @@ pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, to
     }
 }
 
-/// A leader's watchdog: renews its locks every third of `lock_ttl`, from when the leader
-/// starts until it is dropped, whatever the leader is doing meanwhile (reading the tag clock,
-/// loading, filling), so that a leader slow but alive keeps its locks. Its first renewal comes
-/// a third of the way into a lock's life, so a quick leader never renews.
-///
-/// It covers the whole of a leader, not its load alone: on two cores shared by 32 processes
-/// and a Redis Cluster, a leader's clock read and fill each took seconds behind the burst's
-/// other calls, and its lock ran out before its fill (4,603 of 10,000 keys loaded twice).
-pub(in crate::cache) struct Watchdog(Option<tokio::task::JoinHandle<()>>);
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
-        }
-    }
-}
-
 impl Inner {
-    /// The watchdog of the locks of `keys` held under `token` (none without a runtime: then
-    /// the locks live their TTL).
-    pub(in crate::cache) fn watch_locks(&self, keys: Vec<StoreKey>, token: LockToken) -> Watchdog {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Watchdog(None);
-        };
-        let (breaker, store, meter) = (
-            Arc::clone(&self.breaker),
-            Arc::clone(&self.store),
-            self.meter.clone(),
-        );
-        let lock_ttl = self.config.lock_ttl;
-        let period = (lock_ttl / 3).max(Duration::from_millis(1));
-        Watchdog(Some(runtime.spawn(async move {
-            let mut renew =
-                tokio::time::interval_at(crate::sync::later(Instant::now(), period), period);
-            let mut keys = keys;
-            while !keys.is_empty() {
-                renew.tick().await;
-                let mut held = Vec::with_capacity(keys.len());
-                for key in keys {
-                    match breaker.finish(store.extend(&key, token, lock_ttl)).await {
-                        Ok(true) => {
-                            meter.lock(LockEvent::Extended);
-                            debug!(?key, "lock extended");
-                            held.push(key);
-                        }
-                        // Lost, or gone with the fill that raced this renewal: the fill
-                        // tells which (and a lost lock's is refused).
-                        Ok(false) => debug!(?key, "lock no longer held; not renewed"),
-                        Err(error) => {
-                            debug!(?key, %error, "lock extension failed");
-                            held.push(key);
-                        }
-                    }
-                }
-                keys = held;
-            }
-        })))
+    /// The watchdog of the locks of `keys` held under `token`, asked for at `asked_at`: they
+    /// are renewed (see [`renewals`](crate::cache::renewals)) from when the leader starts
+    /// until the watchdog is dropped, whatever the leader is doing meanwhile (reading the tag
+    /// clock, loading, filling), so that a leader slow but alive keeps its locks. A quick
+    /// leader never renews.
+    ///
+    /// It covers the whole of a leader, not its load alone: on two cores shared by 32
+    /// processes and a Redis Cluster, a leader's clock read and fill each took seconds behind
+    /// the burst's other calls, and its lock ran out before its fill (4,603 of 10,000 keys
+    /// loaded twice).
+    pub(in crate::cache) fn watch_locks(
+        &self,
+        keys: Vec<StoreKey>,
+        token: LockToken,
+        asked_at: Instant,
+    ) -> Watchdog {
+        self.renewals.watch(keys, token, asked_at)
     }
 
     /// After a failed load: tells every follower, here and elsewhere (a failure marker,
@@ -172,7 +139,7 @@ mod tests {
     }
 
     fn guard_of(store: &Arc<dyn Store>, key: &StoreKey, token: LockToken) -> LockGuard {
-        LockGuard::new(store, key.clone(), token)
+        LockGuard::new(store, key.clone(), token, Instant::now())
     }
 
     /// A leader torn down mid-load (its flight dropped) leaves the lock to the next flight at

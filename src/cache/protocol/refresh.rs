@@ -63,9 +63,10 @@ impl Inner {
         loop {
             let stamp = self.l1.stamp(&digest);
             let reader = loader.reader();
+            let asked_at = Instant::now();
             let found = match self
                 .look_up(
-                    Instant::now(),
+                    asked_at,
                     &key,
                     token,
                     LockWhen::Early {
@@ -95,6 +96,7 @@ impl Inner {
                         stamp,
                         tagged,
                         speculative: true,
+                        asked_at,
                     };
                     // The leader waits for no fill: its watch (which borrows the key) ends.
                     drop(filled);

@@ -13,8 +13,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use self::state::{Holder, State};
-use super::{millis, LockState, LockToken, LockWhen, Lookup, Notifier, Renewal, StoreKey, Stored};
+use self::state::{Holder, Lock, State};
+use super::{
+    lapsed_kept_for, millis, LockState, LockToken, LockWhen, Lookup, Notifier, Renewal, StoreKey,
+    Stored,
+};
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
 /// (value TTLs, lock TTLs, owner tokens, fenced fills).
@@ -44,6 +47,15 @@ impl Default for MemoryStore {
 
 fn expiry(now: Instant, ttl: Duration) -> Instant {
     now + Duration::from_millis(millis(ttl))
+}
+
+/// A leader's lock taken (or renewed) at `now` for `lock_ttl`, kept past it while lapsed.
+fn leader_lock(token: LockToken, now: Instant, lock_ttl: Duration) -> Lock {
+    Lock {
+        holder: Holder::Leader(token),
+        lapses: expiry(now, lock_ttl),
+        kept: expiry(now, lock_ttl.saturating_add(lapsed_kept_for(lock_ttl))),
+    }
 }
 
 impl MemoryStore {
@@ -124,10 +136,11 @@ impl MemoryStore {
             Some(Holder::Failed) => LockState::Failed,
             // A lock held under the caller's own token is its own: taken again, as on Redis.
             Some(Holder::Leader(held)) if held != token => LockState::HeldElsewhere,
+            // Free, lapsed, or the caller's own.
             Some(Holder::Leader(_)) | None => {
                 state
                     .locks
-                    .insert(key.clone(), (Holder::Leader(token), expiry(now, lock_ttl)));
+                    .insert(key.clone(), leader_lock(token, now, lock_ttl));
                 state.wrote(now);
                 LockState::Acquired
             }
@@ -158,7 +171,7 @@ impl MemoryStore {
     ) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+        if !state.owns(key, token, now) {
             return false;
         }
         write(&mut state, now);
@@ -172,7 +185,7 @@ impl MemoryStore {
     fn renew_now(&self, key: &StoreKey, token: LockToken, ttl: Duration) -> Renewal {
         let now = Instant::now();
         let mut state = self.state();
-        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+        if !state.owns(key, token, now) {
             return Renewal::LockLost;
         }
         match state.values.get_mut(key) {
@@ -190,7 +203,7 @@ impl MemoryStore {
     fn release_now(&self, key: &StoreKey, token: LockToken) -> bool {
         let now = Instant::now();
         let mut state = self.state();
-        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
+        if !state.owns(key, token, now) {
             return false;
         }
         state.locks.remove(key);
@@ -238,16 +251,43 @@ impl MemoryStore {
         true
     }
 
-    fn extend_now(&self, key: &StoreKey, token: LockToken, lock_ttl: Duration) -> bool {
-        self.replace_lock(key, token, Holder::Leader(token), lock_ttl)
+    /// Renews each of `locks` that is its token's, in one step on the state (as one round
+    /// trip on Redis).
+    fn extend_now(&self, locks: &[(StoreKey, LockToken)], lock_ttl: Duration) -> Vec<bool> {
+        let now = Instant::now();
+        let mut state = self.state();
+        locks
+            .iter()
+            .map(|(key, token)| {
+                let owned = state.owns(key, *token, now);
+                if owned {
+                    state
+                        .locks
+                        .insert(key.clone(), leader_lock(*token, now, lock_ttl));
+                }
+                owned
+            })
+            .collect()
     }
 
+    /// If the lock of `key` is `token`'s (held, or lapsed while nobody took it), replaces it
+    /// by the failure marker for `failure_ttl`.
     fn fail_now(&self, key: &StoreKey, token: LockToken, failure_ttl: Duration) -> bool {
-        let replaced = self.replace_lock(key, token, Holder::Failed, failure_ttl);
-        if replaced {
-            self.notifier.notify(key);
+        let now = Instant::now();
+        let mut state = self.state();
+        if !state.owns(key, token, now) {
+            return false;
         }
-        replaced
+        let lapses = expiry(now, failure_ttl);
+        let failed = Lock {
+            holder: Holder::Failed,
+            lapses,
+            kept: lapses,
+        };
+        state.locks.insert(key.clone(), failed);
+        drop(state);
+        self.notifier.notify(key);
+        true
     }
 
     /// Applies a change of `key` that voids its lock, then notifies. `value` says what becomes
@@ -269,23 +309,6 @@ impl MemoryStore {
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);
-    }
-
-    /// If the lock of `key` holds `token`, gives it to `holder` for `ttl`.
-    fn replace_lock(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        holder: Holder,
-        ttl: Duration,
-    ) -> bool {
-        let now = Instant::now();
-        let mut state = self.state();
-        if state.lock_holder(key, now) != Some(Holder::Leader(token)) {
-            return false;
-        }
-        state.locks.insert(key.clone(), (holder, expiry(now, ttl)));
-        true
     }
 }
 

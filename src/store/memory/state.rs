@@ -24,6 +24,16 @@ pub(super) enum Holder {
     Failed,
 }
 
+/// A lock: its holder, until when it holds (after which any lookup may take it), and until
+/// when it is kept, lapsed, for its holder's fill (see
+/// [`lapsed_kept_for`](crate::store::lapsed_kept_for)).
+#[derive(Clone, Copy)]
+pub(super) struct Lock {
+    pub(super) holder: Holder,
+    pub(super) lapses: Instant,
+    pub(super) kept: Instant,
+}
+
 /// The keyspace: values (bounded in bytes, evicted as `allkeys-lru` does), locks and tag
 /// clocks, each with its expiry.
 #[derive(Default)]
@@ -35,7 +45,7 @@ pub(super) struct State {
     /// The bytes the values cost, and the most they may.
     pub(super) bytes: usize,
     pub(super) capacity: usize,
-    pub(super) locks: HashMap<StoreKey, (Holder, Instant)>,
+    pub(super) locks: HashMap<StoreKey, Lock>,
     /// Answers of loads for their waiters only, beside the values (see
     /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)): a few seconds each.
     pub(super) waiters: HashMap<StoreKey, (Bytes, Instant)>,
@@ -129,11 +139,20 @@ impl State {
         }
     }
 
+    /// Who holds the lock of `key` now: a lapsed lock holds no more (a lookup may take it).
     pub(super) fn lock_holder(&self, key: &StoreKey, now: Instant) -> Option<Holder> {
         self.locks
             .get(key)
-            .filter(|(_, expires)| *expires > now)
-            .map(|(holder, _)| *holder)
+            .filter(|lock| lock.lapses > now)
+            .map(|lock| lock.holder)
+    }
+
+    /// Whether the lock of `key` is `token`'s, held or lapsed while nobody took it since, as
+    /// the fenced writes ask.
+    pub(super) fn owns(&self, key: &StoreKey, token: LockToken, now: Instant) -> bool {
+        self.locks
+            .get(key)
+            .is_some_and(|lock| lock.kept > now && lock.holder == Holder::Leader(token))
     }
 
     /// Counts a write and, once there have been as many writes as live entries, drops every
@@ -150,7 +169,7 @@ impl State {
             for key in &expired {
                 self.remove_value(key);
             }
-            self.locks.retain(|_, (_, expires)| *expires > now);
+            self.locks.retain(|_, lock| lock.kept > now);
             self.waiters.retain(|_, (_, expires)| *expires > now);
             self.writes_since_sweep = 0;
         }

@@ -68,11 +68,10 @@ impl Store for MemoryStore {
 
     fn extend(
         &self,
-        key: &StoreKey,
-        token: LockToken,
+        locks: &[(StoreKey, LockToken)],
         lock_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.extend_now(key, token, lock_ttl);
+    ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>> {
+        let result = self.extend_now(locks, lock_ttl);
         Box::pin(async move { Ok(result) })
     }
 

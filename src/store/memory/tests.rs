@@ -115,6 +115,8 @@ async fn a_fill_is_fenced_by_the_token_and_frees_the_lock() {
     assert_eq!(next.lock, LockState::Acquired);
 }
 
+/// A lock that lapsed is its holder's only while nobody takes it, and for ten times its TTL
+/// (see the `Store` trait's "Locks that lapse"): past that, the fill is refused.
 #[tokio::test(start_paused = true)]
 async fn a_leader_whose_lock_expired_cannot_fill() {
     let store = MemoryStore::new();
@@ -123,7 +125,7 @@ async fn a_leader_whose_lock_expired_cannot_fill() {
     let lock_ttl = Duration::from_millis(50);
     let taken = store.lookup(&key, late, lock_ttl, LockWhen::LifeAtMost(Duration::ZERO));
     assert_eq!(taken.await.unwrap().lock, LockState::Acquired);
-    tokio::time::advance(lock_ttl).await;
+    tokio::time::advance(lock_ttl * 11).await;
     assert!(!store.fill(&key, late, "late".into(), SECOND).await.unwrap());
     assert_eq!(store.get(&key).await.unwrap(), None);
 }
@@ -150,17 +152,26 @@ async fn extend_renews_only_its_own_lock() {
     let (owner, intruder) = (LockToken::random(), LockToken::random());
     let taken = store.lookup(&key, owner, SECOND, LockWhen::LifeAtMost(Duration::ZERO));
     assert_eq!(taken.await.unwrap().lock, LockState::Acquired);
-    assert!(!store.extend(&key, intruder, 10 * SECOND).await.unwrap());
+    assert!(
+        !store
+            .extend(&[(key.clone(), intruder)], 10 * SECOND)
+            .await
+            .unwrap()[0]
+    );
     tokio::time::advance(SECOND / 2).await;
-    assert!(store.extend(&key, owner, SECOND).await.unwrap());
+    assert!(store.extend(&[(key.clone(), owner)], SECOND).await.unwrap()[0]);
     // Past the first TTL, within the renewed one.
     tokio::time::advance(SECOND * 3 / 4).await;
     let held = lookup(&store, &key, intruder, Duration::ZERO).await;
     assert_eq!(held.lock, LockState::HeldElsewhere);
     tokio::time::advance(SECOND / 4).await;
-    assert!(!store.extend(&key, owner, SECOND).await.unwrap(), "expired");
+    // Lapsed: the next lookup takes it, and the owner renews it no more.
     let free = lookup(&store, &key, intruder, Duration::ZERO).await;
     assert_eq!(free.lock, LockState::Acquired);
+    assert!(
+        !store.extend(&[(key.clone(), owner)], SECOND).await.unwrap()[0],
+        "taken"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -175,7 +186,12 @@ async fn a_failure_marker_holds_the_lock_until_it_expires() {
     assert_eq!(failed.lock, LockState::Failed);
     // No token opens the marker, the failed leader's included.
     assert!(!store.release(&key, leader).await.unwrap());
-    assert!(!store.extend(&key, leader, SECOND).await.unwrap());
+    assert!(
+        !store
+            .extend(&[(key.clone(), leader)], SECOND)
+            .await
+            .unwrap()[0]
+    );
     assert!(!store.fill(&key, leader, "v".into(), SECOND).await.unwrap());
     tokio::time::advance(SECOND).await;
     let retry = lookup(&store, &key, LockToken::random(), Duration::ZERO).await;
@@ -320,7 +336,7 @@ async fn fills_releases_puts_and_failures_wake_watchers() {
     watch.mark_seen();
     let token = LockToken::random();
     lookup(&store, &key, token, Duration::ZERO).await;
-    assert!(store.extend(&key, token, SECOND).await.unwrap());
+    assert!(store.extend(&[(key.clone(), token)], SECOND).await.unwrap()[0]);
     let woken = tokio::time::timeout(SECOND, watch.changed()).await;
     assert!(woken.is_err(), "no notification, no wake");
 }

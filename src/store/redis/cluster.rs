@@ -101,21 +101,42 @@ impl Cluster {
         script: &Script,
         calls: Vec<Cmd>,
     ) -> RedisResult<()> {
+        let mut result = Ok(());
+        for reply in self.invoke_each(script, calls).await? {
+            keep_first(&mut result, reply.map(drop));
+        }
+        result
+    }
+
+    /// Runs `calls`, `EVALSHA`s of `script` each within one slot, as one pipeline per master,
+    /// all at once (see the [module docs](self)): each call's reply, in order.
+    pub(super) async fn invoke_each(
+        &self,
+        script: &Script,
+        calls: Vec<Cmd>,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         let connection = self.connection()?;
+        let mut replies: Vec<Option<RedisResult<Value>>> = calls.iter().map(|_| None).collect();
         let Some(layout) = self.layout(&connection).await else {
             // No layout to group by: each call on its own, routed by the client.
-            return self.each_alone(script, calls).await;
+            let indexed = calls.into_iter().enumerate().collect();
+            self.each_alone(script, indexed, &mut replies).await;
+            return Ok(replies
+                .into_iter()
+                .map(|reply| reply.unwrap_or_else(|| Err(cancelled())))
+                .collect());
         };
-        let mut masters: Vec<(&str, u16, Vec<Cmd>)> = Vec::new();
-        let mut unplaced = Vec::new();
-        for call in calls {
+        // Each master, a slot of it to route by, and its calls with their indexes.
+        let mut masters: Vec<(&str, u16, Indexed)> = Vec::new();
+        let mut again = Vec::new();
+        for (index, call) in calls.into_iter().enumerate() {
             let slot = slot_of(&call);
             match layout.master_of(slot) {
                 Some(master) => match masters.iter_mut().find(|(m, _, _)| *m == master) {
-                    Some((_, _, group)) => group.push(call),
-                    None => masters.push((master, slot, vec![call])),
+                    Some((_, _, group)) => group.push((index, call)),
+                    None => masters.push((master, slot, vec![(index, call)])),
                 },
-                None => unplaced.push(call),
+                None => again.push((index, call)),
             }
         }
         let mut runs = JoinSet::new();
@@ -123,27 +144,22 @@ impl Cluster {
             let mut connection = connection.clone();
             runs.spawn(async move {
                 let mut pipeline = Pipeline::with_capacity(group.len());
-                for call in &group {
+                for (_, call) in &group {
                     pipeline.add_command(call.clone());
                 }
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
-                let replies = connection
+                let ran = connection
                     .route_pipeline(pipeline, 0, group.len(), route)
                     .await;
-                (group, replies)
+                (group, ran)
             });
         }
-        let mut result = Ok(());
-        let mut again = unplaced;
         while let Some(ran) = runs.join_next().await {
-            let (group, replies) = match ran {
-                Ok(ran) => ran,
-                Err(_) => {
-                    keep_first(&mut result, Err(cancelled()));
-                    continue;
-                }
+            let Ok((group, ran)) = ran else {
+                // The group's calls keep no reply: cancelled.
+                continue;
             };
-            match replies {
+            match ran {
                 // A node that no longer serves some of the slots (redis-rs followed its
                 // `MOVED` with the whole pipeline, to a node that refused the others), or
                 // one that failed: each call again on its own, where its slot now is.
@@ -151,28 +167,35 @@ impl Cluster {
                     self.forget_layout();
                     again.extend(group);
                 }
-                Err(error) => keep_first(&mut result, Err(error)),
-                Ok(replies) => {
-                    for (call, reply) in group.into_iter().zip(replies) {
-                        let Value::ServerError(error) = reply else {
-                            continue;
-                        };
-                        match error.kind() {
-                            Some(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
-                                self.forget_layout();
-                                again.push(call);
-                            }
-                            Some(ServerErrorKind::NoScript) => again.push(call),
-                            _ => keep_first(&mut result, Err(error.into())),
+                Err(error) => {
+                    for (index, _) in group {
+                        replies[index] = Some(Err(error.clone()));
+                    }
+                }
+                Ok(ran) => {
+                    for ((index, call), reply) in group.into_iter().zip(ran) {
+                        match reply {
+                            Value::ServerError(error) => match error.kind() {
+                                Some(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+                                    self.forget_layout();
+                                    again.push((index, call));
+                                }
+                                Some(ServerErrorKind::NoScript) => again.push((index, call)),
+                                _ => replies[index] = Some(Err(error.into())),
+                            },
+                            reply => replies[index] = Some(Ok(reply)),
                         }
                     }
                 }
             }
         }
         if !again.is_empty() {
-            keep_first(&mut result, self.each_alone(script, again).await);
+            self.each_alone(script, again, &mut replies).await;
         }
-        result
+        Ok(replies
+            .into_iter()
+            .map(|reply| reply.unwrap_or_else(|| Err(cancelled())))
+            .collect())
     }
 
     /// The replies to the lookups of `keys` (three commands each, put in a pipeline by
@@ -250,19 +273,37 @@ impl Cluster {
     }
 
     /// Runs each call on its own, all at once, following `MOVED` and `ASK` and loading the
-    /// script on `NOSCRIPT`. The first error, if any.
-    async fn each_alone(&self, script: &Script, calls: Vec<Cmd>) -> RedisResult<()> {
-        let connection = self.connection()?;
+    /// script on `NOSCRIPT`: each reply in `replies`, at the call's index.
+    async fn each_alone(
+        &self,
+        script: &Script,
+        calls: Indexed,
+        replies: &mut [Option<RedisResult<Value>>],
+    ) {
+        let connection = match self.connection() {
+            Ok(connection) => connection,
+            Err(error) => {
+                for (index, _) in calls {
+                    replies[index] = Some(Err(error.clone()));
+                }
+                return;
+            }
+        };
         let mut runs = JoinSet::new();
-        for call in calls {
+        for (index, call) in calls {
             let (script, mut connection) = (script.clone(), connection.clone());
-            runs.spawn(async move { evalsha::<()>(&script, &call, &mut connection).await });
+            runs.spawn(async move {
+                (
+                    index,
+                    evalsha::<Value>(&script, &call, &mut connection).await,
+                )
+            });
         }
-        let mut result = Ok(());
         while let Some(ran) = runs.join_next().await {
-            keep_first(&mut result, ran.unwrap_or_else(|_| Err(cancelled())));
+            if let Ok((index, reply)) = ran {
+                replies[index] = Some(reply);
+            }
         }
-        result
     }
 
     /// The layout last read, or a new one read from a master; none if it cannot be read.
@@ -292,6 +333,9 @@ impl Cluster {
         *self.layout.lock().unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
+
+/// Calls, each with its index among the calls of one `invoke_each`.
+type Indexed = Vec<(usize, Cmd)>;
 
 /// The slot of an `EVALSHA` call: its first key's (the fourth argument).
 fn slot_of(call: &Cmd) -> u16 {

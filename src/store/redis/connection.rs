@@ -104,6 +104,24 @@ impl Connection {
         }
     }
 
+    /// Runs `calls`, each an `EVALSHA` of `script` whose keys share one slot, pipelined as
+    /// [`invoke_pipelined`](Self::invoke_pipelined) runs them: each call's reply, in order.
+    pub(super) async fn invoke_each(
+        &self,
+        script: &Script,
+        calls: Vec<Cmd>,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
+        match self {
+            Connection::Server(link) => {
+                let answer = each_pipelined(script, &calls, &mut link.manager()?).await;
+                link.saw(&answer);
+                answer
+            }
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(cluster) => cluster.invoke_each(script, calls).await,
+        }
+    }
+
     /// Runs one plain command.
     pub(super) async fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
         match self {
@@ -208,6 +226,33 @@ async fn pipelined(
         }
         answer => answer,
     }
+}
+
+/// `calls` (`EVALSHA`s of `script`) in one pipeline, loading the script on `NOSCRIPT`: each
+/// call's reply (a server's error reply is that call's error).
+async fn each_pipelined(
+    script: &Script,
+    calls: &[Cmd],
+    connection: &mut impl ConnectionLike,
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    let mut pipeline = Pipeline::with_capacity(calls.len());
+    for call in calls {
+        pipeline.add_command(call.clone());
+    }
+    pipeline.ignore_errors();
+    let mut replies: Vec<Value> = pipeline.query_async(connection).await?;
+    let no_script = |reply: &Value| matches!(reply, Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript));
+    if replies.iter().any(no_script) {
+        script.load_async(connection).await?;
+        replies = pipeline.query_async(connection).await?;
+    }
+    Ok(replies
+        .into_iter()
+        .map(|reply| match reply {
+            Value::ServerError(error) => Err(error.into()),
+            reply => Ok(reply),
+        })
+        .collect())
 }
 
 impl RedisStore {

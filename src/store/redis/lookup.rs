@@ -9,12 +9,14 @@ use redis::{Cmd, Pipeline, RedisResult};
 use tracing::{debug, warn};
 
 use super::names::KeyName;
-use super::scripts::{command, is_lock, lock_value, script_call, LockValue, LOOKUP, REPAIR};
+use super::scripts::{
+    command, is_lock, lock_value, may_lapse, script_call, LockValue, LOOKUP, REPAIR,
+};
 use super::store::stored;
 use super::RedisStore;
 use crate::store::{
-    millis, BoxFuture, LockState, LockToken, LockWhen, Lookup, StoreError, StoreErrorKind,
-    StoreKey, Stored,
+    lapsed_kept_for, millis, BoxFuture, LockState, LockToken, LockWhen, Lookup, StoreError,
+    StoreErrorKind, StoreKey, Stored,
 };
 
 impl RedisStore {
@@ -73,17 +75,55 @@ impl RedisStore {
                 .await
                 .map_err(|error| self.error(error))?;
             let mut found = Vec::with_capacity(keys.len());
-            for (key, replies) in keys.iter().zip(replies) {
-                found.push(self.lookup_answer(&plan, key, replies).await?);
+            let (mut scripted, mut repairs) = (Vec::new(), Vec::new());
+            for (index, (key, replies)) in keys.iter().zip(replies).enumerate() {
+                found.push(match self.decide(&plan, key, replies)? {
+                    Decided::Found(lookup) => Some(lookup),
+                    Decided::Repair(lookup) => {
+                        repairs.push(plan.repair(key));
+                        Some(lookup)
+                    }
+                    Decided::ByScript => {
+                        scripted.push(index);
+                        None
+                    }
+                });
             }
-            Ok(found)
+            if !repairs.is_empty() {
+                // As a single lookup's repair: one that fails costs the marker alone.
+                if let Err(error) = self.connection.invoke_pipelined(&REPAIR, repairs).await {
+                    debug!(%error, "could not put the fresh markers back; answering the hits");
+                }
+            }
+            if !scripted.is_empty() {
+                // The keys the replies could not decide, by the script: one more round trip
+                // for all of them.
+                let calls = scripted.iter().map(|index| plan.script(&keys[*index]));
+                let replies = self
+                    .connection
+                    .invoke_each(&LOOKUP, calls.collect())
+                    .await
+                    .map_err(|error| self.error(error))?;
+                for (index, reply) in scripted.into_iter().zip(replies) {
+                    let reply = reply.and_then(|reply| Ok(redis::from_redis_value(reply)?));
+                    found[index] = Some(self.scripted(reply.map_err(|e| self.error(e))?)?);
+                }
+            }
+            found
+                .into_iter()
+                .map(|lookup| lookup.ok_or_else(|| StoreError::new("a batch lookup lost a key")))
+                .collect()
         })
     }
 
     /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`
     /// marker, and for servers before Redis 7.0.
     pub(super) async fn lookup_by_script(&self, call: Cmd) -> Result<Lookup, StoreError> {
-        let (value, pttl, state): (Vec<u8>, i64, i64) = self.run(&LOOKUP, &call).await?;
+        self.scripted(self.run(&LOOKUP, &call).await?)
+    }
+
+    /// What the lookup script's reply `{value, pttl, state}` says.
+    fn scripted(&self, (value, pttl, state): (Vec<u8>, i64, i64)) -> Result<Lookup, StoreError> {
         let lock = match state {
             0 => LockState::NotRequested,
             1 => LockState::Acquired,
@@ -127,6 +167,7 @@ struct LookupPlan {
     below: u64,
     /// The lock value: the token, and what the fill measures the `fresh` marker from.
     lock: LockValue,
+    /// How long the lock key lives: the lock's TTL, and the time it is kept lapsed after.
     lock_ms: u64,
     /// Whether the lookup goes to the script whatever the server (`LockWhen::Always`).
     by_script: bool,
@@ -145,10 +186,13 @@ impl LookupPlan {
             LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
             LockWhen::Always => (u64::MAX, u64::MAX, true),
         };
+        // The lock key lives the lock's TTL, then the time it is kept lapsed (see the
+        // `Store` trait's "Locks that lapse").
+        let kept = millis(lapsed_kept_for(lock_ttl));
         LookupPlan {
             below,
-            lock: lock_value(token, fresh_above),
-            lock_ms: millis(lock_ttl),
+            lock: lock_value(token, fresh_above, kept),
+            lock_ms: millis(lock_ttl).saturating_add(kept),
             by_script,
         }
     }
@@ -158,6 +202,14 @@ impl LookupPlan {
         let mut call = script_call(&LOOKUP, &KeyName::value_and_lock(key));
         call.arg(&self.lock[..]).arg(self.lock_ms).arg(self.below);
         call
+    }
+
+    /// The `REPAIR` call that puts the `fresh` marker back in place of the lock this lookup
+    /// took of a fresh value of `key`.
+    fn repair(&self, key: &StoreKey) -> Cmd {
+        let mut repair = script_call(&REPAIR, &KeyName::value_and_lock(key));
+        repair.arg(&self.lock[..32]);
+        repair
     }
 
     /// The three plain commands of a lookup of `key`: the lock is taken only where no
@@ -176,6 +228,17 @@ impl LookupPlan {
     }
 }
 
+/// What the replies to a lookup's three commands decide.
+enum Decided {
+    /// The lookup's answer.
+    Found(Lookup),
+    /// The answer, once the `fresh` marker is put back ([`LookupPlan::repair`]): the lookup
+    /// took the lock of a fresh value whose marker was gone.
+    Repair(Lookup),
+    /// The replies cannot decide: the lookup script does (one more round trip).
+    ByScript,
+}
+
 impl RedisStore {
     /// What a lookup of `key` found, from the replies to its three commands; the rare cases
     /// go to the script (one more round trip).
@@ -183,15 +246,37 @@ impl RedisStore {
         &self,
         plan: &LookupPlan,
         key: &StoreKey,
-        (held, value, pttl): LookupReplies,
+        replies: LookupReplies,
     ) -> Result<Lookup, StoreError> {
+        match self.decide(plan, key, replies)? {
+            Decided::Found(lookup) => Ok(lookup),
+            Decided::Repair(lookup) => {
+                // A repair that fails costs nothing but the marker (the lock of a fresh
+                // value turns nobody away): the value in hand is still the answer.
+                let repaired: Result<i64, StoreError> = self.run(&REPAIR, &plan.repair(key)).await;
+                if let Err(error) = repaired {
+                    debug!(%error, "could not put the fresh marker back; answering the hit");
+                }
+                Ok(lookup)
+            }
+            Decided::ByScript => self.lookup_by_script(plan.script(key)).await,
+        }
+    }
+
+    /// What the replies to a lookup's three commands decide.
+    fn decide(
+        &self,
+        plan: &LookupPlan,
+        key: &StoreKey,
+        (held, value, pttl): LookupReplies,
+    ) -> Result<Decided, StoreError> {
         let below = plan.below;
         let held = match held {
             Ok(held) => held,
             Err(error) if self.pipeline_refused(&error) => {
                 // A server before Redis 7.0, or a lock key of a foreign type: the script
                 // decides (and counts a foreign lock key as free).
-                return self.lookup_by_script(plan.script(key)).await;
+                return Ok(Decided::ByScript);
             }
             Err(error) if error.code() == Some("OOM") => {
                 // A full server under `noeviction` refuses the `SET` even where it would
@@ -199,10 +284,10 @@ impl RedisStore {
                 // hit; only a miss needs the lock, and that is a store error.
                 let value = self.read(value, pttl)?;
                 if is_fresh(value.as_ref(), below) {
-                    return Ok(Lookup {
+                    return Ok(Decided::Found(Lookup {
                         value,
                         lock: LockState::NotRequested,
-                    });
+                    }));
                 }
                 return Err(self.error(error));
             }
@@ -216,39 +301,39 @@ impl RedisStore {
                 // We took the lock of a fresh value whose marker is gone (a failure marker
                 // expired, or the value was written by a put): put the marker back before
                 // answering, so that this flight's next lookup finds no lock of its own.
-                // A repair that fails costs nothing but the marker (the lock of a fresh
-                // value turns nobody away): the value in hand is still the answer.
                 // No notification: the value did not change, and every process's L1
                 // may keep it (issue 16 #5: under `volatile-ttl` markers go first).
-                let mut repair = script_call(&REPAIR, &KeyName::value_and_lock(key));
-                repair.arg(&plan.lock[..32]);
-                let repaired: Result<i64, StoreError> = self.run(&REPAIR, &repair).await;
-                if let Err(error) = repaired {
-                    debug!(%error, "could not put the fresh marker back; answering the hit");
-                }
-                LockState::NotRequested
+                return Ok(Decided::Repair(Lookup {
+                    value,
+                    lock: LockState::NotRequested,
+                }));
             }
             _ if fresh => LockState::NotRequested,
             None => LockState::Acquired,
             Some(b"fresh") => {
                 // The value is gone or stale but its marker still stands (the value was
                 // evicted, or this lookup wants to refresh early): the script decides.
-                return self.lookup_by_script(plan.script(key)).await;
+                return Ok(Decided::ByScript);
             }
             Some(b"failed") => LockState::Failed,
             Some(held) if held.starts_with(&plan.lock[..33]) => {
                 // Our own lock (this caller asks again): the script takes it again,
                 // renewing its TTL, as `MemoryStore` does.
-                return self.lookup_by_script(plan.script(key)).await;
+                return Ok(Decided::ByScript);
+            }
+            Some(held) if is_lock(held) && may_lapse(held) => {
+                // Another leader's lock, which may have lapsed: the script weighs its
+                // remaining life, and takes it if it did.
+                return Ok(Decided::ByScript);
             }
             Some(held) if is_lock(held) => LockState::HeldElsewhere,
             Some(_) => {
                 // Bytes this crate never wrote: no lock to wait for. The script takes the
                 // lock in their place (one more round trip).
                 warn!(key = ?key, "a lock key holds bytes that are no lock; replacing them");
-                return self.lookup_by_script(plan.script(key)).await;
+                return Ok(Decided::ByScript);
             }
         };
-        Ok(Lookup { value, lock })
+        Ok(Decided::Found(Lookup { value, lock }))
     }
 }

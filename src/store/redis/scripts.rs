@@ -15,7 +15,8 @@ use crate::store::{LockToken, StoreKey};
 /// stop it: this script also serves the lookups that take the lock before the value is stale).
 /// A value of a foreign type (`WRONGTYPE`) counts as absent, so the fill overwrites it, and a
 /// lock key of a foreign type, or holding a string that is no lock (see [`is_lock`]), counts
-/// as free. A lock that already holds our token (the first 33 bytes of `ARGV[1]`) is ours,
+/// as free; so does a lock that lapsed (its remaining life is within the time it is kept
+/// lapsed, its third field: see [`lock_value`]). A lock that already holds our token (the first 33 bytes of `ARGV[1]`) is ours,
 /// taken again (its bound and TTL renewed): the pipelined lookup took it before a `GET` of a
 /// foreign type failed, or the caller asks again. Reply:
 /// `{value, pttl, state}` with `pttl = -2` when absent and state 0 = not requested,
@@ -34,8 +35,10 @@ else
 end
 local l = redis.pcall('GET', KEYS[2])
 if l == 'failed' then return {v, ttl, 3} end
+local kept = type(l) == 'string' and tonumber(string.match(l, '^%x+:%d+:(%d+)'))
 if type(l) ~= 'string' or l == 'fresh' or string.sub(l, 1, 33) == string.sub(ARGV[1], 1, 33)
-    or not string.match(l, '^' .. string.rep('%x', 32) .. ':') then
+    or not string.match(l, '^' .. string.rep('%x', 32) .. ':')
+    or (kept and redis.call('PTTL', KEYS[2]) <= kept) then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {v, ttl, 1}
 end
@@ -57,7 +60,7 @@ local function owns(lock)
   return l and string.sub(l, 1, 33) == ARGV[1] .. ':', l
 end
 local function unlock(lock, l, life)
-  local fresh = life - (tonumber(string.sub(l, 34)) or math.huge)
+  local fresh = life - (tonumber(string.match(l, '^%x+:(%d+)')) or math.huge)
   if fresh >= 1 then
     redis.call('SET', lock, 'fresh', 'PX', fresh)
   else
@@ -347,13 +350,20 @@ return 1
     )
 });
 
-/// Compare-and-PEXPIRE of the lock.
+/// Compare-and-renew of the lock (held, or lapsed while nobody took it): its key lives
+/// `ARGV[2]` ms more (its hold, then the time it is kept lapsed), and its third field says
+/// that it is kept `ARGV[3]` ms lapsed (see [`lock_value`]), as a lock taken now would.
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         "{LOCK_FUNCTIONS}{}",
         r"
-if not owns(KEYS[1]) then return 0 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local held, l = owns(KEYS[1])
+if not held then return 0 end
+local head, rest = string.match(l, '^(%x+:%d+)(.*)$')
+if not head then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+local tail = string.match(rest, '^:%d+(.*)$') or rest
+redis.call('SET', KEYS[1], head .. ':' .. ARGV[3] .. tail, 'PX', ARGV[2])
+return 1
 "
     ))
 });
@@ -399,20 +409,38 @@ pub(super) fn is_lock(value: &[u8]) -> bool {
 }
 
 /// A leader's lock value: its token, then the remaining life (ms) below which the value it
-/// loads counts as stale, so the fill knows how long the value stays fresh.
-pub(super) fn lock_value(token: LockToken, refresh_below: u64) -> LockValue {
-    let mut below = itoa::Buffer::new();
-    let digits = below.format(refresh_below).as_bytes();
-    let len = 33 + digits.len();
+/// loads counts as stale, so the fill knows how long the value stays fresh, then how long
+/// (ms) the lock key is kept after the lock lapsed: the key lives the lock's TTL and this, and
+/// the lock holds while more than this is left (see the `Store` trait's "Locks that lapse").
+pub(super) fn lock_value(token: LockToken, refresh_below: u64, kept: u64) -> LockValue {
     let mut bytes = [0; LOCK_VALUE_MAX];
     bytes[..32].copy_from_slice(&token.hex_bytes());
-    bytes[32] = b':';
-    bytes[33..len].copy_from_slice(digits);
+    let mut len = 32;
+    for field in [refresh_below, kept] {
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(field).as_bytes();
+        bytes[len] = b':';
+        bytes[len + 1..len + 1 + digits.len()].copy_from_slice(digits);
+        len += 1 + digits.len();
+    }
     LockValue { bytes, len }
 }
 
-/// The longest lock value: 32 hex digits, `:`, and the 20 digits of the largest `u64`.
-const LOCK_VALUE_MAX: usize = 33 + 20;
+/// Whether a leader's lock value (see [`is_lock`]) may have lapsed: it says how long it is
+/// kept after it lapses (a lock of this release), which only the server's clock can weigh
+/// against its remaining life. An older release's lock holds until it expires.
+pub(super) fn may_lapse(lock: &[u8]) -> bool {
+    let mut fields = lock.split(|byte| *byte == b':').skip(1);
+    let (Some(below), Some(kept)) = (fields.next(), fields.next()) else {
+        return false;
+    };
+    let digits = |field: &[u8]| !field.is_empty() && field.iter().all(u8::is_ascii_digit);
+    digits(below) && digits(kept)
+}
+
+/// The longest lock value: 32 hex digits, then twice `:` and the 20 digits of the largest
+/// `u64`.
+const LOCK_VALUE_MAX: usize = 32 + 2 * 21;
 
 /// A lock value ([`lock_value`]), held on the stack: one allocation less per lookup.
 pub(super) struct LockValue {
@@ -435,10 +463,10 @@ mod tests {
     #[test]
     fn what_reads_as_a_lock() {
         let token = LockToken::random();
-        assert!(is_lock(&lock_value(token, 0)));
-        assert!(is_lock(&lock_value(token, u64::MAX)));
+        assert!(is_lock(&lock_value(token, 0, 0)));
+        assert!(is_lock(&lock_value(token, u64::MAX, u64::MAX)));
         // A later release may append fields: still a lock.
-        assert!(is_lock(&[&lock_value(token, 5)[..], b":more"].concat()));
+        assert!(is_lock(&[&lock_value(token, 5, 7)[..], b":more"].concat()));
         for foreign in [
             &b""[..],
             b"fresh",
@@ -449,5 +477,22 @@ mod tests {
         ] {
             assert!(!is_lock(foreign), "{foreign:?}");
         }
+    }
+
+    #[test]
+    fn a_lock_of_this_release_says_how_long_it_is_kept_lapsed() {
+        let token = LockToken::random();
+        let lock = lock_value(token, 250, 5_000);
+        assert_eq!(
+            &lock[32..],
+            b":250:5000",
+            "{:?}",
+            String::from_utf8_lossy(&lock)
+        );
+        assert!(may_lapse(&lock));
+        assert!(may_lapse(&lock_value(token, u64::MAX, u64::MAX)));
+        // An older release's lock: token and bound only.
+        let older = [&token.hex_bytes()[..], b":250"].concat();
+        assert!(is_lock(&older) && !may_lapse(&older));
     }
 }

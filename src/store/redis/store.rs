@@ -17,8 +17,8 @@ use super::scripts::{
 };
 use super::RedisStore;
 use crate::store::{
-    load_start, millis, BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier,
-    Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
+    lapsed_kept_for, load_start, millis, BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen,
+    Lookup, Notifier, Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
 };
 
 impl RedisStore {
@@ -247,13 +247,36 @@ impl Store for RedisStore {
 
     fn extend(
         &self,
-        key: &StoreKey,
-        token: LockToken,
+        locks: &[(StoreKey, LockToken)],
         lock_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&EXTEND, &[KeyName::lock(key)]);
-        call.arg(&token.hex_bytes()[..]).arg(millis(lock_ttl));
-        Box::pin(self.run_fenced(&EXTEND, call))
+    ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>> {
+        // The lock key lives the lock's TTL, then the time it is kept lapsed.
+        let kept = millis(lapsed_kept_for(lock_ttl));
+        let lives = millis(lock_ttl).saturating_add(kept);
+        let calls = locks
+            .iter()
+            .map(|(key, token)| {
+                let mut call = script_call(&EXTEND, &[KeyName::lock(key)]);
+                call.arg(&token.hex_bytes()[..]).arg(lives).arg(kept);
+                call
+            })
+            .collect();
+        Box::pin(async move {
+            // One pipeline (on a cluster, one per master): one round trip for every lock.
+            let replies = self
+                .connection
+                .invoke_each(&EXTEND, calls)
+                .await
+                .map_err(|error| self.error(error))?;
+            replies
+                .into_iter()
+                .map(|reply| {
+                    let done: i64 = redis::from_redis_value(reply.map_err(|e| self.error(e))?)
+                        .map_err(|e| self.error(e.into()))?;
+                    Ok(done == 1)
+                })
+                .collect()
+        })
     }
 
     fn put(

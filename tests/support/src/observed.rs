@@ -22,6 +22,9 @@ pub struct Observed {
     lookup_delay: Duration,
     /// How long a fill takes to reach the store.
     fill_delay: Duration,
+    /// How long a renewal (`Store::extend`) takes to reach the store.
+    extend_delay: Duration,
+    extends: std::sync::atomic::AtomicUsize,
     fills_fail: bool,
     /// Sends no notifications (as a third-party store without them).
     deaf: bool,
@@ -92,12 +95,24 @@ impl Observed {
         observed
     }
 
+    /// A store whose lock renewals (`Store::extend`) reach it `delay` late, each call (a
+    /// slow network, a busy process), its other calls going through at once.
+    pub fn slow_renewals(inner: &Arc<dyn Store>, delay: Duration) -> Arc<Self> {
+        let mut observed = Observed::built(inner, Duration::ZERO, false);
+        Arc::get_mut(&mut observed)
+            .expect("not shared yet")
+            .extend_delay = delay;
+        observed
+    }
+
     fn built(inner: &Arc<dyn Store>, lookup_delay: Duration, fills_fail: bool) -> Arc<Self> {
         Arc::new(Observed {
             inner: Arc::clone(inner),
             lookups: Default::default(),
             lookup_delay,
             fill_delay: Duration::ZERO,
+            extend_delay: Duration::ZERO,
+            extends: Default::default(),
             fills_fail,
             deaf: false,
             hanging: Default::default(),
@@ -144,6 +159,11 @@ impl Observed {
 
     fn count(&self) {
         self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The lock renewal calls (`Store::extend`, however many locks each) asked of it so far.
+    pub fn extends(&self) -> usize {
+        self.extends.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The fills asked of it so far (failed ones included).
@@ -293,14 +313,20 @@ impl Store for Observed {
         self.inner.calls_at_once()
     }
 
+    /// One call, however many locks (one round trip on Redis), `extend_delay` late.
     fn extend(
         &self,
-        key: &StoreKey,
-        token: LockToken,
+        locks: &[(StoreKey, LockToken)],
         lock_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+    ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>> {
         self.count();
-        self.inner.extend(key, token, lock_ttl)
+        self.extends
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let locks = locks.to_vec();
+        Box::pin(async move {
+            tokio::time::sleep(self.extend_delay).await;
+            self.inner.extend(&locks, lock_ttl).await
+        })
     }
 
     fn put(
