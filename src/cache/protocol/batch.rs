@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use bytes::Bytes;
 use tokio::task::JoinHandle;
@@ -268,7 +267,7 @@ impl Inner {
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         // Read before the load, for the values' generation: a clear after it outdates them.
         let clock = self.clock_for_load(false).await;
-        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let (started, started_at) = (Instant::now(), crate::clock::now());
         let loaded = self.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
         let mut values = match loaded {

@@ -220,7 +220,7 @@ impl Inner {
         let _watchdog = self.watch_locks(vec![guard.key.clone()], token, seen.asked_at);
         let stamp = seen.stamp;
         let clock = self.clock_for_load(seen.tagged).await;
-        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let (started, started_at) = (Instant::now(), crate::clock::now());
         let previous = self.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
         let soft = self.leader_soft_timeout(loader.soft_timeout(), stale.as_ref(), early, posted);

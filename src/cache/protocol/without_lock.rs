@@ -3,8 +3,6 @@
 //! load per key in this process). A leader's tag check applies to them as far as the store
 //! answers.
 
-use std::time::SystemTime;
-
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -77,7 +75,7 @@ impl Inner {
         flight: &FlightPosts,
     ) -> FlightResult {
         let clock = self.tag_clock().await;
-        let (started, started_at) = (Instant::now(), SystemTime::now());
+        let (started, started_at) = (Instant::now(), crate::clock::now());
         let loaded = self.load(loader, None).await?;
         let life = loaded.life();
         let bytes = match loaded.kind {
