@@ -14,7 +14,7 @@ use crate::cache::{BoxError, Error, ErrorKind};
 /// - [`IntoError`] (the default), for an error type that is `From<tower_stampede::Error>`
 ///   and `Into<BoxError>`, as `BoxError` is: every call of a failed load gets
 ///   `E::from(error)`, an [`Error`] of kind [`Load`](ErrorKind::Load) whose
-///   [`source`](StdError::source) is the inner service's error.
+///   [`get_ref`](Error::get_ref) (its cause) is the inner service's error.
 /// - Any `Fn(tower_stampede::Error) -> E` where `E: Clone` (a `tonic::Status`, an enum of
 ///   your own): every call of a failed load gets a clone of the inner service's error, and
 ///   the function makes an `E` of the cache's own errors.
@@ -55,9 +55,9 @@ where
 
     fn map_error(&self, error: Error) -> E {
         let shared = (error.kind() == ErrorKind::Load)
-            .then(|| StdError::source(&error))
+            .then(|| error.get_ref())
             .flatten()
-            .and_then(|source| source.downcast_ref::<Shared<E>>());
+            .and_then(|cause| cause.downcast_ref::<Shared<E>>());
         match shared {
             Some(Shared(inner)) => inner.clone(),
             None => self(error),
@@ -66,7 +66,7 @@ where
 }
 
 /// An error of the inner service, as a failed load hands it to the engine: the calls that
-/// shared the load (in this process) find it in their [`Error`]'s source and clone it.
+/// shared the load (in this process) find it as their [`Error`]'s cause ([`Error::get_ref`]) and clone it.
 struct Shared<E>(E);
 
 impl<E> fmt::Debug for Shared<E> {
