@@ -5,7 +5,7 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], [`timed_test!`], waiting helpers |
+//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], the test macros, waiting helpers |
 //! | `http.rs` | requests sent through an app in process, answers read to the end |
 //! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
@@ -56,6 +56,9 @@ macro_rules! timed_test {
 /// over a real `redis-server` of its own, each a test of its own, so that a failure names its
 /// store. Both run on real time in a two-thread runtime; a test of a timing rule is a
 /// [`timed_test!`] instead, on paused time where the store allows.
+///
+/// `store_test!(name, current_thread)` runs the same on tokio's default one-thread runtime
+/// (`#[tokio::test]`), for a test written for one thread.
 #[macro_export]
 macro_rules! store_test {
     ($name:ident) => {
@@ -67,6 +70,20 @@ macro_rules! store_test {
 
             #[cfg(feature = "redis")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+    ($name:ident, current_thread) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name($crate::Shared::memory()).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
             async fn redis() {
                 super::$name($crate::Shared::redis().await).await;
             }
