@@ -59,6 +59,11 @@ macro_rules! timed_test {
 ///
 /// `store_test!(name, current_thread)` runs the same on tokio's default one-thread runtime
 /// (`#[tokio::test]`), for a test written for one thread.
+///
+/// `store_test!(name, block_on)` runs `fn name(runtime: &Runtime, shared: Shared)`, a plain
+/// `#[test]` given a one-thread runtime of its own (the store made on it), for a test that
+/// wraps its own `runtime.block_on` calls in something of its thread: a thread-local metrics
+/// recorder, which then sees every task of the run.
 #[macro_export]
 macro_rules! store_test {
     ($name:ident) => {
@@ -86,6 +91,31 @@ macro_rules! store_test {
             #[tokio::test]
             async fn redis() {
                 super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+    ($name:ident, block_on) => {
+        mod $name {
+            fn runtime() -> tokio::runtime::Runtime {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            }
+
+            #[test]
+            fn memory() {
+                let runtime = runtime();
+                let shared = runtime.block_on(async { $crate::Shared::memory() });
+                super::$name(&runtime, shared);
+            }
+
+            #[cfg(feature = "redis")]
+            #[test]
+            fn redis() {
+                let runtime = runtime();
+                let shared = runtime.block_on($crate::Shared::redis());
+                super::$name(&runtime, shared);
             }
         }
     };
