@@ -24,7 +24,7 @@ use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use support::http::{send, Answer};
-use support::{wait_until, Counter, Shared};
+use support::{store_test, wait_until, Counter, Shared};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 use tower_stampede::StampedeLayer;
@@ -115,70 +115,68 @@ fn bodies(answers: &[Answer]) -> BTreeMap<String, usize> {
     seen
 }
 
+store_test!(an_uncached_shareable_response_goes_to_the_requests_that_waited_for_it);
 /// A handler without `Cache-Control`, `Expires` or a default TTL: RFC 9111 §4.2.2 lets a cache
 /// give it heuristic freshness, and the layer stores none; the requests that waited for its
 /// load get it (`fwd=uri-miss; fwd-status=200; collapsed`), in either process, and it is not
 /// stored: a later request, and a later stampede, load once again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncached_shareable_response_goes_to_the_requests_that_waited_for_it() {
+async fn an_uncached_shareable_response_goes_to_the_requests_that_waited_for_it(shared: Shared) {
     const REQUESTS: usize = 40;
-    for shared in Shared::both().await {
-        let origin = Origin::default();
-        let handler = {
-            let origin = origin.clone();
-            move || async move { format!("page #{}", origin.load().await) }
-        };
-        let apps = [
-            app(&shared, handler.clone(), |l| l),
-            app(&shared, handler, |l| l),
-        ];
-        let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/bare", |_| vec![]).await;
-        let seen = bodies(&answers);
-        let first = seen.get("page #1").copied().unwrap_or(0);
-        assert!(
-            first > REQUESTS / 2,
-            "{}: {first} of {REQUESTS} got the first load ({seen:?})",
-            shared.name
-        );
-        for answer in &answers {
-            assert_eq!(answer.status, StatusCode::OK, "{}", shared.name);
-            let status = answer.headers["cache-status"].to_str().unwrap();
-            assert!(!status.contains("stored"), "{}: {status}", shared.name);
-            if answer.body() == "page #1" && answer.x_cache() != "BYPASS" {
-                assert_eq!(
-                    status, "tower-stampede; fwd=uri-miss; fwd-status=200; collapsed",
-                    "{}",
-                    shared.name
-                );
-            }
-        }
-        assert!(
-            origin.loads.get() < REQUESTS / 4,
-            "{}: {} origin loads for {REQUESTS}",
-            shared.name,
-            origin.loads.get()
-        );
-        // Not stored: a request after the load loads again, in either process.
-        for app in &apps {
-            let before = origin.loads.get();
-            let answer = send(app, "GET", "http://app.test/bare", &[]).await;
+    let origin = Origin::default();
+    let handler = {
+        let origin = origin.clone();
+        move || async move { format!("page #{}", origin.load().await) }
+    };
+    let apps = [
+        app(&shared, handler.clone(), |l| l),
+        app(&shared, handler, |l| l),
+    ];
+    let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/bare", |_| vec![]).await;
+    let seen = bodies(&answers);
+    let first = seen.get("page #1").copied().unwrap_or(0);
+    assert!(
+        first > REQUESTS / 2,
+        "{}: {first} of {REQUESTS} got the first load ({seen:?})",
+        shared.name
+    );
+    for answer in &answers {
+        assert_eq!(answer.status, StatusCode::OK, "{}", shared.name);
+        let status = answer.headers["cache-status"].to_str().unwrap();
+        assert!(!status.contains("stored"), "{}: {status}", shared.name);
+        if answer.body() == "page #1" && answer.x_cache() != "BYPASS" {
             assert_eq!(
-                answer.body(),
-                format!("page #{}", before + 1),
+                status, "tower-stampede; fwd=uri-miss; fwd-status=200; collapsed",
                 "{}",
                 shared.name
             );
-            assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
         }
+    }
+    assert!(
+        origin.loads.get() < REQUESTS / 4,
+        "{}: {} origin loads for {REQUESTS}",
+        shared.name,
+        origin.loads.get()
+    );
+    // Not stored: a request after the load loads again, in either process.
+    for app in &apps {
+        let before = origin.loads.get();
+        let answer = send(app, "GET", "http://app.test/bare", &[]).await;
+        assert_eq!(
+            answer.body(),
+            format!("page #{}", before + 1),
+            "{}",
+            shared.name
+        );
+        assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
     }
 }
 
+store_test!(a_response_that_may_not_be_shared_goes_only_to_its_own_request);
 /// What may not go to another user still goes only to its own request, while others wait for
 /// its load: `private`, `no-store`, `no-cache` (without a validator, so not stored), a
 /// `Set-Cookie`, `Vary: *`, and a freshness of 0 (stale at once: RFC 9111 §4.2 forbids using
 /// it without validation). Every request gets the body of its own load.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_response_that_may_not_be_shared_goes_only_to_its_own_request() {
+async fn a_response_that_may_not_be_shared_goes_only_to_its_own_request(shared: Shared) {
     const REQUESTS: usize = 8;
     let cases: [(&str, &str); 6] = [
         ("cache-control", "private"),
@@ -188,146 +186,139 @@ async fn a_response_that_may_not_be_shared_goes_only_to_its_own_request() {
         ("vary", "*"),
         ("cache-control", "max-age=0"),
     ];
-    for shared in Shared::both().await {
-        for (name, value) in cases {
-            let origin = Origin::default();
-            let handler = {
-                let origin = origin.clone();
-                move || async move {
-                    let n = origin.load().await;
-                    ([(name, value)], format!("page #{n}"))
-                }
-            };
-            let apps = [
-                app(&shared, handler.clone(), |l| l),
-                app(&shared, handler, |l| l),
-            ];
-            let answers =
-                stampede(&origin, &apps, REQUESTS, "http://app.test/own", |_| vec![]).await;
-            let seen = bodies(&answers);
-            assert_eq!(
-                seen.len(),
-                REQUESTS,
-                "{}: {name}: {value}: {seen:?}",
-                shared.name
-            );
-            assert_eq!(
-                origin.loads.get(),
-                REQUESTS,
-                "{}: {name}: {value}",
-                shared.name
-            );
-            for answer in &answers {
-                assert_eq!(
-                    answer.x_cache(),
-                    "BYPASS",
-                    "{}: {name}: {value}",
-                    shared.name
-                );
-            }
-        }
-    }
-}
-
-/// RFC 9111 §3.5: a request with credentials never gets the unstored response of another
-/// request, nor does its own go to others. The origin greets whoever asks by the credentials it
-/// was sent, and says nothing of freshness; a stampede of users with cookies or
-/// `Authorization` (keyed apart from anonymous requests, and sharing one key among them) and
-/// anonymous requests behind an anonymous leader: each user gets their own greeting.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_with_credentials_never_gets_another_s_unstored_response() {
-    const REQUESTS: usize = 24;
-    for shared in Shared::both().await {
-        for leader in ["anonymous", "session=user0"] {
-            let origin = Origin::default();
-            let handler = {
-                let origin = origin.clone();
-                move |headers: HeaderMap| async move {
-                    let n = origin.load().await;
-                    let who = ["cookie", "authorization"]
-                        .iter()
-                        .find_map(|name| headers.get(*name))
-                        .map_or("anonymous", |v| v.to_str().unwrap())
-                        .to_owned();
-                    format!("hello {who} #{n}")
-                }
-            };
-            let apps = [
-                app(&shared, handler.clone(), |l| l),
-                app(&shared, handler, |l| l),
-            ];
-            let who = |i: usize| match (i, leader) {
-                (0, "anonymous") => None,
-                (0, cookie) => Some(("cookie", cookie.to_owned())),
-                (i, _) if i % 3 == 0 => None,
-                (i, _) if i % 3 == 1 => Some(("cookie", format!("session=user{i}"))),
-                (i, _) => Some(("authorization", format!("Bearer user{i}"))),
-            };
-            let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/hello", |i| {
-                who(i).into_iter().collect()
-            })
-            .await;
-            for (i, answer) in answers.iter().enumerate() {
-                let expected = who(i).map_or("anonymous".to_owned(), |(_, v)| v);
-                assert!(
-                    answer.body().starts_with(&format!("hello {expected} #")),
-                    "{}: leader {leader}: request {i} ({expected}) got {:?}",
-                    shared.name,
-                    answer.body()
-                );
-                if expected != "anonymous" {
-                    assert_eq!(answer.x_cache(), "BYPASS", "{}: {expected}", shared.name);
-                }
-            }
-        }
-    }
-}
-
-/// RFC 9111 §4.1: a response with `Vary` goes only to the waiters whose request matches the
-/// loading request in every field it names; the others go to the origin. The origin answers
-/// in the language asked for, without freshness, with `Vary: Accept-Language`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary() {
-    const REQUESTS: usize = 30;
-    for shared in Shared::both().await {
+    for (name, value) in cases {
         let origin = Origin::default();
         let handler = {
             let origin = origin.clone();
-            move |headers: HeaderMap| async move {
+            move || async move {
                 let n = origin.load().await;
-                let language = headers
-                    .get("accept-language")
-                    .map_or("none", |v| v.to_str().unwrap())
-                    .to_owned();
-                ([("vary", "accept-language")], format!("{language} #{n}"))
+                ([(name, value)], format!("page #{n}"))
             }
         };
         let apps = [
             app(&shared, handler.clone(), |l| l),
             app(&shared, handler, |l| l),
         ];
-        let language = |i: usize| ["en", "fr", "en, fr"][i % 3];
-        let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/hello", |i| {
-            vec![("accept-language", language(i).to_owned())]
-        })
-        .await;
-        let mut first = 0;
-        for (i, answer) in answers.iter().enumerate() {
-            assert!(
-                answer.body().starts_with(&format!("{} #", language(i))),
-                "{}: request {i} ({}) got {:?}",
-                shared.name,
-                language(i),
-                answer.body()
-            );
-            first += usize::from(answer.body() == "en #1");
-        }
-        assert!(
-            first > REQUESTS / 6,
-            "{}: {first} requests in English got the first load",
+        let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/own", |_| vec![]).await;
+        let seen = bodies(&answers);
+        assert_eq!(
+            seen.len(),
+            REQUESTS,
+            "{}: {name}: {value}: {seen:?}",
             shared.name
         );
+        assert_eq!(
+            origin.loads.get(),
+            REQUESTS,
+            "{}: {name}: {value}",
+            shared.name
+        );
+        for answer in &answers {
+            assert_eq!(
+                answer.x_cache(),
+                "BYPASS",
+                "{}: {name}: {value}",
+                shared.name
+            );
+        }
     }
+}
+
+store_test!(a_request_with_credentials_never_gets_another_s_unstored_response);
+/// RFC 9111 §3.5: a request with credentials never gets the unstored response of another
+/// request, nor does its own go to others. The origin greets whoever asks by the credentials it
+/// was sent, and says nothing of freshness; a stampede of users with cookies or
+/// `Authorization` (keyed apart from anonymous requests, and sharing one key among them) and
+/// anonymous requests behind an anonymous leader: each user gets their own greeting.
+async fn a_request_with_credentials_never_gets_another_s_unstored_response(shared: Shared) {
+    const REQUESTS: usize = 24;
+    for leader in ["anonymous", "session=user0"] {
+        let origin = Origin::default();
+        let handler = {
+            let origin = origin.clone();
+            move |headers: HeaderMap| async move {
+                let n = origin.load().await;
+                let who = ["cookie", "authorization"]
+                    .iter()
+                    .find_map(|name| headers.get(*name))
+                    .map_or("anonymous", |v| v.to_str().unwrap())
+                    .to_owned();
+                format!("hello {who} #{n}")
+            }
+        };
+        let apps = [
+            app(&shared, handler.clone(), |l| l),
+            app(&shared, handler, |l| l),
+        ];
+        let who = |i: usize| match (i, leader) {
+            (0, "anonymous") => None,
+            (0, cookie) => Some(("cookie", cookie.to_owned())),
+            (i, _) if i % 3 == 0 => None,
+            (i, _) if i % 3 == 1 => Some(("cookie", format!("session=user{i}"))),
+            (i, _) => Some(("authorization", format!("Bearer user{i}"))),
+        };
+        let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/hello", |i| {
+            who(i).into_iter().collect()
+        })
+        .await;
+        for (i, answer) in answers.iter().enumerate() {
+            let expected = who(i).map_or("anonymous".to_owned(), |(_, v)| v);
+            assert!(
+                answer.body().starts_with(&format!("hello {expected} #")),
+                "{}: leader {leader}: request {i} ({expected}) got {:?}",
+                shared.name,
+                answer.body()
+            );
+            if expected != "anonymous" {
+                assert_eq!(answer.x_cache(), "BYPASS", "{}: {expected}", shared.name);
+            }
+        }
+    }
+}
+
+store_test!(a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary);
+/// RFC 9111 §4.1: a response with `Vary` goes only to the waiters whose request matches the
+/// loading request in every field it names; the others go to the origin. The origin answers
+/// in the language asked for, without freshness, with `Vary: Accept-Language`.
+async fn a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary(shared: Shared) {
+    const REQUESTS: usize = 30;
+    let origin = Origin::default();
+    let handler = {
+        let origin = origin.clone();
+        move |headers: HeaderMap| async move {
+            let n = origin.load().await;
+            let language = headers
+                .get("accept-language")
+                .map_or("none", |v| v.to_str().unwrap())
+                .to_owned();
+            ([("vary", "accept-language")], format!("{language} #{n}"))
+        }
+    };
+    let apps = [
+        app(&shared, handler.clone(), |l| l),
+        app(&shared, handler, |l| l),
+    ];
+    let language = |i: usize| ["en", "fr", "en, fr"][i % 3];
+    let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/hello", |i| {
+        vec![("accept-language", language(i).to_owned())]
+    })
+    .await;
+    let mut first = 0;
+    for (i, answer) in answers.iter().enumerate() {
+        assert!(
+            answer.body().starts_with(&format!("{} #", language(i))),
+            "{}: request {i} ({}) got {:?}",
+            shared.name,
+            language(i),
+            answer.body()
+        );
+        first += usize::from(answer.body() == "en #1");
+    }
+    assert!(
+        first > REQUESTS / 6,
+        "{}: {first} requests in English got the first load",
+        shared.name
+    );
 }
 
 /// The body of the large response: bytes that differ from position to position, so a lost or
@@ -385,139 +376,135 @@ async fn read_slowly(app: &Router, uri: &str) -> (HeaderMap, Bytes) {
     (parts.headers, read.into())
 }
 
+store_test!(a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process);
 /// A body over `max_body_bytes` is not stored, but the requests of a process that waited for
 /// its load get it from that load (every byte, in order), a client slower than the others and
 /// a `HEAD` too: one origin load per process per stampede, not one per request. The other
 /// process's waiters get the pass marker, and load it once for their process.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process() {
+async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process(shared: Shared) {
     const REQUESTS: usize = 20;
     const LEN: usize = 600_000;
-    for shared in Shared::both().await {
-        let origin = Origin::default();
-        let handler = {
-            let origin = origin.clone();
-            move || async move {
-                origin.load().await;
-                let body = Trickle {
-                    data: large_body(LEN),
-                    chunk: 7919,
-                    yielded: false,
-                };
-                ([("cache-control", "max-age=60")], Body::new(body)).into_response()
-            }
-        };
-        let limit = |l: StampedeLayer| l.max_body_bytes(64 * 1024);
-        let apps = [
-            app(&shared, handler.clone(), limit),
-            app(&shared, handler, limit),
-        ];
-        let uri = "http://app.test/large";
-        // The first request leads; the others wait for its load, a slow client and a `HEAD`
-        // among them in each process.
-        let leader = {
-            let app = apps[0].clone();
-            tokio::spawn(async move { send(&app, "GET", uri, &[]).await })
-        };
-        wait_until("the first load", || origin.loads.get() > 0).await;
-        let sent = Counter::default();
-        let mut waiters = Vec::new();
-        for i in 0..REQUESTS + 4 {
-            let (app, sent) = (apps[i % 2].clone(), sent.clone());
-            waiters.push(tokio::spawn(async move {
-                sent.hit();
-                match i {
-                    // Read slowly.
-                    0 | 1 => {
-                        let (headers, body) = read_slowly(&app, uri).await;
-                        (StatusCode::OK, headers, body)
-                    }
-                    2 | 3 => {
-                        let answer = send(&app, "HEAD", uri, &[]).await;
-                        (answer.status, answer.headers, answer.body)
-                    }
-                    _ => {
-                        let answer = send(&app, "GET", uri, &[]).await;
-                        (answer.status, answer.headers, answer.body)
-                    }
+    let origin = Origin::default();
+    let handler = {
+        let origin = origin.clone();
+        move || async move {
+            origin.load().await;
+            let body = Trickle {
+                data: large_body(LEN),
+                chunk: 7919,
+                yielded: false,
+            };
+            ([("cache-control", "max-age=60")], Body::new(body)).into_response()
+        }
+    };
+    let limit = |l: StampedeLayer| l.max_body_bytes(64 * 1024);
+    let apps = [
+        app(&shared, handler.clone(), limit),
+        app(&shared, handler, limit),
+    ];
+    let uri = "http://app.test/large";
+    // The first request leads; the others wait for its load, a slow client and a `HEAD`
+    // among them in each process.
+    let leader = {
+        let app = apps[0].clone();
+        tokio::spawn(async move { send(&app, "GET", uri, &[]).await })
+    };
+    wait_until("the first load", || origin.loads.get() > 0).await;
+    let sent = Counter::default();
+    let mut waiters = Vec::new();
+    for i in 0..REQUESTS + 4 {
+        let (app, sent) = (apps[i % 2].clone(), sent.clone());
+        waiters.push(tokio::spawn(async move {
+            sent.hit();
+            match i {
+                // Read slowly.
+                0 | 1 => {
+                    let (headers, body) = read_slowly(&app, uri).await;
+                    (StatusCode::OK, headers, body)
                 }
-            }));
-        }
-        // A bound for a busy machine (see the module docs), not an assertion.
-        wait_until("every request sent", || sent.get() == REQUESTS + 4).await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        origin.release.add_permits(1);
-        let want = large_body(LEN);
-        let leader = leader.await.unwrap();
-        assert!(
-            leader.body == want,
-            "{}: the leader got every byte",
-            shared.name
-        );
-        for (i, waiter) in waiters.into_iter().enumerate() {
-            let (status, headers, body) = waiter.await.unwrap();
-            assert_eq!(status, StatusCode::OK, "{}", shared.name);
-            assert_eq!(headers["cache-control"], "max-age=60", "{}", shared.name);
-            if i == 2 || i == 3 {
-                assert!(body.is_empty(), "{}: a HEAD has no body", shared.name);
-            } else {
-                assert!(
-                    body == want,
-                    "{}: request {i} got every byte, in order",
-                    shared.name
-                );
+                2 | 3 => {
+                    let answer = send(&app, "HEAD", uri, &[]).await;
+                    (answer.status, answer.headers, answer.body)
+                }
+                _ => {
+                    let answer = send(&app, "GET", uri, &[]).await;
+                    (answer.status, answer.headers, answer.body)
+                }
             }
-        }
-        assert!(
-            origin.loads.get() <= apps.len(),
-            "{}: {} origin loads for {} requests over {} processes",
-            shared.name,
-            origin.loads.get(),
-            REQUESTS + 4,
-            apps.len()
-        );
-        // Not stored: a later request loads it again.
-        let before = origin.loads.get();
-        let answer = send(&apps[0], "GET", uri, &[]).await;
-        assert!(answer.body == want, "{}", shared.name);
-        assert_eq!(origin.loads.get(), before + 1, "{}", shared.name);
+        }));
     }
+    // A bound for a busy machine (see the module docs), not an assertion.
+    wait_until("every request sent", || sent.get() == REQUESTS + 4).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    origin.release.add_permits(1);
+    let want = large_body(LEN);
+    let leader = leader.await.unwrap();
+    assert!(
+        leader.body == want,
+        "{}: the leader got every byte",
+        shared.name
+    );
+    for (i, waiter) in waiters.into_iter().enumerate() {
+        let (status, headers, body) = waiter.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{}", shared.name);
+        assert_eq!(headers["cache-control"], "max-age=60", "{}", shared.name);
+        if i == 2 || i == 3 {
+            assert!(body.is_empty(), "{}: a HEAD has no body", shared.name);
+        } else {
+            assert!(
+                body == want,
+                "{}: request {i} got every byte, in order",
+                shared.name
+            );
+        }
+    }
+    assert!(
+        origin.loads.get() <= apps.len(),
+        "{}: {} origin loads for {} requests over {} processes",
+        shared.name,
+        origin.loads.get(),
+        REQUESTS + 4,
+        apps.len()
+    );
+    // Not stored: a later request loads it again.
+    let before = origin.loads.get();
+    let answer = send(&apps[0], "GET", uri, &[]).await;
+    assert!(answer.body == want, "{}", shared.name);
+    assert_eq!(origin.loads.get(), before + 1, "{}", shared.name);
 }
 
+store_test!(a_body_over_the_relay_bound_sends_its_waiters_to_the_origin);
 /// Memory stays bounded: a body over the relay's bound (`max_relay_bytes`) is not kept for the
 /// waiters, who go to the origin themselves (each gets every byte all the same).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_over_the_relay_bound_sends_its_waiters_to_the_origin() {
+async fn a_body_over_the_relay_bound_sends_its_waiters_to_the_origin(shared: Shared) {
     const REQUESTS: usize = 6;
     const LEN: usize = 600_000;
-    for shared in Shared::both().await {
-        let origin = Origin::default();
-        let handler = {
-            let origin = origin.clone();
-            move || async move {
-                origin.load().await;
-                let body = Trickle {
-                    data: large_body(LEN),
-                    chunk: 7919,
-                    yielded: false,
-                };
-                ([("cache-control", "max-age=60")], Body::new(body)).into_response()
-            }
-        };
-        let small = |l: StampedeLayer| l.max_body_bytes(64 * 1024).max_relay_bytes(256 * 1024);
-        let apps = [app(&shared, handler, small)];
-        let answers = stampede(
-            &origin,
-            &apps,
-            REQUESTS,
-            "http://app.test/large",
-            |_| vec![],
-        )
-        .await;
-        let want = large_body(LEN);
-        for answer in &answers {
-            assert!(answer.body == want, "{}: every byte, in order", shared.name);
+    let origin = Origin::default();
+    let handler = {
+        let origin = origin.clone();
+        move || async move {
+            origin.load().await;
+            let body = Trickle {
+                data: large_body(LEN),
+                chunk: 7919,
+                yielded: false,
+            };
+            ([("cache-control", "max-age=60")], Body::new(body)).into_response()
         }
-        assert_eq!(origin.loads.get(), REQUESTS, "{}", shared.name);
+    };
+    let small = |l: StampedeLayer| l.max_body_bytes(64 * 1024).max_relay_bytes(256 * 1024);
+    let apps = [app(&shared, handler, small)];
+    let answers = stampede(
+        &origin,
+        &apps,
+        REQUESTS,
+        "http://app.test/large",
+        |_| vec![],
+    )
+    .await;
+    let want = large_body(LEN);
+    for answer in &answers {
+        assert!(answer.body == want, "{}: every byte, in order", shared.name);
     }
+    assert_eq!(origin.loads.get(), REQUESTS, "{}", shared.name);
 }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use http_body_util::BodyExt;
 use support::http::{send, Answer};
-use support::{Counter, Shared};
+use support::{store_test, Counter, Shared};
 use tower::ServiceExt;
 use tower_stampede::StampedeLayer;
 
@@ -114,13 +114,13 @@ async fn get_with(app: &Router, uri: &str, headers: &[(&str, &str)], body: &str)
     }
 }
 
+store_test!(an_attackers_request_never_becomes_the_victims_page);
 /// Each vector of the issue: the attacker's request is passed (its answer, which the origin
 /// made from what the key leaves out, is neither stored nor answered from the cache) or, for
 /// a forwarding header, which is part of the key (issue 40), stored as a variant that only
 /// requests with that same header read; and the victim's plain request, on either instance,
 /// gets the page the URL names.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attackers_request_never_becomes_the_victims_page() {
+async fn an_attackers_request_never_becomes_the_victims_page(shared: Shared) {
     let vectors: [(&[(&str, &str)], &str); 16] = [
         (&[("x-http-method-override", "DELETE")], ""),
         (&[("x-http-method", "DELETE")], ""),
@@ -142,102 +142,98 @@ async fn an_attackers_request_never_becomes_the_victims_page() {
         (&[("x_forwarded_host", "evil.example")], ""),
         (&[("X_HTTP_Method_Override", "DELETE")], ""),
     ];
-    for shared in Shared::both().await {
-        for (i, (headers, body)) in vectors.iter().enumerate() {
-            let calls = Counter::default();
-            let [one, two] = instances(&shared, &calls, |layer| layer);
-            let uri = format!("http://app.test/page/{i}");
-            let attack = get_with(&one, &uri, headers, body).await;
-            // The hyphenated forwarding headers are keyed: the attacker's page is stored for
-            // them alone. The others pass: a bypass, or, for an override to an unsafe method,
-            // unmarked as the method it names would be.
-            let keyed = (4..=13).contains(&i);
-            if keyed {
-                assert_eq!(attack.x_cache(), "MISS", "{} {headers:?}", shared.name);
-            } else {
-                assert!(
-                    matches!(attack.x_cache(), "BYPASS" | ""),
-                    "{} {headers:?} {body}: {}",
-                    shared.name,
-                    attack.x_cache()
-                );
-            }
-            let honest = format!("<a href=\"http://app.test/next\"> /page/{i} ");
-            for app in [&two, &one, &two] {
-                let victim = send(app, "GET", &uri, &[]).await;
-                assert_eq!(victim.body(), honest, "{} {headers:?} {body}", shared.name);
-            }
-            if keyed {
-                // The variant only the attacker's own value reads.
-                let again = get_with(&two, &uri, headers, body).await;
-                assert_eq!(
-                    (again.x_cache(), again.body()),
-                    ("HIT", attack.body()),
-                    "{} {headers:?}",
-                    shared.name
-                );
-            }
+    for (i, (headers, body)) in vectors.iter().enumerate() {
+        let calls = Counter::default();
+        let [one, two] = instances(&shared, &calls, |layer| layer);
+        let uri = format!("http://app.test/page/{i}");
+        let attack = get_with(&one, &uri, headers, body).await;
+        // The hyphenated forwarding headers are keyed: the attacker's page is stored for
+        // them alone. The others pass: a bypass, or, for an override to an unsafe method,
+        // unmarked as the method it names would be.
+        let keyed = (4..=13).contains(&i);
+        if keyed {
+            assert_eq!(attack.x_cache(), "MISS", "{} {headers:?}", shared.name);
+        } else {
+            assert!(
+                matches!(attack.x_cache(), "BYPASS" | ""),
+                "{} {headers:?} {body}: {}",
+                shared.name,
+                attack.x_cache()
+            );
+        }
+        let honest = format!("<a href=\"http://app.test/next\"> /page/{i} ");
+        for app in [&two, &one, &two] {
+            let victim = send(app, "GET", &uri, &[]).await;
+            assert_eq!(victim.body(), honest, "{} {headers:?} {body}", shared.name);
+        }
+        if keyed {
+            // The variant only the attacker's own value reads.
+            let again = get_with(&two, &uri, headers, body).await;
             assert_eq!(
-                calls.get(),
-                2,
-                "{}: the victim's page is cached",
+                (again.x_cache(), again.body()),
+                ("HIT", attack.body()),
+                "{} {headers:?}",
                 shared.name
             );
         }
+        assert_eq!(
+            calls.get(),
+            2,
+            "{}: the victim's page is cached",
+            shared.name
+        );
     }
 }
 
+store_test!(trusted_headers_are_cached_and_named_headers_pass);
 /// A header the operator's own load balancer sets on every request is trusted: requests with
 /// it are cached again (the first stored, the next a hit). A header the application reflects
 /// is named, and requests with it pass.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trusted_headers_are_cached_and_named_headers_pass() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let [one, two] = instances(&shared, &calls, |layer| {
-            // A name as text in any case, or as a `HeaderName`; one that is no field name
-            // is ignored (no request can carry it).
-            layer
-                .trust_header("X-Forwarded-Proto")
-                .trust_header("not a field name")
-                .pass_header(HeaderName::from_static("x-theme"))
-        });
-        let uri = "http://app.test/behind-the-balancer";
-        let proto = [("x-forwarded-proto", "https")];
-        let first = get_with(&one, uri, &proto, "").await;
-        let second = get_with(&two, uri, &proto, "").await;
-        assert_eq!(
-            [first.x_cache(), second.x_cache()],
-            ["MISS", "HIT"],
-            "{}",
-            shared.name
-        );
-        for _ in 0..2 {
-            let themed = get_with(&one, "http://app.test/themed", &[("x-theme", "dark")], "").await;
-            assert_eq!(themed.x_cache(), "BYPASS", "{}", shared.name);
-        }
-        // Only the named one is trusted: another forwarding header is part of the key, so
-        // the attacker's page is a variant of its own (issue 40), never the balancer's page.
-        let evil = get_with(&one, uri, &[("x-forwarded-host", "evil.example")], "").await;
-        assert_eq!(evil.x_cache(), "MISS", "{}", shared.name);
-        assert!(evil.body().contains("evil.example"), "{}", shared.name);
-        let third = get_with(&two, uri, &proto, "").await;
-        assert_eq!(
-            (third.x_cache(), third.body()),
-            ("HIT", first.body()),
-            "{}: only the named one is trusted",
-            shared.name
-        );
-        // The load balancer overwrites the hyphenated field, not a client's underscored one.
-        let smuggled = get_with(&one, uri, &[("x_forwarded_proto", "https")], "").await;
-        assert_eq!(smuggled.x_cache(), "BYPASS", "{}", shared.name);
+async fn trusted_headers_are_cached_and_named_headers_pass(shared: Shared) {
+    let calls = Counter::default();
+    let [one, two] = instances(&shared, &calls, |layer| {
+        // A name as text in any case, or as a `HeaderName`; one that is no field name
+        // is ignored (no request can carry it).
+        layer
+            .trust_header("X-Forwarded-Proto")
+            .trust_header("not a field name")
+            .pass_header(HeaderName::from_static("x-theme"))
+    });
+    let uri = "http://app.test/behind-the-balancer";
+    let proto = [("x-forwarded-proto", "https")];
+    let first = get_with(&one, uri, &proto, "").await;
+    let second = get_with(&two, uri, &proto, "").await;
+    assert_eq!(
+        [first.x_cache(), second.x_cache()],
+        ["MISS", "HIT"],
+        "{}",
+        shared.name
+    );
+    for _ in 0..2 {
+        let themed = get_with(&one, "http://app.test/themed", &[("x-theme", "dark")], "").await;
+        assert_eq!(themed.x_cache(), "BYPASS", "{}", shared.name);
     }
+    // Only the named one is trusted: another forwarding header is part of the key, so
+    // the attacker's page is a variant of its own (issue 40), never the balancer's page.
+    let evil = get_with(&one, uri, &[("x-forwarded-host", "evil.example")], "").await;
+    assert_eq!(evil.x_cache(), "MISS", "{}", shared.name);
+    assert!(evil.body().contains("evil.example"), "{}", shared.name);
+    let third = get_with(&two, uri, &proto, "").await;
+    assert_eq!(
+        (third.x_cache(), third.body()),
+        ("HIT", first.body()),
+        "{}: only the named one is trusted",
+        shared.name
+    );
+    // The load balancer overwrites the hyphenated field, not a client's underscored one.
+    let smuggled = get_with(&one, uri, &[("x_forwarded_proto", "https")], "").await;
+    assert_eq!(smuggled.x_cache(), "BYPASS", "{}", shared.name);
 }
 
+store_test!(a_200_kb_header_block_is_not_stored);
 /// Response header bytes are bounded: a 200 KB header block is passed to its caller intact
 /// and not stored (under a limit raised above it, the same response is stored).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_200_kb_header_block_is_not_stored() {
+async fn a_200_kb_header_block_is_not_stored(shared: Shared) {
     let huge = |calls: &Counter| {
         let calls = calls.clone();
         Router::new().fallback(move || {
@@ -256,59 +252,55 @@ async fn a_200_kb_header_block_is_not_stored() {
             }
         })
     };
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let app = huge(&calls).layer(StampedeLayer::new(shared.cache().build()));
-        for _ in 0..2 {
-            let answer = send(&app, "GET", "http://app.test/huge", &[]).await;
-            assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
-            let big = (0..20).filter(|i| answer.headers[format!("x-big-{i}")].len() == 10_000);
-            assert_eq!(big.count(), 20, "{}: intact", shared.name);
-        }
-        assert_eq!(calls.get(), 2, "{}", shared.name);
-        let raised = huge(&calls)
-            .layer(StampedeLayer::new(shared.cache().build()).max_header_bytes(1 << 20));
-        let marks = [
-            send(&raised, "GET", "http://app.test/huge-allowed", &[]).await,
-            send(&raised, "GET", "http://app.test/huge-allowed", &[]).await,
-        ]
-        .map(|answer| answer.x_cache().to_owned());
-        assert_eq!(marks, ["MISS", "HIT"], "{}", shared.name);
+    let calls = Counter::default();
+    let app = huge(&calls).layer(StampedeLayer::new(shared.cache().build()));
+    for _ in 0..2 {
+        let answer = send(&app, "GET", "http://app.test/huge", &[]).await;
+        assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
+        let big = (0..20).filter(|i| answer.headers[format!("x-big-{i}")].len() == 10_000);
+        assert_eq!(big.count(), 20, "{}: intact", shared.name);
     }
+    assert_eq!(calls.get(), 2, "{}", shared.name);
+    let raised =
+        huge(&calls).layer(StampedeLayer::new(shared.cache().build()).max_header_bytes(1 << 20));
+    let marks = [
+        send(&raised, "GET", "http://app.test/huge-allowed", &[]).await,
+        send(&raised, "GET", "http://app.test/huge-allowed", &[]).await,
+    ]
+    .map(|answer| answer.x_cache().to_owned());
+    assert_eq!(marks, ["MISS", "HIT"], "{}", shared.name);
 }
 
+store_test!(a_method_override_invalidates_as_the_method_it_names);
 /// A `GET` whose method override names an unsafe method is run by the origin as that method
 /// (the override exists for clients that cannot send `DELETE` or `PUT`): it is passed, and
 /// its non-error response invalidates the URL as the named method's would (RFC 9111 §4.4),
 /// so the next plain `GET` loads the changed page instead of the one stored before.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_method_override_invalidates_as_the_method_it_names() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let [one, _] = instances(&shared, &calls, |layer| layer);
-        let uri = "http://app.test/item/9";
-        let stored = send(&one, "GET", uri, &[]).await;
-        assert_eq!(stored.x_cache(), "MISS", "{}", shared.name);
-        for (name, method) in [
-            ("x-http-method-override", "DELETE"),
-            ("x-http-method", "PUT"),
-            ("x-method-override", "PATCH"),
-        ] {
-            let changed = get_with(&one, uri, &[(name, method)], "").await;
-            assert_eq!(changed.body(), format!("{method} done"), "{}", shared.name);
-            let next = send(&one, "GET", uri, &[]).await;
-            assert_eq!(next.x_cache(), "MISS", "{} {name}", shared.name);
-        }
-        let safe = get_with(&one, uri, &[("x-http-method-override", "GET")], "").await;
-        assert_eq!(safe.x_cache(), "BYPASS", "{}", shared.name);
+async fn a_method_override_invalidates_as_the_method_it_names(shared: Shared) {
+    let calls = Counter::default();
+    let [one, _] = instances(&shared, &calls, |layer| layer);
+    let uri = "http://app.test/item/9";
+    let stored = send(&one, "GET", uri, &[]).await;
+    assert_eq!(stored.x_cache(), "MISS", "{}", shared.name);
+    for (name, method) in [
+        ("x-http-method-override", "DELETE"),
+        ("x-http-method", "PUT"),
+        ("x-method-override", "PATCH"),
+    ] {
+        let changed = get_with(&one, uri, &[(name, method)], "").await;
+        assert_eq!(changed.body(), format!("{method} done"), "{}", shared.name);
         let next = send(&one, "GET", uri, &[]).await;
-        assert_eq!(
-            next.x_cache(),
-            "HIT",
-            "{}: a safe override changes nothing",
-            shared.name
-        );
+        assert_eq!(next.x_cache(), "MISS", "{} {name}", shared.name);
     }
+    let safe = get_with(&one, uri, &[("x-http-method-override", "GET")], "").await;
+    assert_eq!(safe.x_cache(), "BYPASS", "{}", shared.name);
+    let next = send(&one, "GET", uri, &[]).await;
+    assert_eq!(
+        next.x_cache(),
+        "HIT",
+        "{}: a safe override changes nothing",
+        shared.name
+    );
 }
 
 /// The cache status member of the layer (the last one).
@@ -347,245 +339,231 @@ async fn get_owned(app: &Router, uri: &str, headers: &[(String, String)]) -> Ans
     get_with(app, uri, &headers, "").await
 }
 
+store_test!(a_load_balancers_forwarding_headers_make_one_entry_loaded_once);
 /// Issue 40: behind a load balancer every request carries its `X-Forwarded-Proto` and
 /// `X-Forwarded-Port` (the same values) and its own `X-Forwarded-For`. The forwarding headers
 /// are part of the key (the origin builds its links from them), the client's address is not:
 /// 200 concurrent `GET`s over two instances load the origin once, and all get its page.
 /// Real time: the origin takes 200 ms, so that the burst arrives while it loads.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_balancers_forwarding_headers_make_one_entry_loaded_once() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let apps = instances(&shared, &calls, |layer| layer);
-        let uri = "http://app.test/slow/behind-the-balancer";
-        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(200));
-        let burst: Vec<_> = (0..200)
-            .map(|client| {
-                let (app, barrier) = (apps[client % 2].clone(), barrier.clone());
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    get_owned(&app, uri, &from_the_balancer(client)).await
-                })
+async fn a_load_balancers_forwarding_headers_make_one_entry_loaded_once(shared: Shared) {
+    let calls = Counter::default();
+    let apps = instances(&shared, &calls, |layer| layer);
+    let uri = "http://app.test/slow/behind-the-balancer";
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(200));
+    let burst: Vec<_> = (0..200)
+        .map(|client| {
+            let (app, barrier) = (apps[client % 2].clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                get_owned(&app, uri, &from_the_balancer(client)).await
             })
-            .collect();
-        for answer in burst {
-            let answer = answer.await.unwrap();
-            assert_eq!(
-                answer.body(),
-                "<a href=\"https://app.test:443/next\"> /slow/behind-the-balancer ",
-                "{}",
-                shared.name
-            );
-            assert!(
-                matches!(answer.x_cache(), "MISS" | "HIT"),
-                "{}: {}",
-                shared.name,
-                ours(&answer)
-            );
-        }
-        assert_eq!(calls.get(), 1, "{}: one origin load", shared.name);
+        })
+        .collect();
+    for answer in burst {
+        let answer = answer.await.unwrap();
+        assert_eq!(
+            answer.body(),
+            "<a href=\"https://app.test:443/next\"> /slow/behind-the-balancer ",
+            "{}",
+            shared.name
+        );
+        assert!(
+            matches!(answer.x_cache(), "MISS" | "HIT"),
+            "{}: {}",
+            shared.name,
+            ours(&answer)
+        );
     }
+    assert_eq!(calls.get(), 1, "{}: one origin load", shared.name);
 }
 
+store_test!(an_attackers_forwarding_header_makes_a_variant_only_it_reads);
 /// Issue 40: an attacker's `X-Forwarded-Host` makes a variant that only requests with that
 /// same value read (the attacker's second request is a hit on it); a plain request and one
 /// with the load balancer's own values, on either instance, never get the attacker's page.
 /// `Forwarded` is keyed without its `for=` (each client's address). An unsafe request, and a
 /// purge by URL, reach every variant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_attackers_forwarding_header_makes_a_variant_only_it_reads() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let [one, two] = instances(&shared, &calls, |layer| layer);
-        let uri = "http://app.test/page/variants";
-        let evil = [("x-forwarded-host", "evil.example")];
-        let attack = get_with(&one, uri, &evil, "").await;
-        assert!(attack.body().contains("evil.example"), "{}", shared.name);
-        let again = get_with(&two, uri, &evil, "").await;
+async fn an_attackers_forwarding_header_makes_a_variant_only_it_reads(shared: Shared) {
+    let calls = Counter::default();
+    let [one, two] = instances(&shared, &calls, |layer| layer);
+    let uri = "http://app.test/page/variants";
+    let evil = [("x-forwarded-host", "evil.example")];
+    let attack = get_with(&one, uri, &evil, "").await;
+    assert!(attack.body().contains("evil.example"), "{}", shared.name);
+    let again = get_with(&two, uri, &evil, "").await;
+    assert_eq!(
+        (again.x_cache(), again.body()),
+        ("HIT", attack.body()),
+        "{}: cached, for that value",
+        shared.name
+    );
+    let balancer = [("x-forwarded-proto", "https"), ("x-forwarded-port", "443")];
+    for app in [&two, &one] {
+        let plain = get_with(app, uri, &[], "").await;
         assert_eq!(
-            (again.x_cache(), again.body()),
-            ("HIT", attack.body()),
-            "{}: cached, for that value",
-            shared.name
-        );
-        let balancer = [("x-forwarded-proto", "https"), ("x-forwarded-port", "443")];
-        for app in [&two, &one] {
-            let plain = get_with(app, uri, &[], "").await;
-            assert_eq!(
-                plain.body(),
-                "<a href=\"http://app.test/next\"> /page/variants ",
-                "{}",
-                shared.name
-            );
-            let behind = get_with(app, uri, &balancer, "").await;
-            assert_eq!(
-                behind.body(),
-                "<a href=\"https://app.test:443/next\"> /page/variants ",
-                "{}",
-                shared.name
-            );
-        }
-        assert_eq!(
-            calls.get(),
-            3,
-            "{}: three pages, each loaded once",
-            shared.name
-        );
-
-        // `for=` names the client: two clients of one proxy share the page.
-        let forwarded = |client: &str| format!("for={client};proto=https");
-        let first = get_with(&one, uri, &[("forwarded", &forwarded("192.0.2.1"))], "").await;
-        let second = get_with(&two, uri, &[("forwarded", &forwarded("192.0.2.2"))], "").await;
-        assert_eq!(
-            [first.x_cache(), second.x_cache()],
-            ["MISS", "HIT"],
+            plain.body(),
+            "<a href=\"http://app.test/next\"> /page/variants ",
             "{}",
             shared.name
         );
+        let behind = get_with(app, uri, &balancer, "").await;
+        assert_eq!(
+            behind.body(),
+            "<a href=\"https://app.test:443/next\"> /page/variants ",
+            "{}",
+            shared.name
+        );
+    }
+    assert_eq!(
+        calls.get(),
+        3,
+        "{}: three pages, each loaded once",
+        shared.name
+    );
 
-        // RFC 9111 §4.4: a POST to the URL invalidates every variant.
-        let posted = send(&one, "POST", uri, &[]).await;
-        assert!(posted.status.is_success(), "{}", shared.name);
-        for (app, headers) in [(&two, &evil[..]), (&one, &balancer[..])] {
-            let reloaded = get_with(app, uri, headers, "").await;
-            assert_eq!(reloaded.x_cache(), "MISS", "{} {headers:?}", shared.name);
-        }
+    // `for=` names the client: two clients of one proxy share the page.
+    let forwarded = |client: &str| format!("for={client};proto=https");
+    let first = get_with(&one, uri, &[("forwarded", &forwarded("192.0.2.1"))], "").await;
+    let second = get_with(&two, uri, &[("forwarded", &forwarded("192.0.2.2"))], "").await;
+    assert_eq!(
+        [first.x_cache(), second.x_cache()],
+        ["MISS", "HIT"],
+        "{}",
+        shared.name
+    );
+
+    // RFC 9111 §4.4: a POST to the URL invalidates every variant.
+    let posted = send(&one, "POST", uri, &[]).await;
+    assert!(posted.status.is_success(), "{}", shared.name);
+    for (app, headers) in [(&two, &evil[..]), (&one, &balancer[..])] {
+        let reloaded = get_with(app, uri, headers, "").await;
+        assert_eq!(reloaded.x_cache(), "MISS", "{} {headers:?}", shared.name);
     }
 }
 
+store_test!(forwarding_variants_per_url_are_bounded);
 /// Issue 40: the forwarding variants of one URL are bounded (16 per URL in each process);
 /// past the bound a new value passes, and says why, while the values seen are still served.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forwarding_variants_per_url_are_bounded() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let [one, _] = instances(&shared, &calls, |layer| layer);
-        let uri = "http://app.test/page/bounded";
-        for i in 0..16 {
-            let prefix = format!("/p{i}");
-            let answer = get_with(&one, uri, &[("x-forwarded-prefix", &prefix)], "").await;
-            assert_eq!(answer.x_cache(), "MISS", "{} {prefix}", shared.name);
-        }
-        let past = get_with(&one, uri, &[("x-forwarded-prefix", "/p16")], "").await;
-        assert_eq!(past.x_cache(), "BYPASS", "{}", shared.name);
-        assert_eq!(
-            ours(&past),
-            "tower-stampede; fwd=request; fwd-status=200; detail=too-many-variants",
-            "{}",
-            shared.name
-        );
-        let seen = get_with(&one, uri, &[("x-forwarded-prefix", "/p3")], "").await;
-        assert_eq!(seen.x_cache(), "HIT", "{}", shared.name);
+async fn forwarding_variants_per_url_are_bounded(shared: Shared) {
+    let calls = Counter::default();
+    let [one, _] = instances(&shared, &calls, |layer| layer);
+    let uri = "http://app.test/page/bounded";
+    for i in 0..16 {
+        let prefix = format!("/p{i}");
+        let answer = get_with(&one, uri, &[("x-forwarded-prefix", &prefix)], "").await;
+        assert_eq!(answer.x_cache(), "MISS", "{} {prefix}", shared.name);
     }
+    let past = get_with(&one, uri, &[("x-forwarded-prefix", "/p16")], "").await;
+    assert_eq!(past.x_cache(), "BYPASS", "{}", shared.name);
+    assert_eq!(
+        ours(&past),
+        "tower-stampede; fwd=request; fwd-status=200; detail=too-many-variants",
+        "{}",
+        shared.name
+    );
+    let seen = get_with(&one, uri, &[("x-forwarded-prefix", "/p3")], "").await;
+    assert_eq!(seen.x_cache(), "HIT", "{}", shared.name);
 }
 
+store_test!(a_pass_names_its_rule_in_cache_status);
 /// Issue 40: a pass says which rule made it, in `Cache-Status`'s `detail` (RFC 9211 §2.8: a
 /// Token).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_names_its_rule_in_cache_status() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let [one, _] = instances(&shared, &calls, |layer| {
-            layer.pass_header(HeaderName::from_static("x-theme"))
-        });
-        let uri = "http://app.test/page/why";
-        for (headers, body, detail) in [
-            (
-                &[("x-http-method-override", "GET")][..],
-                "",
-                "method-override",
-            ),
-            (&[], "q=1", "body"),
-            (&[("x-theme", "dark")], "", "pass-header:x-theme"),
-            (
-                &[("x_forwarded_host", "evil.example")],
-                "",
-                "forwarding-header:x_forwarded_host",
-            ),
-        ] {
-            let answer = get_with(&one, uri, headers, body).await;
-            assert_eq!(
-                ours(&answer),
-                format!("tower-stampede; fwd=request; fwd-status=200; detail={detail}"),
-                "{} {headers:?}",
-                shared.name
-            );
-        }
+async fn a_pass_names_its_rule_in_cache_status(shared: Shared) {
+    let calls = Counter::default();
+    let [one, _] = instances(&shared, &calls, |layer| {
+        layer.pass_header(HeaderName::from_static("x-theme"))
+    });
+    let uri = "http://app.test/page/why";
+    for (headers, body, detail) in [
+        (
+            &[("x-http-method-override", "GET")][..],
+            "",
+            "method-override",
+        ),
+        (&[], "q=1", "body"),
+        (&[("x-theme", "dark")], "", "pass-header:x-theme"),
+        (
+            &[("x_forwarded_host", "evil.example")],
+            "",
+            "forwarding-header:x_forwarded_host",
+        ),
+    ] {
+        let answer = get_with(&one, uri, headers, body).await;
+        assert_eq!(
+            ours(&answer),
+            format!("tower-stampede; fwd=request; fwd-status=200; detail={detail}"),
+            "{} {headers:?}",
+            shared.name
+        );
     }
 }
 
+store_test!(a_purge_by_url_reaches_every_forwarding_variant);
 /// Issue 40: a purge by URL reaches the URL's forwarding variants, in every process.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purge_by_url_reaches_every_forwarding_variant() {
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let layers = [0, 1].map(|_| StampedeLayer::new(shared.cache().build()));
-        let purger = layers[0].purger();
-        let [one, two] = layers.map(|layer| origin(&calls).layer(layer));
-        let uri = "http://app.test/page/purged";
-        let variants: [&[(&str, &str)]; 3] = [
-            &[],
-            &[("x-forwarded-host", "evil.example")],
-            &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")],
-        ];
-        for headers in variants {
-            for (app, mark) in [(&one, "MISS"), (&two, "HIT")] {
-                let answer = get_with(app, uri, headers, "").await;
-                assert_eq!(answer.x_cache(), mark, "{} {headers:?}", shared.name);
-            }
+async fn a_purge_by_url_reaches_every_forwarding_variant(shared: Shared) {
+    let calls = Counter::default();
+    let layers = [0, 1].map(|_| StampedeLayer::new(shared.cache().build()));
+    let purger = layers[0].purger();
+    let [one, two] = layers.map(|layer| origin(&calls).layer(layer));
+    let uri = "http://app.test/page/purged";
+    let variants: [&[(&str, &str)]; 3] = [
+        &[],
+        &[("x-forwarded-host", "evil.example")],
+        &[("x-forwarded-proto", "https"), ("x-forwarded-port", "443")],
+    ];
+    for headers in variants {
+        for (app, mark) in [(&one, "MISS"), (&two, "HIT")] {
+            let answer = get_with(app, uri, headers, "").await;
+            assert_eq!(answer.x_cache(), mark, "{} {headers:?}", shared.name);
         }
-        purger.purge_url(&uri.parse().unwrap()).await.unwrap();
-        for headers in variants {
-            let answer = get_with(&two, uri, headers, "").await;
-            assert_eq!(answer.x_cache(), "MISS", "{} {headers:?}", shared.name);
-        }
+    }
+    purger.purge_url(&uri.parse().unwrap()).await.unwrap();
+    for headers in variants {
+        let answer = get_with(&two, uri, headers, "").await;
+        assert_eq!(answer.x_cache(), "MISS", "{} {headers:?}", shared.name);
     }
 }
 
+store_test!(an_unstored_answer_to_an_attacker_reaches_no_other_waiter);
 /// Issue 40: requests with forwarding headers share one flight per URL, whatever their
 /// values; a response that is not stored but handed to the requests that waited for its load
 /// (one without freshness, a server error) goes only to those with the loading request's
 /// forwarding values. The attacker's request leads; the balancer's requests, on both
 /// instances, wait for it and never get the attacker's page.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unstored_answer_to_an_attacker_reaches_no_other_waiter() {
-    for shared in Shared::both().await {
-        for path in ["/slow/unstored", "/slow/error"] {
-            let calls = Counter::default();
-            let apps = instances(&shared, &calls, |layer| layer);
-            let uri = format!("http://app.test{path}");
-            let evil = vec![("x-forwarded-host".to_owned(), "evil.example".to_owned())];
-            let attacker = {
-                let (app, uri) = (apps[0].clone(), uri.clone());
-                tokio::spawn(async move { get_owned(&app, &uri, &evil).await })
-            };
-            // Real time: the origin takes 200 ms, so the others arrive while it loads.
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            let victims: Vec<_> = (0..10)
-                .map(|client| {
-                    let (app, uri) = (apps[client % 2].clone(), uri.clone());
-                    tokio::spawn(
-                        async move { get_owned(&app, &uri, &from_the_balancer(client)).await },
-                    )
-                })
-                .collect();
-            let attacker = attacker.await.unwrap();
-            assert!(attacker.body().contains("evil.example"), "{}", shared.name);
-            for victim in victims {
-                let victim = victim.await.unwrap();
-                assert!(
-                    !victim.body().contains("evil.example"),
-                    "{} {path}: {} {}",
-                    shared.name,
-                    ours(&victim),
-                    victim.body()
-                );
-                assert!(
-                    victim.body().contains("https://app.test:443/next"),
-                    "{}",
-                    shared.name
-                );
-            }
+async fn an_unstored_answer_to_an_attacker_reaches_no_other_waiter(shared: Shared) {
+    for path in ["/slow/unstored", "/slow/error"] {
+        let calls = Counter::default();
+        let apps = instances(&shared, &calls, |layer| layer);
+        let uri = format!("http://app.test{path}");
+        let evil = vec![("x-forwarded-host".to_owned(), "evil.example".to_owned())];
+        let attacker = {
+            let (app, uri) = (apps[0].clone(), uri.clone());
+            tokio::spawn(async move { get_owned(&app, &uri, &evil).await })
+        };
+        // Real time: the origin takes 200 ms, so the others arrive while it loads.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let victims: Vec<_> = (0..10)
+            .map(|client| {
+                let (app, uri) = (apps[client % 2].clone(), uri.clone());
+                tokio::spawn(async move { get_owned(&app, &uri, &from_the_balancer(client)).await })
+            })
+            .collect();
+        let attacker = attacker.await.unwrap();
+        assert!(attacker.body().contains("evil.example"), "{}", shared.name);
+        for victim in victims {
+            let victim = victim.await.unwrap();
+            assert!(
+                !victim.body().contains("evil.example"),
+                "{} {path}: {} {}",
+                shared.name,
+                ours(&victim),
+                victim.body()
+            );
+            assert!(
+                victim.body().contains("https://app.test:443/next"),
+                "{}",
+                shared.name
+            );
         }
     }
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use support::{Counter, Shared};
+use support::{store_test, Counter, Shared};
+use tokio::runtime::Runtime;
 use tower_stampede::cache::{DURATION_BUCKETS, HISTOGRAMS, METRICS_PREFIX};
 use tower_stampede::store::Store;
 use tower_stampede::Cache;
@@ -80,80 +81,77 @@ async fn stampede(store: Arc<dyn Store>, loads: &Counter) {
     assert_eq!(again, "v");
 }
 
-#[test]
-fn a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait() {
-    // One thread: every task of the run records into this thread's recorder.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for shared in runtime.block_on(Shared::both()) {
-        let name = shared.name;
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        let loads = Counter::default();
-        metrics::with_local_recorder(&recorder, || {
-            runtime.block_on(stampede(Arc::clone(&shared.store), &loads));
-        });
-        assert_eq!(loads.get(), 1, "{name}");
-        let m = read(&snapshotter);
-        let at = |metric: &str| value(&m, metric);
-        assert_eq!(
-            at("stampede_loads_total{namespace=metrics}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_load_duration_seconds{namespace=metrics}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_lookups_total{namespace=metrics,outcome=miss-leader}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_lookups_total{namespace=metrics,outcome=follower}"),
-            99.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_lookups_total{namespace=metrics,outcome=hit-l1}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_lock_total{namespace=metrics,event=acquired}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        assert!(
-            at("stampede_lock_total{namespace=metrics,event=contended}") >= 1.0,
-            "{name}: {m:?}"
-        );
-        // The other instance's flight waited, and the fill's notification ended its wait.
-        assert_eq!(
-            at("stampede_follower_wait_seconds{namespace=metrics,ended=notified}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        // The 49 other callers of each instance joined its flight, and waited for it too.
-        assert_eq!(
-            at("stampede_follower_wait_seconds{namespace=metrics,ended=joined}"),
-            98.0,
-            "{name}: {m:?}"
-        );
-        assert!(
-            at("stampede_l1_bytes{namespace=metrics}") > 0.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_store_errors_total{namespace=metrics}"),
-            0.0,
-            "{name}: {m:?}"
-        );
-    }
+store_test!(
+    a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait,
+    block_on
+);
+fn a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait(runtime: &Runtime, shared: Shared) {
+    // One thread (`block_on`): every task of the run records into this thread's recorder.
+    let name = shared.name;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let loads = Counter::default();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(stampede(Arc::clone(&shared.store), &loads));
+    });
+    assert_eq!(loads.get(), 1, "{name}");
+    let m = read(&snapshotter);
+    let at = |metric: &str| value(&m, metric);
+    assert_eq!(
+        at("stampede_loads_total{namespace=metrics}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_load_duration_seconds{namespace=metrics}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_lookups_total{namespace=metrics,outcome=miss-leader}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_lookups_total{namespace=metrics,outcome=follower}"),
+        99.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_lookups_total{namespace=metrics,outcome=hit-l1}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_lock_total{namespace=metrics,event=acquired}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    assert!(
+        at("stampede_lock_total{namespace=metrics,event=contended}") >= 1.0,
+        "{name}: {m:?}"
+    );
+    // The other instance's flight waited, and the fill's notification ended its wait.
+    assert_eq!(
+        at("stampede_follower_wait_seconds{namespace=metrics,ended=notified}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    // The 49 other callers of each instance joined its flight, and waited for it too.
+    assert_eq!(
+        at("stampede_follower_wait_seconds{namespace=metrics,ended=joined}"),
+        98.0,
+        "{name}: {m:?}"
+    );
+    assert!(
+        at("stampede_l1_bytes{namespace=metrics}") > 0.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_store_errors_total{namespace=metrics}"),
+        0.0,
+        "{name}: {m:?}"
+    );
 }
 
 /// Every metric the stampede recorded came with its description (Prometheus's `# HELP`).
@@ -181,185 +179,170 @@ fn every_metric_is_described() {
     }
 }
 
+store_test!(prometheus_text_has_buckets_and_help_lines, block_on);
 /// Through a Prometheus recorder with the engine's buckets (as the `proxy` example installs
 /// it): the histograms are histograms with those buckets, never summaries, and every family
 /// has a `# HELP` line.
-#[test]
-fn prometheus_text_has_buckets_and_help_lines() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for shared in runtime.block_on(Shared::both()) {
-        let name = shared.name;
-        // The one call the docs give: every histogram of the crate's prefix gets the buckets.
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Prefix(METRICS_PREFIX.into()), &DURATION_BUCKETS)
-            .unwrap()
-            .build_recorder();
-        let handle = recorder.handle();
-        metrics::with_local_recorder(&recorder, || {
-            runtime.block_on(stampede(Arc::clone(&shared.store), &Counter::default()));
-        });
-        let text = handle.render();
-        assert!(!text.contains("summary"), "{name}:\n{text}");
-        for family in [
-            "stampede_lookups_total",
-            "stampede_loads_total",
-            "stampede_load_duration_seconds",
-            "stampede_lock_total",
-            "stampede_follower_wait_seconds",
-            "stampede_l1_bytes",
+fn prometheus_text_has_buckets_and_help_lines(runtime: &Runtime, shared: Shared) {
+    let name = shared.name;
+    // The one call the docs give: every histogram of the crate's prefix gets the buckets.
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Prefix(METRICS_PREFIX.into()), &DURATION_BUCKETS)
+        .unwrap()
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(stampede(Arc::clone(&shared.store), &Counter::default()));
+    });
+    let text = handle.render();
+    assert!(!text.contains("summary"), "{name}:\n{text}");
+    for family in [
+        "stampede_lookups_total",
+        "stampede_loads_total",
+        "stampede_load_duration_seconds",
+        "stampede_lock_total",
+        "stampede_follower_wait_seconds",
+        "stampede_l1_bytes",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(&format!("# HELP {family} "))),
+            "{name}: no HELP for {family}:\n{text}"
+        );
+    }
+    for histogram in HISTOGRAMS {
+        let kind = format!("# TYPE {histogram} histogram");
+        assert!(text.lines().any(|l| l == kind), "{name}: {kind}:\n{text}");
+    }
+    let line = |l: &str| assert!(text.lines().any(|t| t == l), "{name}: no {l:?} in:\n{text}");
+    // The one load: in every bucket from its own up, so at least in the last two.
+    line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"30\"} 1");
+    line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"+Inf\"} 1");
+    line("stampede_load_duration_seconds_count{namespace=\"metrics\"} 1");
+    // Each bound is a bucket of both histograms.
+    for bound in DURATION_BUCKETS {
+        let le = format!("le=\"{bound}\"");
+        for prefix in [
+            "stampede_load_duration_seconds_bucket{namespace=\"metrics\",",
+            "stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",",
         ] {
             assert!(
                 text.lines()
-                    .any(|l| l.starts_with(&format!("# HELP {family} "))),
-                "{name}: no HELP for {family}:\n{text}"
+                    .any(|l| l.starts_with(&format!("{prefix}{le}}}"))),
+                "{name}: no {prefix}{le}}} in:\n{text}"
             );
         }
-        for histogram in HISTOGRAMS {
-            let kind = format!("# TYPE {histogram} histogram");
-            assert!(text.lines().any(|l| l == kind), "{name}: {kind}:\n{text}");
-        }
-        let line = |l: &str| assert!(text.lines().any(|t| t == l), "{name}: no {l:?} in:\n{text}");
-        // The one load: in every bucket from its own up, so at least in the last two.
-        line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"30\"} 1");
-        line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"+Inf\"} 1");
-        line("stampede_load_duration_seconds_count{namespace=\"metrics\"} 1");
-        // Each bound is a bucket of both histograms.
-        for bound in DURATION_BUCKETS {
-            let le = format!("le=\"{bound}\"");
-            for prefix in [
-                "stampede_load_duration_seconds_bucket{namespace=\"metrics\",",
-                "stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",",
-            ] {
-                assert!(
-                    text.lines()
-                        .any(|l| l.starts_with(&format!("{prefix}{le}}}"))),
-                    "{name}: no {prefix}{le}}} in:\n{text}"
-                );
-            }
-        }
-        // 98 callers joined a flight of their instance; none waited 30 s.
-        line("stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",le=\"30\"} 98");
-        line("stampede_follower_wait_seconds_count{namespace=\"metrics\",ended=\"joined\"} 98");
     }
+    // 98 callers joined a flight of their instance; none waited 30 s.
+    line("stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",le=\"30\"} 98");
+    line("stampede_follower_wait_seconds_count{namespace=\"metrics\",ended=\"joined\"} 98");
 }
 
+store_test!(
+    two_caches_of_one_process_are_told_apart_by_namespace,
+    block_on
+);
 /// Two caches of one process (say the HTTP layer's and a hot key's) record under their own
 /// `namespace` label: a load, a hit and the L1 size of one are not counted for the other.
-#[test]
-fn two_caches_of_one_process_are_told_apart_by_namespace() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for shared in runtime.block_on(Shared::both()) {
-        let name = shared.name;
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || {
-            runtime.block_on(async {
-                let pages = shared.cache().namespace("pages").build();
-                let hot = shared.cache().namespace("hot").build();
-                for (cache, calls) in [(&pages, 3), (&hot, 1)] {
-                    for _ in 0..calls {
-                        let value = cache
-                            .get_or_load("k", || async {
-                                Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
-                            })
-                            .await
-                            .unwrap();
-                        assert_eq!(value, "v");
-                    }
+fn two_caches_of_one_process_are_told_apart_by_namespace(runtime: &Runtime, shared: Shared) {
+    let name = shared.name;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let pages = shared.cache().namespace("pages").build();
+            let hot = shared.cache().namespace("hot").build();
+            for (cache, calls) in [(&pages, 3), (&hot, 1)] {
+                for _ in 0..calls {
+                    let value = cache
+                        .get_or_load("k", || async {
+                            Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+                        })
+                        .await
+                        .unwrap();
+                    assert_eq!(value, "v");
                 }
-            });
+            }
         });
-        let m = read(&snapshotter);
-        let at = |metric: &str| value(&m, metric);
-        for namespace in ["pages", "hot"] {
-            assert_eq!(
-                at(&format!("stampede_loads_total{{namespace={namespace}}}")),
-                1.0,
-                "{name}: {m:?}"
-            );
-            assert!(
-                at(&format!("stampede_l1_bytes{{namespace={namespace}}}")) > 0.0,
-                "{name}: {m:?}"
-            );
-        }
+    });
+    let m = read(&snapshotter);
+    let at = |metric: &str| value(&m, metric);
+    for namespace in ["pages", "hot"] {
         assert_eq!(
-            at("stampede_lookups_total{namespace=pages,outcome=hit-l1}"),
-            2.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_lookups_total{namespace=hot,outcome=hit-l1}"),
-            0.0,
+            at(&format!("stampede_loads_total{{namespace={namespace}}}")),
+            1.0,
             "{name}: {m:?}"
         );
         assert!(
-            m.iter().all(|(metric, _)| metric.contains("namespace=")),
-            "{name}: a metric without its namespace: {m:?}"
+            at(&format!("stampede_l1_bytes{{namespace={namespace}}}")) > 0.0,
+            "{name}: {m:?}"
         );
     }
+    assert_eq!(
+        at("stampede_lookups_total{namespace=pages,outcome=hit-l1}"),
+        2.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_lookups_total{namespace=hot,outcome=hit-l1}"),
+        0.0,
+        "{name}: {m:?}"
+    );
+    assert!(
+        m.iter().all(|(metric, _)| metric.contains("namespace=")),
+        "{name}: a metric without its namespace: {m:?}"
+    );
 }
 
+store_test!(passes_are_counted_by_reason, block_on);
 /// Issue 40: passes are counted by the rule that made them
 /// (`stampede_http_passes_total{reason}`): a request with a session cookie whose response
 /// does not say it may be shared, and one with a method override.
-#[test]
-fn passes_are_counted_by_reason() {
+fn passes_are_counted_by_reason(runtime: &Runtime, shared: Shared) {
     use axum::http::HeaderValue;
     use axum::response::IntoResponse;
     use support::http::send;
     use tower_stampede::StampedeLayer;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for shared in runtime.block_on(Shared::both()) {
-        let name = shared.name;
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || {
-            runtime.block_on(async {
-                let cache = shared.cache().namespace("pages").build();
-                let app = axum::Router::new()
-                    .fallback(|| async {
-                        let mut response = "page".into_response();
-                        response
-                            .headers_mut()
-                            .insert("cache-control", HeaderValue::from_static("max-age=60"));
-                        response
-                    })
-                    .layer(StampedeLayer::new(cache));
-                let uri = "http://app.test/p";
-                for _ in 0..2 {
-                    send(&app, "GET", uri, &[("cookie", "session=alice")]).await;
-                }
-                send(&app, "GET", uri, &[("x-http-method-override", "GET")]).await;
-                send(&app, "GET", uri, &[("cookie", "_ga=GA1.2.3")]).await;
-            });
+    let name = shared.name;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let cache = shared.cache().namespace("pages").build();
+            let app = axum::Router::new()
+                .fallback(|| async {
+                    let mut response = "page".into_response();
+                    response
+                        .headers_mut()
+                        .insert("cache-control", HeaderValue::from_static("max-age=60"));
+                    response
+                })
+                .layer(StampedeLayer::new(cache));
+            let uri = "http://app.test/p";
+            for _ in 0..2 {
+                send(&app, "GET", uri, &[("cookie", "session=alice")]).await;
+            }
+            send(&app, "GET", uri, &[("x-http-method-override", "GET")]).await;
+            send(&app, "GET", uri, &[("cookie", "_ga=GA1.2.3")]).await;
         });
-        let m = read(&snapshotter);
-        let at = |metric: &str| value(&m, metric);
-        assert_eq!(
-            at("stampede_http_passes_total{namespace=pages,reason=credentials}"),
-            2.0,
-            "{name}: {m:?}"
-        );
-        assert_eq!(
-            at("stampede_http_passes_total{namespace=pages,reason=method-override}"),
-            1.0,
-            "{name}: {m:?}"
-        );
-        let passes: f64 = m
-            .iter()
-            .filter(|(metric, _)| metric.starts_with("stampede_http_passes_total"))
-            .map(|(_, v)| v)
-            .sum();
-        assert_eq!(passes, 3.0, "{name}: an analytics cookie is no pass: {m:?}");
-    }
+    });
+    let m = read(&snapshotter);
+    let at = |metric: &str| value(&m, metric);
+    assert_eq!(
+        at("stampede_http_passes_total{namespace=pages,reason=credentials}"),
+        2.0,
+        "{name}: {m:?}"
+    );
+    assert_eq!(
+        at("stampede_http_passes_total{namespace=pages,reason=method-override}"),
+        1.0,
+        "{name}: {m:?}"
+    );
+    let passes: f64 = m
+        .iter()
+        .filter(|(metric, _)| metric.starts_with("stampede_http_passes_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(passes, 3.0, "{name}: an analytics cookie is no pass: {m:?}");
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{stale_while_one_refreshes, timed_test, Counter, Shared};
+use support::{stale_while_one_refreshes, store_test, timed_test, Counter, Shared};
 use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, Renewal};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, Previous, WaitTimeoutPolicy};
@@ -174,92 +174,88 @@ async fn a_changed_value_replaces_the_previous_one(stores: Vec<Shared>) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_a_previous_value_not_modified_is_a_failed_load() {
-    for shared in Shared::both().await {
-        let cache = shared.cache().failure_ttl(Duration::ZERO).build();
-        let loads = Counter::default();
-        let error = cache
-            .fetch_revalidating("cold", {
-                let loads = loads.clone();
-                move |previous| async move {
-                    loads.hit();
-                    assert!(previous.is_none());
-                    Ok::<_, std::io::Error>(Loaded::not_modified())
-                }
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
-        // Nothing was stored and the lock is free: the next load runs and fills.
-        let fetched = cache
-            .fetch_revalidating("cold", |_| async {
-                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"loaded")))
-            })
-            .await
-            .unwrap();
-        assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
-        assert_eq!(loads.get(), 1, "{}", shared.name);
-    }
+store_test!(without_a_previous_value_not_modified_is_a_failed_load);
+async fn without_a_previous_value_not_modified_is_a_failed_load(shared: Shared) {
+    let cache = shared.cache().failure_ttl(Duration::ZERO).build();
+    let loads = Counter::default();
+    let error = cache
+        .fetch_revalidating("cold", {
+            let loads = loads.clone();
+            move |previous| async move {
+                loads.hit();
+                assert!(previous.is_none());
+                Ok::<_, std::io::Error>(Loaded::not_modified())
+            }
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+    // Nothing was stored and the lock is free: the next load runs and fills.
+    let fetched = cache
+        .fetch_revalidating("cold", |_| async {
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"loaded")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
+    assert_eq!(loads.get(), 1, "{}", shared.name);
 }
 
+store_test!(renew_is_fenced_and_keeps_the_bytes);
 /// The store's renewal: fenced by the lock's token, it makes the value fresh again without
 /// rewriting it, frees the lock, and says when there is no value to renew.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn renew_is_fenced_and_keeps_the_bytes() {
-    for shared in Shared::both().await {
-        let store = &shared.store;
-        let cache = shared.cache().build();
-        let key = cache.store_key("renewed");
-        let (ours, theirs) = (LockToken::random(), LockToken::random());
-        let ttl = Duration::from_secs(1);
-        let stale_below = Duration::from_secs(600);
-        // No value: the lock is taken, renewal says there is nothing to renew and keeps it.
-        let lookup = store
-            .lookup(&key, ours, ttl, LockWhen::LifeAtMost(stale_below))
-            .await
-            .unwrap();
-        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
-        let renewed = store.renew(&key, ours, Duration::from_secs(60)).await;
-        assert_eq!(renewed.unwrap(), Renewal::NoValue, "{}", shared.name);
-        assert!(
-            store.extend(&[(key.clone(), ours)], ttl).await.unwrap()[0],
-            "{}",
-            shared.name
-        );
-        // A value (stale under the bound): another token cannot renew it, ours can.
-        let bytes = Bytes::from_static(b"kept as it is");
-        assert!(store
-            .fill(&key, ours, bytes.clone(), Duration::from_secs(60))
-            .await
-            .unwrap());
-        let lookup = store
-            .lookup(&key, ours, ttl, LockWhen::LifeAtMost(stale_below))
-            .await
-            .unwrap();
-        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
-        let refused = store.renew(&key, theirs, Duration::from_secs(900)).await;
-        assert_eq!(refused.unwrap(), Renewal::LockLost, "{}", shared.name);
-        let renewed = store.renew(&key, ours, Duration::from_secs(900)).await;
-        assert_eq!(renewed.unwrap(), Renewal::Renewed, "{}", shared.name);
-        let stored = store.get(&key).await.unwrap().unwrap();
-        assert_eq!(stored.bytes, bytes, "{}", shared.name);
-        assert!(
-            stored.ttl.unwrap() > stale_below,
-            "{}: {:?}",
-            shared.name,
-            stored.ttl
-        );
-        // Fresh again: the next lookup does not take the lock (on Redis, the `fresh` marker
-        // the renewal left turns the pipelined `SET NX` away).
-        let lookup = store
-            .lookup(&key, theirs, ttl, LockWhen::LifeAtMost(stale_below))
-            .await
-            .unwrap();
-        assert_eq!(lookup.lock, LockState::NotRequested, "{}", shared.name);
-        // The renewal freed the lock: it is ours no more.
-        assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
-    }
+async fn renew_is_fenced_and_keeps_the_bytes(shared: Shared) {
+    let store = &shared.store;
+    let cache = shared.cache().build();
+    let key = cache.store_key("renewed");
+    let (ours, theirs) = (LockToken::random(), LockToken::random());
+    let ttl = Duration::from_secs(1);
+    let stale_below = Duration::from_secs(600);
+    // No value: the lock is taken, renewal says there is nothing to renew and keeps it.
+    let lookup = store
+        .lookup(&key, ours, ttl, LockWhen::LifeAtMost(stale_below))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    let renewed = store.renew(&key, ours, Duration::from_secs(60)).await;
+    assert_eq!(renewed.unwrap(), Renewal::NoValue, "{}", shared.name);
+    assert!(
+        store.extend(&[(key.clone(), ours)], ttl).await.unwrap()[0],
+        "{}",
+        shared.name
+    );
+    // A value (stale under the bound): another token cannot renew it, ours can.
+    let bytes = Bytes::from_static(b"kept as it is");
+    assert!(store
+        .fill(&key, ours, bytes.clone(), Duration::from_secs(60))
+        .await
+        .unwrap());
+    let lookup = store
+        .lookup(&key, ours, ttl, LockWhen::LifeAtMost(stale_below))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    let refused = store.renew(&key, theirs, Duration::from_secs(900)).await;
+    assert_eq!(refused.unwrap(), Renewal::LockLost, "{}", shared.name);
+    let renewed = store.renew(&key, ours, Duration::from_secs(900)).await;
+    assert_eq!(renewed.unwrap(), Renewal::Renewed, "{}", shared.name);
+    let stored = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(stored.bytes, bytes, "{}", shared.name);
+    assert!(
+        stored.ttl.unwrap() > stale_below,
+        "{}: {:?}",
+        shared.name,
+        stored.ttl
+    );
+    // Fresh again: the next lookup does not take the lock (on Redis, the `fresh` marker
+    // the renewal left turns the pipelined `SET NX` away).
+    let lookup = store
+        .lookup(&key, theirs, ttl, LockWhen::LifeAtMost(stale_below))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::NotRequested, "{}", shared.name);
+    // The renewal freed the lock: it is ours no more.
+    assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
 }
 
 timed_test!(a_value_s_own_windows_replace_the_cache_s);
@@ -476,76 +472,74 @@ async fn a_result_for_waiters_keeps_the_value_kept_for_revalidation(stores: Vec<
     }
 }
 
+store_test!(answer_waiters_is_fenced_and_keeps_the_value);
 /// The store's answer for waiters: fenced by the lock's token, it keeps the answer beside the
 /// value (which stays, bytes and life), frees the lock, and the answer can be read back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn answer_waiters_is_fenced_and_keeps_the_value() {
-    for shared in Shared::both().await {
-        let store = &shared.store;
-        let cache = shared.cache().build();
-        let key = cache.store_key("answered");
-        let (ours, theirs) = (LockToken::random(), LockToken::random());
-        let (lock_ttl, stale_below) = (Duration::from_secs(5), Duration::from_secs(600));
-        let kept = Bytes::from_static(b"kept for revalidation");
-        // A value stale under the bound, and our lock on it.
-        let lookup = store
-            .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
+async fn answer_waiters_is_fenced_and_keeps_the_value(shared: Shared) {
+    let store = &shared.store;
+    let cache = shared.cache().build();
+    let key = cache.store_key("answered");
+    let (ours, theirs) = (LockToken::random(), LockToken::random());
+    let (lock_ttl, stale_below) = (Duration::from_secs(5), Duration::from_secs(600));
+    let kept = Bytes::from_static(b"kept for revalidation");
+    // A value stale under the bound, and our lock on it.
+    let lookup = store
+        .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    assert!(store
+        .fill(&key, ours, kept.clone(), Duration::from_secs(60))
+        .await
+        .unwrap());
+    let lookup = store
+        .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    let answer = Bytes::from_static(b"503 for the waiters");
+    let ttl = Duration::from_secs(3);
+    // Another token's answer changes nothing.
+    assert!(
+        !store
+            .answer_waiters(&key, theirs, answer.clone(), ttl)
             .await
-            .unwrap();
-        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
-        assert!(store
-            .fill(&key, ours, kept.clone(), Duration::from_secs(60))
+            .unwrap(),
+        "{}",
+        shared.name
+    );
+    assert_eq!(
+        store.waiters_answer(&key).await.unwrap(),
+        None,
+        "{}",
+        shared.name
+    );
+    assert!(
+        store
+            .answer_waiters(&key, ours, answer.clone(), ttl)
             .await
-            .unwrap());
-        let lookup = store
-            .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
-            .await
-            .unwrap();
-        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
-        let answer = Bytes::from_static(b"503 for the waiters");
-        let ttl = Duration::from_secs(3);
-        // Another token's answer changes nothing.
-        assert!(
-            !store
-                .answer_waiters(&key, theirs, answer.clone(), ttl)
-                .await
-                .unwrap(),
-            "{}",
-            shared.name
-        );
-        assert_eq!(
-            store.waiters_answer(&key).await.unwrap(),
-            None,
-            "{}",
-            shared.name
-        );
-        assert!(
-            store
-                .answer_waiters(&key, ours, answer.clone(), ttl)
-                .await
-                .unwrap(),
-            "{}",
-            shared.name
-        );
-        let read = store.waiters_answer(&key).await.unwrap().unwrap();
-        assert_eq!(read.bytes, answer, "{}", shared.name);
-        assert!(read.ttl.is_some_and(|t| t <= ttl), "{}", shared.name);
-        let value = store.get(&key).await.unwrap().unwrap();
-        assert_eq!(value.bytes, kept, "{}: the value stays", shared.name);
-        assert!(
-            value
-                .ttl
-                .is_some_and(|t| t > ttl && t <= Duration::from_secs(60)),
-            "{}: with its life",
-            shared.name
-        );
-        // The lock is free (ours no more): the next lookup of the stale value takes it.
-        assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
-        let lookup = store
-            .lookup(&key, theirs, lock_ttl, LockWhen::LifeAtMost(stale_below))
-            .await
-            .unwrap();
-        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
-        assert_eq!(lookup.value.unwrap().bytes, kept, "{}", shared.name);
-    }
+            .unwrap(),
+        "{}",
+        shared.name
+    );
+    let read = store.waiters_answer(&key).await.unwrap().unwrap();
+    assert_eq!(read.bytes, answer, "{}", shared.name);
+    assert!(read.ttl.is_some_and(|t| t <= ttl), "{}", shared.name);
+    let value = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(value.bytes, kept, "{}: the value stays", shared.name);
+    assert!(
+        value
+            .ttl
+            .is_some_and(|t| t > ttl && t <= Duration::from_secs(60)),
+        "{}: with its life",
+        shared.name
+    );
+    // The lock is free (ours no more): the next lookup of the stale value takes it.
+    assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
+    let lookup = store
+        .lookup(&key, theirs, lock_ttl, LockWhen::LifeAtMost(stale_below))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(lookup.value.unwrap().bytes, kept, "{}", shared.name);
 }

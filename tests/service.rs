@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{wait_until, Counter, Shared};
+use support::{store_test, wait_until, Counter, Shared};
 use tokio::sync::watch;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
@@ -214,109 +214,99 @@ async fn held_stampede(
     spread
 }
 
+store_test!(identical_calls_over_four_instances_cost_one_backend_call);
 /// A stampede: 1,000 identical calls over four instances that share one store cost one call
 /// of the backend, and every caller gets its answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn identical_calls_over_four_instances_cost_one_backend_call() {
-    for shared in Shared::both().await {
-        let backend = Backend::new(false);
-        let instances = instances(&shared, 4, &backend, true, &Counter::default());
-        let calls = spread(&instances, 1000, &ask("hot"));
-        wait_until("the load started", || backend.calls.get() == 1).await;
-        backend.open();
-        every_answer(calls, Ok("value of hot"), shared.name).await;
-        assert_eq!(backend.calls.get(), 1, "{}: backend calls", shared.name);
-    }
+async fn identical_calls_over_four_instances_cost_one_backend_call(shared: Shared) {
+    let backend = Backend::new(false);
+    let instances = instances(&shared, 4, &backend, true, &Counter::default());
+    let calls = spread(&instances, 1000, &ask("hot"));
+    wait_until("the load started", || backend.calls.get() == 1).await;
+    backend.open();
+    every_answer(calls, Ok("value of hot"), shared.name).await;
+    assert_eq!(backend.calls.get(), 1, "{}: backend calls", shared.name);
 }
 
+store_test!(different_requests_never_share_an_answer);
 /// Two different requests, at once and on every instance, each get their own answer: one
 /// backend call each, never the other's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn different_requests_never_share_an_answer() {
-    for shared in Shared::both().await {
-        let backend = Backend::new(false);
-        let instances = instances(&shared, 4, &backend, true, &Counter::default());
-        let first = spread(&instances, 50, &ask("first"));
-        let second = spread(&instances, 50, &ask("second"));
-        wait_until("both loads started", || backend.calls.get() == 2).await;
-        backend.open();
-        every_answer(first, Ok("value of first"), shared.name).await;
-        every_answer(second, Ok("value of second"), shared.name).await;
-        assert_eq!(backend.calls.get(), 2, "{}", shared.name);
-    }
+async fn different_requests_never_share_an_answer(shared: Shared) {
+    let backend = Backend::new(false);
+    let instances = instances(&shared, 4, &backend, true, &Counter::default());
+    let first = spread(&instances, 50, &ask("first"));
+    let second = spread(&instances, 50, &ask("second"));
+    wait_until("both loads started", || backend.calls.get() == 2).await;
+    backend.open();
+    every_answer(first, Ok("value of first"), shared.name).await;
+    every_answer(second, Ok("value of second"), shared.name).await;
+    assert_eq!(backend.calls.get(), 2, "{}", shared.name);
 }
 
+store_test!(an_inner_error_reaches_every_waiter_and_is_not_stored);
 /// The inner service fails while calls on four instances wait for its load: they get the
 /// inner service's own error, shared across instances by the codec (a call that reached its
 /// instance just as the load ended loads again, and gets its own load's error), and nothing
 /// is stored, so the next call goes to the backend again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inner_error_reaches_every_waiter_and_is_not_stored() {
-    for shared in Shared::both().await {
-        let (backend, keyed) = (Backend::new(false), Counter::default());
-        let instances = instances(&shared, 4, &backend, true, &keyed);
-        let calls = held_stampede(&instances, &backend, &keyed, 200, "broken").await;
-        let mut first = [0; 4];
-        for (i, call) in calls.into_iter().enumerate() {
-            match call.await.unwrap() {
-                Err(error) if error == down(1) => first[i % 4] += 1,
-                Err(Failure::Backend(_)) => {}
-                other => panic!("{}: {other:?}", shared.name),
-            }
+async fn an_inner_error_reaches_every_waiter_and_is_not_stored(shared: Shared) {
+    let (backend, keyed) = (Backend::new(false), Counter::default());
+    let instances = instances(&shared, 4, &backend, true, &keyed);
+    let calls = held_stampede(&instances, &backend, &keyed, 200, "broken").await;
+    let mut first = [0; 4];
+    for (i, call) in calls.into_iter().enumerate() {
+        match call.await.unwrap() {
+            Err(error) if error == down(1) => first[i % 4] += 1,
+            Err(Failure::Backend(_)) => {}
+            other => panic!("{}: {other:?}", shared.name),
         }
-        assert!(
-            first.iter().all(|&waited| waited > 10),
-            "{}: the calls of each instance that got the first load's error: {first:?}",
-            shared.name
-        );
-        let loads = backend.calls.get();
-        let again = instances[0].clone().oneshot(ask("broken")).await;
-        assert_eq!(again, Err(down(loads + 1)), "{}: not stored", shared.name);
     }
+    assert!(
+        first.iter().all(|&waited| waited > 10),
+        "{}: the calls of each instance that got the first load's error: {first:?}",
+        shared.name
+    );
+    let loads = backend.calls.get();
+    let again = instances[0].clone().oneshot(ask("broken")).await;
+    assert_eq!(again, Err(down(loads + 1)), "{}: not stored", shared.name);
 }
 
+store_test!(an_inner_error_reaches_the_waiters_of_its_process_without_an_error_codec);
 /// Without a codec for errors, the calls waiting in the same process get the inner service's
 /// own error (a clone of it, through the engine's shared failure), and nothing is stored.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inner_error_reaches_the_waiters_of_its_process_without_an_error_codec() {
-    for shared in Shared::both().await {
-        let (backend, keyed) = (Backend::new(false), Counter::default());
-        let instance = instances(&shared, 1, &backend, false, &keyed);
-        let calls = held_stampede(&instance, &backend, &keyed, 100, "broken").await;
-        every_answer(calls, Err(down(1)), shared.name).await;
-        let again = instance[0].clone().oneshot(ask("broken")).await;
-        assert_eq!(again, Err(down(2)), "{}: not stored", shared.name);
-    }
+async fn an_inner_error_reaches_the_waiters_of_its_process_without_an_error_codec(shared: Shared) {
+    let (backend, keyed) = (Backend::new(false), Counter::default());
+    let instance = instances(&shared, 1, &backend, false, &keyed);
+    let calls = held_stampede(&instance, &backend, &keyed, 100, "broken").await;
+    every_answer(calls, Err(down(1)), shared.name).await;
+    let again = instance[0].clone().oneshot(ask("broken")).await;
+    assert_eq!(again, Err(down(2)), "{}: not stored", shared.name);
 }
 
+store_test!(requests_without_a_key_pass_through_untouched);
 /// A request whose key is `None` (one with a credential) goes to the inner service as it was
 /// sent, every time, even while others like it are in flight; nothing is stored for it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_without_a_key_pass_through_untouched() {
-    for shared in Shared::both().await {
-        let backend = Backend::new(false);
-        let instances = instances(&shared, 2, &backend, true, &Counter::default());
-        let private = Ask {
-            item: "hot".into(),
-            token: Some("secret".into()),
-        };
-        let calls = spread(&instances, 3, &private);
-        wait_until("every call reached the backend", || {
-            backend.calls.get() == 3
-        })
-        .await;
-        backend.open();
-        every_answer(calls, Ok("value of hot"), shared.name).await;
-        assert_eq!(
-            *backend.seen.lock().unwrap(),
-            vec![private; 3],
-            "{}",
-            shared.name
-        );
-        // The key the item would have had holds nothing: the next keyed call loads.
-        instances[0].clone().oneshot(ask("hot")).await.unwrap();
-        assert_eq!(backend.calls.get(), 4, "{}", shared.name);
-    }
+async fn requests_without_a_key_pass_through_untouched(shared: Shared) {
+    let backend = Backend::new(false);
+    let instances = instances(&shared, 2, &backend, true, &Counter::default());
+    let private = Ask {
+        item: "hot".into(),
+        token: Some("secret".into()),
+    };
+    let calls = spread(&instances, 3, &private);
+    wait_until("every call reached the backend", || {
+        backend.calls.get() == 3
+    })
+    .await;
+    backend.open();
+    every_answer(calls, Ok("value of hot"), shared.name).await;
+    assert_eq!(
+        *backend.seen.lock().unwrap(),
+        vec![private; 3],
+        "{}",
+        shared.name
+    );
+    // The key the item would have had holds nothing: the next keyed call loads.
+    instances[0].clone().oneshot(ask("hot")).await.unwrap();
+    assert_eq!(backend.calls.get(), 4, "{}", shared.name);
 }
 
 /// # Backpressure: the layer is always ready, and only the calls that reach the inner service
@@ -409,25 +399,23 @@ async fn freshness_is_a_function_of_the_response() {
     assert_eq!(backend.calls.get(), 4, "loaded again once stale");
 }
 
+store_test!(after_a_pass_the_waiting_calls_call_the_inner_service);
 /// A response the freshness passes is not stored: the calls that waited for its load each
 /// call the inner service themselves (with their own request), and each gets an answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_pass_the_waiting_calls_call_the_inner_service() {
-    for shared in Shared::both().await {
-        let (backend, keyed) = (Backend::new(false), Counter::default());
-        let cache = shared.cache().build();
-        let layer = CacheLayer::with_codec(cache, counted_key(&keyed), Text { share_errors: true })
-            .freshness(|_: &String| Freshness::pass())
-            .map_error(Failure::from);
-        let service = BoxCloneService::new(
-            ServiceBuilder::new()
-                .layer(layer)
-                .service(backend.service()),
-        );
-        let calls = held_stampede(&[service], &backend, &keyed, 20, "volatile").await;
-        every_answer(calls, Ok("value of volatile"), shared.name).await;
-        assert_eq!(backend.calls.get(), 20, "{}", shared.name);
-    }
+async fn after_a_pass_the_waiting_calls_call_the_inner_service(shared: Shared) {
+    let (backend, keyed) = (Backend::new(false), Counter::default());
+    let cache = shared.cache().build();
+    let layer = CacheLayer::with_codec(cache, counted_key(&keyed), Text { share_errors: true })
+        .freshness(|_: &String| Freshness::pass())
+        .map_error(Failure::from);
+    let service = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(layer)
+            .service(backend.service()),
+    );
+    let calls = held_stampede(&[service], &backend, &keyed, 20, "volatile").await;
+    every_answer(calls, Ok("value of volatile"), shared.name).await;
+    assert_eq!(backend.calls.get(), 20, "{}", shared.name);
 }
 
 /// An error the user asks to store (`cache_errors`) is the answer of the calls after it
@@ -449,48 +437,47 @@ async fn errors_are_stored_only_when_asked() {
     assert_eq!(backend.calls.get(), 2);
 }
 
+#[cfg(feature = "serde")]
+store_test!(serde_responses_by_default, current_thread);
 /// With feature `serde`, responses of any serde type are stored as typed values by default.
 #[cfg(feature = "serde")]
-#[tokio::test]
-async fn serde_responses_by_default() {
+async fn serde_responses_by_default(shared: Shared) {
     #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
     struct User {
         id: u64,
         name: String,
     }
-    for shared in Shared::both().await {
-        let calls = Counter::default();
-        let backend = {
-            let calls = calls.clone();
-            service_fn(move |id: u64| {
-                calls.hit();
-                async move {
-                    Ok::<_, BoxError>(User {
-                        id,
-                        name: "Ada".into(),
-                    })
-                }
-            })
-        };
-        let make = |backend| {
-            let layer = CacheLayer::new(shared.cache().build(), |id: &u64| Some(id.to_be_bytes()));
-            ServiceBuilder::new().layer(layer).service(backend)
-        };
-        let (one, other) = (make(backend.clone()), make(backend));
-        let ada = User {
-            id: 42,
-            name: "Ada".into(),
-        };
-        assert_eq!(
-            one.clone().oneshot(42).await.unwrap(),
-            ada,
-            "{}",
-            shared.name
-        );
-        assert_eq!(one.oneshot(42).await.unwrap(), ada, "{}: L1", shared.name);
-        assert_eq!(other.oneshot(42).await.unwrap(), ada, "{}: L2", shared.name);
-        assert_eq!(calls.get(), 1, "{}", shared.name);
-    }
+    let calls = Counter::default();
+    let backend = {
+        let calls = calls.clone();
+        service_fn(move |id: u64| {
+            calls.hit();
+            async move {
+                Ok::<_, BoxError>(User {
+                    id,
+                    name: "Ada".into(),
+                })
+            }
+        })
+    };
+    let make = |backend| {
+        let layer = CacheLayer::new(shared.cache().build(), |id: &u64| Some(id.to_be_bytes()));
+        ServiceBuilder::new().layer(layer).service(backend)
+    };
+    let (one, other) = (make(backend.clone()), make(backend));
+    let ada = User {
+        id: 42,
+        name: "Ada".into(),
+    };
+    assert_eq!(
+        one.clone().oneshot(42).await.unwrap(),
+        ada,
+        "{}",
+        shared.name
+    );
+    assert_eq!(one.oneshot(42).await.unwrap(), ada, "{}: L1", shared.name);
+    assert_eq!(other.oneshot(42).await.unwrap(), ada, "{}: L2", shared.name);
+    assert_eq!(calls.get(), 1, "{}", shared.name);
 }
 
 /// Stale windows given by the freshness, as the engine applies them (RFC 5861): past its TTL

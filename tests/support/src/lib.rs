@@ -5,7 +5,7 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], [`timed_test!`], waiting helpers |
+//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], the test macros, waiting helpers |
 //! | `http.rs` | requests sent through an app in process, answers read to the end |
 //! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
@@ -56,6 +56,14 @@ macro_rules! timed_test {
 /// over a real `redis-server` of its own, each a test of its own, so that a failure names its
 /// store. Both run on real time in a two-thread runtime; a test of a timing rule is a
 /// [`timed_test!`] instead, on paused time where the store allows.
+///
+/// `store_test!(name, current_thread)` runs the same on tokio's default one-thread runtime
+/// (`#[tokio::test]`), for a test written for one thread.
+///
+/// `store_test!(name, block_on)` runs `fn name(runtime: &Runtime, shared: Shared)`, a plain
+/// `#[test]` given a one-thread runtime of its own (the store made on it), for a test that
+/// wraps its own `runtime.block_on` calls in something of its thread: a thread-local metrics
+/// recorder, which then sees every task of the run.
 #[macro_export]
 macro_rules! store_test {
     ($name:ident) => {
@@ -69,6 +77,45 @@ macro_rules! store_test {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn redis() {
                 super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+    ($name:ident, current_thread) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name($crate::Shared::memory()).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
+            async fn redis() {
+                super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+    ($name:ident, block_on) => {
+        mod $name {
+            fn runtime() -> tokio::runtime::Runtime {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            }
+
+            #[test]
+            fn memory() {
+                let runtime = runtime();
+                let shared = runtime.block_on(async { $crate::Shared::memory() });
+                super::$name(&runtime, shared);
+            }
+
+            #[cfg(feature = "redis")]
+            #[test]
+            fn redis() {
+                let runtime = runtime();
+                let shared = runtime.block_on($crate::Shared::redis());
+                super::$name(&runtime, shared);
             }
         }
     };
