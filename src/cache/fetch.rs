@@ -32,14 +32,8 @@ impl Cache {
         Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let fetched = self
-            .fetch_accepting(
-                key,
-                |_| true,
-                move |_| async move { loader().await.map(Loaded::value).map_err(Into::into) },
-            )
-            .await?;
-        fetched.value_or_pass()
+        let load = move || async move { loader().await.map(Loaded::value) };
+        self.get_or_load_with(key, load).await
     }
 
     /// Like [`get_or_load`](Self::get_or_load), with a loader that chooses each value's TTL or

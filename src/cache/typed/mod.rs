@@ -230,7 +230,7 @@ where
         E: Into<BoxError>,
     {
         let load = move || async move { loader().await.map(Loaded::value) };
-        self.fetch(key, load).await?.value_or_pass()
+        self.get_or_load_with(key, load).await
     }
 
     /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value
