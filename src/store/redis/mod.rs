@@ -10,6 +10,7 @@
 //! | `link.rs` | one server's connection, kept up through an outage, failing calls at once while down |
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
+//! | `liveness.rs` | one server's subscriber watched by a `PING`, replaced when it goes silent |
 //! | `store.rs` | `impl Store for RedisStore`, and reading the replies |
 //! | `lookup.rs` | lookups: a key's three commands in one round trip, a batch's in one pipeline |
 //! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
@@ -35,6 +36,7 @@ mod cluster;
 mod cluster_link;
 mod connection;
 mod link;
+mod liveness;
 mod lookup;
 mod names;
 mod notifications;
