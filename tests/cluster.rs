@@ -10,7 +10,7 @@ use bytes::Bytes;
 use support::observed::Observed;
 use support::{free_port, start_leader, Counter, RedisCluster};
 use tokio::sync::Notify;
-use tower_stampede::store::{LockState, LockToken, LockWhen, RedisStore, Store};
+use tower_stampede::store::{CallLimit, LockState, LockToken, LockWhen, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
 
 /// A process's view of the cluster: a store with connections (and a subscriber) of its own.
@@ -969,7 +969,7 @@ async fn a_stalled_master_fails_its_calls_while_the_others_answer() {
 
 /// On a cluster the client queues every call in one queue of 100 before it routes it, and a
 /// call's store timeout would run while it waits there: a burst of 1,000 cold keys keeps at
-/// most 48 lookups out at once (`RedisStore::calls_at_once`, 96, halved between lookups and
+/// most 48 lookups out at once (`RedisStore`'s `CallLimit`, 96, halved between lookups and
 /// the calls of flights past their lookup), the others waiting in the engine, their timeout
 /// not yet running. (With 256 out at once, 32 processes over 10,000 cold keys on two cores
 /// loaded 14,000 to 28,000 times; with 48, 10,000.)
@@ -977,7 +977,7 @@ async fn a_stalled_master_fails_its_calls_while_the_others_answer() {
 async fn a_burst_on_a_cluster_keeps_within_the_clients_queue() {
     let cluster = RedisCluster::start();
     let store: Arc<dyn Store> = Arc::new(instance(&cluster).await);
-    assert_eq!(store.calls_at_once(), 96);
+    assert_eq!(store.call_limit().map(CallLimit::calls), Some(96));
     let observed = Observed::new(&store, Duration::from_millis(5));
     let cache = Cache::builder_shared(observed.clone())
         .namespace("test")

@@ -44,8 +44,9 @@ impl Health {
     }
 
     /// Whether the store's notifications are received (`Some(false)` while its subscription
-    /// is down or on its way: L1 then keeps nothing read from the store); `None` if the cache
-    /// uses none.
+    /// is down or on its way, or, on one Redis server, while its connection leaves a `PING`
+    /// unanswered for a second: L1 then keeps nothing read from the store); `None` if the
+    /// cache uses none.
     pub fn notifications_live(&self) -> Option<bool> {
         self.notifications
     }

@@ -31,8 +31,9 @@
 //!
 //! Nor can it tell a slow store from a process that asks too much at once: a burst of calls
 //! (a cold start over thousands of keys) queues in the process's own connection, and the last
-//! ones would time out behind the first. So at most [`IN_FLIGHT`] calls of a cache are out at
-//! once; the others wait in the process, and their timeout counts from when they are sent.
+//! ones would time out behind the first. So at most the store's [`CallLimit`] of calls are out
+//! at once, across every cache over the store; the others wait in the process, and their
+//! timeout counts from when they are [sent](send).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,31 +42,19 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-/// How many store calls of one cache may be out at once in each lane, where the store says
-/// nothing else ([`Store::calls_at_once`](crate::store::Store::calls_at_once)): enough to keep a
-/// connection's pipeline full (a few hundred commands take Redis a few milliseconds), few
-/// enough that the last of them is answered well within a timeout.
-pub(super) const IN_FLIGHT: usize = 256;
+#[cfg(doc)]
+use crate::store::CallLimit;
 
-/// The store calls of a cache that are out in one lane, at most its room.
-pub(super) struct InFlight(Semaphore);
-
-impl InFlight {
-    /// A lane with room for `room` calls (at least one).
-    pub(super) fn new(room: usize) -> Self {
-        InFlight(Semaphore::new(room.max(1)))
+/// Waits for room in `lane` (one of a [`CallLimit`]'s) to send a call whose caller read the
+/// clock at `now`: the permit to hold while the call is out, and when its timeout starts
+/// (`now`, or when it got room).
+pub(super) async fn send(lane: &Semaphore, now: Instant) -> (Option<SemaphorePermit<'_>>, Instant) {
+    if let Ok(permit) = lane.try_acquire() {
+        return (Some(permit), now);
     }
-
-    /// Waits for room to send a call whose caller read the clock at `now`: the permit to hold
-    /// while the call is out, and when its timeout starts (`now`, or when it got room).
-    pub(super) async fn send(&self, now: Instant) -> (Option<SemaphorePermit<'_>>, Instant) {
-        if let Ok(permit) = self.0.try_acquire() {
-            return (Some(permit), now);
-        }
-        // The semaphore is never closed; were it, the call would go out unbounded.
-        let permit = self.0.acquire().await.ok();
-        (permit, Instant::now().max(now))
-    }
+    // The semaphore is never closed; were it, the call would go out unbounded.
+    let permit = lane.acquire().await.ok();
+    (permit, Instant::now().max(now))
 }
 
 /// The most a call may take, in timeouts, however late its timers fire.

@@ -46,13 +46,15 @@
 //!   [`restored`](Notifier::restored) as its subscription drops and comes back,
 //!   [`subscription_failed`](Notifier::subscription_failed)); the engine takes
 //!   [`Stamp`]s and [`FillWatch`]es from it;
-//! - tag invalidation: [`TagClock`], [`TagVersions`] and [`MAX_TAG_VERSIONS`].
+//! - tag invalidation: [`TagClock`], [`TagVersions`] and [`MAX_TAG_VERSIONS`];
+//! - how many calls it takes at once: [`CallLimit`], shared by every cache over the store.
 //!
 //! A store's health is read through the cache, not the store: [`Cache::health`]
 //! (`notifications_live`, `store_answers`, `breaker_closed`).
 //!
 //! [`Cache::health`]: crate::Cache::health
 
+mod call_limit;
 mod error;
 pub(crate) mod key;
 mod memory;
@@ -68,6 +70,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use call_limit::CallLimit;
 pub use error::{StoreError, StoreErrorKind};
 pub use key::{KeyDigest, LockToken, StoreKey};
 pub use memory::MemoryStore;
@@ -417,11 +420,15 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
 
     /// How many calls the store takes at once before it queues them inside its client, where
     /// their time would run against the engine's store timeout while they have not even been
-    /// sent. The engine keeps at most this many of a cache's calls out (half for lookups, half
-    /// for the calls of flights past their lookup) and makes the others wait for room, their
-    /// timeout not yet running. Default: 512.
-    fn calls_at_once(&self) -> usize {
-        512
+    /// sent: a limit the store owns, shared by its clones, so that every cache over the store
+    /// keeps its calls within it together. The engine keeps at most this many calls out (half
+    /// for lookups, half for the calls of flights past their lookup) and makes the others wait
+    /// for room, their timeout not yet running. A wrapper store returns its inner store's.
+    ///
+    /// Default: `None`, and each cache over the store keeps a limit of its own, of
+    /// [`CallLimit::DEFAULT_CALLS`].
+    fn call_limit(&self) -> Option<&CallLimit> {
+        None
     }
 }
 

@@ -219,6 +219,38 @@ async fn a_burst_of_cold_keys_sends_at_most_256_lookups_at_once() {
     );
 }
 
+/// Two caches over one `RedisStore` (two namespaces of one app, say) ask for 500 cold keys
+/// each at once, over lookups that take 10 ms: together they keep at most 256 lookups out, the
+/// store's limit, not 256 each, which would queue twice as many calls in the store's client as
+/// it takes before their timeouts run there. (Several caches over one `MemoryStore` stand for
+/// several processes, each with a client of its own: each keeps a limit of its own.)
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caches_over_one_store_share_its_limit_of_calls_in_flight() {
+    let shared = Shared::redis().await;
+    let observed = Observed::new(&shared.store, Duration::from_millis(10));
+    let caches = ["one", "two"].map(|namespace| {
+        Cache::builder_shared(observed.clone())
+            .namespace(namespace)
+            .store_timeout(support::PATIENT)
+            .build()
+    });
+    let loads = Counter::default();
+    let mut calls = tokio::task::JoinSet::new();
+    for key in 0..1_000 {
+        let (cache, load) = (
+            caches[key % 2].clone(),
+            crate::slow_value(&loads, Duration::ZERO, "v"),
+        );
+        calls.spawn(async move { cache.get_or_load(format!("cold-{key}"), load).await });
+    }
+    while let Some(call) = calls.join_next().await {
+        assert_eq!(call.unwrap().unwrap(), "v");
+    }
+    assert_eq!(loads.get(), 1_000);
+    assert_eq!(observed.most_lookups_out(), 256);
+}
+
 timed_test!(a_burst_of_cold_keys_fills_before_its_locks_run_out);
 /// A cold start over 2,000 keys in one process, over a store whose lookups answer 50 ms late:
 /// 256 lookups go out at a time, so the burst's lookups take eight rounds, 400 ms. Each

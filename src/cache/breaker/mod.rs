@@ -29,11 +29,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{store_timeout, telemetry::Meter, Config};
-use crate::store::{KeyDigest, Store, StoreError, StoreKey};
+use crate::store::{CallLimit, KeyDigest, Store, StoreError, StoreKey};
 
 /// What the breaker lets a store call do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,12 +107,11 @@ pub(crate) struct Breaker {
     /// Times the breaker opened.
     opened: AtomicU64,
     meter: Meter,
-    /// The calls that are out, but those of flights past their lookup.
-    in_flight: store_timeout::InFlight,
-    /// The calls of flights past their lookup that are out (the tag clock read before a load,
-    /// fills, renewals, releases): a lane of their own, so that they never wait behind a
-    /// burst of lookups while their locks run out.
-    finishing: store_timeout::InFlight,
+    /// The room for calls out at once: the store's, shared with every cache over it, or one
+    /// of this cache's own. Lookups go in one lane; the calls of flights past their lookup
+    /// (the tag clock read before a load, fills, renewals, releases) in another, so that they
+    /// never wait behind a burst of lookups while their locks run out.
+    in_flight: CallLimit,
     /// The calls the store answered: what tells a queued call from a stuck one.
     answers: store_timeout::Answers,
 }
@@ -126,7 +126,7 @@ pub(super) struct CallCounts {
 impl Breaker {
     /// A closed breaker over `store`, as `config` sets it; a threshold of 0 never opens.
     pub(crate) fn new(config: &Config, store: Arc<dyn Store>) -> Self {
-        let lane = (store.calls_at_once() / 2).min(store_timeout::IN_FLIGHT);
+        let in_flight = store.call_limit().cloned().unwrap_or_default();
         Breaker {
             threshold: config.breaker_threshold,
             open_for: config.breaker_open_for,
@@ -146,8 +146,7 @@ impl Breaker {
             skipped: AtomicU64::new(0),
             opened: AtomicU64::new(0),
             meter: Meter::new(&config.namespace),
-            in_flight: store_timeout::InFlight::new(lane),
-            finishing: store_timeout::InFlight::new(lane),
+            in_flight,
             answers: store_timeout::Answers::default(),
         }
     }
@@ -293,8 +292,8 @@ impl Breaker {
 impl Breaker {
     /// One store call, bounded by the store timeout (measured against the store: see
     /// [`store_timeout`]), counted if it fails, and not made at all while the circuit breaker
-    /// is open. Past [`IN_FLIGHT`](store_timeout::IN_FLIGHT) calls out at once, it waits for
-    /// room, and its timeout counts from when it is sent.
+    /// is open. Past the store's [`CallLimit`] of calls out at once, it waits for room, and its
+    /// timeout counts from when it is sent.
     pub(super) async fn call<T>(
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>>,
@@ -309,7 +308,7 @@ impl Breaker {
         now: Instant,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.call_in(&self.in_flight, now, call).await
+        self.call_in(self.in_flight.lookups(), now, call).await
     }
 
     /// [`call`](Self::call) for a flight past its lookup (the tag clock read before its load,
@@ -321,17 +320,18 @@ impl Breaker {
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.call_in(&self.finishing, Instant::now(), call).await
+        self.call_in(self.in_flight.finishing(), Instant::now(), call)
+            .await
     }
 
     async fn call_in<T>(
         self: &Arc<Self>,
-        lane: &store_timeout::InFlight,
+        lane: &Semaphore,
         now: Instant,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         // Room first, so that a breaker opened meanwhile spares a call that waited for it.
-        let (_sending, now) = lane.send(now).await;
+        let (_sending, now) = store_timeout::send(lane, now).await;
         let trial = match self.admit() {
             Admit::Call => None,
             Admit::Probe => Some(Trial {

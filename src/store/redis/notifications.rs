@@ -4,7 +4,9 @@
 //! process's followers.
 //!
 //! Pub/sub is lossy (a message sent while the subscriber reconnects is gone), so followers poll
-//! as well: a lost message costs latency, never correctness.
+//! as well: a lost message costs latency, never correctness. One server's subscriber is
+//! watched: a connection gone silent without closing is noticed and replaced (see
+//! [`liveness`](super::liveness)).
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
@@ -12,7 +14,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use redis::aio::ConnectionManager;
 use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
 use tracing::{debug, warn};
 
@@ -24,7 +25,7 @@ use super::cluster::Cluster;
 #[cfg(feature = "cluster")]
 use super::cluster_link::ClusterLink;
 use super::connection::Connection;
-use super::link::Link;
+use super::liveness::{Generation, ServerSubscriber};
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
 use super::names::{channel, namespace_of, CLEARED};
@@ -34,7 +35,7 @@ use crate::store::{KeyDigest, Notifier, StoreKey};
 /// reconnect) and the followers it wakes.
 #[derive(Clone)]
 pub(super) struct Notifications {
-    subscriber: Connection,
+    subscriber: Subscriber,
     pub(super) notifier: Notifier,
     channels: Arc<Mutex<Channels>>,
     /// What this store's messages say after the digest (`:` and 16 random hex digits), so its
@@ -43,6 +44,25 @@ pub(super) struct Notifications {
     /// The store's choice of sharded pub/sub (see `RedisStore::sharded`): the shard channels
     /// are subscribed to while it holds, and it is cleared if the server refuses them.
     sharded: Arc<AtomicBool>,
+}
+
+/// The subscriber's connection: one server's, replaced when it goes silent, or a cluster's.
+#[derive(Clone)]
+pub(super) enum Subscriber {
+    Server(ServerSubscriber),
+    #[cfg(feature = "cluster")]
+    Cluster(Connection),
+}
+
+impl Subscriber {
+    /// The connection to subscribe on.
+    fn connection(&self) -> Connection {
+        match self {
+            Subscriber::Server(server) => server.connection(),
+            #[cfg(feature = "cluster")]
+            Subscriber::Cluster(cluster) => cluster.clone(),
+        }
+    }
 }
 
 /// A random origin tag, `:` and 16 hex digits.
@@ -59,6 +79,13 @@ fn new_origin() -> [u8; 17] {
 #[derive(Default)]
 struct Channels {
     names: HashSet<Arc<str>>,
+    /// Every namespace ever subscribed, forgotten or not: what a watched subscriber subscribes
+    /// again by itself.
+    wanted: HashSet<Arc<str>>,
+    /// Whether the subscriber's connection left a `PING` unanswered (see
+    /// [`liveness`](super::liveness)): notifications are lost until it answers, whatever the
+    /// subscriptions say.
+    silent: bool,
     /// The namespace of `names` that was watched last: a store serves one namespace more
     /// often than not, and this is one comparison where the set would hash the name.
     last: Option<Arc<str>>,
@@ -92,15 +119,16 @@ impl Channels {
 
 /// What a subscriber's pushes reach: the notifier, the channels, the store's own origin tag,
 /// and the store's connection (checked when the subscriber's drops).
-struct Parts {
-    notifier: Notifier,
+#[derive(Clone)]
+pub(super) struct Parts {
+    pub(super) notifier: Notifier,
     channels: Arc<Mutex<Channels>>,
     origin: Arc<[u8; 17]>,
     store: Connection,
 }
 
 impl Parts {
-    fn new(store: &Connection) -> Self {
+    pub(super) fn new(store: &Connection) -> Self {
         Parts {
             notifier: Notifier::new(),
             channels: Arc::default(),
@@ -110,9 +138,11 @@ impl Parts {
     }
 
     /// What the subscriber does with a push: a message wakes followers; a dropped connection
-    /// (or a shard channel gone elsewhere) counts notifications as lost.
-    fn on_push(
+    /// (or a shard channel gone elsewhere) counts notifications as lost. A push from a manager
+    /// of another `generation` than the subscriber's current one (replaced since) is ignored.
+    pub(super) fn on_push(
         &self,
+        generation: Option<Generation>,
     ) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Send + Sync + 'static {
         let (wake, forget, own) = (
             self.notifier.clone(),
@@ -121,6 +151,9 @@ impl Parts {
         );
         let store = self.store.clone();
         move |push: PushInfo| {
+            if generation.as_ref().is_some_and(|mine| !mine.is_current()) {
+                return Ok(());
+            }
             // This crate never unsubscribes: an `SUNSUBSCRIBE` comes from a node whose slot,
             // with the shard channel in it, went elsewhere.
             if matches!(push.kind, PushKind::Disconnection | PushKind::SUnsubscribe) {
@@ -139,13 +172,16 @@ impl Parts {
             Ok(())
         }
     }
+}
 
-    fn into_notifications(self, subscriber: Connection, sharded: Arc<AtomicBool>) -> Notifications {
+impl Notifications {
+    /// The notifications of `subscriber`, whose pushes reach `parts`.
+    pub(super) fn of(subscriber: Subscriber, parts: &Parts, sharded: Arc<AtomicBool>) -> Self {
         Notifications {
             subscriber,
-            notifier: self.notifier,
-            channels: self.channels,
-            origin: self.origin,
+            notifier: parts.notifier.clone(),
+            channels: Arc::clone(&parts.channels),
+            origin: Arc::clone(&parts.origin),
             sharded,
         }
     }
@@ -165,8 +201,8 @@ impl Notifications {
             let parts = Parts::new(store);
             let client = cluster_subscriber(builder, infos, &parts)?;
             let link = ClusterLink::connected(client.get_async_connection().await?);
-            let subscriber = Connection::Cluster(Cluster::new(link));
-            return Ok(parts.into_notifications(subscriber, sharded));
+            let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
+            return Ok(Notifications::of(subscriber, &parts, sharded));
         }
         // The manager retries without end, its first connection too: try once first, so that
         // a server that refuses RESP3 or these credentials means no notifications (and a
@@ -197,19 +233,22 @@ impl Notifications {
             let client = cluster_subscriber(builder, infos, &parts)?;
             let address = builder.target.address();
             let link = ClusterLink::opening(client, address, builder.ping_wait());
-            let subscriber = Connection::Cluster(Cluster::new(link));
-            return Ok(parts.into_notifications(subscriber, sharded));
+            let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
+            return Ok(Notifications::of(subscriber, &parts, sharded));
         }
         let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
         let config = builder
             .manager_config()
-            .set_push_sender(parts.on_push())
             .set_automatic_resubscription()
             // Keep trying to reconnect the subscriber through an outage of any length.
             .set_number_of_retries(usize::MAX);
-        let client = builder.client(info)?;
-        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
-        Ok(parts.into_notifications(Connection::Server(Link::waiting(manager)), sharded))
+        let subscriber = ServerSubscriber::new(builder.client(info)?, config, parts.clone())?;
+        subscriber.keep_watch(&sharded, builder.ping_wait());
+        Ok(Notifications::of(
+            Subscriber::Server(subscriber),
+            &parts,
+            sharded,
+        ))
     }
 
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
@@ -226,19 +265,24 @@ impl Notifications {
         }
         let namespace: Arc<str> = Arc::from(namespace);
         channels.names.insert(Arc::clone(&namespace));
+        channels.wanted.insert(Arc::clone(&namespace));
         channels.pending += 1;
         // Counted as pending first: only the completion of the last pending subscription,
         // this one's or a later one's, restores the notifier.
         self.notifier.lost();
         drop(channels);
-        let (subscriber, channels) = (self.subscriber.clone(), Arc::clone(&self.channels));
+        let (subscriber, channels) = (self.subscriber.connection(), Arc::clone(&self.channels));
         let (notifier, sharded) = (self.notifier.clone(), Arc::clone(&self.sharded));
         tokio::spawn(async move {
             let subscribed = subscribe(&subscriber, &namespace, &sharded).await;
             let mut channels = crate::sync::lock(&channels);
             channels.pending = channels.pending.saturating_sub(1);
             match subscribed {
-                Ok(()) if channels.pending == 0 && channels.names.contains(&namespace) => {
+                Ok(())
+                    if channels.pending == 0
+                        && !channels.silent
+                        && channels.names.contains(&namespace) =>
+                {
                     notifier.restored();
                 }
                 Ok(()) => {}
@@ -250,6 +294,51 @@ impl Notifications {
                 }
             }
         });
+    }
+
+    /// The subscriber's connection left a `PING` unanswered: notifications count as lost
+    /// until it [answers](Self::answered) or is [replaced](Self::replaced).
+    pub(super) fn silent(&self) {
+        let mut channels = crate::sync::lock(&self.channels);
+        if !channels.silent {
+            channels.silent = true;
+            self.notifier.lost();
+        }
+    }
+
+    /// The subscriber's connection answered a `PING`: every namespace wanted and not
+    /// subscribed (its subscription failed, or the connection dropped) is subscribed again,
+    /// and once none is on its way, notifications are received again.
+    pub(super) fn answered(&self) {
+        let mut channels = crate::sync::lock(&self.channels);
+        channels.silent = false;
+        let missing: Vec<Arc<str>> = channels
+            .wanted
+            .iter()
+            .filter(|namespace| !channels.names.contains(*namespace))
+            .cloned()
+            .collect();
+        if missing.is_empty() && channels.pending == 0 {
+            self.notifier.restored();
+        }
+        drop(channels);
+        for namespace in missing {
+            self.ensure_subscribed(&namespace);
+        }
+    }
+
+    /// The subscriber's connection was replaced by a new one, which has no subscription yet:
+    /// every namespace wanted is subscribed on it, and until then notifications are lost.
+    pub(super) fn replaced(&self) {
+        let mut channels = crate::sync::lock(&self.channels);
+        channels.silent = false;
+        channels.forget(None);
+        self.notifier.lost();
+        let wanted: Vec<Arc<str>> = channels.wanted.iter().cloned().collect();
+        drop(channels);
+        for namespace in wanted {
+            self.ensure_subscribed(&namespace);
+        }
     }
 }
 
@@ -297,7 +386,7 @@ fn cluster_subscriber(
     builder
         .cluster_client(infos.iter().cloned().map(resp3))
         .use_protocol(ProtocolVersion::RESP3)
-        .push_sender(parts.on_push())
+        .push_sender(parts.on_push(None))
         .build()
 }
 

@@ -17,8 +17,9 @@ use super::scripts::{
 };
 use super::RedisStore;
 use crate::store::{
-    lapsed_kept_for, load_start, millis, BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen,
-    Lookup, Notifier, Renewal, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
+    lapsed_kept_for, load_start, millis, BoxFuture, CallLimit, FillWatch, KeyDigest, LockToken,
+    LockWhen, Lookup, Notifier, Renewal, Store, StoreError, StoreKey, Stored, TagClock,
+    TagVersions,
 };
 
 impl RedisStore {
@@ -404,16 +405,8 @@ impl Store for RedisStore {
         self.notifications.as_ref().map(|n| &n.notifier)
     }
 
-    /// On a cluster, the client queues every call in one queue of 100 before it routes them
-    /// to the masters: past it, calls waited there behind a burst (32 processes on two cores
-    /// over three masters: 14,000 to 28,000 loads for 10,000 keys, where 96 at once gave
-    /// 10,000). A server's connection takes calls as fast as its task runs.
-    fn calls_at_once(&self) -> usize {
-        if self.is_cluster() {
-            96
-        } else {
-            512
-        }
+    fn call_limit(&self) -> Option<&CallLimit> {
+        Some(&self.call_limit)
     }
 
     fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {

@@ -9,6 +9,7 @@
 //! | `http.rs` | requests sent through an app in process, answers read to the end |
 //! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
+//! | `relay.rs` | a loopback TCP relay whose subscribers' connections can fall silent |
 //! | `redis/cluster.rs` | a three-master Redis Cluster |
 //! | `redis/tls.rs` | a throwaway certificate authority for TLS |
 //!
@@ -18,6 +19,7 @@
 
 pub mod http;
 pub mod observed;
+pub mod relay;
 
 /// The store timeout of the tests' caches ([`Shared::cache`]): far beyond a busy machine's
 /// round trip, far below anything a test waits for.

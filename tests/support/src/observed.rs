@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tower_stampede::store::{
-    BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Renewal, Store,
-    StoreError, StoreKey, Stored, TagClock, TagVersions,
+    BoxFuture, CallLimit, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Renewal,
+    Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
 };
 
 /// Another store seen through a wrapper that counts its calls, lookups and fills and, if asked,
@@ -309,8 +309,8 @@ impl Store for Observed {
         self.inner.notifier()
     }
 
-    fn calls_at_once(&self) -> usize {
-        self.inner.calls_at_once()
+    fn call_limit(&self) -> Option<&CallLimit> {
+        self.inner.call_limit()
     }
 
     /// One call, however many locks (one round trip on Redis), `extend_delay` late.

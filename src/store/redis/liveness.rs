@@ -1,0 +1,225 @@
+//! The liveness of one server's subscriber connection.
+//!
+//! A connection that goes silent without closing (a half-open TCP connection: a NAT or a
+//! firewall that dropped an idle flow) delivers no message, and no error either: the
+//! subscriber would wait for messages that never come, L1 would trust entries whose changes it
+//! never hears, and followers would sleep through their slow poll after every fill.
+//!
+//! So a task of the subscriber's own, its watchman, sends it a `PING` every second (on RESP3 a
+//! subscribed connection answers it as any other). One unanswered within a second counts
+//! notifications as lost: L1 trusts nothing it holds, followers poll on their backoff, and
+//! `Cache::health` says so; an answer that comes late after all (a busy server) restores them.
+//! A `PING` the connection gives up on (its response timeout) means the connection is silent
+//! for good, and redis-rs's `ConnectionManager` reconnects after an error that drops its
+//! connection, never after a timeout: so the subscriber's manager is replaced by a new one,
+//! which connects anew and subscribes again to every namespace. The old one is dropped; its
+//! messages, should any still arrive, are ignored (each manager's carry its [`Generation`]).
+//! After each answer, the watchman also subscribes again any namespace whose subscription
+//! failed or was dropped, so notifications come back by themselves, with or without traffic.
+//!
+//! A Redis Cluster's subscriber has no watchman: its subscriptions are spread over connections
+//! to several nodes, which a `PING` to the cluster does not reach.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::RedisResult;
+use tracing::{debug, info, warn};
+
+use super::connection::Connection;
+use super::link::Link;
+use super::notifications::{Notifications, Parts, Subscriber};
+
+/// How often the watchman asks the subscriber's connection for a `PING`.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
+/// How long a `PING` may take before notifications count as lost.
+const PING_DEADLINE: Duration = Duration::from_secs(1);
+
+/// Which of a subscriber's successive managers a message came from: only the current one's
+/// count.
+#[derive(Clone)]
+pub(super) struct Generation {
+    mine: u64,
+    current: Arc<AtomicU64>,
+}
+
+impl Generation {
+    /// Whether the manager of this generation is still the subscriber's.
+    pub(super) fn is_current(&self) -> bool {
+        self.current.load(Ordering::SeqCst) == self.mine
+    }
+}
+
+/// One server's subscriber connection, replaced when it goes silent; cheap to clone.
+#[derive(Clone)]
+pub(super) struct ServerSubscriber(Arc<Slot>);
+
+struct Slot {
+    client: redis::Client,
+    /// The managers' settings, but their push sender: each manager gets its own.
+    config: ConnectionManagerConfig,
+    /// What the managers' messages reach.
+    parts: Parts,
+    generation: Arc<AtomicU64>,
+    current: Mutex<ConnectionManager>,
+}
+
+impl ServerSubscriber {
+    /// A subscriber that connects on its first use, and reconnects by itself after its
+    /// connection drops (`config` sets how).
+    pub(super) fn new(
+        client: redis::Client,
+        config: ConnectionManagerConfig,
+        parts: Parts,
+    ) -> RedisResult<Self> {
+        let generation = Arc::new(AtomicU64::new(0));
+        let first = Generation {
+            mine: 0,
+            current: Arc::clone(&generation),
+        };
+        let manager = manager(&client, &config, &parts, first)?;
+        Ok(ServerSubscriber(Arc::new(Slot {
+            client,
+            config,
+            parts,
+            generation,
+            current: Mutex::new(manager),
+        })))
+    }
+
+    /// The current connection, to subscribe on.
+    pub(super) fn connection(&self) -> Connection {
+        Connection::Server(Link::waiting(self.manager()))
+    }
+
+    fn manager(&self) -> ConnectionManager {
+        crate::sync::lock(&self.0.current).clone()
+    }
+
+    /// Puts a new manager in place of the current one, whose messages are ignored from now on.
+    fn replace(&self) -> RedisResult<()> {
+        let mut current = crate::sync::lock(&self.0.current);
+        let next = Generation {
+            mine: self.0.generation.load(Ordering::SeqCst).wrapping_add(1),
+            current: Arc::clone(&self.0.generation),
+        };
+        let mine = next.mine;
+        *current = manager(&self.0.client, &self.0.config, &self.0.parts, next)?;
+        self.0.generation.store(mine, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Starts the watchman (see the [module's page](self)), which ends once the subscriber is
+    /// dropped; `ping_wait` bounds its wait for one `PING` (a connection attempt and a reply).
+    /// Without a runtime, there is none.
+    pub(super) fn keep_watch(&self, sharded: &Arc<AtomicBool>, ping_wait: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (slot, sharded) = (Arc::downgrade(&self.0), Arc::clone(sharded));
+        runtime.spawn(watch(slot, sharded, ping_wait));
+    }
+}
+
+/// A manager whose messages reach `parts`, tagged with `generation`.
+fn manager(
+    client: &redis::Client,
+    config: &ConnectionManagerConfig,
+    parts: &Parts,
+    generation: Generation,
+) -> RedisResult<ConnectionManager> {
+    let config = config
+        .clone()
+        .set_push_sender(parts.on_push(Some(generation)));
+    ConnectionManager::new_lazy_with_config(client.clone(), config)
+}
+
+/// The watchman: a `PING` every second, for as long as the subscriber lives.
+async fn watch(slot: Weak<Slot>, sharded: Arc<AtomicBool>, ping_wait: Duration) {
+    loop {
+        tokio::time::sleep(PING_EVERY).await;
+        let Some(subscriber) = slot.upgrade().map(ServerSubscriber) else {
+            return;
+        };
+        let notifications = Notifications::of(
+            Subscriber::Server(subscriber.clone()),
+            &subscriber.0.parts,
+            Arc::clone(&sharded),
+        );
+        ping(&subscriber, &notifications, ping_wait).await;
+    }
+}
+
+/// One `PING` of the subscriber's connection, and what its answer (or its silence) means.
+async fn ping(subscriber: &ServerSubscriber, notifications: &Notifications, ping_wait: Duration) {
+    let (mut manager, command) = (subscriber.manager(), redis::cmd("PING"));
+    let ping = command.query_async::<()>(&mut manager);
+    tokio::pin!(ping);
+    let answer = match tokio::time::timeout(PING_DEADLINE, &mut ping).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            notifications.silent();
+            match tokio::time::timeout(ping_wait, ping).await {
+                Ok(answer) => answer,
+                // Still connecting (the server down): the manager keeps trying.
+                Err(_) => return,
+            }
+        }
+    };
+    match answer {
+        Ok(()) => notifications.answered(),
+        Err(error) if error.is_timeout() => {
+            warn!(%error, "the subscriber's connection went silent: connecting a new one; followers poll meanwhile");
+            match subscriber.replace() {
+                Ok(()) => {
+                    notifications.replaced();
+                    info!("a new subscriber connection is on its way");
+                }
+                Err(error) => warn!(%error, "cannot replace the subscriber's connection"),
+            }
+        }
+        // A dropped connection: its manager reconnects by itself, and said so.
+        Err(error) => debug!(%error, "the subscriber's PING failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::{PushInfo, PushKind};
+
+    use super::*;
+
+    /// A manager that was replaced may still deliver a message (a task of its own held it a
+    /// moment longer): it changes nothing. The current manager's do.
+    #[tokio::test]
+    async fn a_replaced_managers_messages_are_ignored() {
+        let client = redis::Client::open("redis://127.0.0.1:1/?protocol=resp3").unwrap();
+        let config = ConnectionManagerConfig::new().set_automatic_resubscription();
+        let store =
+            ConnectionManager::new_lazy_with_config(client.clone(), ConnectionManagerConfig::new())
+                .unwrap();
+        let parts = Parts::new(&Connection::Server(Link::waiting(store)));
+        let subscriber = ServerSubscriber::new(client, config, parts.clone()).unwrap();
+        let generation = |subscriber: &ServerSubscriber| Generation {
+            mine: subscriber.0.generation.load(Ordering::SeqCst),
+            current: Arc::clone(&subscriber.0.generation),
+        };
+        let replaced = generation(&subscriber);
+        subscriber.replace().unwrap();
+        let dropped = || PushInfo {
+            kind: PushKind::Disconnection,
+            data: Vec::new(),
+        };
+
+        let _ = parts.on_push(Some(replaced))(dropped());
+        assert!(
+            parts.notifier.receiving(),
+            "the old manager's drop is ignored"
+        );
+        let _ = parts.on_push(Some(generation(&subscriber)))(dropped());
+        assert!(!parts.notifier.receiving(), "the current one's counts");
+    }
+}
