@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{timed_test, Counter, Shared};
+use support::{store_test, timed_test, Counter, Shared};
 use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, ErrorKind};
 
@@ -149,27 +149,25 @@ async fn a_failing_backend_is_called_once_per_failure_window(stores: Vec<Shared>
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_loader_is_an_error_and_releases_the_lock() {
-    for shared in Shared::both().await {
-        let cache = shared.cache().failure_ttl(Duration::ZERO).build();
-        let error = cache
-            .get_or_load("panics", || async {
-                if true {
-                    panic!("loader bug");
-                }
-                Ok::<_, std::io::Error>(Bytes::new())
-            })
-            .await
-            .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::LoadPanicked, "{}", shared.name);
-        let loads = Counter::default();
-        let value = cache
-            .get_or_load("panics", slow_value(&loads, Duration::ZERO, "ok"))
-            .await
-            .unwrap();
-        assert_eq!(value, "ok", "{}", shared.name);
-    }
+store_test!(a_panicking_loader_is_an_error_and_releases_the_lock);
+async fn a_panicking_loader_is_an_error_and_releases_the_lock(shared: Shared) {
+    let cache = shared.cache().failure_ttl(Duration::ZERO).build();
+    let error = cache
+        .get_or_load("panics", || async {
+            if true {
+                panic!("loader bug");
+            }
+            Ok::<_, std::io::Error>(Bytes::new())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::LoadPanicked, "{}", shared.name);
+    let loads = Counter::default();
+    let value = cache
+        .get_or_load("panics", slow_value(&loads, Duration::ZERO, "ok"))
+        .await
+        .unwrap();
+    assert_eq!(value, "ok", "{}", shared.name);
 }
 
 timed_test!(a_load_over_the_load_timeout_is_abandoned_and_unlocked);

@@ -7,80 +7,78 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::observed::Observed;
-use support::{timed_test, Counter, Shared};
+use support::{store_test, timed_test, Counter, Shared};
 use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Loaded, Outcome};
 
 use crate::loader;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn locks_are_released_and_extended_only_by_their_owner() {
-    for shared in Shared::both().await {
-        let store = &shared.store;
-        let key = Cache::builder_shared(store.clone())
-            .build()
-            .store_key("owned");
-        let (owner, intruder) = (LockToken::random(), LockToken::random());
-        let ttl = Duration::from_secs(10);
-        let first = store
-            .lookup(&key, owner, ttl, LockWhen::LifeAtMost(Duration::ZERO))
-            .await
-            .unwrap();
-        assert_eq!(first.lock, LockState::Acquired, "{}", shared.name);
-        let second = store
-            .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
-            .await
-            .unwrap();
-        assert_eq!(second.lock, LockState::HeldElsewhere, "{}", shared.name);
-        assert!(
-            !store.release(&key, intruder).await.unwrap(),
-            "{}",
-            shared.name
-        );
-        assert!(
-            !store.extend(&[(key.clone(), intruder)], ttl).await.unwrap()[0],
-            "{}",
-            shared.name
-        );
-        assert!(!store
-            .fill(&key, intruder, Bytes::from_static(b"x"), ttl)
-            .await
-            .unwrap());
-        assert_eq!(
-            store.get(&key).await.unwrap(),
-            None,
-            "{}: intruder's fill refused",
-            shared.name
-        );
-        // Still the owner's lock.
-        let third = store
-            .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
-            .await
-            .unwrap();
-        assert_eq!(third.lock, LockState::HeldElsewhere, "{}", shared.name);
-        assert!(
-            store.extend(&[(key.clone(), owner)], ttl).await.unwrap()[0],
-            "{}",
-            shared.name
-        );
-        assert!(store.release(&key, owner).await.unwrap(), "{}", shared.name);
-        assert!(
-            !store.release(&key, owner).await.unwrap(),
-            "{}: already gone",
-            shared.name
-        );
-        let fourth = store
-            .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
-            .await
-            .unwrap();
-        assert_eq!(
-            fourth.lock,
-            LockState::Acquired,
-            "{}: free again",
-            shared.name
-        );
-    }
+store_test!(locks_are_released_and_extended_only_by_their_owner);
+async fn locks_are_released_and_extended_only_by_their_owner(shared: Shared) {
+    let store = &shared.store;
+    let key = Cache::builder_shared(store.clone())
+        .build()
+        .store_key("owned");
+    let (owner, intruder) = (LockToken::random(), LockToken::random());
+    let ttl = Duration::from_secs(10);
+    let first = store
+        .lookup(&key, owner, ttl, LockWhen::LifeAtMost(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(first.lock, LockState::Acquired, "{}", shared.name);
+    let second = store
+        .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(second.lock, LockState::HeldElsewhere, "{}", shared.name);
+    assert!(
+        !store.release(&key, intruder).await.unwrap(),
+        "{}",
+        shared.name
+    );
+    assert!(
+        !store.extend(&[(key.clone(), intruder)], ttl).await.unwrap()[0],
+        "{}",
+        shared.name
+    );
+    assert!(!store
+        .fill(&key, intruder, Bytes::from_static(b"x"), ttl)
+        .await
+        .unwrap());
+    assert_eq!(
+        store.get(&key).await.unwrap(),
+        None,
+        "{}: intruder's fill refused",
+        shared.name
+    );
+    // Still the owner's lock.
+    let third = store
+        .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(third.lock, LockState::HeldElsewhere, "{}", shared.name);
+    assert!(
+        store.extend(&[(key.clone(), owner)], ttl).await.unwrap()[0],
+        "{}",
+        shared.name
+    );
+    assert!(store.release(&key, owner).await.unwrap(), "{}", shared.name);
+    assert!(
+        !store.release(&key, owner).await.unwrap(),
+        "{}: already gone",
+        shared.name
+    );
+    let fourth = store
+        .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(
+        fourth.lock,
+        LockState::Acquired,
+        "{}: free again",
+        shared.name
+    );
 }
 
 timed_test!(a_late_fill_cannot_overwrite_a_newer_value);
@@ -169,106 +167,102 @@ enum LaterWriter {
     Set,
 }
 
+store_test!(a_follower_that_gave_up_never_overwrites_a_newer_value);
 /// A write after a wait timeout is fenced by its load's start (issue 16 #6). A follower B
 /// gives up waiting for a slow leader A and loads itself (`WaitTimeoutPolicy::LoadAndCache`);
 /// its load is slow too. Meanwhile a later writer C stores a newer value: the leader of a
 /// later stampede, or the application's `set`. When B's load ends, its write is refused, as
 /// the stored value's load started later (the load start is in the entry's header), and C's
 /// value stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_follower_that_gave_up_never_overwrites_a_newer_value() {
+async fn a_follower_that_gave_up_never_overwrites_a_newer_value(shared: Shared) {
     use tower_stampede::WaitTimeoutPolicy;
-    for shared in Shared::both().await {
-        for writer in [LaterWriter::Leader, LaterWriter::Set] {
-            let case = format!("{} {writer:?}", shared.name);
-            let key = format!("k-{writer:?}");
-            // A leads, and its load hangs: its lock stands (the watchdog renews it).
-            let a = shared.cache().build();
-            let (a_leader, _a_hangs) = held_load(&a, &key, "a").await;
-            // B follows, gives up after 100 ms and loads "old" itself, until told to end.
-            let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
-                .namespace("test")
-                .wait_timeout(Duration::from_millis(100))
-                .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
-                .build();
-            let (b_follower, b_end) = held_load(&b, &key, "old").await;
-            // Load starts are ordered on the wall clock, to the millisecond: let it move on.
-            std::thread::sleep(Duration::from_millis(3));
-            // C writes "new", later than B's load started.
-            let c = shared.cache().build();
-            match writer {
-                LaterWriter::Leader => {
-                    c.invalidate(&key).await.unwrap();
-                    let loads = Counter::default();
-                    let filled = c.fetch(&key, loader(&loads, Ok("new"))).await.unwrap();
-                    assert_eq!(filled.outcome(), Outcome::Leader, "{case}");
-                }
-                LaterWriter::Set => {
-                    c.set(&key, "new", Duration::from_secs(60)).await.unwrap();
-                }
-            }
-            // B's load ends: B's callers get their own load's value...
-            b_end.send(()).unwrap();
-            let answered = b_follower.await.unwrap().unwrap();
-            assert_eq!(answered, "old", "{case}");
-            // ...but the store keeps the newer one, as every other process sees.
-            let d = shared.cache().build();
-            let loads = Counter::default();
-            let read = d.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
-            assert_eq!(
-                read.value().unwrap(),
-                "new",
-                "{case}: overwritten by an older load"
-            );
-            assert_eq!(read.outcome(), Outcome::L2Hit, "{case}");
-            // B's own L1 does not keep the older value either.
-            let again = b.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
-            assert_eq!(
-                again.value().unwrap(),
-                "new",
-                "{case}: B kept its older value"
-            );
-            a_leader.abort();
-        }
-    }
-}
-
-/// A leader's fill is fenced by its load's start as well as by its lock (issue 29, item 8).
-/// Leader A (a slow load, its lock renewed) starts first; follower B gives up waiting, loads
-/// "new" itself, later, and stores it (`LoadAndCache`). When A's older load ends, its fill,
-/// still holding the lock, is refused, as the stored value's load started later: B's value
-/// stays, the lock is freed all the same, and followers are told.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_leader_never_overwrites_a_newer_value_put_after_a_wait_timeout() {
-    use tower_stampede::WaitTimeoutPolicy;
-    for shared in Shared::both().await {
-        let case = shared.name;
-        // A leads, and its load hangs until told to end: its lock stands.
+    for writer in [LaterWriter::Leader, LaterWriter::Set] {
+        let case = format!("{} {writer:?}", shared.name);
+        let key = format!("k-{writer:?}");
+        // A leads, and its load hangs: its lock stands (the watchdog renews it).
         let a = shared.cache().build();
-        let (a_leader, a_end) = held_load(&a, "k", "old").await;
-        // Load starts are ordered on the wall clock, to the millisecond: let it move on.
-        std::thread::sleep(Duration::from_millis(3));
-        // B follows, gives up after 100 ms, loads "new" itself and stores it.
+        let (a_leader, _a_hangs) = held_load(&a, &key, "a").await;
+        // B follows, gives up after 100 ms and loads "old" itself, until told to end.
         let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
             .namespace("test")
             .wait_timeout(Duration::from_millis(100))
             .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
             .build();
-        let loads = Counter::default();
-        let put = b.fetch("k", loader(&loads, Ok("new"))).await.unwrap();
-        assert_eq!(put.value().unwrap(), "new", "{case}");
-        // A's load ends: its callers get their own load's value...
-        a_end.send(()).unwrap();
-        assert_eq!(a_leader.await.unwrap().unwrap(), "old", "{case}");
-        // ...but the store keeps the newer one, and nobody waits for A's lock.
+        let (b_follower, b_end) = held_load(&b, &key, "old").await;
+        // Load starts are ordered on the wall clock, to the millisecond: let it move on.
+        std::thread::sleep(Duration::from_millis(3));
+        // C writes "new", later than B's load started.
         let c = shared.cache().build();
-        let read = c.fetch("k", loader(&loads, Ok("reloaded"))).await.unwrap();
+        match writer {
+            LaterWriter::Leader => {
+                c.invalidate(&key).await.unwrap();
+                let loads = Counter::default();
+                let filled = c.fetch(&key, loader(&loads, Ok("new"))).await.unwrap();
+                assert_eq!(filled.outcome(), Outcome::Leader, "{case}");
+            }
+            LaterWriter::Set => {
+                c.set(&key, "new", Duration::from_secs(60)).await.unwrap();
+            }
+        }
+        // B's load ends: B's callers get their own load's value...
+        b_end.send(()).unwrap();
+        let answered = b_follower.await.unwrap().unwrap();
+        assert_eq!(answered, "old", "{case}");
+        // ...but the store keeps the newer one, as every other process sees.
+        let d = shared.cache().build();
+        let loads = Counter::default();
+        let read = d.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
         assert_eq!(
-            (read.value().unwrap().as_ref(), read.outcome()),
-            (&b"new"[..], Outcome::L2Hit),
+            read.value().unwrap(),
+            "new",
             "{case}: overwritten by an older load"
         );
+        assert_eq!(read.outcome(), Outcome::L2Hit, "{case}");
+        // B's own L1 does not keep the older value either.
+        let again = b.fetch(&key, loader(&loads, Ok("reloaded"))).await.unwrap();
+        assert_eq!(
+            again.value().unwrap(),
+            "new",
+            "{case}: B kept its older value"
+        );
+        a_leader.abort();
     }
+}
+
+store_test!(a_slow_leader_never_overwrites_a_newer_value_put_after_a_wait_timeout);
+/// A leader's fill is fenced by its load's start as well as by its lock (issue 29, item 8).
+/// Leader A (a slow load, its lock renewed) starts first; follower B gives up waiting, loads
+/// "new" itself, later, and stores it (`LoadAndCache`). When A's older load ends, its fill,
+/// still holding the lock, is refused, as the stored value's load started later: B's value
+/// stays, the lock is freed all the same, and followers are told.
+async fn a_slow_leader_never_overwrites_a_newer_value_put_after_a_wait_timeout(shared: Shared) {
+    use tower_stampede::WaitTimeoutPolicy;
+    let case = shared.name;
+    // A leads, and its load hangs until told to end: its lock stands.
+    let a = shared.cache().build();
+    let (a_leader, a_end) = held_load(&a, "k", "old").await;
+    // Load starts are ordered on the wall clock, to the millisecond: let it move on.
+    std::thread::sleep(Duration::from_millis(3));
+    // B follows, gives up after 100 ms, loads "new" itself and stores it.
+    let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
+        .namespace("test")
+        .wait_timeout(Duration::from_millis(100))
+        .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
+        .build();
+    let loads = Counter::default();
+    let put = b.fetch("k", loader(&loads, Ok("new"))).await.unwrap();
+    assert_eq!(put.value().unwrap(), "new", "{case}");
+    // A's load ends: its callers get their own load's value...
+    a_end.send(()).unwrap();
+    assert_eq!(a_leader.await.unwrap().unwrap(), "old", "{case}");
+    // ...but the store keeps the newer one, and nobody waits for A's lock.
+    let c = shared.cache().build();
+    let read = c.fetch("k", loader(&loads, Ok("reloaded"))).await.unwrap();
+    assert_eq!(
+        (read.value().unwrap().as_ref(), read.outcome()),
+        (&b"new"[..], Outcome::L2Hit),
+        "{case}: overwritten by an older load"
+    );
 }
 
 /// A lost lock (evicted while its leader loads, issue 16 #5) lets a second leader start,
@@ -303,53 +297,51 @@ async fn a_lost_lock_means_a_refused_fill_not_a_wrong_value() {
     assert_eq!(loads.get(), 1);
 }
 
+store_test!(a_failed_fill_keeps_no_value_outdated_during_its_load);
 /// One rule for keeping a loaded value in L1 after its write, whether the write succeeded or
 /// failed (review of issue 16): a tagged value whose tag was invalidated during its load is
 /// not kept. Here the leader's fill fails, its tag is invalidated while it loads, and the
 /// next fetch in its process loads again instead of hitting the outdated value in L1.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_fill_keeps_no_value_outdated_during_its_load() {
-    for shared in Shared::both().await {
-        let failing = Observed::failing_fills(&shared.store);
-        let cache = Cache::builder_shared(failing).namespace("test").build();
-        let purger = shared.cache().build();
-        let loads = Counter::default();
-        let started = Arc::new(Notify::new());
-        let (go, going) = tokio::sync::oneshot::channel::<()>();
-        let leader = tokio::spawn({
-            let (cache, loads, started) = (cache.clone(), loads.clone(), started.clone());
-            async move {
-                cache
-                    .fetch("tagged", move || async move {
-                        loads.hit();
-                        started.notify_one();
-                        let _ = going.await;
-                        let value = Loaded::value(Bytes::from_static(b"outdated"));
-                        Ok::<_, std::io::Error>(value.tags(["t"]))
-                    })
-                    .await
-            }
-        });
-        started.notified().await;
-        purger.invalidate_tag("t").await.unwrap();
-        go.send(()).unwrap();
-        let first = leader.await.unwrap().unwrap();
-        assert_eq!(first.value().unwrap(), "outdated", "{}", shared.name);
-        let loads_again = loads.clone();
-        let second = cache
-            .fetch("tagged", move || async move {
-                loads_again.hit();
-                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"current")).tags(["t"]))
-            })
-            .await
-            .unwrap();
-        assert_ne!(
-            second.outcome(),
-            Outcome::L1Hit,
-            "{}: kept in L1",
-            shared.name
-        );
-        assert_eq!(second.value().unwrap(), "current", "{}", shared.name);
-        assert_eq!(loads.get(), 2, "{}", shared.name);
-    }
+async fn a_failed_fill_keeps_no_value_outdated_during_its_load(shared: Shared) {
+    let failing = Observed::failing_fills(&shared.store);
+    let cache = Cache::builder_shared(failing).namespace("test").build();
+    let purger = shared.cache().build();
+    let loads = Counter::default();
+    let started = Arc::new(Notify::new());
+    let (go, going) = tokio::sync::oneshot::channel::<()>();
+    let leader = tokio::spawn({
+        let (cache, loads, started) = (cache.clone(), loads.clone(), started.clone());
+        async move {
+            cache
+                .fetch("tagged", move || async move {
+                    loads.hit();
+                    started.notify_one();
+                    let _ = going.await;
+                    let value = Loaded::value(Bytes::from_static(b"outdated"));
+                    Ok::<_, std::io::Error>(value.tags(["t"]))
+                })
+                .await
+        }
+    });
+    started.notified().await;
+    purger.invalidate_tag("t").await.unwrap();
+    go.send(()).unwrap();
+    let first = leader.await.unwrap().unwrap();
+    assert_eq!(first.value().unwrap(), "outdated", "{}", shared.name);
+    let loads_again = loads.clone();
+    let second = cache
+        .fetch("tagged", move || async move {
+            loads_again.hit();
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"current")).tags(["t"]))
+        })
+        .await
+        .unwrap();
+    assert_ne!(
+        second.outcome(),
+        Outcome::L1Hit,
+        "{}: kept in L1",
+        shared.name
+    );
+    assert_eq!(second.value().unwrap(), "current", "{}", shared.name);
+    assert_eq!(loads.get(), 2, "{}", shared.name);
 }

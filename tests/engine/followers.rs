@@ -7,74 +7,70 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::observed::Observed;
-use support::{start_leader, timed_test, Counter, Shared};
+use support::{start_leader, store_test, timed_test, Counter, Shared};
 use tokio::sync::Notify;
 use tower_stampede::store::{LockState, LockToken, LockWhen, MemoryStore, Store};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
 use crate::{deaf_to_polls, hold_lock, never_called, slow_value};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thousand_callers_over_four_instances_cost_one_load() {
-    for shared in Shared::both().await {
-        let instances: Vec<Cache> = (0..4).map(|_| shared.cache().build()).collect();
-        let loads = Counter::default();
-        let mut callers = Vec::new();
-        for i in 0..1000 {
-            let cache = instances[i % 4].clone();
-            let load = slow_value(&loads, Duration::from_millis(100), "the value");
-            callers.push(tokio::spawn(
-                async move { cache.get_or_load("hot", load).await },
-            ));
-        }
-        for caller in callers {
-            assert_eq!(
-                caller.await.unwrap().unwrap(),
-                "the value",
-                "{}",
-                shared.name
-            );
-        }
-        assert_eq!(loads.get(), 1, "{}: backend loads", shared.name);
-        let loads_per_instance: u64 = instances.iter().map(|c| c.stats().loads).sum();
-        assert_eq!(loads_per_instance, 1, "{}", shared.name);
+store_test!(thousand_callers_over_four_instances_cost_one_load);
+async fn thousand_callers_over_four_instances_cost_one_load(shared: Shared) {
+    let instances: Vec<Cache> = (0..4).map(|_| shared.cache().build()).collect();
+    let loads = Counter::default();
+    let mut callers = Vec::new();
+    for i in 0..1000 {
+        let cache = instances[i % 4].clone();
+        let load = slow_value(&loads, Duration::from_millis(100), "the value");
+        callers.push(tokio::spawn(
+            async move { cache.get_or_load("hot", load).await },
+        ));
     }
+    for caller in callers {
+        assert_eq!(
+            caller.await.unwrap().unwrap(),
+            "the value",
+            "{}",
+            shared.name
+        );
+    }
+    assert_eq!(loads.get(), 1, "{}: backend loads", shared.name);
+    let loads_per_instance: u64 = instances.iter().map(|c| c.stats().loads).sum();
+    assert_eq!(loads_per_instance, 1, "{}", shared.name);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_leader_still_fills_the_cache() {
-    for shared in Shared::both().await {
-        let leader_cache = shared.cache().build();
-        let other = shared.cache().build();
-        let loads = Counter::default();
-        let leader = start_leader(&leader_cache, "dropped", &loads, "filled anyway").await;
-        leader.abort();
-        assert!(leader.await.unwrap_err().is_cancelled());
-        // Followers in the leader's process and in another one.
-        let mut followers = Vec::new();
-        for i in 0..20 {
-            let cache = if i % 2 == 0 {
-                leader_cache.clone()
-            } else {
-                other.clone()
-            };
-            let load = slow_value(&loads, Duration::ZERO, "a second load");
-            followers.push(tokio::spawn(async move {
-                cache.get_or_load("dropped", load).await
-            }));
-        }
-        for follower in followers {
-            assert_eq!(
-                follower.await.unwrap().unwrap(),
-                "filled anyway",
-                "{}",
-                shared.name
-            );
-        }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
-        let stored = shared.store.get(&other.store_key("dropped")).await.unwrap();
-        assert!(stored.is_some(), "{}: the value was stored", shared.name);
+store_test!(a_dropped_leader_still_fills_the_cache);
+async fn a_dropped_leader_still_fills_the_cache(shared: Shared) {
+    let leader_cache = shared.cache().build();
+    let other = shared.cache().build();
+    let loads = Counter::default();
+    let leader = start_leader(&leader_cache, "dropped", &loads, "filled anyway").await;
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+    // Followers in the leader's process and in another one.
+    let mut followers = Vec::new();
+    for i in 0..20 {
+        let cache = if i % 2 == 0 {
+            leader_cache.clone()
+        } else {
+            other.clone()
+        };
+        let load = slow_value(&loads, Duration::ZERO, "a second load");
+        followers.push(tokio::spawn(async move {
+            cache.get_or_load("dropped", load).await
+        }));
     }
+    for follower in followers {
+        assert_eq!(
+            follower.await.unwrap().unwrap(),
+            "filled anyway",
+            "{}",
+            shared.name
+        );
+    }
+    assert_eq!(loads.get(), 1, "{}", shared.name);
+    let stored = shared.store.get(&other.store_key("dropped")).await.unwrap();
+    assert!(stored.is_some(), "{}: the value was stored", shared.name);
 }
 
 timed_test!(a_follower_takes_over_from_a_leader_that_died_holding_the_lock);
@@ -167,28 +163,26 @@ async fn a_load_longer_than_the_lock_ttl_is_still_one_load(stores: Vec<Shared>) 
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_misses_in_one_process_cost_one_store_lookup() {
-    for shared in Shared::both().await {
-        let counting = Observed::new(&shared.store, Duration::ZERO);
-        let cache = Cache::builder_shared(counting.clone())
-            .namespace("test")
-            .build();
-        let loads = Counter::default();
-        let mut callers = Vec::new();
-        for _ in 0..500 {
-            let cache = cache.clone();
-            let load = slow_value(&loads, Duration::from_millis(50), "once");
-            callers.push(tokio::spawn(async move {
-                cache.get_or_load("local", load).await
-            }));
-        }
-        for caller in callers {
-            assert_eq!(caller.await.unwrap().unwrap(), "once", "{}", shared.name);
-        }
-        assert_eq!(counting.lookups(), 1, "{}", shared.name);
-        assert_eq!(loads.get(), 1);
+store_test!(concurrent_misses_in_one_process_cost_one_store_lookup);
+async fn concurrent_misses_in_one_process_cost_one_store_lookup(shared: Shared) {
+    let counting = Observed::new(&shared.store, Duration::ZERO);
+    let cache = Cache::builder_shared(counting.clone())
+        .namespace("test")
+        .build();
+    let loads = Counter::default();
+    let mut callers = Vec::new();
+    for _ in 0..500 {
+        let cache = cache.clone();
+        let load = slow_value(&loads, Duration::from_millis(50), "once");
+        callers.push(tokio::spawn(async move {
+            cache.get_or_load("local", load).await
+        }));
     }
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap(), "once", "{}", shared.name);
+    }
+    assert_eq!(counting.lookups(), 1, "{}", shared.name);
+    assert_eq!(loads.get(), 1);
 }
 
 timed_test!(followers_are_woken_by_the_fill_not_by_their_polls);
@@ -284,25 +278,23 @@ async fn a_zero_backoff_does_not_spin_on_the_store() {
     assert!((2..=210).contains(&lookups), "{lookups} lookups in 100 ms");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pass_tells_followers_not_to_wait() {
-    for shared in Shared::both().await {
-        let a = shared.cache().build();
-        let b = shared.cache().build();
-        let fetched = a
-            .fetch("huge", || async { Ok::<_, std::io::Error>(Loaded::pass()) })
-            .await
-            .unwrap();
-        assert_eq!(fetched.outcome(), Outcome::Pass, "{}", shared.name);
-        assert!(fetched.value().is_none());
-        let follower = b.fetch("huge", never_called).await.unwrap();
-        assert_eq!(follower.outcome(), Outcome::Pass, "{}", shared.name);
-        let error = b
-            .get_or_load("huge", || async { Ok::<_, std::io::Error>(Bytes::new()) })
-            .await
-            .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Pass);
-    }
+store_test!(a_pass_tells_followers_not_to_wait);
+async fn a_pass_tells_followers_not_to_wait(shared: Shared) {
+    let a = shared.cache().build();
+    let b = shared.cache().build();
+    let fetched = a
+        .fetch("huge", || async { Ok::<_, std::io::Error>(Loaded::pass()) })
+        .await
+        .unwrap();
+    assert_eq!(fetched.outcome(), Outcome::Pass, "{}", shared.name);
+    assert!(fetched.value().is_none());
+    let follower = b.fetch("huge", never_called).await.unwrap();
+    assert_eq!(follower.outcome(), Outcome::Pass, "{}", shared.name);
+    let error = b
+        .get_or_load("huge", || async { Ok::<_, std::io::Error>(Bytes::new()) })
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Pass);
 }
 
 timed_test!(wait_timeout_policies);

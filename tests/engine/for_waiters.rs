@@ -6,80 +6,78 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::observed::Observed;
-use support::{timed_test, wait_until, Counter, Shared};
+use support::{store_test, timed_test, wait_until, Counter, Shared};
 use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Loaded, Outcome};
 
+store_test!(a_result_for_waiters_goes_to_them_and_is_not_reused);
 /// `Loaded::for_waiters`: the calls that waited for the load, in this process (one flight)
 /// and in another (a follower of the lock), get its result; nothing is kept for the calls
 /// that come after the load ended: each loads again, one at a time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_result_for_waiters_goes_to_them_and_is_not_reused() {
-    for shared in Shared::both().await {
-        let (a, b) = (shared.cache().build(), shared.cache().build());
-        let loads = Counter::default();
-        let release = Arc::new(tokio::sync::Semaphore::new(0));
-        let loader = {
+async fn a_result_for_waiters_goes_to_them_and_is_not_reused(shared: Shared) {
+    let (a, b) = (shared.cache().build(), shared.cache().build());
+    let loads = Counter::default();
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let loader = {
+        let (loads, release) = (loads.clone(), Arc::clone(&release));
+        move || {
             let (loads, release) = (loads.clone(), Arc::clone(&release));
-            move || {
-                let (loads, release) = (loads.clone(), Arc::clone(&release));
-                move || async move {
-                    let n = loads.hit();
-                    if n == 1 {
-                        release.acquire().await.unwrap().forget();
-                    }
-                    Ok::<_, std::convert::Infallible>(Loaded::for_waiters(Bytes::from(format!(
-                        "error {n}"
-                    ))))
+            move || async move {
+                let n = loads.hit();
+                if n == 1 {
+                    release.acquire().await.unwrap().forget();
                 }
+                Ok::<_, std::convert::Infallible>(Loaded::for_waiters(Bytes::from(format!(
+                    "error {n}"
+                ))))
             }
-        };
-        let (mut calls, started) = (Vec::new(), Counter::default());
-        for i in 0..20 {
-            let (cache, started) = (
-                if i % 2 == 0 { a.clone() } else { b.clone() },
-                started.clone(),
+        }
+    };
+    let (mut calls, started) = (Vec::new(), Counter::default());
+    for i in 0..20 {
+        let (cache, started) = (
+            if i % 2 == 0 { a.clone() } else { b.clone() },
+            started.clone(),
+        );
+        let loader = loader();
+        calls.push(tokio::spawn(async move {
+            started.hit();
+            cache.fetch("k", loader).await
+        }));
+    }
+    // The first load is held until every call has started.
+    wait_until(shared.name, || loads.get() > 0 && started.get() == 20).await;
+    release.add_permits(1);
+    let mut first = 0;
+    for call in calls {
+        let fetched = call.await.unwrap().unwrap();
+        let value = fetched.value().unwrap().clone();
+        assert!(value.starts_with(b"error "), "{}: {value:?}", shared.name);
+        if value == "error 1" {
+            first += 1;
+            assert!(
+                matches!(fetched.outcome(), Outcome::Leader | Outcome::Follower),
+                "{}: {:?}",
+                shared.name,
+                fetched.outcome()
             );
-            let loader = loader();
-            calls.push(tokio::spawn(async move {
-                started.hit();
-                cache.fetch("k", loader).await
-            }));
         }
-        // The first load is held until every call has started.
-        wait_until(shared.name, || loads.get() > 0 && started.get() == 20).await;
-        release.add_permits(1);
-        let mut first = 0;
-        for call in calls {
-            let fetched = call.await.unwrap().unwrap();
-            let value = fetched.value().unwrap().clone();
-            assert!(value.starts_with(b"error "), "{}: {value:?}", shared.name);
-            if value == "error 1" {
-                first += 1;
-                assert!(
-                    matches!(fetched.outcome(), Outcome::Leader | Outcome::Follower),
-                    "{}: {:?}",
-                    shared.name,
-                    fetched.outcome()
-                );
-            }
-        }
-        assert!(
-            first > 10,
-            "{}: {first} calls waited for the first load",
+    }
+    assert!(
+        first > 10,
+        "{}: {first} calls waited for the first load",
+        shared.name
+    );
+    for cache in [&a, &b] {
+        let before = loads.get();
+        let fetched = cache.fetch("k", loader()).await.unwrap();
+        assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(
+            fetched.value().unwrap(),
+            &Bytes::from(format!("error {}", before + 1)),
+            "{}",
             shared.name
         );
-        for cache in [&a, &b] {
-            let before = loads.get();
-            let fetched = cache.fetch("k", loader()).await.unwrap();
-            assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
-            assert_eq!(
-                fetched.value().unwrap(),
-                &Bytes::from(format!("error {}", before + 1)),
-                "{}",
-                shared.name
-            );
-        }
     }
 }
 

@@ -7,79 +7,75 @@ use bytes::Bytes;
 use std::sync::Arc;
 
 use support::observed::Observed;
-use support::{Counter, Shared};
+use support::{store_test, Counter, Shared};
 use tower_stampede::store::{MemoryStore, Store};
 use tower_stampede::{Cache, Loaded, Outcome};
 
 use crate::{loader, never_called};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hits_come_from_l1_then_from_the_store() {
-    for shared in Shared::both().await {
-        let a = shared.cache().build();
-        let b = shared.cache().build();
-        let loads = Counter::default();
-        let first = a
-            .fetch("k", {
-                let loads = loads.clone();
-                move || async move {
-                    loads.hit();
-                    Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
-                }
-            })
-            .await
-            .unwrap();
-        assert_eq!(first.outcome(), Outcome::Leader, "{}", shared.name);
-        let again = a.fetch("k", never_called).await.unwrap();
-        assert_eq!(again.outcome(), Outcome::L1Hit, "{}", shared.name);
-        let other = b.fetch("k", never_called).await.unwrap();
-        assert_eq!(other.outcome(), Outcome::L2Hit, "{}", shared.name);
-        assert_eq!(other.value().unwrap(), "v");
-        assert_eq!(loads.get(), 1);
-    }
-}
-
-// Real time over both stores: the test waits for L1 to expire, and L1 follows moka's clock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_loader_sets_the_ttl_and_l1_never_outlives_it() {
-    for shared in Shared::both().await {
-        let a = shared.cache().build();
-        a.fetch("short", || async {
-            Ok::<_, std::io::Error>(Loaded::value_with_ttl(
-                Bytes::from_static(b"v1"),
-                Duration::from_millis(200),
-            ))
+store_test!(hits_come_from_l1_then_from_the_store);
+async fn hits_come_from_l1_then_from_the_store(shared: Shared) {
+    let a = shared.cache().build();
+    let b = shared.cache().build();
+    let loads = Counter::default();
+    let first = a
+        .fetch("k", {
+            let loads = loads.clone();
+            move || async move {
+                loads.hit();
+                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v")))
+            }
         })
         .await
         .unwrap();
-        let stored = shared
-            .store
-            .get(&a.store_key("short"))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            stored.ttl.unwrap() <= Duration::from_millis(200),
-            "{}",
-            shared.name
-        );
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        let loads = Counter::default();
-        let fetched = a
-            .fetch("short", move || async move {
-                loads.hit();
-                Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v2")))
-            })
-            .await
-            .unwrap();
-        assert_eq!(
-            fetched.outcome(),
-            Outcome::Leader,
-            "{}: expired in L1 and the store",
-            shared.name
-        );
-        assert_eq!(fetched.value().unwrap(), "v2");
-    }
+    assert_eq!(first.outcome(), Outcome::Leader, "{}", shared.name);
+    let again = a.fetch("k", never_called).await.unwrap();
+    assert_eq!(again.outcome(), Outcome::L1Hit, "{}", shared.name);
+    let other = b.fetch("k", never_called).await.unwrap();
+    assert_eq!(other.outcome(), Outcome::L2Hit, "{}", shared.name);
+    assert_eq!(other.value().unwrap(), "v");
+    assert_eq!(loads.get(), 1);
+}
+
+// Real time over both stores: the test waits for L1 to expire, and L1 follows moka's clock.
+store_test!(a_loader_sets_the_ttl_and_l1_never_outlives_it);
+async fn a_loader_sets_the_ttl_and_l1_never_outlives_it(shared: Shared) {
+    let a = shared.cache().build();
+    a.fetch("short", || async {
+        Ok::<_, std::io::Error>(Loaded::value_with_ttl(
+            Bytes::from_static(b"v1"),
+            Duration::from_millis(200),
+        ))
+    })
+    .await
+    .unwrap();
+    let stored = shared
+        .store
+        .get(&a.store_key("short"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stored.ttl.unwrap() <= Duration::from_millis(200),
+        "{}",
+        shared.name
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let loads = Counter::default();
+    let fetched = a
+        .fetch("short", move || async move {
+            loads.hit();
+            Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v2")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        fetched.outcome(),
+        Outcome::Leader,
+        "{}: expired in L1 and the store",
+        shared.name
+    );
+    assert_eq!(fetched.value().unwrap(), "v2");
 }
 
 /// Hostile settings: TTLs and windows of `Duration::MAX` must not overflow a clock and panic.

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::Shared;
+use support::{store_test, Shared};
 use tower_stampede::{Cache, Loaded};
 
 const TTL: Duration = Duration::from_secs(60);
@@ -57,32 +57,30 @@ async fn ten_thousand_keys_written_together_expire_over_the_jitter() {
     );
 }
 
+store_test!(the_store_keeps_each_value_for_its_ttl_and_a_share_of_the_jitter);
 /// Over both stores, the jitter lengthens the value's life in the store, within the bound, and
 /// a loader may keep its value's TTL exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_store_keeps_each_value_for_its_ttl_and_a_share_of_the_jitter() {
-    for shared in Shared::both().await {
-        let cache = shared.cache().ttl(TTL).ttl_jitter(JITTER).build();
-        let seconds = expiries_per_second(&cache, 200).await;
-        let (first, last) = (seconds.keys().next(), seconds.keys().last());
-        assert!(first >= Some(&50), "{}: {seconds:?}", shared.name);
-        assert!(last < Some(&70), "{}: {seconds:?}", shared.name);
-        assert!(seconds.len() >= 5, "{}: spread {seconds:?}", shared.name);
+async fn the_store_keeps_each_value_for_its_ttl_and_a_share_of_the_jitter(shared: Shared) {
+    let cache = shared.cache().ttl(TTL).ttl_jitter(JITTER).build();
+    let seconds = expiries_per_second(&cache, 200).await;
+    let (first, last) = (seconds.keys().next(), seconds.keys().last());
+    assert!(first >= Some(&50), "{}: {seconds:?}", shared.name);
+    assert!(last < Some(&70), "{}: {seconds:?}", shared.name);
+    assert!(seconds.len() >= 5, "{}: spread {seconds:?}", shared.name);
 
-        cache
-            .fetch("exact", || async {
-                Ok::<_, std::io::Error>(
-                    Loaded::value(Bytes::from_static(b"v")).ttl_jitter(Duration::ZERO),
-                )
-            })
-            .await
-            .unwrap();
-        let stored = cache.store().get(&cache.store_key("exact")).await.unwrap();
-        let ttl = stored.unwrap().ttl.unwrap();
-        assert!(
-            ttl <= TTL && ttl > TTL - Duration::from_secs(5),
-            "{}: {ttl:?}",
-            shared.name
-        );
-    }
+    cache
+        .fetch("exact", || async {
+            Ok::<_, std::io::Error>(
+                Loaded::value(Bytes::from_static(b"v")).ttl_jitter(Duration::ZERO),
+            )
+        })
+        .await
+        .unwrap();
+    let stored = cache.store().get(&cache.store_key("exact")).await.unwrap();
+    let ttl = stored.unwrap().ttl.unwrap();
+    assert!(
+        ttl <= TTL && ttl > TTL - Duration::from_secs(5),
+        "{}: {ttl:?}",
+        shared.name
+    );
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 #[cfg(feature = "redis")]
 use redis::AsyncCommands;
 use support::observed::Observed;
-use support::{timed_test, Backing, Counter, Shared};
+use support::{store_test, timed_test, Backing, Counter, Shared};
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
 use tower_stampede::store::Store;
@@ -54,54 +54,50 @@ impl WriteRaw for Shared {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten() {
-    for shared in Shared::both().await {
-        let cache = shared.cache().build();
-        for (i, garbage) in [&b"not ours"[..], b"", b"TS\x01\x09\x00\x00\x00\x00"]
-            .iter()
-            .enumerate()
-        {
-            let key = format!("corrupt-{i}");
-            shared.write_raw(&cache, &key, garbage).await;
-            let loads = Counter::default();
-            let value = cache
-                .get_or_load(&key, slow_value(&loads, Duration::ZERO, "clean"))
-                .await
-                .unwrap();
-            assert_eq!(value, "clean", "{}", shared.name);
-            assert_eq!(loads.get(), 1);
-            // Overwritten: another instance now reads the clean value from the store.
-            let other = shared.cache().build();
-            let read = other.fetch(&key, never_called).await.unwrap();
-            assert_eq!(read.outcome(), Outcome::L2Hit, "{}", shared.name);
-            assert_eq!(read.value().unwrap(), "clean");
-        }
-        assert_eq!(cache.stats().corrupt_entries, 3, "{}", shared.name);
+store_test!(corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten);
+async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten(shared: Shared) {
+    let cache = shared.cache().build();
+    for (i, garbage) in [&b"not ours"[..], b"", b"TS\x01\x09\x00\x00\x00\x00"]
+        .iter()
+        .enumerate()
+    {
+        let key = format!("corrupt-{i}");
+        shared.write_raw(&cache, &key, garbage).await;
+        let loads = Counter::default();
+        let value = cache
+            .get_or_load(&key, slow_value(&loads, Duration::ZERO, "clean"))
+            .await
+            .unwrap();
+        assert_eq!(value, "clean", "{}", shared.name);
+        assert_eq!(loads.get(), 1);
+        // Overwritten: another instance now reads the clean value from the store.
+        let other = shared.cache().build();
+        let read = other.fetch(&key, never_called).await.unwrap();
+        assert_eq!(read.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert_eq!(read.value().unwrap(), "clean");
     }
+    assert_eq!(cache.stats().corrupt_entries, 3, "{}", shared.name);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_corrupt_entry_is_overwritten_by_one_load() {
-    for shared in Shared::both().await {
-        let instances: Vec<Cache> = (0..2).map(|_| shared.cache().build()).collect();
-        shared
-            .write_raw(&instances[0], "garbage", b"\x00\x01 not an entry")
-            .await;
-        let loads = Counter::default();
-        let mut callers = Vec::new();
-        for i in 0..40 {
-            let cache = instances[i % 2].clone();
-            let load = slow_value(&loads, Duration::from_millis(100), "clean");
-            callers.push(tokio::spawn(async move {
-                cache.get_or_load("garbage", load).await
-            }));
-        }
-        for caller in callers {
-            assert_eq!(caller.await.unwrap().unwrap(), "clean", "{}", shared.name);
-        }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+store_test!(a_corrupt_entry_is_overwritten_by_one_load);
+async fn a_corrupt_entry_is_overwritten_by_one_load(shared: Shared) {
+    let instances: Vec<Cache> = (0..2).map(|_| shared.cache().build()).collect();
+    shared
+        .write_raw(&instances[0], "garbage", b"\x00\x01 not an entry")
+        .await;
+    let loads = Counter::default();
+    let mut callers = Vec::new();
+    for i in 0..40 {
+        let cache = instances[i % 2].clone();
+        let load = slow_value(&loads, Duration::from_millis(100), "clean");
+        callers.push(tokio::spawn(async move {
+            cache.get_or_load("garbage", load).await
+        }));
     }
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap(), "clean", "{}", shared.name);
+    }
+    assert_eq!(loads.get(), 1, "{}", shared.name);
 }
 
 timed_test!(a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again);

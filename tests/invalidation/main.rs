@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{Counter, Shared};
+use support::{store_test, Counter, Shared};
 use tokio::sync::Notify;
 use tower_stampede::{Cache, CacheBuilder, Outcome};
 
@@ -144,19 +144,17 @@ async fn slow_load(
     (task, finish)
 }
 
+store_test!(a_load_that_started_before_an_invalidation_cannot_fill);
 /// The race the fence is for: a loader reads version 1, the database moves to version 2 and
 /// `invalidate` is called while that load still runs. The load answers its own caller with
 /// version 1, but its fill is refused (the invalidation voided its lock), so afterwards every
 /// instance reads version 2. Without the fence, the late fill would put version 1 back for a
 /// whole TTL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_that_started_before_an_invalidation_cannot_fill() {
-    for shared in Shared::both().await {
-        overtaken_load(&shared, |cache| {
-            Box::pin(async move { cache.invalidate("row").await.unwrap() })
-        })
-        .await;
-    }
+async fn a_load_that_started_before_an_invalidation_cannot_fill(shared: Shared) {
+    overtaken_load(&shared, |cache| {
+        Box::pin(async move { cache.invalidate("row").await.unwrap() })
+    })
+    .await;
 }
 
 /// A load of "row" in one of three instances reads version 1; the database moves to version
@@ -184,199 +182,187 @@ async fn overtaken_load(
     );
 }
 
+store_test!(followers_of_an_overtaken_load_load_again);
 /// Followers waiting on a load that an invalidation overtakes load again: they are woken by
 /// the invalidation, find the lock voided, and one of them leads with the new version.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn followers_of_an_overtaken_load_load_again() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 2, as_is).await;
-        let db = Database::at(1);
-        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
-        // A follower in the other instance, waiting for the slow load's fill.
-        let follower = tokio::spawn({
-            let (cache, db) = (caches[1].clone(), db.clone());
-            async move { db.read(&cache, "row").await }
-        });
-        db.move_to(2);
-        caches[0].invalidate("row").await.unwrap();
-        assert_eq!(
-            tokio::time::timeout(LIMIT, follower)
-                .await
-                .unwrap()
-                .unwrap(),
-            "v2",
-            "{}: the follower never receives the overtaken load's value",
-            shared.name
-        );
-        finish.notify_one();
-        assert_eq!(slow.await.unwrap(), "v1");
-        assert_eq!(db.read(&caches[0], "row").await, "v2", "{}", shared.name);
-    }
+async fn followers_of_an_overtaken_load_load_again(shared: Shared) {
+    let caches = instances(&shared, 2, as_is).await;
+    let db = Database::at(1);
+    let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
+    // A follower in the other instance, waiting for the slow load's fill.
+    let follower = tokio::spawn({
+        let (cache, db) = (caches[1].clone(), db.clone());
+        async move { db.read(&cache, "row").await }
+    });
+    db.move_to(2);
+    caches[0].invalidate("row").await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(LIMIT, follower)
+            .await
+            .unwrap()
+            .unwrap(),
+        "v2",
+        "{}: the follower never receives the overtaken load's value",
+        shared.name
+    );
+    finish.notify_one();
+    assert_eq!(slow.await.unwrap(), "v1");
+    assert_eq!(db.read(&caches[0], "row").await, "v2", "{}", shared.name);
 }
 
+store_test!(invalidate_reaches_every_instances_l1);
 /// `invalidate` in one instance: its own L1 forgets the key before the call returns, and every
 /// other instance, whose reads were all L1 hits, reads the new version once the notification is
 /// delivered: one load between them.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalidate_reaches_every_instances_l1() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 3, as_is).await;
-        let db = Database::at(1);
-        for cache in &caches {
-            assert_eq!(db.read(cache, "row").await, "v1");
-            // Wait until the value is held in L1 (the subscription confirmed).
-            let deadline = tokio::time::Instant::now() + LIMIT;
-            while cache.fetch("row", never_loads).await.unwrap().outcome() != Outcome::L1Hit {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "{}: never in L1",
-                    shared.name
-                );
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+async fn invalidate_reaches_every_instances_l1(shared: Shared) {
+    let caches = instances(&shared, 3, as_is).await;
+    let db = Database::at(1);
+    for cache in &caches {
+        assert_eq!(db.read(cache, "row").await, "v1");
+        // Wait until the value is held in L1 (the subscription confirmed).
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while cache.fetch("row", never_loads).await.unwrap().outcome() != Outcome::L1Hit {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: never in L1",
+                shared.name
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        assert_eq!(db.loads.get(), 1);
-        db.move_to(2);
-        caches[0].invalidate("row").await.unwrap();
-        assert_eq!(
-            db.read(&caches[0], "row").await,
-            "v2",
-            "{}: at once",
-            shared.name
-        );
-        for cache in &caches[1..] {
-            eventually(&db, cache, "row", "v2").await;
-        }
-        assert_eq!(
-            db.loads.get(),
-            2,
-            "{}: one reload for everyone",
-            shared.name
-        );
     }
+    assert_eq!(db.loads.get(), 1);
+    db.move_to(2);
+    caches[0].invalidate("row").await.unwrap();
+    assert_eq!(
+        db.read(&caches[0], "row").await,
+        "v2",
+        "{}: at once",
+        shared.name
+    );
+    for cache in &caches[1..] {
+        eventually(&db, cache, "row", "v2").await;
+    }
+    assert_eq!(
+        db.loads.get(),
+        2,
+        "{}: one reload for everyone",
+        shared.name
+    );
 }
 
+store_test!(invalidate_many_fences_and_reaches_every_l1_for_each_key);
 /// `invalidate_many` is `invalidate` for each key, in one store call: a load of one key in
 /// flight cannot fill afterwards (the fence), and another key held in every instance's L1
 /// is read again everywhere once the notification is delivered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalidate_many_fences_and_reaches_every_l1_for_each_key() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 2, as_is).await;
-        let (db, held) = (Database::at(1), Database::at(1));
-        for cache in &caches {
-            assert_eq!(held.read(cache, "held").await, "v1");
-        }
-        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
-        db.move_to(2);
-        held.move_to(2);
-        caches[1]
-            .invalidate_many(["row", "held", "absent"])
-            .await
-            .unwrap();
-        finish.notify_one();
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
-        for cache in &caches {
-            assert_eq!(
-                db.read(cache, "row").await,
-                "v2",
-                "{}: refused",
-                shared.name
-            );
-            eventually(&held, cache, "held", "v2").await;
-        }
-        assert_eq!(db.loads.get(), 2, "{}", shared.name);
-        assert_eq!(held.loads.get(), 2, "{}: one reload", shared.name);
-        caches[0].invalidate_many(Vec::<&str>::new()).await.unwrap();
+async fn invalidate_many_fences_and_reaches_every_l1_for_each_key(shared: Shared) {
+    let caches = instances(&shared, 2, as_is).await;
+    let (db, held) = (Database::at(1), Database::at(1));
+    for cache in &caches {
+        assert_eq!(held.read(cache, "held").await, "v1");
     }
+    let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
+    db.move_to(2);
+    held.move_to(2);
+    caches[1]
+        .invalidate_many(["row", "held", "absent"])
+        .await
+        .unwrap();
+    finish.notify_one();
+    assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    for cache in &caches {
+        assert_eq!(
+            db.read(cache, "row").await,
+            "v2",
+            "{}: refused",
+            shared.name
+        );
+        eventually(&held, cache, "held", "v2").await;
+    }
+    assert_eq!(db.loads.get(), 2, "{}", shared.name);
+    assert_eq!(held.loads.get(), 2, "{}: one reload", shared.name);
+    caches[0].invalidate_many(Vec::<&str>::new()).await.unwrap();
 }
 
 async fn never_loads() -> Result<tower_stampede::Loaded, std::io::Error> {
     panic!("this loader must not run")
 }
 
+store_test!(set_writes_through_to_every_instance);
 /// `set` writes through: every instance reads the new value without a load.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn set_writes_through_to_every_instance() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 3, as_is).await;
-        let db = Database::at(1);
-        for cache in &caches {
-            assert_eq!(db.read(cache, "row").await, "v1");
-        }
-        caches[0]
-            .set("row", Bytes::from_static(b"v9"), Duration::from_secs(60))
-            .await
-            .unwrap();
-        assert_eq!(
-            db.read(&caches[0], "row").await,
-            "v9",
-            "{}: at once",
-            shared.name
-        );
-        for cache in &caches[1..] {
-            eventually(&db, cache, "row", "v9").await;
-        }
-        assert_eq!(db.loads.get(), 1, "{}: no load after the set", shared.name);
-        let fetched = caches[2].fetch("row", never_loads).await.unwrap();
-        assert_eq!(fetched.value().unwrap(), "v9");
+async fn set_writes_through_to_every_instance(shared: Shared) {
+    let caches = instances(&shared, 3, as_is).await;
+    let db = Database::at(1);
+    for cache in &caches {
+        assert_eq!(db.read(cache, "row").await, "v1");
     }
+    caches[0]
+        .set("row", Bytes::from_static(b"v9"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        db.read(&caches[0], "row").await,
+        "v9",
+        "{}: at once",
+        shared.name
+    );
+    for cache in &caches[1..] {
+        eventually(&db, cache, "row", "v9").await;
+    }
+    assert_eq!(db.loads.get(), 1, "{}: no load after the set", shared.name);
+    let fetched = caches[2].fetch("row", never_loads).await.unwrap();
+    assert_eq!(fetched.value().unwrap(), "v9");
 }
 
+store_test!(a_set_is_not_overwritten_by_a_load_in_flight);
 /// A `set` overtakes a load in flight: the load's fill is refused, so the set value stays.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_set_is_not_overwritten_by_a_load_in_flight() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 2, as_is).await;
-        let db = Database::at(1);
-        let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
-        caches[1]
-            .set("row", Bytes::from_static(b"new"), Duration::from_secs(60))
-            .await
-            .unwrap();
-        finish.notify_one();
-        assert_eq!(slow.await.unwrap(), "v1");
-        for cache in &caches {
-            let fetched = cache.fetch("row", never_loads).await.unwrap();
-            assert_eq!(fetched.value().unwrap(), "new", "{}", shared.name);
-        }
+async fn a_set_is_not_overwritten_by_a_load_in_flight(shared: Shared) {
+    let caches = instances(&shared, 2, as_is).await;
+    let db = Database::at(1);
+    let (slow, finish) = slow_load(&caches[0], &db, "row", &[]).await;
+    caches[1]
+        .set("row", Bytes::from_static(b"new"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    finish.notify_one();
+    assert_eq!(slow.await.unwrap(), "v1");
+    for cache in &caches {
+        let fetched = cache.fetch("row", never_loads).await.unwrap();
+        assert_eq!(fetched.value().unwrap(), "new", "{}", shared.name);
     }
 }
 
+store_test!(expire_serves_stale_while_one_caller_reloads);
 /// `expire` keeps the value for the stale window: the first read after it is answered with
 /// the old value at once while one load refreshes it, and then everyone reads the new one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expire_serves_stale_while_one_caller_reloads() {
+async fn expire_serves_stale_while_one_caller_reloads(shared: Shared) {
     fn stale(builder: CacheBuilder) -> CacheBuilder {
         as_is(builder).stale(Duration::from_secs(30))
     }
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 2, stale).await;
-        let db = Database::at(1);
-        for cache in &caches {
-            assert_eq!(db.read(cache, "row").await, "v1");
-        }
-        db.move_to(2);
-        caches[0].expire("row").await.unwrap();
-        // The refresh waits for the test, so the stale answer cannot be overtaken by it.
-        let (db2, finish) = (db.clone(), Arc::new(Notify::new()));
-        let release = Arc::clone(&finish);
-        let first = caches[0]
-            .fetch("row", move || async move {
-                db2.loads.hit();
-                release.notified().await;
-                Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(b"v2")))
-            })
-            .await
-            .unwrap();
-        assert_eq!(first.outcome(), Outcome::Stale, "{}", shared.name);
-        assert_eq!(first.value().unwrap(), "v1");
-        finish.notify_one();
-        for cache in &caches {
-            eventually(&db, cache, "row", "v2").await;
-        }
-        assert_eq!(db.loads.get(), 2, "{}: one refresh", shared.name);
+    let caches = instances(&shared, 2, stale).await;
+    let db = Database::at(1);
+    for cache in &caches {
+        assert_eq!(db.read(cache, "row").await, "v1");
     }
+    db.move_to(2);
+    caches[0].expire("row").await.unwrap();
+    // The refresh waits for the test, so the stale answer cannot be overtaken by it.
+    let (db2, finish) = (db.clone(), Arc::new(Notify::new()));
+    let release = Arc::clone(&finish);
+    let first = caches[0]
+        .fetch("row", move || async move {
+            db2.loads.hit();
+            release.notified().await;
+            Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(b"v2")))
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.outcome(), Outcome::Stale, "{}", shared.name);
+    assert_eq!(first.value().unwrap(), "v1");
+    finish.notify_one();
+    for cache in &caches {
+        eventually(&db, cache, "row", "v2").await;
+    }
+    assert_eq!(db.loads.get(), 2, "{}: one refresh", shared.name);
 }
 
 /// Without notifications, another instance's L1 keeps its copy until `l1_ttl_cap`, and no
@@ -556,110 +542,104 @@ impl Database {
     }
 }
 
+store_test!(invalidate_tag_reaches_every_tagged_value_everywhere);
 /// `invalidate_tag` makes every value carrying the tag a miss in every instance, L1 included,
 /// and leaves values without it alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalidate_tag_reaches_every_tagged_value_everywhere() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 3, as_is).await;
-        let (tagged, untagged) = (Database::at(1), Database::at(1));
-        for cache in &caches {
-            assert_eq!(
-                tagged.read_tagged(cache, "a", &["users", "page:1"]).await,
-                "v1"
-            );
-            assert_eq!(tagged.read_tagged(cache, "b", &["users"]).await, "v1");
-            assert_eq!(untagged.read_tagged(cache, "c", &["other"]).await, "v1");
-        }
-        assert_eq!(tagged.loads.get(), 2);
-        tagged.move_to(2);
-        untagged.move_to(2);
-        caches[0].invalidate_tag("users").await.unwrap();
-        for cache in &caches {
-            let deadline = tokio::time::Instant::now() + LIMIT;
-            while tagged.read_tagged(cache, "a", &["users", "page:1"]).await != "v2"
-                || tagged.read_tagged(cache, "b", &["users"]).await != "v2"
-            {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "{}: still v1",
-                    shared.name
-                );
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            assert_eq!(
-                untagged.read_tagged(cache, "c", &["other"]).await,
-                "v1",
-                "{}",
+async fn invalidate_tag_reaches_every_tagged_value_everywhere(shared: Shared) {
+    let caches = instances(&shared, 3, as_is).await;
+    let (tagged, untagged) = (Database::at(1), Database::at(1));
+    for cache in &caches {
+        assert_eq!(
+            tagged.read_tagged(cache, "a", &["users", "page:1"]).await,
+            "v1"
+        );
+        assert_eq!(tagged.read_tagged(cache, "b", &["users"]).await, "v1");
+        assert_eq!(untagged.read_tagged(cache, "c", &["other"]).await, "v1");
+    }
+    assert_eq!(tagged.loads.get(), 2);
+    tagged.move_to(2);
+    untagged.move_to(2);
+    caches[0].invalidate_tag("users").await.unwrap();
+    for cache in &caches {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        while tagged.read_tagged(cache, "a", &["users", "page:1"]).await != "v2"
+            || tagged.read_tagged(cache, "b", &["users"]).await != "v2"
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: still v1",
                 shared.name
             );
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         assert_eq!(
-            tagged.loads.get(),
-            4,
-            "{}: one reload per value",
+            untagged.read_tagged(cache, "c", &["other"]).await,
+            "v1",
+            "{}",
             shared.name
         );
-        assert_eq!(untagged.loads.get(), 1, "{}", shared.name);
-        // Invalidating a tag no value carries changes nothing.
-        caches[1].invalidate_tags(["nobody", "none"]).await.unwrap();
-        assert_eq!(tagged.read_tagged(&caches[2], "b", &["users"]).await, "v2");
-        assert_eq!(tagged.loads.get(), 4, "{}", shared.name);
     }
+    assert_eq!(
+        tagged.loads.get(),
+        4,
+        "{}: one reload per value",
+        shared.name
+    );
+    assert_eq!(untagged.loads.get(), 1, "{}", shared.name);
+    // Invalidating a tag no value carries changes nothing.
+    caches[1].invalidate_tags(["nobody", "none"]).await.unwrap();
+    assert_eq!(tagged.read_tagged(&caches[2], "b", &["users"]).await, "v2");
+    assert_eq!(tagged.loads.get(), 4, "{}", shared.name);
 }
 
+store_test!(a_tagged_load_that_started_before_the_tag_invalidation_is_a_miss);
 /// A load that read its data before `invalidate_tag` and fills after it: its value is stored,
 /// but with a tag clock older than the invalidation, so it is a miss at once everywhere.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tagged_load_that_started_before_the_tag_invalidation_is_a_miss() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 2, as_is).await;
-        let db = Database::at(1);
-        let (slow, finish) = slow_load(&caches[0], &db, "row", &["users"]).await;
-        db.move_to(2);
-        caches[1].invalidate_tag("users").await.unwrap();
-        finish.notify_one();
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
-        for cache in &caches {
-            assert_eq!(
-                db.read_tagged(cache, "row", &["users"]).await,
-                "v2",
-                "{}",
-                shared.name
-            );
-        }
+async fn a_tagged_load_that_started_before_the_tag_invalidation_is_a_miss(shared: Shared) {
+    let caches = instances(&shared, 2, as_is).await;
+    let db = Database::at(1);
+    let (slow, finish) = slow_load(&caches[0], &db, "row", &["users"]).await;
+    db.move_to(2);
+    caches[1].invalidate_tag("users").await.unwrap();
+    finish.notify_one();
+    assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    for cache in &caches {
         assert_eq!(
-            db.loads.get(),
-            2,
-            "{}: the outdated load and one reload",
+            db.read_tagged(cache, "row", &["users"]).await,
+            "v2",
+            "{}",
             shared.name
         );
     }
+    assert_eq!(
+        db.loads.get(),
+        2,
+        "{}: the outdated load and one reload",
+        shared.name
+    );
 }
 
+store_test!(a_value_with_too_many_tags_is_not_stored);
 /// A value with more tags than an entry can carry is not stored: its callers get it, and the
 /// next read loads again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_value_with_too_many_tags_is_not_stored() {
-    for shared in Shared::both().await {
-        let cache = instances(&shared, 1, as_is).await.remove(0);
-        let loads = Counter::default();
-        for _ in 0..2 {
-            let loads = loads.clone();
-            let fetched = cache
-                .fetch("many", move || async move {
-                    loads.hit();
-                    let tags: Vec<String> = (0..2000).map(|i| format!("t{i}")).collect();
-                    Ok::<_, std::io::Error>(
-                        tower_stampede::Loaded::value(Bytes::from_static(b"v")).tags(tags),
-                    )
-                })
-                .await
-                .unwrap();
-            assert_eq!(fetched.value().unwrap(), "v");
-        }
-        assert_eq!(loads.get(), 2, "{}", shared.name);
+async fn a_value_with_too_many_tags_is_not_stored(shared: Shared) {
+    let cache = instances(&shared, 1, as_is).await.remove(0);
+    let loads = Counter::default();
+    for _ in 0..2 {
+        let loads = loads.clone();
+        let fetched = cache
+            .fetch("many", move || async move {
+                loads.hit();
+                let tags: Vec<String> = (0..2000).map(|i| format!("t{i}")).collect();
+                Ok::<_, std::io::Error>(
+                    tower_stampede::Loaded::value(Bytes::from_static(b"v")).tags(tags),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(fetched.value().unwrap(), "v");
     }
+    assert_eq!(loads.get(), 2, "{}", shared.name);
 }
 
 /// A tagged value's L2 hit reads its tags' versions once; later hits use the versions this
@@ -714,47 +694,45 @@ async fn eventually_tagged(
     }
 }
 
+store_test!(a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidated);
 /// A tagged value that an instance read from the store (an L2 hit, not its own load) and
 /// keeps in L1 is kept there with its tags' stamps: an `invalidate_tag` in another instance
 /// reaches that L1 copy too.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidated() {
-    for shared in Shared::both().await {
-        let caches = instances(&shared, 2, as_is).await;
-        let (writer, reader) = (&caches[0], &caches[1]);
-        let db = Database::at(1);
-        assert_eq!(db.read_tagged(writer, "row", &["users"]).await, "v1");
-        let first = reader.fetch("row", never_loads).await.unwrap();
-        assert_eq!(first.outcome(), Outcome::L2Hit, "{}", shared.name);
-        // The writer's fill notification may reach the reader after its L2 hit, and then
-        // rightly makes it distrust that copy once: read until L1 keeps it (never a load).
-        let deadline = tokio::time::Instant::now() + LIMIT;
-        loop {
-            let again = reader.fetch("row", never_loads).await.unwrap();
-            if again.outcome() == Outcome::L1Hit {
-                break;
-            }
-            assert_eq!(again.outcome(), Outcome::L2Hit, "{}", shared.name);
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{}: never kept in L1",
-                shared.name
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
+async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidated(shared: Shared) {
+    let caches = instances(&shared, 2, as_is).await;
+    let (writer, reader) = (&caches[0], &caches[1]);
+    let db = Database::at(1);
+    assert_eq!(db.read_tagged(writer, "row", &["users"]).await, "v1");
+    let first = reader.fetch("row", never_loads).await.unwrap();
+    assert_eq!(first.outcome(), Outcome::L2Hit, "{}", shared.name);
+    // The writer's fill notification may reach the reader after its L2 hit, and then
+    // rightly makes it distrust that copy once: read until L1 keeps it (never a load).
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let again = reader.fetch("row", never_loads).await.unwrap();
+        if again.outcome() == Outcome::L1Hit {
+            break;
         }
-        db.move_to(2);
-        writer.invalidate_tag("users").await.unwrap();
-        let deadline = tokio::time::Instant::now() + LIMIT;
-        while db.read_tagged(reader, "row", &["users"]).await != "v2" {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{}: L1 still serves v1",
-                shared.name
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        assert_eq!(db.loads.get(), 2, "{}: one load, one reload", shared.name);
+        assert_eq!(again.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: never kept in L1",
+            shared.name
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    db.move_to(2);
+    writer.invalidate_tag("users").await.unwrap();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while db.read_tagged(reader, "row", &["users"]).await != "v2" {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: L1 still serves v1",
+            shared.name
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(db.loads.get(), 2, "{}: one load, one reload", shared.name);
 }
 
 /// Issue 29: changes that reach this instance's flights, values never served once invalidated.

@@ -66,6 +66,9 @@ macro_rules! timed_test {
 /// `#[test]` given a one-thread runtime of its own (the store made on it), for a test that
 /// wraps its own `runtime.block_on` calls in something of its thread: a thread-local metrics
 /// recorder, which then sees every task of the run.
+///
+/// `store_test!(name, ignore = "why")` runs as `store_test!(name)`, both cases `#[ignore]`d
+/// with that reason: a load run, started by hand with `-- --ignored`.
 #[macro_export]
 macro_rules! store_test {
     ($name:ident) => {
@@ -91,6 +94,22 @@ macro_rules! store_test {
 
             #[cfg(feature = "redis")]
             #[tokio::test]
+            async fn redis() {
+                super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+    ($name:ident, ignore = $why:literal) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = $why]
+            async fn memory() {
+                super::$name($crate::Shared::memory()).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = $why]
             async fn redis() {
                 super::$name($crate::Shared::redis().await).await;
             }
