@@ -1,6 +1,6 @@
 //! The HTTP layer over axum, with the engine on `MemoryStore` and (feature `redis`) on a real
-//! `redis-server`. On real time for both: the layer reads the clock (`Age`, freshness) from
-//! the system, which paused tokio time does not move.
+//! `redis-server`. On real time for both (the layer's clock, `Age` and freshness, follows
+//! paused time now: the memory cases are candidates for it, `tests/README.md`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -6,7 +6,7 @@
 //! `MemoryStore` and (feature `redis`) a real `redis-server`, two instances each, as two
 //! processes.
 //!
-//! On real time: the layer reads the system clock, which paused tokio time does not move. The
+//! On real time (the layer's clock follows paused time now; see `tests/README.md`). The
 //! origin holds its first load until every request of a stampede has been sent, then a moment
 //! more (see [`stampede`]); no assertion is on a duration.
 
