@@ -376,6 +376,29 @@ async fn read_slowly(app: &Router, uri: &str) -> (HeaderMap, Bytes) {
     (parts.headers, read.into())
 }
 
+/// What a boxed handler answers with.
+type Answering = Pin<Box<dyn std::future::Future<Output = axum::response::Response> + Send>>;
+
+/// A handler for `origin` that answers a `len`-byte body, fresh for a minute, a few KiB at a
+/// time.
+fn trickling(
+    origin: &Origin,
+    len: usize,
+) -> impl FnOnce() -> Answering + Clone + Send + Sync + 'static {
+    let origin = origin.clone();
+    move || {
+        Box::pin(async move {
+            origin.load().await;
+            let body = Trickle {
+                data: large_body(len),
+                chunk: 7919,
+                yielded: false,
+            };
+            ([("cache-control", "max-age=60")], Body::new(body)).into_response()
+        })
+    }
+}
+
 store_test!(a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process);
 /// A body over `max_body_bytes` is not stored, but the requests of a process that waited for
 /// its load get it from that load (every byte, in order), a client slower than the others and
@@ -385,18 +408,7 @@ async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process(shared: 
     const REQUESTS: usize = 20;
     const LEN: usize = 600_000;
     let origin = Origin::default();
-    let handler = {
-        let origin = origin.clone();
-        move || async move {
-            origin.load().await;
-            let body = Trickle {
-                data: large_body(LEN),
-                chunk: 7919,
-                yielded: false,
-            };
-            ([("cache-control", "max-age=60")], Body::new(body)).into_response()
-        }
-    };
+    let handler = trickling(&origin, LEN);
     let limit = |l: StampedeLayer| l.max_body_bytes(64 * 1024);
     let apps = [
         app(&shared, handler.clone(), limit),
@@ -480,18 +492,7 @@ async fn a_body_over_the_relay_bound_sends_its_waiters_to_the_origin(shared: Sha
     const REQUESTS: usize = 6;
     const LEN: usize = 600_000;
     let origin = Origin::default();
-    let handler = {
-        let origin = origin.clone();
-        move || async move {
-            origin.load().await;
-            let body = Trickle {
-                data: large_body(LEN),
-                chunk: 7919,
-                yielded: false,
-            };
-            ([("cache-control", "max-age=60")], Body::new(body)).into_response()
-        }
-    };
+    let handler = trickling(&origin, LEN);
     let small = |l: StampedeLayer| l.max_body_bytes(64 * 1024).max_relay_bytes(256 * 1024);
     let apps = [app(&shared, handler, small)];
     let answers = stampede(

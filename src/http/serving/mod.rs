@@ -13,7 +13,7 @@
 //! | `slot.rs` | the request waiting to be sent, shared by its caller and its loaders; the [`Step`](slot::Step) a loader loads for |
 //! | `validation.rs` | a reload made conditional, and a `304` merged into the stored response |
 //! | `responses.rs` | the responses the layer returns: from an entry, passed through, or its own |
-//! | `cache_status.rs` | `Cache-Status` (RFC 9211) and `x-cache` |
+//! | `cache_status.rs` | `Cache-Status` (RFC 9211) and `x-cache` (its tests in `cache_status/`) |
 //! | `memo.rs` | field values made once per thread while their inputs stay the same |
 
 pub(super) mod cache_status;
