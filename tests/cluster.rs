@@ -691,11 +691,16 @@ async fn a_master_killed_during_stampedes_fails_over_without_errors() {
     assert!(during > 0, "no stampede ran during the failover");
 
     // Each instance finds the promoted master (its breaker closed, its slot map refreshed):
-    // a load of a key of its own leads and fills. Bounded; it takes a few calls at most.
+    // a load of a key of its own, on a slot the promoted master serves (a key on another
+    // master would say nothing of the way to it), leads and fills. Bounded; it takes a few
+    // calls at most.
     for (n, cache) in instances.iter().enumerate() {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        for attempt in 0.. {
-            let probe = format!("probe-{n}-{attempt}");
+        let mut probes = (0..)
+            .map(|attempt| format!("probe-{n}-{attempt}"))
+            .filter(|probe| cluster.node_of(&value_name(probe)) == new_master);
+        loop {
+            let probe = probes.next().expect("keys without end");
             let fetched = cache
                 .fetch(&probe, || async {
                     Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"probe")))
