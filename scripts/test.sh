@@ -121,8 +121,9 @@ if [ "$repeat" -gt 0 ]; then
 fi
 
 step "cargo fmt --check" cargo fmt --all -- --check
-step "cargo clippy (all targets, all features, -D warnings)" \
-  cargo clippy --all-targets --all-features -- -D warnings
+# One pass over the workspace: the crate, its test support, the gRPC example and the models.
+step "cargo clippy (workspace, all targets, all features, -D warnings)" \
+  cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo clippy (all targets, no default features: the embedded store alone)" \
   cargo clippy --all-targets --no-default-features -- -D warnings
 # A broken intra-doc link fails; both feature sets, since each hides items of the other.
@@ -135,9 +136,6 @@ step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh
   env SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
 step "cargo test (no default features: the tests over the embedded store, without Redis)" \
   cargo test --no-default-features
-step "the gRPC example: clippy (tonic; its own crate)" \
-  cargo clippy -p tower-stampede-grpc --all-targets -- -D warnings
 step "the gRPC example: tests over redis-server" cargo test -p tower-stampede-grpc
-step "the protocol models: clippy" cargo clippy -p tower-stampede-model --all-targets -- -D warnings
 step "the protocol models (stateright, exhaustive; release mode: about two minutes on 2 cores)" \
   cargo test --release -p tower-stampede-model -- --nocapture
