@@ -37,8 +37,8 @@ async fn hits_come_from_l1_then_from_the_store(shared: Shared) {
     assert_eq!(loads.get(), 1);
 }
 
-// Real time over both stores: the test waits for L1 to expire (L1's expiry follows tokio's
-// clock now, so the memory case could move to paused time; `tests/README.md`).
+// The test waits for L1 to expire: L1's expiry follows tokio's clock, so the memory case's
+// waits take no real time.
 store_test!(a_loader_sets_the_ttl_and_l1_never_outlives_it);
 async fn a_loader_sets_the_ttl_and_l1_never_outlives_it(shared: Shared) {
     let a = shared.cache().build();
