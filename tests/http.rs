@@ -829,7 +829,7 @@ async fn a_hot_page_is_refreshed_early_while_every_request_hits(shared: Shared) 
     assert_eq!(origin.get(), 2, "{}", shared.name);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn hits_share_the_cached_body_instead_of_copying_it() {
     let page = Bytes::from(vec![b'x'; 64 * 1024]);
     let inner = service_fn({
@@ -871,7 +871,7 @@ async fn hits_share_the_cached_body_instead_of_copying_it() {
 /// The layer's L1 hits, answered before any fetch, are traced as every fetch is: a
 /// `stampede.fetch` span with the outcome, for a subscriber that wants it (without one, the
 /// hit records nothing). One thread, so the thread-local subscriber sees every task.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_layer_s_hits_and_misses_are_traced_for_a_subscriber() {
     use tower_stampede::Outcome;
 
