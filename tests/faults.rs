@@ -445,7 +445,7 @@ async fn stores_opened_while_redis_is_down_connect_when_it_comes_up() {
 
 /// What no server can fix fails `open` at once: a malformed URL, TLS without the `tls`
 /// feature, a cluster seed that is not a URL.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn open_refuses_bad_configuration_at_once() {
     use tower_stampede::store::StoreErrorKind;
     let kind = |url: &str| RedisStore::open(url).map(|_| ()).unwrap_err().kind();

@@ -6,7 +6,7 @@
 //! `MemoryStore` and (feature `redis`) a real `redis-server`, two instances each, as two
 //! processes.
 //!
-//! On real time (the layer's clock follows paused time now; see `tests/README.md`). The
+//! The memory cases run on paused time, the redis cases on real time (`store_test!`). The
 //! origin holds its first load until every request of a stampede has been sent, then a moment
 //! more (see [`stampede`]); no assertion is on a duration.
 

@@ -277,8 +277,8 @@ store_test!(analytics_cookies_are_ignored_by_default);
 /// and the like) personalise nothing and are ignored by default: 200 concurrent `GET`s, each
 /// with `_ga` and `_gid`, over two instances, load the origin once (a response without
 /// `public`, `max-age=60`). Any other cookie still makes the request one with credentials,
-/// and `ignore_analytics_cookies(false)` counts them all again. Real time: the origin takes
-/// 200 ms, so that the burst arrives while it loads.
+/// and `ignore_analytics_cookies(false)` counts them all again. The origin takes 200 ms (of
+/// paused time on the embedded store), so that the burst arrives while it loads.
 async fn analytics_cookies_are_ignored_by_default(shared: Shared) {
     let calls = Counter::default();
     let apps = instances(&shared, &calls, RfcPolicy::new);

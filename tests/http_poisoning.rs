@@ -344,7 +344,8 @@ store_test!(a_load_balancers_forwarding_headers_make_one_entry_loaded_once);
 /// `X-Forwarded-Port` (the same values) and its own `X-Forwarded-For`. The forwarding headers
 /// are part of the key (the origin builds its links from them), the client's address is not:
 /// 200 concurrent `GET`s over two instances load the origin once, and all get its page.
-/// Real time: the origin takes 200 ms, so that the burst arrives while it loads.
+/// The origin takes 200 ms (of paused time on the embedded store), so that the burst arrives
+/// while it loads.
 async fn a_load_balancers_forwarding_headers_make_one_entry_loaded_once(shared: Shared) {
     let calls = Counter::default();
     let apps = instances(&shared, &calls, |layer| layer);
@@ -540,7 +541,8 @@ async fn an_unstored_answer_to_an_attacker_reaches_no_other_waiter(shared: Share
             let (app, uri) = (apps[0].clone(), uri.clone());
             tokio::spawn(async move { get_owned(&app, &uri, &evil).await })
         };
-        // Real time: the origin takes 200 ms, so the others arrive while it loads.
+        // The origin takes 200 ms, so the others arrive while it loads (on paused time the
+        // attacker's request runs until its origin sleeps before the clock moves 50 ms).
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let victims: Vec<_> = (0..10)
             .map(|client| {

@@ -1062,7 +1062,12 @@ async fn long_urls_and_invalid_header_bytes_have_a_clear_outcome(shared: Shared)
     }
 }
 
-store_test!(a_100_kb_url_is_refused_by_the_server_before_the_layer);
+store_test!(
+    a_100_kb_url_is_refused_by_the_server_before_the_layer,
+    real_time = "the app is served by axum::serve on a loopback socket: on paused time, a wait \
+                 on the socket lets the runtime jump to its next timer (store timeouts, the \
+                 engine's waits), and the run would turn on when the kernel hands bytes over"
+);
 async fn a_100_kb_url_is_refused_by_the_server_before_the_layer(shared: Shared) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let origin = Origin::default();

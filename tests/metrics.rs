@@ -159,6 +159,7 @@ fn a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait(runtime: &Runtime
 fn every_metric_is_described() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
     let shared = Shared::memory();

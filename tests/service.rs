@@ -312,7 +312,7 @@ async fn requests_without_a_key_pass_through_untouched(shared: Shared) {
 /// # Backpressure: the layer is always ready, and only the calls that reach the inner service
 /// wait for its readiness. With a concurrency limit of one inside the layer held by a load, a
 /// hit is answered at once, and a miss waits for the permit.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn hits_do_not_wait_for_the_inner_services_readiness() {
     let backend = Backend::new(true);
     let cache = Cache::builder(tower_stampede::store::MemoryStore::new()).build();
@@ -335,6 +335,9 @@ async fn hits_do_not_wait_for_the_inner_services_readiness() {
     })
     .await;
     let miss = tokio::spawn(service.clone().oneshot(ask("other")));
+    // On paused time every task runs until it waits before the clock moves: the miss is at
+    // the permit now, not merely spawned.
+    tokio::time::sleep(Duration::from_millis(1)).await;
     let hit = service.clone().oneshot(ask("filled")).await.unwrap();
     assert_eq!(hit, "value of filled");
     assert_eq!(backend.calls.get(), 2, "the miss waits for the permit");
@@ -347,7 +350,7 @@ async fn hits_do_not_wait_for_the_inner_services_readiness() {
 
 /// Behind a `Buffer` (whose error is a `BoxError`) and boxed as a `BoxCloneService`, a
 /// stampede still costs one backend call.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn works_behind_a_buffer_as_a_box_clone_service() {
     let backend = Backend::new(false);
     let cache = Cache::builder(tower_stampede::store::MemoryStore::new()).build();

@@ -304,7 +304,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_carried_flight_dropped_before_its_end_runs_to_the_end_as_a_task() {
         let (mut carried, posts) = carry(
             Box::pin(async {
@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(value(&posted).as_deref(), Some(&b"late"[..]));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_carrier_takes_an_early_answer_and_the_flight_goes_on() {
         let posts = Arc::new(FlightPosts::default());
         posts.joined.store(1, Ordering::Relaxed);

@@ -263,7 +263,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn the_caller_carrying_a_flight_is_woken_by_the_flight_alone() {
         // Nothing else may wake it (such as a wait for an early answer, or the end of the
         // flight's watch): each such wake would cost every L2 hit a spurious poll and a

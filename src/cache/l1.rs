@@ -446,7 +446,7 @@ mod tests {
         assert!(!l1.contains(&digest));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_hit_decodes_once_per_entry_and_a_reader_of_another_type_each_time() {
         let cache = Cache::builder(MemoryStore::new()).build();
         let load = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"42")) };

@@ -363,7 +363,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_notification_between_mark_and_wait_is_not_lost() {
         let (notifier, a) = (Notifier::new(), key("a"));
         let mut watch = notifier.watch(&a);
@@ -373,7 +373,7 @@ mod tests {
         woken_once(&mut watch).await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_notification_before_the_first_wait_is_not_lost() {
         let (notifier, a) = (Notifier::new(), key("a"));
         let mut watch = notifier.watch(&a);
@@ -388,7 +388,7 @@ mod tests {
         woken_once(&mut watch).await;
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn keys_are_forgotten_with_their_last_watch() {
         let (notifier, a) = (Notifier::new(), key("a"));
         let mut first = notifier.watch(&a);

@@ -189,8 +189,9 @@ async fn a_follower_that_gave_up_never_overwrites_a_newer_value(shared: Shared) 
             .on_wait_timeout(WaitTimeoutPolicy::LoadAndCache)
             .build();
         let (b_follower, b_end) = held_load(&b, &key, "old").await;
-        // Load starts are ordered on the wall clock, to the millisecond: let it move on.
-        std::thread::sleep(Duration::from_millis(3));
+        // Load starts are ordered on the wall clock, to the millisecond: let it move on (on
+        // paused time, by exactly that; a thread's sleep would not move it).
+        tokio::time::sleep(Duration::from_millis(3)).await;
         // C writes "new", later than B's load started.
         let c = shared.cache().build();
         match writer {
@@ -241,8 +242,9 @@ async fn a_slow_leader_never_overwrites_a_newer_value_put_after_a_wait_timeout(s
     // A leads, and its load hangs until told to end: its lock stands.
     let a = shared.cache().build();
     let (a_leader, a_end) = held_load(&a, "k", "old").await;
-    // Load starts are ordered on the wall clock, to the millisecond: let it move on.
-    std::thread::sleep(Duration::from_millis(3));
+    // Load starts are ordered on the wall clock, to the millisecond: let it move on (on
+    // paused time, by exactly that; a thread's sleep would not move it).
+    tokio::time::sleep(Duration::from_millis(3)).await;
     // B follows, gives up after 100 ms, loads "new" itself and stores it.
     let b = tower_stampede::Cache::builder_shared(shared.other_process().await)
         .namespace("test")

@@ -388,6 +388,7 @@ fn a_flight_dropped_with_its_runtime_does_not_poison_the_key() {
     {
         let first = tokio::runtime::Builder::new_current_thread()
             .enable_all()
+            .start_paused(true)
             .build()
             .unwrap();
         let cache = cache.clone();
@@ -401,6 +402,7 @@ fn a_flight_dropped_with_its_runtime_does_not_poison_the_key() {
     }
     let second = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
     let value = second

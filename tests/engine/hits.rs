@@ -37,8 +37,8 @@ async fn hits_come_from_l1_then_from_the_store(shared: Shared) {
     assert_eq!(loads.get(), 1);
 }
 
-// Real time over both stores: the test waits for L1 to expire (L1's expiry follows tokio's
-// clock now, so the memory case could move to paused time; `tests/README.md`).
+// The test waits for L1 to expire: L1's expiry follows tokio's clock, so the memory case's
+// waits take no real time.
 store_test!(a_loader_sets_the_ttl_and_l1_never_outlives_it);
 async fn a_loader_sets_the_ttl_and_l1_never_outlives_it(shared: Shared) {
     let a = shared.cache().build();
@@ -104,7 +104,7 @@ async fn durations_of_any_size_never_panic() {
 /// hit L1 how long it waited, for a subscriber that wants it. Without one the engine neither
 /// enters, records nor times it (that cost an L2 hit about a point of a `GET`), and answers the
 /// same. One thread, so the thread-local subscriber sees every task.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
     let cache = Cache::builder(MemoryStore::new()).build();
     let load = || async { Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v"))) };
@@ -139,7 +139,7 @@ async fn the_fetch_span_records_outcome_and_wait_for_a_subscriber() {
 /// lookup in time) names the key as text under a default `fmt` subscriber (`INFO`, no span
 /// events); without it, only the key's hash appears, as keys may hold what logs must not. A
 /// key with a line break is escaped, so it cannot forge a log line.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn readable_keys_name_the_key_in_warnings_only_when_asked() {
     let key = "user/42\nFORGED warning";
     for readable in [false, true] {

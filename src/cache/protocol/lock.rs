@@ -144,7 +144,7 @@ mod tests {
 
     /// A leader torn down mid-load (its flight dropped) leaves the lock to the next flight at
     /// once, not after the lock's TTL.
-    #[tokio::test(flavor = "current_thread")]
+    #[tokio::test(start_paused = true)]
     async fn a_dropped_leader_s_guard_frees_the_lock_for_the_next_flight() {
         let (store, key, leader) = locked().await;
         assert!(!take(&store, &key, LockToken::random()).await, "held");
@@ -161,7 +161,7 @@ mod tests {
         assert!(freed, "the guard released the lock");
     }
 
-    #[tokio::test(flavor = "current_thread")]
+    #[tokio::test(start_paused = true)]
     async fn a_disarmed_guard_leaves_the_lock_to_whoever_holds_it() {
         let (store, key, leader) = locked().await;
         let mut guard = guard_of(&store, &key, leader);

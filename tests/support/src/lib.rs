@@ -29,10 +29,9 @@ mod redis;
 
 /// `timed_test!(name)` runs `async fn name(stores: Vec<Shared>)`, a test that depends on
 /// timing, twice: as `name::memory` over `MemoryStore` on paused tokio time, which the store's
-/// expiries and the engine's timers follow, so the run is instant and its timing exact; and,
-/// with the `redis` feature, as `name::redis` over a real `redis-server` on real time. (L1's
-/// expiry follows moka's own clock, which paused time does not move: a test that waits for an
-/// L1 entry to expire is not a `timed_test!`.)
+/// expiries, L1's expiry and the engine's timers and wall clock follow, so the run is instant
+/// and its timing exact; and, with the `redis` feature, as `name::redis` over a real
+/// `redis-server` on real time.
 ///
 /// The `redis` half is compiled where the calling test is built with the `redis` feature.
 #[macro_export]
@@ -56,23 +55,48 @@ macro_rules! timed_test {
 /// `store_test!(name)` runs `async fn name(shared: Shared)`, a test of one behaviour, once per
 /// store: as `name::memory` over `MemoryStore` and, with the `redis` feature, as `name::redis`
 /// over a real `redis-server` of its own, each a test of its own, so that a failure names its
-/// store. Both run on real time in a two-thread runtime; a test of a timing rule is a
-/// [`timed_test!`] instead, on paused time where the store allows.
+/// store.
 ///
-/// `store_test!(name, current_thread)` runs the same on tokio's default one-thread runtime
+/// The `memory` case runs on paused tokio time, on one thread (all paused time allows): the
+/// store's expiries, L1's expiry, the engine's timers and its wall clock follow it, and while
+/// every task waits the runtime jumps to the next timer, so a sleep costs no real time and a
+/// timing rule holds exactly, run after run. The `redis` case runs on real time on two
+/// threads: Redis keeps its own clock, and a paused runtime waiting on a socket would jump to
+/// its next timer and fire store timeouts.
+///
+/// `store_test!(name, real_time = "why")` runs the `memory` case on real time on two threads
+/// too, for a test that needs it (real sockets, a thread held or of its own, a blocking task);
+/// the reason is its attribute, so that it stays with the test (`#[doc]` on the case).
+///
+/// `store_test!(name, current_thread)` runs the `redis` case on one thread as well
 /// (`#[tokio::test]`), for a test written for one thread.
 ///
 /// `store_test!(name, block_on)` runs `fn name(runtime: &Runtime, shared: Shared)`, a plain
-/// `#[test]` given a one-thread runtime of its own (the store made on it), for a test that
-/// wraps its own `runtime.block_on` calls in something of its thread: a thread-local metrics
-/// recorder, which then sees every task of the run.
+/// `#[test]` given a one-thread runtime of its own (the store made on it; paused for the
+/// `memory` case), for a test that wraps its own `runtime.block_on` calls in something of its
+/// thread: a thread-local metrics recorder, which then sees every task of the run.
 ///
-/// `store_test!(name, ignore = "why")` runs as `store_test!(name)`, both cases `#[ignore]`d
-/// with that reason: a load run, started by hand with `-- --ignored`.
+/// `store_test!(name, ignore = "why")` runs both cases on real time on two threads, `#[ignore]`d
+/// with that reason: a load run, started by hand with `-- --ignored`, that times itself.
 #[macro_export]
 macro_rules! store_test {
     ($name:ident) => {
         mod $name {
+            #[tokio::test(start_paused = true)]
+            async fn memory() {
+                super::$name($crate::Shared::memory()).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn redis() {
+                super::$name($crate::Shared::redis().await).await;
+            }
+        }
+    };
+    ($name:ident, real_time = $why:literal) => {
+        mod $name {
+            #[doc = concat!("On real time: ", $why)]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn memory() {
                 super::$name($crate::Shared::memory()).await;
@@ -87,7 +111,7 @@ macro_rules! store_test {
     };
     ($name:ident, current_thread) => {
         mod $name {
-            #[tokio::test]
+            #[tokio::test(start_paused = true)]
             async fn memory() {
                 super::$name($crate::Shared::memory()).await;
             }
@@ -117,16 +141,13 @@ macro_rules! store_test {
     };
     ($name:ident, block_on) => {
         mod $name {
-            fn runtime() -> tokio::runtime::Runtime {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap()
-            }
-
             #[test]
             fn memory() {
-                let runtime = runtime();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .start_paused(true)
+                    .build()
+                    .unwrap();
                 let shared = runtime.block_on(async { $crate::Shared::memory() });
                 super::$name(&runtime, shared);
             }
@@ -134,7 +155,10 @@ macro_rules! store_test {
             #[cfg(feature = "redis")]
             #[test]
             fn redis() {
-                let runtime = runtime();
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
                 let shared = runtime.block_on($crate::Shared::redis());
                 super::$name(&runtime, shared);
             }
