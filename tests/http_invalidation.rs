@@ -764,26 +764,39 @@ async fn the_purge_endpoint_purges_tags_when_asked(shared: Shared) {
 /// Commands the Redis server behind `shared` has run since its stats were reset, by name
 /// (`INFO commandstats`), but for those of the test itself (`info`, `config`); none for the
 /// embedded store.
+/// The commands the Redis server behind `shared` has run since its stats were reset, but the
+/// test's own (`INFO`, `CONFIG`) and the subscriber's liveness `PING`s (one a second, see
+/// `store/redis/liveness.rs`), which a run longer than a second meets whatever it does.
 async fn commands(shared: &Shared) -> Vec<(String, u64)> {
     let info = shared.info("commandstats").await.unwrap_or_default();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
-            let calls = rest.split(',').next()?.parse().ok()?;
-            (!name.starts_with("info") && !name.starts_with("config"))
-                .then(|| (name.to_owned(), calls))
-        })
+    command_calls(&info)
+        .filter(|(name, _)| name != "ping")
         .collect()
+}
+
+/// The calls of each command in an `INFO commandstats` answer, but `INFO` and `CONFIG`.
+fn command_calls(info: &str) -> impl Iterator<Item = (String, u64)> + '_ {
+    info.lines().filter_map(|line| {
+        let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+        let calls = rest.split(',').next()?.parse().ok()?;
+        (!name.starts_with("info") && !name.starts_with("config")).then(|| (name.to_owned(), calls))
+    })
 }
 
 /// The reads from clients' sockets the Redis server behind `shared` has processed since its
 /// stats were reset (`total_reads_processed` of `INFO stats`): a pipeline sent in one write is
-/// one read, so this counts round trips; 0 for the embedded store.
+/// one read, so this counts round trips; 0 for the embedded store. Less the subscriber's
+/// liveness `PING`s, one read each, counted in the same answer (`INFO all`).
 async fn reads(shared: &Shared) -> u64 {
-    let info = shared.info("stats").await.unwrap_or_default();
-    info.lines()
+    let info = shared.info("all").await.unwrap_or_default();
+    let reads: u64 = info
+        .lines()
         .find_map(|line| line.strip_prefix("total_reads_processed:"))
-        .map_or(0, |reads| reads.trim().parse().unwrap())
+        .map_or(0, |reads| reads.trim().parse().unwrap());
+    let pings = command_calls(&info)
+        .find(|(name, _)| name == "ping")
+        .map_or(0, |(_, calls)| calls);
+    reads - pings
 }
 
 store_test!(unsafe_invalidation_is_a_choice_and_one_round_trip);
