@@ -425,29 +425,45 @@ async fn listening(shared: &Shared) -> Arc<Observed> {
 }
 
 timed_test!(a_leader_keeps_its_lock_until_its_fill_lands);
-/// A leader whose fill takes 400 ms to reach the store (a busy process, a store far behind),
-/// with 150 ms locks: its watchdog renews the lock from the lead's start until the fill is
-/// done, not only while the load runs, so the fill lands and another process finds the value
-/// without loading. (Renewed during the load alone, the lock ran out before the fill, which
-/// was refused: on two cores shared by 32 processes and a Redis Cluster, 4,603 of 10,000 keys
-/// loaded twice.) Real time on Redis, paused time on the embedded store.
+/// A leader whose fill takes 3 s to reach the store (a busy process, a store far behind), with
+/// 2 s locks: its watchdog renews the lock from the lead's start until the fill is done, not
+/// only while the load runs, so a follower in another process, looking the key up every 50 ms
+/// meanwhile, never finds the lock free: it waits for the fill, and nothing loads twice.
+/// (Renewed during the load alone, the lock ran out before the fill; whoever took it loaded
+/// again, and the fill was refused: on two cores shared by 32 processes and a Redis Cluster,
+/// 4,603 of 10,000 keys loaded twice.) Paused time on the embedded store; real time on Redis
+/// (3 s), where the lock could lapse only if its renewals, due every 667 ms, all stalled for
+/// over 1.3 s.
 async fn a_leader_keeps_its_lock_until_its_fill_lands(stores: Vec<Shared>) {
     for shared in stores {
-        let slow = Observed::slow_fills(&shared.store, Duration::from_millis(400));
+        let slow = Observed::slow_fills(&shared.store, Duration::from_secs(3));
         let leader = Cache::builder_shared(slow.clone())
             .namespace("test")
-            .store_timeout(support::PATIENT)
-            .lock_ttl(Duration::from_millis(150))
+            // Longer than the fill takes: the fill must land, not time out.
+            .store_timeout(Duration::from_secs(10))
+            .lock_ttl(Duration::from_secs(2))
             .build();
         let loads = Counter::default();
-        let loaded = leader
-            .get_or_load("slow fill", crate::slow_value(&loads, Duration::ZERO, "v"))
-            .await
-            .unwrap();
-        assert_eq!((loaded, loads.get()), ("v".into(), 1), "{}", shared.name);
-        assert_eq!(slow.fills(), 1, "{}", shared.name);
-        let other = shared.cache().build();
+        let leading = tokio::spawn({
+            let (leader, load) = (
+                leader.clone(),
+                crate::slow_value(&loads, Duration::ZERO, "v"),
+            );
+            async move { leader.get_or_load("slow fill", load).await }
+        });
+        wait_until("the fill is on its way", || slow.fills() == 1).await;
+        // Looks the key up every 25 to 50 ms, notifications or not: a lock that lapsed would
+        // be its at once.
+        let other = Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .store_timeout(support::PATIENT)
+            .backoff(Duration::from_millis(50), Duration::from_millis(50))
+            .poll_while_notified(Duration::from_millis(50))
+            .build();
         let fetched = other.fetch("slow fill", never_called).await.unwrap();
         assert_eq!(fetched.value().unwrap(), "v", "{}", shared.name);
+        assert_eq!(leading.await.unwrap().unwrap(), "v", "{}", shared.name);
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(slow.fills(), 1, "{}", shared.name);
     }
 }
