@@ -61,8 +61,10 @@ timed_test!(followers_do_not_poll_while_notifications_are_received);
 /// 400 ms: while the store's notifications are received, each process looks the key up twice
 /// (once to find the lock held, once when the fill is notified), whatever the load's length,
 /// where a backoff poll (5 ms growing to 200 ms) would look it up about nine times. The
-/// followers' slow poll (`poll_while_notified`, 1 s by default, jittered down to half) comes
-/// after the load.
+/// followers' slow poll (`poll_while_notified`) is set to a minute, so it cannot come before
+/// the load ends: at its default (1 s, jittered down to half) it came 100 ms after the load's
+/// end on paper, and on Redis, on real time, a busy machine that ran the 400 ms late let it
+/// come first, a third lookup.
 async fn followers_do_not_poll_while_notifications_are_received(stores: Vec<Shared>) {
     for shared in stores {
         let leader = shared.cache().build();
@@ -73,6 +75,8 @@ async fn followers_do_not_poll_while_notifications_are_received(stores: Vec<Shar
             let cache = Cache::builder_shared(observed.clone())
                 .namespace("test")
                 .store_timeout(support::PATIENT)
+                .poll_while_notified(Duration::from_secs(60))
+                .wait_timeout(Duration::from_secs(120))
                 .build();
             processes.push((observed, cache));
         }
@@ -147,10 +151,13 @@ async fn a_follower_polls_once_notifications_are_lost() {
 }
 
 /// A follower whose process does not run for four times the store timeout (its thread held
-/// just after its lookup was sent, as on a machine with more busy processes than cores), while
-/// Redis answers at once, is not a store error: the follower waits for the leader's load
-/// instead of loading alone. Redis only (the embedded store answers within its call); a
-/// current-thread runtime, so nothing of the process runs while the thread is held.
+/// for 2 s just after its lookup was sent, as on a machine with more busy processes than
+/// cores), while Redis answers at once, is not a store error: the follower waits for the
+/// leader's load instead of loading alone. Redis only (the embedded store answers within its
+/// call); a current-thread runtime, so nothing of the process runs while the thread is held.
+/// Real time: a 500 ms store timeout, which Redis on loopback could miss only if it did not
+/// run for half a second while this process did (with the 50 ms it had before, a busy
+/// machine could starve Redis that long, a store error).
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_busy_process_does_not_take_itself_for_a_slow_store() {
@@ -158,10 +165,10 @@ async fn a_busy_process_does_not_take_itself_for_a_slow_store() {
     let leader = shared.cache().build();
     let (leading, loads, gate) = gated_leader(&leader, "busy").await;
     let other = shared.other_process().await;
-    let observed = Observed::stalling_first_lookup(&other, Duration::from_millis(200));
+    let observed = Observed::stalling_first_lookup(&other, Duration::from_secs(2));
     let follower = Cache::builder_shared(observed.clone())
         .namespace("test")
-        .store_timeout(Duration::from_millis(50))
+        .store_timeout(Duration::from_millis(500))
         .build();
     let following = spawn_follower(&follower, "busy");
     wait_until("the follower found the lock held", || {
