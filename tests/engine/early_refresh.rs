@@ -4,15 +4,15 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{timed_test, Counter, Shared};
+use support::{Counter, Shared};
 use tower_stampede::store::MemoryStore;
 use tower_stampede::{Cache, Loaded, Outcome};
 
 use crate::{futures_ready, loader};
 
-/// A loader whose first load is slow (`first` long, answering "v1") and whose later loads are
-/// quick ("v2", "v3", ...): early refresh uses the last load's time, so the first one sets
-/// how early the next refresh may come.
+/// A loader whose first load is slow (`first` long, answering "v1") and whose later loads answer
+/// at once ("v2", "v3", ...): early refresh uses the last load's time, so the first one sets how
+/// early the next refresh may come.
 fn first_slow_then_quick(
     loads: &Counter,
     first: Duration,
@@ -21,96 +21,97 @@ fn first_slow_then_quick(
     move || {
         Box::pin(async move {
             let n = loads.hit();
-            let delay = if n == 1 {
-                first
-            } else {
-                Duration::from_millis(10)
-            };
-            tokio::time::sleep(delay).await;
+            if n == 1 {
+                tokio::time::sleep(first).await;
+            }
             Ok(Bytes::from(format!("v{n}")))
         })
     }
 }
 
-timed_test!(a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits);
-async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits(stores: Vec<Shared>) {
-    for shared in stores {
-        // δ = 300 ms: each instance's refresh point is drawn at least δ before expiry (with
-        // β = 3, 4δ on average), so hits for 800 ms reach it, and the quick refresh lands long
-        // before the value expires; the refreshed value's own point (δ = 10 ms) is not reached.
-        let builder = || {
-            shared
-                .cache()
-                .ttl(Duration::from_secs(1))
-                .early_refresh(3.0)
-        };
-        let instances = [builder().build(), builder().build()];
-        let loads = Counter::default();
-        let first = instances[0]
-            .get_or_load(
-                "hot",
-                first_slow_then_quick(&loads, Duration::from_millis(300)),
-            )
-            .await
-            .unwrap();
-        assert_eq!(first, "v1");
-        let mut seen_v2 = false;
-        let hitting = tokio::time::Instant::now();
-        for i in 0.. {
-            if hitting.elapsed() >= Duration::from_millis(800) {
-                break;
-            }
-            let fetched = instances[i % 2]
-                .fetch("hot", {
-                    let load = first_slow_then_quick(&loads, Duration::ZERO);
-                    move || async move { load().await.map(Loaded::value) }
-                })
-                .await
-                .unwrap();
-            assert!(
-                matches!(fetched.outcome(), Outcome::L1Hit | Outcome::L2Hit),
-                "{}: hit {i} waited: {:?}",
-                shared.name,
-                fetched.outcome()
-            );
-            seen_v2 |= fetched.value().unwrap() == "v2";
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(
-            seen_v2,
-            "{}: the refresh landed before the value expired",
-            shared.name
-        );
-        let early: u64 = instances.iter().map(|c| c.stats().early_refreshes).sum();
-        assert!(early >= 1, "{}", shared.name);
-        // One load refreshed it, whichever instances tried: the next refresh is due only
-        // about 30 ms (δ·β) before the new value expires.
-        assert_eq!(loads.get(), 2, "{}", shared.name);
-
-        // Without early refresh, the same hits never load.
-        let plain = shared
+/// Two instances hit a key with a 1 s TTL every 10 ms: one load refreshes it early, whichever
+/// instances reach their refresh point, the refresh lands before the value expires, and no hit
+/// waits. Paused time over the embedded store, so every duration below is exact and the
+/// outcome depends on no draw: each instance's refresh point is drawn at random (XFetch), and
+/// the test's windows hold for every draw. The same rule over Redis, on real time, is measured
+/// by `benches/early_refresh.rs` (loads per TTL and requests that waited, three processes).
+#[tokio::test(start_paused = true)]
+async fn a_hot_key_is_refreshed_early_by_one_load_and_nobody_waits() {
+    let shared = Shared::memory();
+    // δ = 300 ms (the first load), β = 3: an instance's refresh point is drawn
+    // δ·(1.1 + β·(−ln u)) before expiry, so at least 330 ms before it, and hits for 800 ms
+    // after the fill reach it (the value expires 1 s after it). The refreshed value's load
+    // took no time, counted as 1 ms: its point is at most 1 ms·(1.1 + 3·37) = 112 ms before
+    // its expiry (−ln u is below 37 for every `u` rand can draw: `refreshes::MOST_NEG_LN`),
+    // and it expires at least 1 s after the first fill, so the hits, which end 800 ms after
+    // that fill, never reach it. (With a 10 ms refresh, as before, its point could come up to
+    // 1.1 s early: about one run in 200 drew one within the hits and loaded a third time.)
+    let builder = || {
+        shared
             .cache()
             .ttl(Duration::from_secs(1))
-            .early_refresh(0.0)
-            .build();
-        let loads = Counter::default();
-        plain
-            .get_or_load(
-                "cold",
-                first_slow_then_quick(&loads, Duration::from_millis(300)),
-            )
+            .early_refresh(3.0)
+    };
+    let instances = [builder().build(), builder().build()];
+    let loads = Counter::default();
+    let first = instances[0]
+        .get_or_load(
+            "hot",
+            first_slow_then_quick(&loads, Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first, "v1");
+    let mut seen_v2 = false;
+    let hitting = tokio::time::Instant::now();
+    for i in 0.. {
+        if hitting.elapsed() >= Duration::from_millis(800) {
+            break;
+        }
+        let fetched = instances[i % 2]
+            .fetch("hot", {
+                let load = first_slow_then_quick(&loads, Duration::ZERO);
+                move || async move { load().await.map(Loaded::value) }
+            })
             .await
             .unwrap();
-        for _ in 0..20 {
-            let value = plain
-                .get_or_load("cold", first_slow_then_quick(&loads, Duration::ZERO))
-                .await
-                .unwrap();
-            assert_eq!(value, "v1");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert!(
+            matches!(fetched.outcome(), Outcome::L1Hit | Outcome::L2Hit),
+            "hit {i} waited: {:?}",
+            fetched.outcome()
+        );
+        seen_v2 |= fetched.value().unwrap() == "v2";
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(seen_v2, "the refresh landed before the value expired");
+    let early: u64 = instances.iter().map(|c| c.stats().early_refreshes).sum();
+    assert!(early >= 1);
+    // One load refreshed it, whichever instances tried.
+    assert_eq!(loads.get(), 2);
+
+    // Without early refresh, the same hits never load.
+    let plain = shared
+        .cache()
+        .ttl(Duration::from_secs(1))
+        .early_refresh(0.0)
+        .build();
+    let loads = Counter::default();
+    plain
+        .get_or_load(
+            "cold",
+            first_slow_then_quick(&loads, Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        let value = plain
+            .get_or_load("cold", first_slow_then_quick(&loads, Duration::ZERO))
+            .await
+            .unwrap();
+        assert_eq!(value, "v1");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(loads.get(), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -61,8 +61,10 @@ timed_test!(followers_do_not_poll_while_notifications_are_received);
 /// 400 ms: while the store's notifications are received, each process looks the key up twice
 /// (once to find the lock held, once when the fill is notified), whatever the load's length,
 /// where a backoff poll (5 ms growing to 200 ms) would look it up about nine times. The
-/// followers' slow poll (`poll_while_notified`, 1 s by default, jittered down to half) comes
-/// after the load.
+/// followers' slow poll (`poll_while_notified`) is set to a minute, so it cannot come before
+/// the load ends: at its default (1 s, jittered down to half) it came 100 ms after the load's
+/// end on paper, and on Redis, on real time, a busy machine that ran the 400 ms late let it
+/// come first, a third lookup.
 async fn followers_do_not_poll_while_notifications_are_received(stores: Vec<Shared>) {
     for shared in stores {
         let leader = shared.cache().build();
@@ -73,6 +75,8 @@ async fn followers_do_not_poll_while_notifications_are_received(stores: Vec<Shar
             let cache = Cache::builder_shared(observed.clone())
                 .namespace("test")
                 .store_timeout(support::PATIENT)
+                .poll_while_notified(Duration::from_secs(60))
+                .wait_timeout(Duration::from_secs(120))
                 .build();
             processes.push((observed, cache));
         }
@@ -147,10 +151,13 @@ async fn a_follower_polls_once_notifications_are_lost() {
 }
 
 /// A follower whose process does not run for four times the store timeout (its thread held
-/// just after its lookup was sent, as on a machine with more busy processes than cores), while
-/// Redis answers at once, is not a store error: the follower waits for the leader's load
-/// instead of loading alone. Redis only (the embedded store answers within its call); a
-/// current-thread runtime, so nothing of the process runs while the thread is held.
+/// for 2 s just after its lookup was sent, as on a machine with more busy processes than
+/// cores), while Redis answers at once, is not a store error: the follower waits for the
+/// leader's load instead of loading alone. Redis only (the embedded store answers within its
+/// call); a current-thread runtime, so nothing of the process runs while the thread is held.
+/// Real time: a 500 ms store timeout, which Redis on loopback could miss only if it did not
+/// run for half a second while this process did (with the 50 ms it had before, a busy
+/// machine could starve Redis that long, a store error).
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_busy_process_does_not_take_itself_for_a_slow_store() {
@@ -158,10 +165,10 @@ async fn a_busy_process_does_not_take_itself_for_a_slow_store() {
     let leader = shared.cache().build();
     let (leading, loads, gate) = gated_leader(&leader, "busy").await;
     let other = shared.other_process().await;
-    let observed = Observed::stalling_first_lookup(&other, Duration::from_millis(200));
+    let observed = Observed::stalling_first_lookup(&other, Duration::from_secs(2));
     let follower = Cache::builder_shared(observed.clone())
         .namespace("test")
-        .store_timeout(Duration::from_millis(50))
+        .store_timeout(Duration::from_millis(500))
         .build();
     let following = spawn_follower(&follower, "busy");
     wait_until("the follower found the lock held", || {
@@ -251,44 +258,56 @@ async fn caches_over_one_store_share_its_limit_of_calls_in_flight() {
     assert_eq!(observed.most_lookups_out(), 256);
 }
 
-timed_test!(a_burst_of_cold_keys_fills_before_its_locks_run_out);
 /// A cold start over 2,000 keys in one process, over a store whose lookups answer 50 ms late:
 /// 256 lookups go out at a time, so the burst's lookups take eight rounds, 400 ms. Each
 /// leader's fill (and the tag clock it reads before its load) goes in a lane of its own, not
-/// behind the lookups still waiting: every key is filled within its 150 ms lock, and another
-/// process finds all 2,000 without loading. (Behind the lookups, a leader waited up to 350 ms
-/// and its lock ran out: its fill was refused, and the other process loaded the key again;
-/// on two cores shared by 32 processes, 2,507 of 10,000 keys loaded twice.) Real time on
-/// Redis, paused time on the embedded store.
-async fn a_burst_of_cold_keys_fills_before_its_locks_run_out(stores: Vec<Shared>) {
-    for shared in stores {
-        let observed = Observed::new(&shared.store, Duration::from_millis(50));
-        let cache = Cache::builder_shared(observed.clone())
-            .namespace("test")
-            .store_timeout(support::PATIENT)
-            .lock_ttl(Duration::from_millis(150))
-            .build();
-        let loads = Counter::default();
-        let mut calls = tokio::task::JoinSet::new();
-        for key in 0..2_000 {
-            let (cache, load) = (
-                cache.clone(),
-                crate::slow_value(&loads, Duration::ZERO, "v"),
-            );
-            calls.spawn(async move { cache.get_or_load(format!("cold-{key}"), load).await });
-        }
-        while let Some(call) = calls.join_next().await {
-            assert_eq!(call.unwrap().unwrap(), "v", "{}", shared.name);
-        }
-        assert_eq!(loads.get(), 2_000, "{}", shared.name);
-        let other = shared.cache().build();
-        for key in 0..2_000 {
-            let fetched = other
-                .fetch(format!("cold-{key}"), never_called)
-                .await
-                .unwrap();
-            assert_eq!(fetched.value().unwrap(), "v", "{}: cold-{key}", shared.name);
-        }
+/// behind the lookups still waiting: the first round's keys are filled 50 ms in, every key
+/// within its 150 ms lock, and another process finds all 2,000 without loading. (Behind the
+/// lookups, a leader waited up to 350 ms and its lock ran out: its fill was refused wherever
+/// another process had taken the lock, which loaded the key again; on two cores shared by 32
+/// processes, 2,507 of 10,000 keys loaded twice.) Paused time, the embedded store behind a
+/// wrapper that answers late, so the durations are exact. The same burst over Redis, on real
+/// time, is a benchmark (`benches/cold_burst.rs`): there 150 ms locks race the machine's
+/// scheduler, which a busy machine loses.
+#[tokio::test(start_paused = true)]
+async fn a_burst_of_cold_keys_fills_before_its_locks_run_out() {
+    let shared = Shared::memory();
+    let observed = Observed::new(&shared.store, Duration::from_millis(50));
+    let cache = Cache::builder_shared(observed.clone())
+        .namespace("test")
+        .store_timeout(support::PATIENT)
+        .lock_ttl(Duration::from_millis(150))
+        .build();
+    let loads = Counter::default();
+    let mut calls = tokio::task::JoinSet::new();
+    for key in 0..2_000 {
+        let (cache, load) = (
+            cache.clone(),
+            crate::slow_value(&loads, Duration::ZERO, "v"),
+        );
+        calls.spawn(async move { cache.get_or_load(format!("cold-{key}"), load).await });
+    }
+    // The first 256 lookups are answered 50 ms in; their leaders' clock read and fill go out
+    // at once, while 1,744 lookups still wait. (Behind them, no key was filled before 350 ms;
+    // its lock lapsed, and only because nobody took it did the fill still land.)
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let mut filled = 0;
+    for key in 0..2_000 {
+        let key = cache.store_key(format!("cold-{key}"));
+        filled += usize::from(shared.store.get(&key).await.unwrap().is_some());
+    }
+    assert_eq!(filled, 256, "filled while the burst's later lookups wait");
+    while let Some(call) = calls.join_next().await {
+        assert_eq!(call.unwrap().unwrap(), "v");
+    }
+    assert_eq!(loads.get(), 2_000);
+    let other = shared.cache().build();
+    for key in 0..2_000 {
+        let fetched = other
+            .fetch(format!("cold-{key}"), never_called)
+            .await
+            .unwrap();
+        assert_eq!(fetched.value().unwrap(), "v", "cold-{key}");
     }
 }
 
@@ -413,29 +432,45 @@ async fn listening(shared: &Shared) -> Arc<Observed> {
 }
 
 timed_test!(a_leader_keeps_its_lock_until_its_fill_lands);
-/// A leader whose fill takes 400 ms to reach the store (a busy process, a store far behind),
-/// with 150 ms locks: its watchdog renews the lock from the lead's start until the fill is
-/// done, not only while the load runs, so the fill lands and another process finds the value
-/// without loading. (Renewed during the load alone, the lock ran out before the fill, which
-/// was refused: on two cores shared by 32 processes and a Redis Cluster, 4,603 of 10,000 keys
-/// loaded twice.) Real time on Redis, paused time on the embedded store.
+/// A leader whose fill takes 3 s to reach the store (a busy process, a store far behind), with
+/// 2 s locks: its watchdog renews the lock from the lead's start until the fill is done, not
+/// only while the load runs, so a follower in another process, looking the key up every 50 ms
+/// meanwhile, never finds the lock free: it waits for the fill, and nothing loads twice.
+/// (Renewed during the load alone, the lock ran out before the fill; whoever took it loaded
+/// again, and the fill was refused: on two cores shared by 32 processes and a Redis Cluster,
+/// 4,603 of 10,000 keys loaded twice.) Paused time on the embedded store; real time on Redis
+/// (3 s), where the lock could lapse only if its renewals, due every 667 ms, all stalled for
+/// over 1.3 s.
 async fn a_leader_keeps_its_lock_until_its_fill_lands(stores: Vec<Shared>) {
     for shared in stores {
-        let slow = Observed::slow_fills(&shared.store, Duration::from_millis(400));
+        let slow = Observed::slow_fills(&shared.store, Duration::from_secs(3));
         let leader = Cache::builder_shared(slow.clone())
             .namespace("test")
-            .store_timeout(support::PATIENT)
-            .lock_ttl(Duration::from_millis(150))
+            // Longer than the fill takes: the fill must land, not time out.
+            .store_timeout(Duration::from_secs(10))
+            .lock_ttl(Duration::from_secs(2))
             .build();
         let loads = Counter::default();
-        let loaded = leader
-            .get_or_load("slow fill", crate::slow_value(&loads, Duration::ZERO, "v"))
-            .await
-            .unwrap();
-        assert_eq!((loaded, loads.get()), ("v".into(), 1), "{}", shared.name);
-        assert_eq!(slow.fills(), 1, "{}", shared.name);
-        let other = shared.cache().build();
+        let leading = tokio::spawn({
+            let (leader, load) = (
+                leader.clone(),
+                crate::slow_value(&loads, Duration::ZERO, "v"),
+            );
+            async move { leader.get_or_load("slow fill", load).await }
+        });
+        wait_until("the fill is on its way", || slow.fills() == 1).await;
+        // Looks the key up every 25 to 50 ms, notifications or not: a lock that lapsed would
+        // be its at once.
+        let other = Cache::builder_shared(shared.other_process().await)
+            .namespace("test")
+            .store_timeout(support::PATIENT)
+            .backoff(Duration::from_millis(50), Duration::from_millis(50))
+            .poll_while_notified(Duration::from_millis(50))
+            .build();
         let fetched = other.fetch("slow fill", never_called).await.unwrap();
         assert_eq!(fetched.value().unwrap(), "v", "{}", shared.name);
+        assert_eq!(leading.await.unwrap().unwrap(), "v", "{}", shared.name);
+        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(slow.fills(), 1, "{}", shared.name);
     }
 }

@@ -206,18 +206,21 @@ async fn a_leader_whose_renewals_do_not_land_still_fills_where_nobody_took_its_l
 const TTL: Duration = Duration::from_secs(60);
 
 timed_test!(a_batch_renews_all_its_locks_in_one_call);
-/// A batch of 300 keys whose load takes a second, with 300 ms locks, over a store that takes
-/// 2 ms for each renewal call: the batch renews its 300 locks in one call each round (every
-/// 100 ms), not one call per key, so no lock lapses; another process that asks for every key
-/// mid-load waits for the batch's fills and loads none. (One key at a time, a round took
-/// 600 ms, and the other process loaded the keys whose locks had lapsed.)
+/// A batch of 300 keys whose load takes 4 s, with 3 s locks, over a store that takes 20 ms for
+/// each renewal call: the batch renews its 300 locks in one call each round (every second),
+/// not one call per key, so no lock lapses; another process that asks for every key 3.5 s in
+/// (when an unrenewed lock would have lapsed) waits for the batch's fills and loads none. (One
+/// key at a time, a round took 6 s, and the other process loaded the keys whose locks had
+/// lapsed.) Real time on Redis (4 s): a lock lapses only if its renewals stall for 2 s. With
+/// the 300 ms locks it had before, renewed every 100 ms, a stall of 200 ms on a busy machine
+/// was enough.
 async fn a_batch_renews_all_its_locks_in_one_call(stores: Vec<Shared>) {
     for shared in stores {
-        let slow = Observed::slow_renewals(&shared.store, Duration::from_millis(2));
+        let slow = Observed::slow_renewals(&shared.store, Duration::from_millis(20));
         let batch = Cache::builder_shared(slow.clone())
             .namespace("test")
             .store_timeout(support::PATIENT)
-            .lock_ttl(Duration::from_millis(300))
+            .lock_ttl(Duration::from_secs(3))
             .build();
         let keys: Vec<String> = (0..300).map(|key| format!("batch-{key}")).collect();
         let batch_loads = Counter::default();
@@ -229,7 +232,7 @@ async fn a_batch_renews_all_its_locks_in_one_call(stores: Vec<Shared>) {
                         let loads = loads.clone();
                         async move {
                             loads.hit();
-                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            tokio::time::sleep(Duration::from_secs(4)).await;
                             let values = keys.into_iter().map(|key| (key, Bytes::from("v")));
                             Ok::<_, std::io::Error>(values.collect::<HashMap<_, _>>())
                         }
@@ -237,7 +240,7 @@ async fn a_batch_renews_all_its_locks_in_one_call(stores: Vec<Shared>) {
                     .await
             }
         });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
         let other = shared.cache().build();
         let other_loads = Counter::default();
         let mut others = tokio::task::JoinSet::new();
@@ -262,7 +265,7 @@ async fn a_batch_renews_all_its_locks_in_one_call(stores: Vec<Shared>) {
             "{}: the batch's loads, the other process's",
             shared.name
         );
-        // About ten rounds in a second, each one call, however many keys.
+        // About four rounds in 4 s, each one call, however many keys.
         let calls = slow.extends();
         assert!(
             (1..=15).contains(&calls),
