@@ -69,6 +69,11 @@ step() {
 summary() {
   local status=$1
   trap - EXIT
+  # A step that failed before the models' own ends the run: so do they.
+  if [ -n "${models:-}" ]; then
+    [ -s "$models_status" ] || pkill -P "$models" 2>/dev/null || true
+    rm -f "$models_log" "$models_status"
+  fi
   [ "$repeat" -eq 0 ] || exit "$status"
   echo
   echo "==> summary"
@@ -131,11 +136,30 @@ step "cargo doc (all features, -D warnings)" \
   env RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps
 step "cargo doc (no default features, -D warnings)" \
   env RUSTDOCFLAGS="-D warnings" cargo doc --no-default-features --no-deps
+# The protocol models take minutes of CPU and no real time, and the tests mostly wait (on
+# Redis servers, timers, real processes): the models run beside them, niced so that a test
+# that needs the CPU gets it first, and their step waits for them and shows their output.
+models_log="$(mktemp -t tower-stampede-models.XXXXXX)"
+models_status="$models_log.status"
+(
+  status=0
+  nice -n 10 cargo test --release -p tower-stampede-model -- --nocapture || status=$?
+  echo "$status" >"$models_status"
+) >"$models_log" 2>&1 &
+models=$!
+models_started=$SECONDS
+# Waits for the models (its step's output is a pipeline's, so a subshell: it cannot `wait`).
+models() {
+  while [ ! -s "$models_status" ]; do sleep 1; done
+  cat "$models_log"
+  echo "(the models ran for $((SECONDS - models_started)) s, beside the steps before this one)"
+  return "$(cat "$models_status")"
+}
+
 step "cargo test (library, integration, examples' build, doctests)" cargo test --all-features
 step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)" \
   env SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
 step "cargo test (no default features: the tests over the embedded store, without Redis)" \
   cargo test --no-default-features
 step "the gRPC example: tests over redis-server" cargo test -p tower-stampede-grpc
-step "the protocol models (stateright, exhaustive; release mode: about two minutes on 2 cores)" \
-  cargo test --release -p tower-stampede-model -- --nocapture
+step "the protocol models (stateright, exhaustive, release mode; started beside the tests)" models
