@@ -18,13 +18,12 @@ use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisResult, Va
 use tracing::{debug, warn};
 
 #[cfg(feature = "cluster")]
-use super::builder::Target;
-use super::builder::{no_url, RedisStoreBuilder};
-#[cfg(feature = "cluster")]
 use super::cluster::Cluster;
 #[cfg(feature = "cluster")]
 use super::cluster_link::ClusterLink;
 use super::connection::Connection;
+#[cfg(feature = "cluster")]
+use super::dial::{no_url, Dial, Target};
 use super::liveness::{Generation, ServerSubscriber};
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
@@ -188,18 +187,18 @@ impl Notifications {
 }
 
 impl Notifications {
-    /// Opens the subscriber connection, with the builder's settings and RESP3. A server that
+    /// Opens the subscriber connection, dialled as the store is, with RESP3. A server that
     /// refuses it (before Redis 6, or these credentials) is an error: no notifications.
     pub(super) async fn connect(
-        builder: &RedisStoreBuilder,
+        dial: &Dial,
         infos: &[ConnectionInfo],
         sharded: Arc<AtomicBool>,
         store: &Connection,
     ) -> RedisResult<Self> {
         #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = &builder.target {
+        if let Target::Cluster(_) = &dial.target {
             let parts = Parts::new(store);
-            let client = cluster_subscriber(builder, infos, &parts)?;
+            let client = cluster_subscriber(dial, infos, &parts)?;
             let link = ClusterLink::connected(client.get_async_connection().await?);
             let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
             return Ok(Notifications::of(subscriber, &parts, sharded));
@@ -207,43 +206,43 @@ impl Notifications {
         // The manager retries without end, its first connection too: try once first, so that
         // a server that refuses RESP3 or these credentials means no notifications (and a
         // warning) instead of a subscription that never completes.
-        let client = builder.client(resp3(infos.first().cloned().ok_or_else(no_url)?))?;
+        let client = dial.client(resp3(infos.first().cloned().ok_or_else(no_url)?))?;
         let probe = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(builder.connection_timeout))
-            .set_response_timeout(Some(builder.response_timeout));
+            .set_connection_timeout(Some(dial.connection_timeout))
+            .set_response_timeout(Some(dial.response_timeout));
         drop(
             client
                 .get_multiplexed_async_connection_with_config(&probe)
                 .await?,
         );
-        Self::open(builder, infos, sharded, store)
+        Self::open(dial, infos, sharded, store)
     }
 
     /// The subscriber, without connecting: one server's connects on the first subscription,
     /// a cluster's in the background; subscriptions wait for the server as long as it takes.
     pub(super) fn open(
-        builder: &RedisStoreBuilder,
+        dial: &Dial,
         infos: &[ConnectionInfo],
         sharded: Arc<AtomicBool>,
         store: &Connection,
     ) -> RedisResult<Self> {
         let parts = Parts::new(store);
         #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = &builder.target {
-            let client = cluster_subscriber(builder, infos, &parts)?;
-            let address = builder.target.address();
-            let link = ClusterLink::opening(client, address, builder.ping_wait());
+        if let Target::Cluster(_) = &dial.target {
+            let client = cluster_subscriber(dial, infos, &parts)?;
+            let address = dial.target.address();
+            let link = ClusterLink::opening(client, address, dial.ping_wait());
             let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
             return Ok(Notifications::of(subscriber, &parts, sharded));
         }
         let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
-        let config = builder
+        let config = dial
             .manager_config()
             .set_automatic_resubscription()
             // Keep trying to reconnect the subscriber through an outage of any length.
             .set_number_of_retries(usize::MAX);
-        let subscriber = ServerSubscriber::new(builder.client(info)?, config, parts.clone())?;
-        subscriber.keep_watch(&sharded, builder.ping_wait());
+        let subscriber = ServerSubscriber::new(dial.client(info)?, config, parts.clone())?;
+        subscriber.keep_watch(&sharded, dial.ping_wait());
         Ok(Notifications::of(
             Subscriber::Server(subscriber),
             &parts,
@@ -376,15 +375,14 @@ async fn subscribe(
     Ok(())
 }
 
-/// The client of a cluster's subscriber: the builder's settings, RESP3, and pushes to `parts`.
+/// The client of a cluster's subscriber: the store's dial settings, RESP3, and pushes to `parts`.
 #[cfg(feature = "cluster")]
 fn cluster_subscriber(
-    builder: &RedisStoreBuilder,
+    dial: &Dial,
     infos: &[ConnectionInfo],
     parts: &Parts,
 ) -> RedisResult<redis::cluster::ClusterClient> {
-    builder
-        .cluster_client(infos.iter().cloned().map(resp3))
+    dial.cluster_client(infos.iter().cloned().map(resp3))
         .use_protocol(ProtocolVersion::RESP3)
         .push_sender(parts.on_push(None))
         .build()
