@@ -58,7 +58,7 @@ mod tests {
     use http::{request, Request, Response};
 
     use super::*;
-    use crate::http::{Decision, Policy, RfcPolicy};
+    use crate::http::rules::{Decision, Policy, RfcPolicy};
 
     /// Header fields, as name and value.
     type Fields<'a> = &'a [(&'a str, &'a str)];
