@@ -24,7 +24,7 @@ use super::cluster_link::ClusterLink;
 use super::connection::Connection;
 #[cfg(feature = "cluster")]
 use super::dial::{no_url, Dial, Target};
-use super::liveness::{Generation, ServerSubscriber};
+use super::liveness::{Generation, Listener, Pushes, ServerSubscriber};
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
 use super::names::{channel, namespace_of, CLEARED};
@@ -171,6 +171,13 @@ impl Parts {
             Ok(())
         }
     }
+
+    /// Where the pushes of each of a watched subscriber's managers go: here, each manager's
+    /// tagged with its generation.
+    pub(super) fn pushes(&self) -> Pushes {
+        let parts = self.clone();
+        Arc::new(move |generation| Arc::new(parts.on_push(Some(generation))))
+    }
 }
 
 impl Notifications {
@@ -241,8 +248,13 @@ impl Notifications {
             .set_automatic_resubscription()
             // Keep trying to reconnect the subscriber through an outage of any length.
             .set_number_of_retries(usize::MAX);
-        let subscriber = ServerSubscriber::new(dial.client(info)?, config, parts.clone())?;
-        subscriber.keep_watch(&sharded, dial.ping_wait());
+        let subscriber = ServerSubscriber::new(dial.client(info)?, config, parts.pushes())?;
+        let (watched, watched_sharded) = (parts.clone(), Arc::clone(&sharded));
+        let listener = move |subscriber| {
+            let subscriber = Subscriber::Server(subscriber);
+            Notifications::of(subscriber, &watched, Arc::clone(&watched_sharded))
+        };
+        subscriber.keep_watch(listener, dial.ping_wait());
         Ok(Notifications::of(
             Subscriber::Server(subscriber),
             &parts,
@@ -294,10 +306,12 @@ impl Notifications {
             }
         });
     }
+}
 
+impl Listener for Notifications {
     /// The subscriber's connection left a `PING` unanswered: notifications count as lost
     /// until it [answers](Self::answered) or is [replaced](Self::replaced).
-    pub(super) fn silent(&self) {
+    fn silent(&self) {
         let mut channels = crate::sync::lock(&self.channels);
         if !channels.silent {
             channels.silent = true;
@@ -308,7 +322,7 @@ impl Notifications {
     /// The subscriber's connection answered a `PING`: every namespace wanted and not
     /// subscribed (its subscription failed, or the connection dropped) is subscribed again,
     /// and once none is on its way, notifications are received again.
-    pub(super) fn answered(&self) {
+    fn answered(&self) {
         let mut channels = crate::sync::lock(&self.channels);
         channels.silent = false;
         let missing: Vec<Arc<str>> = channels
@@ -328,7 +342,7 @@ impl Notifications {
 
     /// The subscriber's connection was replaced by a new one, which has no subscription yet:
     /// every namespace wanted is subscribed on it, and until then notifications are lost.
-    pub(super) fn replaced(&self) {
+    fn replaced(&self) {
         let mut channels = crate::sync::lock(&self.channels);
         channels.silent = false;
         channels.forget(None);
@@ -432,6 +446,9 @@ fn wake_followers(notifier: &Notifier, own: &[u8], push: PushInfo) {
 
 #[cfg(test)]
 mod tests {
+    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+    use super::super::link::Link;
     use super::*;
 
     #[test]
@@ -447,5 +464,32 @@ mod tests {
         assert!(channels.has("b"));
         channels.forget(None);
         assert!(!channels.has("b"), "all forgotten");
+    }
+
+    /// A manager that was replaced may still deliver a message (a task of its own held it a
+    /// moment longer): it changes nothing. The current manager's do.
+    #[tokio::test]
+    async fn a_replaced_managers_messages_are_ignored() {
+        let client = redis::Client::open("redis://127.0.0.1:1/?protocol=resp3").unwrap();
+        let config = ConnectionManagerConfig::new().set_automatic_resubscription();
+        let store =
+            ConnectionManager::new_lazy_with_config(client.clone(), ConnectionManagerConfig::new())
+                .unwrap();
+        let parts = Parts::new(&Connection::Server(Link::waiting(store)));
+        let subscriber = ServerSubscriber::new(client, config, parts.pushes()).unwrap();
+        let replaced = subscriber.generation();
+        subscriber.replace().unwrap();
+        let dropped = || PushInfo {
+            kind: PushKind::Disconnection,
+            data: Vec::new(),
+        };
+
+        let _ = parts.on_push(Some(replaced))(dropped());
+        assert!(
+            parts.notifier.receiving(),
+            "the old manager's drop is ignored"
+        );
+        let _ = parts.on_push(Some(subscriber.generation()))(dropped());
+        assert!(!parts.notifier.receiving(), "the current one's counts");
     }
 }
