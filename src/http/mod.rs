@@ -260,6 +260,7 @@ mod serving;
 mod stored;
 
 pub use invalidation::Purger;
-pub use middleware::{ResponseBody, ResponseFuture, Stampede, StampedeLayer};
+pub use middleware::{ResponseFuture, Stampede, StampedeLayer};
 pub use rules::{Decision, Policy, RfcPolicy, Staleness};
+pub use serving::body::ResponseBody;
 pub use stored::{DefaultKey, MakeKey, OriginKey, SiteKey};

@@ -13,7 +13,7 @@ use super::error::MapError;
 use super::fetch::fetch;
 use super::freshness::FreshnessFor;
 use super::future::ResponseFuture;
-use super::layer::Settings;
+use super::settings::Settings;
 use crate::cache::Cache;
 use crate::store::KeyDigest;
 

@@ -14,7 +14,7 @@ use tracing::debug;
 use super::codec::{self, Answer, ServiceCodec};
 use super::error::MapError;
 use super::freshness::FreshnessFor;
-use super::layer::Settings;
+use super::settings::Settings;
 use crate::cache::{BoxError, Cache, Error, ErrorKind, Loaded};
 use crate::store::KeyDigest;
 

@@ -9,6 +9,7 @@ use tower::Layer;
 use super::cache_service::CacheService;
 use super::error::IntoError;
 use super::freshness::{CachingErrors, Freshness};
+use super::settings::Settings;
 use crate::cache::Cache;
 
 /// Wraps services in a [`CacheService`] over one [`Cache`]; see the [module docs](super).
@@ -20,15 +21,6 @@ use crate::cache::Cache;
 pub struct CacheLayer<K, C, F = Freshness, M = IntoError> {
     cache: Cache,
     settings: Settings<K, C, F, M>,
-}
-
-/// What every service of a layer shares, behind one `Arc`.
-#[derive(Clone)]
-pub(super) struct Settings<K, C, F, M> {
-    pub(super) key: K,
-    pub(super) codec: C,
-    pub(super) freshness: F,
-    pub(super) map_error: M,
 }
 
 #[cfg(feature = "serde")]

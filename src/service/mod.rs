@@ -57,6 +57,7 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `layer.rs` | [`CacheLayer`]: the configuration a user writes |
+//! | `settings.rs` | `Settings`: what every service of a layer shares |
 //! | `cache_service.rs` | [`CacheService`]: the key, an L1 hit, or a fetch |
 //! | `fetch.rs` | a fetch through the engine, and the load that calls the inner service |
 //! | `future.rs` | [`ResponseFuture`], the service's named future |
@@ -71,6 +72,7 @@ mod fetch;
 mod freshness;
 mod future;
 mod layer;
+mod settings;
 
 pub use cache_service::CacheService;
 pub use codec::ServiceCodec;

@@ -15,9 +15,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::batch_outage::PendingLocks;
 use super::leader::tagged;
-use super::lock::{spawn_release, LockGuard};
+use super::lock::{spawn_release, LockGuard, PendingLocks};
 use super::lookup::LookupFound;
 use super::stale::StaleValue;
 use crate::cache::flight::{BoxLoader, Reader};

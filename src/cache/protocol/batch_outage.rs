@@ -1,56 +1,15 @@
-//! A batch when the store does not answer: the locks its lookup may have taken, released if
-//! the batch goes away before it knows which (a drop guard, as a single key's flight carries
-//! on to its end), and one load of every key while the circuit breaker is open (nothing sent
-//! to the store; what it loads kept in L1 while the store is down, as a single key's is).
+//! A batch when the store does not answer: one load of every key while the circuit breaker is
+//! open (nothing sent to the store; what it loads kept in L1 while the store is down, as a
+//! single key's is). The locks its lookup may have taken are `lock::PendingLocks`'.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::batch::{Answered, BatchKey, BatchLoad, NOT_RETURNED};
-use super::lock::spawn_release;
 use crate::cache::l1::TagStamps;
 use crate::cache::Inner;
-use crate::store::{KeyDigest, LockToken, Store, StoreKey};
-
-/// The locks a batch's lookup may take, under its token, until the lookup's answer hands each
-/// key on: dropped before then (the batch's caller gone, or the lookup failed), it releases
-/// those left (token-checked), so other processes do not wait for their TTL.
-pub(super) struct PendingLocks {
-    store: Arc<dyn Store>,
-    keys: Vec<Option<StoreKey>>,
-    token: LockToken,
-}
-
-impl PendingLocks {
-    /// The locks of `keys` that a lookup under `token` is about to take.
-    pub(super) fn new(store: &Arc<dyn Store>, keys: Vec<StoreKey>, token: LockToken) -> Self {
-        PendingLocks {
-            store: Arc::clone(store),
-            keys: keys.into_iter().map(Some).collect(),
-            token,
-        }
-    }
-
-    /// The key of the `index`th lock, handed on: its lock is no longer this guard's.
-    pub(super) fn take(&mut self, index: usize) -> Option<StoreKey> {
-        self.keys.get_mut(index).and_then(Option::take)
-    }
-
-    /// Forgets every lock: the lookup was never sent (the breaker open), so it took none.
-    pub(super) fn never_sent(mut self) {
-        self.keys.clear();
-    }
-}
-
-impl Drop for PendingLocks {
-    fn drop(&mut self) {
-        for key in self.keys.iter().flatten() {
-            spawn_release(&self.store, key, self.token);
-        }
-    }
-}
+use crate::store::KeyDigest;
 
 impl Inner {
     /// Loads `keys` in one call of `load`, without the store (the breaker is open): each

@@ -19,8 +19,8 @@ use tower::Service;
 use tracing::warn;
 
 use crate::cache::Cache;
-use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::config::HttpConfig;
+use crate::http::serving::body::ResponseBody;
+use crate::http::serving::config::HttpConfig;
 use crate::http::serving::responses::Answer;
 use crate::http::stored::key;
 use crate::store::StoreError;

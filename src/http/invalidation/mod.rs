@@ -5,10 +5,8 @@
 //! | --- | --- |
 //! | `by_url.rs` | the keys a URL names; the URLs a response to an unsafe method invalidates |
 //! | `purge.rs` | [`Purger`], and the `PURGE` endpoint |
-//! | `tag_fields.rs` | tags read from header fields (`Surrogate-Key`, `Cache-Tag`) |
 
 pub(super) mod by_url;
 pub(super) mod purge;
-pub(super) mod tag_fields;
 
 pub use purge::Purger;

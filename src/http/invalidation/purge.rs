@@ -12,10 +12,10 @@ use http_body::Body;
 use tracing::warn;
 
 use super::by_url::{invalidate_keys, url_keys};
-use super::tag_fields;
 use crate::cache::Cache;
-use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::config::HttpConfig;
+use crate::http::rules::tag_fields;
+use crate::http::serving::body::ResponseBody;
+use crate::http::serving::config::HttpConfig;
 use crate::{Error, ErrorKind};
 
 /// Purges stored responses by URL or by tag, in every process that shares the store; from

@@ -9,9 +9,9 @@ use http::Response;
 use http_body::Body;
 use pin_project::pin_project;
 
-use super::body::ResponseBody;
-use super::config::HttpConfig;
+use crate::http::serving::body::ResponseBody;
 use crate::http::serving::cache_status::Served;
+use crate::http::serving::config::HttpConfig;
 use crate::http::serving::responses::marked;
 use crate::store::BoxFuture;
 

@@ -6,14 +6,14 @@ use std::sync::Arc;
 use http::request;
 use tower::Layer;
 
-use super::config::{HttpConfig, UnsafeInvalidation};
-use super::passes::Passes;
+use super::service::Stampede;
 use crate::cache::Cache;
+use crate::http::invalidation::purge::Purger;
 use crate::http::rules::field_name::field_name;
-use crate::http::MakeKey;
-use crate::http::Policy;
-use crate::http::Purger;
-use crate::http::Stampede;
+use crate::http::rules::policy::Policy;
+use crate::http::serving::config::{HttpConfig, UnsafeInvalidation};
+use crate::http::serving::passes::Passes;
+use crate::http::stored::key::MakeKey;
 
 /// Wraps services in a [`Stampede`] guard over one [`Cache`]; see the [module docs](crate::http).
 ///

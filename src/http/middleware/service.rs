@@ -11,15 +11,15 @@ use http_body::Body;
 use tower::util::Oneshot;
 use tower::Service;
 
-use super::body::ResponseBody;
-use super::config::HttpConfig;
 use super::future::ResponseFuture;
 use crate::cache::Cache;
 use crate::http::invalidation::by_url;
 use crate::http::invalidation::purge::{self, Purger};
 use crate::http::rules::pass::Pass;
 use crate::http::rules::request::{self, RequestRule};
+use crate::http::serving::body::ResponseBody;
 use crate::http::serving::cache_status::Served;
+use crate::http::serving::config::HttpConfig;
 use crate::http::serving::flow::{fetch, from_l1};
 use crate::http::serving::load::Loading;
 use crate::http::serving::responses::AnswerForm;

@@ -10,7 +10,6 @@ use http::header::{
 use http::{HeaderMap, HeaderName, StatusCode};
 
 use super::parse::{self, IfNoneMatch};
-use crate::http::stored::codec::CachedResponse;
 
 /// The fields a `304` carries from the response it stands for (RFC 9110 §15.4.5), and
 /// `Last-Modified`, which helps caches downstream update their entry.
@@ -43,24 +42,29 @@ impl Conditions {
         parse::date_field(headers, &IF_MODIFIED_SINCE).map(Conditions::IfModifiedSince)
     }
 
-    /// Whether the request is answered `304 Not Modified` by `cached`: a `200` whose `ETag`
+    /// Whether the request is answered `304 Not Modified` by a cached response of `status`
+    /// and `headers`: a `200` whose `ETag`
     /// matches (weak comparison) or, for `If-Modified-Since`, whose `Last-Modified` is not
     /// later than the date asked about (a date in the future is ignored).
-    pub(crate) fn not_modified(&self, cached: &CachedResponse, now: SystemTime) -> bool {
-        if cached.status != StatusCode::OK {
+    pub(crate) fn not_modified(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        now: SystemTime,
+    ) -> bool {
+        if status != StatusCode::OK {
             return false;
         }
         match self {
             Conditions::IfNoneMatch(None) | Conditions::IfModifiedSince(None) => false,
             Conditions::IfNoneMatch(Some(IfNoneMatch::Any)) => true,
-            Conditions::IfNoneMatch(Some(IfNoneMatch::Tags(tags))) => cached
-                .headers
+            Conditions::IfNoneMatch(Some(IfNoneMatch::Tags(tags))) => headers
                 .get(ETAG)
                 .and_then(parse::etag)
                 .is_some_and(|etag| tags.iter().any(|tag| tag.as_slice() == etag)),
             Conditions::IfModifiedSince(Some(since)) => {
                 *since <= now
-                    && parse::date_field(&cached.headers, &LAST_MODIFIED)
+                    && parse::date_field(headers, &LAST_MODIFIED)
                         .flatten()
                         .is_some_and(|modified| modified <= *since)
             }
@@ -71,21 +75,16 @@ impl Conditions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use http::HeaderValue;
     use std::time::Duration;
 
-    fn cached(status: u16, headers: &[(&'static str, &'static str)]) -> CachedResponse {
+    /// A cached response's status and header fields.
+    fn cached(status: u16, headers: &[(&'static str, &'static str)]) -> (StatusCode, HeaderMap) {
         let mut map = HeaderMap::new();
         for (name, value) in headers {
             map.append(*name, HeaderValue::from_static(value));
         }
-        CachedResponse {
-            stored_at: SystemTime::UNIX_EPOCH,
-            status: StatusCode::from_u16(status).unwrap(),
-            headers: map,
-            body: Bytes::new(),
-        }
+        (StatusCode::from_u16(status).unwrap(), map)
     }
 
     fn asks(headers: &[(&'static str, &'static str)]) -> Option<Conditions> {
@@ -103,7 +102,7 @@ mod tests {
     fn if_none_match_uses_weak_comparison() {
         let entry = cached(200, &[("etag", "W/\"v1\""), ("last-modified", MODIFIED)]);
         let now = crate::clock::now();
-        let not_modified = |headers| asks(headers).unwrap().not_modified(&entry, now);
+        let not_modified = |headers| asks(headers).unwrap().not_modified(entry.0, &entry.1, now);
         assert!(not_modified(&[("if-none-match", "\"v1\"")]));
         assert!(not_modified(&[("if-none-match", "\"v0\", W/\"v1\"")]));
         assert!(not_modified(&[("if-none-match", "*")]));
@@ -119,7 +118,7 @@ mod tests {
         let other = cached(404, &[("etag", "\"v1\"")]);
         assert!(!asks(&[("if-none-match", "*")])
             .unwrap()
-            .not_modified(&other, now));
+            .not_modified(other.0, &other.1, now));
         assert_eq!(asks(&[]), None);
     }
 
@@ -127,7 +126,7 @@ mod tests {
     fn if_modified_since_compares_last_modified() {
         let entry = cached(200, &[("last-modified", MODIFIED)]);
         let now = crate::clock::now();
-        let not_modified = |headers| asks(headers).unwrap().not_modified(&entry, now);
+        let not_modified = |headers| asks(headers).unwrap().not_modified(entry.0, &entry.1, now);
         assert!(not_modified(&[("if-modified-since", MODIFIED)]));
         assert!(!not_modified(&[("if-modified-since", BEFORE)]));
         assert!(!not_modified(&[("if-modified-since", "yesterday")]));
@@ -135,10 +134,10 @@ mod tests {
         let earlier = SystemTime::UNIX_EPOCH + Duration::from_secs(1_420_070_400);
         assert!(!asks(&[("if-modified-since", MODIFIED)])
             .unwrap()
-            .not_modified(&entry, earlier));
+            .not_modified(entry.0, &entry.1, earlier));
         let no_date = cached(200, &[]);
         assert!(!asks(&[("if-modified-since", MODIFIED)])
             .unwrap()
-            .not_modified(&no_date, now));
+            .not_modified(no_date.0, &no_date.1, now));
     }
 }

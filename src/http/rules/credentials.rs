@@ -180,7 +180,7 @@ impl Credentials {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::invalidation::tag_fields::tests::headers;
+    use crate::http::rules::tag_fields::tests::headers;
 
     #[test]
     fn every_cookie_counts_but_those_ignored() {

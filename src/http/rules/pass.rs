@@ -1,7 +1,7 @@
 //! Why a request or a response passes the cache: one [`Pass`] per rule, returned by the
 //! request rules and by the response rules alike. Its [`name`](Pass::name) is what
 //! `Cache-Status`'s `detail` says, the `reason` label of the pass metric, and the `rule` of
-//! the warning (see [`passes`](crate::http::middleware::passes)).
+//! the warning (see [`passes`](crate::http::serving::passes)).
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};

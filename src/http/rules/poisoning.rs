@@ -183,7 +183,7 @@ impl Reflected {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::invalidation::tag_fields::tests::headers;
+    use crate::http::rules::tag_fields::tests::headers;
 
     #[test]
     fn overrides_and_bodies_pass_and_forwarding_headers_are_keyed_unless_trusted() {

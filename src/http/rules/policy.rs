@@ -9,9 +9,11 @@ use http::{request, response, HeaderMap, HeaderName, StatusCode};
 use super::credentials::{CookieRule, Credentials};
 use super::decision::{Decision, Staleness};
 use super::field_name::field_name;
+use super::methods::cacheable_by_default;
 use super::parse::{self, Directive};
 use super::pass::Pass;
 use super::targeted;
+use super::unstored::goes_to_waiters;
 
 /// Decides whether a response may be stored, and for how long; see
 /// [`StampedeLayer::policy`](crate::http::StampedeLayer::policy).
@@ -247,7 +249,8 @@ impl Policy for RfcPolicy {
     }
 
     fn shares_with_waiters(&self, request: &request::Parts, response: &response::Parts) -> bool {
-        super::unstored::goes_to_waiters(self, request, response)
+        let credentialed = self.credentialed(request);
+        goes_to_waiters(credentialed, self.directives(&response.headers), response)
     }
 
     fn decide(&self, request: &request::Parts, response: &response::Parts) -> Decision {
@@ -395,14 +398,6 @@ fn expires_lifetime(headers: &HeaderMap) -> Option<Duration> {
     Some(expires.map_or(Duration::ZERO, |expires| {
         expires.duration_since(date).unwrap_or_default()
     }))
-}
-
-/// RFC 9110's statuses that are heuristically cacheable.
-pub(super) fn cacheable_by_default(status: StatusCode) -> bool {
-    matches!(
-        status.as_u16(),
-        200 | 203 | 204 | 300 | 301 | 308 | 404 | 405 | 410 | 414 | 501
-    )
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 use http::header::AGE;
 use http::{HeaderMap, HeaderName};
 
-use crate::http::serving::cache_status::X_CACHE;
+/// The header that tells how the layer answered, in the older style: set by the layer on
+/// every answer, never stored.
+pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 
 /// Whether a response header is stored: not hop-by-hop (the fixed list of RFC 9110 and
 /// whatever the response's `Connection` names), not `Age` (recomputed when served), not

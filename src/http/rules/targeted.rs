@@ -4,9 +4,12 @@
 //! A targeted field is a Structured Field Dictionary (RFC 8941 §3.2): its members are the
 //! cache directives, a bare key is `true`, `max-age=60` an Integer, `private="x"` a String.
 //! A field that does not parse as a Dictionary, or that is empty, is ignored (RFC 9213 §2.2),
-//! so the response's `Cache-Control` and `Expires` decide. The parser reads bytes from the
-//! network: it answers or gives up, never panics, and does work bounded by its input.
+//! so the response's `Cache-Control` and `Expires` decide. The `sfv` crate parses it: it reads
+//! bytes from the network, answers or gives up, never panics, and does work bounded by its
+//! input (the property tests below hold it to that).
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use http::{HeaderMap, HeaderName};
 
 use super::parse::Directive;
@@ -33,252 +36,36 @@ pub(crate) fn directives(headers: &HeaderMap, targets: &[HeaderName]) -> Option<
     })
 }
 
-/// A Dictionary's members as directives, in order, the last of duplicate keys winning (RFC
-/// 8941 §4.2.2); `None` if `input` is not a valid Dictionary. A member that is `false` (`?0`)
-/// is left out; parameters are ignored.
+/// A Dictionary's members as directives, in order, the last of duplicate keys winning in the
+/// first one's place (RFC 8941 §4.2.2); `None` if `input` is not a valid Dictionary of RFC
+/// 8941 (RFC 9213 §2.2 names it: no dates nor display strings of RFC 9651). A member that is
+/// `false` (`?0`) is left out; parameters are ignored; an inner list's argument is empty (no
+/// directive takes one), any other item's is its text: a number as `sfv` writes it, a
+/// string's characters, a token, a byte sequence in base64.
 fn dictionary(input: &[u8]) -> Option<Vec<Directive>> {
-    let mut parser = Parser {
-        input: trim_sp(input),
-        at: 0,
-    };
-    let mut members: Vec<(String, Option<Option<String>>)> = Vec::new();
-    while !parser.done() {
-        let key = parser.key()?;
-        let value = if parser.eat(b'=') {
-            parser.item_or_inner_list()?
-        } else {
-            parser.parameters()?;
-            Some(None)
+    let members: sfv::Dictionary = sfv::Parser::new(input)
+        .with_version(sfv::Version::Rfc8941)
+        .parse()
+        .ok()?;
+    let directives = members.into_iter().filter_map(|(key, member)| {
+        let argument = match member {
+            sfv::ListEntry::InnerList(_) => Some(String::new()),
+            sfv::ListEntry::Item(item) => match item.bare_item {
+                sfv::BareItem::Boolean(false) => return None,
+                sfv::BareItem::Boolean(true) => None,
+                sfv::BareItem::Integer(integer) => Some(integer.to_string()),
+                sfv::BareItem::Decimal(decimal) => Some(decimal.to_string()),
+                sfv::BareItem::String(string) => Some(string.as_str().to_owned()),
+                sfv::BareItem::Token(token) => Some(token.as_str().to_owned()),
+                sfv::BareItem::ByteSequence(bytes) => Some(STANDARD.encode(bytes)),
+                // Refused by RFC 8941's parser; no directive would take one.
+                sfv::BareItem::Date(_) | sfv::BareItem::DisplayString(_) => return None,
+            },
         };
-        match members.iter_mut().find(|(k, _)| *k == key) {
-            Some(member) => member.1 = value,
-            None => members.push((key, value)),
-        }
-        parser.skip_ows();
-        if parser.done() {
-            break;
-        }
-        if !parser.eat(b',') {
-            return None;
-        }
-        parser.skip_ows();
-        if parser.done() {
-            // A trailing comma.
-            return None;
-        }
-    }
-    Some(
-        members
-            .into_iter()
-            .filter_map(|(name, value)| value.map(|argument| Directive { name, argument }))
-            .collect(),
-    )
-}
-
-/// `input` without leading and trailing spaces (RFC 8941 §4.2).
-fn trim_sp(input: &[u8]) -> &[u8] {
-    let start = input.iter().position(|&b| b != b' ').unwrap_or(input.len());
-    let end = input
-        .iter()
-        .rposition(|&b| b != b' ')
-        .map_or(start, |i| i + 1);
-    input.get(start..end).unwrap_or_default()
-}
-
-struct Parser<'a> {
-    input: &'a [u8],
-    at: usize,
-}
-
-impl Parser<'_> {
-    fn done(&self) -> bool {
-        self.at >= self.input.len()
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.input.get(self.at).copied()
-    }
-
-    fn eat(&mut self, byte: u8) -> bool {
-        let ate = self.peek() == Some(byte);
-        if ate {
-            self.at += 1;
-        }
-        ate
-    }
-
-    fn skip_sp(&mut self) {
-        while self.eat(b' ') {}
-    }
-
-    fn skip_ows(&mut self) {
-        while self.eat(b' ') || self.eat(b'\t') {}
-    }
-
-    /// A key: `( lcalpha / "*" ) *( lcalpha / DIGIT / "_" / "-" / "." / "*" )`.
-    fn key(&mut self) -> Option<String> {
-        let start = self.at;
-        match self.peek()? {
-            b'a'..=b'z' | b'*' => self.at += 1,
-            _ => return None,
-        }
-        while let Some(b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*') = self.peek() {
-            self.at += 1;
-        }
-        let key = self.input.get(start..self.at)?;
-        Some(String::from_utf8_lossy(key).into_owned())
-    }
-
-    /// A member's value: `Some(None)` for `true`, `None` for `false`, else its text (an inner
-    /// list's is empty: no directive takes one).
-    fn item_or_inner_list(&mut self) -> Option<Option<Option<String>>> {
-        if self.eat(b'(') {
-            loop {
-                self.skip_sp();
-                if self.eat(b')') {
-                    break;
-                }
-                self.bare_item()?;
-                self.parameters()?;
-                match self.peek()? {
-                    b' ' | b')' => {}
-                    _ => return None,
-                }
-            }
-            self.parameters()?;
-            return Some(Some(Some(String::new())));
-        }
-        let item = self.bare_item()?;
-        self.parameters()?;
-        Some(match item {
-            Bare::Boolean(true) => Some(None),
-            Bare::Boolean(false) => None,
-            Bare::Text(text) => Some(Some(text)),
-        })
-    }
-
-    /// Parameters (`;key[=item]`), checked and dropped.
-    fn parameters(&mut self) -> Option<()> {
-        while self.eat(b';') {
-            self.skip_sp();
-            self.key()?;
-            if self.eat(b'=') {
-                self.bare_item()?;
-            }
-        }
-        Some(())
-    }
-
-    fn bare_item(&mut self) -> Option<Bare> {
-        match self.peek()? {
-            b'-' | b'0'..=b'9' => self.number().map(Bare::Text),
-            b'"' => self.string().map(Bare::Text),
-            b'A'..=b'Z' | b'a'..=b'z' | b'*' => Some(Bare::Text(self.token())),
-            b':' => self.byte_sequence().map(Bare::Text),
-            b'?' => {
-                self.at += 1;
-                let value = match self.peek()? {
-                    b'0' => false,
-                    b'1' => true,
-                    _ => return None,
-                };
-                self.at += 1;
-                Some(Bare::Boolean(value))
-            }
-            _ => None,
-        }
-    }
-
-    /// An Integer (at most 15 digits) or a Decimal (at most 12 digits, a dot, 1 to 3 digits),
-    /// as written.
-    fn number(&mut self) -> Option<String> {
-        let start = self.at;
-        self.eat(b'-');
-        let digits_start = self.at;
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.at += 1;
-        }
-        let integer = self.at - digits_start;
-        if integer == 0 {
-            return None;
-        }
-        if self.eat(b'.') {
-            let fraction_start = self.at;
-            while let Some(b'0'..=b'9') = self.peek() {
-                self.at += 1;
-            }
-            let fraction = self.at - fraction_start;
-            if integer > 12 || !(1..=3).contains(&fraction) {
-                return None;
-            }
-        } else if integer > 15 {
-            return None;
-        }
-        let text = self.input.get(start..self.at)?;
-        Some(String::from_utf8_lossy(text).into_owned())
-    }
-
-    /// A String: visible ASCII and spaces in quotes, with `\"` and `\\` escapes.
-    fn string(&mut self) -> Option<String> {
-        self.at += 1;
-        let mut out = String::new();
-        loop {
-            let byte = self.peek()?;
-            self.at += 1;
-            match byte {
-                b'"' => return Some(out),
-                b'\\' => match self.peek()? {
-                    escaped @ (b'"' | b'\\') => {
-                        self.at += 1;
-                        out.push(char::from(escaped));
-                    }
-                    _ => return None,
-                },
-                0x20..=0x7e => out.push(char::from(byte)),
-                _ => return None,
-            }
-        }
-    }
-
-    /// A Token: `( ALPHA / "*" ) *( tchar / ":" / "/" )`; the first byte is checked already.
-    fn token(&mut self) -> String {
-        let start = self.at;
-        self.at += 1;
-        while let Some(byte) = self.peek() {
-            let tchar = byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&byte);
-            if !tchar {
-                break;
-            }
-            self.at += 1;
-        }
-        let text = self.input.get(start..self.at).unwrap_or_default();
-        String::from_utf8_lossy(text).into_owned()
-    }
-
-    /// A Byte Sequence, `:base64:`, as written between the colons.
-    fn byte_sequence(&mut self) -> Option<String> {
-        self.at += 1;
-        let start = self.at;
-        while let Some(byte) = self.peek() {
-            if byte == b':' {
-                let text = self.input.get(start..self.at)?;
-                self.at += 1;
-                return Some(String::from_utf8_lossy(text).into_owned());
-            }
-            if !(byte.is_ascii_alphanumeric() || b"+/=".contains(&byte)) {
-                return None;
-            }
-            self.at += 1;
-        }
-        None
-    }
-}
-
-/// A bare item, as a directive reads it.
-enum Bare {
-    Boolean(bool),
-    /// An Integer, Decimal, String, Token or Byte Sequence, as text.
-    Text(String),
+        let name = key.as_str().to_owned();
+        Some(Directive { name, argument })
+    });
+    Some(directives.collect())
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! Which responses that [`RfcPolicy`] does not store may still go to the requests that waited
+//! Which responses that [`RfcPolicy`](super::RfcPolicy) does not store may still go to the requests that waited
 //! for their load: those it could have stored with freshness of its own making.
 //!
 //! RFC 9111 §4 lets a cache "use a response that is stored or storable to satisfy multiple
@@ -16,21 +16,22 @@
 //! load goes to the origin again.
 
 use http::header::{EXPIRES, SET_COOKIE};
-use http::{request, response, StatusCode};
+use http::{response, StatusCode};
 
+use super::methods::cacheable_by_default;
 use super::parse::{self, Directive};
-use super::policy::{cacheable_by_default, RfcPolicy};
-use super::Policy;
 
-/// Whether `response`, which `policy` does not store, may go to the requests that waited for
-/// its load to `request`; see the [module docs](self).
-pub(crate) fn goes_to_waiters(
-    policy: &RfcPolicy,
-    request: &request::Parts,
+/// Whether `response`, which [`RfcPolicy`](super::RfcPolicy) does not store, may go to the
+/// requests that waited for its load to a request (`credentialed` if it carried credentials);
+/// `directives`, the policy's reading of its freshness fields, and whether `Expires` counts
+/// beside them; see the [module docs](self).
+pub(super) fn goes_to_waiters(
+    credentialed: bool,
+    (directives, expires_counts): (Vec<Directive>, bool),
     response: &response::Parts,
 ) -> bool {
     let (status, headers) = (response.status, &response.headers);
-    if policy.credentialed(request)
+    if credentialed
         || !cacheable_by_default(status)
         || status == StatusCode::PARTIAL_CONTENT
         || headers.contains_key(SET_COOKIE)
@@ -38,7 +39,6 @@ pub(crate) fn goes_to_waiters(
     {
         return false;
     }
-    let (directives, expires_counts) = policy.directives(headers);
     let forbids = |Directive { name, .. }: &Directive| {
         matches!(
             name.as_str(),
@@ -55,10 +55,10 @@ pub(crate) fn goes_to_waiters(
 
 #[cfg(test)]
 mod tests {
-    use http::{Request, Response};
+    use http::{request, Request, Response};
 
     use super::*;
-    use crate::http::Decision;
+    use crate::http::rules::{Decision, Policy, RfcPolicy};
 
     /// Header fields, as name and value.
     type Fields<'a> = &'a [(&'a str, &'a str)];
@@ -115,11 +115,10 @@ mod tests {
                 "{asked:?} {status} {answered:?} is stored"
             );
             assert_eq!(
-                goes_to_waiters(&policy, &request, &response),
+                policy.shares_with_waiters(&request, &response),
                 goes,
                 "{asked:?} {status} {answered:?}"
             );
-            assert_eq!(policy.shares_with_waiters(&request, &response), goes);
         }
         // A policy that stores nothing of its own says no by default.
         let closure = |_: &request::Parts, _: &response::Parts| Decision::Pass;

@@ -17,13 +17,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::memo::made_once;
-use crate::http::middleware::passes::Passes;
 use crate::http::rules::pass::Pass;
+use crate::http::rules::stored_fields::X_CACHE;
+use crate::http::serving::passes::Passes;
+use crate::http::stored::codec::Forward;
 
 /// `Cache-Status` (RFC 9211).
 pub(crate) static CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
-/// The header that tells how the layer answered, in the older style.
-pub(crate) static X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 /// `x-cache`: from the cache (L1, the shared store, or another request's load).
 const HIT: HeaderValue = HeaderValue::from_static("HIT");
 /// `x-cache`: this request's own load (or the layer made the response).
@@ -101,21 +101,6 @@ pub(crate) enum Served {
     /// Made by the layer, with no answer of the origin to give: `fwd=uri-miss; detail=D`
     /// (`MISS`).
     MadeUp(Detail),
-}
-
-/// Why a load went to the origin and what the origin answered, as a request collapsed onto
-/// it says (RFC 9211 §2.2, §2.3): the entry the load stored carries it (see
-/// [`codec`](crate::http::stored::codec)), so a request that waited for the load in another process says it
-/// too. The names are those of the load's own [`Served`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Forward {
-    /// No entry to revalidate: `fwd=uri-miss`, and the stored response's status.
-    Loaded,
-    /// A stale entry, which the origin answered with a new response (a `200` to the
-    /// conditional reload, or a server error for the waiters): `fwd=stale`, and its status.
-    Refreshed,
-    /// A stale entry, which the origin answered `304`: `fwd=stale; fwd-status=304`.
-    Revalidated,
 }
 
 /// Why the layer made a response itself, as `Cache-Status`'s `detail` says it.

@@ -20,7 +20,7 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
 
-use super::cache_status::{CacheStatus, Detail, Forward, Served};
+use super::cache_status::{CacheStatus, Detail, Served};
 use super::load::{load, ForCaller, Loading};
 use super::load_failure::LoadFailure;
 use super::relay::Relay;
@@ -30,12 +30,12 @@ use super::responses::{
 };
 use super::slot::{Slot, Step};
 use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
-use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::decision::Decision;
 use crate::http::rules::parse;
 use crate::http::rules::pass::Pass;
-use crate::http::stored::codec::{self, CachedResponse, Decoded};
+use crate::http::serving::body::ResponseBody;
+use crate::http::serving::config::HttpConfig;
+use crate::http::stored::codec::{self, CachedResponse, Decoded, Forward};
 use crate::http::stored::key;
 use crate::store::KeyDigest;
 

@@ -24,7 +24,7 @@ use tower::util::Oneshot;
 use tower::Service;
 use tracing::debug;
 
-use super::cache_status::{Forward, Served};
+use super::cache_status::Served;
 use super::load_failure::LoadFailure;
 use super::outlet::{exactly, Outlet};
 use super::read_body::{read_body, Read};
@@ -33,14 +33,14 @@ use super::responses::{marked, Answer};
 use super::slot::{Claim, Slot, Step};
 use super::validation;
 use crate::cache::{BoxError, Cache, Handoff, Loaded, Outcome, Previous};
-use crate::http::invalidation::tag_fields;
-use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::decision::{Decision, Staleness};
 use crate::http::rules::parse::{self, Vary};
 use crate::http::rules::pass::Pass;
 use crate::http::rules::stored_fields::is_stored_header;
-use crate::http::stored::codec::{self, VaryMarker};
+use crate::http::rules::tag_fields;
+use crate::http::serving::body::ResponseBody;
+use crate::http::serving::config::HttpConfig;
+use crate::http::stored::codec::{self, Forward, VaryMarker};
 use crate::http::stored::key;
 
 /// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a

@@ -15,13 +15,19 @@
 //! | `responses.rs` | the responses the layer returns: from an entry, passed through, or its own |
 //! | `cache_status.rs` | `Cache-Status` (RFC 9211) and `x-cache` (its tests in `cache_status/`) |
 //! | `memo.rs` | field values made once per thread while their inputs stay the same |
+//! | `config.rs` | [`HttpConfig`](config::HttpConfig): the settings every service of a layer shares |
+//! | `body.rs` | [`ResponseBody`](crate::http::ResponseBody): a cached body, the inner service's, or one the layer made |
+//! | `passes.rs` | the layer's report of its passes: a metric by reason, a rate-limited warning |
 
+pub(super) mod body;
 pub(super) mod cache_status;
+pub(super) mod config;
 pub(super) mod flow;
 pub(super) mod load;
 pub(super) mod load_failure;
 pub(super) mod memo;
 pub(super) mod outlet;
+pub(super) mod passes;
 pub(super) mod read_body;
 pub(super) mod relay;
 pub(super) mod responses;

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use http::HeaderMap;
 
 use crate::cache::{Cache, Loaded};
-use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::decision::{Decision, Staleness};
 use crate::http::rules::pass::Pass;
+use crate::http::serving::config::HttpConfig;
 
 /// What becomes of a response the policy lets go beyond its own request.
 #[derive(Clone, Copy)]

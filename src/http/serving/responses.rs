@@ -14,13 +14,13 @@ use http::header::{Entry, AGE, CONTENT_LENGTH};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::cache_status::{ttl, CacheStatus, Detail, Forward, Served, CACHE_STATUS};
+use super::cache_status::{ttl, CacheStatus, Detail, Served, CACHE_STATUS};
 use super::memo::made_once;
 use crate::cache::{Fetched, L1Found, Outcome};
-use crate::http::middleware::body::ResponseBody;
-use crate::http::middleware::config::HttpConfig;
 use crate::http::rules::conditional::{Conditions, NOT_MODIFIED_FIELDS};
-use crate::http::stored::codec::{self, CachedResponse, Decoded, ANSWER_FIELDS};
+use crate::http::serving::body::ResponseBody;
+use crate::http::serving::config::HttpConfig;
+use crate::http::stored::codec::{self, CachedResponse, Decoded, Forward, ANSWER_FIELDS};
 
 /// A response to a cacheable request, or the inner service's error.
 pub(crate) type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
@@ -238,7 +238,7 @@ pub(crate) fn answer<B: Body>(
     let not_modified = form
         .conditions
         .as_ref()
-        .is_some_and(|c| c.not_modified(cached, now));
+        .is_some_and(|c| c.not_modified(cached.status, &cached.headers, now));
     let mut response = if not_modified {
         let mut response = Response::new(ResponseBody::empty());
         *response.status_mut() = StatusCode::NOT_MODIFIED;

@@ -38,8 +38,22 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::http::rules::parse::MAX_VARY_NAMES;
-use crate::http::serving::cache_status::Forward;
 use crate::store::KeyDigest;
+
+/// Why a load went to the origin and what the origin answered, as a request collapsed onto
+/// it says (RFC 9211 §2.2, §2.3): the entry the load stored carries it (see
+/// [this module](self)), so a request that waited for the load in another process says it
+/// too. The names are those of the load's own `Served` (`serving/cache_status.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Forward {
+    /// No entry to revalidate: `fwd=uri-miss`, and the stored response's status.
+    Loaded,
+    /// A stale entry, which the origin answered with a new response (a `200` to the
+    /// conditional reload, or a server error for the waiters): `fwd=stale`, and its status.
+    Refreshed,
+    /// A stale entry, which the origin answered `304`: `fwd=stale; fwd-status=304`.
+    Revalidated,
+}
 
 const VERSION: u8 = 2;
 const KIND_RESPONSE: u8 = 0;

@@ -19,8 +19,8 @@ use redis::{
 };
 use tokio::task::JoinSet;
 
+use super::calls::{evalsha, lookup_replies};
 use super::cluster_link::ClusterLink;
-use super::connection::{evalsha, lookup_replies};
 use super::lookup::LookupReplies;
 use super::names::{key_slot, KeyName};
 use crate::store::StoreKey;

@@ -1,10 +1,9 @@
 //! The connection of a `RedisStore`: one server (a [`Link`]) or a Redis Cluster, cheap to
-//! clone and never locked; how a script runs on it (`EVALSHA`, reloaded on `NOSCRIPT`) and how
-//! its errors become store errors.
+//! clone and never locked; which of its connections a script runs on (how, on one of them, is
+//! `calls.rs`) and how its errors become store errors.
 
 #[cfg(feature = "cluster")]
 use super::cluster::Cluster;
-use redis::aio::ConnectionLike;
 use std::fmt;
 
 use redis::{
@@ -12,6 +11,7 @@ use redis::{
     Value,
 };
 
+use super::calls::{each_pipelined, evalsha, lookup_replies, pipelined};
 use super::link::Link;
 use super::lookup::LookupReplies;
 use super::RedisStore;
@@ -171,88 +171,6 @@ impl Connection {
             }
         }
     }
-}
-
-pub(super) async fn evalsha<T: FromRedisValue>(
-    script: &Script,
-    call: &Cmd,
-    connection: &mut impl ConnectionLike,
-) -> RedisResult<T> {
-    match call.query_async(connection).await {
-        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(connection).await?;
-            call.query_async(connection).await
-        }
-        answer => answer,
-    }
-}
-
-/// The replies of `keys` lookups, three each, in order.
-pub(super) fn lookup_replies(replies: Vec<Value>, keys: usize) -> RedisResult<Vec<LookupReplies>> {
-    if replies.len() != 3 * keys {
-        return Err(RedisError::from((
-            ErrorKind::Parse,
-            "a pipeline of lookups answered the wrong number of replies",
-        )));
-    }
-    let mut replies = replies.into_iter();
-    let mut found = Vec::with_capacity(keys);
-    while let (Some(held), Some(value), Some(pttl)) =
-        (replies.next(), replies.next(), replies.next())
-    {
-        found.push((
-            redis::from_redis_value(held)?,
-            redis::from_redis_value(value)?,
-            redis::from_redis_value(pttl)?,
-        ));
-    }
-    Ok(found)
-}
-
-/// `calls` (`EVALSHA`s of `script`) in one pipeline, loading the script on `NOSCRIPT`.
-async fn pipelined(
-    script: &Script,
-    calls: &[Cmd],
-    connection: &mut impl ConnectionLike,
-) -> RedisResult<()> {
-    let mut pipeline = Pipeline::with_capacity(calls.len());
-    for call in calls {
-        pipeline.add_command(call.clone()).ignore();
-    }
-    match pipeline.query_async(connection).await {
-        Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(connection).await?;
-            pipeline.query_async(connection).await
-        }
-        answer => answer,
-    }
-}
-
-/// `calls` (`EVALSHA`s of `script`) in one pipeline, loading the script on `NOSCRIPT`: each
-/// call's reply (a server's error reply is that call's error).
-async fn each_pipelined(
-    script: &Script,
-    calls: &[Cmd],
-    connection: &mut impl ConnectionLike,
-) -> RedisResult<Vec<RedisResult<Value>>> {
-    let mut pipeline = Pipeline::with_capacity(calls.len());
-    for call in calls {
-        pipeline.add_command(call.clone());
-    }
-    pipeline.ignore_errors();
-    let mut replies: Vec<Value> = pipeline.query_async(connection).await?;
-    let no_script = |reply: &Value| matches!(reply, Value::ServerError(error) if error.kind() == Some(ServerErrorKind::NoScript));
-    if replies.iter().any(no_script) {
-        script.load_async(connection).await?;
-        replies = pipeline.query_async(connection).await?;
-    }
-    Ok(replies
-        .into_iter()
-        .map(|reply| match reply {
-            Value::ServerError(error) => Err(error.into()),
-            reply => Ok(reply),
-        })
-        .collect())
 }
 
 impl RedisStore {

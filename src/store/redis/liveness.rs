@@ -20,17 +20,16 @@
 //! A Redis Cluster's subscriber has no watchman: its subscriptions are spread over connections
 //! to several nodes, which a `PING` to the cluster does not reach.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
 use redis::RedisResult;
 use tracing::{debug, info, warn};
 
 use super::connection::Connection;
 use super::link::Link;
-use super::notifications::{Notifications, Parts, Subscriber};
 
 /// How often the watchman asks the subscriber's connection for a `PING`.
 const PING_EVERY: Duration = Duration::from_secs(1);
@@ -53,6 +52,20 @@ impl Generation {
     }
 }
 
+/// Where the pushes of a manager of a generation go: made anew for each manager, so that a
+/// replaced one's are told apart.
+pub(super) type Pushes = Arc<dyn Fn(Generation) -> Arc<dyn AsyncPushSender> + Send + Sync>;
+
+/// What the watchman tells of the subscriber's connection (see the [module's page](self)).
+pub(super) trait Listener: Send + Sync + 'static {
+    /// A `PING` went unanswered past its deadline.
+    fn silent(&self);
+    /// A `PING` was answered.
+    fn answered(&self);
+    /// The connection was replaced by a new one, with no subscription yet.
+    fn replaced(&self);
+}
+
 /// One server's subscriber connection, replaced when it goes silent; cheap to clone.
 #[derive(Clone)]
 pub(super) struct ServerSubscriber(Arc<Slot>);
@@ -61,8 +74,8 @@ struct Slot {
     client: redis::Client,
     /// The managers' settings, but their push sender: each manager gets its own.
     config: ConnectionManagerConfig,
-    /// What the managers' messages reach.
-    parts: Parts,
+    /// Where the managers' messages go.
+    pushes: Pushes,
     generation: Arc<AtomicU64>,
     current: Mutex<ConnectionManager>,
 }
@@ -73,18 +86,18 @@ impl ServerSubscriber {
     pub(super) fn new(
         client: redis::Client,
         config: ConnectionManagerConfig,
-        parts: Parts,
+        pushes: Pushes,
     ) -> RedisResult<Self> {
         let generation = Arc::new(AtomicU64::new(0));
         let first = Generation {
             mine: 0,
             current: Arc::clone(&generation),
         };
-        let manager = manager(&client, &config, &parts, first)?;
+        let manager = manager(&client, &config, &pushes, first)?;
         Ok(ServerSubscriber(Arc::new(Slot {
             client,
             config,
-            parts,
+            pushes,
             generation,
             current: Mutex::new(manager),
         })))
@@ -99,62 +112,73 @@ impl ServerSubscriber {
         crate::sync::lock(&self.0.current).clone()
     }
 
+    /// The generation of the current manager.
+    #[cfg(test)]
+    pub(super) fn generation(&self) -> Generation {
+        Generation {
+            mine: self.0.generation.load(Ordering::SeqCst),
+            current: Arc::clone(&self.0.generation),
+        }
+    }
+
     /// Puts a new manager in place of the current one, whose messages are ignored from now on.
-    fn replace(&self) -> RedisResult<()> {
+    pub(super) fn replace(&self) -> RedisResult<()> {
         let mut current = crate::sync::lock(&self.0.current);
         let next = Generation {
             mine: self.0.generation.load(Ordering::SeqCst).wrapping_add(1),
             current: Arc::clone(&self.0.generation),
         };
         let mine = next.mine;
-        *current = manager(&self.0.client, &self.0.config, &self.0.parts, next)?;
+        *current = manager(&self.0.client, &self.0.config, &self.0.pushes, next)?;
         self.0.generation.store(mine, Ordering::SeqCst);
         Ok(())
     }
 
     /// Starts the watchman (see the [module's page](self)), which ends once the subscriber is
-    /// dropped; `ping_wait` bounds its wait for one `PING` (a connection attempt and a reply).
-    /// Without a runtime, there is none.
-    pub(super) fn keep_watch(&self, sharded: &Arc<AtomicBool>, ping_wait: Duration) {
+    /// dropped and tells what it finds to the [`Listener`] that `listener` makes of the
+    /// subscriber each round (it holds the subscriber no longer); `ping_wait` bounds its wait
+    /// for one `PING` (a connection attempt and a reply). Without a runtime, there is none.
+    pub(super) fn keep_watch<L: Listener>(
+        &self,
+        listener: impl Fn(ServerSubscriber) -> L + Send + 'static,
+        ping_wait: Duration,
+    ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (slot, sharded) = (Arc::downgrade(&self.0), Arc::clone(sharded));
-        runtime.spawn(watch(slot, sharded, ping_wait));
+        runtime.spawn(watch(Arc::downgrade(&self.0), listener, ping_wait));
     }
 }
 
-/// A manager whose messages reach `parts`, tagged with `generation`.
+/// A manager whose messages go where `pushes` sends those of `generation`.
 fn manager(
     client: &redis::Client,
     config: &ConnectionManagerConfig,
-    parts: &Parts,
+    pushes: &Pushes,
     generation: Generation,
 ) -> RedisResult<ConnectionManager> {
-    let config = config
-        .clone()
-        .set_push_sender(parts.on_push(Some(generation)));
+    let config = config.clone().set_push_sender(pushes(generation));
     ConnectionManager::new_lazy_with_config(client.clone(), config)
 }
 
 /// The watchman: a `PING` every second, for as long as the subscriber lives.
-async fn watch(slot: Weak<Slot>, sharded: Arc<AtomicBool>, ping_wait: Duration) {
+async fn watch<L: Listener>(
+    slot: Weak<Slot>,
+    listener: impl Fn(ServerSubscriber) -> L,
+    ping_wait: Duration,
+) {
     loop {
         tokio::time::sleep(PING_EVERY).await;
         let Some(subscriber) = slot.upgrade().map(ServerSubscriber) else {
             return;
         };
-        let notifications = Notifications::of(
-            Subscriber::Server(subscriber.clone()),
-            &subscriber.0.parts,
-            Arc::clone(&sharded),
-        );
-        ping(&subscriber, &notifications, ping_wait).await;
+        let listening = listener(subscriber.clone());
+        ping(&subscriber, &listening, ping_wait).await;
     }
 }
 
 /// One `PING` of the subscriber's connection, and what its answer (or its silence) means.
-async fn ping(subscriber: &ServerSubscriber, notifications: &Notifications, ping_wait: Duration) {
+async fn ping(subscriber: &ServerSubscriber, notifications: &impl Listener, ping_wait: Duration) {
     let (mut manager, command) = (subscriber.manager(), redis::cmd("PING"));
     let ping = command.query_async::<()>(&mut manager);
     tokio::pin!(ping);
@@ -183,43 +207,5 @@ async fn ping(subscriber: &ServerSubscriber, notifications: &Notifications, ping
         }
         // A dropped connection: its manager reconnects by itself, and said so.
         Err(error) => debug!(%error, "the subscriber's PING failed"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use redis::{PushInfo, PushKind};
-
-    use super::*;
-
-    /// A manager that was replaced may still deliver a message (a task of its own held it a
-    /// moment longer): it changes nothing. The current manager's do.
-    #[tokio::test]
-    async fn a_replaced_managers_messages_are_ignored() {
-        let client = redis::Client::open("redis://127.0.0.1:1/?protocol=resp3").unwrap();
-        let config = ConnectionManagerConfig::new().set_automatic_resubscription();
-        let store =
-            ConnectionManager::new_lazy_with_config(client.clone(), ConnectionManagerConfig::new())
-                .unwrap();
-        let parts = Parts::new(&Connection::Server(Link::waiting(store)));
-        let subscriber = ServerSubscriber::new(client, config, parts.clone()).unwrap();
-        let generation = |subscriber: &ServerSubscriber| Generation {
-            mine: subscriber.0.generation.load(Ordering::SeqCst),
-            current: Arc::clone(&subscriber.0.generation),
-        };
-        let replaced = generation(&subscriber);
-        subscriber.replace().unwrap();
-        let dropped = || PushInfo {
-            kind: PushKind::Disconnection,
-            data: Vec::new(),
-        };
-
-        let _ = parts.on_push(Some(replaced))(dropped());
-        assert!(
-            parts.notifier.receiving(),
-            "the old manager's drop is ignored"
-        );
-        let _ = parts.on_push(Some(generation(&subscriber)))(dropped());
-        assert!(!parts.notifier.receiving(), "the current one's counts");
     }
 }

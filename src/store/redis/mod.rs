@@ -4,9 +4,11 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `mod.rs` | `RedisStore`, its constructors and accessors |
-//! | `builder.rs` | `RedisStoreBuilder`: URLs, timeouts, TLS, redacted addresses |
+//! | `builder.rs` | `RedisStoreBuilder`: the settings a user gives, and connecting or opening the store |
+//! | `dial.rs` | how the store reaches its servers: the target, timeouts, TLS, clients, redacted addresses |
 //! | `names.rs` | the names of a key's value and lock in Redis, and of the fill channels |
-//! | `connection.rs` | the connection to a server or a cluster; running scripts; errors |
+//! | `connection.rs` | the connection to a server or a cluster: which connection a call goes to; errors |
+//! | `calls.rs` | a script or a pipeline on one connection, reloaded on `NOSCRIPT`; a lookup pipeline's replies |
 //! | `link.rs` | one server's connection, kept up through an outage, failing calls at once while down |
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
@@ -30,11 +32,13 @@
 //! load to revalidate (see `Store::answer_waiters`).
 
 mod builder;
+mod calls;
 #[cfg(feature = "cluster")]
 mod cluster;
 #[cfg(feature = "cluster")]
 mod cluster_link;
 mod connection;
+mod dial;
 mod link;
 mod liveness;
 mod lookup;
@@ -50,8 +54,8 @@ use std::sync::Arc;
 
 use super::{CallLimit, StoreError};
 pub use builder::RedisStoreBuilder;
-use builder::Target;
 use connection::Connection;
+use dial::Target;
 use notifications::Notifications;
 
 /// The shared store on Redis (feature `redis`, on by default): one server, or a Redis Cluster

@@ -18,14 +18,13 @@ use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisResult, Va
 use tracing::{debug, warn};
 
 #[cfg(feature = "cluster")]
-use super::builder::Target;
-use super::builder::{no_url, RedisStoreBuilder};
-#[cfg(feature = "cluster")]
 use super::cluster::Cluster;
 #[cfg(feature = "cluster")]
 use super::cluster_link::ClusterLink;
 use super::connection::Connection;
-use super::liveness::{Generation, ServerSubscriber};
+#[cfg(feature = "cluster")]
+use super::dial::{no_url, Dial, Target};
+use super::liveness::{Generation, Listener, Pushes, ServerSubscriber};
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
 use super::names::{channel, namespace_of, CLEARED};
@@ -172,6 +171,13 @@ impl Parts {
             Ok(())
         }
     }
+
+    /// Where the pushes of each of a watched subscriber's managers go: here, each manager's
+    /// tagged with its generation.
+    pub(super) fn pushes(&self) -> Pushes {
+        let parts = self.clone();
+        Arc::new(move |generation| Arc::new(parts.on_push(Some(generation))))
+    }
 }
 
 impl Notifications {
@@ -188,18 +194,18 @@ impl Notifications {
 }
 
 impl Notifications {
-    /// Opens the subscriber connection, with the builder's settings and RESP3. A server that
+    /// Opens the subscriber connection, dialled as the store is, with RESP3. A server that
     /// refuses it (before Redis 6, or these credentials) is an error: no notifications.
     pub(super) async fn connect(
-        builder: &RedisStoreBuilder,
+        dial: &Dial,
         infos: &[ConnectionInfo],
         sharded: Arc<AtomicBool>,
         store: &Connection,
     ) -> RedisResult<Self> {
         #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = &builder.target {
+        if let Target::Cluster(_) = &dial.target {
             let parts = Parts::new(store);
-            let client = cluster_subscriber(builder, infos, &parts)?;
+            let client = cluster_subscriber(dial, infos, &parts)?;
             let link = ClusterLink::connected(client.get_async_connection().await?);
             let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
             return Ok(Notifications::of(subscriber, &parts, sharded));
@@ -207,43 +213,48 @@ impl Notifications {
         // The manager retries without end, its first connection too: try once first, so that
         // a server that refuses RESP3 or these credentials means no notifications (and a
         // warning) instead of a subscription that never completes.
-        let client = builder.client(resp3(infos.first().cloned().ok_or_else(no_url)?))?;
+        let client = dial.client(resp3(infos.first().cloned().ok_or_else(no_url)?))?;
         let probe = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(builder.connection_timeout))
-            .set_response_timeout(Some(builder.response_timeout));
+            .set_connection_timeout(Some(dial.connection_timeout))
+            .set_response_timeout(Some(dial.response_timeout));
         drop(
             client
                 .get_multiplexed_async_connection_with_config(&probe)
                 .await?,
         );
-        Self::open(builder, infos, sharded, store)
+        Self::open(dial, infos, sharded, store)
     }
 
     /// The subscriber, without connecting: one server's connects on the first subscription,
     /// a cluster's in the background; subscriptions wait for the server as long as it takes.
     pub(super) fn open(
-        builder: &RedisStoreBuilder,
+        dial: &Dial,
         infos: &[ConnectionInfo],
         sharded: Arc<AtomicBool>,
         store: &Connection,
     ) -> RedisResult<Self> {
         let parts = Parts::new(store);
         #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = &builder.target {
-            let client = cluster_subscriber(builder, infos, &parts)?;
-            let address = builder.target.address();
-            let link = ClusterLink::opening(client, address, builder.ping_wait());
+        if let Target::Cluster(_) = &dial.target {
+            let client = cluster_subscriber(dial, infos, &parts)?;
+            let address = dial.target.address();
+            let link = ClusterLink::opening(client, address, dial.ping_wait());
             let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
             return Ok(Notifications::of(subscriber, &parts, sharded));
         }
         let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
-        let config = builder
+        let config = dial
             .manager_config()
             .set_automatic_resubscription()
             // Keep trying to reconnect the subscriber through an outage of any length.
             .set_number_of_retries(usize::MAX);
-        let subscriber = ServerSubscriber::new(builder.client(info)?, config, parts.clone())?;
-        subscriber.keep_watch(&sharded, builder.ping_wait());
+        let subscriber = ServerSubscriber::new(dial.client(info)?, config, parts.pushes())?;
+        let (watched, watched_sharded) = (parts.clone(), Arc::clone(&sharded));
+        let listener = move |subscriber| {
+            let subscriber = Subscriber::Server(subscriber);
+            Notifications::of(subscriber, &watched, Arc::clone(&watched_sharded))
+        };
+        subscriber.keep_watch(listener, dial.ping_wait());
         Ok(Notifications::of(
             Subscriber::Server(subscriber),
             &parts,
@@ -295,10 +306,12 @@ impl Notifications {
             }
         });
     }
+}
 
+impl Listener for Notifications {
     /// The subscriber's connection left a `PING` unanswered: notifications count as lost
     /// until it [answers](Self::answered) or is [replaced](Self::replaced).
-    pub(super) fn silent(&self) {
+    fn silent(&self) {
         let mut channels = crate::sync::lock(&self.channels);
         if !channels.silent {
             channels.silent = true;
@@ -309,7 +322,7 @@ impl Notifications {
     /// The subscriber's connection answered a `PING`: every namespace wanted and not
     /// subscribed (its subscription failed, or the connection dropped) is subscribed again,
     /// and once none is on its way, notifications are received again.
-    pub(super) fn answered(&self) {
+    fn answered(&self) {
         let mut channels = crate::sync::lock(&self.channels);
         channels.silent = false;
         let missing: Vec<Arc<str>> = channels
@@ -329,7 +342,7 @@ impl Notifications {
 
     /// The subscriber's connection was replaced by a new one, which has no subscription yet:
     /// every namespace wanted is subscribed on it, and until then notifications are lost.
-    pub(super) fn replaced(&self) {
+    fn replaced(&self) {
         let mut channels = crate::sync::lock(&self.channels);
         channels.silent = false;
         channels.forget(None);
@@ -376,15 +389,14 @@ async fn subscribe(
     Ok(())
 }
 
-/// The client of a cluster's subscriber: the builder's settings, RESP3, and pushes to `parts`.
+/// The client of a cluster's subscriber: the store's dial settings, RESP3, and pushes to `parts`.
 #[cfg(feature = "cluster")]
 fn cluster_subscriber(
-    builder: &RedisStoreBuilder,
+    dial: &Dial,
     infos: &[ConnectionInfo],
     parts: &Parts,
 ) -> RedisResult<redis::cluster::ClusterClient> {
-    builder
-        .cluster_client(infos.iter().cloned().map(resp3))
+    dial.cluster_client(infos.iter().cloned().map(resp3))
         .use_protocol(ProtocolVersion::RESP3)
         .push_sender(parts.on_push(None))
         .build()
@@ -434,6 +446,9 @@ fn wake_followers(notifier: &Notifier, own: &[u8], push: PushInfo) {
 
 #[cfg(test)]
 mod tests {
+    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+    use super::super::link::Link;
     use super::*;
 
     #[test]
@@ -449,5 +464,32 @@ mod tests {
         assert!(channels.has("b"));
         channels.forget(None);
         assert!(!channels.has("b"), "all forgotten");
+    }
+
+    /// A manager that was replaced may still deliver a message (a task of its own held it a
+    /// moment longer): it changes nothing. The current manager's do.
+    #[tokio::test]
+    async fn a_replaced_managers_messages_are_ignored() {
+        let client = redis::Client::open("redis://127.0.0.1:1/?protocol=resp3").unwrap();
+        let config = ConnectionManagerConfig::new().set_automatic_resubscription();
+        let store =
+            ConnectionManager::new_lazy_with_config(client.clone(), ConnectionManagerConfig::new())
+                .unwrap();
+        let parts = Parts::new(&Connection::Server(Link::waiting(store)));
+        let subscriber = ServerSubscriber::new(client, config, parts.pushes()).unwrap();
+        let replaced = subscriber.generation();
+        subscriber.replace().unwrap();
+        let dropped = || PushInfo {
+            kind: PushKind::Disconnection,
+            data: Vec::new(),
+        };
+
+        let _ = parts.on_push(Some(replaced))(dropped());
+        assert!(
+            parts.notifier.receiving(),
+            "the old manager's drop is ignored"
+        );
+        let _ = parts.on_push(Some(subscriber.generation()))(dropped());
+        assert!(!parts.notifier.receiving(), "the current one's counts");
     }
 }

@@ -139,7 +139,7 @@ impl ForwardedVariants {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::invalidation::tag_fields::tests::headers;
+    use crate::http::rules::tag_fields::tests::headers;
 
     #[test]
     fn forwarded_is_keyed_without_for_and_by_rfc_7239() {

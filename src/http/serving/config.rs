@@ -5,12 +5,14 @@ use std::sync::Arc;
 
 use http::{request, response, HeaderMap, HeaderName};
 
-use crate::http::invalidation::tag_fields;
+use crate::http::rules::decision::Decision;
 use crate::http::rules::pass::Pass;
 use crate::http::rules::poisoning::Reflected;
+use crate::http::rules::policy::{Policy, RfcPolicy};
+use crate::http::rules::tag_fields;
 use crate::http::serving::cache_status::CacheStatus;
 use crate::http::stored::key::ForwardedVariants;
-use crate::http::{Decision, DefaultKey, MakeKey, Policy, RfcPolicy};
+use crate::http::stored::key::{DefaultKey, MakeKey};
 
 /// A decision on a request's head: whether a `PURGE` may remove anything (see
 /// [`StampedeLayer::purge`](crate::http::StampedeLayer::purge)), whether an unsafe request invalidates.

@@ -1,0 +1,258 @@
+//! How a `RedisStore` reaches its servers: the target (one server's URL or a cluster's seeds),
+//! the connection and response timeouts, TLS (feature `tls`), the clients made from them, and
+//! URLs redacted for `Debug` and error messages. The builder and the subscriber both dial
+//! through it.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManagerConfig;
+#[cfg(feature = "cluster")]
+use redis::cluster::ClusterClientBuilder;
+use redis::{ConnectionInfo, IntoConnectionInfo, RedisResult};
+
+use crate::store::{StoreError, StoreErrorKind};
+
+/// Where a store connects, as the user gave it (credentials included: never print it).
+#[derive(Clone)]
+pub(super) enum Target {
+    /// One server's URL.
+    Server(String),
+    /// URLs of some of a cluster's nodes.
+    #[cfg(feature = "cluster")]
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    fn urls(&self) -> &[String] {
+        match self {
+            Target::Server(url) => std::slice::from_ref(url),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => urls,
+        }
+    }
+
+    /// The URLs without credentials, comma-separated.
+    pub(super) fn address(&self) -> String {
+        let urls: Vec<String> = self.urls().iter().map(|url| redact(url)).collect();
+        urls.join(",")
+    }
+}
+
+/// The error of a target without a URL.
+pub(super) fn no_url() -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no URL given"))
+}
+
+/// How to reach the servers: where, within what time, and which certificates to trust.
+#[derive(Clone)]
+pub(super) struct Dial {
+    pub(super) target: Target,
+    pub(super) connection_timeout: Duration,
+    pub(super) response_timeout: Duration,
+    /// PEM root certificates to trust instead of the system's.
+    #[cfg(feature = "tls")]
+    pub(super) root_certificates: Option<Vec<u8>>,
+}
+
+impl Dial {
+    /// `target`, with the default timeouts (connecting 1 s, a reply 3 s).
+    pub(super) fn new(target: Target) -> Self {
+        Dial {
+            target,
+            connection_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(3),
+            #[cfg(feature = "tls")]
+            root_certificates: None,
+        }
+    }
+
+    /// The client of a cluster's store; invalid settings are a configuration error.
+    #[cfg(feature = "cluster")]
+    pub(super) fn built_cluster_client(
+        &self,
+        infos: &[ConnectionInfo],
+        address: &str,
+    ) -> Result<redis::cluster::ClusterClient, StoreError> {
+        self.cluster_client(infos.iter().cloned())
+            .build()
+            .map_err(|e| {
+                StoreError::with_source(
+                    StoreErrorKind::Configuration,
+                    format_args!("invalid Redis Cluster settings for {address}"),
+                    e,
+                )
+            })
+    }
+
+    /// The client of one server's store.
+    pub(super) fn server_client(
+        &self,
+        infos: &[ConnectionInfo],
+        address: &str,
+    ) -> Result<redis::Client, StoreError> {
+        let info = infos.first().cloned().ok_or_else(no_url);
+        info.and_then(|info| self.client(info)).map_err(|e| {
+            StoreError::with_source(
+                StoreErrorKind::Configuration,
+                format_args!("invalid Redis settings for {address}"),
+                e,
+            )
+        })
+    }
+
+    /// How long the keeper of a lost connection waits for one `PING`: a connection attempt
+    /// and a reply.
+    pub(super) fn ping_wait(&self) -> Duration {
+        self.connection_timeout
+            .saturating_add(self.response_timeout)
+    }
+
+    /// Parses the URLs, and checks that TLS is available where they ask for it.
+    pub(super) fn connection_infos(&self) -> Result<Vec<ConnectionInfo>, StoreError> {
+        let mut infos = Vec::with_capacity(self.target.urls().len());
+        for url in self.target.urls() {
+            let address = redact(url);
+            let info = url.as_str().into_connection_info().map_err(|e| {
+                if cfg!(not(feature = "tls")) && address.starts_with("rediss://") {
+                    StoreError::of_kind(
+                        StoreErrorKind::Configuration,
+                        format_args!(
+                            "invalid Redis URL {address}: rediss:// (TLS) needs the `tls` feature of tower-stampede"
+                        ),
+                    )
+                } else {
+                    StoreError::with_source(
+                        StoreErrorKind::Configuration,
+                        format_args!("invalid Redis URL {address}"),
+                        e,
+                    )
+                }
+            })?;
+            #[cfg(feature = "tls")]
+            self.prepare_tls(&info, &address)?;
+            infos.push(info);
+        }
+        if infos.is_empty() {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                "no Redis URL given",
+            ));
+        }
+        Ok(infos)
+    }
+
+    /// Readies rustls for a `rediss://` URL; refuses a plain one when root certificates are
+    /// set (they would be silently unused).
+    #[cfg(feature = "tls")]
+    fn prepare_tls(&self, info: &ConnectionInfo, address: &str) -> Result<(), StoreError> {
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            install_crypto_provider();
+        } else if self.root_certificates.is_some() {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                format_args!(
+                    "invalid Redis URL {address}: TLS root certificates are set, so it must be rediss://"
+                ),
+            ));
+        }
+        if let Some(pem) = &self.root_certificates {
+            use rustls::pki_types::{pem::PemObject, CertificateDer};
+            if !CertificateDer::pem_slice_iter(pem).any(|cert| cert.is_ok()) {
+                return Err(StoreError::of_kind(
+                    StoreErrorKind::Configuration,
+                    "the TLS root certificates hold no PEM certificate",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connection_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1))
+    }
+
+    /// A client for one server, trusting the configured root certificates.
+    pub(super) fn client(&self, info: ConnectionInfo) -> RedisResult<redis::Client> {
+        #[cfg(feature = "tls")]
+        if let Some(root_cert) = &self.root_certificates {
+            return redis::Client::build_with_tls(info, self.certificates(root_cert));
+        }
+        redis::Client::open(info)
+    }
+
+    #[cfg(feature = "tls")]
+    fn certificates(&self, root_cert: &[u8]) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert.to_vec()),
+        }
+    }
+
+    /// A cluster client builder for these nodes, with this builder's settings.
+    #[cfg(feature = "cluster")]
+    pub(super) fn cluster_client(
+        &self,
+        infos: impl IntoIterator<Item = ConnectionInfo>,
+    ) -> ClusterClientBuilder {
+        let builder = ClusterClientBuilder::new(infos)
+            .connection_timeout(self.connection_timeout)
+            .response_timeout(self.response_timeout);
+        #[cfg(feature = "tls")]
+        if let Some(root_cert) = &self.root_certificates {
+            return builder.certs(self.certificates(root_cert));
+        }
+        builder
+    }
+}
+
+/// rustls needs a process-wide crypto provider; install ring's unless the application has
+/// installed one (or another crate did). Either will do, so losing a race is fine.
+#[cfg(feature = "tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+/// The URL without user name or password, for `Debug` and error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<unparsable URL>".to_owned();
+    };
+    // User info first: a password may hold `/`, `?` or `#` unescaped, and the host, port and
+    // database never hold an `@`, so the last `@` ends it. Then the query, which may carry
+    // credentials too.
+    let (hidden, host) = match rest.rsplit_once('@') {
+        Some((_, host)) => ("***@", host),
+        None => ("", rest),
+    };
+    let host = host.split(['?', '#']).next().unwrap_or_default();
+    format!("{scheme}://{hidden}{host}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::RedisStore;
+
+    #[test]
+    fn redact_hides_credentials() {
+        assert_eq!(
+            redact("redis://user:s3cret@host:6379/2"),
+            "redis://***@host:6379/2"
+        );
+        assert_eq!(redact("redis://:pw@host"), "redis://***@host");
+        assert_eq!(redact("redis://host:1/"), "redis://host:1/");
+        assert_eq!(redact("garbage"), "<unparsable URL>");
+        assert_eq!(redact("redis://u:pa/ss@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1/0?password=x"), "redis://h:1/0");
+        assert_eq!(redact("redis://user:pa?ss@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://user:pa#ss@h:1"), "redis://***@h:1");
+        let builder = RedisStore::builder("rediss://u:hunter2@h:1");
+        assert!(!format!("{builder:?}").contains("hunter2"));
+    }
+}
