@@ -113,6 +113,44 @@ impl Inner {
     }
 }
 
+/// The locks a batch's lookup may take, under its token, until the lookup's answer hands each
+/// key on: dropped before then (the batch's caller gone, or the lookup failed), it releases
+/// those left (token-checked), so other processes do not wait for their TTL.
+pub(super) struct PendingLocks {
+    store: Arc<dyn Store>,
+    keys: Vec<Option<StoreKey>>,
+    token: LockToken,
+}
+
+impl PendingLocks {
+    /// The locks of `keys` that a lookup under `token` is about to take.
+    pub(super) fn new(store: &Arc<dyn Store>, keys: Vec<StoreKey>, token: LockToken) -> Self {
+        PendingLocks {
+            store: Arc::clone(store),
+            keys: keys.into_iter().map(Some).collect(),
+            token,
+        }
+    }
+
+    /// The key of the `index`th lock, handed on: its lock is no longer this guard's.
+    pub(super) fn take(&mut self, index: usize) -> Option<StoreKey> {
+        self.keys.get_mut(index).and_then(Option::take)
+    }
+
+    /// Forgets every lock: the lookup was never sent (the breaker open), so it took none.
+    pub(super) fn never_sent(mut self) {
+        self.keys.clear();
+    }
+}
+
+impl Drop for PendingLocks {
+    fn drop(&mut self) {
+        for key in self.keys.iter().flatten() {
+            spawn_release(&self.store, key, self.token);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -173,43 +211,5 @@ mod tests {
             tokio::task::yield_now().await;
         }
         assert!(!take(&store, &key, LockToken::random()).await, "still held");
-    }
-}
-
-/// The locks a batch's lookup may take, under its token, until the lookup's answer hands each
-/// key on: dropped before then (the batch's caller gone, or the lookup failed), it releases
-/// those left (token-checked), so other processes do not wait for their TTL.
-pub(super) struct PendingLocks {
-    store: Arc<dyn Store>,
-    keys: Vec<Option<StoreKey>>,
-    token: LockToken,
-}
-
-impl PendingLocks {
-    /// The locks of `keys` that a lookup under `token` is about to take.
-    pub(super) fn new(store: &Arc<dyn Store>, keys: Vec<StoreKey>, token: LockToken) -> Self {
-        PendingLocks {
-            store: Arc::clone(store),
-            keys: keys.into_iter().map(Some).collect(),
-            token,
-        }
-    }
-
-    /// The key of the `index`th lock, handed on: its lock is no longer this guard's.
-    pub(super) fn take(&mut self, index: usize) -> Option<StoreKey> {
-        self.keys.get_mut(index).and_then(Option::take)
-    }
-
-    /// Forgets every lock: the lookup was never sent (the breaker open), so it took none.
-    pub(super) fn never_sent(mut self) {
-        self.keys.clear();
-    }
-}
-
-impl Drop for PendingLocks {
-    fn drop(&mut self) {
-        for key in self.keys.iter().flatten() {
-            spawn_release(&self.store, key, self.token);
-        }
     }
 }
