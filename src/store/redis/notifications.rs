@@ -22,9 +22,9 @@ use super::cluster::Cluster;
 #[cfg(feature = "cluster")]
 use super::cluster_link::ClusterLink;
 use super::connection::Connection;
-use super::dial::{no_url, Dial};
 #[cfg(feature = "cluster")]
 use super::dial::Target;
+use super::dial::{no_url, Dial};
 use super::liveness::{Generation, Listener, Pushes, ServerSubscriber};
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
