@@ -364,6 +364,35 @@ impl Drop for Started {
     }
 }
 
+/// Waits until `count` processes hold a connection to `redis` besides this one: a proxy opens
+/// its store in the background (`RedisStore::open`), and a request it serves before its
+/// connection is up loads with in-process protection only (as a proxy started while Redis is
+/// down does), which a test of what the proxies share must not meet.
+async fn wait_for_connections(redis: &RedisServer, count: usize) {
+    let mut connection = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let clients = info
+            .lines()
+            .find_map(|line| line.strip_prefix("connected_clients:"))
+            .and_then(|clients| clients.trim().parse::<usize>().ok());
+        if clients.is_some_and(|clients| clients > count) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{count} proxies never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Starts `count` proxies (in parallel) with the same arguments.
 async fn start_proxies(count: usize, args: Vec<String>) -> Vec<Proxy> {
     let args = Arc::new(args);
@@ -514,6 +543,7 @@ async fn a_server_error_reaches_its_waiters_and_is_not_reused() {
         ],
     );
     let proxies = start_proxies(2, args).await;
+    wait_for_connections(&redis, 2).await;
     let mut bodies = std::collections::BTreeSet::new();
     for answer in burst(&proxies, REQUESTS, "/fail").await {
         let answer = answer.expect("an answer");
@@ -657,6 +687,7 @@ async fn a_stampede_over_three_proxies_loads_the_origin_once() {
         ],
     );
     let proxies = start_proxies(3, args).await;
+    wait_for_connections(&redis, 3).await;
 
     let started = Instant::now();
     let mut answers = Vec::with_capacity(REQUESTS);
@@ -791,6 +822,7 @@ async fn stale_responses_are_served_while_one_proxy_refreshes() {
         ],
     );
     let proxies = start_proxies(2, args).await;
+    wait_for_connections(&redis, 2).await;
     let client = client(64);
 
     let first = send(&client, get(&proxies[0].url("/short"))).await.unwrap();
@@ -1052,7 +1084,9 @@ async fn two_proxies(
         "2000".to_owned(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
-    start_proxies(2, proxy_args(origin, test, args)).await
+    let proxies = start_proxies(2, proxy_args(origin, test, args)).await;
+    wait_for_connections(redis, 2).await;
+    proxies
 }
 
 /// `Cookie: session=...` with the header value `cookie`, on `proxy`.
@@ -1468,6 +1502,7 @@ async fn after_a_redis_blip_and_idle_proxies_the_next_stampede_loads_the_origin_
     let origin = start_origin(origin_loads.clone()).await;
     let args = proxy_args(origin, "blip", patient_redis(&redis));
     let proxies = start_proxies(3, args).await;
+    wait_for_connections(&redis, 3).await;
     redis.kill();
     for (n, proxy) in proxies.iter().enumerate() {
         let answer = send(&client(1), get(&proxy.url(&format!("/down?p={n}")))).await;
