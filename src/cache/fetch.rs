@@ -12,7 +12,7 @@ use tracing::{debug, debug_span, info_span, Instrument};
 
 #[cfg(doc)]
 use super::CacheBuilder;
-use super::{l1, BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Previous};
+use super::{l1, BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Own, Previous};
 use crate::store::KeyDigest;
 
 impl Cache {
@@ -45,7 +45,8 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        self.fetch_accepting(key, |_| true, move |_| loader()).await
+        let loader = move |_| async move { (loader().await, None::<()>) };
+        self.fetch_as(Ask::key(key.as_ref()), loader).await.0
     }
 
     /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value
@@ -87,72 +88,36 @@ impl Cache {
         self.fetch(key, loader).await?.value_or_pass()
     }
 
-    /// Like [`fetch`](Self::fetch), for a caller that can read only the values `accepts` says
-    /// yes to: any other value found in the store is a corrupt entry (a miss, counted and
-    /// overwritten by this load).
-    pub(crate) async fn fetch_accepting<A, F, Fut, E>(
+    /// The one way into the engine, which every call above is a thin wrapper around: the
+    /// fetch `ask` describes, with a `loader` that gives what it shares with the flight and,
+    /// beside it, what goes to this caller alone if its loader runs ([`Own`]).
+    pub(crate) async fn fetch_as<A, F, Fut, E, O>(
         &self,
-        key: impl AsRef<[u8]>,
-        accepts: A,
+        ask: Ask<'_, A>,
         loader: F,
-    ) -> Result<Fetched, Error>
+    ) -> (Result<Fetched, Error>, Own<O>)
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
         F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        Fut: Future<Output = (Result<Loaded, E>, Option<O>)> + Send + 'static,
         E: Into<BoxError>,
+        O: Send + 'static,
     {
-        let key = key.as_ref();
-        self.fetch_named(KeyDigest::of(key), key, accepts, loader)
-            .await
-    }
-
-    /// [`fetch_accepting`](Self::fetch_accepting) for a key already hashed to `digest`, whose
-    /// text `name` (empty if the caller has none) is shown in its trace if the cache has
-    /// [`readable_keys`](CacheBuilder::readable_keys).
-    pub(crate) async fn fetch_named<A, F, Fut, E>(
-        &self,
-        digest: KeyDigest,
-        name: &[u8],
-        accepts: A,
-        loader: F,
-    ) -> Result<Fetched, Error>
-    where
-        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
-        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
-        E: Into<BoxError>,
-    {
-        let soft_timeout = self.inner.config.soft_timeout;
-        self.fetch_within(digest, name, soft_timeout, accepts, loader)
-            .await
-    }
-
-    /// [`fetch_named`](Self::fetch_named) with this call's own soft timeout (see
-    /// [`CacheBuilder::soft_timeout`]).
-    pub(crate) async fn fetch_within<A, F, Fut, E>(
-        &self,
-        digest: KeyDigest,
-        name: &[u8],
-        soft_timeout: Option<Duration>,
-        accepts: A,
-        loader: F,
-    ) -> Result<Fetched, Error>
-    where
-        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
-        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
-        E: Into<BoxError>,
-    {
+        let Ask {
+            digest,
+            name,
+            soft_timeout,
+            accepts,
+        } = ask;
+        let soft_timeout = soft_timeout.or(self.inner.config.soft_timeout);
         // A span to enter, record and time only for a subscriber that wants it (see
         // `fetch_span`), with the moment the fetch started.
-        // A caller without the key's text (the service layer, which hashed its key) gives none.
         let name = (self.inner.config.readable_keys && !name.is_empty()).then_some(name);
         let traced = fetch_span(&digest, name).map(|span| (span, Instant::now()));
         let fetch = self
             .inner
             .fetch_digest(digest, soft_timeout, accepts, loader);
-        let answer = match &traced {
+        let (answer, own) = match &traced {
             Some((span, _)) => fetch.instrument(span.clone()).await,
             None => fetch.await,
         };
@@ -175,7 +140,7 @@ impl Cache {
             let span = traced.as_ref().and_then(|(span, _)| span.id());
             debug!(parent: span, error = error as &dyn std::error::Error, "no value");
         }
-        answer
+        (answer, own)
     }
 
     /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value
@@ -203,6 +168,61 @@ impl Cache {
             span.record("outcome", Outcome::L1Hit.label());
         }
         Some(found)
+    }
+}
+
+/// A fetch as an entry point asks for it: the key (hashed, with its text for traces), the
+/// call's soft timeout, and which stored values its caller can read.
+pub(crate) struct Ask<'a, A> {
+    digest: KeyDigest,
+    /// The key's text, shown in the fetch's trace where the cache has
+    /// [`readable_keys`](CacheBuilder::readable_keys); empty for a caller that has none (the
+    /// service layer, which hashed its key).
+    name: &'a [u8],
+    /// This call's own soft timeout; `None`: the cache's (see [`CacheBuilder::soft_timeout`]).
+    soft_timeout: Option<Duration>,
+    /// Whether this call's caller can read a stored value: any other is a corrupt entry (a
+    /// miss, counted and overwritten by this load).
+    accepts: A,
+}
+
+/// A caller that reads any value.
+pub(crate) type AnyValue = fn(&Bytes) -> bool;
+
+impl<'a> Ask<'a, AnyValue> {
+    /// A fetch of `key`, whose value its caller reads whatever it is.
+    pub(crate) fn key(key: &'a [u8]) -> Self {
+        Ask::digest(KeyDigest::of(key), key)
+    }
+
+    /// A fetch of the key hashed to `digest`, whose text is `name`.
+    pub(crate) fn digest(digest: KeyDigest, name: &'a [u8]) -> Self {
+        Ask {
+            digest,
+            name,
+            soft_timeout: None,
+            accepts: |_| true,
+        }
+    }
+}
+
+impl<'a, A> Ask<'a, A> {
+    /// The same fetch, by a caller that reads only the values `accepts` says yes to.
+    pub(crate) fn accepting<B>(self, accepts: B) -> Ask<'a, B> {
+        Ask {
+            digest: self.digest,
+            name: self.name,
+            soft_timeout: self.soft_timeout,
+            accepts,
+        }
+    }
+
+    /// The same fetch, with its own soft timeout.
+    pub(crate) fn soft_timeout(self, soft_timeout: Duration) -> Self {
+        Ask {
+            soft_timeout: Some(soft_timeout),
+            ..self
+        }
     }
 }
 

@@ -1,11 +1,14 @@
-//! What a call is answered: the value, and how it was served ([`Fetched`], [`Outcome`]).
+//! What a call is answered: the value, and how it was served ([`Fetched`], [`Outcome`]); and,
+//! for the caller whose loader ran, what that loader gave it alone ([`Own`]).
 
 use std::any::Any;
 use std::sync::Arc;
 
 #[cfg(doc)]
-use super::{Cache, Loaded};
+use super::Cache;
+use super::{BoxError, Loaded};
 use bytes::Bytes;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// The answer a flight hands to each of its callers.
@@ -153,5 +156,41 @@ impl<V> Fetched<V> {
     pub(super) fn value_or_pass(self) -> Result<V, super::Error> {
         self.value
             .ok_or_else(|| super::Error::new(super::ErrorKind::Pass))
+    }
+}
+
+/// What a loader gives: what it shares with the flight (or why it failed), and what goes to
+/// its own caller alone (see [`Own`]).
+pub(crate) type Gives<O> = (Result<Loaded, BoxError>, Option<O>);
+
+/// What a caller's own loader gave that caller alone, beside the [`Loaded`] it shared with
+/// the flight (the HTTP layer's response as the origin sent it, the service layer's own
+/// response): nothing if the loader did not run (an L1 hit, a joined flight, another
+/// process's load) or gave nothing. The loader gives it as it ends, before the flight sees
+/// what it shared, so a caller answered by the end of its flight finds it [ready](Self::ready);
+/// a caller answered early (a stale value served while the flight refreshes) may wait for it
+/// ([`ended`](Self::ended)).
+pub(crate) struct Own<O>(Option<oneshot::Receiver<O>>);
+
+impl<O> Own<O> {
+    /// No loader of this caller's: nothing to give.
+    pub(super) fn none() -> Self {
+        Own(None)
+    }
+
+    /// The caller's end of what its loader will give through the sender.
+    pub(super) fn channel() -> (oneshot::Sender<O>, Self) {
+        let (give, own) = oneshot::channel();
+        (give, Own(Some(own)))
+    }
+
+    /// What the loader gave, if it has ended and gave something.
+    pub(crate) fn ready(&mut self) -> Option<O> {
+        self.0.as_mut()?.try_recv().ok()
+    }
+
+    /// What the loader gives, once it ends; `None` if it did not run or gave nothing.
+    pub(crate) async fn ended(self) -> Option<O> {
+        self.0?.await.ok()
     }
 }

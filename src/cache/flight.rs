@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::carry::{CarriedFlight, FlightPosts};
 use super::entry::{self, Entry};
-use super::fetched::FlightResult;
+use super::fetched::{FlightResult, Own};
 use super::flights::Entered;
 use super::l1::L1Hit;
 use super::telemetry::WaitEnd;
@@ -40,18 +41,21 @@ trait Load: Send {
     ) -> BoxFuture<'static, Result<Loaded, BoxError>>;
 }
 
-/// A [`Load`] of a caller's test `accepts` and its `loader`.
-struct Parts<A, F> {
+/// A [`Load`] of a caller's test `accepts` and its `loader`, and where what the loader gives
+/// its own caller goes (see [`Own`]).
+struct Parts<A, F, O> {
     accepts: A,
     loader: F,
+    give: Option<oneshot::Sender<O>>,
 }
 
-impl<A, F, Fut, E> Load for Parts<A, F>
+impl<A, F, Fut, E, O> Load for Parts<A, F, O>
 where
     A: Fn(&Bytes) -> bool + Send + Sync + 'static,
     F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+    Fut: Future<Output = (Result<Loaded, E>, Option<O>)> + Send + 'static,
     E: Into<BoxError>,
+    O: Send + 'static,
 {
     fn accepts(&self) -> &(dyn Fn(&Bytes) -> bool + Send + Sync) {
         &self.accepts
@@ -61,8 +65,15 @@ where
         self: Box<Self>,
         previous: Option<Previous>,
     ) -> BoxFuture<'static, Result<Loaded, BoxError>> {
-        let loader = self.loader;
-        Box::pin(async move { loader(previous).await.map_err(Into::into) })
+        let Parts { loader, give, .. } = *self;
+        Box::pin(async move {
+            let (shared, own) = loader(previous).await;
+            // Given before the flight sees what was shared (see `Own`).
+            if let (Some(give), Some(own)) = (give, own) {
+                let _ = give.send(own);
+            }
+            shared.map_err(Into::into)
+        })
     }
 }
 
@@ -90,15 +101,27 @@ impl<'a> Reader<'a> {
 }
 
 impl BoxLoader {
-    pub(super) fn new<A, F, Fut, E>(accepts: A, loader: F, soft_timeout: Option<Duration>) -> Self
+    /// The loader of a caller with its `soft_timeout`; what `loader` gives its own caller
+    /// goes to `give`, if that caller waits for it.
+    pub(super) fn new<A, F, Fut, E, O>(
+        accepts: A,
+        loader: F,
+        soft_timeout: Option<Duration>,
+        give: Option<oneshot::Sender<O>>,
+    ) -> Self
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
         F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        Fut: Future<Output = (Result<Loaded, E>, Option<O>)> + Send + 'static,
         E: Into<BoxError>,
+        O: Send + 'static,
     {
         BoxLoader {
-            load: Box::new(Parts { accepts, loader }),
+            load: Box::new(Parts {
+                accepts,
+                loader,
+                give,
+            }),
             soft_timeout,
         }
     }
@@ -123,36 +146,37 @@ impl BoxLoader {
 }
 
 impl Inner {
-    /// Answers from L1, or joins this process's flight for the key, or starts one.
-    pub(super) async fn fetch_digest<A, F, Fut, E>(
+    /// Answers from L1, or joins this process's flight for the key, or starts one; with what
+    /// the caller's own loader gave it, if it ran (see [`Own`]).
+    pub(super) async fn fetch_digest<A, F, Fut, E, O>(
         self: &Arc<Self>,
         digest: KeyDigest,
         soft_timeout: Option<Duration>,
         accepts: A,
         loader: F,
-    ) -> Result<Fetched, Error>
+    ) -> (Result<Fetched, Error>, Own<O>)
     where
         A: Fn(&Bytes) -> bool + Send + Sync + 'static,
         F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        Fut: Future<Output = (Result<Loaded, E>, Option<O>)> + Send + 'static,
         E: Into<BoxError>,
+        O: Send + 'static,
     {
         let mut l1_checked_twice = false;
-        let (created, answer) = loop {
+        let (own, answer) = loop {
             if let Some(hit) = self.l1_get(&digest) {
                 let entry = match hit {
                     L1Hit::Fresh(entry, _) => entry,
                     L1Hit::RefreshDue(entry) => {
-                        let loader = BoxLoader::new(accepts, loader, soft_timeout);
+                        // This caller has its answer: what the refresh gives it is dropped.
+                        let loader = BoxLoader::new(accepts, loader, soft_timeout, None);
                         self.refresh_early(digest, loader, entry.fresh_until);
                         entry
                     }
                 };
-                return Ok(Fetched::cached(
-                    entry.value.clone(),
-                    Outcome::L1Hit,
-                    Some(entry.fresh_until),
-                ));
+                let value = entry.value.clone();
+                let fetched = Fetched::cached(value, Outcome::L1Hit, Some(entry.fresh_until));
+                return (Ok(fetched), Own::none());
             }
             let look_again = !l1_checked_twice;
             // A flight may have filled L1 and landed since the look above: look once more
@@ -175,7 +199,7 @@ impl Inner {
                         l1_checked_twice = false;
                         continue;
                     }
-                    break (false, answer);
+                    break (None, answer);
                 }
                 Entered::LookAgain => {
                     l1_checked_twice = true;
@@ -183,7 +207,8 @@ impl Inner {
                 }
                 Entered::Started(id, posts) => (id, posts),
             };
-            let loader = BoxLoader::new(accepts, loader, soft_timeout);
+            let (give, own) = Own::channel();
+            let loader = BoxLoader::new(accepts, loader, soft_timeout, Some(give));
             let landing = ListedFlight {
                 inner: Arc::clone(self),
                 digest,
@@ -196,11 +221,11 @@ impl Inner {
             // A flight that posted an early answer (a stale value served while it refreshes)
             // goes on as a task of its own.
             drop(carried);
-            break (true, answer);
+            break (Some(own), answer);
         };
-        answer.map(|mut fetched| {
+        let answer = answer.map(|mut fetched| {
             // Only the caller that started the flight gave it its loader.
-            if !created
+            if own.is_none()
                 && matches!(
                     fetched.outcome,
                     Outcome::Leader | Outcome::Uncached | Outcome::Degraded | Outcome::Revalidated
@@ -209,7 +234,8 @@ impl Inner {
                 fetched.outcome = Outcome::Follower;
             }
             fetched
-        })
+        });
+        (answer, own.unwrap_or_else(Own::none))
     }
 }
 

@@ -133,8 +133,9 @@ use stats::Counters;
 pub(crate) use config::Config;
 pub use config::{CacheBuilder, WaitTimeoutPolicy};
 pub use error::{BoxError, Error, ErrorKind};
-pub(crate) use fetched::Handoff;
+pub(crate) use fetch::Ask;
 pub use fetched::{Fetched, Outcome};
+pub(crate) use fetched::{Gives, Handoff, Own};
 pub use health::Health;
 pub use loaded::{Loaded, Previous};
 pub use stats::Stats;
@@ -295,7 +296,8 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        self.fetch_accepting(key, |_| true, loader).await
+        let loader = move |previous| async move { (loader(previous).await, None::<()>) };
+        self.fetch_as(fetch::Ask::key(key.as_ref()), loader).await.0
     }
 
     /// Like [`fetch`](Self::fetch), with this call's own soft timeout in place of the
@@ -338,11 +340,9 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let key = key.as_ref();
-        let soft_timeout = Some(soft_timeout);
-        let loader = move |_| loader();
-        self.fetch_within(KeyDigest::of(key), key, soft_timeout, |_| true, loader)
-            .await
+        let ask = fetch::Ask::key(key.as_ref()).soft_timeout(soft_timeout);
+        let loader = move |_| async move { (loader().await, None::<()>) };
+        self.fetch_as(ask, loader).await.0
     }
 
     /// Where the cache's metrics go, for the HTTP layer's own.

@@ -1,12 +1,12 @@
 //! The path of a call whose key L1 did not answer: one fetch of the engine, whose leader
 //! runs [`load`]; the request waits in a slot for whichever of its loader or its own
-//! fallback (after a pass) sends it.
+//! fallback (after a pass) sends it. The loader gives the inner service's answer, as it came,
+//! to its own caller beside what it shares (the engine's [`Own`]).
 
 use std::error::Error as StdError;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::debug;
@@ -15,14 +15,16 @@ use super::codec::{self, Answer, ServiceCodec};
 use super::error::MapError;
 use super::freshness::FreshnessFor;
 use super::settings::Settings;
-use crate::cache::{BoxError, Cache, Error, ErrorKind, Loaded};
+#[cfg(doc)]
+use crate::cache::Own;
+use crate::cache::{Ask, BoxError, Cache, Error, ErrorKind, Loaded};
 use crate::store::KeyDigest;
 
 /// The inner service and the request, until one of them is sent.
 type Slot<S, Req> = Arc<Mutex<Option<(S, Req)>>>;
 
-/// What the load hands its own caller: the inner service's answer, as it came.
-type Own<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
+/// What the load gives its own caller: the inner service's answer, as it came.
+type Answered<S, Req> = Result<<S as Service<Req>>::Response, <S as Service<Req>>::Error>;
 
 /// The answer of a call under the key hashed to `digest`, which L1 did not answer: from the
 /// store, from another call's load (its response, or its error), from this call's own load,
@@ -33,7 +35,7 @@ pub(super) async fn fetch<S, Req, K, C, F, M>(
     settings: Arc<Settings<K, C, F, M>>,
     digest: KeyDigest,
     request: Req,
-) -> Own<S, Req>
+) -> Answered<S, Req>
 where
     S: Service<Req> + Send + 'static,
     S::Future: Send + 'static,
@@ -46,17 +48,17 @@ where
     M: MapError<S::Error>,
 {
     let slot: Slot<S, Req> = Arc::new(Mutex::new(Some((inner, request))));
-    let (to_caller, mut from_loader) = oneshot::channel();
     let loader = {
         let (slot, settings) = (Arc::clone(&slot), Arc::clone(&settings));
-        move |_previous| load(slot, settings, to_caller)
+        move |_previous| load(slot, settings)
     };
     let accepts = {
         let settings = Arc::clone(&settings);
         move |bytes: &Bytes| codec::decode(&settings.codec, bytes).is_some()
     };
-    let fetched = cache.fetch_named(digest, &[], accepts, loader).await;
-    let own = from_loader.try_recv().ok();
+    let ask = Ask::digest(digest, &[]).accepting(accepts);
+    let (fetched, mut own) = cache.fetch_as(ask, loader).await;
+    let own = own.ready();
     let cached = match &fetched {
         Ok(fetched) => fetched
             .value()
@@ -90,17 +92,19 @@ where
 async fn load<S, Req, K, C, F, M>(
     slot: Slot<S, Req>,
     settings: Arc<Settings<K, C, F, M>>,
-    to_caller: oneshot::Sender<Own<S, Req>>,
-) -> Result<Loaded, BoxError>
+) -> (Result<Loaded, BoxError>, Option<Answered<S, Req>>)
 where
     S: Service<Req>,
     C: ServiceCodec<S::Response, S::Error>,
     F: FreshnessFor<S::Response, S::Error>,
     M: MapError<S::Error>,
 {
-    let (inner, request) = crate::sync::lock(&slot)
-        .take()
-        .ok_or("the request went to the inner service already")?;
+    let Some((inner, request)) = crate::sync::lock(&slot).take() else {
+        return (
+            Err("the request went to the inner service already".into()),
+            None,
+        );
+    };
     match Oneshot::new(inner, request).await {
         Ok(response) => {
             let freshness = settings.freshness.freshness(&response);
@@ -114,21 +118,19 @@ where
                     Loaded::pass()
                 }
             };
-            let _ = to_caller.send(Ok(response));
-            Ok(loaded)
+            (Ok(loaded), Some(Ok(response)))
         }
         Err(error) => {
             let Some(bytes) = codec::encode_error(&settings.codec, &error) else {
                 // For the calls that waited in this process, through the engine's error.
-                return Err(settings.map_error.share(error));
+                return (Err(settings.map_error.share(error)), None);
             };
-            let stored = settings.freshness.error_freshness(&error);
-            let _ = to_caller.send(Err(error));
-            Ok(match stored {
+            let loaded = match settings.freshness.error_freshness(&error) {
                 Some(freshness) => freshness.loaded(bytes),
                 // For every call that waited, in any process; nothing is remembered.
                 None => Loaded::for_waiters(bytes),
-            })
+            };
+            (Ok(loaded), Some(Err(error)))
         }
     }
 }

@@ -22,7 +22,7 @@ use super::stale::StaleValue;
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;
 use crate::cache::loaded::Life;
-use crate::cache::{BoxError, Error, ErrorKind, Inner, Loaded, Previous};
+use crate::cache::{BoxError, Error, ErrorKind, Gives, Inner, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
 
 /// A batch's loader, its own type erased: handed the keys to load, it answers their values.
@@ -124,7 +124,7 @@ impl Inner {
             runs.push(tokio::spawn(async move {
                 let soft_timeout = inner.config.soft_timeout;
                 let accepts = move |bytes: &Bytes| accepts(bytes);
-                let fetched = inner
+                let (fetched, _) = inner
                     .fetch_digest(digest, soft_timeout, accepts, loader)
                     .await;
                 vec![(key, fetched.and_then(|fetched| fetched.value_or_pass()))]
@@ -336,14 +336,16 @@ pub(super) const NOT_RETURNED: &str = "the batch loader did not return this key"
 fn single<K: BatchKey>(
     load: &BatchLoad<K>,
     key: K,
-) -> impl FnOnce(Option<Previous>) -> BoxFuture<'static, Result<Loaded, BoxError>> + Send + 'static
-{
+) -> impl FnOnce(Option<Previous>) -> BoxFuture<'static, Gives<()>> + Send + 'static {
     let load = Arc::clone(load);
     move |_| {
         Box::pin(async move {
-            let mut values = load(vec![key.clone()]).await?;
-            let value = values.remove(&key).ok_or(NOT_RETURNED)?;
-            Ok(Loaded::value(value))
+            let loaded = async {
+                let mut values = load(vec![key.clone()]).await?;
+                let value = values.remove(&key).ok_or(NOT_RETURNED)?;
+                Ok(Loaded::value(value))
+            };
+            (loaded.await, None)
         })
     }
 }
@@ -351,5 +353,10 @@ fn single<K: BatchKey>(
 /// [`single`] as a flight's loader, reading what `accepts` says yes to.
 fn single_boxed<K: BatchKey>(load: &BatchLoad<K>, accepts: &Accepts, key: K) -> BoxLoader {
     let accepts = Arc::clone(accepts);
-    BoxLoader::new(move |bytes: &Bytes| accepts(bytes), single(load, key), None)
+    BoxLoader::new(
+        move |bytes: &Bytes| accepts(bytes),
+        single(load, key),
+        None,
+        None,
+    )
 }

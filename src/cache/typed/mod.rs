@@ -92,7 +92,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use self::codec::{decode, encode, TAG_LEN};
-use super::{BoxError, Cache, Error, ErrorKind, Fetched, Loaded, Outcome};
+use super::{Ask, BoxError, Cache, Error, ErrorKind, Fetched, Loaded, Outcome};
 use crate::store::{KeyDigest, StoreKey};
 
 /// A typed view of a [`Cache`], made by [`Cache::typed`]; see the [module docs](self).
@@ -332,16 +332,17 @@ where
         for attempt in 0..2 {
             let (codec, tag, loader) = (self.codec.clone(), self.tag, Arc::clone(&loader));
             let load = move |_| async move {
-                let loader = crate::sync::lock(&loader)
-                    .take()
-                    .ok_or("the loader already ran in a first attempt")?;
-                let loaded = loader().await.map_err(Into::into)?;
-                loaded.try_map(|value| encode(&codec, tag, &value))
+                let loaded = async {
+                    let loader = crate::sync::lock(&loader)
+                        .take()
+                        .ok_or("the loader already ran in a first attempt")?;
+                    let loaded = loader().await.map_err(Into::into)?;
+                    loaded.try_map(|value| encode(&codec, tag, &value))
+                };
+                (loaded.await, None::<()>)
             };
-            let fetched = self
-                .cache
-                .fetch_named(digest, key.as_ref(), self.accepts(), load)
-                .await?;
+            let ask = Ask::digest(digest, key.as_ref()).accepting(self.accepts());
+            let fetched = self.cache.fetch_as(ask, load).await.0?;
             let decoded = |value| Fetched {
                 value,
                 outcome: fetched.outcome,

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::header::AGE;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::{debug, warn};
@@ -29,7 +29,7 @@ use super::responses::{
     HowFound,
 };
 use super::slot::{Slot, Step};
-use crate::cache::{Cache, ErrorKind, Fetched, Loaded, Outcome};
+use crate::cache::{Ask, Cache, ErrorKind, Fetched, Loaded, Outcome, Own};
 use crate::http::rules::decision::Decision;
 use crate::http::rules::parse;
 use crate::http::rules::pass::Pass;
@@ -83,23 +83,21 @@ where
     let status = &loading.config.cache_status;
 
     // Step one: the URL's key.
-    let (to_leader, mut from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
-        move |previous| load(loading, primary, Step::Primary, slot, to_leader, previous)
+        move |previous| load(loading, primary, Step::Primary, slot, previous)
     };
-    let fetched = cache
-        .fetch_named(digest, primary.as_bytes(), codec::accepts_primary, loader)
-        .await;
+    let ask = Ask::digest(digest, primary.as_bytes()).accepting(codec::accepts_primary);
+    let (fetched, mut own) = cache.fetch_as(ask, loader).await;
     let (marker, outcome) = match decoded(&fetched) {
         Some((Decoded::Response(cached), found)) => {
-            let served = own_served(found, &mut from_loader);
+            let served = own_served(found, &mut own);
             return Ok(answer(&cached, served, &form, status));
         }
         Some((Decoded::ForWaiters(cached, sent_with), found)) => {
             let handed = (cached, sent_with, found);
             let config = &loading.config;
-            let waited = for_waiters(handed, from_loader, &slot, loading.inner, config, &form);
+            let waited = for_waiters(handed, own, &slot, loading.inner, config, &form);
             return Box::pin(waited).await;
         }
         Some((Decoded::Vary(marker), found)) => (marker, found.outcome),
@@ -108,7 +106,7 @@ where
         None => {
             return Box::pin(answer_without_entry(
                 fetched,
-                from_loader,
+                own,
                 &slot,
                 loading.inner,
                 &loading.config,
@@ -121,17 +119,17 @@ where
     // A marker. This request's own load of the URL may have answered already, or may hold the
     // request: it then loads (a refresh of the marker, started as the marker was served) and
     // its answer is this request's answer.
-    let mut own = from_loader.try_recv().ok();
-    let variant = match own {
+    let mut mine = own.ready();
+    let variant = match mine {
         // (A load that stored a response has no answer for this request beyond it.)
         None | Some(ForCaller::Stored(_)) => slot.follow(&primary, &marker),
         Some(_) => None,
     };
     let Some((variant, done)) = variant else {
-        if own.is_none() {
-            own = from_loader.await.ok();
+        if mine.is_none() {
+            mine = own.ended().await;
         }
-        let fallback = match own {
+        let fallback = match mine {
             Some(ForCaller::Variant(entry, served)) => {
                 return Ok(own_entry(&entry, served, &form, status))
             }
@@ -157,31 +155,22 @@ where
     };
 
     // Step two: the variant's key.
-    let (to_leader, mut from_loader) = oneshot::channel();
     let loader = {
         let (loading, primary, slot) = (loading.clone(), primary.clone(), slot.clone());
         let names = marker.names.clone();
-        move |previous| {
-            load(
-                loading,
-                primary,
-                Step::Variant(names),
-                slot,
-                to_leader,
-                previous,
-            )
-        }
+        move |previous| load(loading, primary, Step::Variant(names), slot, previous)
     };
-    let fetched = Box::pin(cache.fetch_accepting(&variant, codec::accepts_variant, loader)).await;
+    let ask = Ask::key(variant.as_bytes()).accepting(codec::accepts_variant);
+    let (fetched, mut own) = Box::pin(cache.fetch_as(ask, loader)).await;
     match decoded(&fetched) {
         Some((Decoded::Response(cached), found)) => {
-            let served = own_served(found, &mut from_loader);
+            let served = own_served(found, &mut own);
             Ok(answer(&cached, served, &form, status))
         }
         Some((Decoded::ForWaiters(cached, sent_with), found)) => {
             let handed = (cached, sent_with, found);
             let config = &loading.config;
-            let waited = for_waiters(handed, from_loader, &slot, loading.inner, config, &form);
+            let waited = for_waiters(handed, own, &slot, loading.inner, config, &form);
             let answer = Box::pin(waited).await;
             // Done with the request: a refresh of the URL's marker waiting for it may go on.
             drop(done);
@@ -190,7 +179,7 @@ where
         _ => {
             Box::pin(answer_without_entry(
                 fetched,
-                from_loader,
+                own,
                 &slot,
                 loading.inner,
                 &loading.config,
@@ -216,11 +205,14 @@ async fn stand_in<B, E>(
 where
     B: Body<Data = Bytes>,
 {
-    let fetched = cache
-        .fetch_accepting(variant, codec::accepts_variant, |_| async {
-            Err::<Loaded, _>(LoadFailure::RequestWithFailedLoad)
-        })
-        .await;
+    let ask = Ask::key(variant.as_bytes()).accepting(codec::accepts_variant);
+    let fail = |_| async {
+        (
+            Err::<Loaded, _>(LoadFailure::RequestWithFailedLoad),
+            None::<()>,
+        )
+    };
+    let (fetched, _) = cache.fetch_as(ask, fail).await;
     match (decoded(&fetched), failure) {
         (Some((Decoded::Response(cached), mut found)), _) => {
             // Stale if either the marker or the variant was.
@@ -240,12 +232,9 @@ where
 
 /// How the response this request is answered with was served: as the fetch `found` it, or
 /// as this request's own load tells (stored, for how long, or revalidated).
-fn own_served<B: Body, E>(
-    found: HowFound,
-    from_loader: &mut oneshot::Receiver<ForCaller<B, E>>,
-) -> Served {
-    match from_loader.try_recv() {
-        Ok(ForCaller::Stored(served)) if found.outcome == Outcome::Leader => served,
+fn own_served<B: Body, E>(found: HowFound, own: &mut Own<ForCaller<B, E>>) -> Served {
+    match own.ready() {
+        Some(ForCaller::Stored(served)) if found.outcome == Outcome::Leader => served,
         _ => found.served(),
     }
 }
@@ -269,7 +258,7 @@ fn decoded(fetched: &Result<Fetched, crate::Error>) -> Option<(Decoded, HowFound
 /// this request is done with the slot (see [`Slot::follow`]).
 async fn answer_without_entry<S, ReqBody, ResBody>(
     fetched: Result<Fetched, crate::Error>,
-    mut from_loader: oneshot::Receiver<ForCaller<ResBody, S::Error>>,
+    mut own: Own<ForCaller<ResBody, S::Error>>,
     slot: &Slot<ReqBody>,
     inner: S,
     config: &HttpConfig,
@@ -281,12 +270,12 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Send + 'static,
 {
-    match from_loader.try_recv() {
-        Ok(ForCaller::Passed { answer, .. }) => return without_body(answer, form),
-        Ok(ForCaller::Variant(entry, served)) => {
+    match own.ready() {
+        Some(ForCaller::Passed { answer, .. }) => return without_body(answer, form),
+        Some(ForCaller::Variant(entry, served)) => {
             return Ok(own_entry(&entry, served, form, &config.cache_status))
         }
-        Ok(ForCaller::Stored(_)) | Err(_) => {}
+        Some(ForCaller::Stored(_)) | None => {}
     }
     // A load that failed without an answer of the origin (this request's or another's, here or
     // in another process) is answered with a gateway error rather than by calling the failing
@@ -372,7 +361,7 @@ where
 /// §4.1), else the inner service's own answer to it.
 async fn for_waiters<S, ReqBody, ResBody>(
     (cached, sent_with, found): (CachedResponse, KeyDigest, HowFound),
-    mut from_loader: oneshot::Receiver<ForCaller<ResBody, S::Error>>,
+    mut own: Own<ForCaller<ResBody, S::Error>>,
     slot: &Slot<ReqBody>,
     inner: S,
     config: &HttpConfig,
@@ -382,7 +371,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes>,
 {
-    if let Ok(ForCaller::Passed { answer, .. }) = from_loader.try_recv() {
+    if let Some(ForCaller::Passed { answer, .. }) = own.ready() {
         return without_body(answer, form);
     }
     let alike = |sent: &HeaderMap| key::sent_alike(&cached.headers, &sent_with, sent);

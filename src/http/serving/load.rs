@@ -17,24 +17,23 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{IF_MODIFIED_SINCE, IF_NONE_MATCH};
-use http::{HeaderName, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
-use tokio::sync::oneshot;
 use tower::util::Oneshot;
 use tower::Service;
 use tracing::debug;
 
 use super::cache_status::Served;
 use super::load_failure::LoadFailure;
-use super::outlet::{exactly, Outlet};
+use super::outlet::{exactly, route, Outlet, Refused, Route};
 use super::read_body::{read_body, Read};
 use super::relay::Relay;
 use super::responses::{marked, Answer};
 use super::slot::{Claim, Slot, Step};
 use super::validation;
-use crate::cache::{BoxError, Cache, Handoff, Loaded, Outcome, Previous};
-use crate::http::rules::decision::{Decision, Staleness};
-use crate::http::rules::parse::{self, Vary};
+use crate::cache::{Ask, BoxError, Cache, Handoff, Loaded, Outcome, Previous};
+use crate::http::rules::decision::Decision;
+use crate::http::rules::parse;
 use crate::http::rules::pass::Pass;
 use crate::http::rules::stored_fields::is_stored_header;
 use crate::http::rules::tag_fields;
@@ -64,8 +63,9 @@ impl<S: Clone> Clone for Loading<S> {
     }
 }
 
-/// What a loader hands straight to its own caller.
-// Made once per load and moved once, through a oneshot: boxing would only add an allocation.
+/// What a loader gives its own caller, beside what it shares (the engine's
+/// [`Own`](crate::cache::Own)).
+// Made once per load and moved once: boxing would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum ForCaller<B: Body, E> {
     /// A response passed through (not stored), or the inner service's error; `failed` if the
@@ -80,16 +80,21 @@ pub(crate) enum ForCaller<B: Body, E> {
     Stored(Served),
 }
 
+/// What a load gives: what it shares with the requests of its flight (or why it failed), and
+/// what goes to its own caller.
+type Gives<B, E> = crate::cache::Gives<ForCaller<B, E>>;
+
 /// Loads for `step` of the request in `slot`; see the [module docs](self). With a `previous`
-/// stored response, the load is a revalidation (see [`validation`]).
+/// stored response, the load is a revalidation (see [`validation`]). Three steps: the
+/// origin's answer ([`ask_origin`]), where it may go ([`route`]), then its body read and
+/// encoded for there ([`keep`]).
 pub(crate) async fn load<S, ReqBody, ResBody>(
     loading: Loading<S>,
     primary: String,
     step: Step,
     slot: Slot<ReqBody>,
-    to_leader: oneshot::Sender<ForCaller<ResBody, S::Error>>,
     previous: Option<Previous>,
-) -> Result<Loaded, BoxError>
+) -> Gives<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body<Data = Bytes> + Send + 'static,
@@ -97,23 +102,15 @@ where
 {
     let request = match slot.claim(&step).await {
         Claim::Request(request) => request,
-        Claim::Restore(marker) => return restore(&loading.cache, &primary, &marker).await,
-        Claim::Gone => return Err(LoadFailure::RequestSent.into()),
+        Claim::Restore(marker) => return (restore(&loading.cache, &primary, &marker).await, None),
+        Claim::Gone => return (Err(LoadFailure::RequestSent.into()), None),
     };
-    let (mut parts, body) = request.into_parts();
-    let asked = parts.clone();
-    parts.method = Method::GET;
-    parts.headers.remove(IF_NONE_MATCH);
-    parts.headers.remove(IF_MODIFIED_SINCE);
     let stored = previous
         .as_ref()
         .and_then(|previous| match codec::decode(previous.value()) {
             Ok(codec::Decoded::Response(stored)) => Some(stored),
             _ => None,
         });
-    if let Some(stored) = &stored {
-        validation::ask_if_changed(stored, &mut parts.headers);
-    }
     // What this load says in `Cache-Status` when it answers with what the origin sent, and
     // its entry says for the requests collapsed onto it: a forward for a stale entry, or for
     // a missing one (RFC 9211 §2.2).
@@ -122,152 +119,133 @@ where
     } else {
         Forward::Loaded
     };
+    let Loading {
+        inner,
+        cache,
+        config,
+        forwarded,
+    } = loading;
+    let (asked, response) = ask_origin(inner, request, stored.as_ref()).await;
+    let response = match response {
+        Ok(response) => response,
+        Err(error) => {
+            let own = ForCaller::Passed {
+                answer: Err(error),
+                failed: true,
+            };
+            return (Err(LoadFailure::InnerService.into()), Some(own));
+        }
+    };
+    let (mut parts, body) = response.into_parts();
+    let tags = tag_fields::read(&parts.headers, &config.tag_headers);
+    config.strip_tags(&mut parts.headers);
+    if let (Some(stored), Some(previous), StatusCode::NOT_MODIFIED) =
+        (stored, &previous, parts.status)
+    {
+        let answer = (stored, previous, &parts);
+        return not_modified(&config, &cache, &asked, answer, tags);
+    }
+    let keyed_by_forwarding = forwarded.then(|| config.reflected.keyed());
+    match route(
+        (&cache, &config),
+        &asked,
+        &parts,
+        &step,
+        tags,
+        keyed_by_forwarding,
+    ) {
+        Ok(route) => {
+            let response = (parts, body);
+            keep(
+                (&cache, &config),
+                &primary,
+                &step,
+                &asked,
+                response,
+                route,
+                forward,
+            )
+            .await
+        }
+        Err(Refused { why, failure }) => {
+            let body = ResponseBody::inner(body);
+            let own = passed(&parts, body, failure.is_some(), why, &config);
+            let shared = failure.map_or_else(|| Ok(Loaded::pass()), |failure| Err(failure.into()));
+            (shared, Some(own))
+        }
+    }
+}
+
+/// The origin's answer to `request`, sent as a `GET` without the preconditions the layer
+/// answers itself, asking whether `stored` changed where there is one; with the request's
+/// parts as it was asked.
+async fn ask_origin<S, ReqBody, ResBody>(
+    inner: S,
+    request: Request<ReqBody>,
+    stored: Option<&codec::CachedResponse>,
+) -> (http::request::Parts, Result<Response<ResBody>, S::Error>)
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    let (mut parts, body) = request.into_parts();
+    let asked = parts.clone();
+    parts.method = Method::GET;
+    parts.headers.remove(IF_NONE_MATCH);
+    parts.headers.remove(IF_MODIFIED_SINCE);
+    if let Some(stored) = stored {
+        validation::ask_if_changed(stored, &mut parts.headers);
+    }
+    let response = Oneshot::new(inner, Request::from_parts(parts, body)).await;
+    (asked, response)
+}
+
+/// The response `(parts, body)`, loaded for `step` of the request `asked` under the URL's key
+/// `primary`, read and encoded for where `route` says it goes: stored (under a variant key and
+/// a vary marker, for a response with `Vary` loaded for the URL's key), handed to the
+/// requests that waited for it, or, where it cannot be, to its own request alone.
+async fn keep<ResBody, E>(
+    (cache, config): (&Cache, &HttpConfig),
+    primary: &str,
+    step: &Step,
+    asked: &http::request::Parts,
+    (parts, body): (http::response::Parts, ResBody),
+    route: Route,
+    forward: Forward,
+) -> Gives<ResBody, E>
+where
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Send + 'static,
+{
+    let Route {
+        outlet,
+        why,
+        stale,
+        tags,
+        names,
+    } = route;
+    let failed = matches!(outlet, Outlet::Waiters { failed: true });
     let own_load = move |ttl| match forward {
         Forward::Loaded => Served::Loaded(ttl),
         Forward::Refreshed | Forward::Revalidated => Served::Refreshed(ttl),
     };
-    let response = match Oneshot::new(loading.inner, Request::from_parts(parts, body)).await {
-        Ok(response) => response,
-        Err(error) => {
-            let _ = to_leader.send(ForCaller::Passed {
-                answer: Err(error),
-                failed: true,
-            });
-            return Err(LoadFailure::InnerService.into());
-        }
-    };
-    let (mut parts, body) = response.into_parts();
-    let tags = tag_fields::read(&parts.headers, &loading.config.tag_headers);
-    loading.config.strip_tags(&mut parts.headers);
-    let passed = |body: ResponseBody<ResBody>, failed: bool, why: Pass| ForCaller::Passed {
-        answer: Ok(marked(
-            Response::from_parts(parts.clone(), body),
-            Served::Passed(why),
-            &loading.config.cache_status,
-        )),
-        failed,
-    };
-    if let (Some(stored), Some(previous), StatusCode::NOT_MODIFIED) =
-        (stored, &previous, parts.status)
-    {
-        let config = &loading.config;
-        let loaded = not_modified(
-            config,
-            &loading.cache,
-            &asked,
-            (stored, previous),
-            &parts,
-            tags,
-            to_leader,
-        );
-        return Ok(loaded);
-    }
-    let (decision, why) = loading.config.decide(&loading.cache, &asked, &parts);
-    let (outlet, stale) = match decision {
-        Decision::StoreWith { fresh_for, stale } => (Outlet::Store(fresh_for), stale),
-        // A failed load (a server error without explicit freshness): stored for nobody, but
-        // the requests that waited for this load, here and elsewhere, get the origin's own
-        // answer too (below), and a stale response may stand in for it.
-        Decision::Share => (Outlet::Waiters { failed: true }, Staleness::default()),
-        Decision::Fail => {
-            // A failed load private to its request: a stale response, if there is one, is
-            // served in its place to the others.
-            let _ = to_leader.send(passed(ResponseBody::inner(body), true, why));
-            return Err(LoadFailure::PrivateServerError(parts.status).into());
-        }
-        // Not stored, but it may go to the requests that waited for this load.
-        Decision::Pass if loading.config.policy.shares_with_waiters(&asked, &parts) => {
-            (Outlet::Waiters { failed: false }, Staleness::default())
-        }
-        _ => {
-            let _ = to_leader.send(passed(ResponseBody::inner(body), false, why));
-            return Ok(Loaded::pass());
-        }
-    };
-    let failed = matches!(outlet, Outlet::Waiters { failed: true });
-    if !loading.config.headers_fit(&parts.headers) {
-        // As for a body over the limit: not stored, and a server error's answer that cannot
-        // be shared fails its waiters.
-        debug!("response header fields over the limit; passed");
-        let _ = to_leader.send(passed(
-            ResponseBody::inner(body),
-            failed,
-            Pass::HeadersTooLarge,
-        ));
-        return if failed {
-            Err(LoadFailure::HeadersTooLarge.into())
-        } else {
-            Ok(Loaded::pass())
-        };
-    }
-    // Keyed by its forwarding headers: as if the response varied on them too, so that what was
-    // loaded for one set of their values goes to no request with others, stored or handed on.
-    let with_forwarded = |mut names: Vec<HeaderName>| {
-        if loading.forwarded {
-            for name in loading.config.reflected.keyed() {
-                if !names.contains(name) {
-                    names.push(name.clone());
-                }
-            }
-        }
-        names
-    };
-    let (tags, names) = match (outlet, tags) {
-        // A server error goes to every waiter (the layer's own gateway error is no better),
-        // but for its forwarding headers.
-        (Outlet::Waiters { failed: true }, _) => (Vec::new(), with_forwarded(Vec::new())),
-        (Outlet::Waiters { failed: false }, _) => match parse::vary(&parts.headers) {
-            Vary::None => (Vec::new(), with_forwarded(Vec::new())),
-            Vary::Names(names) => (Vec::new(), with_forwarded(names)),
-            Vary::Unkeyable => {
-                let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::VaryStar));
-                return Ok(Loaded::pass());
-            }
-        },
-        (Outlet::Store(_), Err(_)) => {
-            // A purge of its tags could not reach it.
-            debug!("more tags than a stored response may carry; passed");
-            let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::TooManyTags));
-            return Ok(Loaded::pass());
-        }
-        (Outlet::Store(_), Ok(tags)) => match (parse::vary(&parts.headers), &step) {
-            // Keyed by its forwarding headers: a variant.
-            (Vary::None, Step::Primary) if loading.forwarded => (tags, with_forwarded(Vec::new())),
-            (Vary::Names(names), Step::Primary) if loading.forwarded => {
-                (tags, with_forwarded(names))
-            }
-            (Vary::None, _) => (tags, Vec::new()),
-            // A variant may be stored under a key that names more fields than it varies on,
-            // never fewer.
-            (Vary::Names(names), Step::Variant(keyed))
-                if names.iter().all(|n| keyed.contains(n)) =>
-            {
-                (tags, names)
-            }
-            (Vary::Names(names), Step::Primary) => (tags, names),
-            (Vary::Names(_) | Vary::Unkeyable, _) => {
-                let _ = to_leader.send(passed(ResponseBody::inner(body), false, Pass::VaryStar));
-                return Ok(Loaded::pass());
-            }
-        },
-    };
     // What the requests that wait for this load must match to get it, where it is not stored.
     let sent_with = || key::vary_digest(&names, &asked.headers);
-    let chunks = match read_body(Box::pin(body), loading.config.max_body_bytes).await {
+    let chunks = match read_body(Box::pin(body), config.max_body_bytes).await {
         Read::Complete(chunks) => chunks,
         Read::Stopped {
             read,
             trailers: None,
             error: None,
             rest: Some(rest),
-        } if !failed && loading.config.relays(rest.size_hint()) => {
+        } if !failed && config.relays(rest.size_hint()) => {
             // Over the limit, but shareable: relayed to the requests of this process that
             // waited for this load (the engine hands them the relay); other processes' load
             // once each.
-            let limit = loading.config.max_relay_bytes;
+            let limit = config.max_relay_bytes;
             let (relay, reader) = Relay::start(parts.clone(), sent_with(), (read, rest), limit);
-            let _ = to_leader.send(passed(ResponseBody::relayed(reader), false, Pass::TooLarge));
-            return Ok(Loaded::pass_handing(Handoff(relay)));
+            let body = ResponseBody::relayed(reader);
+            let own = passed(&parts, body, false, Pass::TooLarge, config);
+            return (Ok(Loaded::pass_handing(Handoff(relay))), Some(own));
         }
         Read::Stopped {
             read,
@@ -282,14 +260,15 @@ where
                 (None, None) => Pass::TooLarge,
             };
             let body = ResponseBody::replay(read, trailers, error, rest);
-            let _ = to_leader.send(passed(body, failed, why));
+            let own = passed(&parts, body, failed, why, config);
             // A server error's answer that cannot be shared fails its waiters (the layer
             // answers them itself).
-            return if failed {
+            let shared = if failed {
                 Err(LoadFailure::BodyNotShareable.into())
             } else {
                 Ok(Loaded::pass())
             };
+            return (shared, Some(own));
         }
     };
     let now = crate::clock::now();
@@ -302,6 +281,10 @@ where
         .iter()
         .filter(|(name, _)| is_stored_header(name, &parts.headers))
         .collect();
+    let replayed = |chunks, why| {
+        let body = ResponseBody::replay(chunks, None, None, None);
+        passed(&parts, body, failed, why, config)
+    };
     let ttl = match outlet {
         Outlet::Store(ttl) => ttl,
         Outlet::Waiters { failed } => {
@@ -322,24 +305,24 @@ where
                 };
                 (entry, loaded)
             };
-            let body = ResponseBody::replay(chunks, None, None, None);
-            let _ = to_leader.send(passed(body, failed, why));
-            return match entry {
+            let shared = match entry {
                 Some(entry) => Ok(loaded(entry)),
                 None if failed => Err(LoadFailure::NotEncodable.into()),
                 None => Ok(Loaded::pass()),
             };
+            return (shared, Some(replayed(chunks, why)));
         }
     };
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
     else {
-        let body = ResponseBody::replay(chunks, None, None, None);
-        let _ = to_leader.send(passed(body, false, Pass::NotEncodable));
-        return Ok(Loaded::pass());
+        return (
+            Ok(Loaded::pass()),
+            Some(replayed(chunks, Pass::NotEncodable)),
+        );
     };
     if names.is_empty() || matches!(step, Step::Variant(_)) {
-        let _ = to_leader.send(ForCaller::Stored(own_load(Some(ttl))));
-        return Ok(loading.config.to_store(entry, ttl, stale, &tags));
+        let own = ForCaller::Stored(own_load(Some(ttl)));
+        return (Ok(config.to_store(entry, ttl, stale, &tags)), Some(own));
     }
     // A response with `Vary`, loaded for the URL's key: the response goes under this request's
     // variant key, and a marker naming the fields under the URL's key. The variant is filled
@@ -353,17 +336,16 @@ where
     // The marker is not tagged: a purge of a tag removes the responses that carry it, and a
     // request that follows the marker to one of them loads it again.
     let Some(marker_entry) = codec::encode_vary(&marker) else {
-        let _ = to_leader.send(ForCaller::Variant(entry, own_load(None)));
-        return Ok(Loaded::pass());
+        return (
+            Ok(Loaded::pass()),
+            Some(ForCaller::Variant(entry, own_load(None))),
+        );
     };
-    let variant = key::variant(&primary, marker.generation, &marker.names, &asked.headers);
-    let loaded = loading.config.to_store(entry.clone(), ttl, stale, &tags);
-    let filled = loading
-        .cache
-        .fetch_accepting(variant, codec::accepts_variant, move |_| async move {
-            Ok::<_, Infallible>(loaded)
-        })
-        .await;
+    let variant = key::variant(primary, marker.generation, &marker.names, &asked.headers);
+    let loaded = config.to_store(entry.clone(), ttl, stale, &tags);
+    let ask = Ask::key(variant.as_bytes()).accepting(codec::accepts_variant);
+    let fill = move |_| async move { (Ok::<_, Infallible>(loaded), None::<()>) };
+    let (filled, _) = cache.fetch_as(ask, fill).await;
     // A fresh variant already there (refreshed on its own) is kept, and is the answer: the
     // caller never sees an older response after a newer one. A stale one is being replaced
     // by this load.
@@ -384,8 +366,23 @@ where
             ForCaller::Variant(entry, own_load(None))
         }
     };
-    let _ = to_leader.send(own);
-    Ok(exactly(marker_entry, ttl))
+    (Ok(exactly(marker_entry, ttl)), Some(own))
+}
+
+/// The response with head `parts` and `body`, passed to its own request: not stored, for
+/// `why`; `failed` if the load failed.
+fn passed<B: Body, E>(
+    parts: &http::response::Parts,
+    body: ResponseBody<B>,
+    failed: bool,
+    why: Pass,
+    config: &HttpConfig,
+) -> ForCaller<B, E> {
+    let response = Response::from_parts(parts.clone(), body);
+    ForCaller::Passed {
+        answer: Ok(marked(response, Served::Passed(why), &config.cache_status)),
+        failed,
+    }
 }
 
 /// The origin answered the revalidation of `stored` with `304 Not Modified`: the stored
@@ -396,11 +393,9 @@ fn not_modified<B: Body, E>(
     config: &HttpConfig,
     cache: &Cache,
     asked: &http::request::Parts,
-    (stored, previous): (codec::CachedResponse, &Previous),
-    answer: &http::response::Parts,
+    (stored, previous, answer): (codec::CachedResponse, &Previous, &http::response::Parts),
     tags: Result<Vec<Vec<u8>>, tag_fields::OverLimit>,
-    to_leader: oneshot::Sender<ForCaller<B, E>>,
-) -> Loaded {
+) -> Gives<B, E> {
     let updated = validation::updated(&stored, answer);
     let encoded = || {
         let stored_at = crate::clock::now()
@@ -419,22 +414,21 @@ fn not_modified<B: Body, E>(
         (config.decide(cache, asked, &updated), tags)
     {
         if let Some(entry) = encoded().filter(|_| config.headers_fit(&updated.headers)) {
-            let _ = to_leader.send(ForCaller::Stored(Served::Revalidated(Some(fresh_for))));
-            return config
-                .to_store(entry, fresh_for, stale, &tags)
-                .tags_of(previous);
+            let own = ForCaller::Stored(Served::Revalidated(Some(fresh_for)));
+            let loaded = config.to_store(entry, fresh_for, stale, &tags);
+            return (Ok(loaded.tags_of(previous)), Some(own));
         }
     }
     let body = ResponseBody::replay(vec![stored.body], None, None, None);
-    let _ = to_leader.send(ForCaller::Passed {
+    let own = ForCaller::Passed {
         answer: Ok(marked(
             Response::from_parts(updated, body),
             Served::Revalidated(None),
             &config.cache_status,
         )),
         failed: false,
-    });
-    Loaded::pass()
+    };
+    (Ok(Loaded::pass()), Some(own))
 }
 
 /// A run of the URL's loader whose request went to the variant's loader: the marker is stored

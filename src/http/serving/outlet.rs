@@ -1,15 +1,21 @@
 //! What becomes of a loaded response beyond its own request's answer ([`Outlet`]): stored,
-//! or handed to the requests that waited for its load; and the layer's limits that decide it
-//! (the policy's decision made whole, the header and relay limits, the entry to store).
+//! or handed to the requests that waited for its load ([`route`]); and the layer's limits
+//! that decide it (the policy's decision made whole, the header and relay limits, the entry
+//! to store).
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
+use tracing::debug;
 
+use super::load_failure::LoadFailure;
+use super::slot::Step;
 use crate::cache::{Cache, Loaded};
 use crate::http::rules::decision::{Decision, Staleness};
+use crate::http::rules::parse::{self, Vary};
 use crate::http::rules::pass::Pass;
+use crate::http::rules::tag_fields;
 use crate::http::serving::config::HttpConfig;
 
 /// What becomes of a response the policy lets go beyond its own request.
@@ -21,6 +27,119 @@ pub(super) enum Outlet {
     /// `failed`: a server error, for which a stale response may stand in, and which fails its
     /// waiters where it cannot be handed to them.
     Waiters { failed: bool },
+}
+
+/// Where a loaded response may go beyond its own request ([`Outlet`]), for how long it
+/// stays servable, with the tags it is stored with and the request header fields it is keyed
+/// by (those its `Vary` names, and the forwarding ones where the request is keyed by them).
+pub(super) struct Route {
+    pub(super) outlet: Outlet,
+    /// Why it is not stored, where it is not.
+    pub(super) why: Pass,
+    pub(super) stale: Staleness,
+    pub(super) tags: Vec<Vec<u8>>,
+    pub(super) names: Vec<HeaderName>,
+}
+
+/// A response that goes to its own request alone, and why; with the load's failure where
+/// it failed (a stale response may then stand in for it, and its waiters fail).
+pub(super) struct Refused {
+    pub(super) why: Pass,
+    pub(super) failure: Option<LoadFailure>,
+}
+
+/// Where the response with head `parts`, loaded for `step` of the request `asked`, may go;
+/// `forwarding`, the forwarding header fields the request is keyed by, if it is.
+pub(super) fn route(
+    (cache, config): (&Cache, &HttpConfig),
+    asked: &http::request::Parts,
+    parts: &http::response::Parts,
+    step: &Step,
+    tags: Result<Vec<Vec<u8>>, tag_fields::OverLimit>,
+    forwarding: Option<&[HeaderName]>,
+) -> Result<Route, Refused> {
+    let refused = |why| Refused { why, failure: None };
+    let (decision, why) = config.decide(cache, asked, parts);
+    let (outlet, stale) = match decision {
+        Decision::StoreWith { fresh_for, stale } => (Outlet::Store(fresh_for), stale),
+        // A failed load (a server error without explicit freshness): stored for nobody, but
+        // the requests that waited for this load, here and elsewhere, get the origin's own
+        // answer too, and a stale response may stand in for it.
+        Decision::Share => (Outlet::Waiters { failed: true }, Staleness::default()),
+        // A failed load private to its request: a stale response, if there is one, is
+        // served in its place to the others.
+        Decision::Fail => {
+            let failure = Some(LoadFailure::PrivateServerError(parts.status));
+            return Err(Refused { why, failure });
+        }
+        // Not stored, but it may go to the requests that waited for this load.
+        Decision::Pass if config.policy.shares_with_waiters(asked, parts) => {
+            (Outlet::Waiters { failed: false }, Staleness::default())
+        }
+        _ => return Err(refused(why)),
+    };
+    let failed = matches!(outlet, Outlet::Waiters { failed: true });
+    if !config.headers_fit(&parts.headers) {
+        // As for a body over the limit: not stored, and a server error's answer that cannot
+        // be shared fails its waiters.
+        debug!("response header fields over the limit; passed");
+        let failure = failed.then_some(LoadFailure::HeadersTooLarge);
+        return Err(Refused {
+            why: Pass::HeadersTooLarge,
+            failure,
+        });
+    }
+    // Keyed by its forwarding headers: as if the response varied on them too, so that what was
+    // loaded for one set of their values goes to no request with others, stored or handed on.
+    let with_forwarded = |mut names: Vec<HeaderName>| {
+        for name in forwarding.unwrap_or_default() {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        names
+    };
+    let (tags, names) = match (outlet, tags) {
+        // A server error goes to every waiter (the layer's own gateway error is no better),
+        // but for its forwarding headers.
+        (Outlet::Waiters { failed: true }, _) => (Vec::new(), with_forwarded(Vec::new())),
+        (Outlet::Waiters { failed: false }, _) => match parse::vary(&parts.headers) {
+            Vary::None => (Vec::new(), with_forwarded(Vec::new())),
+            Vary::Names(names) => (Vec::new(), with_forwarded(names)),
+            Vary::Unkeyable => return Err(refused(Pass::VaryStar)),
+        },
+        (Outlet::Store(_), Err(_)) => {
+            // A purge of its tags could not reach it.
+            debug!("more tags than a stored response may carry; passed");
+            return Err(refused(Pass::TooManyTags));
+        }
+        (Outlet::Store(_), Ok(tags)) => match (parse::vary(&parts.headers), step) {
+            // Keyed by its forwarding headers: a variant.
+            (Vary::None, Step::Primary) if forwarding.is_some() => {
+                (tags, with_forwarded(Vec::new()))
+            }
+            (Vary::Names(names), Step::Primary) if forwarding.is_some() => {
+                (tags, with_forwarded(names))
+            }
+            (Vary::None, _) => (tags, Vec::new()),
+            // A variant may be stored under a key that names more fields than it varies on,
+            // never fewer.
+            (Vary::Names(names), Step::Variant(keyed))
+                if names.iter().all(|n| keyed.contains(n)) =>
+            {
+                (tags, names)
+            }
+            (Vary::Names(names), Step::Primary) => (tags, names),
+            (Vary::Names(_) | Vary::Unkeyable, _) => return Err(refused(Pass::VaryStar)),
+        },
+    };
+    Ok(Route {
+        outlet,
+        why,
+        stale,
+        tags,
+        names,
+    })
 }
 
 impl HttpConfig {
