@@ -113,11 +113,11 @@ impl Cache {
             None,
         );
         let config = &self.inner.config;
-        let fresh_for = config.fresh_for(Life {
+        let fresh_for = config.lives.fresh_for(Life {
             ttl: Some(ttl),
             jitter: None,
         });
-        let store_ttl = fresh_for.saturating_add(config.keep());
+        let store_ttl = fresh_for.saturating_add(config.lives.keep());
         let store = Arc::clone(&self.inner.store);
         self.inner
             .change(&key, store.set(&key, encoded, fresh_for, store_ttl))
@@ -137,7 +137,7 @@ impl Cache {
     pub async fn expire(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.store_key(key);
         let store = Arc::clone(&self.inner.store);
-        let keep = self.inner.config.keep();
+        let keep = self.inner.config.lives.keep();
         self.inner.change(&key, store.expire(&key, keep)).await
     }
 }

@@ -109,7 +109,7 @@ impl Cache {
             soft_timeout,
             accepts,
         } = ask;
-        let soft_timeout = soft_timeout.or(self.inner.config.soft_timeout);
+        let soft_timeout = soft_timeout.or(self.inner.config.loads.soft_timeout);
         // A span to enter, record and time only for a subscriber that wants it (see
         // `fetch_span`), with the moment the fetch started.
         let name = (self.inner.config.readable_keys && !name.is_empty()).then_some(name);

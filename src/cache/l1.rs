@@ -22,7 +22,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::{telemetry::Meter, Config};
+use super::config::L1Settings;
+use super::telemetry::Meter;
 use crate::store::{KeyDigest, Notifier, Stamp, StoreKey};
 
 /// What this process had heard of each tag of a value when it was read (empty for an
@@ -166,14 +167,18 @@ pub(super) enum Vouch {
 
 impl L1 {
     /// L1 for `config` (none when its capacity is 0), kept in step by `notifier`.
-    pub(super) fn new(config: &Config, notifier: Option<Notifier>) -> Self {
+    pub(super) fn new(
+        settings: &L1Settings,
+        namespace: &Arc<str>,
+        notifier: Option<Notifier>,
+    ) -> Self {
         let bytes = Arc::new(AtomicU64::new(0));
         let removed = Arc::clone(&bytes);
-        let meter = Meter::new(&config.namespace);
+        let meter = Meter::new(namespace);
         let removals = meter.clone();
-        let cache = (config.l1_capacity > 0).then(|| {
+        let cache = (settings.capacity > 0).then(|| {
             moka::sync::Cache::builder()
-                .max_capacity(config.l1_capacity)
+                .max_capacity(settings.capacity)
                 .weigher(|_key: &KeyDigest, entry: &Arc<L1Entry>| entry.weight())
                 .expire_after(L1Expiry)
                 // Replaced, expired or evicted: no longer counted.
@@ -193,7 +198,7 @@ impl L1 {
             bytes,
             notifier,
             own: Notifier::new(),
-            ttl_cap: config.l1_ttl_cap,
+            ttl_cap: settings.ttl_cap,
             meter,
         }
     }
@@ -371,7 +376,8 @@ mod tests {
 
     /// L1 over the notifier of `store`, and the key `k` with its digest.
     fn l1_of(store: &MemoryStore) -> (L1, KeyDigest, StoreKey) {
-        let l1 = L1::new(&Config::default(), store.notifier().cloned());
+        let config = Config::default();
+        let l1 = L1::new(&config.l1, &config.namespace, store.notifier().cloned());
         let digest = KeyDigest::of(b"k");
         (l1, digest, StoreKey::new(Arc::from("stampede"), digest))
     }

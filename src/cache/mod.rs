@@ -65,7 +65,8 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `mod.rs` | [`Cache`], its public calls, and `Inner`: the components and the configuration |
-//! | `config.rs` | the settings and [`CacheBuilder`] |
+//! | `config.rs` | the settings, a slice for each component that reads them |
+//! | `builder.rs` | [`CacheBuilder`]: the settings, set in code |
 //! | `l1.rs` | `L1`: the moka cache, its weight in bytes, the notifier's stamps that keep it in step |
 //! | `flights.rs` | `Flights`: the flights in progress in this process, by key |
 //! | `flight.rs` | a fetch: L1, then joining or starting a flight, and the flight's loader |
@@ -95,6 +96,7 @@ mod fetch;
 
 mod batch;
 mod breaker;
+mod builder;
 mod carry;
 mod changes;
 mod config;
@@ -130,8 +132,9 @@ use breaker::Breaker;
 use l1::{TagStamps, Vouch};
 use stats::Counters;
 
+pub use builder::CacheBuilder;
 pub(crate) use config::Config;
-pub use config::{CacheBuilder, WaitTimeoutPolicy};
+pub use config::WaitTimeoutPolicy;
 pub use error::{BoxError, Error, ErrorKind};
 pub(crate) use fetch::Ask;
 pub use fetched::{Fetched, Outcome};
@@ -212,25 +215,26 @@ pub(crate) struct L1Found<T> {
 
 impl Cache {
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
-        let notifier = if config.notifications {
+        let notifier = if config.l1.notifications {
             store.notifier().cloned()
         } else {
             None
         };
-        let breaker = Arc::new(Breaker::new(&config, Arc::clone(&store)));
+        let breaker = Breaker::new(&config.breaker, &config.namespace, Arc::clone(&store));
+        let breaker = Arc::new(breaker);
         Cache {
             inner: Arc::new(Inner {
                 meter: telemetry::Meter::new(&config.namespace),
-                l1: l1::L1::new(&config, notifier),
+                l1: l1::L1::new(&config.l1, &config.namespace, notifier),
                 renewals: renewals::Renewals::new(
                     Arc::clone(&store),
                     Arc::clone(&breaker),
                     telemetry::Meter::new(&config.namespace),
-                    config.lock_ttl,
+                    config.loads.lock_ttl,
                 ),
                 breaker,
                 store,
-                refreshes: refreshes::Refreshes::new(config.early_refresh_beta),
+                refreshes: refreshes::Refreshes::new(config.loads.early_refresh_beta),
                 config,
                 flights: flights::Flights::default(),
                 known_tags: known_tags::KnownTags::default(),
@@ -358,7 +362,7 @@ impl Cache {
     /// How long the store keeps values past their freshness (for stale windows and
     /// revalidation).
     pub(crate) fn keep(&self) -> std::time::Duration {
-        self.inner.config.keep()
+        self.inner.config.lives.keep()
     }
 
     /// What the cache has counted so far.

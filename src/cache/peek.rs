@@ -71,7 +71,7 @@ impl Inner {
         };
         // Fresh while the store keeps it longer than it keeps values past their freshness,
         // as a lookup judges it.
-        let keep = self.config.keep();
+        let keep = self.config.lives.keep();
         let Some(fresh_for) = stored
             .ttl
             .and_then(|ttl| ttl.checked_sub(keep))

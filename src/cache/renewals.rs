@@ -224,7 +224,8 @@ mod tests {
     async fn a_leader_s_locks_hold_until_it_is_done() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         let config = crate::cache::Config::default();
-        let breaker = Arc::new(Breaker::new(&config, Arc::clone(&store)));
+        let breaker = Breaker::new(&config.breaker, &config.namespace, Arc::clone(&store));
+        let breaker = Arc::new(breaker);
         let renewals = Renewals::new(
             Arc::clone(&store),
             breaker,

@@ -193,7 +193,7 @@ impl Inner {
                     .tag_versions(&self.config.namespace, &tagged.tags),
             )
             .await?;
-        let until = crate::sync::later(now, self.config.l1_ttl_cap);
+        let until = crate::sync::later(now, self.config.l1.ttl_cap);
         if let Some(versions) = &versions {
             self.known_tags
                 .learn_generation(versions.generation, clears, until);
@@ -227,7 +227,7 @@ impl Inner {
     /// past their freshness: the flight reloads the value anyway, but would serve it stale
     /// meanwhile, in place of a failed load, or hand it to a revalidating loader.
     pub(super) async fn check_tags(&self, found: &mut LookupFound) -> Result<(), StoreError> {
-        if found.lock == LockState::Acquired && self.config.keep().is_zero() {
+        if found.lock == LockState::Acquired && self.config.lives.keep().is_zero() {
             return Ok(());
         }
         let Some((

@@ -33,7 +33,8 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{store_timeout, telemetry::Meter, Config};
+use super::config::BreakerSettings;
+use super::{store_timeout, telemetry::Meter};
 use crate::store::{CallLimit, KeyDigest, Store, StoreError, StoreKey};
 
 /// What the breaker lets a store call do.
@@ -125,12 +126,16 @@ pub(super) struct CallCounts {
 
 impl Breaker {
     /// A closed breaker over `store`, as `config` sets it; a threshold of 0 never opens.
-    pub(crate) fn new(config: &Config, store: Arc<dyn Store>) -> Self {
+    pub(crate) fn new(
+        settings: &BreakerSettings,
+        namespace: &Arc<str>,
+        store: Arc<dyn Store>,
+    ) -> Self {
         let in_flight = store.call_limit().cloned().unwrap_or_default();
         Breaker {
-            threshold: config.breaker_threshold,
-            open_for: config.breaker_open_for,
-            timeout: config.store_timeout,
+            threshold: settings.threshold,
+            open_for: settings.open_for,
+            timeout: settings.store_timeout,
             status: Mutex::new(Status {
                 state: State::Closed { failures: 0 },
                 checking: false,
@@ -139,13 +144,13 @@ impl Breaker {
             recoveries: AtomicU64::new(0),
             store,
             probe_key: StoreKey::new(
-                Arc::clone(&config.namespace),
+                Arc::clone(namespace),
                 KeyDigest::of(b"tower-stampede:probe"),
             ),
             errors: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             opened: AtomicU64::new(0),
-            meter: Meter::new(&config.namespace),
+            meter: Meter::new(namespace),
             in_flight,
             answers: store_timeout::Answers::default(),
         }

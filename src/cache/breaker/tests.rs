@@ -1,15 +1,16 @@
 //! The breaker's own tests: its states, and what a call counts.
 
 use super::*;
+use crate::cache::Config;
 use crate::store::MemoryStore;
 
 fn breaker(threshold: u32) -> Breaker {
-    let config = Config {
-        breaker_threshold: threshold,
-        breaker_open_for: Duration::from_secs(1),
-        ..Config::default()
+    let settings = BreakerSettings {
+        threshold,
+        open_for: Duration::from_secs(1),
+        ..Config::default().breaker
     };
-    Breaker::new(&config, Arc::new(MemoryStore::new()))
+    Breaker::new(&settings, &Arc::from("t"), Arc::new(MemoryStore::new()))
 }
 
 #[tokio::test(start_paused = true)]

@@ -122,7 +122,7 @@ impl Inner {
             let (loader, accepts) = (single(&load, key.clone()), Arc::clone(&accepts));
             let inner = Arc::clone(self);
             runs.push(tokio::spawn(async move {
-                let soft_timeout = inner.config.soft_timeout;
+                let soft_timeout = inner.config.loads.soft_timeout;
                 let accepts = move |bytes: &Bytes| accepts(bytes);
                 let (fetched, _) = inner
                     .fetch_digest(digest, soft_timeout, accepts, loader)
@@ -167,8 +167,8 @@ impl Inner {
         let token = LockToken::random();
         let read_at = Instant::now();
         let (lock_ttl, lock_when) = (
-            self.config.lock_ttl,
-            LockWhen::LifeAtMost(self.config.keep()),
+            self.config.loads.lock_ttl,
+            LockWhen::LifeAtMost(self.config.lives.keep()),
         );
         let count = store_keys.len();
         // Until each key is handed on: a caller that goes away meanwhile (or a lookup that
@@ -212,7 +212,7 @@ impl Inner {
         };
         let reader = Reader::of(&**accepts);
         let (mut led, mut followed) = (Vec::new(), Vec::new());
-        let keep = self.config.keep();
+        let keep = self.config.lives.keep();
         let found = missed.into_iter().zip(lookups.into_iter().zip(stamps));
         for (index, ((key, digest), (lookup, stamp))) in found.enumerate() {
             let lock = lookup.lock;

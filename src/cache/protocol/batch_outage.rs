@@ -30,7 +30,7 @@ impl Inner {
         let started = Instant::now();
         let loaded = self.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
-        let ttl: Duration = self.config.ttl;
+        let ttl: Duration = self.config.lives.ttl;
         match loaded {
             Ok(mut values) => keys
                 .into_iter()

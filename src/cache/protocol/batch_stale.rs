@@ -39,12 +39,12 @@ impl Inner {
                 waiting.keys += 1;
                 continue;
             };
-            if self.config.refresh_in_background && self.serves_while_updating(stale) {
+            if self.config.loads.refresh_in_background && self.serves_while_updating(stale) {
                 answers.insert(led.key.clone(), Ok(stale.payload.clone()));
                 continue;
             }
             waiting.keys += 1;
-            if self.config.soft_timeout.is_some() && self.serves_on_error(stale) {
+            if self.config.loads.soft_timeout.is_some() && self.serves_on_error(stale) {
                 let digest = *led.guard.key.digest();
                 let holds = self.unchanged_since(digest, led.stamp, &stale.tag_stamps);
                 waiting
@@ -68,7 +68,7 @@ impl Inner {
         if waiting.keys == 0 {
             return;
         }
-        let ran = match self.config.soft_timeout {
+        let ran = match self.config.loads.soft_timeout {
             Some(soft_timeout) if !waiting.soft.is_empty() => {
                 let ran = tokio::select! {
                     biased;

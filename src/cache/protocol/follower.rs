@@ -88,7 +88,7 @@ impl Inner {
         let started = Instant::now();
         // Taken before the read, so that a change heard after it keeps the value out of L1.
         let stamp = self.l1.stamp(&digest);
-        let lock_when = LockWhen::LifeAtMost(self.config.keep());
+        let lock_when = LockWhen::LifeAtMost(self.config.lives.keep());
         let reader = loader.reader();
         let mut found = self
             .look_up(started, &key, token, lock_when, reader, &mut filled)
@@ -139,7 +139,9 @@ impl Inner {
             ttl,
             tag_stamps,
         } = fresh;
-        let fresh_for = ttl.unwrap_or_default().saturating_sub(self.config.keep());
+        let fresh_for = ttl
+            .unwrap_or_default()
+            .saturating_sub(self.config.lives.keep());
         self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
         let fresh_until = crate::sync::later(read_at, fresh_for);
         if self.refreshes.due(read_at, fresh_until, load_time) {
@@ -162,7 +164,7 @@ impl Inner {
         state: &mut FollowerState,
     ) -> FlightResult {
         let config = &self.config;
-        let keep = config.keep();
+        let keep = config.lives.keep();
         let FirstRead {
             key,
             token,
@@ -170,7 +172,7 @@ impl Inner {
             started,
         } = first;
         let digest = *key.digest();
-        let mut backoff = Backoff::new(config);
+        let mut backoff = Backoff::new(&config.waits);
         loop {
             let next = std::mem::replace(&mut state.next, NextLookup::Plain);
             let overwriting = matches!(next, NextLookup::Overwrite);
@@ -331,9 +333,9 @@ impl Inner {
             // A follower: another leader holds the lock.
             let following = state.following.insert(following);
             let waited = started.elapsed();
-            if waited >= config.wait_timeout {
+            if waited >= config.waits.wait_timeout {
                 following.ended = Some(WaitEnd::TimedOut);
-                debug!(key = ?digest, ?waited, policy = ?config.on_wait_timeout, "wait timed out");
+                debug!(key = ?digest, ?waited, policy = ?config.waits.on_wait_timeout, "wait timed out");
                 let stamp = self.l1.stamp(&digest);
                 return Box::pin(self.after_wait_timeout(stamp, key, loader, last_stale, early))
                     .await;
@@ -342,7 +344,7 @@ impl Inner {
             if let (Some(Duration::ZERO), Some(stale)) = (soft, last_stale) {
                 return Ok(stale.answer());
             }
-            let limit = (config.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
+            let limit = (config.waits.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
             let wait = self.wait_between_reads(&mut filled, &mut backoff, limit);
             following.ended = Some(Box::pin(wait).await);
         }
@@ -358,7 +360,7 @@ impl Inner {
         last_stale: Option<StaleValue>,
         flight: &FlightPosts,
     ) -> FlightResult {
-        match self.config.on_wait_timeout {
+        match self.config.waits.on_wait_timeout {
             WaitTimeoutPolicy::LoadUncached => {
                 Box::pin(self.load_alone(*key.digest(), loader, Outcome::Uncached, flight)).await
             }

@@ -85,13 +85,13 @@ impl Inner {
         tagged: Option<&Tagged>,
         windows: Option<Windows>,
     ) -> ReadyValue {
-        let fresh_for = self.config.fresh_for(life);
+        let fresh_for = self.config.lives.fresh_for(life);
         let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
         ReadyValue {
             value,
             encoded,
             fresh_for,
-            store_ttl: fresh_for.saturating_add(self.config.keep()),
+            store_ttl: fresh_for.saturating_add(self.config.lives.keep()),
             load_time,
         }
     }
@@ -171,7 +171,7 @@ impl Inner {
         let config = &self.config;
         let started = Instant::now();
         let mut task = tokio::spawn(load);
-        let joined = tokio::time::timeout(config.load_timeout, &mut task).await;
+        let joined = tokio::time::timeout(config.loads.load_timeout, &mut task).await;
         self.meter.load(started.elapsed());
         match joined {
             Ok(Ok(Ok(loaded))) => Ok(loaded),
@@ -179,7 +179,7 @@ impl Inner {
             Ok(Err(_)) => Err(Error::new(ErrorKind::LoadPanicked)),
             Err(_) => {
                 task.abort();
-                Err(Error::load_timeout(config.load_timeout))
+                Err(Error::load_timeout(config.loads.load_timeout))
             }
         }
     }
@@ -197,7 +197,8 @@ impl Inner {
         early: Option<&FlightPosts>,
     ) -> FlightResult {
         let mut posted = false;
-        if let (Some(stale), Some(early), true) = (&stale, early, self.config.refresh_in_background)
+        if let (Some(stale), Some(early), true) =
+            (&stale, early, self.config.loads.refresh_in_background)
         {
             if let Some(left) = self.stale_window_left(stale) {
                 posted = true;
@@ -325,7 +326,7 @@ impl Inner {
                     .breaker
                     .finish(
                         self.store
-                            .fill(&guard.key, token, pass, self.config.pass_ttl),
+                            .fill(&guard.key, token, pass, self.config.lives.pass_ttl),
                     )
                     .await
                 {

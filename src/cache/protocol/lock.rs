@@ -91,10 +91,10 @@ impl Inner {
     /// in turn.
     pub(in crate::cache) async fn tell_failure(&self, guard: &mut LockGuard, speculative: bool) {
         let (key, token) = (&guard.key, guard.token);
-        let told = if self.config.failure_ttl.is_zero() || speculative {
+        let told = if self.config.lives.failure_ttl.is_zero() || speculative {
             self.breaker.finish(self.store.release(key, token)).await
         } else {
-            let failure_ttl = self.config.failure_ttl;
+            let failure_ttl = self.config.lives.failure_ttl;
             self.breaker
                 .finish(self.store.fail(key, token, failure_ttl))
                 .await

@@ -86,7 +86,7 @@ impl Inner {
             .call_from(
                 now,
                 self.store
-                    .lookup(key, token, self.config.lock_ttl, lock_when),
+                    .lookup(key, token, self.config.loads.lock_ttl, lock_when),
             )
             .await?;
         self.found(lookup, reader).await

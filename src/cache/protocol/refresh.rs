@@ -54,11 +54,12 @@ impl Inner {
         // The store's remaining life of that value, give or take a round trip: a newer value
         // has a whole TTL left.
         let below = config
+            .lives
             .keep()
             .saturating_add(fresh_until.saturating_duration_since(Instant::now()))
             .saturating_add(EARLY_REFRESH_SLACK);
         let mut filled = self.watch_fills(&key);
-        let mut backoff = Backoff::new(config);
+        let mut backoff = Backoff::new(&config.waits);
         let mut fresh_until = None;
         loop {
             let stamp = self.l1.stamp(&digest);
@@ -71,7 +72,7 @@ impl Inner {
                     token,
                     LockWhen::Early {
                         life: below,
-                        fresh_above: config.keep(),
+                        fresh_above: config.lives.keep(),
                     },
                     reader,
                     &mut filled,
@@ -115,7 +116,7 @@ impl Inner {
                     )),
                 ) => {
                     // Refreshed by another process: take its value.
-                    let fresh_for = ttl.unwrap_or_default().saturating_sub(config.keep());
+                    let fresh_for = ttl.unwrap_or_default().saturating_sub(config.lives.keep());
                     self.l1_insert(
                         stamp,
                         found.tag_stamps,
@@ -131,7 +132,7 @@ impl Inner {
                     let until = *fresh_until.get_or_insert_with(|| {
                         crate::sync::later(
                             Instant::now(),
-                            ttl.unwrap_or_default().saturating_sub(config.keep()),
+                            ttl.unwrap_or_default().saturating_sub(config.lives.keep()),
                         )
                     });
                     let now = Instant::now();

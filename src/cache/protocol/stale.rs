@@ -91,7 +91,7 @@ impl Inner {
         let window = stale
             .windows
             .and_then(|w| w.while_revalidating)
-            .unwrap_or(self.config.stale);
+            .unwrap_or(self.config.lives.stale);
         let staleness = stale.staleness();
         (!window.is_zero() && staleness <= window).then(|| window - staleness)
     }
@@ -106,7 +106,7 @@ impl Inner {
         let max = stale
             .windows
             .and_then(|w| w.if_error)
-            .unwrap_or_else(|| self.config.stale_if_error());
+            .unwrap_or_else(|| self.config.lives.stale_if_error());
         let staleness = stale.staleness();
         (!max.is_zero() && staleness <= max).then(|| max - staleness)
     }

@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use crate::cache::config::Waits;
 use crate::cache::telemetry::WaitEnd;
-use crate::cache::{Config, Inner};
+use crate::cache::Inner;
 use crate::store::{FillWatch, Notifier, StoreKey};
 
 /// A follower's pause: `pause` long, or until the key's fill (or release) is notified, or,
@@ -53,14 +54,14 @@ pub(in crate::cache) struct Backoff {
 }
 
 impl Backoff {
-    pub(in crate::cache) fn new(config: &Config) -> Self {
+    pub(in crate::cache) fn new(waits: &Waits) -> Self {
         // A zero step would make followers spin on the store: at least a millisecond.
-        let initial = config.backoff_initial.max(MIN_PAUSE);
+        let initial = waits.backoff_initial.max(MIN_PAUSE);
         Backoff {
             next: initial,
-            multiplier: config.backoff_multiplier,
-            max: config.backoff_max.max(initial),
-            notified: config.longest_pause(),
+            multiplier: waits.backoff_multiplier,
+            max: waits.backoff_max.max(initial),
+            notified: waits.longest_pause(),
         }
     }
 
@@ -97,7 +98,7 @@ impl Inner {
     /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
     /// the fallback for lost notifications.
     pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
-        if self.config.notifications {
+        if self.config.l1.notifications {
             self.store.subscribe(key)
         } else {
             None
@@ -140,7 +141,7 @@ impl Inner {
         if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
             if !notifier.receiving() && self.breaker.answering() {
                 // Boxed: a rare wait, kept out of every lookup's state.
-                Box::pin(notifier.received_within(self.config.store_timeout)).await;
+                Box::pin(notifier.received_within(self.config.breaker.store_timeout)).await;
             }
         }
         filled
@@ -150,6 +151,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::Config;
 
     fn backoff(initial_ms: u64, multiplier: f64, max_ms: u64) -> Backoff {
         Backoff {
@@ -186,12 +188,12 @@ mod tests {
         nan.pause_with(0.5);
         assert_eq!(nan.next, Duration::from_millis(2000));
         // `backoff(0, 0)`: steps of at least a millisecond, never a spin on the store.
-        let config = Config {
+        let waits = Waits {
             backoff_initial: Duration::ZERO,
             backoff_max: Duration::ZERO,
-            ..Config::default()
+            ..Config::default().waits
         };
-        let mut zero = Backoff::new(&config);
+        let mut zero = Backoff::new(&waits);
         for _ in 0..5 {
             assert!(zero.pause_with(1.0) >= Duration::from_micros(999));
         }

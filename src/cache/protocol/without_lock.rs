@@ -48,7 +48,7 @@ impl Inner {
                 let tags = self.tag_stamps(&loaded.tags);
                 if !flight.is_overtaken() {
                     // Keep this process from reloading while the store is down.
-                    let ttl = ttl.unwrap_or(self.config.ttl);
+                    let ttl = ttl.unwrap_or(self.config.lives.ttl);
                     self.l1_insert_alone(vouch, tags, digest, &bytes, ttl, started.elapsed());
                 }
                 Ok(Fetched::loaded(bytes, outcome))
