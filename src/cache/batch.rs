@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::protocol::batch::{Accepts, BatchKey, BatchLoad};
+use super::protocol::batch::{Accepts, Batch, BatchKey, BatchLoad};
 use super::{BoxError, Cache, Error};
 
 impl Cache {
@@ -92,6 +92,8 @@ impl Cache {
         load: BatchLoad<K>,
         accepts: Accepts,
     ) -> HashMap<K, Result<Bytes, Error>> {
-        self.inner.resolve_many(keys, load, accepts).await
+        Batch::new(Arc::clone(&self.inner), load, accepts)
+            .resolve(keys)
+            .await
     }
 }

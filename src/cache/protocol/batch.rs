@@ -56,6 +56,24 @@ pub(super) struct Led<K> {
     pub(super) stale: Option<StaleValue>,
 }
 
+/// One batch call: the engine it drives, its loader, and what its caller can read. Cheap to
+/// clone (for the task that loads the keys it leads).
+pub(in crate::cache) struct Batch<K> {
+    pub(super) inner: Arc<Inner>,
+    pub(super) load: BatchLoad<K>,
+    accepts: Accepts,
+}
+
+impl<K> Clone for Batch<K> {
+    fn clone(&self) -> Self {
+        Batch {
+            inner: Arc::clone(&self.inner),
+            load: Arc::clone(&self.load),
+            accepts: Arc::clone(&self.accepts),
+        }
+    }
+}
+
 /// What a batch's lookup sorted the keys L1 missed into.
 struct Sorted<K> {
     /// Those whose lock it took: this call loads them.
@@ -66,14 +84,19 @@ struct Sorted<K> {
     alone: Vec<(K, KeyDigest)>,
 }
 
-impl Inner {
+impl<K: BatchKey> Batch<K> {
+    /// A batch over `inner`, loading with `load`, its caller reading what `accepts` says yes
+    /// to.
+    pub(in crate::cache) fn new(inner: Arc<Inner>, load: BatchLoad<K>, accepts: Accepts) -> Self {
+        Batch {
+            inner,
+            load,
+            accepts,
+        }
+    }
+
     /// Every key's answer; see the [module docs](self).
-    pub(in crate::cache) async fn resolve_many<K: BatchKey>(
-        self: &Arc<Self>,
-        keys: Vec<K>,
-        load: BatchLoad<K>,
-        accepts: Accepts,
-    ) -> Answers<K> {
+    pub(in crate::cache) async fn resolve(&self, keys: Vec<K>) -> Answers<K> {
         let mut answers = HashMap::with_capacity(keys.len());
         let mut missed: Vec<(K, KeyDigest)> = Vec::new();
         let mut asked = std::collections::HashSet::with_capacity(keys.len());
@@ -82,7 +105,7 @@ impl Inner {
                 continue;
             }
             let digest = KeyDigest::of(key.as_ref());
-            match self.l1_get(&digest) {
+            match self.inner.l1_get(&digest) {
                 // A hit due for an early refresh is answered too: a batch refreshes nothing early.
                 Some(L1Hit::Fresh(entry, _) | L1Hit::RefreshDue(entry)) => {
                     answers.insert(key, Ok(entry.value.clone()));
@@ -93,34 +116,33 @@ impl Inner {
         let Some((_, first)) = missed.first() else {
             return answers;
         };
-        let namespace = &self.config.namespace;
+        let namespace = &self.inner.config.namespace;
         // Subscribed before the reads, so that what they find may enter L1.
         drop(
-            self.watch_fills_subscribed(&StoreKey::new(Arc::clone(namespace), *first))
+            self.inner
+                .watch_fills_subscribed(&StoreKey::new(Arc::clone(namespace), *first))
                 .await,
         );
         let Sorted {
             led,
             followed,
             alone,
-        } = self
-            .look_up_many(missed, &load, &accepts, &mut answers)
-            .await;
+        } = self.look_up(missed, &mut answers).await;
         if !alone.is_empty() {
-            answers.extend(self.load_many_alone(alone, &load).await);
+            answers.extend(self.load_many_alone(alone).await);
         }
         let mut lead = None;
         if !led.is_empty() {
             let waiting = self.answer_stale(&led, &mut answers);
             // A task of its own: it loads and fills to the end even if this call goes away.
-            let (inner, load) = (Arc::clone(self), Arc::clone(&load));
-            let run = tokio::spawn(async move { inner.lead_many(led, load).await });
+            let batch = self.clone();
+            let run = tokio::spawn(async move { batch.lead(led).await });
             lead = Some((run, waiting));
         }
         let mut runs: Vec<JoinHandle<Answered<K>>> = Vec::new();
         for (key, digest) in followed {
-            let (loader, accepts) = (single(&load, key.clone()), Arc::clone(&accepts));
-            let inner = Arc::clone(self);
+            let (loader, accepts) = (single(&self.load, key.clone()), Arc::clone(&self.accepts));
+            let inner = Arc::clone(&self.inner);
             runs.push(tokio::spawn(async move {
                 let soft_timeout = inner.config.loads.soft_timeout;
                 let accepts = move |bytes: &Bytes| accepts(bytes);
@@ -150,38 +172,34 @@ impl Inner {
     /// One round trip for the keys L1 missed: answers those the store has fresh, and sorts the
     /// others into those whose lock this call took (it leads them) and those it follows, or
     /// all of them to be loaded alone if the breaker kept the lookup from being sent.
-    async fn look_up_many<K: BatchKey>(
-        self: &Arc<Self>,
-        missed: Vec<(K, KeyDigest)>,
-        load: &BatchLoad<K>,
-        accepts: &Accepts,
-        answers: &mut Answers<K>,
-    ) -> Sorted<K> {
-        let namespace = &self.config.namespace;
+    async fn look_up(&self, missed: Vec<(K, KeyDigest)>, answers: &mut Answers<K>) -> Sorted<K> {
+        let (load, accepts) = (&self.load, &self.accepts);
+        let namespace = &self.inner.config.namespace;
         let store_keys: Vec<StoreKey> = missed
             .iter()
             .map(|(_, digest)| StoreKey::new(Arc::clone(namespace), *digest))
             .collect();
         // Taken before the read, so that a change heard after it keeps the value out of L1.
-        let stamps: Vec<Option<Stamp>> = missed.iter().map(|(_, d)| self.l1.stamp(d)).collect();
+        let stamps: Vec<Option<Stamp>> =
+            missed.iter().map(|(_, d)| self.inner.l1.stamp(d)).collect();
         let token = LockToken::random();
         let read_at = Instant::now();
         let (lock_ttl, lock_when) = (
-            self.config.loads.lock_ttl,
-            LockWhen::LifeAtMost(self.config.lives.keep()),
+            self.inner.config.loads.lock_ttl,
+            LockWhen::LifeAtMost(self.inner.config.lives.keep()),
         );
         let count = store_keys.len();
         // Until each key is handed on: a caller that goes away meanwhile (or a lookup that
         // failed, which may still have taken them) releases the locks.
-        let mut pending = PendingLocks::new(&self.store, store_keys.clone(), token);
+        let mut pending = PendingLocks::new(&self.inner.store, store_keys.clone(), token);
         // Asked of the store only once the breaker lets it through.
-        let store = &self.store;
+        let store = &self.inner.store;
         let lookup = async {
             store
                 .lookup_many(&store_keys, token, lock_ttl, lock_when)
                 .await
         };
-        let lookups = match self.breaker.call_from(read_at, lookup).await {
+        let lookups = match self.inner.breaker.call_from(read_at, lookup).await {
             Ok(lookups) if lookups.len() == count => lookups,
             Err(error) if error.skipped() => {
                 pending.never_sent();
@@ -212,31 +230,33 @@ impl Inner {
         };
         let reader = Reader::of(&**accepts);
         let (mut led, mut followed) = (Vec::new(), Vec::new());
-        let keep = self.config.lives.keep();
+        let keep = self.inner.config.lives.keep();
         let found = missed.into_iter().zip(lookups.into_iter().zip(stamps));
         for (index, ((key, digest), (lookup, stamp))) in found.enumerate() {
             let lock = lookup.lock;
-            let mut found = self.found(lookup, reader).await;
+            let mut found = self.inner.found(lookup, reader).await;
             let Some(store_key) = pending.take(index) else {
                 continue;
             };
             if let Some(fresh) = found.as_mut().ok().and_then(LookupFound::take_fresh) {
                 let loader = single_boxed(load, accepts, key.clone());
-                let fetched = self.stored_hit(digest, fresh, stamp, read_at, loader, false);
+                let fetched = self
+                    .inner
+                    .stored_hit(digest, fresh, stamp, read_at, loader, false);
                 answers.insert(key, fetched.value_or_pass());
                 continue;
             }
             match (found, lock) {
                 (Ok(found), LockState::Acquired) => led.push(Led {
                     key,
-                    guard: LockGuard::new(&self.store, store_key, token, read_at),
+                    guard: LockGuard::new(&self.inner.store, store_key, token, read_at),
                     stamp,
                     stale: StaleValue::of(&found, keep),
                 }),
                 (_, lock) => {
                     if lock == LockState::Acquired {
                         // The tags could not be checked: the key goes its own way.
-                        spawn_release(&self.store, &store_key, token);
+                        spawn_release(&self.inner.store, &store_key, token);
                     }
                     followed.push((key, digest));
                 }
@@ -254,33 +274,31 @@ impl Inner {
     /// until every fill is done), and fills each (fenced by its lock, as any leader's fill). A key the
     /// loader leaves out is an error for that key alone, and its lock is released; a failed
     /// load fails every key, and tells their followers as a single leader's failure does.
-    async fn lead_many<K: BatchKey>(
-        self: Arc<Self>,
-        led: Vec<Led<K>>,
-        load: BatchLoad<K>,
-    ) -> Answered<K> {
+    async fn lead(self, led: Vec<Led<K>>) -> Answered<K> {
+        let load = &self.load;
         let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
-        let _watchdog = led
-            .first()
-            .map(|first| self.watch_locks(keys, first.guard.token, first.guard.asked_at));
+        let _watchdog = led.first().map(|first| {
+            self.inner
+                .watch_locks(keys, first.guard.token, first.guard.asked_at)
+        });
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         // Read before the load, for the values' generation: a clear after it outdates them.
-        let clock = self.clock_for_load(false).await;
+        let clock = self.inner.clock_for_load(false).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
-        let loaded = self.load_watched(load(wanted)).await;
+        let loaded = self.inner.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
         let mut values = match loaded {
             Ok(values) => values,
             Err(error) => {
                 let mut answers = Vec::with_capacity(led.len());
                 for mut led in led {
-                    self.tell_failure(&mut led.guard, false).await;
+                    self.inner.tell_failure(&mut led.guard, false).await;
                     // Stale-if-error, as a single key's leader: a stale value that still
                     // stands answers in place of the error.
                     let answer = match led.stale {
                         Some(stale)
-                            if self.serves_on_error(&stale)
-                                && self.still_stands(&led.guard.key, &stale, false).await =>
+                            if self.inner.serves_on_error(&stale)
+                                && self.inner.still_stands(&led.guard.key, &stale, false).await =>
                         {
                             Ok(stale.payload)
                         }
@@ -299,16 +317,16 @@ impl Inner {
         }
         for mut led in led {
             let Some(bytes) = values.remove(&led.key) else {
-                self.release_lock(&mut led.guard).await;
+                self.inner.release_lock(&mut led.guard).await;
                 answers.push((led.key, Err(Error::load(NOT_RETURNED.into()))));
                 continue;
             };
             let Ok(tagged) = tagged.clone() else {
-                self.release_lock(&mut led.guard).await;
+                self.inner.release_lock(&mut led.guard).await;
                 answers.push((led.key, Ok(bytes)));
                 continue;
             };
-            let inner = Arc::clone(&self);
+            let inner = Arc::clone(&self.inner);
             fills.push(tokio::spawn(async move {
                 let load = (started_at, load_time);
                 // A batch's values take the cache's TTL and jitter.

@@ -6,31 +6,27 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::batch::{Answered, BatchKey, BatchLoad, NOT_RETURNED};
+use super::batch::{Answered, Batch, BatchKey, NOT_RETURNED};
 use crate::cache::l1::TagStamps;
-use crate::cache::Inner;
 use crate::store::KeyDigest;
 
-impl Inner {
+impl<K: BatchKey> Batch<K> {
     /// Loads `keys` in one call of `load`, without the store (the breaker is open): each
     /// value is kept in L1 for the cache's TTL while the store is down, as a single key loaded
     /// alone is, unless this process changed the key (or cleared) during the load.
-    pub(super) async fn load_many_alone<K: BatchKey>(
-        &self,
-        keys: Vec<(K, KeyDigest)>,
-        load: &BatchLoad<K>,
-    ) -> Answered<K> {
-        let recoveries = self.breaker.recoveries();
+    pub(super) async fn load_many_alone(&self, keys: Vec<(K, KeyDigest)>) -> Answered<K> {
+        let load = &self.load;
+        let recoveries = self.inner.breaker.recoveries();
         // Taken before the load: a change of the key made here meanwhile moves it on.
         let vouches: Vec<_> = keys
             .iter()
-            .map(|(_, digest)| (self.l1.stamp_anyway(digest), recoveries))
+            .map(|(_, digest)| (self.inner.l1.stamp_anyway(digest), recoveries))
             .collect();
         let wanted = keys.iter().map(|(key, _)| key.clone()).collect();
         let started = Instant::now();
-        let loaded = self.load_watched(load(wanted)).await;
+        let loaded = self.inner.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
-        let ttl: Duration = self.config.lives.ttl;
+        let ttl: Duration = self.inner.config.lives.ttl;
         match loaded {
             Ok(mut values) => keys
                 .into_iter()
@@ -38,7 +34,8 @@ impl Inner {
                 .map(|((key, digest), vouch)| match values.remove(&key) {
                     Some(bytes) => {
                         let tags = TagStamps::default();
-                        self.l1_insert_alone(vouch, tags, digest, &bytes, ttl, load_time);
+                        self.inner
+                            .l1_insert_alone(vouch, tags, digest, &bytes, ttl, load_time);
                         (key, Ok(bytes))
                     }
                     None => (key, Err(crate::cache::Error::load(NOT_RETURNED.into()))),

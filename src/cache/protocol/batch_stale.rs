@@ -2,12 +2,13 @@
 //! leader does. Within its stale window a key is answered its stale value at once, while the
 //! batch's load runs on and fills it; within `stale_if_error` it is answered its stale value
 //! once the load has taken the soft timeout (the load still fills), or in place of a failed
-//! load (see `lead_many`).
+//! load (see `Batch::lead`).
 
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
-use super::batch::{Answered, Answers, BatchKey, Led};
+use super::batch::{Answered, Answers, Batch, BatchKey, Led};
+#[cfg(doc)]
 use crate::cache::Inner;
 
 /// A test that nothing was heard of a stale value's key or tags since it was read (see
@@ -21,15 +22,11 @@ pub(super) struct Waiting<K> {
     soft: Vec<(K, Bytes, Holds)>,
 }
 
-impl Inner {
+impl<K: BatchKey> Batch<K> {
     /// Answers in `answers` the keys of `led` whose stale value answers at once (refreshes
     /// in the background, within the stale window), and tells which of the others a soft
     /// timeout answers.
-    pub(super) fn answer_stale<K: BatchKey>(
-        &self,
-        led: &[Led<K>],
-        answers: &mut Answers<K>,
-    ) -> Waiting<K> {
+    pub(super) fn answer_stale(&self, led: &[Led<K>], answers: &mut Answers<K>) -> Waiting<K> {
         let mut waiting = Waiting {
             keys: 0,
             soft: Vec::new(),
@@ -39,14 +36,18 @@ impl Inner {
                 waiting.keys += 1;
                 continue;
             };
-            if self.config.loads.refresh_in_background && self.serves_while_updating(stale) {
+            if self.inner.config.loads.refresh_in_background
+                && self.inner.serves_while_updating(stale)
+            {
                 answers.insert(led.key.clone(), Ok(stale.payload.clone()));
                 continue;
             }
             waiting.keys += 1;
-            if self.config.loads.soft_timeout.is_some() && self.serves_on_error(stale) {
+            if self.inner.config.loads.soft_timeout.is_some() && self.inner.serves_on_error(stale) {
                 let digest = *led.guard.key.digest();
-                let holds = self.unchanged_since(digest, led.stamp, &stale.tag_stamps);
+                let holds = self
+                    .inner
+                    .unchanged_since(digest, led.stamp, &stale.tag_stamps);
                 waiting
                     .soft
                     .push((led.key.clone(), stale.payload.clone(), holds));
@@ -59,7 +60,7 @@ impl Inner {
     /// key it leads is answered (the load runs on and fills); else awaited, and where a soft
     /// timeout may answer some keys stale, no longer than it before they are answered (and
     /// then on, for the others).
-    pub(super) async fn await_lead<K: BatchKey>(
+    pub(super) async fn await_lead(
         &self,
         mut run: JoinHandle<Answered<K>>,
         waiting: Waiting<K>,
@@ -68,7 +69,7 @@ impl Inner {
         if waiting.keys == 0 {
             return;
         }
-        let ran = match self.config.loads.soft_timeout {
+        let ran = match self.inner.config.loads.soft_timeout {
             Some(soft_timeout) if !waiting.soft.is_empty() => {
                 let ran = tokio::select! {
                     biased;
