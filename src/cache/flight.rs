@@ -17,6 +17,7 @@ use super::entry::{self, Entry};
 use super::fetched::{FlightResult, Own};
 use super::flights::Entered;
 use super::l1::L1Hit;
+use super::protocol::Follower;
 use super::telemetry::WaitEnd;
 use super::{BoxError, Error, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
@@ -256,7 +257,7 @@ impl Drop for ListedFlight {
 /// A flight: resolve the key (posting an early answer through `early` where there is one),
 /// then land (leave the map) and answer.
 async fn fly(landing: ListedFlight, early: Arc<FlightPosts>, loader: BoxLoader) -> FlightResult {
-    let answer = landing.inner.resolve(landing.digest, loader, &early).await;
+    let answer = Follower::resolve(&landing.inner, landing.digest, loader, &early).await;
     drop(landing);
     answer
 }

@@ -1,16 +1,21 @@
 //! One lookup: "the value, or the lock" in one store call, and what it found, decoded for
 //! the flight's caller and checked against its tags.
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
+use tracing::warn;
 
 use crate::cache::entry::{Corrupt, Entry};
-use crate::cache::flight::Reader;
+use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::TagStamps;
-use crate::cache::Inner;
-use crate::store::{FillWatch, LockState, LockToken, LockWhen, Lookup, StoreError, StoreKey};
+use crate::cache::{Fetched, Inner, Outcome};
+use crate::store::{
+    FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Stamp, StoreError, StoreKey,
+};
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
 /// with its remaining life in the store.
@@ -65,6 +70,50 @@ pub(super) struct FreshValue {
 }
 
 impl Inner {
+    /// A fresh value found in the store as a flight's answer (through L1, and with an early
+    /// refresh where one is due); `followed`: the flight waited for another leader's load.
+    pub(super) fn stored_hit(
+        self: &Arc<Self>,
+        digest: KeyDigest,
+        fresh: FreshValue,
+        stamp: Option<Stamp>,
+        read_at: Instant,
+        loader: BoxLoader,
+        followed: bool,
+    ) -> Fetched {
+        let FreshValue {
+            payload,
+            load_time,
+            ttl,
+            tag_stamps,
+        } = fresh;
+        let fresh_for = ttl
+            .unwrap_or_default()
+            .saturating_sub(self.config.lives.keep());
+        self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
+        let fresh_until = crate::sync::later(read_at, fresh_for);
+        if self.refreshes.due(read_at, fresh_until, load_time) {
+            self.refresh_early(digest, loader, fresh_until);
+        }
+        let outcome = if followed {
+            Outcome::Follower
+        } else {
+            Outcome::L2Hit
+        };
+        Fetched::cached(payload, outcome, Some(fresh_until))
+    }
+
+    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
+    /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
+    /// it is treated as a miss, and overwritten by the load that follows.
+    pub(in crate::cache) fn corrupt_entry(&self, digest: &KeyDigest) {
+        self.counters
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
+        self.meter.corrupt_entry();
+        warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
+    }
+
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
     /// for the flight's caller. The watch is marked seen first, so only a fill after this
     /// read wakes the next wait. `now` is the clock read just before it: the store timeout

@@ -33,3 +33,5 @@ mod stale;
 mod wait;
 mod waiters;
 mod without_lock;
+
+pub(super) use follower::Follower;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::follower::Follower;
 use super::stale::StaleValue;
 use crate::cache::carry::{Early, FlightPosts};
 use crate::cache::{Fetched, Inner, Outcome};
@@ -68,16 +69,18 @@ impl Inner {
         let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
         flight.post(Some((Ok(answer), Some(Early { until, holds }))));
     }
+}
 
+impl Follower<'_> {
     /// For a follower that has waited `waited` with `stale` at hand: how much longer its soft
     /// timeout lets it wait (zero: answer the stale value now), or `None` where it has none.
-    pub(super) fn follower_soft_left(
+    pub(super) fn soft_left(
         &self,
         soft_timeout: Option<Duration>,
         stale: Option<&StaleValue>,
         waited: Duration,
     ) -> Option<Duration> {
-        self.error_window_left(stale?)?;
+        self.inner.error_window_left(stale?)?;
         Some(soft_timeout?.saturating_sub(waited))
     }
 }

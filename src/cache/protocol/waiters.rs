@@ -8,10 +8,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::follower::Follower;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::Reader;
-use crate::cache::Inner;
-use crate::store::{StoreError, StoreKey};
+use crate::store::StoreError;
 
 /// The step of the store's clock as the engine reads it (Redis's `PTTL`: milliseconds): a
 /// remaining life read from the store errs by up to one step.
@@ -90,78 +90,84 @@ impl EarlierAnswer {
     }
 }
 
-impl Inner {
-    /// Whether `answer`, as read by a request sent at `asked`, was written since a flight that
-    /// started at `started` first read the key: that flight waited for the load that wrote it.
+impl WaitersAnswer {
+    /// Whether this answer, as read by a request sent at `asked`, was written since a flight
+    /// that started at `started` first read the key: that flight waited for the load that
+    /// wrote it. `waiters_ttl`: the life this cache gives such an answer.
     ///
-    /// Its age is the life its writer gave it (or, if it does not say, this cache's) less its
-    /// remaining life, which the store's own clock tells, read at `asked` or later and in
+    /// Its age is the life its writer gave it (or, if it does not say, `waiters_ttl`) less
+    /// its remaining life, which the store's own clock tells, read at `asked` or later and in
     /// whole milliseconds (Redis's `PTTL`). So the age must be below the flight's wait up to
     /// `asked` by one step of that clock: then the answer was written after the flight
     /// started, however long the reply took. An answer written before is never taken; a
     /// caller that joined less than a round trip before the load ended loads again instead.
-    fn answered_since(&self, answer: &WaitersAnswer, started: Instant, asked: Instant) -> bool {
-        let written_ago = answer
+    fn written_since(&self, started: Instant, asked: Instant, waiters_ttl: Duration) -> bool {
+        let written_ago = self
             .life
-            .unwrap_or_else(|| self.config.waiters_ttl())
-            .saturating_sub(answer.ttl.unwrap_or_default());
+            .unwrap_or(waiters_ttl)
+            .saturating_sub(self.ttl.unwrap_or_default());
         written_ago.saturating_add(STORE_CLOCK_STEP) <= asked.saturating_duration_since(started)
     }
 
     /// Whether a flight that started at `started` and first waited when `earlier` stood takes
-    /// `answer`, read by a request sent at `asked`. One that differs from what stood then was
-    /// written since, by a load the flight waited for: it does, however late the store's
+    /// this answer, read by a request sent at `asked`. One that differs from what stood then
+    /// was written since, by a load the flight waited for: it does, however late the store's
     /// replies. The one that stood then, or any where nothing was read, was written before
     /// the flight waited, and perhaps before it began: its age decides
-    /// ([`answered_since`](Self::answered_since)).
-    pub(in crate::cache) fn takes_answer(
+    /// ([`written_since`](Self::written_since)).
+    pub(in crate::cache) fn taken_by(
         &self,
         earlier: &EarlierAnswer,
-        answer: &WaitersAnswer,
         started: Instant,
         asked: Instant,
+        waiters_ttl: Duration,
     ) -> bool {
-        earlier.is_new(answer) || self.answered_since(answer, started, asked)
+        earlier.is_new(self) || self.written_since(started, asked, waiters_ttl)
     }
+}
 
-    /// What stands in the waiters' slot of `key` (see
+impl Follower<'_> {
+    /// What stands in the waiters' slot of the key (see
     /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
-    /// read, made when a flight first waits for a load of a value kept past its freshness.
-    pub(in crate::cache) async fn earlier_answer(
-        &self,
-        key: &StoreKey,
-        reader: Reader<'_>,
-    ) -> EarlierAnswer {
-        self.read_waiters_answer(key, reader)
+    /// read, made when the flight first waits for a load of a value kept past its freshness.
+    pub(super) async fn earlier_answer(&self, reader: Reader<'_>) -> EarlierAnswer {
+        self.read_waiters_answer(reader)
             .await
             .map_or(EarlierAnswer::Unknown, EarlierAnswer::stood)
     }
 
-    /// The answer a load left for its waiters beside the value, if the flight that started at
-    /// `started` and first waited when `earlier` stood takes it (see
-    /// [`takes_answer`](Self::takes_answer)) and its caller can read it. One store read, made
-    /// only by a follower that finds the lock free and the value it waited for still stale.
-    pub(in crate::cache) async fn waiters_answer(
+    /// The answer a load left for its waiters beside the value, if this flight, which first
+    /// waited when `earlier` stood, takes it (see [`WaitersAnswer::taken_by`]) and its caller
+    /// can read it. One store read, made only by a follower that finds the lock free and the
+    /// value it waited for still stale.
+    pub(super) async fn waiters_answer(
         &self,
-        key: &StoreKey,
         reader: Reader<'_>,
         earlier: &EarlierAnswer,
-        started: Instant,
     ) -> Option<Bytes> {
         let asked = Instant::now();
-        let answer = self.read_waiters_answer(key, reader).await.ok().flatten()?;
-        self.takes_answer(earlier, &answer, started, asked)
+        let answer = self.read_waiters_answer(reader).await.ok().flatten()?;
+        answer
+            .taken_by(
+                earlier,
+                self.started,
+                asked,
+                self.inner.config.waiters_ttl(),
+            )
             .then_some(answer.payload)
     }
 
-    /// Reads the waiters' slot of `key`: the answer there that `reader`'s caller can read, if
-    /// any; the store's error if it did not answer.
+    /// Reads the waiters' slot of the key: the answer there that `reader`'s caller can read,
+    /// if any; the store's error if it did not answer.
     async fn read_waiters_answer(
         &self,
-        key: &StoreKey,
         reader: Reader<'_>,
     ) -> Result<Option<WaitersAnswer>, StoreError> {
-        let stored = self.breaker.call(self.store.waiters_answer(key)).await?;
+        let inner = self.inner;
+        let stored = inner
+            .breaker
+            .call(inner.store.waiters_answer(self.key))
+            .await?;
         Ok(stored.and_then(|stored| WaitersAnswer::of(&reader.decode(stored.bytes), stored.ttl)))
     }
 }
@@ -176,8 +182,7 @@ mod tests {
     /// written since the flight began.
     #[tokio::test(start_paused = true)]
     async fn a_waiter_tells_its_load_s_answer_from_an_earlier_one() {
-        let cache = crate::Cache::builder(crate::store::MemoryStore::new()).build();
-        let inner = &cache.inner;
+        let ttl = crate::cache::Config::default().waiters_ttl();
         let started = Instant::now();
         tokio::time::advance(Duration::from_millis(10)).await;
         let asked = Instant::now();
@@ -190,19 +195,19 @@ mod tests {
         };
         // 30 ms old by the store's clock when read, 10 ms into the flight.
         let old = answer(30);
-        assert!(!inner.answered_since(&old, started, asked));
-        assert!(inner.takes_answer(&EarlierAnswer::Nothing, &old, started, asked));
+        assert!(!old.written_since(started, asked, ttl));
+        assert!(old.taken_by(&EarlierAnswer::Nothing, started, asked, ttl));
         let other = EarlierAnswer::Answer((6, 1), payload.clone());
-        assert!(inner.takes_answer(&other, &old, started, asked));
+        assert!(old.taken_by(&other, started, asked, ttl));
         let other_payload = EarlierAnswer::Answer((7, 1), Bytes::from_static(b"502"));
-        assert!(inner.takes_answer(&other_payload, &old, started, asked));
+        assert!(old.taken_by(&other_payload, started, asked, ttl));
         let same = EarlierAnswer::Answer((7, 1), payload.clone());
-        assert!(!inner.takes_answer(&same, &old, started, asked));
-        assert!(!inner.takes_answer(&EarlierAnswer::Unknown, &old, started, asked));
+        assert!(!old.taken_by(&same, started, asked, ttl));
+        assert!(!old.taken_by(&EarlierAnswer::Unknown, started, asked, ttl));
         // 5 ms old: written since the flight began, its age says, whatever stood.
         let recent = answer(5);
-        assert!(inner.takes_answer(&same, &recent, started, asked));
-        assert!(inner.takes_answer(&EarlierAnswer::Unknown, &recent, started, asked));
+        assert!(recent.taken_by(&same, started, asked, ttl));
+        assert!(recent.taken_by(&EarlierAnswer::Unknown, started, asked, ttl));
     }
 
     /// Runs a held load of `key` through `cache`, with `joiners` calls joining its flight

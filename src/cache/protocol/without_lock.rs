@@ -8,54 +8,49 @@ use tracing::{debug, warn};
 
 use super::leader::tagged;
 
-use crate::cache::carry::FlightPosts;
+use super::follower::Follower;
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::LoadedKind;
-use crate::cache::{Fetched, Inner, Outcome};
-use crate::store::{KeyDigest, Stamp, StoreKey};
+use crate::cache::{Fetched, Outcome};
+use crate::store::Stamp;
 
-impl Inner {
-    /// Loads without the store's lock, for `flight`: after a wait timeout (the store
+impl Follower<'_> {
+    /// Loads without the store's lock, for the flight's callers: after a wait timeout (the store
     /// answering: a loaded value's tags are checked as a leader's are, so that one invalidated
     /// during the load marks the flight outdated), or while the store is failing
     /// ([`Outcome::Degraded`]: nothing can be checked; the value is kept in L1 with its tags'
     /// stamps, unless a change of this process overtook the flight meanwhile).
-    pub(in crate::cache) async fn load_alone(
-        &self,
-        digest: KeyDigest,
-        loader: BoxLoader,
-        outcome: Outcome,
-        flight: &FlightPosts,
-    ) -> FlightResult {
+    pub(super) async fn load_alone(&self, loader: BoxLoader, outcome: Outcome) -> FlightResult {
+        let (inner, digest, flight) = (self.inner, *self.key.digest(), self.early);
         let degraded = outcome == Outcome::Degraded;
         let clock = match degraded {
-            false => self.clock_for_load(false).await,
+            false => inner.clock_for_load(false).await,
             true => None,
         };
         let started = Instant::now();
         // Kept in L1 even while notifications are lost (the store is failing), until the
         // store answers again or notifications come back.
-        let vouch = (self.l1.stamp_anyway(&digest), self.breaker.recoveries());
-        let loaded = self.load(loader, None).await?;
+        let vouch = (inner.l1.stamp_anyway(&digest), inner.breaker.recoveries());
+        let loaded = inner.load(loader, None).await?;
         if !loaded.tags.is_empty() {
-            self.known_tags.mark_seen();
+            inner.known_tags.mark_seen();
         }
         match loaded.kind {
             LoadedKind::Value { bytes, ttl } if degraded => {
                 // Taken after the load (its tags are known only now): a tag invalidation of
                 // this process before it overtook the flight, and one after it moves them on.
-                let tags = self.tag_stamps(&loaded.tags);
+                let tags = inner.tag_stamps(&loaded.tags);
                 if !flight.is_overtaken() {
                     // Keep this process from reloading while the store is down.
-                    let ttl = ttl.unwrap_or(self.config.lives.ttl);
-                    self.l1_insert_alone(vouch, tags, digest, &bytes, ttl, started.elapsed());
+                    let ttl = ttl.unwrap_or(inner.config.lives.ttl);
+                    inner.l1_insert_alone(vouch, tags, digest, &bytes, ttl, started.elapsed());
                 }
                 Ok(Fetched::loaded(bytes, outcome))
             }
             LoadedKind::Value { bytes, .. } => {
                 if let Ok(tagged) = tagged(loaded.tags, clock) {
-                    self.loaded_tags_hold(Some(&tagged), Some(flight)).await;
+                    inner.loaded_tags_hold(Some(&tagged), Some(flight)).await;
                 }
                 Ok(Fetched::loaded(bytes, outcome))
             }
@@ -67,16 +62,15 @@ impl Inner {
 
     /// Loads without the store's lock after a wait timeout, and stores the value anyway
     /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::cache::WaitTimeoutPolicy::LoadAndCache)).
-    pub(in crate::cache) async fn load_and_put(
+    pub(super) async fn load_and_put(
         &self,
         stamp: Option<Stamp>,
-        key: &StoreKey,
         loader: BoxLoader,
-        flight: &FlightPosts,
     ) -> FlightResult {
-        let clock = self.tag_clock().await;
+        let (inner, key, flight) = (self.inner, self.key, self.early);
+        let clock = inner.tag_clock().await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
-        let loaded = self.load(loader, None).await?;
+        let loaded = inner.load(loader, None).await?;
         let life = loaded.life();
         let bytes = match loaded.kind {
             LoadedKind::Value { bytes, .. } => bytes,
@@ -94,19 +88,19 @@ impl Inner {
             return Ok(Fetched::loaded(bytes, Outcome::Leader));
         };
         let load_time = started.elapsed();
-        let fill = self.ready_to_store(
+        let fill = inner.ready_to_store(
             &bytes,
             life,
             (started_at, load_time),
             Some(&tagged),
             Some(loaded.windows),
         );
-        let stamp = match self
+        let stamp = match inner
             .breaker
-            .call(self.store.put(key, fill.encoded.clone(), fill.store_ttl))
+            .call(inner.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
-            Ok(true) => Some(stamp.map(|stamp| self.l1.after_own_write(stamp))),
+            Ok(true) => Some(stamp.map(|stamp| inner.l1.after_own_write(stamp))),
             Ok(false) => {
                 // A value whose load started later is stored: ours is older; it answers this
                 // flight's callers only.
@@ -124,12 +118,13 @@ impl Inner {
         match stamp {
             Some(stamp) => {
                 let digest = *key.digest();
-                self.keep_loaded(stamp, digest, &fill, Some(&tagged), Some(flight))
+                inner
+                    .keep_loaded(stamp, digest, &fill, Some(&tagged), Some(flight))
                     .await;
             }
             // Not kept, but it still answers the flight.
             None => {
-                self.loaded_tags_hold(Some(&tagged), Some(flight)).await;
+                inner.loaded_tags_hold(Some(&tagged), Some(flight)).await;
             }
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))
