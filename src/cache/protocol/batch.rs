@@ -15,7 +15,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::tagged;
+use super::leader::{tagged, Leader};
 use super::lock::{spawn_release, LockGuard, PendingLocks};
 use super::lookup::LookupFound;
 use super::stale::StaleValue;
@@ -277,10 +277,10 @@ impl<K: BatchKey> Batch<K> {
     async fn lead(self, led: Vec<Led<K>>) -> Answered<K> {
         let load = &self.load;
         let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
-        let _watchdog = led.first().map(|first| {
-            self.inner
-                .watch_locks(keys, first.guard.token, first.guard.asked_at)
-        });
+        let renewals = &self.inner.renewals;
+        let _watchdog = led
+            .first()
+            .map(|first| renewals.watch(keys, first.guard.token, first.guard.asked_at));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         // Read before the load, for the values' generation: a clear after it outdates them.
         let clock = self.inner.clock_for_load(false).await;
@@ -291,14 +291,15 @@ impl<K: BatchKey> Batch<K> {
             Ok(values) => values,
             Err(error) => {
                 let mut answers = Vec::with_capacity(led.len());
-                for mut led in led {
-                    self.inner.tell_failure(&mut led.guard, false).await;
+                for led in led {
+                    let mut leader = Leader::holding(&self.inner, led.guard, led.stamp, None);
+                    leader.tell_failure(false).await;
                     // Stale-if-error, as a single key's leader: a stale value that still
                     // stands answers in place of the error.
                     let answer = match led.stale {
                         Some(stale)
                             if self.inner.serves_on_error(&stale)
-                                && self.inner.still_stands(&led.guard.key, &stale, false).await =>
+                                && self.inner.still_stands(leader.key(), &stale, false).await =>
                         {
                             Ok(stale.payload)
                         }
@@ -315,26 +316,27 @@ impl<K: BatchKey> Batch<K> {
         if tagged.is_err() {
             warn!(keys = led.len(), "a batch's values without the namespace's generation (the tag clock) are not stored");
         }
-        for mut led in led {
+        for led in led {
+            let mut leader = Leader::holding(&self.inner, led.guard, led.stamp, None);
             let Some(bytes) = values.remove(&led.key) else {
-                self.inner.release_lock(&mut led.guard).await;
+                leader.release_lock().await;
                 answers.push((led.key, Err(Error::load(NOT_RETURNED.into()))));
                 continue;
             };
             let Ok(tagged) = tagged.clone() else {
-                self.inner.release_lock(&mut led.guard).await;
+                leader.release_lock().await;
                 answers.push((led.key, Ok(bytes)));
                 continue;
             };
+            let (guard, stamp) = (leader.guard, leader.stamp);
             let inner = Arc::clone(&self.inner);
             fills.push(tokio::spawn(async move {
                 let load = (started_at, load_time);
                 // A batch's values take the cache's TTL and jitter.
                 let tagged = Some(&tagged);
                 let ready = inner.ready_to_store(&bytes, Life::default(), load, tagged, None);
-                inner
-                    .fill_value(&mut led.guard, led.stamp, &ready, tagged, None)
-                    .await;
+                let mut leader = Leader::holding(&inner, guard, stamp, None);
+                leader.fill_value(&ready, tagged).await;
                 (led.key, Ok(ready.value))
             }));
         }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::LeaderStart;
+use super::leader::{Leader, LeaderStart};
 use super::lock::spawn_release;
 use super::lookup::LookupFound;
 use super::stale::StaleValue;
@@ -239,8 +239,16 @@ impl<'a> Follower<'a> {
                     // The leader waits for no fill: its watch ends.
                     self.filled = None;
                     let key = key.clone();
-                    return Box::pin(inner.lead(seen, key, token, loader, stale, Some(early)))
-                        .await;
+                    return Box::pin(Leader::lead(
+                        inner,
+                        seen,
+                        key,
+                        token,
+                        loader,
+                        stale,
+                        Some(early),
+                    ))
+                    .await;
                 }
                 (_, Some((Ok(Entry::Pass { shared: false }), _))) => return Ok(Fetched::pass()),
                 (_, Some((Ok(Entry::Pass { shared: true }), _))) => {

@@ -73,6 +73,17 @@ pub(in crate::cache) struct ReadyValue {
     pub(in crate::cache) load_time: Duration,
 }
 
+/// A flight that holds its key's reload lock (or a batch's key whose lock the batch took):
+/// its load, its fenced writes, and the end of the lock on every path. Owns the lock's guard,
+/// what this process had heard of the key before the lock was taken, and the callers its
+/// answer goes to.
+pub(in crate::cache) struct Leader<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) guard: LockGuard,
+    pub(super) stamp: Option<Stamp>,
+    pub(super) flight: Option<&'a FlightPosts>,
+}
+
 impl Inner {
     /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
     /// fresh for its `life`: its TTL (or the default TTL), plus a random share of its jitter
@@ -184,29 +195,68 @@ impl Inner {
         }
     }
 
+    /// The tag clock a load's value is stamped with, read before the load: where tags may
+    /// come back (`tagged`: the key's last value had tags; or a loader of this process has
+    /// returned tags), the current clock, so that a tag invalidation after this read
+    /// outdates the value. Elsewhere (an application without tags) no round trip but the
+    /// process's first load's: the clock it read then stands in, which is no later than the
+    /// clock at this load's start, so an invalidation since (or a new generation) outdates
+    /// the value, never the other way round.
+    pub(super) async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
+        if tagged || self.known_tags.seen() {
+            self.tag_clock().await
+        } else {
+            self.first_tag_clock().await
+        }
+    }
+}
+
+impl<'a> Leader<'a> {
+    /// The leader of a key whose lock `guard` holds: `stamp`, what this process had heard of
+    /// the key before the lock was taken; `flight`, the callers its answer goes to (none for
+    /// a batch's key).
+    pub(super) fn holding(
+        inner: &'a Inner,
+        guard: LockGuard,
+        stamp: Option<Stamp>,
+        flight: Option<&'a FlightPosts>,
+    ) -> Self {
+        Leader {
+            inner,
+            guard,
+            stamp,
+            flight,
+        }
+    }
+
+    /// The key whose lock it holds.
+    pub(super) fn key(&self) -> &StoreKey {
+        &self.guard.key
+    }
+
     /// The leader: load, fill (fenced), and make sure the lock goes on every path. With a
     /// `stale` value, the flight's callers get it at once (through `early`) when refreshes run
     /// in the background, and in place of an error if the load fails (stale-if-error).
     pub(in crate::cache) async fn lead(
-        &self,
+        inner: &'a Inner,
         seen: LeaderStart,
         key: StoreKey,
         token: LockToken,
         loader: BoxLoader,
         stale: Option<StaleValue>,
-        early: Option<&FlightPosts>,
+        early: Option<&'a FlightPosts>,
     ) -> FlightResult {
         let mut posted = false;
         if let (Some(stale), Some(early), true) =
-            (&stale, early, self.config.loads.refresh_in_background)
+            (&stale, early, inner.config.loads.refresh_in_background)
         {
-            if let Some(left) = self.stale_window_left(stale) {
+            if let Some(left) = inner.stale_window_left(stale) {
                 posted = true;
                 // Servable to the callers that join this flight only while it is within the
                 // stale window, and nothing was heard of its key or tags since it was read;
                 // later joiners wait for the load's answer.
                 let until = crate::sync::later(Instant::now(), left);
-                let holds = self.unchanged_since(*key.digest(), seen.stamp, &stale.tag_stamps);
+                let holds = inner.unchanged_since(*key.digest(), seen.stamp, &stale.tag_stamps);
                 early.post(Some((
                     Ok(Fetched::cached(
                         stale.payload.clone(),
@@ -217,18 +267,24 @@ impl Inner {
                 )));
             }
         }
-        let mut guard = LockGuard::new(&self.store, key, token, seen.asked_at);
-        let _watchdog = self.watch_locks(vec![guard.key.clone()], token, seen.asked_at);
-        let stamp = seen.stamp;
-        let clock = self.clock_for_load(seen.tagged).await;
+        let _watchdog = inner
+            .renewals
+            .watch(vec![key.clone()], token, seen.asked_at);
+        let mut leader = Leader {
+            inner,
+            guard: LockGuard::new(&inner.store, key, token, seen.asked_at),
+            stamp: seen.stamp,
+            flight: early,
+        };
+        let clock = inner.clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
-        let previous = self.previous(stale.as_ref()).await;
+        let previous = leader.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
-        let soft = self.leader_soft_timeout(loader.soft_timeout(), stale.as_ref(), early, posted);
-        let load = self.load(loader, previous);
+        let soft = leader.soft_timeout(loader.soft_timeout(), stale.as_ref(), posted);
+        let load = inner.load(loader, previous);
         let loaded = super::soft::within(load, soft, || {
-            if let (Some(stale), Some(early)) = (&stale, early) {
-                self.post_soft(*guard.key.digest(), stamp, stale, early);
+            if let Some(stale) = &stale {
+                leader.post_soft(stale);
             }
         })
         .await;
@@ -244,7 +300,7 @@ impl Inner {
                 || (failed
                     && stale
                         .as_ref()
-                        .is_some_and(|stale| self.serves_on_error(stale))) =>
+                        .is_some_and(|stale| inner.serves_on_error(stale))) =>
             {
                 Err(Error::load(
                     "the load's result is for its waiters only".into(),
@@ -255,14 +311,16 @@ impl Inner {
         let loaded = match loaded {
             Ok(loaded) => loaded,
             Err(error) => {
-                self.tell_failure(&mut guard, seen.speculative).await;
+                leader.tell_failure(seen.speculative).await;
                 let overtaken = early.is_some_and(FlightPosts::is_overtaken);
                 return match stale {
                     Some(stale)
-                        if self.serves_on_error(&stale)
-                            && self.still_stands(&guard.key, &stale, overtaken).await =>
+                        if inner.serves_on_error(&stale)
+                            && inner
+                                .still_stands(&leader.guard.key, &stale, overtaken)
+                                .await =>
                     {
-                        warn!(key = ?guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
+                        warn!(key = ?leader.guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
                         Ok(stale.answer())
                     }
                     _ => Err(error),
@@ -270,29 +328,26 @@ impl Inner {
             }
         };
         if !loaded.tags.is_empty() {
-            self.known_tags.mark_seen();
+            inner.known_tags.mark_seen();
         }
         let kept = stale.is_some();
         let life = loaded.life();
         if let (LoadedKind::NotModified { .. }, Some(stale), true) =
             (&loaded.kind, stale, had_previous)
         {
-            return Ok(self
-                .renew(&mut guard, stamp, stale, life, started_at, early)
-                .await);
+            return Ok(leader.renew(stale, life, started_at).await);
         }
         match (loaded.kind, tagged(loaded.tags, clock)) {
             (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {
-                warn!(key = ?guard.key, "a value without the namespace's generation (the tag clock), or with too many tags, is not stored");
-                self.release_lock(&mut guard).await;
+                warn!(key = ?leader.guard.key, "a value without the namespace's generation (the tag clock), or with too many tags, is not stored");
+                leader.release_lock().await;
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
             (LoadedKind::Value { bytes, .. }, Ok(tagged)) => {
                 let load = (started_at, load_time);
                 let fill =
-                    self.ready_to_store(&bytes, life, load, Some(&tagged), Some(loaded.windows));
-                self.fill_value(&mut guard, stamp, &fill, Some(&tagged), early)
-                    .await;
+                    inner.ready_to_store(&bytes, life, load, Some(&tagged), Some(loaded.windows));
+                leader.fill_value(&fill, Some(&tagged)).await;
                 Ok(Fetched::loaded(fill.value, Outcome::Leader))
             }
             (LoadedKind::ForWaiters { bytes, .. }, _) => {
@@ -300,17 +355,19 @@ impl Inner {
                 // kept past its freshness stays in its place, for the next load to revalidate:
                 // the answer goes beside it (the followers that find it still stale look
                 // there); else it takes the value's place, where followers find it at once.
-                let ttl = self.config.waiters_ttl();
+                let ttl = inner.config.waiters_ttl();
                 let answer = entry::encode_for_waiters(&bytes, started_at, load_time, ttl);
                 let written = if kept {
-                    self.store.answer_waiters(&guard.key, token, answer, ttl)
+                    inner
+                        .store
+                        .answer_waiters(&leader.guard.key, token, answer, ttl)
                 } else {
-                    self.store.fill(&guard.key, token, answer, ttl)
+                    inner.store.fill(&leader.guard.key, token, answer, ttl)
                 };
-                if let Ok(filled) = self.breaker.finish(written).await {
-                    guard.disarm();
+                if let Ok(filled) = inner.breaker.finish(written).await {
+                    leader.guard.disarm();
                     if !filled {
-                        self.meter.lock(LockEvent::Lost);
+                        inner.meter.lock(LockEvent::Lost);
                     }
                 }
                 Ok(Fetched::loaded(bytes, Outcome::Leader))
@@ -322,15 +379,17 @@ impl Inner {
                     _ => None,
                 };
                 let pass = entry::encode_pass(started_at, handoff.is_some());
-                if let Ok(true | false) = self
+                if let Ok(true | false) = inner
                     .breaker
-                    .finish(
-                        self.store
-                            .fill(&guard.key, token, pass, self.config.lives.pass_ttl),
-                    )
+                    .finish(inner.store.fill(
+                        &leader.guard.key,
+                        token,
+                        pass,
+                        inner.config.lives.pass_ttl,
+                    ))
                     .await
                 {
-                    guard.disarm();
+                    leader.guard.disarm();
                 }
                 Ok(Fetched::pass_with(handoff))
             }
@@ -340,39 +399,35 @@ impl Inner {
     /// Fills a loaded value under the lock, and keeps it in L1 where the fill took; the
     /// `flight` it answers is marked if the value is outdated by its tags.
     pub(in crate::cache) async fn fill_value(
-        &self,
-        guard: &mut LockGuard,
-        stamp: Option<Stamp>,
+        &mut self,
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
-        flight: Option<&FlightPosts>,
     ) {
-        let filled = self
+        let (inner, guard) = (self.inner, &self.guard);
+        let encoded = fill.encoded.clone();
+        let filled = inner
             .breaker
-            .finish(self.store.fill(
-                &guard.key,
-                guard.token,
-                fill.encoded.clone(),
-                fill.store_ttl,
-            ))
+            .finish(
+                inner
+                    .store
+                    .fill(&guard.key, guard.token, encoded, fill.store_ttl),
+            )
             .await;
-        self.after_write(guard, stamp, filled, fill, tagged, flight)
-            .await;
+        self.after_write(filled, fill, tagged).await;
     }
 
     /// After a fenced write of `fill` (a fill, or a renewal): the lock is gone if the write
     /// answered, and the value goes to L1 if it took (or, if the store failed, to L1 only).
     /// Whatever became of the write, the `flight` it answers is marked if the value is
     /// outdated by its tags.
-    pub(in crate::cache) async fn after_write(
-        &self,
-        guard: &mut LockGuard,
-        stamp: Option<Stamp>,
+    pub(super) async fn after_write(
+        &mut self,
         written: Result<bool, StoreError>,
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
-        flight: Option<&FlightPosts>,
     ) {
+        let (inner, stamp, flight) = (self.inner, self.stamp, self.flight);
+        let guard = &mut self.guard;
         let digest = *guard.key.digest();
         match written {
             Ok(written) => {
@@ -380,34 +435,19 @@ impl Inner {
                 guard.disarm();
                 if written {
                     // The write's own notification moved the stamp on once.
-                    let stamp = stamp.map(|stamp| self.l1.after_own_write(stamp));
-                    self.keep_loaded(stamp, digest, fill, tagged, flight).await;
+                    let stamp = stamp.map(|stamp| inner.l1.after_own_write(stamp));
+                    inner.keep_loaded(stamp, digest, fill, tagged, flight).await;
                 } else {
-                    self.meter.lock(LockEvent::Lost);
+                    inner.meter.lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                     // Not kept, but it still answers the flight.
-                    self.loaded_tags_hold(tagged, flight).await;
+                    inner.loaded_tags_hold(tagged, flight).await;
                 }
             }
             Err(error) => {
                 warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
-                self.keep_loaded(stamp, digest, fill, tagged, flight).await;
+                inner.keep_loaded(stamp, digest, fill, tagged, flight).await;
             }
-        }
-    }
-
-    /// The tag clock a load's value is stamped with, read before the load: where tags may
-    /// come back (`tagged`: the key's last value had tags; or a loader of this process has
-    /// returned tags), the current clock, so that a tag invalidation after this read
-    /// outdates the value. Elsewhere (an application without tags) no round trip but the
-    /// process's first load's: the clock it read then stands in, which is no later than the
-    /// clock at this load's start, so an invalidation since (or a new generation) outdates
-    /// the value, never the other way round.
-    pub(super) async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
-        if tagged || self.known_tags.seen() {
-            self.tag_clock().await
-        } else {
-            self.first_tag_clock().await
         }
     }
 }

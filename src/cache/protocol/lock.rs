@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::cache::renewals::Watchdog;
-use crate::cache::Inner;
+use super::leader::Leader;
 use crate::store::{LockToken, Store, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
@@ -65,39 +64,20 @@ pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, to
     }
 }
 
-impl Inner {
-    /// The watchdog of the locks of `keys` held under `token`, asked for at `asked_at`: they
-    /// are renewed (see [`renewals`](crate::cache::renewals)) from when the leader starts
-    /// until the watchdog is dropped, whatever the leader is doing meanwhile (reading the tag
-    /// clock, loading, filling), so that a leader slow but alive keeps its locks. A quick
-    /// leader never renews.
-    ///
-    /// It covers the whole of a leader, not its load alone: on two cores shared by 32
-    /// processes and a Redis Cluster, a leader's clock read and fill each took seconds behind
-    /// the burst's other calls, and its lock ran out before its fill (4,603 of 10,000 keys
-    /// loaded twice).
-    pub(in crate::cache) fn watch_locks(
-        &self,
-        keys: Vec<StoreKey>,
-        token: LockToken,
-        asked_at: Instant,
-    ) -> Watchdog {
-        self.renewals.watch(keys, token, asked_at)
-    }
-
+impl Leader<'_> {
     /// After a failed load: tells every follower, here and elsewhere (a failure marker,
     /// unless failures are not remembered or the load was `speculative`: then the lock is
     /// released), instead of letting each of them take the lock and call the failing backend
     /// in turn.
-    pub(in crate::cache) async fn tell_failure(&self, guard: &mut LockGuard, speculative: bool) {
+    pub(super) async fn tell_failure(&mut self, speculative: bool) {
+        let (inner, guard) = (self.inner, &mut self.guard);
         let (key, token) = (&guard.key, guard.token);
-        let told = if self.config.lives.failure_ttl.is_zero() || speculative {
-            self.breaker.finish(self.store.release(key, token)).await
+        let failure_ttl = inner.config.lives.failure_ttl;
+        let told = if failure_ttl.is_zero() || speculative {
+            inner.breaker.finish(inner.store.release(key, token)).await
         } else {
-            let failure_ttl = self.config.lives.failure_ttl;
-            self.breaker
-                .finish(self.store.fail(key, token, failure_ttl))
-                .await
+            let failed = inner.store.fail(key, token, failure_ttl);
+            inner.breaker.finish(failed).await
         };
         if told.is_ok() {
             guard.disarm();
@@ -105,9 +85,10 @@ impl Inner {
     }
 
     /// Releases the lock of a load that has nothing to write (token-checked).
-    pub(in crate::cache) async fn release_lock(&self, guard: &mut LockGuard) {
-        let released = self.store.release(&guard.key, guard.token);
-        if self.breaker.finish(released).await.is_ok() {
+    pub(super) async fn release_lock(&mut self) {
+        let (inner, guard) = (self.inner, &mut self.guard);
+        let released = inner.store.release(&guard.key, guard.token);
+        if inner.breaker.finish(released).await.is_ok() {
             guard.disarm();
         }
     }

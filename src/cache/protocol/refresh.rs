@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::LeaderStart;
+use super::leader::{Leader, LeaderStart};
 use super::lock::spawn_release;
 use super::wait::Backoff;
 use crate::cache::entry::Entry;
@@ -101,7 +101,9 @@ impl Inner {
                     };
                     // The leader waits for no fill: its watch (which borrows the key) ends.
                     drop(filled);
-                    if let Err(error) = self.lead(seen, key, token, loader, None, None).await {
+                    if let Err(error) =
+                        Leader::lead(self, seen, key, token, loader, None, None).await
+                    {
                         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }
                     return;

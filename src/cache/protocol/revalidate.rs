@@ -5,22 +5,22 @@
 
 use std::time::SystemTime;
 
-use super::lock::LockGuard;
+use super::leader::Leader;
 use super::stale::StaleValue;
-use crate::cache::carry::FlightPosts;
 use crate::cache::loaded::Life;
-use crate::cache::{Fetched, Inner, Outcome, Previous};
-use crate::store::{Renewal, Stamp};
+use crate::cache::{Fetched, Outcome, Previous};
+use crate::store::Renewal;
 
-impl Inner {
+impl Leader<'_> {
     /// The value a leader's loader is handed: the stale value, unless a tag of it was
     /// invalidated (the lookup that took the lock did not check its tags, and an outdated
     /// value must not be renewed), or it carries no generation (written by a release before
     /// `clear` existed: renewed, it would outlive a clear for another TTL).
-    pub(in crate::cache) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
+    pub(super) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
         let stale = stale?;
         let tagged = stale.tags.as_ref().filter(|t| t.generation.is_some())?;
-        matches!(self.tags_valid(tagged).await, Ok(Some(_))).then(|| stale.previous())
+        let valid = self.inner.tags_valid(tagged).await;
+        matches!(valid, Ok(Some(_))).then(|| stale.previous())
     }
 
     /// The loader, started at `started`, found the stale value unchanged: the store renews
@@ -32,36 +32,33 @@ impl Inner {
     /// the revalidation found to be the same value.
     ///
     /// The value's tags are checked again once written: one invalidated during the
-    /// revalidation marks the `flight` the renewal answers outdated, as a loaded value would.
-    pub(in crate::cache) async fn renew(
-        &self,
-        guard: &mut LockGuard,
-        stamp: Option<Stamp>,
+    /// revalidation marks the flight the renewal answers outdated, as a loaded value would.
+    pub(super) async fn renew(
+        &mut self,
         stale: StaleValue,
         life: Life,
         started: SystemTime,
-        flight: Option<&FlightPosts>,
     ) -> Fetched {
-        let fill = self.ready_to_store(
+        let inner = self.inner;
+        let fill = inner.ready_to_store(
             &stale.payload,
             life,
             (started, stale.load_time),
             stale.tags.as_ref(),
             stale.windows,
         );
-        let renewed = self
-            .breaker
-            .finish(self.store.renew(&guard.key, guard.token, fill.store_ttl))
-            .await;
+        let renewal = inner
+            .store
+            .renew(self.key(), self.guard.token, fill.store_ttl);
+        let renewed = inner.breaker.finish(renewal).await;
         let tagged = stale.tags.as_ref();
         match renewed {
             Ok(Renewal::NoValue) => {
-                self.fill_value(guard, stamp, &fill, tagged, flight).await;
+                self.fill_value(&fill, tagged).await;
             }
             renewed => {
                 let written = renewed.map(|renewed| renewed == Renewal::Renewed);
-                self.after_write(guard, stamp, written, &fill, tagged, flight)
-                    .await;
+                self.after_write(written, &fill, tagged).await;
             }
         }
         Fetched::loaded(fill.value, Outcome::Revalidated)

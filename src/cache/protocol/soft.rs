@@ -9,10 +9,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::follower::Follower;
+use super::leader::Leader;
 use super::stale::StaleValue;
-use crate::cache::carry::{Early, FlightPosts};
-use crate::cache::{Fetched, Inner, Outcome};
-use crate::store::{KeyDigest, Stamp};
+use crate::cache::carry::Early;
+use crate::cache::{Fetched, Outcome};
 
 /// Runs `load`; if it takes longer than `soft_timeout`, first calls `meanwhile` (within the
 /// poll in which the timeout passed, so the flight's carrier sees what it posts at once).
@@ -33,39 +33,35 @@ pub(super) async fn within<T>(
     load.await
 }
 
-impl Inner {
-    /// The soft timeout a leader of `digest` keeps to, with a stale value to answer with:
-    /// `Some` where `soft_timeout` is set, the flight takes early answers and `posted` none
-    /// yet, and the value is within its window. What it posts when the timeout passes is
+impl Leader<'_> {
+    /// The soft timeout this leader keeps to, with a stale value to answer with: `Some`
+    /// where `soft_timeout` is set, the flight takes early answers and `posted` none yet, and
+    /// the value is within its window. What it posts when the timeout passes is
     /// [`post_soft`](Self::post_soft)'s.
-    pub(super) fn leader_soft_timeout(
+    pub(super) fn soft_timeout(
         &self,
         soft_timeout: Option<Duration>,
         stale: Option<&StaleValue>,
-        flight: Option<&FlightPosts>,
         posted: bool,
     ) -> Option<Duration> {
-        if posted || flight.is_none() {
+        if posted || self.flight.is_none() {
             return None;
         }
-        self.error_window_left(stale?)?;
+        self.inner.error_window_left(stale?)?;
         soft_timeout
     }
 
-    /// Posts `stale` as the early answer of `flight` (the soft timeout of its leader passed),
-    /// servable for the rest of its window and while nothing was heard of its key or tags.
-    pub(super) fn post_soft(
-        &self,
-        digest: KeyDigest,
-        stamp: Option<Stamp>,
-        stale: &StaleValue,
-        flight: &FlightPosts,
-    ) {
-        let Some(left) = self.error_window_left(stale) else {
+    /// Posts `stale` as the early answer of its flight (its soft timeout passed), servable
+    /// for the rest of its window and while nothing was heard of its key or tags.
+    pub(super) fn post_soft(&self, stale: &StaleValue) {
+        let (Some(flight), Some(left)) = (self.flight, self.inner.error_window_left(stale)) else {
             return;
         };
         let until = crate::sync::later(Instant::now(), left);
-        let holds = self.unchanged_since(digest, stamp, &stale.tag_stamps);
+        let digest = *self.key().digest();
+        let holds = self
+            .inner
+            .unchanged_since(digest, self.stamp, &stale.tag_stamps);
         let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
         flight.post(Some((Ok(answer), Some(Early { until, holds }))));
     }
