@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use super::flights::Overtaken;
 use super::loaded::Life;
-use super::{entry, Cache, Error, Inner};
+use super::{entry, Cache, Error};
 use crate::store::{KeyDigest, StoreError, StoreKey};
 
 impl Cache {
@@ -41,7 +41,7 @@ impl Cache {
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.store_key(key);
         let store = Arc::clone(&self.inner.store);
-        self.inner.change(&key, store.invalidate(&key)).await
+        self.change(&key, store.invalidate(&key)).await
     }
 
     /// [`invalidate`](Self::invalidate)s each of `keys`, in one store call (one round trip on
@@ -62,12 +62,8 @@ impl Cache {
         }
         let digests: Vec<KeyDigest> = keys.iter().map(|key| *key.digest()).collect();
         let store = Arc::clone(&self.inner.store);
-        self.inner
-            .change_all(
-                &keys,
-                Overtaken::Keys(&digests),
-                store.invalidate_many(&keys),
-            )
+        let call = store.invalidate_many(&keys);
+        self.change_all(&keys, Overtaken::Keys(&digests), call)
             .await
     }
 
@@ -93,8 +89,7 @@ impl Cache {
             Ok(clock) => clock,
             Err(error) => {
                 let digests = [*key.digest()];
-                self.inner
-                    .forget(std::slice::from_ref(&key), Overtaken::Keys(&digests));
+                self.forget(std::slice::from_ref(&key), Overtaken::Keys(&digests));
                 return Err(Error::store(error));
             }
         };
@@ -119,8 +114,7 @@ impl Cache {
         });
         let store_ttl = fresh_for.saturating_add(config.lives.keep());
         let store = Arc::clone(&self.inner.store);
-        self.inner
-            .change(&key, store.set(&key, encoded, fresh_for, store_ttl))
+        self.change(&key, store.set(&key, encoded, fresh_for, store_ttl))
             .await
     }
 
@@ -138,7 +132,7 @@ impl Cache {
         let key = self.store_key(key);
         let store = Arc::clone(&self.inner.store);
         let keep = self.inner.config.lives.keep();
-        self.inner.change(&key, store.expire(&key, keep)).await
+        self.change(&key, store.expire(&key, keep)).await
     }
 }
 
@@ -188,14 +182,12 @@ impl Cache {
         // if the call is not made), a read in flight meanwhile does not enter L1 after it.
         inner.l1.clear();
         inner.known_tags.forget_generation();
-        let result = inner.change_all(&[], Overtaken::Every, clear).await;
+        let result = self.change_all(&[], Overtaken::Every, clear).await;
         inner.l1.clear();
         inner.known_tags.forget_generation();
         result
     }
-}
 
-impl Inner {
     /// Runs a store call that changes `key`, and makes this process's L1 forget the key
     /// whatever the store answers: before the call, and again after it, so that a flight
     /// that read the old value meanwhile cannot keep it either.
@@ -220,7 +212,7 @@ impl Inner {
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
         self.forget(keys, overtaken);
-        let result = self.breaker.call(call).await;
+        let result = self.inner.breaker.call(call).await;
         self.forget(keys, overtaken);
         result.map_err(Error::store)
     }
@@ -228,8 +220,8 @@ impl Inner {
     /// Makes this process's L1 forget `keys`, and detaches the flights `overtaken`.
     fn forget(&self, keys: &[StoreKey], overtaken: Overtaken<'_>) {
         for key in keys {
-            self.l1.forget_changed(key);
+            self.inner.l1.forget_changed(key);
         }
-        self.flights.detach(overtaken);
+        self.inner.flights.detach(overtaken);
     }
 }

@@ -10,7 +10,7 @@
 use bytes::Bytes;
 
 use super::entry::{self, Entry};
-use super::{Cache, Error, Inner};
+use super::{Cache, Error};
 use crate::store::{KeyDigest, StoreError, StoreKey};
 
 impl Cache {
@@ -41,37 +41,35 @@ impl Cache {
     /// [`ErrorKind::Store`](super::ErrorKind::Store) if L1 does not hold the key and the
     /// store could not be reached (or the circuit breaker is open).
     pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Bytes>, Error> {
-        self.inner
-            .peek(KeyDigest::of(key.as_ref()), |_| true)
+        self.peek(KeyDigest::of(key.as_ref()), |_| true)
             .await
             .map_err(Error::store)
     }
-}
 
-impl Inner {
     /// The fresh value of the key hashed to `digest` that `accepts`, from L1 or the store.
     pub(super) async fn peek(
         &self,
         digest: KeyDigest,
         accepts: impl Fn(&Bytes) -> bool,
     ) -> Result<Option<Bytes>, StoreError> {
-        if let Some(hit) = self.l1_get(&digest) {
+        let inner = &self.inner;
+        if let Some(hit) = inner.l1_get(&digest) {
             let value = hit.value();
             return Ok(accepts(&value).then_some(value));
         }
-        let key = StoreKey::new(std::sync::Arc::clone(&self.config.namespace), digest);
+        let key = StoreKey::new(std::sync::Arc::clone(&inner.config.namespace), digest);
         // Subscribed to the namespace's notifications first, as a lookup is: a process that
         // only peeks would otherwise keep what it read in L1 without ever hearing of a change
         // made elsewhere.
-        drop(self.watch_fills_subscribed(&key).await);
+        drop(inner.watch_fills_subscribed(&key).await);
         // Taken before the read: a change heard after it keeps the value out of L1.
-        let stamp = self.l1.stamp(&digest);
-        let Some(stored) = self.breaker.call(self.store.get(&key)).await? else {
+        let stamp = inner.l1.stamp(&digest);
+        let Some(stored) = inner.breaker.call(inner.store.get(&key)).await? else {
             return Ok(None);
         };
         // Fresh while the store keeps it longer than it keeps values past their freshness,
         // as a lookup judges it.
-        let keep = self.config.lives.keep();
+        let keep = inner.config.lives.keep();
         let Some(fresh_for) = stored
             .ttl
             .and_then(|ttl| ttl.checked_sub(keep))
@@ -92,13 +90,13 @@ impl Inner {
             return Ok(None);
         }
         let tag_stamps = match &tags {
-            Some(tagged) => match Box::pin(self.tags_valid(tagged)).await? {
+            Some(tagged) => match Box::pin(inner.tags_valid(tagged)).await? {
                 Some(stamps) => stamps,
                 None => return Ok(None),
             },
             None => Default::default(),
         };
-        self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
+        inner.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
         Ok(Some(payload))
     }
 }

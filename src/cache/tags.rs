@@ -70,13 +70,8 @@ impl Cache {
             .map(|tag| StoreKey::new(Arc::clone(&inner.config.namespace), *tag))
             .collect();
         let store = Arc::clone(&inner.store);
-        inner
-            .change_all(
-                &keys,
-                Overtaken::Every,
-                store.invalidate_tags(&inner.config.namespace, &digests),
-            )
-            .await
+        let call = store.invalidate_tags(&inner.config.namespace, &digests);
+        self.change_all(&keys, Overtaken::Every, call).await
     }
 }
 

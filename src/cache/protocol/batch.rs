@@ -298,8 +298,8 @@ impl<K: BatchKey> Batch<K> {
                     // stands answers in place of the error.
                     let answer = match led.stale {
                         Some(stale)
-                            if self.inner.serves_on_error(&stale)
-                                && self.inner.still_stands(leader.key(), &stale, false).await =>
+                            if stale.serves_on_error(&self.inner.config.lives)
+                                && stale.still_stands(&self.inner, leader.key(), false).await =>
                         {
                             Ok(stale.payload)
                         }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use super::batch::{Answered, Answers, Batch, BatchKey, Led};
+use super::stale::unchanged_since;
 #[cfg(doc)]
 use crate::cache::Inner;
 
@@ -36,18 +37,16 @@ impl<K: BatchKey> Batch<K> {
                 waiting.keys += 1;
                 continue;
             };
-            if self.inner.config.loads.refresh_in_background
-                && self.inner.serves_while_updating(stale)
-            {
+            let lives = &self.inner.config.lives;
+            if self.inner.config.loads.refresh_in_background && stale.serves_while_updating(lives) {
                 answers.insert(led.key.clone(), Ok(stale.payload.clone()));
                 continue;
             }
             waiting.keys += 1;
-            if self.inner.config.loads.soft_timeout.is_some() && self.inner.serves_on_error(stale) {
+            if self.inner.config.loads.soft_timeout.is_some() && stale.serves_on_error(lives) {
                 let digest = *led.guard.key.digest();
-                let holds = self
-                    .inner
-                    .unchanged_since(digest, led.stamp, &stale.tag_stamps);
+                let notifier = self.inner.l1.notifier();
+                let holds = unchanged_since(notifier, digest, led.stamp, &stale.tag_stamps);
                 waiting
                     .soft
                     .push((led.key.clone(), stale.payload.clone(), holds));

@@ -188,9 +188,9 @@ impl<'a> Follower<'a> {
             let mut stale = StaleValue::of(&found, keep);
             let serve_stale = stale.as_ref().is_some_and(|stale| match found.lock {
                 // Serve-while-updating: another leader refreshes it.
-                LockState::HeldElsewhere => inner.serves_while_updating(stale),
+                LockState::HeldElsewhere => stale.serves_while_updating(&inner.config.lives),
                 // Stale-if-error: the last refresh failed a moment ago.
-                LockState::Failed => inner.serves_on_error(stale),
+                LockState::Failed => stale.serves_on_error(&inner.config.lives),
                 _ => false,
             });
             if let Some(stale) = stale.take_if(|_| serve_stale) {
@@ -327,9 +327,9 @@ impl<'a> Follower<'a> {
             WaitTimeoutPolicy::LoadAndCache => Box::pin(self.load_and_put(stamp, loader)).await,
             WaitTimeoutPolicy::ServeStale => match last_stale {
                 Some(stale)
-                    if inner.serves_on_error(&stale)
-                        && inner
-                            .still_stands(self.key, &stale, self.early.is_overtaken())
+                    if stale.serves_on_error(&inner.config.lives)
+                        && stale
+                            .still_stands(inner, self.key, self.early.is_overtaken())
                             .await =>
                 {
                     Ok(stale.answer())

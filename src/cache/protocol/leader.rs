@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::lock::LockGuard;
-use super::stale::StaleValue;
+use super::stale::{unchanged_since, StaleValue};
 use crate::cache::carry::{Early, FlightPosts};
 use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::fetched::FlightResult;
@@ -250,13 +250,18 @@ impl<'a> Leader<'a> {
         if let (Some(stale), Some(early), true) =
             (&stale, early, inner.config.loads.refresh_in_background)
         {
-            if let Some(left) = inner.stale_window_left(stale) {
+            if let Some(left) = stale.window_left(&inner.config.lives) {
                 posted = true;
                 // Servable to the callers that join this flight only while it is within the
                 // stale window, and nothing was heard of its key or tags since it was read;
                 // later joiners wait for the load's answer.
                 let until = crate::sync::later(Instant::now(), left);
-                let holds = inner.unchanged_since(*key.digest(), seen.stamp, &stale.tag_stamps);
+                let holds = unchanged_since(
+                    inner.l1.notifier(),
+                    *key.digest(),
+                    seen.stamp,
+                    &stale.tag_stamps,
+                );
                 early.post(Some((
                     Ok(Fetched::cached(
                         stale.payload.clone(),
@@ -300,7 +305,7 @@ impl<'a> Leader<'a> {
                 || (failed
                     && stale
                         .as_ref()
-                        .is_some_and(|stale| inner.serves_on_error(stale))) =>
+                        .is_some_and(|stale| stale.serves_on_error(&inner.config.lives))) =>
             {
                 Err(Error::load(
                     "the load's result is for its waiters only".into(),
@@ -315,9 +320,9 @@ impl<'a> Leader<'a> {
                 let overtaken = early.is_some_and(FlightPosts::is_overtaken);
                 return match stale {
                     Some(stale)
-                        if inner.serves_on_error(&stale)
-                            && inner
-                                .still_stands(&leader.guard.key, &stale, overtaken)
+                        if stale.serves_on_error(&inner.config.lives)
+                            && stale
+                                .still_stands(inner, &leader.guard.key, overtaken)
                                 .await =>
                     {
                         warn!(key = ?leader.guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::follower::Follower;
 use super::leader::Leader;
-use super::stale::StaleValue;
+use super::stale::{unchanged_since, StaleValue};
 use crate::cache::carry::Early;
 use crate::cache::{Fetched, Outcome};
 
@@ -47,21 +47,23 @@ impl Leader<'_> {
         if posted || self.flight.is_none() {
             return None;
         }
-        self.inner.error_window_left(stale?)?;
+        stale?.error_window_left(&self.inner.config.lives)?;
         soft_timeout
     }
 
     /// Posts `stale` as the early answer of its flight (its soft timeout passed), servable
     /// for the rest of its window and while nothing was heard of its key or tags.
     pub(super) fn post_soft(&self, stale: &StaleValue) {
-        let (Some(flight), Some(left)) = (self.flight, self.inner.error_window_left(stale)) else {
+        let (Some(flight), Some(left)) = (
+            self.flight,
+            stale.error_window_left(&self.inner.config.lives),
+        ) else {
             return;
         };
         let until = crate::sync::later(Instant::now(), left);
         let digest = *self.key().digest();
-        let holds = self
-            .inner
-            .unchanged_since(digest, self.stamp, &stale.tag_stamps);
+        let notifier = self.inner.l1.notifier();
+        let holds = unchanged_since(notifier, digest, self.stamp, &stale.tag_stamps);
         let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
         flight.post(Some((Ok(answer), Some(Early { until, holds }))));
     }
@@ -76,7 +78,7 @@ impl Follower<'_> {
         stale: Option<&StaleValue>,
         waited: Duration,
     ) -> Option<Duration> {
-        self.inner.error_window_left(stale?)?;
+        stale?.error_window_left(&self.inner.config.lives)?;
         Some(soft_timeout?.saturating_sub(waited))
     }
 }

@@ -10,10 +10,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::lookup::LookupFound;
+use crate::cache::config::Lives;
 use crate::cache::entry::{Entry, Tagged, Windows};
 use crate::cache::l1::TagStamps;
 use crate::cache::{Fetched, Inner, Outcome, Previous};
-use crate::store::{KeyDigest, LockState, Stamp, StoreKey};
+use crate::store::{KeyDigest, LockState, Notifier, Stamp, StoreKey};
 
 /// A value past its freshness that the store still keeps, what its header said, and how far
 /// past its freshness it was when read.
@@ -80,85 +81,85 @@ impl StaleValue {
     }
 }
 
-impl Inner {
-    /// Whether a stale value may be served at once while another leader refreshes it.
-    pub(in crate::cache) fn serves_while_updating(&self, stale: &StaleValue) -> bool {
-        self.stale_window_left(stale).is_some()
+impl StaleValue {
+    /// Whether the value may be served at once while another leader refreshes it.
+    pub(in crate::cache) fn serves_while_updating(&self, lives: &Lives) -> bool {
+        self.window_left(lives).is_some()
     }
 
-    /// How long a stale value may still be served while a leader refreshes it, if it may.
-    pub(in crate::cache) fn stale_window_left(&self, stale: &StaleValue) -> Option<Duration> {
-        let window = stale
+    /// How long the value may still be served while a leader refreshes it, if it may.
+    pub(in crate::cache) fn window_left(&self, lives: &Lives) -> Option<Duration> {
+        let window = self
             .windows
             .and_then(|w| w.while_revalidating)
-            .unwrap_or(self.config.lives.stale);
-        let staleness = stale.staleness();
+            .unwrap_or(lives.stale);
+        let staleness = self.staleness();
         (!window.is_zero() && staleness <= window).then(|| window - staleness)
     }
 
-    /// Whether a stale value may stand in for a failed or too slow load.
-    pub(in crate::cache) fn serves_on_error(&self, stale: &StaleValue) -> bool {
-        self.error_window_left(stale).is_some()
+    /// Whether the value may stand in for a failed or too slow load.
+    pub(in crate::cache) fn serves_on_error(&self, lives: &Lives) -> bool {
+        self.error_window_left(lives).is_some()
     }
 
-    /// How long a stale value may still stand in for a failed or too slow load, if it may.
-    pub(in crate::cache) fn error_window_left(&self, stale: &StaleValue) -> Option<Duration> {
-        let max = stale
+    /// How long the value may still stand in for a failed or too slow load, if it may.
+    pub(in crate::cache) fn error_window_left(&self, lives: &Lives) -> Option<Duration> {
+        let max = self
             .windows
             .and_then(|w| w.if_error)
-            .unwrap_or_else(|| self.config.lives.stale_if_error());
-        let staleness = stale.staleness();
+            .unwrap_or_else(|| lives.stale_if_error());
+        let staleness = self.staleness();
         (!max.is_zero() && staleness <= max).then(|| max - staleness)
     }
 
-    /// A test that nothing was heard of the key `digest` (since `stamp`) nor of the tags
-    /// (since their stamps) of a stale value read from it: for an early answer, which a change
-    /// made in another process must withdraw once this process hears of it. `None` (no test)
-    /// where notifications are off or lost: then the stale window alone bounds it.
-    pub(in crate::cache) fn unchanged_since(
-        &self,
-        digest: KeyDigest,
-        stamp: Option<Stamp>,
-        tags: &TagStamps,
-    ) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
-        let (notifier, stamp) = (self.l1.notifier()?.clone(), stamp?);
-        let tags = tags.clone();
-        Some(Box::new(move || {
-            notifier.stamp(&digest) == Some(stamp)
-                && tags
-                    .iter()
-                    .all(|(tag, stamp)| notifier.stamp_anyway(tag) == *stamp)
-        }))
-    }
-
-    /// Whether `stale`, read from `key`, may still be served: no change of this process has
+    /// Whether the value, read from `key`, may still be served: no change of this process has
     /// overtaken the flight that read it (`overtaken`), the store still keeps the same value
     /// (an invalidation removed it, a write replaced it), and none of its tags was invalidated
-    /// since its load. One or two store calls, on the failure path only. A check that cannot
-    /// be made (the store fails) rules the value out: an error rather than a value that may
-    /// have been invalidated.
+    /// since its load. One or two store calls through `inner`, on the failure path only. A
+    /// check that cannot be made (the store fails) rules the value out: an error rather than
+    /// a value that may have been invalidated.
     pub(in crate::cache) async fn still_stands(
         &self,
+        inner: &Inner,
         key: &StoreKey,
-        stale: &StaleValue,
         overtaken: bool,
     ) -> bool {
         if overtaken {
             return false;
         }
-        let Ok(Some(stored)) = self.breaker.call(self.store.get(key)).await else {
+        let Ok(Some(stored)) = inner.breaker.call(inner.store.get(key)).await else {
             return false;
         };
         let same = matches!(
             crate::cache::entry::decode(stored.bytes),
-            Ok(Entry::Value { payload, .. }) if payload == stale.payload
+            Ok(Entry::Value { payload, .. }) if payload == self.payload
         );
         if !same {
             return false;
         }
-        match &stale.tags {
-            Some(tagged) => matches!(self.tags_valid(tagged).await, Ok(Some(_))),
+        match &self.tags {
+            Some(tagged) => matches!(inner.tags_valid(tagged).await, Ok(Some(_))),
             None => true,
         }
     }
+}
+
+/// A test that nothing was heard of the key `digest` (since `stamp`) nor of the tags (since
+/// their stamps) of a stale value read from it, by `notifier`: for an early answer, which a
+/// change made in another process must withdraw once this process hears of it. `None` (no
+/// test) where notifications are off or lost: then the stale window alone bounds it.
+pub(in crate::cache) fn unchanged_since(
+    notifier: Option<&Notifier>,
+    digest: KeyDigest,
+    stamp: Option<Stamp>,
+    tags: &TagStamps,
+) -> Option<Box<dyn Fn() -> bool + Send + Sync>> {
+    let (notifier, stamp) = (notifier?.clone(), stamp?);
+    let tags = tags.clone();
+    Some(Box::new(move || {
+        notifier.stamp(&digest) == Some(stamp)
+            && tags
+                .iter()
+                .all(|(tag, stamp)| notifier.stamp_anyway(tag) == *stamp)
+    }))
 }

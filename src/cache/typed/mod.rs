@@ -379,7 +379,7 @@ where
         if let Some(found) = self.cache.l1_hit(&digest, read) {
             return Ok(Some(found.value));
         }
-        let peeked = self.cache.inner.peek(digest, self.accepts()).await;
+        let peeked = self.cache.peek(digest, self.accepts()).await;
         let Some(bytes) = peeked.map_err(Error::store)? else {
             return Ok(None);
         };
