@@ -243,7 +243,9 @@ impl Store for RedisStore {
                 2 => two,
                 _ => Settled::LockLost,
             };
-            if settled == Settled::Done {
+            // A fill that kept a newer value freed the lock all the same: a change, which
+            // this process hears of here (its own "filled" message is skipped).
+            if matches!(settled, Settled::Done | Settled::KeptNewer) {
                 self.changed_here(&key);
             }
             Ok(settled)
