@@ -1,23 +1,34 @@
 //! Shared stores: where values and reload locks live across processes.
 //!
 //! A [`Store`] keeps two things per key: the cached value (with a TTL) and a short reload lock
-//! (with a TTL and a random owner token). Every call is ONE round trip on Redis:
+//! (with a TTL and a random owner token). Every call is ONE round trip on Redis. A store
+//! implements the calls marked *primitive*; the others are provided by the trait (the named
+//! writes on top of [`settle`](Store::settle) and [`change`](Store::change), the rest as
+//! defaults a store may override):
 //!
-//! | call | what it does |
-//! | --- | --- |
-//! | [`Store::lookup`] | value and its remaining life if present; if absent or about to expire (see [`LockWhen`]), try `SET lock NX PX` |
-//! | [`Store::lookup_many`] | the lookups of a batch of keys, in one round trip |
-//! | [`Store::fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
-//! | [`Store::release`] | compare-and-delete: never removes someone else's lock |
-//! | [`Store::extend`] | compare-and-`PEXPIRE` of many locks at once, for the renewals of long loads |
-//! | [`Store::renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
-//! | [`Store::fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
-//! | [`Store::answer_waiters`] | fenced write of a load's answer for its waiters only, beside the value (which stays, for the next load to revalidate), then drop the lock |
-//! | [`Store::waiters_answer`] | a plain read of that answer and its remaining life |
-//! | [`Store::put`] | write of the value (and a notification) whatever the lock holds, the lock untouched; refused where the stored value's load started later ([`load_start`]) |
-//! | [`Store::get`] | a plain read of the value and its remaining life |
-//! | [`Store::invalidate`], [`Store::invalidate_many`] | remove the value (of each key) and void its lock, whoever holds it, then notify |
-//! | [`Store::subscribe`] | not a round trip: a watch woken when the key is filled or released |
+//! | call | kind | what it does |
+//! | --- | --- | --- |
+//! | [`Store::lookup`] | primitive | value and its remaining life if present; if absent or about to expire (see [`LockWhen`]), try `SET lock NX PX` |
+//! | [`Store::lookup_many`] | default: a lookup each | the lookups of a batch of keys, in one round trip |
+//! | [`Store::get`] | primitive | a plain read of the value and its remaining life |
+//! | [`Store::extend`] | primitive | compare-and-`PEXPIRE` of many locks at once, for the renewals of long loads |
+//! | [`Store::settle`] | primitive | the end of a lock, fenced by its token: one of [`Settle`]'s |
+//! | [`Store::fill`] | [`Settle::Fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
+//! | [`Store::renew`] | [`Settle::Renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
+//! | [`Store::answer_waiters`] | [`Settle::AnswerWaiters`] | fenced write of a load's answer for its waiters only, beside the value (which stays, for the next load to revalidate), then drop the lock |
+//! | [`Store::fail`] | [`Settle::Fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
+//! | [`Store::release`] | [`Settle::Release`] | compare-and-delete: never removes someone else's lock |
+//! | [`Store::waiters_answer`] | default: none | a plain read of the waiters' answer and its remaining life |
+//! | [`Store::change`] | primitive | a change outside a load, whatever the lock holds: one of [`Change`]'s |
+//! | [`Store::put`] | [`Change::Put`] | write of the value (and a notification), the lock untouched; refused where the stored value's load started later ([`load_start`]) |
+//! | [`Store::set`] | [`Change::Set`] | write of the value, its lock voided, then notify |
+//! | [`Store::expire`] | [`Change::Expire`] | end of the value's freshness, its lock voided, then notify |
+//! | [`Store::invalidate`] | [`Change::Invalidate`] | remove the value and void its lock, whoever holds it, then notify |
+//! | [`Store::invalidate_many`] | default: an invalidation each | the invalidations of several keys, in one round trip |
+//! | [`Store::tag_clock`], [`Store::tag_versions`], [`Store::invalidate_tags`] | primitive | a namespace's tag state (see [`TagClock`]) |
+//! | [`Store::clear`] | default: refuses | a new tag generation: every value of the namespace outdated |
+//! | [`Store::subscribe`], [`Store::notifier`] | default: none | not round trips: a watch woken when the key is filled or released, and the notifier L1 entries are stamped with |
+//! | [`Store::call_limit`] | default: none | not a round trip: how many calls the store takes at once |
 //!
 //! Two implementations ship with the crate: [`MemoryStore`], the embedded default (one process,
 //! no server), and `RedisStore` (feature `redis`, on by default), shared by every process that
@@ -40,7 +51,8 @@
 //!
 //! - the trait, [`Store`], with what its calls take and return: [`StoreKey`] (a namespace and
 //!   a [`KeyDigest`], the SHA-256 of the logical key), [`LockToken`], [`Stored`],
-//!   [`Lookup`], [`LockState`], [`LockWhen`], [`Renewal`], [`BoxFuture`], and [`load_start`];
+//!   [`Lookup`], [`LockState`], [`LockWhen`], [`Settle`], [`Settled`], [`Change`],
+//!   [`Renewal`], [`BoxFuture`], and [`load_start`];
 //! - the notifications a store feeds, if it has any: [`Notifier`] (the store calls
 //!   [`notify`](Notifier::notify) for each change, [`lost`](Notifier::lost) and
 //!   [`restored`](Notifier::restored) as its subscription drops and comes back,
@@ -52,13 +64,28 @@
 //! A store's health is read through the cache, not the store: [`Cache::health`]
 //! (`notifications_live`, `store_answers`, `breaker_closed`).
 //!
+//! | file | holds |
+//! | --- | --- |
+//! | `mod.rs` | the [`Store`] trait; [`load_start`]; how durations become milliseconds |
+//! | `lookup.rs` | what a lookup asks and answers: [`LockWhen`], [`Lookup`], [`LockState`], [`Stored`] |
+//! | `primitives.rs` | what the write primitives take and answer: [`Settle`], [`Settled`], [`Change`]; [`Renewal`] |
+//! | `key.rs` | [`StoreKey`], [`KeyDigest`], [`LockToken`] |
+//! | `notify.rs` | the [`Notifier`] and its watches |
+//! | `tags.rs` | a namespace's tag state: [`TagClock`], [`TagVersions`] |
+//! | `call_limit.rs` | [`CallLimit`] |
+//! | `error.rs` | [`StoreError`] |
+//! | `memory/` | [`MemoryStore`] |
+//! | `redis/` | `RedisStore` (feature `redis`) |
+//!
 //! [`Cache::health`]: crate::Cache::health
 
 mod call_limit;
 mod error;
 pub(crate) mod key;
+mod lookup;
 mod memory;
 mod notify;
+mod primitives;
 #[cfg(feature = "redis")]
 mod redis;
 pub(crate) mod tags;
@@ -73,8 +100,10 @@ use bytes::Bytes;
 pub use call_limit::CallLimit;
 pub use error::{StoreError, StoreErrorKind};
 pub use key::{KeyDigest, LockToken, StoreKey};
+pub use lookup::{LockState, LockWhen, Lookup, Stored};
 pub use memory::MemoryStore;
 pub use notify::{FillWatch, Notifier, Stamp};
+pub use primitives::{Change, Renewal, Settle, Settled};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::{RedisStore, RedisStoreBuilder};
@@ -82,78 +111,6 @@ pub use tags::{TagClock, TagVersions, MAX_TAG_VERSIONS};
 
 /// A boxed, `Send` future, as returned by the object-safe [`Store`] trait.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// A value read from a store, with its remaining life there.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Stored {
-    /// The bytes as they were filled.
-    pub bytes: Bytes,
-    /// How long the value has left in the store; `None` if it has no expiry (a foreign write).
-    pub ttl: Option<Duration>,
-}
-
-/// What happened to the reload lock during a [`Store::lookup`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockState {
-    /// The value was fresh, so the lock was not asked for.
-    NotRequested,
-    /// The lock is now ours, under the token we passed: we are the leader.
-    Acquired,
-    /// Someone else holds the lock: we are a follower.
-    HeldElsewhere,
-    /// The last load failed a moment ago (see [`Store::fail`]): nobody may reload until the
-    /// failure marker expires, and followers fail (or serve stale) at once.
-    Failed,
-}
-
-/// When a [`Store::lookup`] asks for the reload lock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockWhen {
-    /// When the value is absent, or its remaining life in the store is at most this (a value
-    /// without expiry counts as stale). The engine passes how long a value is kept in the store
-    /// past its freshness, so the lock is asked for exactly when the value is stale.
-    LifeAtMost(Duration),
-    /// Whatever the value's remaining life: for a value that must be replaced, fresh or not
-    /// (the engine overwrites a corrupt entry this way). The lock is still only taken where
-    /// nobody holds it.
-    Always,
-    /// For an early refresh: when the remaining life is at most `life`, although the value
-    /// stays fresh while its remaining life is above `fresh_above` (the stale period). A store
-    /// that marks fresh values measures the mark the fill leaves from `fresh_above`, so the
-    /// refreshed value is marked fresh for all of its freshness.
-    Early {
-        /// Take the lock when the remaining life is at most this.
-        life: Duration,
-        /// The value is fresh while its remaining life is above this.
-        fresh_above: Duration,
-    },
-}
-
-/// The answer of a [`Store::lookup`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Lookup {
-    /// The value, fresh or not, if the store has one.
-    pub value: Option<Stored>,
-    /// Whether the lock was asked for and who holds it.
-    pub lock: LockState,
-}
-
-/// What a [`Store::renew`] did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Renewal {
-    /// The value lives the new TTL, fresh again; the lock was dropped and followers notified,
-    /// as by a fill.
-    Renewed,
-    /// The lock no longer holds the token: nothing changed, as for a refused fill.
-    LockLost,
-    /// The lock holds the token but there is no value to renew (it expired, was evicted, or
-    /// the store cannot renew): nothing changed and the lock is still held, so the leader
-    /// fills the value's bytes instead.
-    NoValue,
-}
 
 /// A shared store of values and reload locks.
 ///
@@ -165,19 +122,36 @@ pub enum Renewal {
 /// Durations are rounded down to whole milliseconds, with a floor of one millisecond and a
 /// ceiling of about 34 years.
 ///
+/// # What a store implements
+///
+/// A store must implement eight methods: [`lookup`](Self::lookup), [`get`](Self::get),
+/// [`extend`](Self::extend), the two write primitives [`settle`](Self::settle) (the end of a
+/// lock, by its holder: [`Settle`]) and [`change`](Self::change) (a change made outside a
+/// load: [`Change`]), and the tag state's [`tag_clock`](Self::tag_clock),
+/// [`tag_versions`](Self::tag_versions) and [`invalidate_tags`](Self::invalidate_tags). The
+/// named writes the engine calls ([`fill`](Self::fill), [`renew`](Self::renew),
+/// [`answer_waiters`](Self::answer_waiters), [`fail`](Self::fail),
+/// [`release`](Self::release); [`put`](Self::put), [`set`](Self::set),
+/// [`expire`](Self::expire), [`invalidate`](Self::invalidate)) are provided on top of the two
+/// primitives, one call of a primitive each: a store does not implement them, and a wrapper
+/// store forwards the primitives. The other provided methods have defaults a store overrides
+/// where it can do better: a batch in one round trip ([`lookup_many`](Self::lookup_many),
+/// [`invalidate_many`](Self::invalidate_many)), a waiters' slot
+/// ([`waiters_answer`](Self::waiters_answer)), notifications ([`subscribe`](Self::subscribe),
+/// [`notifier`](Self::notifier)), [`clear`](Self::clear), a [`call_limit`](Self::call_limit).
+///
 /// # Locks that lapse
 ///
 /// A lock taken (or [extended](Self::extend)) for `lock_ttl` *holds* for `lock_ttl`: until
 /// then, no other token takes it. Then it *lapses*: any lookup may take it, as if it were
 /// free. But until someone does, or for ten times its `lock_ttl`, the lapsed lock is
-/// still its holder's: the fenced calls ([`fill`](Self::fill), [`renew`](Self::renew),
-/// [`answer_waiters`](Self::answer_waiters), [`release`](Self::release),
-/// [`extend`](Self::extend), [`fail`](Self::fail)) take it as held. The fence is against
-/// another holder, not against the clock: a leader whose renewal came late (a slow network, a
-/// busy process) still fills where nobody took its place, instead of leaving the key to a
-/// second load. Whatever voids a lock (an [`invalidate`](Self::invalidate), a
-/// [`set`](Self::set), an [`expire`](Self::expire), another leader's lock, fill or release)
-/// voids a lapsed one too, so a load that started before such a change still cannot fill.
+/// still its holder's: the fenced calls (every [`settle`](Self::settle), and
+/// [`extend`](Self::extend)) take it as held. The fence is against another holder, not
+/// against the clock: a leader whose renewal came late (a slow network, a busy process) still
+/// fills where nobody took its place, instead of leaving the key to a second load. Whatever
+/// voids a lock (a [`change`](Self::change) other than a [`Change::Put`], another leader's
+/// lock, fill or release) voids a lapsed one too, so a load that started before such a change
+/// still cannot fill.
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Reads the value of `key` and, when `lock_when` says so, also tries to take its lock
     /// with `token` for `lock_ttl`.
@@ -218,46 +192,51 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         })
     }
 
-    /// Fenced write: if the lock of `key` still holds `token`, stores `value` for `ttl`, deletes
-    /// the lock and returns `true`. Otherwise (the lock expired, or another leader took it)
-    /// changes nothing and returns `false`, so a late leader cannot overwrite a newer value.
-    /// Fenced by load starts as [`put`](Self::put) is: where the stored value's load started
-    /// later than `value`'s (a [`put`](Self::put) after a wait timeout), keeps it, frees the
-    /// lock and notifies as a fill does, and returns `false`.
+    /// Ends the lock of `key` that `token` holds as `how` says (see [`Settle`] for the
+    /// semantics of each), fenced by the lock, in one round trip; answers what it did.
+    fn settle(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        how: Settle,
+    ) -> BoxFuture<'_, Result<Settled, StoreError>>;
+
+    /// Changes `key` as `what` says, whatever its lock holds (see [`Change`] for the
+    /// semantics of each), in one round trip; answers whether the change was made (`false`
+    /// only for a [`Change::Put`] refused by load starts).
+    fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>>;
+
+    /// [`Settle::Fill`]: fenced write of `value` for `ttl`; returns whether it was written
+    /// (`false` where the lock is not `token`'s, or a value whose load started later stays).
     fn fill(
         &self,
         key: &StoreKey,
         token: LockToken,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        settled_done(self.settle(key, token, Settle::Fill { value, ttl }))
+    }
 
-    /// Fenced renewal, for a reload that found the value it reloads unchanged (it was
-    /// revalidated): if the lock of `key` still holds `token` and the value is there, sets the
-    /// value to expire `ttl` from now without rewriting it (its [`load_start`] stays the
-    /// first load's), drops the lock as [`fill`](Self::fill) does (a store that marks fresh
-    /// values marks it fresh again), and notifies as a fill does. The default renews nothing
-    /// ([`Renewal::NoValue`]): the engine then fills the bytes again.
+    /// [`Settle::Renew`]: fenced renewal of the value for `ttl`, its bytes untouched.
     fn renew(
         &self,
         key: &StoreKey,
         token: LockToken,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
-        let _ = (key, token, ttl);
-        Box::pin(async { Ok(Renewal::NoValue) })
+        let settled = self.settle(key, token, Settle::Renew { ttl });
+        Box::pin(async move {
+            Ok(match settled.await? {
+                Settled::Done => Renewal::Renewed,
+                Settled::NoValue => Renewal::NoValue,
+                Settled::LockLost | Settled::KeptNewer => Renewal::LockLost,
+            })
+        })
     }
 
-    /// Fenced answer of a load for the calls that waited for it only (see
-    /// [`Loaded::for_waiters`](crate::Loaded::for_waiters)), kept beside the value: if the
-    /// lock of `key` holds `token`, keeps `answer` for `ttl` in the key's waiters' slot (read
-    /// by [`waiters_answer`](Self::waiters_answer)), leaves the value as it is (a value kept
-    /// past its freshness stays, so the next load still revalidates it), frees the lock as
-    /// [`release`](Self::release) does, notifies as a fill does, and returns `true`.
-    /// Otherwise (the lock is not ours) changes nothing and returns `false`.
-    ///
-    /// The default has no waiters' slot: it [`fill`](Self::fill)s `answer` in the value's
-    /// place, where followers read it too, and the value kept for revalidation is lost.
+    /// [`Settle::AnswerWaiters`]: fenced answer of a load for its waiters only, for `ttl`;
+    /// returns whether the lock was `token`'s.
     fn answer_waiters(
         &self,
         key: &StoreKey,
@@ -265,18 +244,32 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         answer: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.fill(key, token, answer, ttl)
+        settled_done(self.settle(key, token, Settle::AnswerWaiters { answer, ttl }))
     }
 
-    /// Reads the waiters' slot of `key` (see [`answer_waiters`](Self::answer_waiters)): the
-    /// answer and its remaining life, if one is there. The default has no such slot: `None`.
+    /// Reads the waiters' slot of `key` (see [`Settle::AnswerWaiters`]): the answer and its
+    /// remaining life, if one is there. The default has no such slot: `None`.
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         let _ = key;
         Box::pin(async { Ok(None) })
     }
 
-    /// Deletes the lock of `key` if it holds `token`; returns whether it did.
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>>;
+    /// [`Settle::Release`]: deletes the lock of `key` if it holds `token`; returns whether it
+    /// did.
+    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
+        settled_done(self.settle(key, token, Settle::Release))
+    }
+
+    /// [`Settle::Fail`]: records a failed load, a failure marker for `failure_ttl` in the
+    /// lock's place; returns whether the lock was `token`'s.
+    fn fail(
+        &self,
+        key: &StoreKey,
+        token: LockToken,
+        failure_ttl: Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        settled_done(self.settle(key, token, Settle::Fail { failure_ttl }))
+    }
 
     /// Renews locks: the lock of each `(key, token)` of `locks` holds for `lock_ttl` from now
     /// if it is that token's (held, or lapsed while nobody took it); answers, in order, whether
@@ -289,36 +282,16 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>>;
 
-    /// Records a failed load: if the lock of `key` holds `token`, replaces it with a failure
-    /// marker that lives `failure_ttl` (no token opens it, and lookups report
-    /// [`LockState::Failed`]), notifies followers as a release does, and returns `true`.
-    /// The default has no failure markers: it releases the lock.
-    fn fail(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        failure_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let _ = failure_ttl;
-        self.release(key, token)
-    }
-
-    /// Writes `value` for `ttl` whatever the lock holds, without touching the lock, and notifies
-    /// followers as a fill does; returns `true`. For a follower that gave up waiting and caches
-    /// its own load ([`WaitTimeoutPolicy::LoadAndCache`](crate::WaitTimeoutPolicy::LoadAndCache)),
-    /// and for tools; the leader that still holds the lock overwrites the value when its fill
-    /// lands.
-    ///
-    /// Fenced by the values' load starts ([`load_start`]): where the stored value's load
-    /// started later than `value`'s, changes nothing and returns `false`, so a slow load
-    /// cannot overwrite a newer value. A value without a load start (foreign bytes, or written
-    /// by a release of this crate before load starts) neither refuses nor is refused.
+    /// [`Change::Put`]: writes `value` for `ttl` whatever the lock holds; returns whether it
+    /// did (`false` where a value whose load started later stays).
     fn put(
         &self,
         key: &StoreKey,
         value: Bytes,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>>;
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.change(key, Change::Put { value, ttl })
+    }
 
     /// Reads the value of `key`, without touching the lock.
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;
@@ -332,11 +305,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// Removes the value of `key` and voids its lock, whoever holds it (a leader, a failure
-    /// marker, the `fresh` marker): a leader whose load started before cannot fill any more,
-    /// and the next lookup takes the lock. Then notifies every process, as a fill does (its
-    /// followers wake, its L1 drops the key). Removing what is not there is not an error.
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// [`Change::Invalidate`]: removes the value of `key` and voids its lock, then notifies.
+    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
+        changed(self.change(key, Change::Invalidate))
+    }
 
     /// [`invalidate`](Self::invalidate)s each of `keys`, with the same fence and
     /// notifications, in one round trip (on a Redis Cluster, one per slot, all at once): for
@@ -352,21 +324,28 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         })
     }
 
-    /// Writes `value` for `ttl`, fresh for `fresh_for` (at most `ttl`), and voids the lock of
-    /// `key` as [`invalidate`](Self::invalidate) does, so a load that started before cannot
-    /// overwrite it; then notifies every process.
+    /// [`Change::Set`]: writes `value` for `ttl`, fresh for `fresh_for`, and voids the lock
+    /// of `key`; then notifies.
     fn set(
         &self,
         key: &StoreKey,
         value: Bytes,
         fresh_for: Duration,
         ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>>;
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let what = Change::Set {
+            value,
+            fresh_for,
+            ttl,
+        };
+        changed(self.change(key, what))
+    }
 
-    /// Ends the freshness of the value of `key` without removing it: it is kept `keep` longer
-    /// at most (a stale window may still serve it), or removed if `keep` is zero. Voids the
-    /// lock as [`invalidate`](Self::invalidate) does, then notifies every process.
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>>;
+    /// [`Change::Expire`]: ends the freshness of the value of `key`, kept `keep` longer at
+    /// most, and voids the lock; then notifies.
+    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
+        changed(self.change(key, Change::Expire { keep }))
+    }
 
     /// The tag generation and clock of `namespace` (see [`TagClock`]): the clock counts the
     /// [`invalidate_tags`](Self::invalidate_tags) calls of the generation. Where the namespace
@@ -430,6 +409,20 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn call_limit(&self) -> Option<&CallLimit> {
         None
     }
+}
+
+/// Whether a settlement took effect, for the provided calls that answer a `bool`.
+fn settled_done(
+    settled: BoxFuture<'_, Result<Settled, StoreError>>,
+) -> BoxFuture<'_, Result<bool, StoreError>> {
+    Box::pin(async move { Ok(settled.await? == Settled::Done) })
+}
+
+/// A change's answer, for the provided calls that answer nothing.
+fn changed(
+    changed: BoxFuture<'_, Result<bool, StoreError>>,
+) -> BoxFuture<'_, Result<(), StoreError>> {
+    Box::pin(async move { changed.await.map(drop) })
 }
 
 /// When the load of a value the engine wrote started, in milliseconds since the UNIX epoch,

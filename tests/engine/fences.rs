@@ -9,7 +9,7 @@ use bytes::Bytes;
 use support::observed::Observed;
 use support::{store_test, timed_test, Counter, Shared};
 use tokio::sync::Notify;
-use tower_stampede::store::{LockState, LockToken, LockWhen};
+use tower_stampede::store::{load_start, LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Loaded, Outcome};
 
 use crate::loader;
@@ -297,6 +297,58 @@ async fn a_lost_lock_means_a_refused_fill_not_a_wrong_value() {
         assert_eq!(read.value().unwrap(), "second");
     }
     assert_eq!(loads.get(), 1);
+}
+
+store_test!(a_fill_that_keeps_a_newer_value_tells_this_process);
+/// A fill refused because the stored value's load started later still frees the lock
+/// (`Settle::Fill`'s `KeptNewer`), and a store notifies its own changes in this process
+/// before the call returns (`Store::notifier`), as a release does: this process's followers
+/// wake at once instead of at their next poll. On Redis, the script's own "filled" message
+/// is skipped when it comes back, so only the store's answer can tell this process.
+async fn a_fill_that_keeps_a_newer_value_tells_this_process(shared: Shared) {
+    let case = shared.name;
+    let store = &shared.store;
+    let key = Cache::builder_shared(store.clone())
+        .build()
+        .store_key("kept");
+    // A value of the engine's format, its load started at `start` (ms since the epoch).
+    let loaded_at = |start: u64| {
+        let mut bytes = b"TS\x02\0\0\0\0\0".to_vec();
+        bytes.extend(start.to_be_bytes());
+        bytes.extend(b"payload");
+        Bytes::from(bytes)
+    };
+    assert_eq!(load_start(&loaded_at(7)), Some(7));
+    let (older, newer) = (loaded_at(1_000), loaded_at(2_000));
+    let ttl = Duration::from_secs(10);
+    let leader = LockToken::random();
+    let lookup = store
+        .lookup(&key, leader, ttl, LockWhen::LifeAtMost(Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(lookup.lock, LockState::Acquired, "{case}");
+    assert!(store.put(&key, newer.clone(), ttl).await.unwrap(), "{case}");
+    let notifier = store.notifier().expect("a store with notifications");
+    let before = notifier.stamp_anyway(key.digest());
+    assert!(
+        !store.fill(&key, leader, older, ttl).await.unwrap(),
+        "{case}: an older load filled over a newer value"
+    );
+    assert_ne!(
+        notifier.stamp_anyway(key.digest()),
+        before,
+        "{case}: the lock was freed and this process not told"
+    );
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().bytes,
+        newer,
+        "{case}"
+    );
+    let next = store
+        .lookup(&key, LockToken::random(), ttl, LockWhen::Always)
+        .await
+        .unwrap();
+    assert_eq!(next.lock, LockState::Acquired, "{case}: the lock was kept");
 }
 
 store_test!(a_failed_fill_keeps_no_value_outdated_during_its_load);

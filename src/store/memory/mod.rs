@@ -3,7 +3,7 @@
 //! | file | what it holds |
 //! | --- | --- |
 //! | `mod.rs` | `MemoryStore`: its state's upkeep (expiry, eviction) and the steps the calls share |
-//! | `store.rs` | `impl Store for MemoryStore` |
+//! | `store.rs` | `impl Store for MemoryStore`: its primitives, each variant of a settlement or a change sent to its step in `mod.rs`; the tag state |
 //! | `state.rs` | the values, locks and tag state it keeps |
 //! | `tests.rs` | its tests |
 
@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use self::state::{Holder, Lock, State};
 use super::{
-    lapsed_kept_for, millis, LockState, LockToken, LockWhen, Lookup, Notifier, Renewal, StoreKey,
+    lapsed_kept_for, millis, LockState, LockToken, LockWhen, Lookup, Notifier, Settled, StoreKey,
     Stored,
 };
 
@@ -150,66 +150,65 @@ impl MemoryStore {
 
     /// A fill, fenced by the lock and by load starts: where the stored value's load started
     /// later, the value stays (the lock is freed and followers notified all the same).
-    fn fill_now(&self, key: &StoreKey, token: LockToken, value: Bytes, ttl: Duration) -> bool {
-        let mut written = false;
-        let held = self.fenced_write(key, token, |state, now| {
-            if !state.newer_stored(key, &value, now) {
-                state.insert_value(key, value, expiry(now, ttl));
-                written = true;
+    fn fill_now(&self, key: &StoreKey, token: LockToken, value: Bytes, ttl: Duration) -> Settled {
+        self.fenced_write(key, token, |state, now| {
+            if state.newer_stored(key, &value, now) {
+                return Settled::KeptNewer;
             }
-        });
-        held && written
+            state.insert_value(key, value, expiry(now, ttl));
+            Settled::Done
+        })
     }
 
     /// If the lock of `key` holds `token`: `write`, then free the lock and notify, as a fill
-    /// does (`true`); else nothing (`false`).
+    /// does (what `write` answers); else nothing ([`Settled::LockLost`]).
     fn fenced_write(
         &self,
         key: &StoreKey,
         token: LockToken,
-        write: impl FnOnce(&mut State, Instant),
-    ) -> bool {
+        write: impl FnOnce(&mut State, Instant) -> Settled,
+    ) -> Settled {
         let now = Instant::now();
         let mut state = self.state();
         if !state.owns(key, token, now) {
-            return false;
+            return Settled::LockLost;
         }
-        write(&mut state, now);
+        let settled = write(&mut state, now);
         state.locks.remove(key);
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);
-        true
+        settled
     }
 
-    fn renew_now(&self, key: &StoreKey, token: LockToken, ttl: Duration) -> Renewal {
+    fn renew_now(&self, key: &StoreKey, token: LockToken, ttl: Duration) -> Settled {
         let now = Instant::now();
         let mut state = self.state();
         if !state.owns(key, token, now) {
-            return Renewal::LockLost;
+            return Settled::LockLost;
         }
         match state.values.get_mut(key) {
             Some((_, expires)) if *expires > now => *expires = expiry(now, ttl),
-            _ => return Renewal::NoValue,
+            _ => return Settled::NoValue,
         }
         state.touch(key);
         state.locks.remove(key);
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);
-        Renewal::Renewed
+        Settled::Done
     }
 
-    fn release_now(&self, key: &StoreKey, token: LockToken) -> bool {
+    fn release_now(&self, key: &StoreKey, token: LockToken) -> Settled {
         let now = Instant::now();
         let mut state = self.state();
         if !state.owns(key, token, now) {
-            return false;
+            return Settled::LockLost;
         }
         state.locks.remove(key);
         drop(state);
         self.notifier.notify(key);
-        true
+        Settled::Done
     }
 
     fn answer_waiters_now(
@@ -218,11 +217,12 @@ impl MemoryStore {
         token: LockToken,
         answer: Bytes,
         ttl: Duration,
-    ) -> bool {
+    ) -> Settled {
         self.fenced_write(key, token, |state, now| {
             state
                 .waiters
                 .insert(key.clone(), (answer, expiry(now, ttl)));
+            Settled::Done
         })
     }
 
@@ -272,11 +272,11 @@ impl MemoryStore {
 
     /// If the lock of `key` is `token`'s (held, or lapsed while nobody took it), replaces it
     /// by the failure marker for `failure_ttl`.
-    fn fail_now(&self, key: &StoreKey, token: LockToken, failure_ttl: Duration) -> bool {
+    fn fail_now(&self, key: &StoreKey, token: LockToken, failure_ttl: Duration) -> Settled {
         let now = Instant::now();
         let mut state = self.state();
         if !state.owns(key, token, now) {
-            return false;
+            return Settled::LockLost;
         }
         let lapses = expiry(now, failure_ttl);
         let failed = Lock {
@@ -287,12 +287,12 @@ impl MemoryStore {
         state.locks.insert(key.clone(), failed);
         drop(state);
         self.notifier.notify(key);
-        true
+        Settled::Done
     }
 
     /// Applies a change of `key` that voids its lock, then notifies. `value` says what becomes
     /// of the value: `None` removes it, `Some(f)` maps (bytes, expiry) to what is kept.
-    fn change(
+    fn change_now(
         &self,
         key: &StoreKey,
         value: impl FnOnce(Option<(Bytes, Instant)>, Instant) -> Option<(Bytes, Instant)>,

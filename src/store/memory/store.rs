@@ -4,12 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::super::{
-    BoxFuture, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Renewal, Store,
-    StoreError, StoreKey, Stored, TagClock, TagVersions, MAX_TAG_VERSIONS,
+    BoxFuture, Change, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Settle,
+    Settled, Store, StoreError, StoreKey, Stored, TagClock, TagVersions, MAX_TAG_VERSIONS,
 };
 use super::state::TagState;
 use super::{expiry, MemoryStore};
@@ -40,30 +39,46 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(found) })
     }
 
-    fn fill(
+    fn settle(
         &self,
         key: &StoreKey,
         token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.fill_now(key, token, value, ttl);
-        Box::pin(async move { Ok(result) })
+        how: Settle,
+    ) -> BoxFuture<'_, Result<Settled, StoreError>> {
+        let settled = match how {
+            Settle::Fill { value, ttl } => self.fill_now(key, token, value, ttl),
+            Settle::Renew { ttl } => self.renew_now(key, token, ttl),
+            Settle::AnswerWaiters { answer, ttl } => {
+                self.answer_waiters_now(key, token, answer, ttl)
+            }
+            Settle::Fail { failure_ttl } => self.fail_now(key, token, failure_ttl),
+            Settle::Release => self.release_now(key, token),
+        };
+        Box::pin(async move { Ok(settled) })
     }
 
-    fn renew(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
-        let result = self.renew_now(key, token, ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.release_now(key, token);
-        Box::pin(async move { Ok(result) })
+    fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let changed = match what {
+            Change::Put { value, ttl } => self.put_now(key, value, ttl),
+            Change::Set { value, ttl, .. } => {
+                // Freshness is judged by each lookup from the remaining life; no marker to set.
+                self.change_now(key, |_, now| Some((value, expiry(now, ttl))));
+                true
+            }
+            Change::Expire { keep } => {
+                self.change_now(key, |old, now| {
+                    let (bytes, expires) = old?;
+                    let kept = (!keep.is_zero()).then(|| expiry(now, keep))?;
+                    Some((bytes, expires.min(kept)))
+                });
+                true
+            }
+            Change::Invalidate => {
+                self.change_now(key, |_, _| None);
+                true
+            }
+        };
+        Box::pin(async move { Ok(changed) })
     }
 
     fn extend(
@@ -75,39 +90,8 @@ impl Store for MemoryStore {
         Box::pin(async move { Ok(result) })
     }
 
-    fn put(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.put_now(key, value, ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         let result = self.state().live_value(key, Instant::now());
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn fail(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        failure_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.fail_now(key, token, failure_ttl);
-        Box::pin(async move { Ok(result) })
-    }
-
-    fn answer_waiters(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        answer: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let result = self.answer_waiters_now(key, token, answer, ttl);
         Box::pin(async move { Ok(result) })
     }
 
@@ -120,36 +104,10 @@ impl Store for MemoryStore {
         Some(self.notifier.watch(key))
     }
 
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.change(key, |_, _| None);
-        Box::pin(async { Ok(()) })
-    }
-
     fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
         for key in keys {
-            self.change(key, |_, _| None);
+            self.change_now(key, |_, _| None);
         }
-        Box::pin(async { Ok(()) })
-    }
-
-    fn set(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        _fresh_for: Duration,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        // Freshness is judged by each lookup from the remaining life; no marker to set.
-        self.change(key, |_, now| Some((value, expiry(now, ttl))));
-        Box::pin(async { Ok(()) })
-    }
-
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.change(key, |old, now| {
-            let (bytes, expires) = old?;
-            let kept = (!keep.is_zero()).then(|| expiry(now, keep))?;
-            Some((bytes, expires.min(kept)))
-        });
         Box::pin(async { Ok(()) })
     }
 

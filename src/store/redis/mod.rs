@@ -13,7 +13,7 @@
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
 //! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
 //! | `liveness.rs` | one server's subscriber watched by a `PING`, replaced when it goes silent |
-//! | `store.rs` | `impl Store for RedisStore`, and reading the replies |
+//! | `store.rs` | `impl Store for RedisStore`: its primitives, each variant of a settlement or a change one script; reading the replies |
 //! | `lookup.rs` | lookups: a key's three commands in one round trip, a batch's in one pipeline |
 //! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
 //! | `cluster.rs` | a Redis Cluster's slot map, for one pipeline per master (feature `cluster`) |

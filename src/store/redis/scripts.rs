@@ -117,7 +117,7 @@ end
 /// Fenced write: store the value only while the lock holds our token, then replace the lock
 /// by the `fresh` marker for as long as the value is fresh, and publish "filled" (`ARGV[4]` is
 /// the channel, `ARGV[5]` the key's digest). Fenced by load starts too: where the stored
-/// value's load started later than the filled value's, the stored value stays (0), and the
+/// value's load started later than the filled value's, the stored value stays (2), and the
 /// lock is freed and "filled" published all the same.
 pub(super) static FILL: LazyLock<Script> = LazyLock::new(|| {
     publishing(
@@ -130,7 +130,7 @@ local stored = new and load_start(redis.pcall('GETRANGE', KEYS[1], 0, 15))
 if stored and stored > new then
   unlock(KEYS[2], l, redis.call('PTTL', KEYS[1]))
   publish(ARGV[4], ARGV[5])
-  return 0
+  return 2
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 unlock(KEYS[2], l, tonumber(ARGV[3]))

@@ -1,5 +1,5 @@
 //! `impl Store for RedisStore`: each call one round trip (a pipeline of plain commands, or a
-//! script), and how the replies are read.
+//! script: one per [`Settle`] and [`Change`] variant), and how the replies are read.
 //! Lookups have their own file, `lookup.rs`, and so has a namespace's tag state, `tag_state.rs`;
 //! the trait's calls go there.
 
@@ -17,19 +17,12 @@ use super::scripts::{
 };
 use super::RedisStore;
 use crate::store::{
-    lapsed_kept_for, load_start, millis, BoxFuture, CallLimit, FillWatch, KeyDigest, LockToken,
-    LockWhen, Lookup, Notifier, Renewal, Store, StoreError, StoreKey, Stored, TagClock,
-    TagVersions,
+    lapsed_kept_for, load_start, millis, BoxFuture, CallLimit, Change, FillWatch, KeyDigest,
+    LockToken, LockWhen, Lookup, Notifier, Settle, Settled, Store, StoreError, StoreKey, Stored,
+    TagClock, TagVersions,
 };
 
 impl RedisStore {
-    /// Runs a script fenced by the lock's token: it answers 1 if the lock held the token (and
-    /// the script did its work), 0 if not.
-    async fn run_fenced(&self, script: &Script, call: Cmd) -> Result<bool, StoreError> {
-        let done: i64 = self.run(script, &call).await?;
-        Ok(done == 1)
-    }
-
     /// The value from the replies to a pipelined `GET` and `PTTL` of it; a value of a foreign
     /// type (`WRONGTYPE` to the `GET`) counts as absent.
     pub(super) fn read(
@@ -84,51 +77,20 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// Adds the arguments with which `call`'s script publishes "filled" for `key`.
+    fn publishing(&self, mut call: Cmd, key: &StoreKey) -> Cmd {
+        publish_filled(
+            &mut call,
+            key,
+            self.fill_channel(key.namespace()),
+            self.origin(),
+        );
+        call
+    }
+
     /// The `INVALIDATE` script's call for `key`.
     fn invalidate_call(&self, key: &StoreKey) -> Cmd {
-        let mut call = script_call(&INVALIDATE, &KeyName::value_and_lock(key));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        call
-    }
-
-    fn release_call(&self, key: &StoreKey, token: LockToken) -> Cmd {
-        let mut call = script_call(&RELEASE, &KeyName::value_and_lock(key));
-        call.arg(&token.hex_bytes()[..]);
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        call
-    }
-
-    /// A fenced write of `bytes` for `ttl` (`FILL`, `ANSWER`): `script` on the Redis keys
-    /// `names` (the value's, the lock's, then any other), with the lock's `token`, publishing
-    /// `key`'s change.
-    fn fenced_write(
-        &self,
-        script: &'static Script,
-        names: &[KeyName<'_>],
-        key: &StoreKey,
-        token: LockToken,
-        bytes: &[u8],
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(script, names);
-        call.arg(&token.hex_bytes()[..]).arg(bytes).arg(millis(ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_fenced_change(script, call, key.clone()))
+        self.publishing(script_call(&INVALIDATE, &KeyName::value_and_lock(key)), key)
     }
 
     /// The tag this store's messages carry (none without notifications).
@@ -152,18 +114,86 @@ impl RedisStore {
         }
     }
 
-    /// A fenced script that changes `key` when it answers 1.
-    async fn run_fenced_change(
+    /// The script of a settlement and its call, and what the script's answer 2 means (only
+    /// `FILL` and `RENEW` answer it).
+    fn settle_call(
         &self,
-        script: &Script,
-        call: Cmd,
-        key: StoreKey,
-    ) -> Result<bool, StoreError> {
-        let done = self.run_fenced(script, call).await?;
-        if done {
-            self.changed_here(&key);
+        key: &StoreKey,
+        token: LockToken,
+        how: Settle,
+    ) -> (&'static Script, Cmd, Settled) {
+        let token = token.hex_bytes();
+        let (script, mut call, two): (&'static Script, _, _) = match how {
+            Settle::Fill { value, ttl } => {
+                let mut call = script_call(&FILL, &KeyName::value_and_lock(key));
+                call.arg(&token[..]).arg(value.as_ref()).arg(millis(ttl));
+                (&FILL, call, Settled::KeptNewer)
+            }
+            Settle::Renew { ttl } => {
+                let mut call = script_call(&RENEW, &KeyName::value_and_lock(key));
+                call.arg(&token[..]).arg(millis(ttl));
+                (&RENEW, call, Settled::NoValue)
+            }
+            Settle::AnswerWaiters { answer, ttl } => {
+                let names = [
+                    KeyName::value(key),
+                    KeyName::lock(key),
+                    KeyName::waiters(key),
+                ];
+                let mut call = script_call(&ANSWER, &names);
+                call.arg(&token[..]).arg(answer.as_ref()).arg(millis(ttl));
+                (&ANSWER, call, Settled::LockLost)
+            }
+            Settle::Fail { failure_ttl } => {
+                let mut call = script_call(&FAIL, &[KeyName::lock(key)]);
+                call.arg(&token[..]).arg(millis(failure_ttl));
+                (&FAIL, call, Settled::LockLost)
+            }
+            Settle::Release => {
+                let mut call = script_call(&RELEASE, &KeyName::value_and_lock(key));
+                call.arg(&token[..]);
+                (&RELEASE, call, Settled::LockLost)
+            }
+        };
+        call = self.publishing(call, key);
+        (script, call, two)
+    }
+
+    /// The script of a change and its call.
+    fn change_call(&self, key: &StoreKey, what: Change) -> (&'static Script, Cmd) {
+        match what {
+            Change::Put { value, ttl } => {
+                let mut call = script_call(&PUT, &[KeyName::value(key)]);
+                call.arg(value.as_ref()).arg(millis(ttl));
+                let mut call = self.publishing(call, key);
+                match load_start(&value) {
+                    Some(started) => call.arg(itoa::Buffer::new().format(started)),
+                    None => call.arg(""),
+                };
+                (&PUT, call)
+            }
+            Change::Set {
+                value,
+                fresh_for,
+                ttl,
+            } => {
+                let mut call = script_call(&SET, &KeyName::value_and_lock(key));
+                // A freshness under 1 ms leaves no marker (0), as `millis` would round it up.
+                let fresh = if fresh_for.is_zero() {
+                    0
+                } else {
+                    millis(fresh_for.min(ttl))
+                };
+                call.arg(value.as_ref()).arg(millis(ttl)).arg(fresh);
+                (&SET, self.publishing(call, key))
+            }
+            Change::Expire { keep } => {
+                let mut call = script_call(&EXPIRE, &KeyName::value_and_lock(key));
+                call.arg(if keep.is_zero() { 0 } else { millis(keep) });
+                (&EXPIRE, self.publishing(call, key))
+            }
+            Change::Invalidate => (&INVALIDATE, self.invalidate_call(key)),
         }
-        Ok(done)
     }
 }
 
@@ -196,54 +226,47 @@ impl Store for RedisStore {
         self.lookup_keys(keys, token, lock_ttl, lock_when)
     }
 
-    fn fill(
+    /// One script per settlement, each fenced by the lock: it answers 1 where the lock held
+    /// the token and the script did its work, 0 where it did not hold it, 2 for the answers
+    /// of `settle_call`.
+    fn settle(
         &self,
         key: &StoreKey,
         token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.fenced_write(
-            &FILL,
-            &KeyName::value_and_lock(key),
-            key,
-            token,
-            &value,
-            ttl,
-        )
-    }
-
-    fn renew(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
-        let mut call = script_call(&RENEW, &KeyName::value_and_lock(key));
-        call.arg(&token.hex_bytes()[..]).arg(millis(ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
+        how: Settle,
+    ) -> BoxFuture<'_, Result<Settled, StoreError>> {
+        let (script, call, two) = self.settle_call(key, token, how);
         let key = key.clone();
         Box::pin(async move {
-            let done: i64 = self.run(&RENEW, &call).await?;
-            Ok(match done {
-                1 => {
-                    self.changed_here(&key);
-                    Renewal::Renewed
-                }
-                2 => Renewal::NoValue,
-                _ => Renewal::LockLost,
-            })
+            let settled = match self.run::<i64>(script, &call).await? {
+                1 => Settled::Done,
+                2 => two,
+                _ => Settled::LockLost,
+            };
+            // A fill that kept a newer value freed the lock all the same: a change, which
+            // this process hears of here (its own "filled" message is skipped).
+            if matches!(settled, Settled::Done | Settled::KeptNewer) {
+                self.changed_here(&key);
+            }
+            Ok(settled)
         })
     }
 
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let call = self.release_call(key, token);
-        Box::pin(self.run_fenced_change(&RELEASE, call, key.clone()))
+    /// One script per change. `PUT` answers 0 where a newer value stays (nothing changed);
+    /// the others change the key whatever they answer.
+    fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>> {
+        let fenced = matches!(what, Change::Put { .. });
+        let (script, call) = self.change_call(key, what);
+        let key = key.clone();
+        Box::pin(async move {
+            let ran: Result<i64, StoreError> = self.run(script, &call).await;
+            let changed = ran.as_ref().map_or(!fenced, |done| !fenced || *done == 1);
+            // Whatever the answer, but a refused put: the change may have been made.
+            if changed {
+                self.changed_here(&key);
+            }
+            ran.map(|_| changed)
+        })
     }
 
     fn extend(
@@ -280,61 +303,8 @@ impl Store for RedisStore {
         })
     }
 
-    fn put(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&PUT, &[KeyName::value(key)]);
-        call.arg(value.as_ref()).arg(millis(ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        match load_start(&value) {
-            Some(started) => call.arg(itoa::Buffer::new().format(started)),
-            None => call.arg(""),
-        };
-        Box::pin(self.run_fenced_change(&PUT, call, key.clone()))
-    }
-
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         self.read_key(KeyName::value(key))
-    }
-
-    fn fail(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        failure_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let mut call = script_call(&FAIL, &[KeyName::lock(key)]);
-        call.arg(&token.hex_bytes()[..]).arg(millis(failure_ttl));
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_fenced_change(&FAIL, call, key.clone()))
-    }
-
-    fn answer_waiters(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        answer: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        let names = [
-            KeyName::value(key),
-            KeyName::lock(key),
-            KeyName::waiters(key),
-        ];
-        self.fenced_write(&ANSWER, &names, key, token, &answer, ttl)
     }
 
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
@@ -345,11 +315,6 @@ impl Store for RedisStore {
         let notifications = self.notifications.as_ref()?;
         notifications.ensure_subscribed(key.namespace());
         Some(notifications.notifier.watch(key))
-    }
-
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        let call = self.invalidate_call(key);
-        Box::pin(self.run_change(&INVALIDATE, call, key.clone()))
     }
 
     fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -363,42 +328,6 @@ impl Store for RedisStore {
             }
             ran.map_err(|error| self.error(error))
         })
-    }
-
-    fn set(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        fresh_for: Duration,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(&SET, &KeyName::value_and_lock(key));
-        // A freshness under 1 ms leaves no marker (0), as `millis` would round it up.
-        let fresh = if fresh_for.is_zero() {
-            0
-        } else {
-            millis(fresh_for.min(ttl))
-        };
-        call.arg(value.as_ref()).arg(millis(ttl)).arg(fresh);
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_change(&SET, call, key.clone()))
-    }
-
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        let mut call = script_call(&EXPIRE, &KeyName::value_and_lock(key));
-        call.arg(if keep.is_zero() { 0 } else { millis(keep) });
-        publish_filled(
-            &mut call,
-            key,
-            self.fill_channel(key.namespace()),
-            self.origin(),
-        );
-        Box::pin(self.run_change(&EXPIRE, call, key.clone()))
     }
 
     fn notifier(&self) -> Option<&Notifier> {
@@ -431,22 +360,6 @@ impl Store for RedisStore {
 
     fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
         self.clear_now(namespace)
-    }
-}
-
-impl RedisStore {
-    /// Runs a script that changes `key` for every process, then tells this process's own
-    /// notifier at once (its pub/sub message may come later), whatever the answer.
-    async fn run_change(
-        &self,
-        script: &Script,
-        call: Cmd,
-        key: StoreKey,
-    ) -> Result<(), StoreError> {
-        let ran: Result<i64, StoreError> = self.run(script, &call).await;
-        // Whatever the answer: the change may have been made.
-        self.changed_here(&key);
-        ran.map(drop)
     }
 }
 

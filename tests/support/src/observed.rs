@@ -3,10 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tower_stampede::store::{
-    BoxFuture, CallLimit, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier, Renewal,
-    Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
+    BoxFuture, CallLimit, Change, FillWatch, KeyDigest, LockToken, LockWhen, Lookup, Notifier,
+    Settle, Settled, Store, StoreError, StoreKey, Stored, TagClock, TagVersions,
 };
 
 /// Another store seen through a wrapper that counts its calls, lookups and fills and, if asked,
@@ -232,14 +231,19 @@ impl Store for Observed {
         })
     }
 
-    fn fill(
+    /// A fill is counted, failed or slowed as asked; every other settlement goes through as
+    /// it is, so the wrapper keeps the inner store's renewals, waiters' slot and failure
+    /// markers.
+    fn settle(
         &self,
         key: &StoreKey,
         token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        how: Settle,
+    ) -> BoxFuture<'_, Result<Settled, StoreError>> {
         self.count();
+        if !matches!(how, Settle::Fill { .. }) {
+            return self.inner.settle(key, token, how);
+        }
         self.fills.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if self.fills_fail {
             return Box::pin(async { Err(StoreError::new("fills fail")) });
@@ -247,52 +251,20 @@ impl Store for Observed {
         let key = key.clone();
         Box::pin(async move {
             tokio::time::sleep(self.fill_delay).await;
-            self.inner.fill(&key, token, value, ttl).await
+            self.inner.settle(&key, token, how).await
         })
     }
 
-    // Every other call goes through as it is, the trait's defaults included: without these,
-    // the wrapper would lose the inner store's renewals, waiters' slot, failure markers and
-    // notifications.
-    fn renew(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
+    fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>> {
         self.count();
-        self.inner.renew(key, token, ttl)
+        self.inner.change(key, what)
     }
 
-    fn answer_waiters(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        answer: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.count();
-        self.inner.answer_waiters(key, token, answer, ttl)
-    }
-
+    // The calls with a default go through too: without them, the wrapper would lose the
+    // inner store's waiters' slot, batches, notifications and limit.
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         self.count();
         self.inner.waiters_answer(key)
-    }
-
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.count();
-        self.inner.release(key, token)
-    }
-
-    fn fail(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        failure_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.count();
-        self.inner.fail(key, token, failure_ttl)
     }
 
     fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
@@ -329,16 +301,6 @@ impl Store for Observed {
         })
     }
 
-    fn put(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.count();
-        self.inner.put(key, value, ttl)
-    }
-
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         self.count();
         if self.hanging() || self.reads_hang.load(std::sync::atomic::Ordering::SeqCst) {
@@ -347,30 +309,9 @@ impl Store for Observed {
         self.inner.get(key)
     }
 
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.count();
-        self.inner.invalidate(key)
-    }
-
     fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
         self.count();
         self.inner.invalidate_many(keys)
-    }
-
-    fn set(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        fresh_for: Duration,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.count();
-        self.inner.set(key, value, fresh_for, ttl)
-    }
-
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.count();
-        self.inner.expire(key, keep)
     }
 
     fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
