@@ -17,7 +17,7 @@ use super::entry::{self, Entry};
 use super::fetched::{FlightResult, Own};
 use super::flights::Entered;
 use super::l1::L1Hit;
-use super::protocol::Follower;
+use super::protocol::{EarlyRefresh, Follower};
 use super::telemetry::WaitEnd;
 use super::{BoxError, Error, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
@@ -171,7 +171,7 @@ impl Inner {
                     L1Hit::RefreshDue(entry) => {
                         // This caller has its answer: what the refresh gives it is dropped.
                         let loader = BoxLoader::new(accepts, loader, soft_timeout, None);
-                        self.refresh_early(digest, loader, entry.fresh_until);
+                        EarlyRefresh::start(self, digest, loader, entry.fresh_until);
                         entry
                     }
                 };

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::refresh::EarlyRefresh;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::TagStamps;
@@ -93,7 +94,7 @@ impl Inner {
         self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
         let fresh_until = crate::sync::later(read_at, fresh_for);
         if self.refreshes.due(read_at, fresh_until, load_time) {
-            self.refresh_early(digest, loader, fresh_until);
+            EarlyRefresh::start(self, digest, loader, fresh_until);
         }
         let outcome = if followed {
             Outcome::Follower

@@ -35,3 +35,4 @@ mod waiters;
 mod without_lock;
 
 pub(super) use follower::Follower;
+pub(super) use refresh::EarlyRefresh;

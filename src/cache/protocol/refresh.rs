@@ -23,21 +23,36 @@ use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
 /// refreshes due (the store's clock is read a round trip away).
 const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
 
-impl Inner {
+/// An early refresh of one key: a flight of its own, in the background, with the loader of
+/// the hit that found the value due.
+pub(in crate::cache) struct EarlyRefresh {
+    inner: Arc<Inner>,
+    digest: KeyDigest,
+    loader: BoxLoader,
+    /// When the value it refreshes stops being fresh, as this process knows it.
+    fresh_until: Instant,
+}
+
+impl EarlyRefresh {
     /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
     /// the background, unless one is running in this process.
-    pub(in crate::cache) fn refresh_early(
-        self: &Arc<Self>,
+    pub(in crate::cache) fn start(
+        inner: &Arc<Inner>,
         digest: KeyDigest,
         loader: BoxLoader,
         fresh_until: Instant,
     ) {
-        let Some(running) = self.refreshes.start(digest) else {
+        let Some(running) = inner.refreshes.start(digest) else {
             return;
         };
-        let inner = Arc::clone(self);
+        let refresh = EarlyRefresh {
+            inner: Arc::clone(inner),
+            digest,
+            loader,
+            fresh_until,
+        };
         tokio::spawn(async move {
-            inner.refresh(digest, loader, fresh_until).await;
+            refresh.run().await;
             drop(running);
         });
     }
@@ -47,8 +62,15 @@ impl Inner {
     /// else holds the lock, then leads as any reload does. If another process is refreshing
     /// it, waits for that fill (while the value is still fresh) and takes the new value into
     /// L1, so this process does not start refresh after refresh meanwhile.
-    async fn refresh(&self, digest: KeyDigest, loader: BoxLoader, fresh_until: Instant) {
-        let config = &self.config;
+    async fn run(self) {
+        let EarlyRefresh {
+            inner,
+            digest,
+            loader,
+            fresh_until,
+        } = self;
+        let inner = &inner;
+        let config = &inner.config;
         let key = StoreKey::new(Arc::clone(&config.namespace), digest);
         let token = LockToken::random();
         // The store's remaining life of that value, give or take a round trip: a newer value
@@ -58,14 +80,14 @@ impl Inner {
             .keep()
             .saturating_add(fresh_until.saturating_duration_since(Instant::now()))
             .saturating_add(EARLY_REFRESH_SLACK);
-        let mut filled = self.watch_fills(&key);
+        let mut filled = inner.watch_fills(&key);
         let mut backoff = Backoff::new(&config.waits);
         let mut fresh_until = None;
         loop {
-            let stamp = self.l1.stamp(&digest);
+            let stamp = inner.l1.stamp(&digest);
             let reader = loader.reader();
             let asked_at = Instant::now();
-            let found = match self
+            let found = match inner
                 .look_up(
                     asked_at,
                     &key,
@@ -83,7 +105,7 @@ impl Inner {
                 Err(error) => {
                     debug!(%error, key = ?digest, "early refresh: store lookup failed");
                     if !error.skipped() {
-                        spawn_release(&self.store, &key, token);
+                        spawn_release(&inner.store, &key, token);
                     }
                     return;
                 }
@@ -91,7 +113,7 @@ impl Inner {
             let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    self.meter.lock(LockEvent::Acquired);
+                    inner.meter.lock(LockEvent::Acquired);
                     debug!(key = ?digest, "refreshing early");
                     let seen = LeaderStart {
                         stamp,
@@ -102,7 +124,7 @@ impl Inner {
                     // The leader waits for no fill: its watch (which borrows the key) ends.
                     drop(filled);
                     if let Err(error) =
-                        Leader::lead(self, seen, key, token, loader, None, None).await
+                        Leader::lead(inner, seen, key, token, loader, None, None).await
                     {
                         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
                     }
@@ -119,7 +141,7 @@ impl Inner {
                 ) => {
                     // Refreshed by another process: take its value.
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(config.lives.keep());
-                    self.l1_insert(
+                    inner.l1_insert(
                         stamp,
                         found.tag_stamps,
                         digest,
@@ -141,7 +163,7 @@ impl Inner {
                     if now >= until {
                         return;
                     }
-                    let wait = self.wait_between_reads(&mut filled, &mut backoff, until - now);
+                    let wait = inner.wait_between_reads(&mut filled, &mut backoff, until - now);
                     let _ = wait.await;
                 }
                 // Gone, or recently failed: ordinary flights deal with it.
