@@ -9,11 +9,9 @@ use tokio::task::JoinHandle;
 
 use super::batch::{Answered, Answers, Batch, BatchKey, Led};
 use super::stale::unchanged_since;
-#[cfg(doc)]
-use crate::cache::Inner;
 
 /// A test that nothing was heard of a stale value's key or tags since it was read (see
-/// [`Inner::unchanged_since`]); `None`: no test (notifications off or lost).
+/// [`unchanged_since`]); `None`: no test (notifications off or lost).
 type Holds = Option<Box<dyn Fn() -> bool + Send + Sync>>;
 
 /// The keys a batch leads that wait for its load, and those of them that a soft timeout

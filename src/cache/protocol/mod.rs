@@ -1,23 +1,29 @@
-//! The protocol across processes: what one flight does once it misses L1. It drives the
-//! engine's components (L1, the breaker's store calls, known tags, refreshes) and holds no
-//! state of its own beyond the flight it runs.
+//! The protocol across processes: what one flight does once it misses L1, as a type per
+//! role, each made by the engine for one flight and owning what that flight needs (its key,
+//! lock token and guard, fills' watch, loader, callers' posts): a [`Follower`] (every flight
+//! starts as one: its lookups, and its wait for another leader's load), a
+//! [`Leader`](leader::Leader) (a flight, or a batch's key, that holds the lock), a
+//! [`Batch`](batch::Batch), and an [`EarlyRefresh`]. They borrow the engine's components (L1,
+//! the breaker's store calls, known tags, refreshes) from `Inner`, whose own methods here are
+//! the services every role shares: a lookup (`lookup.rs`), the fills' watch (`wait.rs`), and
+//! a load run and made ready for the store (`leader.rs`).
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `batch.rs` | a batch of keys: one lookup round trip, one load for the keys it leads |
+//! | `follower.rs` | [`Follower`]: one flight's lookups, and the follower's loop until the value is there, the lock is free (it leads), or the wait times out |
+//! | `lookup.rs` | one lookup, "the value, or the lock", what it found, and a fresh value as an answer |
+//! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
+//! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
+//! | `without_lock.rs` | a follower's loads without the lock: after a wait timeout, or while the store fails |
+//! | `leader.rs` | `Leader`: the load under the reload lock and its fenced fill; the load run shared by every role |
+//! | `lock.rs` | the reload lock: its drop guard, a leader's release or failure marker; a batch's pending locks' drop guard |
+//! | `revalidate.rs` | a leader's reload handed the stale value, and "not modified" renewing it |
+//! | `soft.rs` | soft timeouts, a leader's and a follower's: a stale value answered while a slow reload goes on |
+//! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
+//! | `batch.rs` | `Batch`: a batch of keys, one lookup round trip, one load for the keys it leads |
 //! | `batch_stale.rs` | a batch's stale values: at once while reloading, after a soft timeout |
 //! | `batch_outage.rs` | a batch without the store: its load alone |
-//! | `follower.rs` | one flight's lookups, and the follower's loop until the value is there, the lock is free, or the wait times out |
-//! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
-//! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
-//! | `leader.rs` | the leader's load under the reload lock, and its fenced fill |
-//! | `lock.rs` | the reload lock a leader holds: its drop guard, its renewal, its release or failure marker; a batch's pending locks' drop guard |
-//! | `without_lock.rs` | loads made without the lock: after a wait timeout, or while the store fails |
-//! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
-//! | `revalidate.rs` | a reload handed the stale value, and "not modified" renewing it |
-//! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
-//! | `soft.rs` | soft timeouts: a stale value answered while a slow reload goes on |
-//! | `refresh.rs` | an early refresh in the background, one per key and process |
+//! | `refresh.rs` | [`EarlyRefresh`]: an early refresh in the background, one per key and process |
 
 pub(super) mod batch;
 mod batch_outage;

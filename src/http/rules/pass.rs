@@ -1,7 +1,8 @@
 //! Why a request or a response passes the cache: one [`Pass`] per rule, returned by the
-//! request rules and by the response rules alike. Its [`name`](Pass::name) is what
-//! `Cache-Status`'s `detail` says, the `reason` label of the pass metric, and the `rule` of
-//! the warning (see [`passes`](crate::http::serving::passes)).
+//! request rules and by the response rules alike. Its [`rule`](Pass::rule) is the `reason`
+//! label of the pass metric and the `rule` of the warning, and, with the header it concerns
+//! ([`detail`](Pass::detail)), what `Cache-Status`'s `detail` says (see
+//! [`passes`](crate::http::serving::passes)).
 
 use std::collections::HashSet;
 use std::sync::{Mutex, OnceLock};

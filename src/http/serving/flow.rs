@@ -1,6 +1,6 @@
 //! The path of one cacheable request through the cache: a fetch of the URL's key and, when it
 //! holds a vary marker, a second fetch of the request's variant key (the two-step `Vary`
-//! protocol of [`key`](crate::http::stored::key)). Each fetch is one flight of the engine, whose leader runs
+//! protocol of [`key`]). Each fetch is one flight of the engine, whose leader runs
 //! [`load`](super::load); the request itself waits in its [`Slot`] for whichever loader or
 //! fallback sends it.
 //!
