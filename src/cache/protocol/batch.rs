@@ -15,7 +15,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::{tagged, Leader};
+use super::leader::Leader;
+use super::load::tagged;
 use super::lock::{spawn_release, LockGuard, PendingLocks};
 use super::lookup::LookupFound;
 use super::stale::StaleValue;
@@ -240,9 +241,7 @@ impl<K: BatchKey> Batch<K> {
             };
             if let Some(fresh) = found.as_mut().ok().and_then(LookupFound::take_fresh) {
                 let loader = single_boxed(load, accepts, key.clone());
-                let fetched = self
-                    .inner
-                    .stored_hit(digest, fresh, stamp, read_at, loader, false);
+                let fetched = fresh.answer(&self.inner, digest, stamp, read_at, loader, false);
                 answers.insert(key, fetched.value_or_pass());
                 continue;
             }

@@ -9,6 +9,7 @@
 //! [`stale`](super::stale), and how a waiter tells its load's result from an earlier one in
 //! [`waiters`](super::waiters).
 
+use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -17,13 +18,14 @@ use tracing::{debug, warn};
 use super::leader::{Leader, LeaderStart};
 use super::lock::spawn_release;
 use super::lookup::LookupFound;
+use super::soft;
 use super::stale::StaleValue;
 use super::wait::Backoff;
 use super::waiters::{EarlierAnswer, WaitersAnswer};
 use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::fetched::FlightResult;
-use crate::cache::flight::BoxLoader;
+use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::telemetry::{LockEvent, WaitEnd};
 use crate::cache::{Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
 use crate::store::{
@@ -95,7 +97,7 @@ impl<'a> Follower<'a> {
         // The common case, a fresh value, is answered here: the protocol's loop, whose state
         // is over a kilobyte, starts (in a box) only for what else a lookup finds.
         if let Ok(Some(fresh)) = found.as_mut().map(LookupFound::take_fresh) {
-            return Ok(inner.stored_hit(digest, fresh, stamp, started, loader, false));
+            return Ok(fresh.answer(inner, digest, stamp, started, loader, false));
         }
         let mut follower = Follower {
             inner,
@@ -183,7 +185,7 @@ impl<'a> Follower<'a> {
             }
             if let Some(fresh) = found.take_fresh() {
                 let followed = self.following.is_some();
-                return Ok(inner.stored_hit(digest, fresh, stamp, read_at, loader, followed));
+                return Ok(fresh.answer(inner, digest, stamp, read_at, loader, followed));
             }
             let mut stale = StaleValue::of(&found, keep);
             let serve_stale = stale.as_ref().is_some_and(|stale| match found.lock {
@@ -295,7 +297,8 @@ impl<'a> Follower<'a> {
             };
             // A follower: another leader holds the lock.
             let waited = started.elapsed();
-            let soft = self.soft_left(loader.soft_timeout(), last_stale.as_ref(), waited);
+            let soft = loader.soft_timeout();
+            let soft = soft::left_for_follower(&config.lives, soft, last_stale.as_ref(), waited);
             let following = self.following.insert(following);
             if waited >= config.waits.wait_timeout {
                 following.ended = Some(WaitEnd::TimedOut);
@@ -338,5 +341,49 @@ impl<'a> Follower<'a> {
             },
             WaitTimeoutPolicy::Error => Err(Error::new(ErrorKind::WaitTimeout)),
         }
+    }
+
+    /// What stands in the waiters' slot of the key (see
+    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
+    /// read, made when the flight first waits for a load of a value kept past its freshness.
+    pub(super) async fn earlier_answer(&self, reader: Reader<'_>) -> EarlierAnswer {
+        self.read_waiters_answer(reader)
+            .await
+            .map_or(EarlierAnswer::Unknown, EarlierAnswer::stood)
+    }
+
+    /// The answer a load left for its waiters beside the value, if this flight, which first
+    /// waited when `earlier` stood, takes it (see [`WaitersAnswer::taken_by`]) and its caller
+    /// can read it. One store read, made only by a follower that finds the lock free and the
+    /// value it waited for still stale.
+    pub(super) async fn waiters_answer(
+        &self,
+        reader: Reader<'_>,
+        earlier: &EarlierAnswer,
+    ) -> Option<Bytes> {
+        let asked = Instant::now();
+        let answer = self.read_waiters_answer(reader).await.ok().flatten()?;
+        answer
+            .taken_by(
+                earlier,
+                self.started,
+                asked,
+                self.inner.config.waiters_ttl(),
+            )
+            .then_some(answer.payload)
+    }
+
+    /// Reads the waiters' slot of the key: the answer there that `reader`'s caller can read,
+    /// if any; the store's error if it did not answer.
+    async fn read_waiters_answer(
+        &self,
+        reader: Reader<'_>,
+    ) -> Result<Option<WaitersAnswer>, StoreError> {
+        let inner = self.inner;
+        let stored = inner
+            .breaker
+            .call(inner.store.waiters_answer(self.key))
+            .await?;
+        Ok(stored.and_then(|stored| WaitersAnswer::of(&reader.decode(stored.bytes), stored.ttl)))
     }
 }

@@ -1,27 +1,24 @@
-//! Loading: the leader's load under the reload lock (renewed by a watchdog while it runs),
-//! its fenced fill, and the release of the lock on every path (the fill itself, an explicit
+//! [`Leader`]: the load under the reload lock (renewed by a watchdog while it runs), its
+//! fenced fill, and the release of the lock on every path (the fill itself, an explicit
 //! token-checked release or failure marker, the [`LockGuard`] drop guard of `lock.rs`, the
-//! lock's TTL).
-//! Loads made without the lock are in `without_lock.rs`.
+//! lock's TTL). A load as every role runs it is in `load.rs`; loads made without the lock in
+//! `without_lock.rs`.
 
-use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime};
-
-use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::load::{tagged, ReadyValue, TagsNotStorable};
 use super::lock::LockGuard;
+use super::soft;
 use super::stale::{unchanged_since, StaleValue};
 use crate::cache::carry::{Early, FlightPosts};
-use crate::cache::entry::{self, Tagged, Windows};
+use crate::cache::entry::{self, Tagged};
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
-use crate::cache::l1::TagStamps;
-use crate::cache::loaded::{Life, LoadedKind};
+use crate::cache::loaded::LoadedKind;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::{BoxError, Error, ErrorKind, Fetched, Inner, Loaded, Outcome, Previous};
-use crate::store::{BoxFuture, KeyDigest, LockToken, Stamp, StoreError, StoreKey, TagClock};
+use crate::cache::{Error, Fetched, Inner, Loaded, Outcome};
+use crate::store::{LockToken, Stamp, StoreError, StoreKey};
 
 /// What a leader knows of its key from the lookup that made it leader.
 pub(in crate::cache) struct LeaderStart {
@@ -37,42 +34,6 @@ pub(in crate::cache) struct LeaderStart {
     pub(in crate::cache) asked_at: Instant,
 }
 
-/// Tags a loaded value cannot be stored with: the store did not answer the tag clock read
-/// before the load (so the value would carry no generation), or there are more than
-/// [`entry::MAX_TAGS`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct TagsNotStorable;
-
-/// The tags of a loaded (or written) value, with the tag clock read before its load. A value
-/// without tags carries the clock too (with no tags), for its generation: a
-/// [clear](crate::Cache::clear) after the clock was read outdates it, as a tag invalidation
-/// outdates a tagged value. Where the clock could not be read (the store failing), no value
-/// is stored, tagged or not: one stored without a generation would outlive a clear.
-pub(super) fn tagged(
-    tags: Vec<KeyDigest>,
-    clock: Option<TagClock>,
-) -> Result<Tagged, TagsNotStorable> {
-    match clock {
-        Some(clock) if tags.len() <= entry::MAX_TAGS => Ok(Tagged {
-            generation: Some(clock.generation),
-            clock: clock.clock,
-            tags,
-        }),
-        _ => Err(TagsNotStorable),
-    }
-}
-
-/// A loaded value made ready for the store: the bytes the store keeps, the payload (a slice of
-/// the same buffer), how long it is fresh, and how long the store keeps it (fresh, then stale).
-pub(in crate::cache) struct ReadyValue {
-    pub(in crate::cache) encoded: Bytes,
-    pub(in crate::cache) value: Bytes,
-    pub(in crate::cache) fresh_for: Duration,
-    pub(in crate::cache) store_ttl: Duration,
-    /// How long the value took to load (or, renewed, took when it was loaded).
-    pub(in crate::cache) load_time: Duration,
-}
-
 /// A flight that holds its key's reload lock (or a batch's key whose lock the batch took):
 /// its load, its fenced writes, and the end of the lock on every path. Owns the lock's guard,
 /// what this process had heard of the key before the lock was taken, and the callers its
@@ -82,133 +43,6 @@ pub(in crate::cache) struct Leader<'a> {
     pub(super) guard: LockGuard,
     pub(super) stamp: Option<Stamp>,
     pub(super) flight: Option<&'a FlightPosts>,
-}
-
-impl Inner {
-    /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
-    /// fresh for its `life`: its TTL (or the default TTL), plus a random share of its jitter
-    /// (or the cache's).
-    pub(in crate::cache) fn ready_to_store(
-        &self,
-        bytes: &[u8],
-        life: Life,
-        (started, load_time): (SystemTime, Duration),
-        tagged: Option<&Tagged>,
-        windows: Option<Windows>,
-    ) -> ReadyValue {
-        let fresh_for = self.config.lives.fresh_for(life);
-        let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
-        ReadyValue {
-            value,
-            encoded,
-            fresh_for,
-            store_ttl: fresh_for.saturating_add(self.config.lives.keep()),
-            load_time,
-        }
-    }
-
-    /// Keeps a value this process loaded in its L1, after its write to the store (a fill or
-    /// a put) succeeded or failed: `stamp` is what the process had heard of the key before
-    /// the load. One rule whatever became of the write: a tagged value is kept only if none
-    /// of its tags was invalidated since its clock (one round trip; none for an untagged
-    /// value), so a value outdated during its load is never kept, even while the store fails;
-    /// and the `flight` it answers is marked [outdated](FlightPosts::outdated).
-    pub(super) async fn keep_loaded(
-        &self,
-        stamp: Option<Stamp>,
-        digest: KeyDigest,
-        ready: &ReadyValue,
-        tagged: Option<&Tagged>,
-        flight: Option<&FlightPosts>,
-    ) {
-        if let Some(tags) = self.loaded_tags_hold(tagged, flight).await {
-            self.l1_insert(
-                stamp,
-                tags,
-                digest,
-                &ready.value,
-                ready.fresh_for,
-                ready.load_time,
-            );
-        }
-    }
-
-    /// The stamps of a loaded value's tags if none of them was invalidated since its clock
-    /// (one round trip; none for an untagged value). If one was, the `flight` the value
-    /// answers is marked [outdated](FlightPosts::outdated) before its answer is posted, so
-    /// that its joiners, who may have come after the invalidation, fetch again. Every path
-    /// that answers a flight with a value it loaded under a tag clock goes through here.
-    pub(super) async fn loaded_tags_hold(
-        &self,
-        tagged: Option<&Tagged>,
-        flight: Option<&FlightPosts>,
-    ) -> Option<TagStamps> {
-        let Some(tagged) = tagged else {
-            return Some(TagStamps::default());
-        };
-        let tags = self.tags_valid(tagged).await;
-        if let (Ok(None), Some(flight)) = (&tags, flight) {
-            flight.outdated();
-        }
-        tags.ok().flatten()
-    }
-
-    /// Runs a loader in a task of its own, handed the `previous` value if there is one,
-    /// bounded by the load timeout (a leader's [watchdog](crate::cache::renewals::Watchdog) renews its
-    /// lock meanwhile). A loader that answers "not modified" without a previous value fails.
-    pub(in crate::cache) async fn load(
-        &self,
-        loader: BoxLoader,
-        previous: Option<Previous>,
-    ) -> Result<Loaded, Error> {
-        let had_previous = previous.is_some();
-        match self.load_watched(loader.run(previous)).await {
-            Ok(Loaded {
-                kind: LoadedKind::NotModified { .. },
-                ..
-            }) if !had_previous => Err(Error::load(
-                "the loader answered \"not modified\" without a previous value".into(),
-            )),
-            loaded => loaded,
-        }
-    }
-
-    /// Runs a load in a task of its own, counted, bounded by the load timeout.
-    pub(in crate::cache) async fn load_watched<T: Send + 'static>(
-        &self,
-        load: BoxFuture<'static, Result<T, BoxError>>,
-    ) -> Result<T, Error> {
-        self.counters.loads.fetch_add(1, Ordering::Relaxed);
-        let config = &self.config;
-        let started = Instant::now();
-        let mut task = tokio::spawn(load);
-        let joined = tokio::time::timeout(config.loads.load_timeout, &mut task).await;
-        self.meter.load(started.elapsed());
-        match joined {
-            Ok(Ok(Ok(loaded))) => Ok(loaded),
-            Ok(Ok(Err(error))) => Err(Error::load(error)),
-            Ok(Err(_)) => Err(Error::new(ErrorKind::LoadPanicked)),
-            Err(_) => {
-                task.abort();
-                Err(Error::load_timeout(config.loads.load_timeout))
-            }
-        }
-    }
-
-    /// The tag clock a load's value is stamped with, read before the load: where tags may
-    /// come back (`tagged`: the key's last value had tags; or a loader of this process has
-    /// returned tags), the current clock, so that a tag invalidation after this read
-    /// outdates the value. Elsewhere (an application without tags) no round trip but the
-    /// process's first load's: the clock it read then stands in, which is no later than the
-    /// clock at this load's start, so an invalidation since (or a new generation) outdates
-    /// the value, never the other way round.
-    pub(super) async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
-        if tagged || self.known_tags.seen() {
-            self.tag_clock().await
-        } else {
-            self.first_tag_clock().await
-        }
-    }
 }
 
 impl<'a> Leader<'a> {
@@ -285,9 +119,16 @@ impl<'a> Leader<'a> {
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let previous = leader.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
-        let soft = leader.soft_timeout(loader.soft_timeout(), stale.as_ref(), posted);
+        let soft = loader.soft_timeout();
+        let soft = soft::for_leader(
+            &inner.config.lives,
+            soft,
+            stale.as_ref(),
+            early.is_some(),
+            posted,
+        );
         let load = inner.load(loader, previous);
-        let loaded = super::soft::within(load, soft, || {
+        let loaded = soft::within(load, soft, || {
             if let Some(stale) = &stale {
                 leader.post_soft(stale);
             }
@@ -455,68 +296,49 @@ impl<'a> Leader<'a> {
             }
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::MemoryStore;
-
-    #[test]
-    fn values_are_stored_with_the_clock_read_before_the_load_and_only_then() {
-        let clock = TagClock {
-            generation: 9,
-            clock: 4,
+    /// After a failed load: tells every follower, here and elsewhere (a failure marker,
+    /// unless failures are not remembered or the load was `speculative`: then the lock is
+    /// released), instead of letting each of them take the lock and call the failing backend
+    /// in turn.
+    pub(super) async fn tell_failure(&mut self, speculative: bool) {
+        let (inner, guard) = (self.inner, &mut self.guard);
+        let (key, token) = (&guard.key, guard.token);
+        let failure_ttl = inner.config.lives.failure_ttl;
+        let told = if failure_ttl.is_zero() || speculative {
+            inner.breaker.finish(inner.store.release(key, token)).await
+        } else {
+            let failed = inner.store.fail(key, token, failure_ttl);
+            inner.breaker.finish(failed).await
         };
-        let tags = vec![KeyDigest::of_tag(b"a")];
-        assert_eq!(
-            tagged(Vec::new(), None),
-            Err(TagsNotStorable),
-            "untagged needs the clock too, for its generation"
-        );
-        assert_eq!(
-            tagged(Vec::new(), Some(clock)),
-            Ok(Tagged {
-                generation: Some(9),
-                clock: 4,
-                tags: Vec::new(),
-            }),
-            "untagged carries the generation"
-        );
-        let stored = tagged(tags.clone(), Some(clock)).expect("storable");
-        assert_eq!(
-            stored,
-            Tagged {
-                generation: Some(9),
-                clock: 4,
-                tags: tags.clone(),
-            }
-        );
-        assert_eq!(tagged(tags, None), Err(TagsNotStorable), "no clock");
-        let too_many = (0..=entry::MAX_TAGS as u32)
-            .map(|i| KeyDigest::of_tag(&i.to_be_bytes()))
-            .collect();
-        assert_eq!(tagged(too_many, Some(clock)), Err(TagsNotStorable));
+        if told.is_ok() {
+            guard.disarm();
+        }
     }
 
-    #[test]
-    fn a_value_ready_to_store_is_kept_past_its_freshness_for_the_stale_windows() {
-        let cache = crate::Cache::builder(MemoryStore::new())
-            .ttl(Duration::from_secs(60))
-            .stale(Duration::from_secs(30))
-            .build();
-        let load = (SystemTime::UNIX_EPOCH, Duration::from_millis(3));
-        let ready = cache
-            .inner
-            .ready_to_store(b"v", Life::default(), load, None, None);
-        assert_eq!(ready.fresh_for, Duration::from_secs(60), "the default TTL");
-        assert_eq!(ready.store_ttl, Duration::from_secs(90));
-        assert_eq!(&ready.value[..], b"v");
-        let five = Life {
-            ttl: Some(Duration::from_secs(5)),
-            jitter: None,
+    /// Releases the lock of a load that has nothing to write (token-checked).
+    pub(super) async fn release_lock(&mut self) {
+        let (inner, guard) = (self.inner, &mut self.guard);
+        let released = inner.store.release(&guard.key, guard.token);
+        if inner.breaker.finish(released).await.is_ok() {
+            guard.disarm();
+        }
+    }
+
+    /// Posts `stale` as the early answer of its flight (its soft timeout passed), servable
+    /// for the rest of its window and while nothing was heard of its key or tags.
+    pub(super) fn post_soft(&self, stale: &StaleValue) {
+        let (Some(flight), Some(left)) = (
+            self.flight,
+            stale.error_window_left(&self.inner.config.lives),
+        ) else {
+            return;
         };
-        let ready = cache.inner.ready_to_store(b"v", five, load, None, None);
-        assert_eq!(ready.store_ttl, Duration::from_secs(35), "the loader's TTL");
+        let until = crate::sync::later(Instant::now(), left);
+        let digest = *self.key().digest();
+        let notifier = self.inner.l1.notifier();
+        let holds = unchanged_since(notifier, digest, self.stamp, &stale.tag_stamps);
+        let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
+        flight.post(Some((Ok(answer), Some(Early { until, holds }))));
     }
 }

@@ -1,14 +1,12 @@
 //! The reload lock a leader holds: its guard, released when dropped unless the fill or an
-//! explicit release took it; the watchdog that renews it while the leader works; and the
-//! release or failure marker that ends a load with nothing to fill. And a batch's pending
-//! locks: those its lookup may have taken, released if the batch goes away before it knows
-//! which (a drop guard, as a single key's flight carries on to its end).
+//! explicit release (the leader's, in `leader.rs`) took it. And a batch's pending locks: those
+//! its lookup may have taken, released if the batch goes away before it knows which (a drop
+//! guard, as a single key's flight carries on to its end).
 
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use super::leader::Leader;
 use crate::store::{LockToken, Store, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.
@@ -61,36 +59,6 @@ pub(in crate::cache) fn spawn_release(store: &Arc<dyn Store>, key: &StoreKey, to
         runtime.spawn(async move {
             let _ = store.release(&key, token).await;
         });
-    }
-}
-
-impl Leader<'_> {
-    /// After a failed load: tells every follower, here and elsewhere (a failure marker,
-    /// unless failures are not remembered or the load was `speculative`: then the lock is
-    /// released), instead of letting each of them take the lock and call the failing backend
-    /// in turn.
-    pub(super) async fn tell_failure(&mut self, speculative: bool) {
-        let (inner, guard) = (self.inner, &mut self.guard);
-        let (key, token) = (&guard.key, guard.token);
-        let failure_ttl = inner.config.lives.failure_ttl;
-        let told = if failure_ttl.is_zero() || speculative {
-            inner.breaker.finish(inner.store.release(key, token)).await
-        } else {
-            let failed = inner.store.fail(key, token, failure_ttl);
-            inner.breaker.finish(failed).await
-        };
-        if told.is_ok() {
-            guard.disarm();
-        }
-    }
-
-    /// Releases the lock of a load that has nothing to write (token-checked).
-    pub(super) async fn release_lock(&mut self) {
-        let (inner, guard) = (self.inner, &mut self.guard);
-        let released = inner.store.release(&guard.key, guard.token);
-        if inner.breaker.finish(released).await.is_ok() {
-            guard.disarm();
-        }
     }
 }
 

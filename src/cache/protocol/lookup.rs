@@ -2,20 +2,18 @@
 //! the flight's caller and checked against its tags.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::refresh::EarlyRefresh;
 use crate::cache::entry::{Corrupt, Entry};
-use crate::cache::flight::{BoxLoader, Reader};
+use crate::cache::flight::Reader;
 use crate::cache::l1::TagStamps;
-use crate::cache::{Fetched, Inner, Outcome};
+use crate::cache::Inner;
 use crate::store::{
-    FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, Stamp, StoreError, StoreKey,
+    FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, StoreError, StoreKey,
 };
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
@@ -71,39 +69,6 @@ pub(super) struct FreshValue {
 }
 
 impl Inner {
-    /// A fresh value found in the store as a flight's answer (through L1, and with an early
-    /// refresh where one is due); `followed`: the flight waited for another leader's load.
-    pub(super) fn stored_hit(
-        self: &Arc<Self>,
-        digest: KeyDigest,
-        fresh: FreshValue,
-        stamp: Option<Stamp>,
-        read_at: Instant,
-        loader: BoxLoader,
-        followed: bool,
-    ) -> Fetched {
-        let FreshValue {
-            payload,
-            load_time,
-            ttl,
-            tag_stamps,
-        } = fresh;
-        let fresh_for = ttl
-            .unwrap_or_default()
-            .saturating_sub(self.config.lives.keep());
-        self.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
-        let fresh_until = crate::sync::later(read_at, fresh_for);
-        if self.refreshes.due(read_at, fresh_until, load_time) {
-            EarlyRefresh::start(self, digest, loader, fresh_until);
-        }
-        let outcome = if followed {
-            Outcome::Follower
-        } else {
-            Outcome::L2Hit
-        };
-        Fetched::cached(payload, outcome, Some(fresh_until))
-    }
-
     /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
     /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
     /// it is treated as a miss, and overwritten by the load that follows.

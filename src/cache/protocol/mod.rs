@@ -6,30 +6,33 @@
 //! [`Batch`](batch::Batch), and an [`EarlyRefresh`]. They borrow the engine's components (L1,
 //! the breaker's store calls, known tags, refreshes) from `Inner`, whose own methods here are
 //! the services every role shares: a lookup (`lookup.rs`), the fills' watch (`wait.rs`), and
-//! a load run and made ready for the store (`leader.rs`).
+//! a load run and made ready for the store (`load.rs`). Each role's methods stand in its
+//! own file or in a file below it, so that no file imports from one that imports from it.
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `follower.rs` | [`Follower`]: one flight's lookups, and the follower's loop until the value is there, the lock is free (it leads), or the wait times out |
-//! | `lookup.rs` | one lookup, "the value, or the lock", what it found, and a fresh value as an answer |
+//! | `follower.rs` | [`Follower`]: one flight's lookups, the follower's loop until the value is there, the lock is free (it leads), or the wait times out; its reads of the waiters' slot |
+//! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
 //! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
-//! | `waiters.rs` | how a follower tells its load's answer for waiters from an earlier one |
+//! | `waiters.rs` | a load's answer for its waiters, and how a follower tells its load's from an earlier one |
 //! | `without_lock.rs` | a follower's loads without the lock: after a wait timeout, or while the store fails |
-//! | `leader.rs` | `Leader`: the load under the reload lock and its fenced fill; the load run shared by every role |
-//! | `lock.rs` | the reload lock: its drop guard, a leader's release or failure marker; a batch's pending locks' drop guard |
+//! | `leader.rs` | `Leader`: the load under the reload lock, its fenced fill, its release or failure marker |
+//! | `load.rs` | a load as every role runs it: in its task, bounded and counted; its value made ready for the store and kept in L1 |
+//! | `lock.rs` | the reload lock's drop guard; a batch's pending locks' drop guard |
 //! | `revalidate.rs` | a leader's reload handed the stale value, and "not modified" renewing it |
 //! | `soft.rs` | soft timeouts, a leader's and a follower's: a stale value answered while a slow reload goes on |
 //! | `stale.rs` | a stale value read: its windows, and whether it still stands when it is served |
 //! | `batch.rs` | `Batch`: a batch of keys, one lookup round trip, one load for the keys it leads |
 //! | `batch_stale.rs` | a batch's stale values: at once while reloading, after a soft timeout |
 //! | `batch_outage.rs` | a batch without the store: its load alone |
-//! | `refresh.rs` | [`EarlyRefresh`]: an early refresh in the background, one per key and process |
+//! | `refresh.rs` | [`EarlyRefresh`]: an early refresh in the background, one per key and process; a fresh value found in the store as an answer, which starts one when due |
 
 pub(super) mod batch;
 mod batch_outage;
 mod batch_stale;
 mod follower;
 mod leader;
+mod load;
 mod lock;
 pub(super) mod lookup;
 mod refresh;

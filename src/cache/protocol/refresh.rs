@@ -12,12 +12,13 @@ use tracing::{debug, warn};
 
 use super::leader::{Leader, LeaderStart};
 use super::lock::spawn_release;
+use super::lookup::FreshValue;
 use super::wait::Backoff;
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::Inner;
-use crate::store::{KeyDigest, LockState, LockToken, LockWhen, StoreKey};
+use crate::cache::{Fetched, Inner, Outcome};
+use crate::store::{KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
 
 /// How much later than this process reckons the store may still call the value it early
 /// refreshes due (the store's clock is read a round trip away).
@@ -170,5 +171,40 @@ impl EarlyRefresh {
                 _ => return,
             }
         }
+    }
+}
+
+impl FreshValue {
+    /// This fresh value, found in the store, as a flight's answer (through L1, and with an early
+    /// refresh where one is due); `followed`: the flight waited for another leader's load.
+    pub(super) fn answer(
+        self,
+        inner: &Arc<Inner>,
+        digest: KeyDigest,
+        stamp: Option<Stamp>,
+        read_at: Instant,
+        loader: BoxLoader,
+        followed: bool,
+    ) -> Fetched {
+        let FreshValue {
+            payload,
+            load_time,
+            ttl,
+            tag_stamps,
+        } = self;
+        let fresh_for = ttl
+            .unwrap_or_default()
+            .saturating_sub(inner.config.lives.keep());
+        inner.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
+        let fresh_until = crate::sync::later(read_at, fresh_for);
+        if inner.refreshes.due(read_at, fresh_until, load_time) {
+            EarlyRefresh::start(inner, digest, loader, fresh_until);
+        }
+        let outcome = if followed {
+            Outcome::Follower
+        } else {
+            Outcome::L2Hit
+        };
+        Fetched::cached(payload, outcome, Some(fresh_until))
     }
 }

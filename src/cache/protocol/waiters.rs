@@ -8,10 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::follower::Follower;
 use crate::cache::entry::{Corrupt, Entry};
-use crate::cache::flight::Reader;
-use crate::store::StoreError;
 
 /// The step of the store's clock as the engine reads it (Redis's `PTTL`: milliseconds): a
 /// remaining life read from the store errs by up to one step.
@@ -71,7 +68,7 @@ impl EarlierAnswer {
     }
 
     /// What a read that answered says stood: `answer`, or nothing.
-    fn stood(answer: Option<WaitersAnswer>) -> Self {
+    pub(super) fn stood(answer: Option<WaitersAnswer>) -> Self {
         match answer {
             Some(answer) => EarlierAnswer::Answer(answer.load, answer.payload),
             None => EarlierAnswer::Nothing,
@@ -123,52 +120,6 @@ impl WaitersAnswer {
         waiters_ttl: Duration,
     ) -> bool {
         earlier.is_new(self) || self.written_since(started, asked, waiters_ttl)
-    }
-}
-
-impl Follower<'_> {
-    /// What stands in the waiters' slot of the key (see
-    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
-    /// read, made when the flight first waits for a load of a value kept past its freshness.
-    pub(super) async fn earlier_answer(&self, reader: Reader<'_>) -> EarlierAnswer {
-        self.read_waiters_answer(reader)
-            .await
-            .map_or(EarlierAnswer::Unknown, EarlierAnswer::stood)
-    }
-
-    /// The answer a load left for its waiters beside the value, if this flight, which first
-    /// waited when `earlier` stood, takes it (see [`WaitersAnswer::taken_by`]) and its caller
-    /// can read it. One store read, made only by a follower that finds the lock free and the
-    /// value it waited for still stale.
-    pub(super) async fn waiters_answer(
-        &self,
-        reader: Reader<'_>,
-        earlier: &EarlierAnswer,
-    ) -> Option<Bytes> {
-        let asked = Instant::now();
-        let answer = self.read_waiters_answer(reader).await.ok().flatten()?;
-        answer
-            .taken_by(
-                earlier,
-                self.started,
-                asked,
-                self.inner.config.waiters_ttl(),
-            )
-            .then_some(answer.payload)
-    }
-
-    /// Reads the waiters' slot of the key: the answer there that `reader`'s caller can read,
-    /// if any; the store's error if it did not answer.
-    async fn read_waiters_answer(
-        &self,
-        reader: Reader<'_>,
-    ) -> Result<Option<WaitersAnswer>, StoreError> {
-        let inner = self.inner;
-        let stored = inner
-            .breaker
-            .call(inner.store.waiters_answer(self.key))
-            .await?;
-        Ok(stored.and_then(|stored| WaitersAnswer::of(&reader.decode(stored.bytes), stored.ttl)))
     }
 }
 

@@ -6,7 +6,7 @@
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::leader::tagged;
+use super::load::tagged;
 
 use super::follower::Follower;
 use crate::cache::fetched::FlightResult;
