@@ -310,7 +310,8 @@ impl<'a> Follower<'a> {
                 return Ok(stale.answer());
             }
             let limit = (config.waits.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
-            let wait = inner.wait_between_reads(&mut self.filled, &mut backoff, limit);
+            let notifier = inner.l1.notifier();
+            let wait = backoff.wait_between_reads(&mut self.filled, notifier, limit);
             following.ended = Some(Box::pin(wait).await);
         }
     }

@@ -69,6 +69,38 @@ pub(super) struct FreshValue {
 }
 
 impl Inner {
+    /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
+    /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
+    /// the fallback for lost notifications.
+    pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
+        if self.config.l1.notifications {
+            self.store.subscribe(key)
+        } else {
+            None
+        }
+    }
+
+    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
+    /// (a namespace's first, or one made again after its connection dropped), a wait of at
+    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
+    /// first reads of a new process would all be missed by L1. No wait while store calls fail
+    /// (the breaker open, or a call failed since the store last answered): the lookup will not
+    /// be made or will most likely fail too, and a subscription cannot complete while the
+    /// store is down, so the wait would only add `store_timeout` to every call.
+    pub(in crate::cache) async fn watch_fills_subscribed<'a>(
+        &'a self,
+        key: &'a StoreKey,
+    ) -> Option<FillWatch<'a>> {
+        let filled = self.watch_fills(key);
+        if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
+            if !notifier.receiving() && self.breaker.answering() {
+                // Boxed: a rare wait, kept out of every lookup's state.
+                Box::pin(notifier.received_within(self.config.breaker.store_timeout)).await;
+            }
+        }
+        filled
+    }
+
     /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
     /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
     /// it is treated as a miss, and overwritten by the load that follows.

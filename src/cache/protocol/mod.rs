@@ -5,15 +5,15 @@
 //! [`Leader`](leader::Leader) (a flight, or a batch's key, that holds the lock), a
 //! [`Batch`](batch::Batch), and an [`EarlyRefresh`]. They borrow the engine's components (L1,
 //! the breaker's store calls, known tags, refreshes) from `Inner`, whose own methods here are
-//! the services every role shares: a lookup (`lookup.rs`), the fills' watch (`wait.rs`), and
-//! a load run and made ready for the store (`load.rs`). Each role's methods stand in its
+//! the services every role shares: a lookup and the fills' watch taken before it
+//! (`lookup.rs`), and a load run and made ready for the store (`load.rs`). Each role's methods stand in its
 //! own file or in a file below it, so that no file imports from one that imports from it.
 //!
 //! | file | holds |
 //! | --- | --- |
 //! | `follower.rs` | [`Follower`]: one flight's lookups, the follower's loop until the value is there, the lock is free (it leads), or the wait times out; its reads of the waiters' slot |
-//! | `lookup.rs` | one lookup, "the value, or the lock", and what it found |
-//! | `wait.rs` | how a follower waits between reads: the fills' watch and the backoff poll |
+//! | `lookup.rs` | one lookup, "the value, or the lock", and what it found; the watch of the key's fills taken before it |
+//! | `wait.rs` | how a follower waits between reads: for the fill's notification, or the backoff poll |
 //! | `waiters.rs` | a load's answer for its waiters, and how a follower tells its load's from an earlier one |
 //! | `without_lock.rs` | a follower's loads without the lock: after a wait timeout, or while the store fails |
 //! | `leader.rs` | `Leader`: the load under the reload lock, its fenced fill, its release or failure marker |

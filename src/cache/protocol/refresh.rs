@@ -164,7 +164,8 @@ impl EarlyRefresh {
                     if now >= until {
                         return;
                     }
-                    let wait = inner.wait_between_reads(&mut filled, &mut backoff, until - now);
+                    let notifier = inner.l1.notifier();
+                    let wait = backoff.wait_between_reads(&mut filled, notifier, until - now);
                     let _ = wait.await;
                 }
                 // Gone, or recently failed: ordinary flights deal with it.

@@ -8,8 +8,7 @@ use std::time::Duration;
 
 use crate::cache::config::Waits;
 use crate::cache::telemetry::WaitEnd;
-use crate::cache::Inner;
-use crate::store::{FillWatch, Notifier, StoreKey};
+use crate::store::{FillWatch, Notifier};
 
 /// A follower's pause: `pause` long, or until the key's fill (or release) is notified, or,
 /// with `live` (the notifier of a pause taken while notifications are received), until they
@@ -54,6 +53,24 @@ pub(in crate::cache) struct Backoff {
 }
 
 impl Backoff {
+    /// A follower's wait between two reads, of at most `limit`: until the key's fill is
+    /// notified, or the poll. While notifications are received (`notifier`, and `filled`
+    /// watches the key), the poll is the slow one, and a loss of notifications ends the wait;
+    /// otherwise it is the backoff's next pause.
+    pub(in crate::cache) async fn wait_between_reads(
+        &mut self,
+        filled: &mut Option<FillWatch<'_>>,
+        notifier: Option<&Notifier>,
+        limit: Duration,
+    ) -> WaitEnd {
+        let live = notifier.filter(|notifier| filled.is_some() && notifier.receiving());
+        let pause = match live {
+            Some(_) => self.pause_while_notified(),
+            None => self.pause(),
+        };
+        wait_for_fill(filled, live, pause.min(limit)).await
+    }
+
     pub(in crate::cache) fn new(waits: &Waits) -> Self {
         // A zero step would make followers spin on the store: at least a millisecond.
         let initial = waits.backoff_initial.max(MIN_PAUSE);
@@ -91,61 +108,6 @@ impl Backoff {
 fn jittered(step: Duration, jitter: f64) -> Duration {
     let half = step / 2;
     half + half.mul_f64(jitter)
-}
-
-impl Inner {
-    /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
-    /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
-    /// the fallback for lost notifications.
-    pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
-        if self.config.l1.notifications {
-            self.store.subscribe(key)
-        } else {
-            None
-        }
-    }
-
-    /// A follower's wait between two reads, of at most `limit`: until the key's fill is
-    /// notified, or the poll. While notifications are received (and `filled` watches the
-    /// key), the poll is the slow one, and a loss of notifications ends the wait; otherwise
-    /// it is the backoff's next pause.
-    pub(in crate::cache) async fn wait_between_reads(
-        &self,
-        filled: &mut Option<FillWatch<'_>>,
-        backoff: &mut Backoff,
-        limit: Duration,
-    ) -> WaitEnd {
-        let live = self
-            .l1
-            .notifier()
-            .filter(|notifier| filled.is_some() && notifier.receiving());
-        let pause = match live {
-            Some(_) => backoff.pause_while_notified(),
-            None => backoff.pause(),
-        };
-        wait_for_fill(filled, live, pause.min(limit)).await
-    }
-
-    /// [`watch_fills`](Self::watch_fills), and then, if the store's subscription is on its way
-    /// (a namespace's first, or one made again after its connection dropped), a wait of at
-    /// most `store_timeout` for it: what is read before it is in place cannot enter L1, so the
-    /// first reads of a new process would all be missed by L1. No wait while store calls fail
-    /// (the breaker open, or a call failed since the store last answered): the lookup will not
-    /// be made or will most likely fail too, and a subscription cannot complete while the
-    /// store is down, so the wait would only add `store_timeout` to every call.
-    pub(in crate::cache) async fn watch_fills_subscribed<'a>(
-        &'a self,
-        key: &'a StoreKey,
-    ) -> Option<FillWatch<'a>> {
-        let filled = self.watch_fills(key);
-        if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
-            if !notifier.receiving() && self.breaker.answering() {
-                // Boxed: a rare wait, kept out of every lookup's state.
-                Box::pin(notifier.received_within(self.config.breaker.store_timeout)).await;
-            }
-        }
-        filled
-    }
 }
 
 #[cfg(test)]
