@@ -166,18 +166,20 @@ impl Inner {
         let mut l1_checked_twice = false;
         let (own, answer) = loop {
             if let Some(hit) = self.l1_get(&digest) {
-                let entry = match hit {
-                    L1Hit::Fresh(entry, _) => entry,
+                let (entry, own) = match hit {
                     L1Hit::RefreshDue(entry) => {
-                        // This caller has its answer: what the refresh gives it is dropped.
-                        let loader = BoxLoader::new(accepts, loader, soft_timeout, None);
+                        // What the refresh gives this caller still reaches it: the HTTP layer's
+                        // refresh of a vary marker may send this very request.
+                        let (give, own) = Own::channel();
+                        let loader = BoxLoader::new(accepts, loader, soft_timeout, Some(give));
                         EarlyRefresh::start(self, digest, loader, entry.fresh_until);
-                        entry
+                        (entry, own)
                     }
+                    L1Hit::Fresh(entry, _) => (entry, Own::none()),
                 };
                 let value = entry.value.clone();
                 let fetched = Fetched::cached(value, Outcome::L1Hit, Some(entry.fresh_until));
-                return (Ok(fetched), Own::none());
+                return (Ok(fetched), own);
             }
             let look_again = !l1_checked_twice;
             // A flight may have filled L1 and landed since the look above: look once more
@@ -327,6 +329,38 @@ mod tests {
             woken(),
             woken_at_last_poll,
             "the end of the flight woke its own carrier"
+        );
+    }
+
+    /// A hit in L1 that starts an early refresh with its caller's loader: what that loader
+    /// gives its own caller still reaches the caller (the HTTP layer's refresh of a vary
+    /// marker may send the very request the caller waits to have answered).
+    #[tokio::test(start_paused = true)]
+    async fn what_an_early_refresh_gives_reaches_the_caller_of_the_hit_that_started_it() {
+        let cache = Cache::builder(MemoryStore::new())
+            .ttl(Duration::from_secs(1))
+            .early_refresh(1e9)
+            .build();
+        let load = |value: &'static [u8]| {
+            move |_| async move {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let loaded = Loaded::value(Bytes::from_static(value));
+                (Ok::<_, std::io::Error>(loaded), Some(value))
+            }
+        };
+        let (first, _) = cache
+            .fetch_as(crate::cache::Ask::key(b"k"), load(b"v1"))
+            .await;
+        assert_eq!(first.expect("loaded").outcome(), Outcome::Leader);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let (hit, own) = cache
+            .fetch_as(crate::cache::Ask::key(b"k"), load(b"v2"))
+            .await;
+        assert_eq!(hit.expect("a hit").outcome(), Outcome::L1Hit);
+        assert_eq!(
+            own.ended().await,
+            Some(&b"v2"[..]),
+            "the refresh's own answer"
         );
     }
 }
