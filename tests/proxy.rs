@@ -364,11 +364,13 @@ impl Drop for Started {
     }
 }
 
-/// Waits until `count` processes hold a connection to `redis` besides this one: a proxy opens
-/// its store in the background (`RedisStore::open`), and a request it serves before its
-/// connection is up loads with in-process protection only (as a proxy started while Redis is
-/// down does), which a test of what the proxies share must not meet.
-async fn wait_for_connections(redis: &RedisServer, count: usize) {
+/// Waits until `proxies` proxies hold their connections to `redis` (besides this one's): two
+/// each, for its commands and its subscriber. A proxy opens its store in the background
+/// (`RedisStore::open`), and a request it serves before its connection is up loads with
+/// in-process protection only (as a proxy started while Redis is down does), which a test of
+/// what the proxies share must not meet.
+async fn wait_for_connections(redis: &RedisServer, proxies: usize) {
+    let count = 2 * proxies;
     let mut connection = redis
         .client()
         .get_multiplexed_async_connection()
@@ -388,7 +390,10 @@ async fn wait_for_connections(redis: &RedisServer, count: usize) {
         if clients.is_some_and(|clients| clients > count) {
             return;
         }
-        assert!(Instant::now() < deadline, "{count} proxies never connected");
+        assert!(
+            Instant::now() < deadline,
+            "{proxies} proxies never connected"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -1510,7 +1515,9 @@ async fn after_a_redis_blip_and_idle_proxies_the_next_stampede_loads_the_origin_
     }
     redis.restart();
     tokio::time::sleep(IDLE_AFTER_REDIS).await;
-    // Reconnected by themselves (on a starved machine, later than the idle spell).
+    // Reconnected by themselves, commands and subscribers: within the idle spell on an idle
+    // machine, later on a starved one (two suites at once on 2 cores took longer than 3 s),
+    // within `LIMIT` or the test fails.
     wait_for_connections(&redis, 3).await;
     let loads = cold_stampede(&proxies, &origin_loads, "/after-blip").await;
     assert_eq!(loads, 1, "the origin was loaded once per proxy, not once");
@@ -1533,7 +1540,9 @@ async fn proxies_started_while_redis_is_down_share_it_once_it_is_up() {
     }
     redis.restart();
     tokio::time::sleep(IDLE_AFTER_REDIS).await;
-    // Reconnected by themselves (on a starved machine, later than the idle spell).
+    // Reconnected by themselves, commands and subscribers: within the idle spell on an idle
+    // machine, later on a starved one (two suites at once on 2 cores took longer than 3 s),
+    // within `LIMIT` or the test fails.
     wait_for_connections(&redis, 3).await;
     let loads = cold_stampede(&proxies, &origin_loads, "/after-start").await;
     assert_eq!(loads, 1, "the origin was loaded once per proxy, not once");

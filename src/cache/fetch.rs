@@ -88,9 +88,11 @@ impl Cache {
         self.fetch(key, loader).await?.value_or_pass()
     }
 
-    /// The one way into the engine, which every call above is a thin wrapper around: the
-    /// fetch `ask` describes, with a `loader` that gives what it shares with the flight and,
-    /// beside it, what goes to this caller alone if its loader runs ([`Own`]).
+    /// The one way into the engine of every call of one key, which the calls above, typed
+    /// handles and both layers are thin wrappers around: the fetch `ask` describes, traced
+    /// and counted, with a `loader` that gives what it shares with the flight and, beside it,
+    /// what goes to this caller alone if its loader runs ([`Own`]). (A batch's keys that it
+    /// does not lead go to the flights within the batch's own call.)
     pub(crate) async fn fetch_as<A, F, Fut, E, O>(
         &self,
         ask: Ask<'_, A>,

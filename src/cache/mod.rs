@@ -77,10 +77,10 @@
 //! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
 //! | `batch.rs` | [`Cache::get_many_or_load`]: batches |
 //! | `peek.rs` | [`Cache::get`]: what is cached, from L1 then the store, never loaded |
-//! | `changes.rs` | [`Cache::invalidate`], [`Cache::set`], [`Cache::expire`]: changes made outside a load |
+//! | `changes.rs` | [`Cache::invalidate`], [`Cache::set`], [`Cache::expire`], [`Cache::clear`]: changes made outside a load, and how each makes this process forget the keys |
 //! | `protocol/` | leader, follower, waiters, revalidation, stale values, early refresh |
 //! | `loaded.rs` | what a loader is given and produces: [`Previous`], [`Loaded`] |
-//! | `fetched.rs` | what a call is answered: [`Fetched`], [`Outcome`] |
+//! | `fetched.rs` | what a call is answered: [`Fetched`], [`Outcome`]; what a loader gives and what of it reaches its own caller alone (`Gives`, `Own`) |
 //! | `stats.rs` | [`Stats`] and the counters behind it |
 //! | `store_timeout.rs` | the store timeout, measured against the store, not the process's scheduling |
 //! | `entry/` | the bytes kept in the store: header, kinds, tags, windows (and its tests) |

@@ -5,8 +5,8 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `flow.rs` | one request's path: the URL's key, then its variant's; answers without an entry |
-//! | `load.rs` | the loader: calls the inner service, asks the policy, reads and encodes the response |
-//! | `outlet.rs` | what becomes of a loaded response: stored, or handed to the requests that waited for it; the limits that decide it |
+//! | `load.rs` | the loader: asks the origin, reads and encodes the response for where `outlet.rs` routes it, and gives its own request its answer |
+//! | `outlet.rs` | what becomes of a loaded response (`route`): stored, handed to the requests that waited for it, or to its own request alone; the policy's decision and the limits that decide it |
 //! | `load_failure.rs` | why a load ended without a response to store or share |
 //! | `relay.rs` | a body too large to store, read once and handed to the requests that waited for its load |
 //! | `read_body.rs` | a response's body read up to the size limit, or handed on intact |
