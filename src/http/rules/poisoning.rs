@@ -35,7 +35,7 @@
 //! the bodies of `GET`s should refuse such requests itself.
 
 use http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, Method};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::methods::invalidates_its_url;
 use super::pass::{interned, Pass};
@@ -75,12 +75,35 @@ const FORWARDING_UNDERSCORED: [&str; 10] = [
     "x_rewrite_url",
 ];
 
+/// Whether `test` holds for a value in `headers` of one of the fields `names`, found the
+/// cheaper way for this request: a walk over its fields where it has fewer than `names` (as
+/// the requests a hit answers mostly do), else a lookup of each name (a hash of each). The
+/// same fields are found either way.
+fn any_value_of(
+    headers: &HeaderMap,
+    names: &[HeaderName],
+    mut test: impl FnMut(&HeaderValue) -> bool,
+) -> bool {
+    if headers.keys_len() < names.len() {
+        headers
+            .iter()
+            .any(|(name, value)| names.contains(name) && test(value))
+    } else {
+        names
+            .iter()
+            .flat_map(|name| headers.get_all(name))
+            .any(test)
+    }
+}
+
 /// The request headers the origin may reflect in its page: those that make a `GET` or `HEAD`
 /// pass, and the forwarding headers that are part of its key.
 #[derive(Clone, Debug)]
 pub(crate) struct Reflected {
     /// The method overrides not trusted, then the headers named by `pass_header`.
     passes: Vec<HeaderName>,
+    /// The method overrides among `passes`.
+    overrides: Vec<HeaderName>,
     /// The forwarding headers not trusted, in [`FORWARDING`]'s order.
     keyed: Vec<HeaderName>,
 }
@@ -89,6 +112,7 @@ impl Default for Reflected {
     fn default() -> Self {
         Reflected {
             passes: OVERRIDES.map(HeaderName::from_static).to_vec(),
+            overrides: OVERRIDES.map(HeaderName::from_static).to_vec(),
             keyed: FORWARDING.map(HeaderName::from_static).to_vec(),
         }
     }
@@ -98,12 +122,16 @@ impl Reflected {
     /// Requests with `name` no longer pass for it, and its value is not part of the key.
     pub(crate) fn trust(&mut self, name: &HeaderName) {
         self.passes.retain(|held| held != name);
+        self.overrides.retain(|held| held != name);
         self.keyed.retain(|held| held != name);
     }
 
     /// Requests with `name` pass (a forwarding header too: it is then no longer keyed).
     pub(crate) fn pass(&mut self, name: HeaderName) {
         self.keyed.retain(|held| *held != name);
+        if OVERRIDES.contains(&name.as_str()) && !self.overrides.contains(&name) {
+            self.overrides.push(name.clone());
+        }
         if !self.passes.contains(&name) {
             self.passes.push(name);
         }
@@ -117,7 +145,7 @@ impl Reflected {
     /// Whether a request with these headers carries a forwarding header that is part of the
     /// key: it is then keyed by their values (see [`key`](crate::http::stored::key)).
     pub(crate) fn forwarded(&self, headers: &HeaderMap) -> bool {
-        self.keyed.iter().any(|name| headers.contains_key(name))
+        any_value_of(headers, &self.keyed, |_| true)
     }
 
     /// Why a `GET` or `HEAD` with these headers must pass, if it must: it has a body or one
@@ -147,14 +175,10 @@ impl Reflected {
     /// that names an unsafe method (any case; frameworks upper-case it): the origin runs it
     /// as that method, whose response invalidates the URL.
     pub(crate) fn overrides_to_unsafe(&self, headers: &HeaderMap) -> bool {
-        OVERRIDES
-            .iter()
-            .filter(|name| self.passes.iter().any(|held| held == **name))
-            .flat_map(|name| headers.get_all(*name))
-            .any(|value| {
-                let method = value.as_bytes().trim_ascii().to_ascii_uppercase();
-                Method::from_bytes(&method).is_ok_and(|m| invalidates_its_url(&m))
-            })
+        any_value_of(headers, &self.overrides, |value| {
+            let method = value.as_bytes().trim_ascii().to_ascii_uppercase();
+            Method::from_bytes(&method).is_ok_and(|m| invalidates_its_url(&m))
+        })
     }
 
     /// The pass for a header that passes, named hyphenated.
@@ -269,5 +293,36 @@ mod tests {
             reflected.passes(&headers(&[("x-http-method", "GET")])),
             None
         );
+    }
+
+    /// A request's forwarding headers and method overrides are found whether it carries
+    /// fewer fields than the names looked for (its fields walked) or more (each name looked
+    /// up); an override trusted and then named by `pass_header` is an override again.
+    #[test]
+    fn forwarding_headers_and_overrides_are_found_among_few_fields_or_many() {
+        let mut reflected = Reflected::default();
+        let with = |fields: &[(&'static str, &str)], padded: bool| {
+            let mut map = headers(fields);
+            for i in (0..12).filter(|_| padded) {
+                let name = HeaderName::from_bytes(format!("x-filler-{i}").as_bytes());
+                map.insert(name.expect("a field name"), HeaderValue::from_static("1"));
+            }
+            map
+        };
+        for padded in [false, true] {
+            let proto = with(&[("x-forwarded-proto", "https")], padded);
+            assert!(reflected.forwarded(&proto), "padded: {padded}");
+            assert!(!reflected.forwarded(&with(&[("accept", "*/*")], padded)));
+            let delete = with(&[("x-method-override", "delete")], padded);
+            assert!(reflected.overrides_to_unsafe(&delete), "padded: {padded}");
+            let get = with(&[("x-method-override", "GET")], padded);
+            assert!(!reflected.overrides_to_unsafe(&get));
+        }
+        let name = HeaderName::from_static("x-http-method");
+        reflected.trust(&name);
+        let delete = headers(&[("x-http-method", "DELETE")]);
+        assert!(!reflected.overrides_to_unsafe(&delete), "trusted");
+        reflected.pass(name);
+        assert!(reflected.overrides_to_unsafe(&delete), "passed again");
     }
 }

@@ -235,23 +235,20 @@ fn own_authority(request: &Parts) -> &[u8] {
 /// ```
 #[derive(Clone, Debug)]
 pub struct OriginKey {
-    scheme: Scheme,
-    authority: Authority,
+    /// The origin's scheme and authority as every key of it holds them, made once.
+    origin: String,
 }
 
 impl OriginKey {
     /// The key of requests sent on to the origin at `scheme://authority`.
     pub fn new(scheme: Scheme, authority: Authority) -> Self {
-        OriginKey { scheme, authority }
+        let origin = origin_of(scheme.as_str(), authority.as_str().as_bytes());
+        OriginKey { origin }
     }
 
     /// The key of a request; never `None`.
     pub fn key(&self, request: &Parts) -> String {
-        key_of(
-            request,
-            self.scheme.as_str(),
-            self.authority.as_str().as_bytes(),
-        )
+        key_with(request, &self.origin)
     }
 }
 
@@ -263,29 +260,41 @@ impl MakeKey for OriginKey {
 
 /// The [`DefaultKey`] format: method, scheme, authority and path with query, NUL-separated.
 fn key_of(request: &Parts, scheme: &str, authority: &[u8]) -> String {
+    key_with(request, &origin_of(scheme, authority))
+}
+
+/// The key of `request` to the origin whose part of the key is `origin` (see [`origin_of`]).
+fn key_with(request: &Parts, origin: &str) -> String {
     let path = request
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
     let method = request.method.as_str();
-    let mut key =
-        String::with_capacity(8 + method.len() + scheme.len() + authority.len() + path.len());
+    let mut key = String::with_capacity(6 + method.len() + origin.len() + path.len());
     key.push_str("http\0");
     key.push_str(method);
     key.push('\0');
-    key.push_str(scheme);
-    key.push('\0');
+    key.push_str(origin);
+    key.push_str(path);
+    key
+}
+
+/// The scheme and authority of an origin as a key holds them: each followed by a NUL, the
+/// authority [normalized].
+fn origin_of(scheme: &str, authority: &[u8]) -> String {
     let authority = normalized(scheme, authority);
+    let mut origin = String::with_capacity(scheme.len() + authority.len() + 2);
+    origin.push_str(scheme);
+    origin.push('\0');
     // A Host header may hold obs-text bytes; the key is hashed, so a lossless escape is
     // enough. Most authorities have nothing to escape: copied whole.
     match std::str::from_utf8(&authority) {
-        Ok(plain) if authority.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
-        _ => key.extend(authority.escape_ascii().map(char::from)),
+        Ok(plain) if authority.iter().all(|&b| needs_no_escape(b)) => origin.push_str(plain),
+        _ => origin.extend(authority.escape_ascii().map(char::from)),
     }
-    key.push('\0');
-    key.push_str(path);
-    key
+    origin.push('\0');
+    origin
 }
 
 /// `authority` as a key holds it for `scheme` (RFC 3986 §6.2.2.1, §6.2.3): in lowercase, and
