@@ -14,7 +14,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tower::{service_fn, BoxError, Service, ServiceExt};
+use tower::{service_fn, BoxError};
 use tower_stampede::service::{CacheLayer, ServiceCodec};
 use tower_stampede::store::MemoryStore;
 use tower_stampede::Cache;
@@ -33,24 +33,10 @@ impl ServiceCodec<Bytes, BoxError> for Raw {
     }
 }
 
-/// `calls` hits of request 42 through the layered service `layered`; how long they took.
-async fn layer<S>(layered: &mut S, calls: u32) -> Duration
-where
-    S: Service<u64, Response = Bytes, Error = BoxError>,
-{
-    let started = Instant::now();
-    for _ in 0..calls {
-        let value = layered
-            .ready()
-            .await
-            .expect("ready")
-            .call(42)
-            .await
-            .expect("a hit");
-        std::hint::black_box(value);
-    }
-    started.elapsed()
-}
+#[path = "shared/service_calls.rs"]
+mod service_calls;
+
+use service_calls::{blocks_and_calls, timed_calls};
 
 const KEY: &str = "user:4242";
 
@@ -81,14 +67,7 @@ async fn bare(moka: &moka::future::Cache<String, Bytes>, calls: u32) -> Duration
 }
 
 fn main() {
-    let args: Vec<u32> = std::env::args()
-        .skip(1)
-        .filter_map(|arg| arg.parse().ok())
-        .collect();
-    let (blocks, calls) = match args[..] {
-        [blocks, calls, ..] => (blocks, calls),
-        _ => (200, 5000),
-    };
+    let (blocks, calls) = blocks_and_calls((200, 5000));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -122,7 +101,7 @@ fn main() {
             .expect("loaded");
         moka.insert(KEY.to_owned(), value).await;
         // Fills the layer's L1, and warms all three.
-        layer(&mut layered, calls).await;
+        timed_calls(&mut layered, 42, calls).await;
         engine(&cache, calls).await;
         bare(&moka, calls).await;
         for turn in 0..blocks {
@@ -131,7 +110,7 @@ fn main() {
                 match (turn + step) % 3 {
                     0 => plain = bare(&moka, calls).await,
                     1 => through = engine(&cache, calls).await,
-                    _ => layered_took = layer(&mut layered, calls).await,
+                    _ => layered_took = timed_calls(&mut layered, 42, calls).await,
                 }
             }
             let per_call = |took: Duration| took.as_nanos() as f64 / f64::from(calls);

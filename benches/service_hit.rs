@@ -10,10 +10,10 @@
 //! cargo bench --bench service_hit -- 50 10000  # 50 blocks of 10 000
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use tower::{service_fn, BoxError, Service, ServiceExt};
+use tower::{service_fn, BoxError};
 use tower_stampede::service::{CacheLayer, ServiceCodec};
 use tower_stampede::store::MemoryStore;
 use tower_stampede::Cache;
@@ -32,34 +32,13 @@ impl ServiceCodec<String, BoxError> for Text {
     }
 }
 
-/// `calls` calls of `service` with `request`, one after the other; how long they took.
-async fn block<S>(service: &mut S, request: u64, calls: u32) -> Duration
-where
-    S: Service<u64, Response = String, Error = BoxError>,
-{
-    let started = Instant::now();
-    for _ in 0..calls {
-        let response = service
-            .ready()
-            .await
-            .expect("ready")
-            .call(request)
-            .await
-            .expect("answered");
-        std::hint::black_box(response);
-    }
-    started.elapsed()
-}
+#[path = "shared/service_calls.rs"]
+mod service_calls;
+
+use service_calls::{blocks_and_calls, timed_calls};
 
 fn main() {
-    let args: Vec<u32> = std::env::args()
-        .skip(1)
-        .filter_map(|arg| arg.parse().ok())
-        .collect();
-    let (blocks, calls) = match args[..] {
-        [blocks, calls, ..] => (blocks, calls),
-        _ => (200, 2000),
-    };
+    let (blocks, calls) = blocks_and_calls((200, 2000));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -77,15 +56,15 @@ fn main() {
     let (mut direct_ns, mut layer_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     runtime.block_on(async {
         // Fills L1, and warms both.
-        block(&mut layered, 7, calls).await;
-        block(&mut inner, 7, calls).await;
+        timed_calls(&mut layered, 7, calls).await;
+        timed_calls(&mut inner, 7, calls).await;
         for turn in 0..blocks {
             let (direct, through) = if turn % 2 == 0 {
-                let direct = block(&mut inner, 7, calls).await;
-                (direct, block(&mut layered, 7, calls).await)
+                let direct = timed_calls(&mut inner, 7, calls).await;
+                (direct, timed_calls(&mut layered, 7, calls).await)
             } else {
-                let through = block(&mut layered, 7, calls).await;
-                (block(&mut inner, 7, calls).await, through)
+                let through = timed_calls(&mut layered, 7, calls).await;
+                (timed_calls(&mut inner, 7, calls).await, through)
             };
             direct_ns.push(direct.as_nanos() as f64 / f64::from(calls));
             layer_ns.push(through.as_nanos() as f64 / f64::from(calls));
