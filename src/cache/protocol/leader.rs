@@ -4,6 +4,8 @@
 //! lock's TTL). A load as every role runs it is in `load.rs`; loads made without the lock in
 //! `without_lock.rs`.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 use tracing::warn;
 
@@ -80,41 +82,23 @@ impl<'a> Leader<'a> {
         stale: Option<StaleValue>,
         early: Option<&'a FlightPosts>,
     ) -> FlightResult {
-        let mut posted = false;
-        if let (Some(stale), Some(early), true) =
-            (&stale, early, inner.config.loads.refresh_in_background)
-        {
-            if let Some(left) = stale.window_left(&inner.config.lives) {
-                posted = true;
-                // Servable to the callers that join this flight only while it is within the
-                // stale window, and nothing was heard of its key or tags since it was read;
-                // later joiners wait for the load's answer.
-                let until = crate::sync::later(Instant::now(), left);
-                let holds = unchanged_since(
-                    inner.l1.notifier(),
-                    *key.digest(),
-                    seen.stamp,
-                    &stale.tag_stamps,
-                );
-                early.post(Some((
-                    Ok(Fetched::cached(
-                        stale.payload.clone(),
-                        Outcome::Stale,
-                        stale.fresh_until(),
-                    )),
-                    Some(Early { until, holds }),
-                )));
-            }
-        }
-        let _watchdog = inner
-            .renewals
-            .watch(vec![key.clone()], token, seen.asked_at);
         let mut leader = Leader {
             inner,
             guard: LockGuard::new(&inner.store, key, token, seen.asked_at),
             stamp: seen.stamp,
             flight: early,
         };
+        // Dropped before the guard: the renewals stop before a guard's release.
+        let keys = vec![leader.key().clone()];
+        let _watchdog = inner.renewals.watch(keys, token, seen.asked_at);
+        let mut posted = false;
+        if let (Some(stale), true) = (&stale, inner.config.loads.refresh_in_background) {
+            if let Some(left) = stale.window_left(&inner.config.lives) {
+                // Servable to the callers that join this flight only while it is within the
+                // stale window; later joiners wait for the load's answer.
+                posted = leader.post_early(stale, left);
+            }
+        }
         let clock = inner.clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let previous = leader.previous(stale.as_ref()).await;
@@ -328,11 +312,17 @@ impl<'a> Leader<'a> {
     /// Posts `stale` as the early answer of its flight (its soft timeout passed), servable
     /// for the rest of its window and while nothing was heard of its key or tags.
     pub(super) fn post_soft(&self, stale: &StaleValue) {
-        let (Some(flight), Some(left)) = (
-            self.flight,
-            stale.error_window_left(&self.inner.config.lives),
-        ) else {
-            return;
+        if let Some(left) = stale.error_window_left(&self.inner.config.lives) {
+            self.post_early(stale, left);
+        }
+    }
+
+    /// Posts `stale` as the early answer of its flight, if it has one (whether it did):
+    /// servable for `left` more, and while nothing was heard of its key or tags since it was
+    /// read.
+    fn post_early(&self, stale: &StaleValue, left: Duration) -> bool {
+        let Some(flight) = self.flight else {
+            return false;
         };
         let until = crate::sync::later(Instant::now(), left);
         let digest = *self.key().digest();
@@ -340,5 +330,6 @@ impl<'a> Leader<'a> {
         let holds = unchanged_since(notifier, digest, self.stamp, &stale.tag_stamps);
         let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
         flight.post(Some((Ok(answer), Some(Early { until, holds }))));
+        true
     }
 }
