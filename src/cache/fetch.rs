@@ -45,8 +45,8 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let loader = move |_| async move { (loader().await, None::<()>) };
-        self.fetch_as(Ask::key(key.as_ref()), loader).await.0
+        self.fetch_shared(Ask::key(key.as_ref()), move |_| loader())
+            .await
     }
 
     /// Like [`get_or_load`](Self::get_or_load), with a loader that says how to keep its value
@@ -143,6 +143,26 @@ impl Cache {
             debug!(parent: span, error = error as &dyn std::error::Error, "no value");
         }
         (answer, own)
+    }
+
+    /// [`fetch_as`](Self::fetch_as) for a loader that gives its caller nothing beyond what it
+    /// shares: the answer alone.
+    pub(crate) async fn fetch_shared<A, F, Fut, E>(
+        &self,
+        ask: Ask<'_, A>,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        A: Fn(&Bytes) -> bool + Send + Sync + 'static,
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let loader = move |previous| {
+            let load = loader(previous);
+            async move { (load.await, None::<()>) }
+        };
+        self.fetch_as(ask, loader).await.0
     }
 
     /// What `read` makes of the value of the key hashed to `digest`, if L1 holds the value

@@ -300,8 +300,8 @@ impl Cache {
         Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
         E: Into<BoxError>,
     {
-        let loader = move |previous| async move { (loader(previous).await, None::<()>) };
-        self.fetch_as(fetch::Ask::key(key.as_ref()), loader).await.0
+        self.fetch_shared(fetch::Ask::key(key.as_ref()), loader)
+            .await
     }
 
     /// Like [`fetch`](Self::fetch), with this call's own soft timeout in place of the
@@ -345,8 +345,7 @@ impl Cache {
         E: Into<BoxError>,
     {
         let ask = fetch::Ask::key(key.as_ref()).soft_timeout(soft_timeout);
-        let loader = move |_| async move { (loader().await, None::<()>) };
-        self.fetch_as(ask, loader).await.0
+        self.fetch_shared(ask, move |_| loader()).await
     }
 
     /// Where the cache's metrics go, for the HTTP layer's own.

@@ -332,17 +332,14 @@ where
         for attempt in 0..2 {
             let (codec, tag, loader) = (self.codec.clone(), self.tag, Arc::clone(&loader));
             let load = move |_| async move {
-                let loaded = async {
-                    let loader = crate::sync::lock(&loader)
-                        .take()
-                        .ok_or("the loader already ran in a first attempt")?;
-                    let loaded = loader().await.map_err(Into::into)?;
-                    loaded.try_map(|value| encode(&codec, tag, &value))
-                };
-                (loaded.await, None::<()>)
+                let loader = crate::sync::lock(&loader)
+                    .take()
+                    .ok_or("the loader already ran in a first attempt")?;
+                let loaded = loader().await.map_err(Into::into)?;
+                loaded.try_map(|value| encode(&codec, tag, &value))
             };
             let ask = Ask::digest(digest, key.as_ref()).accepting(self.accepts());
-            let fetched = self.cache.fetch_as(ask, load).await.0?;
+            let fetched = self.cache.fetch_shared(ask, load).await?;
             let decoded = |value| Fetched {
                 value,
                 outcome: fetched.outcome,

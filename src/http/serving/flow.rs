@@ -206,13 +206,8 @@ where
     B: Body<Data = Bytes>,
 {
     let ask = Ask::key(variant.as_bytes()).accepting(codec::accepts_variant);
-    let fail = |_| async {
-        (
-            Err::<Loaded, _>(LoadFailure::RequestWithFailedLoad),
-            None::<()>,
-        )
-    };
-    let (fetched, _) = cache.fetch_as(ask, fail).await;
+    let fail = |_| async { Err::<Loaded, _>(LoadFailure::RequestWithFailedLoad) };
+    let fetched = cache.fetch_shared(ask, fail).await;
     match (decoded(&fetched), failure) {
         (Some((Decoded::Response(cached), mut found)), _) => {
             // Stale if either the marker or the variant was.

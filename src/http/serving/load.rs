@@ -344,8 +344,8 @@ where
     let variant = key::variant(primary, marker.generation, &marker.names, &asked.headers);
     let loaded = config.to_store(entry.clone(), ttl, stale, &tags);
     let ask = Ask::key(variant.as_bytes()).accepting(codec::accepts_variant);
-    let fill = move |_| async move { (Ok::<_, Infallible>(loaded), None::<()>) };
-    let (filled, _) = cache.fetch_as(ask, fill).await;
+    let fill = move |_| async move { Ok::<_, Infallible>(loaded) };
+    let filled = cache.fetch_shared(ask, fill).await;
     // A fresh variant already there (refreshed on its own) is kept, and is the answer: the
     // caller never sees an older response after a newer one. A stale one is being replaced
     // by this load.
