@@ -85,7 +85,7 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
-        let clock = match self.inner.clock_for_write().await {
+        let clock = match self.inner.tags().clock_for_write().await {
             Ok(clock) => clock,
             Err(error) => {
                 let digests = [*key.digest()];

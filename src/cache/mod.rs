@@ -73,7 +73,7 @@
 //! | `carry.rs` | how the caller that starts a flight carries it, and how it posts to the others |
 //! | `breaker/` | `Breaker`: the circuit breaker, every store call, and its probe (and its tests) |
 //! | `known_tags.rs` | `KnownTags`: whether loaders return tags, the first tag clock, the versions read |
-//! | `tags.rs` | [`Cache::invalidate_tags`], and checking a tagged value against its tags |
+//! | `tags.rs` | [`Cache::invalidate_tags`], and `TagChecks`: the tag clock a value is stamped with, and whether its tags and generation still hold |
 //! | `refreshes.rs` | `Refreshes`: when a value is due for an early refresh, and which keys have one |
 //! | `batch.rs` | [`Cache::get_many_or_load`]: batches |
 //! | `peek.rs` | [`Cache::get`]: what is cached, from L1 then the store, never loaded |
@@ -122,6 +122,7 @@ pub(crate) mod telemetry;
 pub mod typed;
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -405,6 +406,43 @@ impl Cache {
 }
 
 impl Inner {
+    /// The lookups of a flight, over the components they read.
+    fn lookups(&self) -> protocol::lookup::Lookups<'_> {
+        protocol::lookup::Lookups {
+            store: &*self.store,
+            breaker: &self.breaker,
+            l1: &self.l1,
+            tags: self.tags(),
+            lock_ttl: self.config.loads.lock_ttl,
+            notifications: self.config.l1.notifications,
+            store_timeout: self.config.breaker.store_timeout,
+        }
+    }
+
+    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
+    /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
+    /// it is treated as a miss, and overwritten by the load that follows.
+    pub(super) fn corrupt_entry(&self, digest: &KeyDigest) {
+        self.counters
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
+        self.meter.corrupt_entry();
+        tracing::warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
+    }
+
+    /// The tag and generation checks, over the components they read.
+    fn tags(&self) -> tags::TagChecks<'_> {
+        tags::TagChecks {
+            store: &*self.store,
+            breaker: &self.breaker,
+            namespace: &self.config.namespace,
+            l1: &self.l1,
+            known: &self.known_tags,
+            ttl_cap: self.config.l1.ttl_cap,
+            keeps_stale: !self.config.lives.keep().is_zero(),
+        }
+    }
+
     /// The L1 entry of a key, if it is there and trusted (see [`l1::L1::get`]).
     fn l1_get(&self, digest: &KeyDigest) -> Option<l1::L1Hit> {
         self.l1.get(digest, || self.breaker.recoveries())

@@ -61,7 +61,7 @@ impl Cache {
         // Subscribed to the namespace's notifications first, as a lookup is: a process that
         // only peeks would otherwise keep what it read in L1 without ever hearing of a change
         // made elsewhere.
-        drop(inner.watch_fills_subscribed(&key).await);
+        drop(inner.lookups().watch_fills_subscribed(&key).await);
         // Taken before the read: a change heard after it keeps the value out of L1.
         let stamp = inner.l1.stamp(&digest);
         let Some(stored) = inner.breaker.call(inner.store.get(&key)).await? else {
@@ -90,7 +90,7 @@ impl Cache {
             return Ok(None);
         }
         let tag_stamps = match &tags {
-            Some(tagged) => match Box::pin(inner.tags_valid(tagged)).await? {
+            Some(tagged) => match Box::pin(inner.tags().tags_valid(tagged)).await? {
                 Some(stamps) => stamps,
                 None => return Ok(None),
             },

@@ -17,23 +17,26 @@
 //! notifications (one per tag, as for a key with the tag's digest) drop them everywhere.
 //!
 //! The versions read are kept in-process
-//! ([`KnownTags`](super::known_tags::KnownTags)) under the same stamps, for at most
+//! ([`KnownTags`]) under the same stamps, for at most
 //! `l1_ttl_cap`, while notifications are received: a tagged value's L2 hit then costs
 //! no second round trip as long as nothing was heard of its tags, exactly as an L1 entry
 //! stays trusted. A tag invalidated elsewhere is re-read once its notification arrives (or
 //! notifications are lost); without notifications, versions are always read from the store.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::breaker::Breaker;
+use super::carry::FlightPosts;
 use super::entry::{Corrupt, Entry, Tagged};
 use super::flights::Overtaken;
-use super::known_tags::CLEARS;
-use super::l1::TagStamps;
+use super::known_tags::{KnownTags, CLEARS};
+use super::l1::{TagStamps, L1};
 use super::protocol::lookup::LookupFound;
-use super::{Cache, Error, Inner};
-use crate::store::{KeyDigest, LockState, Stamp, StoreError, StoreKey, TagClock};
+use super::{Cache, Error};
+use crate::store::{KeyDigest, LockState, Stamp, Store, StoreError, StoreKey, TagClock};
 
 impl Cache {
     /// Makes every value that carries `tag` a miss, in every process: see
@@ -75,7 +78,22 @@ impl Cache {
     }
 }
 
-impl Inner {
+/// What a flight reads and asks of the store about tags and generations: the tag clock a
+/// value is stamped with, and whether a value's tags (and generation) still hold. Made by
+/// [`Inner::tags`](super::Inner::tags) for one call; it borrows only the components that tags need.
+pub(super) struct TagChecks<'a> {
+    pub(super) store: &'a dyn Store,
+    pub(super) breaker: &'a Arc<Breaker>,
+    pub(super) namespace: &'a str,
+    pub(super) l1: &'a L1,
+    pub(super) known: &'a KnownTags,
+    /// How long what is read stays known without notifications (`l1_ttl_cap`).
+    pub(super) ttl_cap: Duration,
+    /// Whether the store keeps values past their freshness (stale windows).
+    pub(super) keeps_stale: bool,
+}
+
+impl TagChecks<'_> {
     /// The namespace's tag generation and clock, read before a load; `None` if the store did
     /// not answer (then a tagged value cannot be stored). A call of a flight past its lookup.
     ///
@@ -83,18 +101,53 @@ impl Inner {
     /// would vouch for that load's own value, whatever a clear did while the load ran.
     pub(super) async fn tag_clock(&self) -> Option<TagClock> {
         self.breaker
-            .finish(self.store.tag_clock(&self.config.namespace))
+            .finish(self.store.tag_clock(self.namespace))
             .await
             .ok()
     }
 
+    /// The tag clock a load's value is stamped with, read before the load: where tags may
+    /// come back (`tagged`: the key's last value had tags; or a loader of this process has
+    /// returned tags), the current clock, so that a tag invalidation after this read
+    /// outdates the value. Elsewhere (an application without tags) no round trip but the
+    /// process's first load's: the clock it read then stands in, which is no later than the
+    /// clock at this load's start, so an invalidation since (or a new generation) outdates
+    /// the value, never the other way round.
+    pub(super) async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
+        if tagged || self.known.seen() {
+            self.tag_clock().await
+        } else {
+            self.first_tag_clock().await
+        }
+    }
+
+    /// The stamps of a loaded value's tags if none of them was invalidated since its clock
+    /// (one round trip; none for an untagged value). If one was, the `flight` the value
+    /// answers is marked [outdated](FlightPosts::outdated) before its answer is posted, so
+    /// that its joiners, who may have come after the invalidation, fetch again. Every path
+    /// that answers a flight with a value it loaded under a tag clock goes through here.
+    pub(super) async fn loaded_tags_hold(
+        &self,
+        tagged: Option<&Tagged>,
+        flight: Option<&FlightPosts>,
+    ) -> Option<TagStamps> {
+        let Some(tagged) = tagged else {
+            return Some(TagStamps::default());
+        };
+        let tags = self.tags_valid(tagged).await;
+        if let (Ok(None), Some(flight)) = (&tags, flight) {
+            flight.outdated();
+        }
+        tags.ok().flatten()
+    }
+
     /// A tag clock for a load that does not expect tags: the one read last, unless a clear
     /// (or a loss of notifications) was heard of since, or the store was found in another
-    /// generation (see [`KnownTags::first_clock`](super::known_tags::KnownTags::first_clock)).
+    /// generation (see [`KnownTags::first_clock`]).
     /// `None` while the store does not answer.
     pub(super) async fn first_tag_clock(&self) -> Option<TagClock> {
         let stamp = self.l1.stamp(&CLEARS);
-        self.known_tags.first_clock(stamp, self.tag_clock()).await
+        self.known.first_clock(stamp, self.tag_clock()).await
     }
 
     /// The tag clock a value written outside a load ([`Cache::set`], a batch's fills) is
@@ -107,11 +160,11 @@ impl Inner {
         let read = async {
             let read = self
                 .breaker
-                .call(self.store.tag_clock(&self.config.namespace))
+                .call(self.store.tag_clock(self.namespace))
                 .await;
             read.map_err(|error| failed = Some(error)).ok()
         };
-        let clock = self.known_tags.first_clock(stamp, read).await;
+        let clock = self.known.first_clock(stamp, read).await;
         clock.ok_or_else(|| {
             failed.unwrap_or_else(|| StoreError::new("the namespace's generation was not read"))
         })
@@ -128,7 +181,7 @@ impl Inner {
     /// cleared, its tag state not lost), and none of its tags was invalidated since its clock.
     /// The stamps of its tags, taken before the versions are read, go with a valid one.
     ///
-    /// The generation and versions come from [`KnownTags`](super::known_tags::KnownTags)
+    /// The generation and versions come from [`KnownTags`]
     /// where they are known and nothing has been heard since they were read (no round trip),
     /// else from the store.
     pub(super) async fn tags_valid(
@@ -149,14 +202,12 @@ impl Inner {
         let Some(generation) = tagged.generation else {
             return Ok(None);
         };
-        if let Some(current) = self.known_tags.generation(clears, now) {
+        if let Some(current) = self.known.generation(clears, now) {
             if current != generation {
                 return Ok(None);
             }
             let known = match &live {
-                Some(live) => self
-                    .known_tags
-                    .versions(generation, &tagged.tags, live, now),
+                Some(live) => self.known.versions(generation, &tagged.tags, live, now),
                 None => None,
             };
             if let Some(versions) = known {
@@ -166,11 +217,11 @@ impl Inner {
         // A value without tags needs the generation alone: one read of it at a time, sent
         // after this value was read.
         let _reading = match (tagged.tags.is_empty(), clears) {
-            (true, Some(_)) => match self.known_tags.read_tag_state(Some(now)).await {
+            (true, Some(_)) => match self.known.read_tag_state(Some(now)).await {
                 Some(reading) => Some(reading),
                 None => {
                     let read = self
-                        .known_tags
+                        .known
                         .generation(self.l1.stamp(&CLEARS), Instant::now());
                     if let Some(current) = read {
                         return Ok((current == generation).then_some(stamps));
@@ -183,14 +234,11 @@ impl Inner {
         };
         let versions = self
             .breaker
-            .call(
-                self.store
-                    .tag_versions(&self.config.namespace, &tagged.tags),
-            )
+            .call(self.store.tag_versions(self.namespace, &tagged.tags))
             .await?;
-        let until = crate::sync::later(now, self.config.l1.ttl_cap);
+        let until = crate::sync::later(now, self.ttl_cap);
         if let Some(versions) = &versions {
-            self.known_tags
+            self.known
                 .learn_generation(versions.generation, clears, until);
         }
         // No tag state, or another generation: it was lost or cleared since the value's load.
@@ -198,7 +246,7 @@ impl Inner {
             return Ok(None);
         };
         if let Some(live) = live {
-            self.known_tags.learn(&tagged.tags, &versions, &live, until);
+            self.known.learn(&tagged.tags, &versions, &live, until);
         }
         Ok(valid(&versions.versions, tagged.clock).then_some(stamps))
     }
@@ -222,7 +270,7 @@ impl Inner {
     /// past their freshness: the flight reloads the value anyway, but would serve it stale
     /// meanwhile, in place of a failed load, or hand it to a revalidating loader.
     pub(super) async fn check_tags(&self, found: &mut LookupFound) -> Result<(), StoreError> {
-        if found.lock == LockState::Acquired && self.config.lives.keep().is_zero() {
+        if found.lock == LockState::Acquired && !self.keeps_stale {
             return Ok(());
         }
         let Some((
@@ -238,7 +286,7 @@ impl Inner {
         let clears = self.l1.stamp(&CLEARS);
         if tagged.tags.is_empty()
             && tagged.generation.is_some()
-            && self.known_tags.generation(clears, Instant::now()) == tagged.generation
+            && self.known.generation(clears, Instant::now()) == tagged.generation
         {
             return Ok(());
         }

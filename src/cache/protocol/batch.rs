@@ -121,6 +121,7 @@ impl<K: BatchKey> Batch<K> {
         // Subscribed before the reads, so that what they find may enter L1.
         drop(
             self.inner
+                .lookups()
                 .watch_fills_subscribed(&StoreKey::new(Arc::clone(namespace), *first))
                 .await,
         );
@@ -235,7 +236,7 @@ impl<K: BatchKey> Batch<K> {
         let found = missed.into_iter().zip(lookups.into_iter().zip(stamps));
         for (index, ((key, digest), (lookup, stamp))) in found.enumerate() {
             let lock = lookup.lock;
-            let mut found = self.inner.found(lookup, reader).await;
+            let mut found = self.inner.lookups().found(lookup, reader).await;
             let Some(store_key) = pending.take(index) else {
                 continue;
             };
@@ -282,7 +283,7 @@ impl<K: BatchKey> Batch<K> {
             .map(|first| renewals.watch(keys, first.guard.token, first.guard.asked_at));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         // Read before the load, for the values' generation: a clear after it outdates them.
-        let clock = self.inner.clock_for_load(false).await;
+        let clock = self.inner.tags().clock_for_load(false).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let loaded = self.inner.load_watched(load(wanted)).await;
         let load_time = started.elapsed();

@@ -82,7 +82,7 @@ impl<'a> Follower<'a> {
     ) -> FlightResult {
         let key = StoreKey::new(Arc::clone(&inner.config.namespace), digest);
         let token = LockToken::random();
-        let mut filled = inner.watch_fills_subscribed(&key).await;
+        let mut filled = inner.lookups().watch_fills_subscribed(&key).await;
         // When this flight first read the key. Each lookup's clock reading (this one for the
         // first) also times what it finds: a hit is fresh for what the store says is left,
         // counted from just before the request, which errs by one round trip on the safe side.
@@ -92,6 +92,7 @@ impl<'a> Follower<'a> {
         let lock_when = LockWhen::LifeAtMost(inner.config.lives.keep());
         let reader = loader.reader();
         let mut found = inner
+            .lookups()
             .look_up(started, &key, token, lock_when, reader, &mut filled)
             .await;
         // The common case, a fresh value, is answered here: the protocol's loop, whose state
@@ -148,6 +149,7 @@ impl<'a> Follower<'a> {
                     };
                     let reader = loader.reader();
                     let found = inner
+                        .lookups()
                         .look_up(read_at, key, token, lock_when, reader, &mut self.filled)
                         .await;
                     (read_at, stamp, found)
@@ -172,7 +174,7 @@ impl<'a> Follower<'a> {
                 // overwritten it since, use its value instead of loading again.
                 // (Not a tagged one: its tags would need checking; this flight reloads it.)
                 if let Some((Ok(Entry::Value { tags, .. }), Some(ttl))) = &found.entry {
-                    if *ttl > keep && inner.untagged_valid(tags.as_ref()).await {
+                    if *ttl > keep && inner.tags().untagged_valid(tags.as_ref()).await {
                         spawn_release(&inner.store, key, token);
                         found.lock = LockState::NotRequested;
                     }

@@ -99,7 +99,7 @@ impl<'a> Leader<'a> {
                 posted = leader.post_early(stale, left);
             }
         }
-        let clock = inner.clock_for_load(seen.tagged).await;
+        let clock = inner.tags().clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let previous = leader.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
@@ -271,7 +271,7 @@ impl<'a> Leader<'a> {
                     inner.meter.lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                     // Not kept, but it still answers the flight.
-                    inner.loaded_tags_hold(tagged, flight).await;
+                    inner.tags().loaded_tags_hold(tagged, flight).await;
                 }
             }
             Err(error) => {

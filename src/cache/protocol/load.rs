@@ -11,7 +11,6 @@ use tokio::time::Instant;
 use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::flight::BoxLoader;
-use crate::cache::l1::TagStamps;
 use crate::cache::loaded::{Life, LoadedKind};
 use crate::cache::{BoxError, Error, ErrorKind, Inner, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, Stamp, TagClock};
@@ -89,7 +88,7 @@ impl Inner {
         tagged: Option<&Tagged>,
         flight: Option<&FlightPosts>,
     ) {
-        if let Some(tags) = self.loaded_tags_hold(tagged, flight).await {
+        if let Some(tags) = self.tags().loaded_tags_hold(tagged, flight).await {
             self.l1_insert(
                 stamp,
                 tags,
@@ -99,26 +98,6 @@ impl Inner {
                 ready.load_time,
             );
         }
-    }
-
-    /// The stamps of a loaded value's tags if none of them was invalidated since its clock
-    /// (one round trip; none for an untagged value). If one was, the `flight` the value
-    /// answers is marked [outdated](FlightPosts::outdated) before its answer is posted, so
-    /// that its joiners, who may have come after the invalidation, fetch again. Every path
-    /// that answers a flight with a value it loaded under a tag clock goes through here.
-    pub(super) async fn loaded_tags_hold(
-        &self,
-        tagged: Option<&Tagged>,
-        flight: Option<&FlightPosts>,
-    ) -> Option<TagStamps> {
-        let Some(tagged) = tagged else {
-            return Some(TagStamps::default());
-        };
-        let tags = self.tags_valid(tagged).await;
-        if let (Ok(None), Some(flight)) = (&tags, flight) {
-            flight.outdated();
-        }
-        tags.ok().flatten()
     }
 
     /// Runs a loader in a task of its own, handed the `previous` value if there is one,
@@ -160,21 +139,6 @@ impl Inner {
                 task.abort();
                 Err(Error::load_timeout(config.loads.load_timeout))
             }
-        }
-    }
-
-    /// The tag clock a load's value is stamped with, read before the load: where tags may
-    /// come back (`tagged`: the key's last value had tags; or a loader of this process has
-    /// returned tags), the current clock, so that a tag invalidation after this read
-    /// outdates the value. Elsewhere (an application without tags) no round trip but the
-    /// process's first load's: the clock it read then stands in, which is no later than the
-    /// clock at this load's start, so an invalidation since (or a new generation) outdates
-    /// the value, never the other way round.
-    pub(super) async fn clock_for_load(&self, tagged: bool) -> Option<TagClock> {
-        if tagged || self.known_tags.seen() {
-            self.tag_clock().await
-        } else {
-            self.first_tag_clock().await
         }
     }
 }

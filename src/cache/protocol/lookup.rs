@@ -1,19 +1,19 @@
 //! One lookup: "the value, or the lock" in one store call, and what it found, decoded for
 //! the flight's caller and checked against its tags.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use tracing::warn;
 
+use crate::cache::breaker::Breaker;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::Reader;
-use crate::cache::l1::TagStamps;
-use crate::cache::Inner;
+use crate::cache::l1::{TagStamps, L1};
+use crate::cache::tags::TagChecks;
 use crate::store::{
-    FillWatch, KeyDigest, LockState, LockToken, LockWhen, Lookup, StoreError, StoreKey,
+    FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError, StoreKey,
 };
 
 /// What one lookup found: the lock's state, and the value (decoded for the flight's caller)
@@ -68,12 +68,25 @@ pub(super) struct FreshValue {
     pub(super) tag_stamps: TagStamps,
 }
 
-impl Inner {
+/// The lookups of one flight (or peek, or batch): they read the store through the breaker,
+/// watch its fills, and check what they find against its tags. Made by [`Inner::lookups`](crate::cache::Inner::lookups).
+pub(in crate::cache) struct Lookups<'a> {
+    pub(in crate::cache) store: &'a dyn Store,
+    pub(in crate::cache) breaker: &'a Arc<Breaker>,
+    pub(in crate::cache) l1: &'a L1,
+    pub(in crate::cache) tags: TagChecks<'a>,
+    pub(in crate::cache) lock_ttl: Duration,
+    /// Whether the store's notifications are used (wake waits, keep L1 in step).
+    pub(in crate::cache) notifications: bool,
+    pub(in crate::cache) store_timeout: Duration,
+}
+
+impl<'a> Lookups<'a> {
     /// A watch of `key`'s fills, when notifications are on. Taken before the first read, so a
     /// fill that lands between a read and the wait wakes the wait; the backoff poll stays as
     /// the fallback for lost notifications.
-    pub(in crate::cache) fn watch_fills<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
-        if self.config.l1.notifications {
+    pub(in crate::cache) fn watch_fills(&self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
+        if self.notifications {
             self.store.subscribe(key)
         } else {
             None
@@ -87,29 +100,18 @@ impl Inner {
     /// (the breaker open, or a call failed since the store last answered): the lookup will not
     /// be made or will most likely fail too, and a subscription cannot complete while the
     /// store is down, so the wait would only add `store_timeout` to every call.
-    pub(in crate::cache) async fn watch_fills_subscribed<'a>(
-        &'a self,
+    pub(in crate::cache) async fn watch_fills_subscribed(
+        &self,
         key: &'a StoreKey,
     ) -> Option<FillWatch<'a>> {
         let filled = self.watch_fills(key);
         if let (Some(_), Some(notifier)) = (&filled, self.l1.notifier()) {
             if !notifier.receiving() && self.breaker.answering() {
                 // Boxed: a rare wait, kept out of every lookup's state.
-                Box::pin(notifier.received_within(self.config.breaker.store_timeout)).await;
+                Box::pin(notifier.received_within(self.store_timeout)).await;
             }
         }
         filled
-    }
-
-    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
-    /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
-    /// it is treated as a miss, and overwritten by the load that follows.
-    pub(in crate::cache) fn corrupt_entry(&self, digest: &KeyDigest) {
-        self.counters
-            .corrupt_entries
-            .fetch_add(1, Ordering::Relaxed);
-        self.meter.corrupt_entry();
-        warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
     }
 
     /// One lookup: "the value, or the lock" in one store call, with what it found decoded
@@ -130,11 +132,7 @@ impl Inner {
         }
         let lookup = self
             .breaker
-            .call_from(
-                now,
-                self.store
-                    .lookup(key, token, self.config.loads.lock_ttl, lock_when),
-            )
+            .call_from(now, self.store.lookup(key, token, self.lock_ttl, lock_when))
             .await?;
         self.found(lookup, reader).await
     }
@@ -153,7 +151,7 @@ impl Inner {
             tag_stamps: TagStamps::default(),
             outdated: false,
         };
-        self.check_tags(&mut found).await?;
+        self.tags.check_tags(&mut found).await?;
         Ok(found)
     }
 }

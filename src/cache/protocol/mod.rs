@@ -4,15 +4,16 @@
 //! starts as one: its lookups, and its wait for another leader's load), a
 //! [`Leader`](leader::Leader) (a flight, or a batch's key, that holds the lock), a
 //! [`Batch`](batch::Batch), and an [`EarlyRefresh`]. They borrow the engine's components (L1,
-//! the breaker's store calls, known tags, refreshes) from `Inner`, whose own methods here are
-//! the services every role shares: a lookup and the fills' watch taken before it
-//! (`lookup.rs`), and a load run and made ready for the store (`load.rs`). Each role's methods stand in its
-//! own file or in a file below it, so that no file imports from one that imports from it.
+//! the breaker's store calls, known tags, refreshes) from `Inner`. The services every role
+//! shares: `Lookups` (a lookup and the fills' watch taken before it, over the components it
+//! reads: `lookup.rs`), and `Inner`'s load, run and made ready for the store (`load.rs`).
+//! Each role's methods stand in its own file or in a file below it, so that no file imports
+//! from one that imports from it.
 //!
 //! | file | holds |
 //! | --- | --- |
 //! | `follower.rs` | [`Follower`]: one flight's lookups, the follower's loop until the value is there, the lock is free (it leads), or the wait times out; its reads of the waiters' slot |
-//! | `lookup.rs` | one lookup, "the value, or the lock", and what it found; the watch of the key's fills taken before it |
+//! | `lookup.rs` | `Lookups`: one lookup, "the value, or the lock", and what it found; the watch of the key's fills taken before it |
 //! | `wait.rs` | how a follower waits between reads: for the fill's notification, or the backoff poll |
 //! | `waiters.rs` | a load's answer for its waiters, and how a follower tells its load's from an earlier one |
 //! | `without_lock.rs` | a follower's loads without the lock: after a wait timeout, or while the store fails |

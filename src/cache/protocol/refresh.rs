@@ -81,7 +81,7 @@ impl EarlyRefresh {
             .keep()
             .saturating_add(fresh_until.saturating_duration_since(Instant::now()))
             .saturating_add(EARLY_REFRESH_SLACK);
-        let mut filled = inner.watch_fills(&key);
+        let mut filled = inner.lookups().watch_fills(&key);
         let mut backoff = Backoff::new(&config.waits);
         let mut fresh_until = None;
         loop {
@@ -89,6 +89,7 @@ impl EarlyRefresh {
             let reader = loader.reader();
             let asked_at = Instant::now();
             let found = match inner
+                .lookups()
                 .look_up(
                     asked_at,
                     &key,

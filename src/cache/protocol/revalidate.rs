@@ -19,7 +19,7 @@ impl Leader<'_> {
     pub(super) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
         let stale = stale?;
         let tagged = stale.tags.as_ref().filter(|t| t.generation.is_some())?;
-        let valid = self.inner.tags_valid(tagged).await;
+        let valid = self.inner.tags().tags_valid(tagged).await;
         matches!(valid, Ok(Some(_))).then(|| stale.previous())
     }
 

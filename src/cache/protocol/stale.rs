@@ -138,7 +138,7 @@ impl StaleValue {
             return false;
         }
         match &self.tags {
-            Some(tagged) => matches!(inner.tags_valid(tagged).await, Ok(Some(_))),
+            Some(tagged) => matches!(inner.tags().tags_valid(tagged).await, Ok(Some(_))),
             None => true,
         }
     }

@@ -25,7 +25,7 @@ impl Follower<'_> {
         let (inner, digest, flight) = (self.inner, *self.key.digest(), self.early);
         let degraded = outcome == Outcome::Degraded;
         let clock = match degraded {
-            false => inner.clock_for_load(false).await,
+            false => inner.tags().clock_for_load(false).await,
             true => None,
         };
         let started = Instant::now();
@@ -40,7 +40,7 @@ impl Follower<'_> {
             LoadedKind::Value { bytes, ttl } if degraded => {
                 // Taken after the load (its tags are known only now): a tag invalidation of
                 // this process before it overtook the flight, and one after it moves them on.
-                let tags = inner.tag_stamps(&loaded.tags);
+                let tags = inner.tags().tag_stamps(&loaded.tags);
                 if !flight.is_overtaken() {
                     // Keep this process from reloading while the store is down.
                     let ttl = ttl.unwrap_or(inner.config.lives.ttl);
@@ -50,7 +50,10 @@ impl Follower<'_> {
             }
             LoadedKind::Value { bytes, .. } => {
                 if let Ok(tagged) = tagged(loaded.tags, clock) {
-                    inner.loaded_tags_hold(Some(&tagged), Some(flight)).await;
+                    inner
+                        .tags()
+                        .loaded_tags_hold(Some(&tagged), Some(flight))
+                        .await;
                 }
                 Ok(Fetched::loaded(bytes, outcome))
             }
@@ -68,7 +71,7 @@ impl Follower<'_> {
         loader: BoxLoader,
     ) -> FlightResult {
         let (inner, key, flight) = (self.inner, self.key, self.early);
-        let clock = inner.tag_clock().await;
+        let clock = inner.tags().tag_clock().await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let loaded = inner.load(loader, None).await?;
         let life = loaded.life();
@@ -124,7 +127,10 @@ impl Follower<'_> {
             }
             // Not kept, but it still answers the flight.
             None => {
-                inner.loaded_tags_hold(Some(&tagged), Some(flight)).await;
+                inner
+                    .tags()
+                    .loaded_tags_hold(Some(&tagged), Some(flight))
+                    .await;
             }
         }
         Ok(Fetched::loaded(fill.value, Outcome::Leader))
