@@ -37,8 +37,18 @@ pub(crate) struct Args {
 
     /// Share the cache through a Redis Cluster: some of its nodes' URLs, comma-separated
     /// (needs the `cluster` feature; not with --redis)
-    #[arg(long, value_name = "URLS", value_parser = cluster_urls)]
-    pub(crate) redis_cluster: Option<ClusterUrls>,
+    #[arg(long, value_name = "URLS", value_parser = redis_urls)]
+    pub(crate) redis_cluster: Option<RedisUrls>,
+
+    /// Share the cache through the primary of a Redis Sentinel service: some of its
+    /// sentinels' URLs, comma-separated (needs the `sentinel` feature; with
+    /// --sentinel-master, not with --redis or --redis-cluster)
+    #[arg(long, value_name = "URLS", value_parser = redis_urls, requires = "sentinel_master")]
+    pub(crate) redis_sentinel: Option<RedisUrls>,
+
+    /// The name the sentinels of --redis-sentinel monitor the primary by, e.g. mymaster
+    #[arg(long, value_name = "NAME", requires = "redis_sentinel")]
+    pub(crate) sentinel_master: Option<String>,
 
     /// Freshness to invent when the origin gives none, for statuses cacheable by default
     /// (200, 404, ...); 0 invents none: such responses are not stored. Default 0: a shared
@@ -148,6 +158,15 @@ impl Args {
                 )
                 .exit();
         }
+        if args.redis_sentinel.is_some() && (args.redis.is_some() || args.redis_cluster.is_some()) {
+            Args::command()
+                .error(
+                    ErrorKind::ArgumentConflict,
+                    "--redis-sentinel is not with --redis or --redis-cluster: give the sentinels, \
+                     one server or the cluster's nodes",
+                )
+                .exit();
+        }
         if args
             .purge_token
             .as_ref()
@@ -167,7 +186,7 @@ impl Args {
 
 /// The seed nodes' URLs of a Redis Cluster.
 #[derive(Clone, Debug)]
-pub(crate) struct ClusterUrls(pub(crate) Vec<String>);
+pub(crate) struct RedisUrls(pub(crate) Vec<String>);
 
 /// A URL of a Redis server.
 fn redis_url(text: &str) -> Result<String, String> {
@@ -178,7 +197,7 @@ fn redis_url(text: &str) -> Result<String, String> {
 }
 
 /// `URL,URL,...`: at least one, each a URL.
-fn cluster_urls(text: &str) -> Result<ClusterUrls, String> {
+fn redis_urls(text: &str) -> Result<RedisUrls, String> {
     let urls: Vec<String> = text
         .split(',')
         .map(str::trim)
@@ -196,7 +215,7 @@ fn cluster_urls(text: &str) -> Result<ClusterUrls, String> {
             "{bad:?} is not a URL (expected e.g. redis://10.0.0.1:6379/)"
         ));
     }
-    Ok(ClusterUrls(urls))
+    Ok(RedisUrls(urls))
 }
 
 fn positive(text: &str) -> Result<u64, String> {

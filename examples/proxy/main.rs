@@ -39,7 +39,17 @@
 //!     --redis-cluster redis://10.0.0.1:6379/,redis://10.0.0.2:6379/,redis://10.0.0.3:6379/
 //! ```
 //!
-//! Without `--redis` or `--redis-cluster`, the proxy caches in an embedded, in-process store.
+//! Behind Redis Sentinel, give some of the sentinels and the service's name (built with the
+//! `sentinel` feature); the proxy follows the primary through failovers:
+//!
+//! ```sh
+//! cargo run --release --features sentinel --example proxy -- --listen 127.0.0.1:8081 \
+//!     --origin http://127.0.0.1:8080 --sentinel-master mymaster \
+//!     --redis-sentinel redis://10.0.0.1:26379/,redis://10.0.0.2:26379/,redis://10.0.0.3:26379/
+//! ```
+//!
+//! Without `--redis`, `--redis-cluster` or `--redis-sentinel`, the proxy caches in an
+//! embedded, in-process store.
 //!
 //! A `POST`, `PUT`, `DELETE`, `PATCH` (or any other unsafe method) that the origin answers
 //! with a 2xx or 3xx removes the URL's cached responses (and those of a same-origin
@@ -197,10 +207,17 @@ fn to_origin_uri(origin: &Origin, request: &mut Request<Incoming>) {
 }
 
 async fn build_cache(args: &Args) -> Result<Cache, String> {
-    let builder = match (&args.redis, &args.redis_cluster) {
-        (Some(url), _) => Cache::builder(connect_redis(url).await?),
-        (None, Some(urls)) => Cache::builder(connect_redis_cluster(&urls.0).await?),
-        (None, None) => Cache::builder(MemoryStore::new()),
+    let sentinel = args
+        .redis_sentinel
+        .as_ref()
+        .zip(args.sentinel_master.as_ref());
+    let builder = match (&args.redis, &args.redis_cluster, sentinel) {
+        (Some(url), _, _) => Cache::builder(connect_redis(url).await?),
+        (None, Some(urls), _) => Cache::builder(connect_redis_cluster(&urls.0).await?),
+        (None, None, Some((urls, service))) => {
+            Cache::builder(connect_redis_sentinel(&urls.0, service)?)
+        }
+        (None, None, None) => Cache::builder(MemoryStore::new()),
     };
     let mut builder = builder
         .namespace(&args.namespace)
@@ -291,6 +308,24 @@ async fn connect_redis_cluster(_urls: &[String]) -> Result<RedisStore, String> {
     Err(
         "--redis-cluster needs the `cluster` feature of tower-stampede \
          (cargo run --features cluster --example proxy -- ...)"
+            .to_owned(),
+    )
+}
+
+/// As [`connect_redis`]: the store opens at once, and finds the primary through the
+/// sentinels in the background (and again after each failover).
+#[cfg(feature = "sentinel")]
+fn connect_redis_sentinel(urls: &[String], service: &str) -> Result<RedisStore, String> {
+    RedisStore::sentinel_builder(urls.iter().cloned(), service)
+        .open()
+        .map_err(|e| format!("cannot use Redis Sentinel: {e}"))
+}
+
+#[cfg(not(feature = "sentinel"))]
+fn connect_redis_sentinel(_urls: &[String], _service: &str) -> Result<RedisStore, String> {
+    Err(
+        "--redis-sentinel needs the `sentinel` feature of tower-stampede \
+         (cargo run --features sentinel --example proxy -- ...)"
             .to_owned(),
     )
 }

@@ -18,6 +18,8 @@ use super::connection::{store_error, Connection};
 use super::dial::{Dial, Target};
 use super::link::Link;
 use super::notifications::Notifications;
+#[cfg(feature = "sentinel")]
+use super::sentinel::Primary;
 use super::RedisStore;
 use crate::store::{StoreError, StoreErrorKind};
 
@@ -39,6 +41,18 @@ impl fmt::Debug for RedisStoreBuilder {
             Target::Server(_) => debug.field("url", &self.dial.target.address()),
             #[cfg(feature = "cluster")]
             Target::Cluster(_) => debug.field("cluster", &self.dial.target.address()),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { service, .. } => debug
+                .field("sentinels", &self.dial.target.address())
+                .field("service", service)
+                .field(
+                    "primary_credentials",
+                    &if self.dial.primary_auth.password.is_some() {
+                        "set"
+                    } else {
+                        "not set"
+                    },
+                ),
         };
         debug
             .field("connection_timeout", &self.dial.connection_timeout)
@@ -106,6 +120,26 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The user name (`None`: the default user) and password the store gives the data nodes
+    /// of a Sentinel service; the sentinels' own come in their URLs. Feature `sentinel`; on
+    /// another target, connecting fails.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn primary_credentials(mut self, username: Option<&str>, password: &str) -> Self {
+        self.dial.primary_auth.username = username.map(str::to_owned);
+        self.dial.primary_auth.password = Some(password.to_owned());
+        self
+    }
+
+    /// The database the store uses on the data nodes of a Sentinel service. Default: 0.
+    /// Feature `sentinel`; on another target, connecting fails.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn primary_db(mut self, db: i64) -> Self {
+        self.dial.primary_auth.db = db;
+        self
+    }
+
     /// Trusts these root certificates (PEM, one or more) for `rediss://` connections, instead
     /// of the system's: for a server whose certificate a private CA signed. Feature `tls`.
     ///
@@ -121,6 +155,7 @@ impl RedisStoreBuilder {
     /// Connects to Redis; fails if a URL is invalid or no server can be reached. To start
     /// while the server may be down, see [`open`](Self::open).
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
+        self.only_sentinel_settings_on_sentinels()?;
         let address = self.dial.target.address();
         let infos = self.dial.connection_infos()?;
         let connection = match &self.dial.target {
@@ -147,6 +182,19 @@ impl RedisStoreBuilder {
                 })?;
                 Connection::Cluster(Cluster::new(ClusterLink::connected(connection)))
             }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { service, .. } => {
+                let primary = Primary::new(&self.dial, &infos, service, &self.dial.primary_auth)?;
+                let first = primary.dial().await.map_err(|e| {
+                    store_error(
+                        format_args!("cannot connect to the primary of {address}"),
+                        e,
+                    )
+                })?;
+                let link =
+                    Link::following(primary, Some(first), address.clone(), self.dial.ping_wait());
+                Connection::Server(link)
+            }
         };
         let sharded = self.sharded();
         let notifications = if self.notifications {
@@ -156,7 +204,7 @@ impl RedisStoreBuilder {
         } else {
             None
         };
-        Ok(RedisStore::new(connection, address, notifications, sharded))
+        Ok(self.store(connection, address, notifications, sharded))
     }
 
     /// The store, at once, without waiting for the server: it connects in the background,
@@ -170,6 +218,7 @@ impl RedisStoreBuilder {
     /// answers. Notifications are subscribed once the server answers; a server that refuses
     /// their protocol (RESP3, before Redis 6) never sends any, and followers poll.
     pub fn open(self) -> Result<RedisStore, StoreError> {
+        self.only_sentinel_settings_on_sentinels()?;
         let address = self.dial.target.address();
         let infos = self.dial.connection_infos()?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -202,6 +251,16 @@ impl RedisStoreBuilder {
                 let link = ClusterLink::opening(client, address.clone(), self.dial.ping_wait());
                 Connection::Cluster(Cluster::new(link))
             }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { service, .. } => {
+                let primary = Primary::new(&self.dial, &infos, service, &self.dial.primary_auth)?;
+                Connection::Server(Link::following(
+                    primary,
+                    None,
+                    address.clone(),
+                    self.dial.ping_wait(),
+                ))
+            }
         };
         let sharded = self.sharded();
         let notifications = if self.notifications {
@@ -210,14 +269,47 @@ impl RedisStoreBuilder {
         } else {
             None
         };
-        Ok(RedisStore::new(connection, address, notifications, sharded))
+        Ok(self.store(connection, address, notifications, sharded))
+    }
+
+    /// Refuses the data nodes' settings of a Sentinel service on another target, where
+    /// they would be silently unused.
+    fn only_sentinel_settings_on_sentinels(&self) -> Result<(), StoreError> {
+        #[cfg(feature = "sentinel")]
+        if !matches!(self.dial.target, Target::Sentinel { .. })
+            && (self.dial.primary_auth.password.is_some() || self.dial.primary_auth.db != 0)
+        {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                "primary_credentials and primary_db are for a Sentinel service (RedisStore::sentinel_builder)",
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the store publishes on shard channels: on a cluster, unless told otherwise.
     fn sharded(&self) -> Arc<AtomicBool> {
-        Arc::new(AtomicBool::new(
-            self.sharded_notifications && !matches!(self.dial.target, Target::Server(_)),
-        ))
+        #[cfg(feature = "cluster")]
+        let cluster = matches!(self.dial.target, Target::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        let cluster = false;
+        Arc::new(AtomicBool::new(self.sharded_notifications && cluster))
+    }
+
+    /// The store over `connection`, with its notifications; a Sentinel service's listens to
+    /// the sentinels' announcements of a new primary.
+    fn store(
+        &self,
+        connection: Connection,
+        address: String,
+        notifications: Option<Notifications>,
+        sharded: Arc<AtomicBool>,
+    ) -> RedisStore {
+        #[cfg(feature = "sentinel")]
+        if let (Some(primary), Connection::Server(link)) = (connection.primary(), &connection) {
+            primary.listen(link.mover());
+        }
+        RedisStore::new(connection, address, notifications, sharded)
     }
 }
 

@@ -29,6 +29,25 @@ pub(super) enum Connection {
 }
 
 impl Connection {
+    /// Shows the link an error that a call met inside its replies (see [`Link::saw_error`]).
+    fn saw_error(&self, error: &RedisError) {
+        match self {
+            Connection::Server(link) => link.saw_error(error),
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(_) => {}
+        }
+    }
+
+    /// The Sentinel service's primary that the store's connection follows.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn primary(&self) -> Option<&std::sync::Arc<super::sentinel::Primary>> {
+        match self {
+            Connection::Server(link) => link.primary(),
+            #[cfg(feature = "cluster")]
+            Connection::Cluster(_) => None,
+        }
+    }
+
     /// Runs `call`, an `EVALSHA` of `script`. A `NOSCRIPT` reply loads the script (on a
     /// cluster: on every node, as `SCRIPT LOAD` is routed to all of them) and runs it again.
     pub(super) async fn invoke<T: FromRedisValue>(
@@ -148,7 +167,7 @@ impl Connection {
     /// Subscribes to a channel (on a connection that speaks RESP3 and has a push sender).
     pub(super) async fn subscribe(&self, channel: String) -> RedisResult<()> {
         match self {
-            Connection::Server(link) => link.manager_anyway().subscribe(channel).await,
+            Connection::Server(link) => link.manager_anyway()?.subscribe(channel).await,
             #[cfg(feature = "cluster")]
             Connection::Cluster(cluster) => {
                 cluster.connection_made().await?.subscribe(channel).await
@@ -188,6 +207,8 @@ impl RedisStore {
 
     /// A Redis error as a store error, with the server's address (never its credentials).
     pub(super) fn error(&self, error: RedisError) -> StoreError {
+        // A pipeline's replies carry their own errors, which the link did not see.
+        self.connection.saw_error(&error);
         store_error(format_args!("Redis at {}", self.address), error)
     }
 }
@@ -213,6 +234,7 @@ fn kind_of(error: &RedisError) -> StoreErrorKind {
         | ErrorKind::Server(
             ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
             | ServerErrorKind::TryAgain
             | ServerErrorKind::BusyLoading,
         ) => StoreErrorKind::Connection,
@@ -252,6 +274,10 @@ mod tests {
             ),
             (
                 reply_error(b"-CLUSTERDOWN The cluster is down\r\n"),
+                StoreErrorKind::Connection,
+            ),
+            (
+                reply_error(b"-READONLY You can't write against a read only replica.\r\n"),
                 StoreErrorKind::Connection,
             ),
             (

@@ -20,6 +20,12 @@ pub(super) enum Target {
     /// URLs of some of a cluster's nodes.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// URLs of sentinels, and the name of the service whose primary they watch.
+    #[cfg(feature = "sentinel")]
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+    },
 }
 
 impl Target {
@@ -28,10 +34,12 @@ impl Target {
             Target::Server(url) => std::slice::from_ref(url),
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => urls,
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { sentinels, .. } => sentinels,
         }
     }
 
-    /// The URLs without credentials, comma-separated.
+    /// The URLs without credentials, comma-separated (a sentinel's: the sentinels').
     pub(super) fn address(&self) -> String {
         let urls: Vec<String> = self.urls().iter().map(|url| redact(url)).collect();
         urls.join(",")
@@ -52,6 +60,9 @@ pub(super) struct Dial {
     /// PEM root certificates to trust instead of the system's.
     #[cfg(feature = "tls")]
     pub(super) root_certificates: Option<Vec<u8>>,
+    /// The data nodes' credentials and database, where the URLs are the sentinels'.
+    #[cfg(feature = "sentinel")]
+    pub(super) primary_auth: super::sentinel::PrimaryAuth,
 }
 
 impl Dial {
@@ -63,6 +74,8 @@ impl Dial {
             response_timeout: Duration::from_secs(3),
             #[cfg(feature = "tls")]
             root_certificates: None,
+            #[cfg(feature = "sentinel")]
+            primary_auth: super::sentinel::PrimaryAuth::default(),
         }
     }
 

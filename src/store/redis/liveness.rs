@@ -19,17 +19,27 @@
 //!
 //! A Redis Cluster's subscriber has no watchman: its subscriptions are spread over connections
 //! to several nodes, which a `PING` to the cluster does not reach.
+//!
+//! A Sentinel service's subscriber (feature `sentinel`) follows its primary: each round, the
+//! watchman first looks whether the store has found the primary somewhere else since the
+//! subscriber's connection was made (see `sentinel.rs`), and if so replaces the connection
+//! by one to the new primary, as for a silent one. Until the primary is first found, there
+//! is no connection, and subscriptions fail (and are tried again once there is).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use redis::aio::{AsyncPushSender, ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "sentinel")]
+use redis::ConnectionInfo;
 use redis::RedisResult;
 use tracing::{debug, info, warn};
 
 use super::connection::Connection;
 use super::link::Link;
+#[cfg(feature = "sentinel")]
+use super::sentinel::Primary;
 
 /// How often the watchman asks the subscriber's connection for a `PING`.
 const PING_EVERY: Duration = Duration::from_secs(1);
@@ -71,13 +81,18 @@ pub(super) trait Listener: Send + Sync + 'static {
 pub(super) struct ServerSubscriber(Arc<Slot>);
 
 struct Slot {
-    client: redis::Client,
+    /// The server the managers connect to: where the primary was last found, for a
+    /// following subscriber (none until it is found).
+    client: Mutex<Option<redis::Client>>,
+    /// The primary a subscriber follows, and the count of its moves its client is of.
+    #[cfg(feature = "sentinel")]
+    primary: Option<(Arc<Primary>, AtomicU64)>,
     /// The managers' settings, but their push sender: each manager gets its own.
     config: ConnectionManagerConfig,
     /// Where the managers' messages go.
     pushes: Pushes,
     generation: Arc<AtomicU64>,
-    current: Mutex<ConnectionManager>,
+    current: Mutex<Option<ConnectionManager>>,
 }
 
 impl ServerSubscriber {
@@ -95,20 +110,70 @@ impl ServerSubscriber {
         };
         let manager = manager(&client, &config, &pushes, first)?;
         Ok(ServerSubscriber(Arc::new(Slot {
-            client,
+            client: Mutex::new(Some(client)),
+            #[cfg(feature = "sentinel")]
+            primary: None,
             config,
             pushes,
             generation,
-            current: Mutex::new(manager),
+            current: Mutex::new(Some(manager)),
         })))
     }
 
-    /// The current connection, to subscribe on.
-    pub(super) fn connection(&self) -> Connection {
-        Connection::Server(Link::waiting(self.manager()))
+    /// A subscriber that follows a Sentinel service's `primary`: it connects where the store
+    /// found it last (`resp3` makes a client of that), and moves when the store finds it
+    /// elsewhere.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn following(
+        primary: Arc<Primary>,
+        resp3: impl Fn(ConnectionInfo) -> RedisResult<redis::Client>,
+        config: ConnectionManagerConfig,
+        pushes: Pushes,
+    ) -> RedisResult<Self> {
+        let subscriber = ServerSubscriber(Arc::new(Slot {
+            client: Mutex::new(None),
+            primary: Some((primary, AtomicU64::new(0))),
+            config,
+            pushes,
+            generation: Arc::new(AtomicU64::new(0)),
+            current: Mutex::new(None),
+        }));
+        subscriber.follow(resp3)?;
+        Ok(subscriber)
     }
 
-    fn manager(&self) -> ConnectionManager {
+    /// Moves a following subscriber to where the store found the primary last, if that is
+    /// not where its connection goes: whether it moved.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn follow(
+        &self,
+        resp3: impl Fn(ConnectionInfo) -> RedisResult<redis::Client>,
+    ) -> RedisResult<bool> {
+        let Some((primary, seen)) = &self.0.primary else {
+            return Ok(false);
+        };
+        let (Some(info), moves) = primary.current() else {
+            return Ok(false);
+        };
+        if seen.load(Ordering::SeqCst) == moves && crate::sync::lock(&self.0.current).is_some() {
+            return Ok(false);
+        }
+        *crate::sync::lock(&self.0.client) = Some(resp3(info)?);
+        self.replace()?;
+        seen.store(moves, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// The current connection, to subscribe on; none while a following subscriber has not
+    /// found the primary.
+    pub(super) fn connection(&self) -> RedisResult<Connection> {
+        let manager = self.manager().ok_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Io, "the Redis primary is not known yet"))
+        })?;
+        Ok(Connection::Server(Link::waiting(manager)))
+    }
+
+    fn manager(&self) -> Option<ConnectionManager> {
         crate::sync::lock(&self.0.current).clone()
     }
 
@@ -123,13 +188,16 @@ impl ServerSubscriber {
 
     /// Puts a new manager in place of the current one, whose messages are ignored from now on.
     pub(super) fn replace(&self) -> RedisResult<()> {
+        let Some(client) = crate::sync::lock(&self.0.client).clone() else {
+            return Ok(());
+        };
         let mut current = crate::sync::lock(&self.0.current);
         let next = Generation {
             mine: self.0.generation.load(Ordering::SeqCst).wrapping_add(1),
             current: Arc::clone(&self.0.generation),
         };
         let mine = next.mine;
-        *current = manager(&self.0.client, &self.0.config, &self.0.pushes, next)?;
+        *current = Some(manager(&client, &self.0.config, &self.0.pushes, next)?);
         self.0.generation.store(mine, Ordering::SeqCst);
         Ok(())
     }
@@ -141,12 +209,14 @@ impl ServerSubscriber {
     pub(super) fn keep_watch<L: Listener>(
         &self,
         listener: impl Fn(ServerSubscriber) -> L + Send + 'static,
+        follow: impl Fn(&ServerSubscriber) -> RedisResult<bool> + Send + 'static,
         ping_wait: Duration,
     ) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        runtime.spawn(watch(Arc::downgrade(&self.0), listener, ping_wait));
+        let watch = watch(Arc::downgrade(&self.0), listener, follow, ping_wait);
+        runtime.spawn(watch);
     }
 }
 
@@ -165,6 +235,7 @@ fn manager(
 async fn watch<L: Listener>(
     slot: Weak<Slot>,
     listener: impl Fn(ServerSubscriber) -> L,
+    follow: impl Fn(&ServerSubscriber) -> RedisResult<bool>,
     ping_wait: Duration,
 ) {
     loop {
@@ -173,13 +244,22 @@ async fn watch<L: Listener>(
             return;
         };
         let listening = listener(subscriber.clone());
-        ping(&subscriber, &listening, ping_wait).await;
+        match follow(&subscriber) {
+            Ok(false) => ping(&subscriber, &listening, ping_wait).await,
+            Ok(true) => {
+                info!("the subscriber follows the Redis primary to its new server");
+                listening.replaced();
+            }
+            Err(error) => warn!(%error, "cannot move the subscriber to the Redis primary"),
+        }
     }
 }
 
 /// One `PING` of the subscriber's connection, and what its answer (or its silence) means.
 async fn ping(subscriber: &ServerSubscriber, notifications: &impl Listener, ping_wait: Duration) {
-    let (mut manager, command) = (subscriber.manager(), redis::cmd("PING"));
+    let (Some(mut manager), command) = (subscriber.manager(), redis::cmd("PING")) else {
+        return;
+    };
     let ping = command.query_async::<()>(&mut manager);
     tokio::pin!(ping);
     let answer = match tokio::time::timeout(PING_DEADLINE, &mut ping).await {

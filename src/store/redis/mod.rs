@@ -1,4 +1,5 @@
-//! `RedisStore`: the shared store on Redis (one server or a Redis Cluster), one round trip per
+//! `RedisStore`: the shared store on Redis (one server, a Redis Cluster, or the primary of a
+//! Sentinel service), one round trip per
 //! call: pipelined plain commands for lookups and reads, Lua scripts for fenced writes.
 //!
 //! | file | holds |
@@ -9,15 +10,17 @@
 //! | `names.rs` | the names of a key's value and lock in Redis, and of the fill channels |
 //! | `connection.rs` | the connection to a server or a cluster: which connection a call goes to; errors |
 //! | `calls.rs` | a script or a pipeline on one connection, reloaded on `NOSCRIPT`; a lookup pipeline's replies |
-//! | `link.rs` | one server's connection, kept up through an outage, failing calls at once while down |
+//! | `link.rs` | one server's connection, kept up through an outage, failing calls at once while down; a primary's, following it |
 //! | `scripts.rs` | the Lua scripts, and how commands and script calls are built |
-//! | `notifications.rs` | the subscriber that wakes followers when a key is filled |
-//! | `liveness.rs` | one server's subscriber watched by a `PING`, replaced when it goes silent |
+//! | `notifications.rs` | the channels the subscriber listens on, and how a message wakes followers |
+//! | `subscriber.rs` | which connection notifications come on, and how it is dialled |
+//! | `liveness.rs` | one server's subscriber watched by a `PING`, replaced when it goes silent or the primary moves |
 //! | `store.rs` | `impl Store for RedisStore`: its primitives, each variant of a settlement or a change one script; reading the replies |
 //! | `lookup.rs` | lookups: a key's three commands in one round trip, a batch's in one pipeline |
 //! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
 //! | `cluster.rs` | a Redis Cluster's slot map, for one pipeline per master (feature `cluster`) |
 //! | `cluster_link.rs` | a Cluster connection made in the background by `open` (feature `cluster`) |
+//! | `sentinel.rs` | a Sentinel service's primary: asked of the sentinels for every connection, and their announcements that it moved (feature `sentinel`) |
 //!
 //! The lock key of a value holds one of:
 //! - nothing: the value is stale or absent, and nobody reloads it: a lookup may take the lock;
@@ -45,7 +48,10 @@ mod lookup;
 mod names;
 mod notifications;
 mod scripts;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 mod store;
+mod subscriber;
 mod tag_state;
 
 use std::fmt;
@@ -210,6 +216,47 @@ impl RedisStore {
         I::Item: Into<String>,
     {
         RedisStore::cluster_builder(urls).connect().await
+    }
+
+    /// A builder for a store on the primary of a Redis Sentinel service: `sentinels` are
+    /// the URLs of some of its sentinels (`redis[s]://[[user]:password@]host[:port]`, each
+    /// with the same credentials and scheme; `rediss://` means TLS to the data nodes too),
+    /// `service` the name they monitor it by. The data nodes' credentials are
+    /// [`primary_credentials`](RedisStoreBuilder::primary_credentials). Feature `sentinel`.
+    ///
+    /// The store asks the sentinels where the primary is each time it connects, and connects
+    /// again when the primary fails (its connection drops), is demoted (`READONLY`), or the
+    /// sentinels announce another (`+switch-master`): meanwhile its calls fail at once, as
+    /// for a server that is down, and the engine loads with in-process protection.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_builder<I>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStoreBuilder::new(Target::Sentinel {
+            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            service: service.into(),
+        })
+    }
+
+    /// Connects to the primary of the Redis Sentinel service `service`, asking the sentinels
+    /// at `sentinels`, with default settings; see [`sentinel_builder`](Self::sentinel_builder).
+    /// Feature `sentinel`.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub async fn connect_sentinel<I>(
+        sentinels: I,
+        service: impl Into<String>,
+    ) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator,
+        I::Item: Into<String>,
+    {
+        RedisStore::sentinel_builder(sentinels, service)
+            .connect()
+            .await
     }
 
     /// The server's address (a cluster's: its seeds' addresses, comma-separated), without user

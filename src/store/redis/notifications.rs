@@ -14,21 +14,15 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use redis::{ConnectionInfo, ProtocolVersion, PushInfo, PushKind, RedisResult, Value};
+use redis::{PushInfo, PushKind, RedisResult, Value};
 use tracing::{debug, warn};
 
-#[cfg(feature = "cluster")]
-use super::cluster::Cluster;
-#[cfg(feature = "cluster")]
-use super::cluster_link::ClusterLink;
 use super::connection::Connection;
-#[cfg(feature = "cluster")]
-use super::dial::Target;
-use super::dial::{no_url, Dial};
-use super::liveness::{Generation, Listener, Pushes, ServerSubscriber};
+use super::liveness::{Generation, Listener, Pushes};
 #[cfg(feature = "cluster")]
 use super::names::shard_channels;
 use super::names::{channel, namespace_of, CLEARED};
+pub(super) use super::subscriber::Subscriber;
 use crate::store::{KeyDigest, Notifier, StoreKey};
 
 /// The process's one subscriber connection (RESP3, resubscribing by itself after a
@@ -44,25 +38,6 @@ pub(super) struct Notifications {
     /// The store's choice of sharded pub/sub (see `RedisStore::sharded`): the shard channels
     /// are subscribed to while it holds, and it is cleared if the server refuses them.
     sharded: Arc<AtomicBool>,
-}
-
-/// The subscriber's connection: one server's, replaced when it goes silent, or a cluster's.
-#[derive(Clone)]
-pub(super) enum Subscriber {
-    Server(ServerSubscriber),
-    #[cfg(feature = "cluster")]
-    Cluster(Connection),
-}
-
-impl Subscriber {
-    /// The connection to subscribe on.
-    fn connection(&self) -> Connection {
-        match self {
-            Subscriber::Server(server) => server.connection(),
-            #[cfg(feature = "cluster")]
-            Subscriber::Cluster(cluster) => cluster.clone(),
-        }
-    }
 }
 
 /// A random origin tag, `:` and 16 hex digits.
@@ -195,74 +170,6 @@ impl Notifications {
 }
 
 impl Notifications {
-    /// Opens the subscriber connection, dialled as the store is, with RESP3. A server that
-    /// refuses it (before Redis 6, or these credentials) is an error: no notifications.
-    pub(super) async fn connect(
-        dial: &Dial,
-        infos: &[ConnectionInfo],
-        sharded: Arc<AtomicBool>,
-        store: &Connection,
-    ) -> RedisResult<Self> {
-        #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = &dial.target {
-            let parts = Parts::new(store);
-            let client = cluster_subscriber(dial, infos, &parts)?;
-            let link = ClusterLink::connected(client.get_async_connection().await?);
-            let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
-            return Ok(Notifications::of(subscriber, &parts, sharded));
-        }
-        // The manager retries without end, its first connection too: try once first, so that
-        // a server that refuses RESP3 or these credentials means no notifications (and a
-        // warning) instead of a subscription that never completes.
-        let client = dial.client(resp3(infos.first().cloned().ok_or_else(no_url)?))?;
-        let probe = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(dial.connection_timeout))
-            .set_response_timeout(Some(dial.response_timeout));
-        drop(
-            client
-                .get_multiplexed_async_connection_with_config(&probe)
-                .await?,
-        );
-        Self::open(dial, infos, sharded, store)
-    }
-
-    /// The subscriber, without connecting: one server's connects on the first subscription,
-    /// a cluster's in the background; subscriptions wait for the server as long as it takes.
-    pub(super) fn open(
-        dial: &Dial,
-        infos: &[ConnectionInfo],
-        sharded: Arc<AtomicBool>,
-        store: &Connection,
-    ) -> RedisResult<Self> {
-        let parts = Parts::new(store);
-        #[cfg(feature = "cluster")]
-        if let Target::Cluster(_) = &dial.target {
-            let client = cluster_subscriber(dial, infos, &parts)?;
-            let address = dial.target.address();
-            let link = ClusterLink::opening(client, address, dial.ping_wait());
-            let subscriber = Subscriber::Cluster(Connection::Cluster(Cluster::new(link)));
-            return Ok(Notifications::of(subscriber, &parts, sharded));
-        }
-        let info = resp3(infos.first().cloned().ok_or_else(no_url)?);
-        let config = dial
-            .manager_config()
-            .set_automatic_resubscription()
-            // Keep trying to reconnect the subscriber through an outage of any length.
-            .set_number_of_retries(usize::MAX);
-        let subscriber = ServerSubscriber::new(dial.client(info)?, config, parts.pushes())?;
-        let (watched, watched_sharded) = (parts.clone(), Arc::clone(&sharded));
-        let listener = move |subscriber| {
-            let subscriber = Subscriber::Server(subscriber);
-            Notifications::of(subscriber, &watched, Arc::clone(&watched_sharded))
-        };
-        subscriber.keep_watch(listener, dial.ping_wait());
-        Ok(Notifications::of(
-            Subscriber::Server(subscriber),
-            &parts,
-            sharded,
-        ))
-    }
-
     /// Subscribes to a namespace's channel the first time one of its keys is watched. Until
     /// the subscription is in place, followers of that namespace poll.
     ///
@@ -286,7 +193,10 @@ impl Notifications {
         let (subscriber, channels) = (self.subscriber.connection(), Arc::clone(&self.channels));
         let (notifier, sharded) = (self.notifier.clone(), Arc::clone(&self.sharded));
         tokio::spawn(async move {
-            let subscribed = subscribe(&subscriber, &namespace, &sharded).await;
+            let subscribed = match &subscriber {
+                Ok(subscriber) => subscribe(subscriber, &namespace, &sharded).await,
+                Err(error) => Err(error.clone()),
+            };
             let mut channels = crate::sync::lock(&channels);
             channels.pending = channels.pending.saturating_sub(1);
             match subscribed {
@@ -390,28 +300,6 @@ async fn subscribe(
     Ok(())
 }
 
-/// The client of a cluster's subscriber: the store's dial settings, RESP3, and pushes to `parts`.
-#[cfg(feature = "cluster")]
-fn cluster_subscriber(
-    dial: &Dial,
-    infos: &[ConnectionInfo],
-    parts: &Parts,
-) -> RedisResult<redis::cluster::ClusterClient> {
-    dial.cluster_client(infos.iter().cloned().map(resp3))
-        .use_protocol(ProtocolVersion::RESP3)
-        .push_sender(parts.on_push(None))
-        .build()
-}
-
-/// The same connection settings, speaking RESP3 (which carries pub/sub messages as pushes).
-fn resp3(info: ConnectionInfo) -> ConnectionInfo {
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    info.set_redis_settings(settings)
-}
-
 /// A pub/sub message `[channel, digest]`, classic or sharded, wakes the followers of that key
 /// in this process.
 ///
@@ -450,6 +338,7 @@ mod tests {
     use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
     use super::super::link::Link;
+    use super::super::liveness::ServerSubscriber;
     use super::*;
 
     #[test]

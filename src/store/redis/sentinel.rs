@@ -1,0 +1,312 @@
+//! Redis Sentinel: where the primary is, asked of the sentinels every time a connection to it
+//! is made, and the sentinels' word that it moved.
+//!
+//! redis-rs's `SentinelClient` finds the primary (it asks the sentinels for the named
+//! service, then checks that the node it names says `ROLE` master), but the client it hands
+//! back is bound to that one address, and a `ConnectionManager` made of it reconnects only
+//! there. A primary that died and came back is an *empty master* for seconds (about 11 s
+//! here) before the sentinels make it a replica: a connection that went back to it on its
+//! own would lock and fill on a server that no other process uses, and lose all of it. So
+//! a [`Primary`] is asked again for every connection: the data link's keeper and the
+//! subscriber's watchman dial through it, never straight back.
+//!
+//! A planned failover (`SENTINEL FAILOVER`) kills no connection: the old primary keeps
+//! answering, as a master, until the sentinels demote it (about 11 s here), and what is
+//! written to it meanwhile is lost. So the primary also listens to the sentinels'
+//! `+switch-master` announcement, and the store moves as soon as one is heard; a `READONLY`
+//! reply (a demoted primary) moves it too.
+
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{ConnectionInfo, PushKind, RedisResult, Value};
+use tracing::{debug, info, warn};
+
+use super::dial::Dial;
+use super::link::KEEPER_PAUSE;
+use crate::store::{StoreError, StoreErrorKind};
+
+/// The channel on which a sentinel announces a new primary: `<service> <old ip> <old port>
+/// <new ip> <new port>`.
+const SWITCH_MASTER: &str = "+switch-master";
+
+/// The credentials and database of the data nodes, which the sentinels' URLs do not carry.
+#[derive(Clone, Default)]
+pub(super) struct PrimaryAuth {
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) db: i64,
+}
+
+/// A service's primary, as the sentinels name it; shared by a store's data link and its
+/// subscriber.
+pub(super) struct Primary {
+    /// `async_get_client` takes `&mut`: one question to the sentinels at a time.
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// The sentinels, for the announcements (credentials included: never print them).
+    infos: Vec<ConnectionInfo>,
+    service: String,
+    /// The sentinels and the service, for the log (without credentials).
+    address: String,
+    /// How long one question (and one connection to the primary it names) may take.
+    wait: Duration,
+    config: ConnectionManagerConfig,
+    /// The primary named last, and how many times a change was heard of.
+    current: Mutex<(Option<ConnectionInfo>, u64)>,
+}
+
+impl Primary {
+    /// The primary of `service`, asked of the sentinels at `infos` (parsed from the store's
+    /// URLs); nothing is asked yet.
+    pub(super) fn new(
+        dial: &Dial,
+        infos: &[ConnectionInfo],
+        service: &str,
+        auth: &PrimaryAuth,
+    ) -> Result<Arc<Self>, StoreError> {
+        let address = format!("{} (service {service})", dial.target.address());
+        let configuration = |error| {
+            StoreError::with_source(
+                StoreErrorKind::Configuration,
+                format_args!("invalid Redis Sentinel settings for {address}"),
+                error,
+            )
+        };
+        let builder = sentinel_builder(dial, infos, service, auth).map_err(configuration)?;
+        Ok(Arc::new(Primary {
+            sentinels: tokio::sync::Mutex::new(builder.build().map_err(configuration)?),
+            infos: infos.to_vec(),
+            service: service.to_owned(),
+            address,
+            wait: dial.ping_wait(),
+            config: dial.manager_config(),
+            current: Mutex::new((None, 0)),
+        }))
+    }
+
+    /// Asks the sentinels where the primary is (within the dial's wait), and remembers it.
+    pub(super) async fn find(&self) -> RedisResult<redis::Client> {
+        let mut sentinels = self.sentinels.lock().await;
+        let client = tokio::time::timeout(self.wait, sentinels.async_get_client())
+            .await
+            .map_err(|_| {
+                redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no sentinel named the primary in time",
+                ))
+            })??;
+        let info = client.get_connection_info().clone();
+        let mut current = crate::sync::lock(&self.current);
+        if current.0.as_ref().map(ConnectionInfo::addr) != Some(info.addr()) {
+            info!(sentinels = %self.address, primary = %info.addr(), "the sentinels name the Redis primary");
+            current.1 = current.1.wrapping_add(1);
+        }
+        current.0 = Some(info);
+        Ok(client)
+    }
+
+    /// A connection to the primary the sentinels name now (which said `ROLE` master).
+    pub(super) async fn dial(&self) -> RedisResult<ConnectionManager> {
+        let client = self.find().await?;
+        let connect = ConnectionManager::new_with_config(client, self.config.clone());
+        tokio::time::timeout(self.wait, connect)
+            .await
+            .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connecting timed out")))?
+    }
+
+    /// The primary named last, and how many times it changed: a subscriber on an older one
+    /// moves.
+    pub(super) fn current(&self) -> (Option<ConnectionInfo>, u64) {
+        crate::sync::lock(&self.current).clone()
+    }
+
+    /// Listens to the sentinels' `+switch-master` for this service, one sentinel at a time
+    /// (the next when one fails), for as long as the primary lives: `moved` is called on each
+    /// announcement, and when a listen starts and finds the primary elsewhere than it was
+    /// (an announcement may have been missed while none was listened to). Without a
+    /// runtime, nothing listens.
+    pub(super) fn listen(self: &Arc<Self>, moved: impl Fn() + Send + Sync + 'static) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let primary = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let mut next = 0;
+            loop {
+                let Some(info) = sentinel_info(&primary, next) else {
+                    return;
+                };
+                next += 1;
+                if let Err(error) = listen_to(&primary, info, &moved).await {
+                    debug!(%error, "a sentinel's announcements stopped; asking the next");
+                }
+                tokio::time::sleep(KEEPER_PAUSE).await;
+            }
+        });
+    }
+}
+
+/// The sentinel to listen to in turn `turn`, while the primary lives.
+fn sentinel_info(primary: &Weak<Primary>, turn: usize) -> Option<ConnectionInfo> {
+    let primary = primary.upgrade()?;
+    primary
+        .infos
+        .get(turn % primary.infos.len().max(1))
+        .cloned()
+}
+
+/// Listens to one sentinel until its connection fails or the primary is dropped.
+async fn listen_to(
+    primary: &Weak<Primary>,
+    info: ConnectionInfo,
+    moved: &impl Fn(),
+) -> RedisResult<()> {
+    let (wait, service) = match primary.upgrade() {
+        Some(primary) => (primary.wait, primary.service.clone()),
+        None => return Ok(()),
+    };
+    let (sender, mut announcements) = tokio::sync::mpsc::unbounded_channel();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(wait))
+        .set_response_timeout(Some(wait))
+        .set_push_sender(sender);
+    let client = redis::Client::open(info.set_redis_settings(settings))?;
+    let mut connection = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    connection.subscribe(SWITCH_MASTER).await?;
+    // An announcement may have been missed while none was listened to: the primary is
+    // asked for once, and the store moves if it is elsewhere.
+    if let Some(primary) = primary.upgrade() {
+        let before = primary.current().1;
+        if primary.find().await.is_ok() && primary.current().1 != before && before != 0 {
+            moved();
+        }
+    }
+    while let Some(push) = announcements.recv().await {
+        if primary.strong_count() == 0 {
+            return Ok(());
+        }
+        match push.kind {
+            PushKind::Message if names_service(&push.data, &service) => {
+                info!(%service, "the sentinels announce a new Redis primary");
+                moved();
+            }
+            PushKind::Disconnection => {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "the sentinel's connection dropped",
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether a `+switch-master` message (`[channel, payload]`) is about `service`.
+fn names_service(data: &[Value], service: &str) -> bool {
+    let Some(Value::BulkString(payload)) = data.get(1) else {
+        return false;
+    };
+    payload.split(|byte| *byte == b' ').next() == Some(service.as_bytes())
+}
+
+/// The redis-rs sentinel client's builder: the sentinels' addresses and credentials from
+/// their URLs (its builder takes addresses only, and would drop them), the data nodes' from
+/// `auth`, TLS to both where the sentinels' URLs are `rediss://`.
+fn sentinel_builder(
+    dial: &Dial,
+    infos: &[ConnectionInfo],
+    service: &str,
+    auth: &PrimaryAuth,
+) -> RedisResult<SentinelClientBuilder> {
+    let first = infos.first().ok_or_else(super::dial::no_url)?;
+    let settings = first.redis_settings();
+    if infos.iter().any(|info| {
+        let other = info.redis_settings();
+        other.username() != settings.username() || other.password() != settings.password()
+    }) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "every sentinel URL must carry the same credentials",
+        )));
+    }
+    let addresses = infos.iter().map(|info| info.addr().clone());
+    let mut builder = SentinelClientBuilder::new(addresses, service, SentinelServerType::Master)?
+        .set_client_to_redis_db(auth.db);
+    if let Some(username) = settings.username() {
+        builder = builder.set_client_to_sentinel_username(username);
+    }
+    if let Some(password) = settings.password() {
+        builder = builder.set_client_to_sentinel_password(password);
+    }
+    if let Some(username) = &auth.username {
+        builder = builder.set_client_to_redis_username(username);
+    }
+    if let Some(password) = &auth.password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if matches!(first.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        builder = with_tls(builder, dial);
+    }
+    Ok(builder)
+}
+
+/// TLS to the sentinels and to the data nodes, trusting the dial's root certificates.
+fn with_tls(builder: SentinelClientBuilder, dial: &Dial) -> SentinelClientBuilder {
+    let builder = builder
+        .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+        .set_client_to_redis_tls_mode(redis::TlsMode::Secure);
+    #[cfg(feature = "tls")]
+    if let Some(root_cert) = &dial.root_certificates {
+        let certificates = || redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(root_cert.clone()),
+        };
+        return builder
+            .set_client_to_sentinel_certificates(certificates())
+            .set_client_to_redis_certificates(certificates());
+    }
+    let _ = dial;
+    builder
+}
+
+/// Whether a reply says the server is no longer the primary: a demoted primary answers
+/// writes with `READONLY`.
+pub(super) fn demoted(error: &redis::RedisError) -> bool {
+    let demoted = error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly);
+    if demoted {
+        warn!(%error, "the Redis primary was demoted: asking the sentinels again");
+    }
+    demoted
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_announcement_is_for_its_service_alone() {
+        let message = |payload: &str| {
+            vec![
+                Value::BulkString(SWITCH_MASTER.into()),
+                Value::BulkString(payload.into()),
+            ]
+        };
+        let switch = message("mymaster 127.0.0.1 6379 127.0.0.1 6380");
+        assert!(names_service(&switch, "mymaster"));
+        assert!(!names_service(&switch, "my"), "a prefix of the name");
+        assert!(!names_service(
+            &message("other 127.0.0.1 1 127.0.0.1 2"),
+            "mymaster"
+        ));
+        assert!(!names_service(&[], "mymaster"), "no payload");
+    }
+}
