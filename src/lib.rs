@@ -72,12 +72,24 @@ pub use http::{Stampede, StampedeLayer};
 /// The README's examples, compiled as doctests. They use every feature (`RedisStore` on a
 /// Redis Cluster and over TLS, typed values), so they build with `--all-features`, as
 /// `scripts/test.sh` runs.
-#[cfg(all(doctest, feature = "cluster", feature = "tls", feature = "serde"))]
+#[cfg(all(
+    doctest,
+    feature = "cluster",
+    feature = "sentinel",
+    feature = "tls",
+    feature = "serde"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
 
 /// The guides' examples (`docs/*.md`), compiled as doctests, as the README's are.
-#[cfg(all(doctest, feature = "cluster", feature = "tls", feature = "serde"))]
+#[cfg(all(
+    doctest,
+    feature = "cluster",
+    feature = "sentinel",
+    feature = "tls",
+    feature = "serde"
+))]
 mod guide_doctests {
     #[doc = include_str!("../docs/recipes.md")]
     pub struct Recipes;
