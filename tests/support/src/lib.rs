@@ -11,6 +11,7 @@
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
 //! | `relay.rs` | a loopback TCP relay whose subscribers' connections can fall silent |
 //! | `redis/cluster.rs` | a three-master Redis Cluster |
+//! | `redis/sentinel.rs` | a primary and two replicas under three Redis Sentinels |
 //! | `redis/tls.rs` | a throwaway certificate authority for TLS |
 //!
 //! A workspace member of its own (`publish = false`), so that the tests and the benches reach it
@@ -176,7 +177,7 @@ use tower_stampede::store::{MemoryStore, Store};
 use tower_stampede::{Cache, CacheBuilder};
 
 #[cfg(feature = "redis")]
-pub use self::redis::{calls, free_port, RedisCluster, RedisServer, TlsFiles};
+pub use self::redis::{calls, free_port, RedisCluster, RedisSentinel, RedisServer, TlsFiles};
 
 /// Collects what a `tracing` subscriber writes (its writer is a clone), as text.
 #[derive(Clone, Default)]

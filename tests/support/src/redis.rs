@@ -1,8 +1,10 @@
 //! Real Redis processes for the tests: a `redis-server` on a free loopback port (with ACL
 //! users or TLS if asked), and the files and ports they need. A three-master Redis Cluster is
-//! in [`cluster`], the throwaway certificate authority for TLS in [`tls`].
+//! in [`cluster`], a primary and replicas under Redis Sentinel in [`sentinel`], the throwaway
+//! certificate authority for TLS in [`tls`].
 
 mod cluster;
+mod sentinel;
 mod tls;
 
 use std::io::{Read, Write};
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 use tower_stampede::store::{RedisStore, Store};
 
 pub use cluster::RedisCluster;
+pub use sentinel::RedisSentinel;
 pub use tls::TlsFiles;
 
 /// A `redis-server` on a free loopback port, killed when dropped.

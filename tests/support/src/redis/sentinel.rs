@@ -1,0 +1,437 @@
+//! A primary with two replicas under three Redis Sentinels, on free loopback ports, set for a
+//! quick failover (to kill the primary, or switch it over, and watch a replica take over).
+//!
+//! Plain `redis-server` processes: the sentinels are `redis-server <conf> --sentinel`, and are
+//! asked with plain commands (`SENTINEL …`), so no `redis-sentinel` binary and no redis-rs
+//! `sentinel` feature are needed.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, reply_to_ping, spawn, ServerOptions, TempDir};
+
+/// The name the sentinels monitor the primary under.
+const SERVICE: &str = "mymaster";
+
+/// How long a start may take in all (replicas in sync, sentinels aware of each other): a bound
+/// for a busy machine; about 2 s on an idle one.
+const START_LIMIT: Duration = Duration::from_secs(30);
+
+/// One primary and two replicas (`redis-server`, each in a temporary directory of its own) under
+/// three sentinels that agree on the primary with a quorum of 2, mark a node down after 1 s of
+/// silence (`down-after-milliseconds 1000`) and give a failover 3 s (`failover-timeout 3000`).
+/// Every process is killed, and its directory removed, on drop.
+pub struct RedisSentinel {
+    /// The primary first, then the replicas, as started; a failover changes which is which.
+    data: Vec<Node>,
+    sentinels: Vec<Node>,
+    /// The ports of the data nodes killed by [`kill_primary`](Self::kill_primary) and not yet
+    /// restarted.
+    killed: Vec<u16>,
+    /// How the data nodes are started, besides their port, directory and `--replicaof`.
+    options: ServerOptions,
+}
+
+/// A process on `port` with its files in `dir`.
+struct Node {
+    child: Child,
+    port: u16,
+    dir: TempDir,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RedisSentinel {
+    /// Starts the primary, its two replicas (and waits until both are in sync), then the three
+    /// sentinels, and waits until each sentinel knows both replicas and the two other sentinels
+    /// (a failover needs their votes).
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with more configuration for every data node, e.g. ACL users:
+    /// `["--user", "app", "on", ">s3cret", "~*", "&*", "+@all"]` (the sentinels and the
+    /// replication use `default`, which must stay on).
+    pub fn start_with(extra: &[&str]) -> Self {
+        // Without the delay, every (re)sync waits 5 s for more replicas to join it.
+        let options = ServerOptions {
+            extra: ["--repl-diskless-sync-delay", "0"]
+                .iter()
+                .chain(extra)
+                .map(|s| (*s).to_owned())
+                .collect(),
+            tls: None,
+        };
+        let started = Instant::now();
+        let primary = start_data_node(&options, None);
+        let primary_port = primary.port;
+        let mut data = vec![primary];
+        for _ in 0..2 {
+            data.push(start_data_node(&options, Some(primary_port)));
+        }
+        for replica in &data[1..] {
+            let left = START_LIMIT.saturating_sub(started.elapsed());
+            assert!(wait_replica(replica.port, left), "replica {}", replica.port);
+        }
+        // Started only now: a sentinel learns the replicas from the primary's `INFO`, which it
+        // reads every 10 s once it has read it; a replica not yet linked could wait that long.
+        let sentinels = (0..3).map(|_| start_sentinel(primary_port)).collect();
+        let topology = RedisSentinel {
+            data,
+            sentinels,
+            killed: Vec::new(),
+            options,
+        };
+        topology.wait_sentinels_agree(START_LIMIT.saturating_sub(started.elapsed()));
+        topology
+    }
+
+    /// Waits until every sentinel's `SENTINEL MASTER` reports 2 replicas and 2 other sentinels.
+    fn wait_sentinels_agree(&self, limit: Duration) {
+        let agree = poll(limit, || {
+            self.sentinels.iter().all(|sentinel| {
+                let master: Vec<String> =
+                    query(sentinel.port, &sentinel_cmd("MASTER")).unwrap_or_default();
+                field(&master, "num-slaves") == Some("2")
+                    && field(&master, "num-other-sentinels") == Some("2")
+            })
+        });
+        assert!(agree, "the sentinels do not agree after {limit:?}");
+    }
+
+    /// The sentinels' URLs, `redis://127.0.0.1:<port>`.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .collect()
+    }
+
+    /// The name the sentinels know the primary by.
+    pub fn service(&self) -> &str {
+        SERVICE
+    }
+
+    /// The port of the primary, as the first sentinel that answers names it
+    /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`): during a failover, maybe a dead one.
+    pub fn primary_port(&self) -> u16 {
+        self.sentinels
+            .iter()
+            .find_map(|sentinel| named_primary(sentinel.port))
+            .expect("a sentinel that names the primary")
+    }
+
+    /// The ports of every data node, killed or not: the first primary, then its replicas.
+    pub fn data_ports(&self) -> Vec<u16> {
+        self.data.iter().map(|n| n.port).collect()
+    }
+
+    /// The ports of the data nodes not killed.
+    pub fn live_data_ports(&self) -> Vec<u16> {
+        self.data_ports()
+            .into_iter()
+            .filter(|port| !self.killed.contains(port))
+            .collect()
+    }
+
+    /// Kills (SIGKILL) the primary the sentinels name, and returns its port.
+    pub fn kill_primary(&mut self) -> u16 {
+        let port = self.primary_port();
+        let node = self
+            .data
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("the primary is a node of this topology");
+        let _ = node.child.kill();
+        let _ = node.child.wait();
+        self.killed.push(port);
+        port
+    }
+
+    /// After [`kill_primary`](Self::kill_primary): waits, for at most `limit`, until every
+    /// sentinel names the same primary, not the killed one, and that node's `ROLE` says master.
+    /// Returns its port, or `None` if that did not happen within `limit`.
+    pub fn wait_promoted(&self, limit: Duration) -> Option<u16> {
+        let killed = *self.killed.last().expect("a primary killed before");
+        self.wait_moved_from(killed, limit)
+    }
+
+    /// Waits, for at most `limit`, until every sentinel names the same primary other than
+    /// `old`, and that node's `ROLE` says master (after a kill or a
+    /// [`failover`](Self::failover)). Returns its port, or `None` if that did not happen.
+    pub fn wait_moved_from(&self, old: u16, limit: Duration) -> Option<u16> {
+        let mut moved = None;
+        poll(limit, || {
+            let mut named = self.sentinels.iter().map(|s| named_primary(s.port));
+            let first = named.next().flatten();
+            moved = first.filter(|&port| {
+                port != old && named.all(|n| n == first) && role(port).as_deref() == Some("master")
+            });
+            moved.is_some()
+        });
+        moved
+    }
+
+    /// Starts every node killed by [`kill_primary`](Self::kill_primary) again on its port and
+    /// with its (empty) directory: a plain server, which answers as an empty primary until the
+    /// sentinels turn it into a replica (about 11 s), or with `as_replica` one started with
+    /// `--replicaof` the current primary (in sync within a second). Returns whether, within
+    /// `limit`, each one reports `role:slave` and its link to its primary up; the nodes count
+    /// as live either way.
+    pub fn restart_killed(&mut self, limit: Duration, as_replica: bool) -> bool {
+        let started = Instant::now();
+        let primary = as_replica.then(|| self.primary_port());
+        let mut back = true;
+        for port in std::mem::take(&mut self.killed) {
+            let Some(node) = self.data.iter_mut().find(|n| n.port == port) else {
+                continue;
+            };
+            // The port may not be free again yet: start again until the node answers.
+            let options = &self.options;
+            let up = poll(limit, || {
+                let _ = node.child.kill();
+                let _ = node.child.wait();
+                node.child = spawn(&mut data_command(options, port, &node.dir, primary));
+                wait_up(&mut node.child, port, |port| options.is_up(port))
+            });
+            assert!(up, "the data node on port {port} did not restart");
+            back = back
+                && wait_replica(port, limit.saturating_sub(started.elapsed()))
+                && self.wait_sentinels_see_replica(port, limit.saturating_sub(started.elapsed()));
+        }
+        back
+    }
+
+    /// Waits, for at most `limit`, until every sentinel lists the node on `port` as a replica of
+    /// the primary it names, linked and not down, with the role the node itself last reported.
+    /// Until then a sentinel may still take a restarted node for a misconfigured primary and
+    /// turn it into a replica again: a failover asked meanwhile could promote it, and be undone
+    /// (seen once in four runs, the switch then taking 28 s).
+    fn wait_sentinels_see_replica(&self, port: u16, limit: Duration) -> bool {
+        poll(limit, || {
+            self.sentinels.iter().all(|sentinel| {
+                let primary = named_primary(sentinel.port);
+                let replicas: Vec<Vec<String>> =
+                    query(sentinel.port, &sentinel_cmd("REPLICAS")).unwrap_or_default();
+                replicas.iter().any(|replica| {
+                    let field = |name| field(replica, name);
+                    field("port") == Some(&port.to_string())
+                        && field("flags") == Some("slave")
+                        && field("role-reported") == Some("slave")
+                        && field("master-link-status") == Some("ok")
+                        && field("master-port").and_then(|p| p.parse().ok()) == primary
+                })
+            })
+        })
+    }
+
+    /// Asks a sentinel for a planned failover (`SENTINEL FAILOVER`, no node killed): a replica
+    /// is promoted, and the old primary turned into its replica. Returns the old primary's port
+    /// (for [`wait_moved_from`](Self::wait_moved_from)).
+    pub fn failover(&self) -> u16 {
+        let old = self.primary_port();
+        // A replica the sentinel has not judged good yet (`NOGOODSLAVE`): ask again.
+        let asked = poll(START_LIMIT, || {
+            query::<()>(self.sentinels[0].port, &sentinel_cmd("FAILOVER")).is_ok()
+        });
+        assert!(asked, "SENTINEL FAILOVER refused for {START_LIMIT:?}");
+        old
+    }
+
+    /// Waits, for at most `limit`, until the data node on `port` reports `role:slave` and its
+    /// link to its primary up (`INFO replication`).
+    pub fn wait_replica(&self, port: u16, limit: Duration) -> bool {
+        wait_replica(port, limit)
+    }
+}
+
+/// The `redis-server` command of a data node on `port` with its files in `dir`, the replica of
+/// the node on `replica_of` if given.
+fn data_command(
+    options: &ServerOptions,
+    port: u16,
+    dir: &TempDir,
+    replica_of: Option<u16>,
+) -> Command {
+    let mut command = options.command(port);
+    // A replica writes the snapshot it syncs from to its directory.
+    command.arg("--dir").arg(dir.path());
+    if let Some(primary) = replica_of {
+        command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
+    }
+    command
+}
+
+/// A data node on a free port, trying others if a port was lost to another test.
+fn start_data_node(options: &ServerOptions, replica_of: Option<u16>) -> Node {
+    for _ in 0..20 {
+        let (port, dir) = (free_port(), TempDir::new("sentinel-data"));
+        let child = spawn(&mut data_command(options, port, &dir, replica_of));
+        let mut node = Node { child, port, dir };
+        if wait_up(&mut node.child, port, |port| options.is_up(port)) {
+            return node;
+        }
+        // Dropped: killed, and its directory removed.
+    }
+    panic!("a data node did not start on any of 20 ports");
+}
+
+/// A sentinel on a free port monitoring the primary on `primary`, with a configuration file of
+/// its own (a sentinel needs one it can write: it records what it learns there), trying other
+/// ports if a port was lost to another test.
+fn start_sentinel(primary: u16) -> Node {
+    for _ in 0..20 {
+        let (port, dir) = (free_port(), TempDir::new("sentinel"));
+        let conf = dir.path().join("sentinel.conf");
+        // `down-after-milliseconds` and `failover-timeout` name the master: after `monitor`.
+        let text = format!(
+            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
+             sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
+             sentinel down-after-milliseconds {SERVICE} 1000\n\
+             sentinel failover-timeout {SERVICE} 3000\n",
+            dir = dir.path().display()
+        );
+        std::fs::write(&conf, text).expect("write sentinel.conf");
+        let child = spawn(
+            Command::new("redis-server")
+                .arg(&conf)
+                .arg("--sentinel")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        let mut node = Node { child, port, dir };
+        let answers = |port| reply_to_ping(port).is_some_and(|reply| reply.starts_with(b"+PONG"));
+        if wait_up(&mut node.child, port, answers) {
+            return node;
+        }
+    }
+    panic!("a sentinel did not start on any of 20 ports");
+}
+
+/// Waits up to 10 s until the process `child` on `port` is up; false if it exited first (a port
+/// taken) or never came up.
+fn wait_up(child: &mut Child, port: u16, is_up: impl Fn(u16) -> bool) -> bool {
+    let mut exited = false;
+    let up = poll(Duration::from_secs(10), || {
+        exited = matches!(child.try_wait(), Ok(Some(_)));
+        exited || is_up(port)
+    });
+    up && !exited
+}
+
+/// Waits, for at most `limit`, until the node on `port` is a replica whose link is up.
+fn wait_replica(port: u16, limit: Duration) -> bool {
+    poll(limit, || {
+        let info: String = query(port, redis::cmd("INFO").arg("replication")).unwrap_or_default();
+        info.contains("role:slave") && info.contains("master_link_status:up")
+    })
+}
+
+/// Runs `done` every 20 ms until it holds, for at most `limit`; whether it held.
+fn poll(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    loop {
+        if done() {
+            return true;
+        }
+        if started.elapsed() >= limit {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `SENTINEL <subcommand> mymaster`.
+fn sentinel_cmd(subcommand: &str) -> redis::Cmd {
+    let mut command = redis::cmd("SENTINEL");
+    command.arg(subcommand).arg(SERVICE);
+    command
+}
+
+/// The value of `name` in a sentinel's description of a node (a flat list of names and values).
+fn field<'a>(pairs: &'a [String], name: &str) -> Option<&'a str> {
+    pairs
+        .chunks(2)
+        .find(|pair| pair[0] == name)
+        .and_then(|pair| pair.get(1).map(String::as_str))
+}
+
+/// The port of the primary the sentinel on `sentinel` names, if it answers.
+fn named_primary(sentinel: u16) -> Option<u16> {
+    let address: Vec<String> = query(sentinel, &sentinel_cmd("GET-MASTER-ADDR-BY-NAME")).ok()?;
+    address.get(1)?.parse().ok()
+}
+
+/// The first field of the node's `ROLE` (`master` or `slave`), if it answers.
+fn role(port: u16) -> Option<String> {
+    let role: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).ok()?;
+    redis::from_redis_value(role.first()?.clone()).ok()
+}
+
+/// `command` on the node (or sentinel) on `port`, over a connection of its own, each step
+/// bounded by 2 s.
+fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> redis::RedisResult<T> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
+    let limit = Duration::from_secs(2);
+    let mut connection = client.get_connection_with_timeout(limit)?;
+    connection.set_read_timeout(Some(limit))?;
+    connection.set_write_timeout(Some(limit))?;
+    command.query(&mut connection)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The starter itself, on real processes (so real time): the primary killed, a replica is
+    /// promoted; the old primary restarted plain comes back, after a while as an empty
+    /// primary, as a replica of the promoted one. Prints how long each step took.
+    #[test]
+    fn a_killed_primary_is_replaced_and_comes_back_as_a_replica() {
+        let limit = Duration::from_secs(30);
+        let started = Instant::now();
+        let mut topology = RedisSentinel::start();
+        eprintln!("started in {:?}", started.elapsed());
+        assert_eq!(topology.sentinel_urls().len(), 3);
+        assert_eq!(topology.primary_port(), topology.data_ports()[0]);
+
+        let killed_at = Instant::now();
+        let killed = topology.kill_primary();
+        assert_eq!(topology.live_data_ports(), topology.data_ports()[1..]);
+        let promoted = topology.wait_promoted(limit).expect("a replica promoted");
+        let elapsed = killed_at.elapsed();
+        eprintln!("port {promoted} promoted {elapsed:?} after the kill");
+        assert!(topology.live_data_ports().contains(&promoted));
+
+        // Meanwhile, how long the restarted node answers as a primary (the window a client
+        // that reconnects to its old address, not through the sentinels, would write into).
+        let restarted_at = Instant::now();
+        let as_primary = std::sync::Mutex::new(None);
+        let back = std::thread::scope(|scope| {
+            let restarting = scope.spawn(|| topology.restart_killed(limit, false));
+            while !restarting.is_finished() {
+                if role(killed).as_deref() == Some("master") {
+                    *as_primary.lock().unwrap() = Some(restarted_at.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            restarting.join().unwrap()
+        });
+        let (elapsed, as_primary) = (restarted_at.elapsed(), as_primary.into_inner().unwrap());
+        eprintln!("restarted plain: a replica {elapsed:?} later, a primary until {as_primary:?}");
+        assert!(back && as_primary.is_some(), "a primary, then a replica");
+        assert_eq!(topology.live_data_ports().len(), 3);
+
+        let switched_at = Instant::now();
+        let old = topology.failover();
+        assert_eq!(old, promoted);
+        let next = topology.wait_moved_from(old, limit).expect("a switchover");
+        let elapsed = switched_at.elapsed();
+        eprintln!("port {next} primary {elapsed:?} after SENTINEL FAILOVER");
+    }
+}
