@@ -2,6 +2,9 @@
 //! a slow origin in this process.
 #![cfg(feature = "redis")]
 
+#[cfg(feature = "sentinel")]
+mod sentinel;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -238,6 +241,8 @@ fn proxy_binary() -> &'static Path {
             "redis",
             #[cfg(feature = "cluster")]
             "cluster",
+            #[cfg(feature = "sentinel")]
+            "sentinel",
             #[cfg(feature = "tls")]
             "tls",
             #[cfg(feature = "metrics")]
