@@ -268,4 +268,33 @@ mod tests {
         let builder = RedisStore::builder("rediss://u:hunter2@h:1");
         assert!(!format!("{builder:?}").contains("hunter2"));
     }
+
+    #[cfg(feature = "sentinel")]
+    #[test]
+    fn a_sentinel_builder_hides_both_credentials() {
+        let builder = RedisStore::sentinel_builder(["redis://:s3ntinel@s1:26379"], "mymaster")
+            .primary_credentials(Some("app"), "hunter2");
+        let debug = format!("{builder:?}");
+        assert!(
+            debug.contains("mymaster") && debug.contains("redis://***@s1:26379"),
+            "{debug}"
+        );
+        assert!(
+            !debug.contains("hunter2") && !debug.contains("s3ntinel"),
+            "{debug}"
+        );
+    }
+
+    /// The data nodes' settings are a Sentinel service's alone: elsewhere they would be
+    /// silently unused, so building fails.
+    #[cfg(feature = "sentinel")]
+    #[tokio::test(start_paused = true)]
+    async fn primary_settings_are_refused_on_another_target() {
+        let open = RedisStore::builder("redis://127.0.0.1:1/")
+            .primary_credentials(None, "pw")
+            .open();
+        let error = open.expect_err("refused");
+        assert_eq!(error.kind(), crate::store::StoreErrorKind::Configuration);
+        assert!(error.to_string().contains("sentinel_builder"), "{error}");
+    }
 }
