@@ -339,10 +339,16 @@ async fn stores_opened_while_the_primary_is_down_connect_once_one_is_promoted() 
     let loads: Vec<Counter> = (0..3).map(|_| Counter::default()).collect();
     at_most_one_load_each(&instances, "while-down", &loads).await;
 
-    wait_healthy(&instances).await;
-    let promoted = topology.wait_promoted(LIMIT).expect("a replica promoted");
+    let promoting = tokio::task::spawn_blocking(move || {
+        let promoted = topology.wait_promoted(LIMIT);
+        (topology, promoted)
+    });
+    let (topology, promoted) = promoting.await.unwrap();
+    let promoted = promoted.expect("no replica promoted within the limit");
     eprintln!("port {promoted} promoted after port {killed} was killed");
+    wait_healthy(&instances).await;
     one_load(&instances, "opened", &loads).await;
+    drop(topology);
 }
 
 /// The old primary restarted without `--replicaof`, after a replica was promoted: it answers
