@@ -55,6 +55,9 @@ pub(super) struct Primary {
     config: ConnectionManagerConfig,
     /// The primary named last, and how many times a change was heard of.
     current: Mutex<(Option<ConnectionInfo>, u64)>,
+    /// Dropped with the primary: its listener, which holds no strong reference, hears it at
+    /// once, whatever it is waiting for (an announcement, a sentinel, a pause).
+    dropped: tokio::sync::watch::Sender<()>,
 }
 
 impl Primary {
@@ -83,6 +86,7 @@ impl Primary {
             wait: dial.ping_wait(),
             config: dial.manager_config(),
             current: Mutex::new((None, 0)),
+            dropped: tokio::sync::watch::channel(()).0,
         }))
     }
 
@@ -132,17 +136,25 @@ impl Primary {
             return;
         };
         let primary = Arc::downgrade(self);
+        let mut dropped = self.dropped.subscribe();
         runtime.spawn(async move {
-            let mut next = 0;
-            loop {
-                let Some(info) = sentinel_info(&primary, next) else {
-                    return;
-                };
-                next += 1;
-                if let Err(error) = listen_to(&primary, info, &moved).await {
-                    debug!(%error, "a sentinel's announcements stopped; asking the next");
+            let listening = async {
+                let mut next = 0;
+                loop {
+                    let Some(info) = sentinel_info(&primary, next) else {
+                        return;
+                    };
+                    next += 1;
+                    if let Err(error) = listen_to(&primary, info, &moved).await {
+                        debug!(%error, "a sentinel's announcements stopped; asking the next");
+                    }
+                    tokio::time::sleep(KEEPER_PAUSE).await;
                 }
-                tokio::time::sleep(KEEPER_PAUSE).await;
+            };
+            tokio::select! {
+                () = listening => {}
+                // Only an error: nothing is ever sent. The connection goes with the future.
+                _ = dropped.changed() => {}
             }
         });
     }
