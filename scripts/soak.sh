@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The soak (tests/soak): several engine instances on one redis-server (or a Redis Cluster with
-# replicas) under continuous load, a writer and a seeded fault injector; checks every answer,
-# the origin's loads, the resources held and the recovery after the faults, and exits non-zero
-# with the seed and the time line around each violation. See docs/soak.md.
+# replicas, or a primary with replicas under Redis Sentinel) under continuous load, a writer
+# and a seeded fault injector; checks every answer, the origin's loads, the resources held and
+# the recovery after the faults, and exits non-zero with the seed and the time line around
+# each violation. See docs/soak.md.
 #
-# Usage: ./scripts/soak.sh [--secs S] [--seed N] [--cluster] [--instances N] [--keys N]
-#                          [--rate R] [--writes W] [--fault-gap S] [--release]
+# Usage: ./scripts/soak.sh [--secs S] [--seed N] [--cluster | --sentinel] [--instances N]
+#                          [--keys N] [--rate R] [--writes W] [--fault-gap S] [--release]
 #   --secs S        how long it runs (default 60; the last fifth, at least 15 s, has no faults)
 #   --seed N        the seed of the workload and the faults (default: from the clock; printed)
 #   --cluster       a Redis Cluster of three masters with a replica each (feature `cluster`)
+#   --sentinel      a primary and two replicas under three sentinels (feature `sentinel`)
 #   --instances N   Cache instances, each with a RedisStore of its own (default 3)
 #   --keys N        keys; the first tenth are hot, asked four times in five (default 200)
 #   --rate R        requests per second per instance (default 200)
@@ -32,9 +34,15 @@ while [ $# -gt 0 ]; do
     --writes) export SOAK_WRITES="$2"; shift 2 ;;
     --fault-gap) export SOAK_FAULT_GAP="$2"; shift 2 ;;
     --release) profile=(--release); shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --sentinel) export SOAK_SENTINEL=1; features=(--features sentinel); shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
+
+if [ "${SOAK_CLUSTER:-}" = 1 ] && [ "${SOAK_SENTINEL:-}" = 1 ]; then
+  echo "--cluster and --sentinel are exclusive" >&2
+  exit 2
+fi
 
 exec cargo test "${profile[@]}" "${features[@]}" --test soak -- --ignored --nocapture

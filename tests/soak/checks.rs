@@ -5,8 +5,9 @@
 //! - no answer is older than a change acknowledged before the call started, beyond the
 //!   README's bound for a lost notification (`l1_ttl_cap`) plus [`DELIVERY`]; and, while no
 //!   fault is near, beyond [`DELIVERY`] alone (the time pub/sub takes);
-//!   During a Cluster failover, a change acknowledged by the dying master may be lost, so
-//!   near one the bound is the life of a value loaded before the change (see [`Bounds`]);
+//!   During a failover (a Cluster master killed; a Sentinel primary killed, paused or switched
+//!   over), a change acknowledged by the old master may be lost, so near one the bound is the
+//!   life of a value loaded before the change (see [`Bounds`]);
 //! - while no fault is near, no key is loaded twice within half a TTL without a change of it,
 //!   and that holds without exception once the faults are over ([`Checks::check_loads`]);
 //! - an instance killed mid-load costs the others no wait and no load beyond its lock's TTL
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use tower_stampede::{Error, ErrorKind, Fetched};
 
+use crate::faults::FAILOVERS;
 use crate::kills::{Kill, Kills};
 use crate::origin::{key_name, read_stamp, Origin};
 use crate::timeline::Timeline;
@@ -33,9 +35,10 @@ const RECENT: usize = 16;
 pub struct Bounds {
     /// The README's bound for a lost notification: `l1_ttl_cap`.
     pub lost_notification: Duration,
-    /// A change lost with a dying Cluster master (replication is asynchronous): a value
-    /// loaded before the change may be filled on its replica and served for its whole life,
-    /// `load_timeout` + TTL + the stale window.
+    /// A change lost with an old master (a dying Cluster master, a Sentinel primary killed or
+    /// switched over: replication is asynchronous, and a store writes to the old primary until
+    /// it hears of the new one): a value loaded before the change may be filled on the new
+    /// master and served for its whole life, `load_timeout` + TTL + the stale window.
     pub failover: Duration,
 }
 
@@ -190,7 +193,11 @@ impl Checks {
             )
         };
         let failover = self.bounds.failover + DELIVERY;
-        let near_failover = || timeline.fault_during("master-killed", started - failover, now);
+        let near_failover = || {
+            FAILOVERS
+                .iter()
+                .any(|fault| timeline.fault_during(fault, started - failover, now))
+        };
         if version < acked_long_ago {
             let acked_before_failover = origin.acked_before(key, started - failover);
             if version >= acked_before_failover && near_failover() {

@@ -1,6 +1,7 @@
 //! The fault injector: at random times drawn from the seed, one fault at a time against the
-//! shared Redis (one server, or a Cluster's nodes), the origin or an instance, each written to
-//! the time line with the span during which the bounds of a healthy system are not checked.
+//! shared Redis (one server, a Cluster's nodes, or a Sentinel topology's), the origin or an
+//! instance, each written to the time line with the span during which the bounds of a healthy
+//! system are not checked.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use crate::backend::{on_each_node, on_node, Backend};
+use crate::backend::{on_each_node, on_node, Backend, Topology};
 use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
 use crate::kills::Kill;
 use crate::origin::Mode;
@@ -21,7 +22,28 @@ const SERVER_FAULTS: [&str; 2] = ["redis-kill-restart", "redis-sigstop"];
 /// kill and pause.
 const CLUSTER_FAULTS: [&str; 1] = ["master-killed"];
 
-/// The faults drawn in either mode; on a Cluster, those of Redis are sent to every node.
+/// The faults drawn on a Sentinel topology, before the others: the primary killed (restarted
+/// later, plainly or as a replica), paused, or switched over ([`failover`](crate::failover)).
+const SENTINEL_FAULTS: [&str; 3] = ["primary-killed", "primary-paused", "switchover"];
+
+/// The faults after which a replica may hold the primary's role, having missed the last
+/// changes acknowledged by the old primary (replication is asynchronous): near one, the checks
+/// allow the failover bound.
+pub const FAILOVERS: [&str; 4] = [
+    "master-killed",
+    "primary-killed",
+    "primary-paused",
+    "switchover",
+];
+
+/// How long a failover fault may last on a busy machine: the switch (about 2.3 s), its
+/// length, then the dead node's restart (an empty master for about 11 s before the sentinels
+/// demote it, and up to 10 s more until each sentinel has seen it linked) or the old
+/// primary's demotion (about 11 s after a switchover); 24 s seen.
+const FAILOVER_LENGTH: Duration = Duration::from_secs(30);
+
+/// The faults drawn in every mode; on a Cluster or a Sentinel topology, those of Redis are
+/// sent to every data node (and `client-kill-pubsub` to the sentinels too).
 const FAULTS: [&str; 9] = [
     "client-kill-pubsub",
     "client-kill-normal",
@@ -50,13 +72,18 @@ pub async fn inject(
     settle: Duration,
 ) -> Option<Instant> {
     let timeline = &workload.timeline;
-    let faults: Vec<&'static str> = if backend.lock().unwrap().is_cluster() {
-        CLUSTER_FAULTS.iter().chain(&FAULTS).copied().collect()
-    } else {
-        SERVER_FAULTS.iter().chain(&FAULTS).copied().collect()
+    let (topology, sentinels) = {
+        let backend = backend.lock().unwrap();
+        (backend.topology(), backend.sentinel_ports())
     };
+    let own: &[&str] = match topology {
+        Topology::Server => &SERVER_FAULTS,
+        Topology::Cluster => &CLUSTER_FAULTS,
+        Topology::Sentinel => &SENTINEL_FAULTS,
+    };
+    let faults: Vec<&'static str> = own.iter().chain(&FAULTS).copied().collect();
     let mut last = None;
-    // Whether a killed master rejoined as a replica, so that another may be killed.
+    // Whether the last failover's old master is a replica again, so that another may fail.
     let mut masters_replicated = true;
     loop {
         let wait = gap.mul_f64(rng.random_range(0.2..1.8));
@@ -65,7 +92,12 @@ pub async fn inject(
         }
         tokio::time::sleep(wait).await;
         let mut fault = faults[rng.random_range(0..faults.len())];
-        if fault == "master-killed" && !masters_replicated {
+        // A failover's old master must be a replica again before another fails over, and
+        // a failover (with the restart of a dead node, or the demotion of an old primary)
+        // takes seconds: none begins that could run into the quiet part.
+        if FAILOVERS.contains(&fault)
+            && (!masters_replicated || Instant::now() + FAILOVER_LENGTH > until)
+        {
             fault = "client-kill-normal";
         }
         let length = Duration::from_millis(rng.random_range(300..2500));
@@ -92,7 +124,20 @@ pub async fn inject(
                 let marker = format!("fault-{}", rng.random::<u32>());
                 masters_replicated = master_killed(&backend, &workload, marker, length).await;
             }
-            "client-kill-pubsub" => on_each_node(&ports, &client_kill("pubsub")).await,
+            "primary-killed" => {
+                let as_replica = rng.random_bool(0.5);
+                masters_replicated =
+                    sentinel::primary_killed(&backend, &workload, length, as_replica).await;
+            }
+            "primary-paused" => {
+                masters_replicated = sentinel::primary_paused(&backend, &workload, length).await;
+            }
+            "switchover" => masters_replicated = sentinel::switchover(&backend, &workload).await,
+            // The sentinels' pub/sub clients are the stores' `+switch-master` listeners.
+            "client-kill-pubsub" => {
+                let nodes: Vec<u16> = ports.iter().chain(&sentinels).copied().collect();
+                on_each_node(&nodes, &client_kill("pubsub")).await;
+            }
             "client-kill-normal" => on_each_node(&ports, &client_kill("normal")).await,
             "flushall" => on_each_node(&ports, &redis::cmd("FLUSHALL")).await,
             // Under the default `noeviction` policy, a full server refuses every write.
@@ -142,8 +187,31 @@ pub async fn inject(
 fn server(backend: &Mutex<Backend>, what: impl FnOnce(&mut support::RedisServer)) {
     match &mut *backend.lock().unwrap() {
         Backend::Server(server) => what(server),
-        #[cfg(feature = "cluster")]
-        Backend::Cluster(_) => unreachable!("a server fault on a cluster"),
+        #[allow(unreachable_patterns)]
+        _ => unreachable!("a server fault on a cluster or Sentinel"),
+    }
+}
+
+/// The faults of a Sentinel topology, or none without the `sentinel` feature (it is never
+/// started then).
+#[cfg(feature = "sentinel")]
+use crate::failover as sentinel;
+#[cfg(not(feature = "sentinel"))]
+mod sentinel {
+    use super::*;
+    pub async fn primary_killed(
+        _: &Arc<Mutex<Backend>>,
+        _: &Arc<Workload>,
+        _: Duration,
+        _: bool,
+    ) -> bool {
+        unreachable!("a Sentinel fault without the `sentinel` feature")
+    }
+    pub async fn primary_paused(_: &Arc<Mutex<Backend>>, _: &Arc<Workload>, _: Duration) -> bool {
+        unreachable!("a Sentinel fault without the `sentinel` feature")
+    }
+    pub async fn switchover(_: &Arc<Mutex<Backend>>, _: &Arc<Workload>) -> bool {
+        unreachable!("a Sentinel fault without the `sentinel` feature")
     }
 }
 

@@ -12,15 +12,20 @@ use tokio::task::JoinHandle;
 use tower_stampede::store::RedisStore;
 use tower_stampede::Cache;
 
+use crate::backend::Topology;
+
 /// How the instances' caches are set up; the checks' bounds follow from it.
 pub const LOCK_TTL: Duration = Duration::from_secs(1);
 pub const LOAD_TIMEOUT: Duration = Duration::from_millis(1500);
 const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 
 pub struct Instances {
-    /// The URLs each instance connects to (its own ACL user's).
+    /// The URLs each instance connects to (its own ACL user's, or the sentinels').
     urls: Vec<Vec<String>>,
-    cluster: bool,
+    topology: Topology,
+    /// The name the sentinels know the primary by, in Sentinel mode.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    service: Option<String>,
     ttl: Duration,
     l1_ttl_cap: Duration,
     slots: Vec<RwLock<Instance>>,
@@ -44,13 +49,14 @@ impl Drop for Instance {
 impl Instances {
     pub fn start(
         urls: Vec<Vec<String>>,
-        cluster: bool,
+        (topology, service): (Topology, Option<String>),
         ttl: Duration,
         l1_ttl_cap: Duration,
     ) -> Self {
         let mut instances = Instances {
             urls,
-            cluster,
+            topology,
+            service,
             ttl,
             l1_ttl_cap,
             slots: Vec::new(),
@@ -84,15 +90,20 @@ impl Instances {
 
     fn cache(&self, i: usize) -> Cache {
         let urls = self.urls[i].clone();
-        let store = if self.cluster {
+        let store = match self.topology {
+            Topology::Server => RedisStore::open(urls[0].clone()),
             #[cfg(feature = "cluster")]
-            {
-                RedisStore::cluster_builder(urls).open()
+            Topology::Cluster => RedisStore::cluster_builder(urls).open(),
+            // The sentinels' URLs carry no user: the data nodes' is given apart.
+            #[cfg(feature = "sentinel")]
+            Topology::Sentinel => {
+                let service = self.service.clone().expect("a Sentinel service");
+                RedisStore::sentinel_builder(urls, service)
+                    .primary_credentials(Some(&crate::backend::user(i)), "x")
+                    .open()
             }
-            #[cfg(not(feature = "cluster"))]
-            unreachable!("a cluster needs the `cluster` feature")
-        } else {
-            RedisStore::open(urls[0].clone())
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("this mode needs its feature"),
         };
         Cache::builder(store.expect("valid Redis URLs"))
             .ttl(self.ttl)

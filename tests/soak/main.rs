@@ -1,5 +1,6 @@
 //! The soak: several engine instances (each a `Cache` over a `RedisStore` of its own, on a
-//! runtime of its own) on one real redis-server or a Redis Cluster with replicas, under
+//! runtime of its own) on one real redis-server, a Redis Cluster with replicas or a primary
+//! with replicas under Redis Sentinel, under
 //! continuous load over hot and cold keys with short TTLs, stale windows on some and tags on
 //! some, while a writer changes keys and tags and a fault injector ([`faults`]) kills, pauses
 //! and flushes Redis, kills instances mid-load and makes the origin fail or hang, all at
@@ -15,10 +16,11 @@
 //! | --- | --- |
 //! | `main.rs` | settings, the run, the report |
 //! | `workload.rs` | the callers (each answer checked) and the writer |
-//! | `backend.rs` | the shared Redis (a server or a Cluster) and commands to its nodes |
+//! | `backend.rs` | the shared Redis (a server, a Cluster, Sentinel) and commands to its nodes |
 //! | `origin.rs` | the origin: versions, stamped values, load counters, failing/hanging |
 //! | `instances.rs` | the engine instances, each restartable and killable |
 //! | `faults.rs` | the fault injector |
+//! | `failover.rs` | the faults of a Sentinel topology: the primary killed, paused, switched over |
 //! | `timeline.rs` | the time line: events, fault spans, counts |
 //! | `checks.rs` | what each answer and the load counts are checked against |
 //! | `kills.rs` | what an instance killed mid-load may cost the others |
@@ -28,6 +30,8 @@
 
 mod backend;
 mod checks;
+#[cfg(feature = "sentinel")]
+mod failover;
 mod faults;
 mod instances;
 mod kills;
@@ -43,7 +47,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use backend::Backend;
+use backend::{Backend, Topology};
 use checks::{Bounds, Checks};
 use instances::{Instances, LOAD_TIMEOUT};
 use origin::Origin;
@@ -54,8 +58,8 @@ use workload::{write, Workload, CALLERS, STALE_WINDOW};
 struct Settings {
     secs: u64,
     seed: u64,
-    /// A Redis Cluster with replicas instead of one server.
-    cluster: bool,
+    /// One server, a Redis Cluster with replicas, or Sentinel.
+    topology: Topology,
     instances: usize,
     keys: usize,
     /// Requests per second, per instance.
@@ -82,7 +86,7 @@ impl Settings {
         Settings {
             secs: var("SOAK_SECS", 60),
             seed: var("SOAK_SEED", clock),
-            cluster: var("SOAK_CLUSTER", 0) == 1,
+            topology: Topology::from_env(),
             instances: var("SOAK_INSTANCES", 3),
             keys: var("SOAK_KEYS", 200),
             rate: var("SOAK_RATE", 200),
@@ -108,7 +112,7 @@ async fn soak() {
         "soak: seed {} for {} s on {}, {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s but in the last {} s",
         settings.seed,
         settings.secs,
-        if settings.cluster { "a Redis Cluster (3 masters, a replica each)" } else { "one redis-server" },
+        settings.topology.describe(),
         settings.instances,
         settings.keys,
         settings.rate,
@@ -116,10 +120,10 @@ async fn soak() {
         settings.fault_gap,
         settings.quiet().as_secs()
     );
-    let backend = Backend::start(settings.cluster, settings.instances);
+    let backend = Backend::start(settings.topology, settings.instances);
     let instances = Arc::new(Instances::start(
         (0..settings.instances).map(|i| backend.urls(i)).collect(),
-        settings.cluster,
+        (settings.topology, backend.service()),
         settings.ttl,
         settings.l1_ttl_cap,
     ));
@@ -183,8 +187,11 @@ async fn soak() {
             caller.await.unwrap();
         }
     }
-    let nodes = backend.lock().unwrap().live_ports().len();
-    resources::check_idle(&workload, nodes).await;
+    let (nodes, sentinels) = {
+        let backend = backend.lock().unwrap();
+        (backend.connected_nodes(), backend.sentinel_ports())
+    };
+    resources::check_idle(&workload, nodes, &sentinels).await;
 
     let checks = &workload.checks;
     checks.check_loads(
@@ -197,6 +204,10 @@ async fn soak() {
         "recovered {:.3}s after the start, the last fault ended at {:.3}s",
         workload.timeline.since_start(recovered),
         last_fault.map_or(0.0, |at| workload.timeline.since_start(at))
+    );
+    println!(
+        "time line (the writer's changes left out):\n{}",
+        workload.timeline.log()
     );
     let report = checks.report(&workload.timeline, &workload.origin);
     println!("{report}");
@@ -211,10 +222,6 @@ async fn soak() {
         "soak: {} violation(s) with SOAK_SEED={}{} (see above)",
         checks.violations(),
         settings.seed,
-        if settings.cluster {
-            " SOAK_CLUSTER=1"
-        } else {
-            ""
-        }
+        settings.topology.env()
     );
 }

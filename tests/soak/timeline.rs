@@ -1,6 +1,7 @@
-//! The time line of a run: what happened when (for the report around a violation), the spans
-//! during which a fault's effects last (when the bounds that hold while all is well are not
-//! checked), and counts by kind.
+//! The time line of a run: what happened when (for the report around a violation, and, but
+//! for the writer's changes, at the end of every run), the spans during which a fault's
+//! effects last (when the bounds that hold while all is well are not checked), and counts by
+//! kind.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -14,7 +15,8 @@ struct Span {
 
 pub struct Timeline {
     start: Instant,
-    events: Mutex<Vec<(Instant, String)>>,
+    /// Each event, and whether it is one of the writer's changes (left out of [`log`](Self::log)).
+    events: Mutex<Vec<(Instant, String, bool)>>,
     spans: Mutex<Vec<Span>>,
     pub counts: Mutex<std::collections::BTreeMap<&'static str, usize>>,
 }
@@ -30,7 +32,18 @@ impl Timeline {
     }
 
     pub fn event(&self, text: String) {
-        self.events.lock().unwrap().push((Instant::now(), text));
+        self.events
+            .lock()
+            .unwrap()
+            .push((Instant::now(), text, false));
+    }
+
+    /// A change made by the writer: one of many, shown only around a violation.
+    pub fn change(&self, text: String) {
+        self.events
+            .lock()
+            .unwrap()
+            .push((Instant::now(), text, true));
     }
 
     pub fn count(&self, what: &'static str) {
@@ -83,14 +96,23 @@ impl Timeline {
 
     /// The events within `around` of `at`, one per line.
     pub fn around(&self, at: Instant, around: Duration) -> String {
+        self.lines(|when, _| {
+            when.saturating_duration_since(at) <= around
+                && at.saturating_duration_since(when) <= around
+        })
+    }
+
+    /// Every event but the writer's changes, one per line: the faults and what they did.
+    pub fn log(&self) -> String {
+        self.lines(|_, change| !change)
+    }
+
+    fn lines(&self, which: impl Fn(Instant, bool) -> bool) -> String {
         let events = self.events.lock().unwrap();
         events
             .iter()
-            .filter(|(when, _)| {
-                when.saturating_duration_since(at) <= around
-                    && at.saturating_duration_since(*when) <= around
-            })
-            .map(|(when, text)| format!("    {:8.3}s {text}\n", self.since_start(*when)))
+            .filter(|(when, _, change)| which(*when, *change))
+            .map(|(when, text, _)| format!("    {:8.3}s {text}\n", self.since_start(*when)))
             .collect()
     }
 }

@@ -149,7 +149,7 @@ pub async fn write(workload: Arc<Workload>, mut rng: StdRng, writes: u64, ttl: D
                 origin.ack(*key, *version);
             }
         }
-        timeline.event(format!(
+        timeline.change(format!(
             "instance {instance} {what} {} -> {}",
             changed.first().map_or(String::new(), |(k, v)| format!(
                 "{} v{v} (+{} keys)",
