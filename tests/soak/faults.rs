@@ -10,6 +10,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::backend::{on_each_node, on_node, Backend, Topology};
+#[cfg(feature = "sentinel")]
+use crate::failover;
 use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
 use crate::kills::Kill;
 use crate::origin::Mode;
@@ -124,15 +126,18 @@ pub async fn inject(
                 let marker = format!("fault-{}", rng.random::<u32>());
                 masters_replicated = master_killed(&backend, &workload, marker, length).await;
             }
+            #[cfg(feature = "sentinel")]
             "primary-killed" => {
                 let as_replica = rng.random_bool(0.5);
                 masters_replicated =
-                    sentinel::primary_killed(&backend, &workload, length, as_replica).await;
+                    failover::primary_killed(&backend, &workload, length, as_replica).await;
             }
+            #[cfg(feature = "sentinel")]
             "primary-paused" => {
-                masters_replicated = sentinel::primary_paused(&backend, &workload, length).await;
+                masters_replicated = failover::primary_paused(&backend, &workload, length).await;
             }
-            "switchover" => masters_replicated = sentinel::switchover(&backend, &workload).await,
+            #[cfg(feature = "sentinel")]
+            "switchover" => masters_replicated = failover::switchover(&backend, &workload).await,
             // The sentinels' pub/sub clients are the stores' `+switch-master` listeners.
             "client-kill-pubsub" => {
                 let nodes: Vec<u16> = ports.iter().chain(&sentinels).copied().collect();
@@ -174,6 +179,7 @@ pub async fn inject(
                 let instance = rng.random_range(0..workload.instances.len());
                 kill_mid_load(&workload, instance, from, &mut rng).await;
             }
+            // A Sentinel fault is drawn only on a Sentinel topology (feature `sentinel`).
             _ => unreachable!(),
         }
         timeline.event(format!("fault {fault} ends"));
@@ -189,29 +195,6 @@ fn server(backend: &Mutex<Backend>, what: impl FnOnce(&mut support::RedisServer)
         Backend::Server(server) => what(server),
         #[allow(unreachable_patterns)]
         _ => unreachable!("a server fault on a cluster or Sentinel"),
-    }
-}
-
-/// The faults of a Sentinel topology, or none without the `sentinel` feature (it is never
-/// started then).
-#[cfg(feature = "sentinel")]
-use crate::failover as sentinel;
-#[cfg(not(feature = "sentinel"))]
-mod sentinel {
-    use super::*;
-    pub async fn primary_killed(
-        _: &Arc<Mutex<Backend>>,
-        _: &Arc<Workload>,
-        _: Duration,
-        _: bool,
-    ) -> bool {
-        unreachable!("a Sentinel fault without the `sentinel` feature")
-    }
-    pub async fn primary_paused(_: &Arc<Mutex<Backend>>, _: &Arc<Workload>, _: Duration) -> bool {
-        unreachable!("a Sentinel fault without the `sentinel` feature")
-    }
-    pub async fn switchover(_: &Arc<Mutex<Backend>>, _: &Arc<Workload>) -> bool {
-        unreachable!("a Sentinel fault without the `sentinel` feature")
     }
 }
 

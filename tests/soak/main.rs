@@ -1,13 +1,12 @@
 //! The soak: several engine instances (each a `Cache` over a `RedisStore` of its own, on a
 //! runtime of its own) on one real redis-server, a Redis Cluster with replicas or a primary
-//! with replicas under Redis Sentinel, under
-//! continuous load over hot and cold keys with short TTLs, stale windows on some and tags on
-//! some, while a writer changes keys and tags and a fault injector ([`faults`]) kills, pauses
-//! and flushes Redis, kills instances mid-load and makes the origin fail or hang, all at
-//! random times drawn from a seed; the last part of a run is left without faults. It checks,
-//! from the callers' side, the origin's counters and the resources held, what the README
-//! promises (see [`checks`], [`resources`], [`recovery`]), and fails with the seed and the
-//! time line around each violation.
+//! with replicas under Redis Sentinel, under continuous load over hot and cold keys with short
+//! TTLs, stale windows on some and tags on some, while a writer changes keys and tags and a
+//! fault injector ([`faults`]) kills, pauses, fails over and flushes Redis, kills instances
+//! mid-load and makes the origin fail or hang, all at random times drawn from a seed; the
+//! last part of a run is left without faults. It checks, from the callers' side, the origin's
+//! counters and the resources held, what the README promises (see [`checks`], [`resources`],
+//! [`recovery`]), and fails with the seed and the time line around each violation.
 //!
 //! Ignored, so the suite skips it; `./scripts/soak.sh` runs it (its flags are the `SOAK_*`
 //! variables of [`Settings`]). See `docs/soak.md`.
