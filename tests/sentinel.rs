@@ -472,3 +472,95 @@ async fn a_dropped_store_leaves_no_connection_to_the_sentinels() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The app's connections to the server on `port` (`CLIENT LIST` with `args`, e.g. `TYPE
+/// pubsub`): unnamed (a sentinel names its links), not a replica's or its link to its
+/// primary, not the one that asks. 0 if the server does not answer.
+async fn app_clients(port: u16, args: &[&str]) -> usize {
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
+        return 0;
+    };
+    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
+        return 0;
+    };
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg(args)
+        .query_async(&mut connection)
+        .await
+        .unwrap_or_default();
+    list.lines()
+        .filter(|line| {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                    .unwrap_or_default()
+            };
+            field("name").is_empty()
+                && !field("flags").contains(['S', 'M'])
+                && field("cmd") != "client|list"
+        })
+        .count()
+}
+
+/// The stores' `+switch-master` listeners dropped by the sentinels (`CLIENT KILL TYPE
+/// pubsub`, as the soak does) listen again, each on the next sentinel; a switchover after
+/// that still moves every instance off the old primary while it answers as a master (before
+/// the sentinels demote it, about 10 s later), not only once it is demoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_the_sentinels_dropped_still_hear_a_switchover() {
+    let topology = RedisSentinel::start();
+    let instances = instances(&topology, 3).await;
+    let sentinels: Vec<u16> = topology
+        .sentinel_urls()
+        .iter()
+        .filter_map(|url| url.rsplit(':').next()?.trim_end_matches('/').parse().ok())
+        .collect();
+    let listening = || async {
+        let mut count = 0;
+        for port in &sentinels {
+            count += app_clients(*port, &["TYPE", "pubsub"]).await;
+        }
+        count
+    };
+    let deadline = Instant::now() + LIMIT;
+    while listening().await < instances.len() {
+        assert!(Instant::now() < deadline, "the stores never listened");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for port in &sentinels {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg(&["KILL", "TYPE", "pubsub"][..])
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + LIMIT;
+    while listening().await < instances.len() {
+        assert!(Instant::now() < deadline, "the listeners never came back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let (topology, old, new) = tokio::task::spawn_blocking(move || {
+        let old = topology.failover();
+        let new = topology.wait_moved_from(old, LIMIT);
+        (topology, old, new)
+    })
+    .await
+    .unwrap();
+    let new = new.expect("no replica promoted within the limit");
+    let deadline = Instant::now() + LIMIT;
+    while app_clients(old, &[]).await > 0 || app_clients(new, &[]).await < 2 * instances.len() {
+        assert!(
+            Instant::now() < deadline,
+            "the instances never moved to {new}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !topology.wait_replica(old, Duration::ZERO),
+        "the instances left the old primary only once it was demoted"
+    );
+}

@@ -30,13 +30,12 @@ use tokio::time::Instant;
 
 use super::breaker::Breaker;
 use super::carry::FlightPosts;
-use super::entry::{Corrupt, Entry, Tagged};
+use super::entry::Tagged;
 use super::flights::Overtaken;
 use super::known_tags::{KnownTags, CLEARS};
 use super::l1::{TagStamps, L1};
-use super::protocol::lookup::LookupFound;
 use super::{Cache, Error};
-use crate::store::{KeyDigest, LockState, Stamp, Store, StoreError, StoreKey, TagClock};
+use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, TagClock};
 
 impl Cache {
     /// Makes every value that carries `tag` a miss, in every process: see
@@ -264,41 +263,15 @@ impl TagChecks<'_> {
         }
     }
 
-    /// Checks the tags of a tagged value a lookup found: a value whose tags were invalidated
-    /// since its load becomes a miss that this flight overwrites (as a corrupt entry is, but
-    /// not counted as one). Where the lookup took the lock, only if the store keeps values
-    /// past their freshness: the flight reloads the value anyway, but would serve it stale
-    /// meanwhile, in place of a failed load, or hand it to a revalidating loader.
-    pub(super) async fn check_tags(&self, found: &mut LookupFound) -> Result<(), StoreError> {
-        if found.lock == LockState::Acquired && !self.keeps_stale {
-            return Ok(());
-        }
-        let Some((
-            Ok(Entry::Value {
-                tags: Some(tagged), ..
-            }),
-            ttl,
-        )) = &found.entry
-        else {
-            return Ok(());
-        };
-        // A value without tags in the generation known: valid, no round trip (most values).
-        let clears = self.l1.stamp(&CLEARS);
-        if tagged.tags.is_empty()
+    /// Whether a value of `tagged` is valid without a round trip: it has no tags, and the
+    /// generation it carries is the one this process knows (most values).
+    pub(super) fn known_valid(&self, tagged: &Tagged) -> bool {
+        tagged.tags.is_empty()
             && tagged.generation.is_some()
-            && self.known.generation(clears, Instant::now()) == tagged.generation
-        {
-            return Ok(());
-        }
-        // Boxed: a lookup's state stays small without this wait.
-        match Box::pin(self.tags_valid(tagged)).await? {
-            Some(stamps) => found.tag_stamps = stamps,
-            None => {
-                found.entry = Some((Err(Corrupt), *ttl));
-                found.outdated = true;
-            }
-        }
-        Ok(())
+            && self
+                .known
+                .generation(self.l1.stamp(&CLEARS), Instant::now())
+                == tagged.generation
     }
 }
 

@@ -151,7 +151,39 @@ impl<'a> Lookups<'a> {
             tag_stamps: TagStamps::default(),
             outdated: false,
         };
-        self.tags.check_tags(&mut found).await?;
+        self.check_tags(&mut found).await?;
         Ok(found)
+    }
+
+    /// Checks the tags of a tagged value a lookup found: a value whose tags were invalidated
+    /// since its load becomes a miss that this flight overwrites (as a corrupt entry is, but
+    /// not counted as one). Where the lookup took the lock, only if the store keeps values
+    /// past their freshness: the flight reloads the value anyway, but would serve it stale
+    /// meanwhile, in place of a failed load, or hand it to a revalidating loader.
+    async fn check_tags(&self, found: &mut LookupFound) -> Result<(), StoreError> {
+        if found.lock == LockState::Acquired && !self.tags.keeps_stale {
+            return Ok(());
+        }
+        let Some((
+            Ok(Entry::Value {
+                tags: Some(tagged), ..
+            }),
+            ttl,
+        )) = &found.entry
+        else {
+            return Ok(());
+        };
+        if self.tags.known_valid(tagged) {
+            return Ok(());
+        }
+        // Boxed: a lookup's state stays small without this wait.
+        match Box::pin(self.tags.tags_valid(tagged)).await? {
+            Some(stamps) => found.tag_stamps = stamps,
+            None => {
+                found.entry = Some((Err(Corrupt), *ttl));
+                found.outdated = true;
+            }
+        }
+        Ok(())
     }
 }

@@ -17,7 +17,7 @@ use redis::{ErrorKind, RedisError, RedisResult};
 use tokio::sync::watch;
 use tracing::{debug, info};
 
-use super::link::KEEPER_PAUSE;
+use super::dial::KEEPER_PAUSE;
 
 /// A cluster connection, or the promise of one; cheap to clone, never locked across a call.
 #[derive(Clone)]

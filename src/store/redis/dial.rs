@@ -46,6 +46,19 @@ impl Target {
     }
 }
 
+/// How long a keeper waits between two attempts that found no server (or no primary).
+pub(super) const KEEPER_PAUSE: Duration = Duration::from_millis(250);
+
+/// The credentials and database of a Sentinel service's data nodes, which the sentinels'
+/// URLs do not carry.
+#[cfg(feature = "sentinel")]
+#[derive(Clone, Default)]
+pub(super) struct PrimaryAuth {
+    pub(super) username: Option<String>,
+    pub(super) password: Option<String>,
+    pub(super) db: i64,
+}
+
 /// The error of a target without a URL.
 pub(super) fn no_url() -> redis::RedisError {
     redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, "no URL given"))
@@ -62,7 +75,7 @@ pub(super) struct Dial {
     pub(super) root_certificates: Option<Vec<u8>>,
     /// The data nodes' credentials and database, where the URLs are the sentinels'.
     #[cfg(feature = "sentinel")]
-    pub(super) primary_auth: super::sentinel::PrimaryAuth,
+    pub(super) primary_auth: PrimaryAuth,
 }
 
 impl Dial {
@@ -75,7 +88,7 @@ impl Dial {
             #[cfg(feature = "tls")]
             root_certificates: None,
             #[cfg(feature = "sentinel")]
-            primary_auth: super::sentinel::PrimaryAuth::default(),
+            primary_auth: PrimaryAuth::default(),
         }
     }
 

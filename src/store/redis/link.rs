@@ -28,11 +28,9 @@ use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, RedisResult};
 use tracing::{debug, info, warn};
 
+use super::dial::KEEPER_PAUSE;
 #[cfg(feature = "sentinel")]
 use super::sentinel::Primary;
-
-/// How long the keeper waits between two `PING`s that found no server.
-pub(super) const KEEPER_PAUSE: Duration = Duration::from_millis(250);
 
 /// One server's connection; cheap to clone, never locked (but a following link's swap).
 #[derive(Clone)]

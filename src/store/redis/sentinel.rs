@@ -21,24 +21,15 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{ConnectionInfo, PushKind, RedisResult, Value};
+use redis::{ConnectionAddr, ConnectionInfo, PushKind, RedisResult, Value};
 use tracing::{debug, info, warn};
 
-use super::dial::Dial;
-use super::link::KEEPER_PAUSE;
+use super::dial::{Dial, PrimaryAuth, KEEPER_PAUSE};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The channel on which a sentinel announces a new primary: `<service> <old ip> <old port>
 /// <new ip> <new port>`.
 const SWITCH_MASTER: &str = "+switch-master";
-
-/// The credentials and database of the data nodes, which the sentinels' URLs do not carry.
-#[derive(Clone, Default)]
-pub(super) struct PrimaryAuth {
-    pub(super) username: Option<String>,
-    pub(super) password: Option<String>,
-    pub(super) db: i64,
-}
 
 /// A service's primary, as the sentinels name it; shared by a store's data link and its
 /// subscriber.
@@ -55,6 +46,10 @@ pub(super) struct Primary {
     config: ConnectionManagerConfig,
     /// The primary named last, and how many times a change was heard of.
     current: Mutex<(Option<ConnectionInfo>, u64)>,
+    /// The primary a sentinel announced last (`host`, `port`), until the sentinels asked
+    /// name it too: the sentinel asked first may not have switched yet, and would name the
+    /// old primary, which still answers as a master until it is demoted.
+    announced: Mutex<Option<(String, u16)>>,
     /// Dropped with the primary: its listener, which holds no strong reference, hears it at
     /// once, whatever it is waiting for (an announcement, a sentinel, a pause).
     dropped: tokio::sync::watch::Sender<()>,
@@ -86,21 +81,26 @@ impl Primary {
             wait: dial.ping_wait(),
             config: dial.manager_config(),
             current: Mutex::new((None, 0)),
+            announced: Mutex::new(None),
             dropped: tokio::sync::watch::channel(()).0,
         }))
     }
 
     /// Asks the sentinels where the primary is (within the dial's wait), and remembers it.
+    /// Where a sentinel has announced another primary that the sentinels asked do not name
+    /// yet, that one, if it says `ROLE` master.
     pub(super) async fn find(&self) -> RedisResult<redis::Client> {
         let mut sentinels = self.sentinels.lock().await;
-        let client = tokio::time::timeout(self.wait, sentinels.async_get_client())
+        let named = tokio::time::timeout(self.wait, sentinels.async_get_client())
             .await
             .map_err(|_| {
                 redis::RedisError::from((
                     redis::ErrorKind::Io,
                     "no sentinel named the primary in time",
                 ))
-            })??;
+            })
+            .and_then(|named| named);
+        let client = self.announced_or(named).await?;
         let info = client.get_connection_info().clone();
         let mut current = crate::sync::lock(&self.current);
         if current.0.as_ref().map(ConnectionInfo::addr) != Some(info.addr()) {
@@ -109,6 +109,50 @@ impl Primary {
         }
         current.0 = Some(info);
         Ok(client)
+    }
+
+    /// `named`, the primary the sentinels asked name, or the one announced since if they do
+    /// not name it yet and it says `ROLE` master.
+    async fn announced_or(&self, named: RedisResult<redis::Client>) -> RedisResult<redis::Client> {
+        let Some(announced) = crate::sync::lock(&self.announced).clone() else {
+            return named;
+        };
+        if let Ok(client) = &named {
+            if host_port(client.get_connection_info().addr()) == Some(announced.clone()) {
+                *crate::sync::lock(&self.announced) = None;
+                return named;
+            }
+        }
+        let template = match &named {
+            Ok(client) => Some(client.get_connection_info().clone()),
+            Err(_) => self.current().0,
+        };
+        let Some(info) = template.and_then(|info| at(info, announced)) else {
+            return named;
+        };
+        match self.master_at(info).await {
+            Some(client) => Ok(client),
+            None => named,
+        }
+    }
+
+    /// A client of `info` if the server there says `ROLE` master (within the dial's wait).
+    async fn master_at(&self, info: ConnectionInfo) -> Option<redis::Client> {
+        let client = redis::Client::open(info).ok()?;
+        let role = async {
+            let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+            let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut connection).await.ok()?;
+            Some(matches!(role.first(), Some(Value::BulkString(role)) if role == b"master"))
+        };
+        match tokio::time::timeout(self.wait, role).await {
+            Ok(Some(true)) => Some(client),
+            _ => None,
+        }
+    }
+
+    /// Remembers the primary a sentinel announced (see [`find`](Self::find)).
+    fn announce(&self, primary: (String, u16)) {
+        *crate::sync::lock(&self.announced) = Some(primary);
     }
 
     /// A connection to the primary the sentinels name now (which said `ROLE` master).
@@ -208,6 +252,9 @@ async fn listen_to(
         match push.kind {
             PushKind::Message if names_service(&push.data, &service) => {
                 info!(%service, "the sentinels announce a new Redis primary");
+                if let (Some(new), Some(primary)) = (announced(&push.data), primary.upgrade()) {
+                    primary.announce(new);
+                }
                 moved();
             }
             PushKind::Disconnection => {
@@ -220,6 +267,48 @@ async fn listen_to(
         }
     }
     Ok(())
+}
+
+/// The new primary a `+switch-master` message (`[channel, payload]`) names: the payload is
+/// `<service> <old ip> <old port> <new ip> <new port>`.
+fn announced(data: &[Value]) -> Option<(String, u16)> {
+    let Some(Value::BulkString(payload)) = data.get(1) else {
+        return None;
+    };
+    let payload = std::str::from_utf8(payload).ok()?;
+    let mut fields = payload.split(' ').skip(3);
+    let host = fields.next()?.to_owned();
+    let port = fields.next()?.parse().ok()?;
+    Some((host, port))
+}
+
+/// The host and port of a TCP address.
+fn host_port(addr: &ConnectionAddr) -> Option<(String, u16)> {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            Some((host.clone(), *port))
+        }
+        _ => None,
+    }
+}
+
+/// `info` at another host and port, with its settings and TLS parameters.
+fn at(info: ConnectionInfo, (host, port): (String, u16)) -> Option<ConnectionInfo> {
+    let addr = match info.addr().clone() {
+        ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host, port),
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            tls_params,
+        },
+        _ => return None,
+    };
+    Some(info.set_addr(addr))
 }
 
 /// Whether a `+switch-master` message (`[channel, payload]`) is about `service`.
@@ -320,5 +409,8 @@ mod tests {
             "mymaster"
         ));
         assert!(!names_service(&[], "mymaster"), "no payload");
+        assert_eq!(announced(&switch), Some(("127.0.0.1".to_owned(), 6380)));
+        assert_eq!(announced(&message("mymaster 127.0.0.1 6379")), None);
+        assert_eq!(announced(&message("mymaster a 1 b port")), None);
     }
 }
