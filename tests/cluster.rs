@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::observed::Observed;
-use support::{free_port, start_leader, Counter, RedisCluster};
+use support::{free_port, stampede_of_200, start_leader, Counter, RedisCluster};
 use tokio::sync::Notify;
 use tower_stampede::store::{CallLimit, LockState, LockToken, LockWhen, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
@@ -434,7 +434,7 @@ async fn stores_opened_before_the_cluster_starts_connect_when_it_does() {
         }
     }
     let loads = [Counter::default(), Counter::default()];
-    stampede(&instances, "opened", &loads, &Arc::new(Notify::new())).await;
+    stampede_of_200(&instances, "opened", &loads, &Arc::new(Notify::new())).await;
     assert_eq!(
         loads[0].get() + loads[1].get(),
         1,
@@ -555,35 +555,6 @@ async fn invalidation_on_a_cluster_reaches_every_instance() {
     until(b.clone(), "two", "v3").await;
 }
 
-/// 200 callers of `key` over the instances (in turn), each load taking 100 ms and counted in
-/// its instance's `loads` (and notifying `started`). Returns once every caller has its answer;
-/// panics if one got an error or a wrong value.
-async fn stampede(instances: &[Cache], key: &str, loads: &[Counter], started: &Arc<Notify>) {
-    let mut callers = Vec::new();
-    for i in 0..200 {
-        let instance = i % instances.len();
-        let (cache, key) = (instances[instance].clone(), key.to_owned());
-        let (loads, started) = (loads[instance].clone(), Arc::clone(started));
-        callers.push(tokio::spawn(async move {
-            let value = format!("value of {key}");
-            let answer = cache
-                .get_or_load(&key, move || async move {
-                    loads.hit();
-                    started.notify_one();
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    Ok::<_, std::io::Error>(Bytes::from(value))
-                })
-                .await;
-            (key, answer)
-        }));
-    }
-    for caller in callers {
-        let (key, answer) = caller.await.unwrap();
-        let value = answer.unwrap_or_else(|e| panic!("{key}: an error reached a caller: {e}"));
-        assert_eq!(value, format!("value of {key}").as_str());
-    }
-}
-
 /// Issue 15 #4: a master killed (SIGKILL) during stampedes over 4 instances. While its slots
 /// move, no caller gets an error and each instance loads at most once per stampede (the store
 /// fails, so each falls back to in-process protection); once its replica is promoted, a
@@ -631,7 +602,7 @@ async fn a_master_killed_during_stampedes_fails_over_without_errors() {
     let started = Arc::new(Notify::new());
 
     // A stampede on the victim's slots, before anything fails: one load.
-    stampede(&instances, &keys.next().unwrap(), &loads, &started).await;
+    stampede_of_200(&instances, &keys.next().unwrap(), &loads, &started).await;
     assert_eq!(per_instance(&loads).iter().sum::<usize>(), 1);
 
     // The victim is killed while a stampede's leader loads.
@@ -644,7 +615,7 @@ async fn a_master_killed_during_stampedes_fails_over_without_errors() {
             loads.clone(),
             Arc::clone(&started),
         );
-        async move { stampede(&instances, &key, &loads, &started).await }
+        async move { stampede_of_200(&instances, &key, &loads, &started).await }
     });
     started.notified().await;
     let killed = cluster.kill_master_of(&value_name(&key));
@@ -675,7 +646,7 @@ async fn a_master_killed_during_stampedes_fails_over_without_errors() {
             .next()
             .expect("the failover took more than 38 stampedes");
         let before = per_instance(&loads);
-        stampede(&instances, &key, &loads, &started).await;
+        stampede_of_200(&instances, &key, &loads, &started).await;
         for (instance, (b, a)) in before.iter().zip(&per_instance(&loads)).enumerate() {
             assert!(
                 a - b <= 1,
@@ -724,7 +695,7 @@ async fn a_master_killed_during_stampedes_fails_over_without_errors() {
     for _ in 0..3 {
         let key = keys.next().unwrap();
         let (before, errors_before) = (per_instance(&loads), errors(&instances));
-        stampede(&instances, &key, &loads, &started).await;
+        stampede_of_200(&instances, &key, &loads, &started).await;
         let added: usize =
             per_instance(&loads).iter().sum::<usize>() - before.iter().sum::<usize>();
         assert_eq!(added, 1, "{key}: loads after the promotion");

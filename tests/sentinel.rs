@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{Counter, RedisSentinel};
+use support::{stampede_of_200, Counter, RedisSentinel};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower_stampede::store::RedisStore;
@@ -50,35 +50,6 @@ async fn instances(topology: &RedisSentinel, count: usize) -> Vec<Cache> {
     instances
 }
 
-/// 200 callers of `key` over the instances (in turn), each load taking 100 ms and counted in
-/// its instance's `loads` (and notifying `started`). Returns once every caller has its answer;
-/// panics if one got an error or a wrong value.
-async fn stampede(instances: &[Cache], key: &str, loads: &[Counter], started: &Arc<Notify>) {
-    let mut callers = Vec::new();
-    for i in 0..200 {
-        let instance = i % instances.len();
-        let (cache, key) = (instances[instance].clone(), key.to_owned());
-        let (loads, started) = (loads[instance].clone(), Arc::clone(started));
-        callers.push(tokio::spawn(async move {
-            let value = format!("value of {key}");
-            let answer = cache
-                .get_or_load(&key, move || async move {
-                    loads.hit();
-                    started.notify_one();
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    Ok::<_, std::io::Error>(Bytes::from(value))
-                })
-                .await;
-            (key, answer)
-        }));
-    }
-    for caller in callers {
-        let (key, answer) = caller.await.unwrap();
-        let value = answer.unwrap_or_else(|e| panic!("{key}: an error reached a caller: {e}"));
-        assert_eq!(value, format!("value of {key}").as_str());
-    }
-}
-
 /// Loads per instance so far.
 fn per_instance(loads: &[Counter]) -> Vec<usize> {
     loads.iter().map(Counter::get).collect()
@@ -92,7 +63,7 @@ fn errors(instances: &[Cache]) -> u64 {
 /// A stampede of `key` that must cost exactly one load across the instances.
 async fn one_load(instances: &[Cache], key: &str, loads: &[Counter]) {
     let before: usize = per_instance(loads).iter().sum();
-    stampede(instances, key, loads, &Arc::new(Notify::new())).await;
+    stampede_of_200(instances, key, loads, &Arc::new(Notify::new())).await;
     let added = per_instance(loads).iter().sum::<usize>() - before;
     assert_eq!(added, 1, "{key}: loads across the instances");
 }
@@ -101,7 +72,7 @@ async fn one_load(instances: &[Cache], key: &str, loads: &[Counter]) {
 /// fails), no more.
 async fn at_most_one_load_each(instances: &[Cache], key: &str, loads: &[Counter]) {
     let before = per_instance(loads);
-    stampede(instances, key, loads, &Arc::new(Notify::new())).await;
+    stampede_of_200(instances, key, loads, &Arc::new(Notify::new())).await;
     for (n, (b, a)) in before.iter().zip(per_instance(loads)).enumerate() {
         assert!(a - b <= 1, "{key}: instance {n} loaded {} times", a - b);
     }
@@ -203,7 +174,7 @@ async fn a_primary_killed_during_stampedes_fails_over_without_errors() {
     let running = tokio::spawn({
         let (instances, key, loads) = (instances.clone(), key.clone(), loads.clone());
         let started = Arc::clone(&started);
-        async move { stampede(&instances, &key, &loads, &started).await }
+        async move { stampede_of_200(&instances, &key, &loads, &started).await }
     });
     started.notified().await;
     let killed = topology.kill_primary();

@@ -432,6 +432,40 @@ pub async fn start_leader(
     leader
 }
 
+/// 200 callers of `key` over `instances` (in turn), each load taking 100 ms and counted in
+/// its instance's `loads` (and notifying `started`). Returns once every caller has its answer;
+/// panics if one got an error or a wrong value.
+pub async fn stampede_of_200(
+    instances: &[Cache],
+    key: &str,
+    loads: &[Counter],
+    started: &Arc<Notify>,
+) {
+    let mut callers = Vec::new();
+    for i in 0..200 {
+        let instance = i % instances.len();
+        let (cache, key) = (instances[instance].clone(), key.to_owned());
+        let (loads, started) = (loads[instance].clone(), Arc::clone(started));
+        callers.push(tokio::spawn(async move {
+            let value = format!("value of {key}");
+            let answer = cache
+                .get_or_load(&key, move || async move {
+                    loads.hit();
+                    started.notify_one();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, std::io::Error>(Bytes::from(value))
+                })
+                .await;
+            (key, answer)
+        }));
+    }
+    for caller in callers {
+        let (key, answer) = caller.await.unwrap();
+        let value = answer.unwrap_or_else(|e| panic!("{key}: an error reached a caller: {e}"));
+        assert_eq!(value, format!("value of {key}").as_str());
+    }
+}
+
 /// A stampede of `callers` fetches of `key` spread over `instances`, where the stored value
 /// (`stale`) may be served stale: each caller gets it at once (`Outcome::Stale`) and one
 /// refresh starts, held until the returned notify is notified (it then loads `fresh`).
