@@ -535,3 +535,57 @@ async fn listeners_the_sentinels_dropped_still_hear_a_switchover() {
         "the instances left the old primary only once it was demoted"
     );
 }
+
+/// Issue 44, item 1: the sentinels' credentials come in their URLs, apart from the data
+/// nodes': a store whose sentinel URLs carry a sentinel ACL user talks to the sentinels as that
+/// user (its listener and the lookups of the primary), and one with a wrong password cannot
+/// find the primary, so `connect` fails, saying so without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_credentials_come_from_the_sentinel_urls() {
+    let topology =
+        RedisSentinel::start_with_sentinels(&[], "user watcher on >s3ntinel ~* &* +@all");
+    let with = |password: &str| -> Vec<String> {
+        topology
+            .sentinel_urls()
+            .iter()
+            .map(|url| url.replace("redis://", &format!("redis://watcher:{password}@")))
+            .collect()
+    };
+    let store = RedisStore::sentinel_builder(with("s3ntinel"), topology.service())
+        .connect()
+        .await
+        .unwrap();
+    let as_watcher = || async {
+        let mut count = 0;
+        for url in topology.sentinel_urls() {
+            let client = redis::Client::open(url).unwrap();
+            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            count += list
+                .lines()
+                .filter(|line| line.contains(" user=watcher "))
+                .count();
+        }
+        count
+    };
+    let deadline = Instant::now() + LIMIT;
+    while as_watcher().await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no connection to a sentinel as its user"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let health = cache(store).health().await;
+    assert!(health.store_answers(), "{health:?}");
+
+    let refused = RedisStore::sentinel_builder(with("wrong-one"), topology.service())
+        .connect()
+        .await
+        .expect_err("a wrong sentinel password finds no primary");
+    assert!(!refused.to_string().contains("wrong-one"), "{refused}");
+}

@@ -58,6 +58,13 @@ impl RedisSentinel {
     /// `["--user", "app", "on", ">s3cret", "~*", "&*", "+@all"]` (the sentinels and the
     /// replication use `default`, which must stay on).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_with_sentinels(extra, "")
+    }
+
+    /// Like [`start_with`](Self::start_with), with `sentinel_conf` added to each sentinel's
+    /// configuration, e.g. an ACL user of its own (`user app on >s3cret ~* &* +@all`; the
+    /// sentinels and this starter use `default`, which must stay open).
+    pub fn start_with_sentinels(extra: &[&str], sentinel_conf: &str) -> Self {
         // Without the delay, every (re)sync waits 5 s for more replicas to join it.
         let options = ServerOptions {
             extra: ["--repl-diskless-sync-delay", "0"]
@@ -80,7 +87,9 @@ impl RedisSentinel {
         }
         // Started only now: a sentinel learns the replicas from the primary's `INFO`, which it
         // reads every 10 s once it has read it; a replica not yet linked could wait that long.
-        let sentinels = (0..3).map(|_| start_sentinel(primary_port)).collect();
+        let sentinels = (0..3)
+            .map(|_| start_sentinel(primary_port, sentinel_conf))
+            .collect();
         let topology = RedisSentinel {
             data,
             sentinels,
@@ -284,7 +293,7 @@ fn start_data_node(options: &ServerOptions, replica_of: Option<u16>) -> Node {
 /// A sentinel on a free port monitoring the primary on `primary`, with a configuration file of
 /// its own (a sentinel needs one it can write: it records what it learns there), trying other
 /// ports if a port was lost to another test.
-fn start_sentinel(primary: u16) -> Node {
+fn start_sentinel(primary: u16, more: &str) -> Node {
     for _ in 0..20 {
         let (port, dir) = (free_port(), TempDir::new("sentinel"));
         let conf = dir.path().join("sentinel.conf");
@@ -293,7 +302,7 @@ fn start_sentinel(primary: u16) -> Node {
             "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
              sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
              sentinel down-after-milliseconds {SERVICE} 1000\n\
-             sentinel failover-timeout {SERVICE} 3000\n",
+             sentinel failover-timeout {SERVICE} 3000\n{more}\n",
             dir = dir.path().display()
         );
         std::fs::write(&conf, text).expect("write sentinel.conf");
