@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{stampede_of_200, Counter, RedisSentinel};
+use support::{app_clients, client_list, stampede_of_200, Counter, RedisSentinel};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower_stampede::store::RedisStore;
@@ -391,22 +391,11 @@ async fn primary_credentials_reach_the_data_nodes() {
     assert!(clients.contains(" user=app "), "{clients}");
 }
 
-/// The app's connections to the sentinels: on each sentinel, the clients without a name (a
-/// sentinel names its links to the others), but the one that asks.
+/// The app's connections to the sentinels, all together.
 async fn app_clients_on_sentinels(topology: &RedisSentinel) -> usize {
     let mut count = 0;
-    for url in topology.sentinel_urls() {
-        let client = redis::Client::open(url).unwrap();
-        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-        let list: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(&mut connection)
-            .await
-            .unwrap();
-        count += list
-            .lines()
-            .filter(|line| line.contains(" name= ") && !line.contains(" cmd=client|list "))
-            .count();
+    for port in topology.sentinel_ports() {
+        count += app_clients(port, &[]).await;
     }
     count
 }
@@ -444,36 +433,6 @@ async fn a_dropped_store_leaves_no_connection_to_the_sentinels() {
     }
 }
 
-/// The app's connections to the server on `port` (`CLIENT LIST` with `args`, e.g. `TYPE
-/// pubsub`): unnamed (a sentinel names its links), not a replica's or its link to its
-/// primary, not the one that asks. 0 if the server does not answer.
-async fn app_clients(port: u16, args: &[&str]) -> usize {
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
-        return 0;
-    };
-    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
-        return 0;
-    };
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .arg(args)
-        .query_async(&mut connection)
-        .await
-        .unwrap_or_default();
-    list.lines()
-        .filter(|line| {
-            let field = |name: &str| {
-                line.split(' ')
-                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-                    .unwrap_or_default()
-            };
-            field("name").is_empty()
-                && !field("flags").contains(['S', 'M'])
-                && field("cmd") != "client|list"
-        })
-        .count()
-}
-
 /// The stores' `+switch-master` listeners dropped by the sentinels (`CLIENT KILL TYPE
 /// pubsub`, as the soak does) listen again, each on the next sentinel; a switchover after
 /// that still moves every instance off the old primary while it answers as a master (before
@@ -482,11 +441,7 @@ async fn app_clients(port: u16, args: &[&str]) -> usize {
 async fn listeners_the_sentinels_dropped_still_hear_a_switchover() {
     let topology = RedisSentinel::start();
     let instances = instances(&topology, 3).await;
-    let sentinels: Vec<u16> = topology
-        .sentinel_urls()
-        .iter()
-        .filter_map(|url| url.rsplit(':').next()?.trim_end_matches('/').parse().ok())
-        .collect();
+    let sentinels = topology.sentinel_ports();
     let listening = || async {
         let mut count = 0;
         for port in &sentinels {
@@ -557,16 +512,10 @@ async fn sentinel_credentials_come_from_the_sentinel_urls() {
         .unwrap();
     let as_watcher = || async {
         let mut count = 0;
-        for url in topology.sentinel_urls() {
-            let client = redis::Client::open(url).unwrap();
-            let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-            let list: String = redis::cmd("CLIENT")
-                .arg("LIST")
-                .query_async(&mut connection)
-                .await
-                .unwrap();
+        for port in topology.sentinel_ports() {
+            let list = client_list(port, &[]).await;
             count += list
-                .lines()
+                .iter()
                 .filter(|line| line.contains(" user=watcher "))
                 .count();
         }

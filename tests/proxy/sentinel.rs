@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
-use support::{Counter, RedisSentinel};
+use support::{app_clients, Counter, RedisSentinel};
 
 use super::{
     burst, cached_everywhere, client, eventually, get, origin_body, proxy_args, request, send,
@@ -38,6 +38,25 @@ async fn three_proxies(sentinel: &RedisSentinel, loads: &Counter, test: &str) ->
     );
     let proxies = start_proxies(3, args).await;
     on_the_primary(sentinel.primary_port(), None, proxies.len()).await;
+    // Connections alone do not say that every proxy's store is up (a re-dial checks the
+    // primary's role on a connection of its own): until a page one proxy loads is a hit in
+    // the others, one of them may still serve alone.
+    let client = client(4);
+    let deadline = Instant::now() + LIMIT;
+    for round in 0.. {
+        let path = format!("/warm-{round}");
+        send(&client, get(&proxies[0].url(&path))).await.unwrap();
+        let mut shared = true;
+        for proxy in &proxies[1..] {
+            let answer = send(&client, get(&proxy.url(&path))).await.unwrap();
+            shared &= answer.x_cache.as_deref() == Some("HIT");
+        }
+        if shared {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the proxies never shared a page");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     proxies
 }
 
@@ -47,10 +66,10 @@ async fn on_the_primary(port: u16, old: Option<u16>, proxies: usize) {
     let deadline = Instant::now() + LIMIT;
     loop {
         let left = match old {
-            Some(old) => app_clients(old).await,
+            Some(old) => app_clients(old, &[]).await,
             None => 0,
         };
-        if left == 0 && app_clients(port).await >= 2 * proxies {
+        if left == 0 && app_clients(port, &[]).await >= 2 * proxies {
             return;
         }
         assert!(
@@ -70,34 +89,6 @@ async fn role(port: u16) -> Option<String> {
         Some(redis::Value::BulkString(role)) => Some(String::from_utf8_lossy(role).into_owned()),
         _ => None,
     }
-}
-
-/// The clients of the server on `port` that are the proxies': not a sentinel's (those are
-/// named), not a replica's or its link to its primary (flags `S`, `M`), not this call's.
-async fn app_clients(port: u16) -> usize {
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
-        return 0;
-    };
-    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
-        return 0;
-    };
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(&mut connection)
-        .await
-        .unwrap_or_default();
-    list.lines()
-        .filter(|line| {
-            let field = |name: &str| {
-                line.split(' ')
-                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-                    .unwrap_or_default()
-            };
-            field("name").is_empty()
-                && !field("flags").contains(['S', 'M'])
-                && field("cmd") != "client|list"
-        })
-        .count()
 }
 
 /// A stampede of `path` over the proxies: every request answered `200` with the origin's

@@ -177,7 +177,9 @@ use tower_stampede::store::{MemoryStore, Store};
 use tower_stampede::{Cache, CacheBuilder};
 
 #[cfg(feature = "redis")]
-pub use self::redis::{calls, free_port, RedisCluster, RedisSentinel, RedisServer, TlsFiles};
+pub use self::redis::{
+    app_clients, calls, client_list, free_port, RedisCluster, RedisSentinel, RedisServer, TlsFiles,
+};
 
 /// Collects what a `tracing` subscriber writes (its writer is a clone), as text.
 #[derive(Clone, Default)]

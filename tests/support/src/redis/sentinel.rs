@@ -113,6 +113,11 @@ impl RedisSentinel {
         assert!(agree, "the sentinels do not agree after {limit:?}");
     }
 
+    /// The sentinels' ports.
+    pub fn sentinel_ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|s| s.port).collect()
+    }
+
     /// The sentinels' URLs, `redis://127.0.0.1:<port>`.
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels
@@ -257,6 +262,44 @@ impl RedisSentinel {
     pub fn wait_replica(&self, port: u16, limit: Duration) -> bool {
         wait_replica(port, limit)
     }
+}
+
+/// The lines of `CLIENT LIST` (with `args`, e.g. `TYPE pubsub`) of the server or sentinel on
+/// `port`, but the one that asks; none if it does not answer.
+pub async fn client_list(port: u16, args: &[&str]) -> Vec<String> {
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
+        return Vec::new();
+    };
+    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
+        return Vec::new();
+    };
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg(args)
+        .query_async(&mut connection)
+        .await
+        .unwrap_or_default();
+    list.lines()
+        .filter(|line| !line.contains(" cmd=client|list "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The app's connections to the server or sentinel on `port` ([`client_list`] with `args`):
+/// unnamed (a sentinel names its links), not a replica's nor a replica's link to its primary.
+pub async fn app_clients(port: u16, args: &[&str]) -> usize {
+    let lines = client_list(port, args).await;
+    lines
+        .iter()
+        .filter(|line| {
+            let field = |name: &str| {
+                line.split(' ')
+                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+                    .unwrap_or_default()
+            };
+            field("name").is_empty() && !field("flags").contains(['S', 'M'])
+        })
+        .count()
 }
 
 /// The `redis-server` command of a data node on `port` with its files in `dir`, the replica of
