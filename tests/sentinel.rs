@@ -241,8 +241,7 @@ async fn a_planned_failover_moves_every_instance_and_keeps_later_changes() {
     }
 
     let switching = tokio::task::spawn_blocking(move || {
-        let old = topology.failover();
-        let new = topology.wait_moved_from(old, LIMIT);
+        let (old, new) = topology.switch_over(LIMIT);
         (topology, old, new)
     });
     let (topology, old, new) = switching.await.unwrap();
@@ -470,8 +469,7 @@ async fn listeners_the_sentinels_dropped_still_hear_a_switchover() {
     }
 
     let (topology, old, new) = tokio::task::spawn_blocking(move || {
-        let old = topology.failover();
-        let new = topology.wait_moved_from(old, LIMIT);
+        let (old, new) = topology.switch_over(LIMIT);
         (topology, old, new)
     })
     .await

@@ -80,17 +80,6 @@ async fn on_the_primary(port: u16, old: Option<u16>, proxies: usize) {
     }
 }
 
-/// The role (`master`, `slave`) the server on `port` says it has, if it answers.
-async fn role(port: u16) -> Option<String> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
-    let mut connection = client.get_multiplexed_async_connection().await.ok()?;
-    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut connection).await.ok()?;
-    match role.first() {
-        Some(redis::Value::BulkString(role)) => Some(String::from_utf8_lossy(role).into_owned()),
-        _ => None,
-    }
-}
-
 /// A stampede of `path` over the proxies: every request answered `200` with the origin's
 /// page; returns the origin loads it cost.
 async fn stampede(proxies: &[Proxy], loads: &Counter, path: &str) -> usize {
@@ -204,8 +193,7 @@ async fn a_switchover_moves_three_proxies_to_the_new_primary() {
     assert_eq!(stampede(&proxies, &loads, "/before").await, 1, "before");
 
     let (sentinel, old, new) = tokio::task::spawn_blocking(move || {
-        let old = sentinel.failover();
-        let new = sentinel.wait_moved_from(old, LIMIT);
+        let (old, new) = sentinel.switch_over(LIMIT);
         (sentinel, old, new)
     })
     .await
@@ -217,7 +205,7 @@ async fn a_switchover_moves_three_proxies_to_the_new_primary() {
     // They moved on the announcement, not on the old primary's demotion: that comes about 11 s
     // after the switch here, long after the announcement (about 1 s after it).
     assert_eq!(
-        role(old).await.as_deref(),
+        sentinel.role_of(old).as_deref(),
         Some("master"),
         "the proxies left the old primary only once it was demoted"
     );

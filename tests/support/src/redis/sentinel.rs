@@ -262,6 +262,19 @@ impl RedisSentinel {
     pub fn wait_replica(&self, port: u16, limit: Duration) -> bool {
         wait_replica(port, limit)
     }
+
+    /// A planned failover ([`failover`](Self::failover)), then the wait for the sentinels to
+    /// name another primary ([`wait_moved_from`](Self::wait_moved_from)): the old primary's
+    /// port, and the new one's if that happened within `limit`.
+    pub fn switch_over(&self, limit: Duration) -> (u16, Option<u16>) {
+        let old = self.failover();
+        (old, self.wait_moved_from(old, limit))
+    }
+
+    /// The role (`master`, `slave`) the node on `port` says it has, if it answers.
+    pub fn role_of(&self, port: u16) -> Option<String> {
+        role(port)
+    }
 }
 
 /// The lines of `CLIENT LIST` (with `args`, e.g. `TYPE pubsub`) of the server or sentinel on
