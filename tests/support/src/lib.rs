@@ -11,7 +11,7 @@
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
 //! | `relay.rs` | a loopback TCP relay whose subscribers' connections can fall silent |
 //! | `redis/cluster.rs` | a three-master Redis Cluster |
-//! | `redis/sentinel.rs` | a primary and two replicas under three Redis Sentinels |
+//! | `redis/sentinel/` | a primary and two replicas under three Redis Sentinels, with TLS if asked |
 //! | `redis/tls.rs` | a throwaway certificate authority for TLS |
 //!
 //! A workspace member of its own (`publish = false`), so that the tests and the benches reach it

@@ -46,13 +46,7 @@ impl ServerOptions {
             None => command.args(["--port", &port]),
             Some(tls) => command
                 .args(["--port", "0", "--tls-port", &port])
-                .arg("--tls-cert-file")
-                .arg(&tls.server_cert)
-                .arg("--tls-key-file")
-                .arg(&tls.server_key)
-                .arg("--tls-ca-cert-file")
-                .arg(&tls.ca_cert)
-                .args(["--tls-auth-clients", "no"]),
+                .args(tls.server_args()),
         };
         command
             .args(["--bind", "127.0.0.1"])

@@ -98,4 +98,20 @@ impl TlsFiles {
             _dir: Arc::new(dir),
         }
     }
+
+    /// The `redis-server` arguments that give a server (or sentinel) this certificate, trust this
+    /// authority, and accept clients without certificates; the TLS port is given apart.
+    pub(super) fn server_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        for (name, file) in [
+            ("--tls-cert-file", &self.server_cert),
+            ("--tls-key-file", &self.server_key),
+            ("--tls-ca-cert-file", &self.ca_cert),
+        ] {
+            args.push(name.into());
+            args.push(file.into());
+        }
+        args.extend(["--tls-auth-clients".into(), "no".into()]);
+        args
+    }
 }

@@ -5,13 +5,26 @@
 //! asked with plain commands (`SENTINEL …`), so no `redis-sentinel` binary and no redis-rs
 //! `sentinel` feature are needed.
 
-use std::process::{Child, Command, Stdio};
+//!
+//! | file | holds |
+//! |---|---|
+//! | `mod.rs` | [`RedisSentinel`]: start, ask, kill, restart, fail over |
+//! | `nodes.rs` | the processes: a data node or a sentinel on free ports, with TLS if asked |
+//! | `ask.rs` | questions to one process: roles, the named primary, its clients |
+
+mod ask;
+mod nodes;
+
 use std::time::{Duration, Instant};
 
-use super::{free_port, reply_to_ping, spawn, ServerOptions, TempDir};
+use super::{spawn, ServerOptions, TlsFiles};
+use ask::{field, named_primary, poll, query, role, sentinel_cmd, settled_primary, wait_replica};
+use nodes::{data_command, start_data_node, start_sentinel, wait_up, Node};
+
+pub use ask::{app_clients, client_list};
 
 /// The name the sentinels monitor the primary under.
-const SERVICE: &str = "mymaster";
+pub(super) const SERVICE: &str = "mymaster";
 
 /// How long a start may take in all (replicas in sync, sentinels aware of each other): a bound
 /// for a busy machine; about 2 s on an idle one.
@@ -30,20 +43,8 @@ pub struct RedisSentinel {
     killed: Vec<u16>,
     /// How the data nodes are started, besides their port, directory and `--replicaof`.
     options: ServerOptions,
-}
-
-/// A process on `port` with its files in `dir`.
-struct Node {
-    child: Child,
-    port: u16,
-    dir: TempDir,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    /// With TLS, every node and sentinel also has a TLS port ([`Node::announced`]).
+    tls: Option<TlsFiles>,
 }
 
 impl RedisSentinel {
@@ -65,6 +66,18 @@ impl RedisSentinel {
     /// configuration, e.g. an ACL user of its own (`user app on >s3cret ~* &* +@all`; the
     /// sentinels and this starter use `default`, which must stay open).
     pub fn start_with_sentinels(extra: &[&str], sentinel_conf: &str) -> Self {
+        Self::start_topology(extra, sentinel_conf, None)
+    }
+
+    /// Like [`start`](Self::start), with every data node and sentinel also on a TLS port with
+    /// the certificate of `tls`, replicating and watched over TLS: the sentinels name the
+    /// primary by its TLS port, and [`sentinel_urls`](Self::sentinel_urls) are `rediss://`.
+    /// Plain ports stay open for this starter, which asks its questions there.
+    pub fn start_tls(tls: &TlsFiles) -> Self {
+        Self::start_topology(&[], "", Some(tls.clone()))
+    }
+
+    fn start_topology(extra: &[&str], sentinel_conf: &str, tls: Option<TlsFiles>) -> Self {
         // Without the delay, every (re)sync waits 5 s for more replicas to join it.
         let options = ServerOptions {
             extra: ["--repl-diskless-sync-delay", "0"]
@@ -75,11 +88,11 @@ impl RedisSentinel {
             tls: None,
         };
         let started = Instant::now();
-        let primary = start_data_node(&options, None);
-        let primary_port = primary.port;
+        let primary = start_data_node(&options, tls.as_ref(), None);
+        let primary_at = primary.announced;
         let mut data = vec![primary];
         for _ in 0..2 {
-            data.push(start_data_node(&options, Some(primary_port)));
+            data.push(start_data_node(&options, tls.as_ref(), Some(primary_at)));
         }
         for replica in &data[1..] {
             let left = START_LIMIT.saturating_sub(started.elapsed());
@@ -88,13 +101,14 @@ impl RedisSentinel {
         // Started only now: a sentinel learns the replicas from the primary's `INFO`, which it
         // reads every 10 s once it has read it; a replica not yet linked could wait that long.
         let sentinels = (0..3)
-            .map(|_| start_sentinel(primary_port, sentinel_conf))
+            .map(|_| start_sentinel(primary_at, sentinel_conf, tls.as_ref()))
             .collect();
         let topology = RedisSentinel {
             data,
             sentinels,
             killed: Vec::new(),
             options,
+            tls,
         };
         topology.wait_sentinels_agree(START_LIMIT.saturating_sub(started.elapsed()));
         topology
@@ -118,12 +132,29 @@ impl RedisSentinel {
         self.sentinels.iter().map(|s| s.port).collect()
     }
 
-    /// The sentinels' URLs, `redis://127.0.0.1:<port>`.
+    /// The sentinels' URLs, `redis://127.0.0.1:<port>`, or with TLS
+    /// `rediss://127.0.0.1:<TLS port>`.
     pub fn sentinel_urls(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         self.sentinels
             .iter()
-            .map(|s| format!("redis://127.0.0.1:{}", s.port))
+            .map(|s| format!("{scheme}://127.0.0.1:{}", s.announced))
             .collect()
+    }
+
+    /// The TLS files the topology was started with ([`start_tls`](Self::start_tls)).
+    pub fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// The plain port of the data node the sentinels know by `announced`.
+    fn plain(&self, announced: u16) -> Option<u16> {
+        let node = self.data.iter().find(|n| n.announced == announced)?;
+        Some(node.port)
     }
 
     /// The name the sentinels know the primary by.
@@ -131,9 +162,15 @@ impl RedisSentinel {
         SERVICE
     }
 
-    /// The port of the primary, as the first sentinel that answers names it
+    /// The (plain) port of the primary, as the first sentinel that answers names it
     /// (`SENTINEL GET-MASTER-ADDR-BY-NAME`): during a failover, maybe a dead one.
     pub fn primary_port(&self) -> u16 {
+        self.plain(self.named_primary())
+            .expect("the named primary is a node of this topology")
+    }
+
+    /// The primary as the first sentinel that answers names it: its announced port.
+    fn named_primary(&self) -> u16 {
         self.sentinels
             .iter()
             .find_map(|sentinel| named_primary(sentinel.port))
@@ -181,7 +218,10 @@ impl RedisSentinel {
     pub fn wait_moved_from(&self, old: u16, limit: Duration) -> Option<u16> {
         let mut moved = None;
         poll(limit, || {
-            let mut named = self.sentinels.iter().map(|s| settled_primary(s.port));
+            let mut named = self
+                .sentinels
+                .iter()
+                .map(|s| settled_primary(s.port).and_then(|port| self.plain(port)));
             let first = named.next().flatten();
             moved = first.filter(|&port| {
                 port != old && named.all(|n| n == first) && role(port).as_deref() == Some("master")
@@ -199,18 +239,22 @@ impl RedisSentinel {
     /// as live either way.
     pub fn restart_killed(&mut self, limit: Duration, as_replica: bool) -> bool {
         let started = Instant::now();
-        let primary = as_replica.then(|| self.primary_port());
+        let primary = as_replica.then(|| self.named_primary());
         let mut back = true;
         for port in std::mem::take(&mut self.killed) {
             let Some(node) = self.data.iter_mut().find(|n| n.port == port) else {
                 continue;
             };
             // The port may not be free again yet: start again until the node answers.
-            let options = &self.options;
+            let (options, tls) = (
+                &self.options,
+                self.tls.as_ref().map(|t| (t, node.announced)),
+            );
             let up = poll(limit, || {
                 let _ = node.child.kill();
                 let _ = node.child.wait();
-                node.child = spawn(&mut data_command(options, port, &node.dir, primary));
+                let mut command = data_command(options, port, tls, &node.dir, primary);
+                node.child = spawn(&mut command);
                 wait_up(&mut node.child, port, |port| options.is_up(port))
             });
             assert!(up, "the data node on port {port} did not restart");
@@ -227,6 +271,14 @@ impl RedisSentinel {
     /// turn it into a replica again: a failover asked meanwhile could promote it, and be undone
     /// (seen once in four runs, the switch then taking 28 s).
     fn wait_sentinels_see_replica(&self, port: u16, limit: Duration) -> bool {
+        let Some(announced) = self
+            .data
+            .iter()
+            .find(|n| n.port == port)
+            .map(|n| n.announced)
+        else {
+            return false;
+        };
         poll(limit, || {
             self.sentinels.iter().all(|sentinel| {
                 let primary = named_primary(sentinel.port);
@@ -234,7 +286,7 @@ impl RedisSentinel {
                     query(sentinel.port, &sentinel_cmd("REPLICAS")).unwrap_or_default();
                 replicas.iter().any(|replica| {
                     let field = |name| field(replica, name);
-                    field("port") == Some(&port.to_string())
+                    field("port") == Some(&announced.to_string())
                         && field("flags") == Some("slave")
                         && field("role-reported") == Some("slave")
                         && field("master-link-status") == Some("ok")
@@ -275,190 +327,6 @@ impl RedisSentinel {
     pub fn role_of(&self, port: u16) -> Option<String> {
         role(port)
     }
-}
-
-/// The lines of `CLIENT LIST` (with `args`, e.g. `TYPE pubsub`) of the server or sentinel on
-/// `port`, but the one that asks; none if it does not answer.
-pub async fn client_list(port: u16, args: &[&str]) -> Vec<String> {
-    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
-        return Vec::new();
-    };
-    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
-        return Vec::new();
-    };
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .arg(args)
-        .query_async(&mut connection)
-        .await
-        .unwrap_or_default();
-    list.lines()
-        .filter(|line| !line.contains(" cmd=client|list "))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The app's connections to the server or sentinel on `port` ([`client_list`] with `args`):
-/// unnamed (a sentinel names its links), not a replica's nor a replica's link to its primary.
-pub async fn app_clients(port: u16, args: &[&str]) -> usize {
-    let lines = client_list(port, args).await;
-    lines
-        .iter()
-        .filter(|line| {
-            let field = |name: &str| {
-                line.split(' ')
-                    .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-                    .unwrap_or_default()
-            };
-            field("name").is_empty() && !field("flags").contains(['S', 'M'])
-        })
-        .count()
-}
-
-/// The `redis-server` command of a data node on `port` with its files in `dir`, the replica of
-/// the node on `replica_of` if given.
-fn data_command(
-    options: &ServerOptions,
-    port: u16,
-    dir: &TempDir,
-    replica_of: Option<u16>,
-) -> Command {
-    let mut command = options.command(port);
-    // A replica writes the snapshot it syncs from to its directory.
-    command.arg("--dir").arg(dir.path());
-    if let Some(primary) = replica_of {
-        command.args(["--replicaof", "127.0.0.1", &primary.to_string()]);
-    }
-    command
-}
-
-/// A data node on a free port, trying others if a port was lost to another test.
-fn start_data_node(options: &ServerOptions, replica_of: Option<u16>) -> Node {
-    for _ in 0..20 {
-        let (port, dir) = (free_port(), TempDir::new("sentinel-data"));
-        let child = spawn(&mut data_command(options, port, &dir, replica_of));
-        let mut node = Node { child, port, dir };
-        if wait_up(&mut node.child, port, |port| options.is_up(port)) {
-            return node;
-        }
-        // Dropped: killed, and its directory removed.
-    }
-    panic!("a data node did not start on any of 20 ports");
-}
-
-/// A sentinel on a free port monitoring the primary on `primary`, with a configuration file of
-/// its own (a sentinel needs one it can write: it records what it learns there), trying other
-/// ports if a port was lost to another test.
-fn start_sentinel(primary: u16, more: &str) -> Node {
-    for _ in 0..20 {
-        let (port, dir) = (free_port(), TempDir::new("sentinel"));
-        let conf = dir.path().join("sentinel.conf");
-        // `down-after-milliseconds` and `failover-timeout` name the master: after `monitor`.
-        let text = format!(
-            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
-             sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
-             sentinel down-after-milliseconds {SERVICE} 1000\n\
-             sentinel failover-timeout {SERVICE} 3000\n{more}\n",
-            dir = dir.path().display()
-        );
-        std::fs::write(&conf, text).expect("write sentinel.conf");
-        let child = spawn(
-            Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        let mut node = Node { child, port, dir };
-        let answers = |port| reply_to_ping(port).is_some_and(|reply| reply.starts_with(b"+PONG"));
-        if wait_up(&mut node.child, port, answers) {
-            return node;
-        }
-    }
-    panic!("a sentinel did not start on any of 20 ports");
-}
-
-/// Waits up to 10 s until the process `child` on `port` is up; false if it exited first (a port
-/// taken) or never came up.
-fn wait_up(child: &mut Child, port: u16, is_up: impl Fn(u16) -> bool) -> bool {
-    let mut exited = false;
-    let up = poll(Duration::from_secs(10), || {
-        exited = matches!(child.try_wait(), Ok(Some(_)));
-        exited || is_up(port)
-    });
-    up && !exited
-}
-
-/// Waits, for at most `limit`, until the node on `port` is a replica whose link is up.
-fn wait_replica(port: u16, limit: Duration) -> bool {
-    poll(limit, || {
-        let info: String = query(port, redis::cmd("INFO").arg("replication")).unwrap_or_default();
-        info.contains("role:slave") && info.contains("master_link_status:up")
-    })
-}
-
-/// Runs `done` every 20 ms until it holds, for at most `limit`; whether it held.
-fn poll(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let started = Instant::now();
-    loop {
-        if done() {
-            return true;
-        }
-        if started.elapsed() >= limit {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// `SENTINEL <subcommand> mymaster`.
-fn sentinel_cmd(subcommand: &str) -> redis::Cmd {
-    let mut command = redis::cmd("SENTINEL");
-    command.arg(subcommand).arg(SERVICE);
-    command
-}
-
-/// The value of `name` in a sentinel's description of a node (a flat list of names and values).
-fn field<'a>(pairs: &'a [String], name: &str) -> Option<&'a str> {
-    pairs
-        .chunks(2)
-        .find(|pair| pair[0] == name)
-        .and_then(|pair| pair.get(1).map(String::as_str))
-}
-
-/// The port of the primary the sentinel on `sentinel` names, if it answers.
-fn named_primary(sentinel: u16) -> Option<u16> {
-    let address: Vec<String> = query(sentinel, &sentinel_cmd("GET-MASTER-ADDR-BY-NAME")).ok()?;
-    address.get(1)?.parse().ok()
-}
-
-/// The port of the primary the sentinel on `sentinel` names, once it is settled on it: no
-/// failover in progress, the node not down, and its last `PING` answered (`last-ping-sent` 0).
-/// A sentinel that has just switched talks to the new primary over a new link, and one whose
-/// first answer there took over 1 s took it for down and failed over again (once in 25 runs of
-/// the test below, when the first switch was taken as done).
-fn settled_primary(sentinel: u16) -> Option<u16> {
-    let master: Vec<String> = query(sentinel, &sentinel_cmd("MASTER")).ok()?;
-    let settled =
-        field(&master, "flags") == Some("master") && field(&master, "last-ping-sent") == Some("0");
-    settled.then(|| field(&master, "port")?.parse().ok())?
-}
-
-/// The first field of the node's `ROLE` (`master` or `slave`), if it answers.
-fn role(port: u16) -> Option<String> {
-    let role: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).ok()?;
-    redis::from_redis_value(role.first()?.clone()).ok()
-}
-
-/// `command` on the node (or sentinel) on `port`, over a connection of its own, each step
-/// bounded by 2 s.
-fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> redis::RedisResult<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let limit = Duration::from_secs(2);
-    let mut connection = client.get_connection_with_timeout(limit)?;
-    connection.set_read_timeout(Some(limit))?;
-    connection.set_write_timeout(Some(limit))?;
-    command.query(&mut connection)
 }
 
 #[cfg(test)]
