@@ -14,7 +14,7 @@ use bytes::Bytes;
 use support::{app_clients, client_list, stampede_of_200, Counter, RedisSentinel};
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tower_stampede::store::RedisStore;
+use tower_stampede::store::{RedisStore, RedisStoreBuilder};
 use tower_stampede::Cache;
 
 /// The failure guard on anything that waits: far beyond what a failover needs on an idle
@@ -22,12 +22,20 @@ use tower_stampede::Cache;
 /// below the values' 60 s life in L1, so a change that never reaches an instance fails a test.
 const LIMIT: Duration = Duration::from_secs(30);
 
+/// A builder for the topology's service: over TLS, trusting its authority, if it was started
+/// with TLS.
+fn builder(topology: &RedisSentinel) -> RedisStoreBuilder {
+    let builder = RedisStore::sentinel_builder(topology.sentinel_urls(), topology.service());
+    #[cfg(feature = "tls")]
+    if let Some(files) = topology.tls() {
+        return builder.tls_root_certificates(std::fs::read(&files.ca_cert).unwrap());
+    }
+    builder
+}
+
 /// A process's view of the service: a store with connections (and a subscriber) of its own.
 async fn instance(topology: &RedisSentinel) -> RedisStore {
-    let store = RedisStore::sentinel_builder(topology.sentinel_urls(), topology.service())
-        .connect()
-        .await
-        .unwrap();
+    let store = builder(topology).connect().await.unwrap();
     assert!(!store.is_cluster());
     store
 }
@@ -155,7 +163,10 @@ async fn a_stampede_over_three_instances_through_the_sentinels_is_one_load() {
 /// instance's L1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_during_stampedes_fails_over_without_errors() {
-    let mut topology = RedisSentinel::start();
+    killed_during_stampedes(RedisSentinel::start()).await;
+}
+
+async fn killed_during_stampedes(mut topology: RedisSentinel) {
     let instances = instances(&topology, 3).await;
     let loads: Vec<Counter> = (0..3).map(|_| Counter::default()).collect();
     let mut keys = (0..).map(|i| format!("key-{i}"));
@@ -227,7 +238,10 @@ async fn a_primary_killed_during_stampedes_fails_over_without_errors() {
 /// in every instance's L1 and for a process started afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_failover_moves_every_instance_and_keeps_later_changes() {
-    let topology = RedisSentinel::start();
+    planned_failover(RedisSentinel::start()).await;
+}
+
+async fn planned_failover(topology: RedisSentinel) {
     let instances = instances(&topology, 3).await;
     let ttl = Duration::from_secs(60);
     let version = Arc::new(std::sync::Mutex::new("v1".to_owned()));
@@ -300,11 +314,7 @@ async fn stores_opened_while_the_primary_is_down_connect_once_one_is_promoted() 
     let mut topology = RedisSentinel::start();
     let killed = topology.kill_primary();
     let instances: Vec<Cache> = (0..3)
-        .map(|_| {
-            let builder =
-                RedisStore::sentinel_builder(topology.sentinel_urls(), topology.service());
-            cache(builder.open().unwrap())
-        })
+        .map(|_| cache(builder(&topology).open().unwrap()))
         .collect();
     let loads: Vec<Counter> = (0..3).map(|_| Counter::default()).collect();
     at_most_one_load_each(&instances, "while-down", &loads).await;
@@ -438,7 +448,10 @@ async fn a_dropped_store_leaves_no_connection_to_the_sentinels() {
 /// the sentinels demote it, about 10 s later), not only once it is demoted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listeners_the_sentinels_dropped_still_hear_a_switchover() {
-    let topology = RedisSentinel::start();
+    listeners_dropped_then_switched_over(RedisSentinel::start()).await;
+}
+
+async fn listeners_dropped_then_switched_over(topology: RedisSentinel) {
     let instances = instances(&topology, 3).await;
     let sentinels = topology.sentinel_ports();
     let listening = || async {
@@ -535,4 +548,53 @@ async fn sentinel_credentials_come_from_the_sentinel_urls() {
         .await
         .expect_err("a wrong sentinel password finds no primary");
     assert!(!refused.to_string().contains("wrong-one"), "{refused}");
+}
+
+/// Issue 44, item 1 ("TLS with the `tls` feature"): the same service with every node and
+/// sentinel on TLS ports only for the app (`rediss://` sentinel URLs, the data nodes' TLS
+/// ports named by the sentinels, replication and the sentinels' links over TLS too), the
+/// certificates signed by a throwaway authority the stores trust.
+#[cfg(feature = "tls")]
+mod tls {
+    use super::*;
+    use support::TlsFiles;
+
+    /// The kill of the primary during stampedes, over TLS: no caller error, then one load per
+    /// stampede and an `invalidate` that reaches every L1.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_primary_killed_during_stampedes_fails_over_without_errors() {
+        let topology = RedisSentinel::start_tls(&TlsFiles::generate());
+        assert!(topology.sentinel_urls()[0].starts_with("rediss://"));
+        killed_during_stampedes(topology).await;
+    }
+
+    /// A planned failover over TLS: the old primary keeps answering, so only the sentinels'
+    /// `+switch-master`, heard over a TLS connection to a sentinel, moves the instances in time.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_planned_failover_moves_every_instance_and_keeps_later_changes() {
+        planned_failover(RedisSentinel::start_tls(&TlsFiles::generate())).await;
+    }
+
+    /// The listeners are on the sentinels' TLS ports, trusting the same authority: the
+    /// instances leave the old primary while it still answers as a master, which only the
+    /// sentinels' announcement can tell them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn listeners_the_sentinels_dropped_still_hear_a_switchover() {
+        listeners_dropped_then_switched_over(RedisSentinel::start_tls(&TlsFiles::generate())).await;
+    }
+
+    /// The certificates must be trusted: without the authority, `connect` fails, and says
+    /// why; with it, the same URLs connect.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_untrusted_authority_is_refused() {
+        let topology = RedisSentinel::start_tls(&TlsFiles::generate());
+        let untrusted = RedisStore::sentinel_builder(topology.sentinel_urls(), topology.service())
+            .connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        eprintln!("{untrusted}");
+        assert!(untrusted.contains("certificate"), "{untrusted}");
+        instance(&topology).await;
+    }
 }

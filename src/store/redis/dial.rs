@@ -210,8 +210,9 @@ impl Dial {
         redis::Client::open(info)
     }
 
+    /// The root certificates to trust, for a redis-rs client.
     #[cfg(feature = "tls")]
-    fn certificates(&self, root_cert: &[u8]) -> redis::TlsCertificates {
+    pub(super) fn certificates(&self, root_cert: &[u8]) -> redis::TlsCertificates {
         redis::TlsCertificates {
             client_tls: None,
             root_cert: Some(root_cert.to_vec()),

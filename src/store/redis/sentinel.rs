@@ -36,8 +36,9 @@ const SWITCH_MASTER: &str = "+switch-master";
 pub(super) struct Primary {
     /// `async_get_client` takes `&mut`: one question to the sentinels at a time.
     sentinels: tokio::sync::Mutex<SentinelClient>,
-    /// The sentinels, for the announcements (credentials included: never print them).
-    infos: Vec<ConnectionInfo>,
+    /// Clients of the sentinels, for the announcements: RESP3, and trusting the dial's root
+    /// certificates (credentials included: never print them).
+    listeners: Vec<redis::Client>,
     service: String,
     /// The sentinels and the service, for the log (without credentials).
     address: String,
@@ -73,9 +74,20 @@ impl Primary {
             )
         };
         let builder = sentinel_builder(dial, infos, service, auth).map_err(configuration)?;
+        let listeners = infos
+            .iter()
+            .map(|info| {
+                let settings = info
+                    .redis_settings()
+                    .clone()
+                    .set_protocol(redis::ProtocolVersion::RESP3);
+                dial.client(info.clone().set_redis_settings(settings))
+            })
+            .collect::<RedisResult<_>>()
+            .map_err(configuration)?;
         Ok(Arc::new(Primary {
             sentinels: tokio::sync::Mutex::new(builder.build().map_err(configuration)?),
-            infos: infos.to_vec(),
+            listeners,
             service: service.to_owned(),
             address,
             wait: dial.ping_wait(),
@@ -185,11 +197,11 @@ impl Primary {
             let listening = async {
                 let mut next = 0;
                 loop {
-                    let Some(info) = sentinel_info(&primary, next) else {
+                    let Some(sentinel) = sentinel_client(&primary, next) else {
                         return;
                     };
                     next += 1;
-                    if let Err(error) = listen_to(&primary, info, &moved).await {
+                    if let Err(error) = listen_to(&primary, sentinel, &moved).await {
                         debug!(%error, "a sentinel's announcements stopped; asking the next");
                     }
                     tokio::time::sleep(KEEPER_PAUSE).await;
@@ -205,18 +217,16 @@ impl Primary {
 }
 
 /// The sentinel to listen to in turn `turn`, while the primary lives.
-fn sentinel_info(primary: &Weak<Primary>, turn: usize) -> Option<ConnectionInfo> {
+fn sentinel_client(primary: &Weak<Primary>, turn: usize) -> Option<redis::Client> {
     let primary = primary.upgrade()?;
-    primary
-        .infos
-        .get(turn % primary.infos.len().max(1))
-        .cloned()
+    let count = primary.listeners.len().max(1);
+    primary.listeners.get(turn % count).cloned()
 }
 
 /// Listens to one sentinel until its connection fails or the primary is dropped.
 async fn listen_to(
     primary: &Weak<Primary>,
-    info: ConnectionInfo,
+    sentinel: redis::Client,
     moved: &impl Fn(),
 ) -> RedisResult<()> {
     let (wait, service) = match primary.upgrade() {
@@ -224,16 +234,11 @@ async fn listen_to(
         None => return Ok(()),
     };
     let (sender, mut announcements) = tokio::sync::mpsc::unbounded_channel();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(redis::ProtocolVersion::RESP3);
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(wait))
         .set_response_timeout(Some(wait))
         .set_push_sender(sender);
-    let client = redis::Client::open(info.set_redis_settings(settings))?;
-    let mut connection = client
+    let mut connection = sentinel
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
     connection.subscribe(SWITCH_MASTER).await?;
@@ -367,13 +372,9 @@ fn with_tls(builder: SentinelClientBuilder, dial: &Dial) -> SentinelClientBuilde
         .set_client_to_redis_tls_mode(redis::TlsMode::Secure);
     #[cfg(feature = "tls")]
     if let Some(root_cert) = &dial.root_certificates {
-        let certificates = || redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(root_cert.clone()),
-        };
         return builder
-            .set_client_to_sentinel_certificates(certificates())
-            .set_client_to_redis_certificates(certificates());
+            .set_client_to_sentinel_certificates(dial.certificates(root_cert))
+            .set_client_to_redis_certificates(dial.certificates(root_cert));
     }
     let _ = dial;
     builder
