@@ -4,6 +4,7 @@
 //! it, with the key as text where the cache shows readable keys), its outcome counted.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +13,7 @@ use tracing::{debug, debug_span, info_span, Instrument};
 
 #[cfg(doc)]
 use super::CacheBuilder;
-use super::{l1, BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Own, Previous};
+use super::{BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Own, Previous};
 use crate::store::KeyDigest;
 
 impl Cache {
@@ -172,17 +173,21 @@ impl Cache {
     /// and the caller goes on to the fetch with the same digest.
     /// For a caller that has work to do before a fetch that may load (the layer wraps its
     /// request into a loader): a hit skips that work.
+    ///
+    /// A thread that hits a key keeps the entry in view, with `local`'s copy of the decoded
+    /// value, and answers its next hits on it from there, as long as L1 is not written: a
+    /// copy whose buffers this thread alone counts references to (the HTTP layer's fields and
+    /// body), or `Arc::clone` to share the one value.
     pub(crate) fn l1_hit<T: std::any::Any + Send + Sync>(
         &self,
         digest: &KeyDigest,
         read: impl FnOnce(&Bytes) -> Option<T>,
+        local: impl FnOnce(&Arc<T>) -> Arc<T>,
     ) -> Option<L1Found<T>> {
-        let Some(l1::L1Hit::Fresh(entry, read_at)) = self.inner.l1_get(digest) else {
-            return None;
-        };
+        let (value, fresh_until, read_at) = self.inner.l1_decoded(digest, read, local)?;
         let found = L1Found {
-            value: entry.decoded(read)?,
-            fresh_until: entry.fresh_until,
+            value,
+            fresh_until,
             read_at,
         };
         self.inner.meter.outcome(Outcome::L1Hit);

@@ -67,7 +67,7 @@
 //! | `mod.rs` | [`Cache`], its public calls, and `Inner`: the components and the configuration |
 //! | `config.rs` | the settings, a slice for each component that reads them |
 //! | `builder.rs` | [`CacheBuilder`]: the settings, set in code |
-//! | `l1.rs` | `L1`: the moka cache, its weight in bytes, the notifier's stamps that keep it in step |
+//! | `l1/` | `L1`: the moka cache, its weight in bytes, the notifier's stamps that keep it in step, and each thread's view of its hot entries (and its tests) |
 //! | `flights.rs` | `Flights`: the flights in progress in this process, by key |
 //! | `flight.rs` | a fetch: L1, then joining or starting a flight, and the flight's loader |
 //! | `carry.rs` | how the caller that starts a flight carries it, and how it posts to the others |
@@ -446,6 +446,18 @@ impl Inner {
     /// The L1 entry of a key, if it is there and trusted (see [`l1::L1::get`]).
     fn l1_get(&self, digest: &KeyDigest) -> Option<l1::L1Hit> {
         self.l1.get(digest, || self.breaker.recoveries())
+    }
+
+    /// The value of a key's entry as `read` decodes it, if fresh, trusted and not due for an
+    /// early refresh (see [`l1::L1::get_decoded`]).
+    fn l1_decoded<T: std::any::Any + Send + Sync>(
+        &self,
+        digest: &KeyDigest,
+        read: impl FnOnce(&Bytes) -> Option<T>,
+        local: impl FnOnce(&Arc<T>) -> Arc<T>,
+    ) -> Option<l1::DecodedHit<T>> {
+        let recoveries = || self.breaker.recoveries();
+        self.l1.get_decoded(digest, recoveries, read, local)
     }
 
     /// Keeps a value read from the store in L1 while it is fresh there, if `stamp` (taken

@@ -94,10 +94,11 @@ where
         let digest = KeyDigest::of(key.as_ref());
         let codec = &self.settings.codec;
         // Decoded once per L1 entry; each hit hands out a clone.
-        if let Some(found) = self
-            .cache
-            .l1_hit(&digest, |bytes| codec::decode_response(codec, bytes))
-        {
+        if let Some(found) = self.cache.l1_hit(
+            &digest,
+            |bytes| codec::decode_response(codec, bytes),
+            |value| Arc::new(S::Response::clone(value)),
+        ) {
             return ResponseFuture::ready(S::Response::clone(&found.value));
         }
         let (inner, cache) = (self.inner.clone(), self.cache.clone());

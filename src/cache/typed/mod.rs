@@ -319,7 +319,7 @@ where
     {
         let digest = KeyDigest::of(key.as_ref());
         let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
-        if let Some(found) = self.cache.l1_hit(&digest, read) {
+        if let Some(found) = self.cache.l1_hit(&digest, read, Arc::clone) {
             return Ok(Fetched {
                 value: Some(found.value),
                 outcome: Outcome::L1Hit,
@@ -373,7 +373,7 @@ where
     pub async fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Arc<T>>, Error> {
         let digest = KeyDigest::of(key.as_ref());
         let read = |bytes: &Bytes| decode::<T, C>(&self.codec, self.tag, bytes);
-        if let Some(found) = self.cache.l1_hit(&digest, read) {
+        if let Some(found) = self.cache.l1_hit(&digest, read, Arc::clone) {
             return Ok(Some(found.value));
         }
         let peeked = self.cache.peek(digest, self.accepts()).await;

@@ -51,10 +51,11 @@ pub(crate) fn from_l1<B: Body>(
     config: &Arc<HttpConfig>,
 ) -> Option<Response<ResponseBody<B>>> {
     // Decoded once per L1 entry, with a plain hit's fields made ready.
-    let found = cache.l1_hit(digest, |value| match codec::decode(value) {
+    let read = |value: &Bytes| match codec::decode(value) {
         Ok(Decoded::Response(cached)) => Some(HitReady::new(cached, config)),
         _ => None,
-    })?;
+    };
+    let found = cache.l1_hit(digest, read, |ready| Arc::new(ready.localized()))?;
     Some(responses::hit(&found, form, config))
 }
 

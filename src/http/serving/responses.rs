@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::header::{Entry, AGE, CONTENT_LENGTH};
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::cache_status::{ttl, CacheStatus, Detail, Served, CACHE_STATUS};
@@ -167,6 +167,37 @@ impl HitReady {
             made_at,
         }
     }
+
+    /// A copy for one thread's view of L1: the hit's fields and the body in buffers of its
+    /// own, so the reference counts a hit on this thread moves (a value's, the body's) are
+    /// touched by no other thread's hits.
+    pub(crate) fn localized(&self) -> HitReady {
+        let mut fields = HeaderMap::with_capacity(self.fields.len());
+        for (name, value) in &self.fields {
+            fields.append(own_name(name), own_value(value));
+        }
+        let mut cached = self.cached.clone();
+        cached.body = Bytes::copy_from_slice(&self.cached.body);
+        HitReady {
+            cached,
+            fields,
+            config: Arc::clone(&self.config),
+            age_then: self.age_then,
+            made_at: self.made_at,
+        }
+    }
+}
+
+/// A field name in a buffer of its own (a standard name has none).
+fn own_name(name: &HeaderName) -> HeaderName {
+    HeaderName::from_bytes(name.as_str().as_bytes()).unwrap_or_else(|_| name.clone())
+}
+
+/// A field value in a buffer of its own, as sensitive as `value`.
+fn own_value(value: &HeaderValue) -> HeaderValue {
+    let mut own = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+    own.set_sensitive(value.is_sensitive());
+    own
 }
 
 /// The answer to a hit in L1 (`found`), for a layer of `config`: [`answer`]'s, built from the

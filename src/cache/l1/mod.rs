@@ -13,6 +13,14 @@
 //! stamps its entries with a notifier of its own, which hears this process's changes alone:
 //! a read or load in flight when this process changes its key (or clears, or invalidates a
 //! tag) does not enter L1 after the change, as where notifications are heard.
+//!
+//! | file | holds |
+//! | --- | --- |
+//! | `mod.rs` | [`L1`]: the moka cache, its entries, what vouches for them, its count of writes |
+//! | `front.rs` | each thread's view of the entries it answered last, used while L1 is not written |
+//! | `tests.rs` | its tests |
+
+mod front;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +52,10 @@ type Moka = moka::sync::Cache<KeyDigest, Arc<L1Entry>>;
 /// A value as its reader decoded it, kept with its L1 entry (see [`L1Entry::decoded`]).
 type Decoded = Arc<dyn Any + Send + Sync>;
 
+/// What [`L1::get_decoded`] answers: the decoded value, when it stops being fresh, and when L1
+/// was read.
+pub(super) type DecodedHit<T> = (Arc<T>, Instant, Instant);
+
 /// An entry of L1: the value, how long it may live there, and what early refresh needs.
 pub(super) struct L1Entry {
     pub(super) value: Bytes,
@@ -74,6 +86,11 @@ impl L1Entry {
     fn weight(&self) -> u32 {
         let tags = self.tags.len().saturating_mul(48);
         u32::try_from(self.value.len().saturating_add(tags).saturating_add(96)).unwrap_or(u32::MAX)
+    }
+
+    /// Whether the value kept decoded with the entry is a `T`.
+    fn decoded_as<T: Any>(&self) -> bool {
+        self.decoded.get().is_some_and(|kept| (**kept).is::<T>())
     }
 
     /// The value as `read` decodes it: decoded once, by the first hit, and shared by the hits
@@ -141,6 +158,12 @@ impl moka::Expiry<KeyDigest, Arc<L1Entry>> for L1Expiry {
 /// with the other processes.
 pub(super) struct L1 {
     cache: Option<Moka>,
+    /// Which L1 this is, among the process's, for each thread's view ([`front`]).
+    id: u64,
+    /// How many times moka was written (an insert, a removal, a clear, an eviction), each
+    /// counted once done: an entry a thread keeps in view is moka's own while this has not
+    /// moved since it was read there.
+    writes: Arc<AtomicU64>,
     /// L1's weight in bytes: added on insert, taken off by moka's eviction listener.
     bytes: Arc<AtomicU64>,
     /// The store's notifier, if this cache listens to notifications: asked of the store once,
@@ -172,8 +195,11 @@ impl L1 {
         namespace: &Arc<str>,
         notifier: Option<Notifier>,
     ) -> Self {
+        static IDS: AtomicU64 = AtomicU64::new(0);
         let bytes = Arc::new(AtomicU64::new(0));
         let removed = Arc::clone(&bytes);
+        let writes = Arc::new(AtomicU64::new(0));
+        let evicted = Arc::clone(&writes);
         let meter = Meter::new(namespace);
         let removals = meter.clone();
         let cache = (settings.capacity > 0).then(|| {
@@ -190,11 +216,14 @@ impl L1 {
                         })
                         .unwrap_or_default();
                     removals.l1_bytes(before.saturating_sub(weight));
+                    evicted.fetch_add(1, Ordering::SeqCst);
                 })
                 .build()
         });
         L1 {
             cache,
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            writes,
             bytes,
             notifier,
             own: Notifier::new(),
@@ -256,26 +285,87 @@ impl L1 {
         let l1 = self.cache.as_ref()?;
         let entry = l1.get(digest)?;
         let now = Instant::now();
-        let vouched = match entry.vouch {
-            Vouch::Heard(stamp) => self.stamp(digest) == Some(stamp),
-            Vouch::Alone(stamp, since) => {
-                since == recoveries() && self.stamp_anyway(digest) == stamp
-            }
-        };
-        if vouched
-            && now < entry.until
-            && entry
-                .tags
-                .iter()
-                .all(|(tag, stamp)| self.stamp_anyway(tag) == *stamp)
-        {
+        if self.trusted(&entry, digest, recoveries, now) {
             return Some(match entry.refresh_at {
                 Some(at) if now >= at => L1Hit::RefreshDue(entry),
                 _ => L1Hit::Fresh(entry, now),
             });
         }
         l1.invalidate(digest);
+        self.written();
         None
+    }
+
+    /// Whether an entry of the key may answer at `now`: nothing heard of the key or its tags
+    /// since it was read, and its time in L1 not over.
+    fn trusted(
+        &self,
+        entry: &L1Entry,
+        digest: &KeyDigest,
+        recoveries: impl FnOnce() -> u64,
+        now: Instant,
+    ) -> bool {
+        let vouched = match entry.vouch {
+            Vouch::Heard(stamp) => self.stamp(digest) == Some(stamp),
+            Vouch::Alone(stamp, since) => {
+                since == recoveries() && self.stamp_anyway(digest) == stamp
+            }
+        };
+        vouched
+            && now < entry.until
+            && entry
+                .tags
+                .iter()
+                .all(|(tag, stamp)| self.stamp_anyway(tag) == *stamp)
+    }
+
+    /// The value of a key's entry as `read` decodes it (decoded once per entry), when it
+    /// stops being fresh, and when L1 was read: as [`get`](Self::get) finds it, if it is
+    /// fresh and not due for an early refresh. From this thread's view ([`front`]) if it holds
+    /// the entry and L1 was not written since; else from moka, and then kept in view with
+    /// this thread's copy of the value (`local`, for a value small enough).
+    pub(super) fn get_decoded<T: Any + Send + Sync>(
+        &self,
+        digest: &KeyDigest,
+        recoveries: impl Fn() -> u64,
+        read: impl FnOnce(&Bytes) -> Option<T>,
+        local: impl FnOnce(&Arc<T>) -> Arc<T>,
+    ) -> Option<DecodedHit<T>> {
+        let l1 = self.cache.as_ref()?;
+        // Read before the entry: a write after it moves it, and the view is not used.
+        let writes = self.writes.load(Ordering::SeqCst);
+        let viewed = front::find(self.id, writes, digest, |entry, value, sample| {
+            let now = Instant::now();
+            let due = entry.refresh_at.is_some_and(|at| now >= at);
+            if due || !self.trusted(entry, digest, &recoveries, now) {
+                return None;
+            }
+            if sample {
+                // moka counts the read; its answer is this very entry.
+                let _ = l1.get(digest);
+            }
+            let value = Arc::clone(value).downcast::<T>().ok()?;
+            Some((value, entry.fresh_until, now))
+        });
+        if viewed.is_some() {
+            return viewed;
+        }
+        let L1Hit::Fresh(entry, now) = self.get(digest, &recoveries)? else {
+            return None;
+        };
+        let value = entry.decoded(read)?;
+        let fresh_until = entry.fresh_until;
+        // A reader of another type than the entry's first decodes on every hit, in view or not.
+        if entry.value.len() <= front::LOCAL_MAX && entry.decoded_as::<T>() {
+            let kept = local(&value) as front::Local;
+            front::keep(self.id, writes, *digest, entry, kept);
+        }
+        Some((value, fresh_until, now))
+    }
+
+    /// Counts a write of moka, once done (see [`writes`](Self::writes)).
+    fn written(&self) {
+        self.writes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Whether L1 holds an entry of the key, trusted or not.
@@ -291,6 +381,7 @@ impl L1 {
         self.stamps().notify(key);
         if let Some(l1) = &self.cache {
             l1.invalidate(key.digest());
+            self.written();
         }
     }
 
@@ -301,6 +392,7 @@ impl L1 {
         self.stamps().cleared();
         if let Some(l1) = &self.cache {
             l1.invalidate_all();
+            self.written();
         }
     }
 
@@ -355,131 +447,10 @@ impl L1 {
             let bytes = self.bytes.fetch_add(weight, Ordering::Relaxed) + weight;
             self.meter.l1_bytes(bytes);
             l1.insert(digest, Arc::new(entry));
+            self.written();
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use bytes::Bytes;
-
-    use super::{Vouch, L1};
-    use crate::cache::Config;
-    use crate::store::{KeyDigest, MemoryStore, Store, StoreKey};
-    use crate::Cache;
-
-    const FRESH: Duration = Duration::from_secs(5);
-
-    /// L1 over the notifier of `store`, and the key `k` with its digest.
-    fn l1_of(store: &MemoryStore) -> (L1, KeyDigest, StoreKey) {
-        let config = Config::default();
-        let l1 = L1::new(&config.l1, &config.namespace, store.notifier().cloned());
-        let digest = KeyDigest::of(b"k");
-        (l1, digest, StoreKey::new(Arc::from("stampede"), digest))
-    }
-
-    fn value() -> Bytes {
-        Bytes::from_static(b"v")
-    }
-
-    /// Inserts the value `v` for `digest`, untagged, with no early refresh.
-    fn put(l1: &L1, vouch: Vouch, digest: KeyDigest, fresh_for: Duration) {
-        l1.insert(vouch, Box::default(), digest, &value(), fresh_for, |_| None);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_entry_is_trusted_until_its_key_is_heard_of_and_its_weight_is_counted() {
-        let store = MemoryStore::new();
-        let (l1, digest, key) = l1_of(&store);
-        let stamp = l1.stamp(&digest).expect("notifications received");
-        put(&l1, Vouch::Heard(stamp), digest, FRESH);
-        assert!(l1.get(&digest, || 0).is_some());
-        assert!(l1.bytes() > 0, "counted on insert");
-        store.notifier().expect("a notifier").notify(&key);
-        assert!(l1.get(&digest, || 0).is_none(), "heard of since");
-        assert!(!l1.contains(&digest), "and dropped");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_value_read_before_a_change_heard_meanwhile_never_enters() {
-        let store = MemoryStore::new();
-        let (l1, digest, key) = l1_of(&store);
-        let stamp = l1.stamp(&digest).expect("notifications received");
-        store.notifier().expect("a notifier").notify(&key);
-        put(&l1, Vouch::Heard(stamp), digest, FRESH);
-        assert!(l1.get(&digest, || 0).is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_value_loaded_alone_lives_until_the_store_recovers() {
-        let store = MemoryStore::new();
-        let (l1, digest, _) = l1_of(&store);
-        let vouch = Vouch::Alone(l1.stamp_anyway(&digest), 3);
-        put(&l1, vouch, digest, FRESH);
-        assert!(l1.get(&digest, || 3).is_some());
-        assert!(l1.get(&digest, || 4).is_none(), "the store answered again");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_entry_leaves_at_its_freshness_or_the_cap_and_is_due_at_its_refresh_point() {
-        let store = MemoryStore::new();
-        let (l1, digest, _) = l1_of(&store);
-        let stamp = l1.stamp(&digest).expect("notifications received");
-        let heard = Vouch::Heard(stamp);
-        let refresh = |fresh_until| Some(fresh_until - Duration::from_secs(1));
-        l1.insert(heard, Box::default(), digest, &value(), FRESH, refresh);
-        assert!(matches!(
-            l1.get(&digest, || 0),
-            Some(super::L1Hit::Fresh(..))
-        ));
-        tokio::time::advance(Duration::from_secs(4)).await;
-        assert!(matches!(
-            l1.get(&digest, || 0),
-            Some(super::L1Hit::RefreshDue(_))
-        ));
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert!(l1.get(&digest, || 0).is_none(), "no longer fresh");
-        // Fresh for an hour: kept for the cap (10 s by default) only.
-        put(&l1, heard, digest, FRESH * 720);
-        tokio::time::advance(Duration::from_secs(10)).await;
-        assert!(l1.get(&digest, || 0).is_none(), "past the cap");
-        // A value with no freshness left is not kept at all.
-        put(&l1, heard, digest, Duration::ZERO);
-        assert!(!l1.contains(&digest));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_hit_decodes_once_per_entry_and_a_reader_of_another_type_each_time() {
-        let cache = Cache::builder(MemoryStore::new()).build();
-        let load = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"42")) };
-        cache.get_or_load("k", load).await.unwrap();
-        let digest = KeyDigest::of(b"k");
-        let decodes = AtomicUsize::new(0);
-        let number = |bytes: &Bytes| {
-            decodes.fetch_add(1, Ordering::Relaxed);
-            std::str::from_utf8(bytes).ok()?.parse::<u32>().ok()
-        };
-        let first = cache.l1_hit(&digest, number).unwrap().value;
-        let second = cache.l1_hit(&digest, number).unwrap().value;
-        assert_eq!((*first, decodes.load(Ordering::Relaxed)), (42, 1));
-        assert!(std::sync::Arc::ptr_eq(&first, &second));
-        let text = |bytes: &Bytes| {
-            decodes.fetch_add(1, Ordering::Relaxed);
-            Some(String::from_utf8_lossy(bytes).into_owned())
-        };
-        for _ in 0..2 {
-            assert_eq!(*cache.l1_hit(&digest, text).unwrap().value, "42");
-        }
-        assert_eq!(decodes.load(Ordering::Relaxed), 3);
-        // Bytes the reader finds no value in: no hit, and nothing kept.
-        let load = || async { Ok::<_, std::io::Error>(Bytes::from_static(b"x")) };
-        cache.get_or_load("n", load).await.unwrap();
-        let digest = KeyDigest::of(b"n");
-        assert!(cache.l1_hit(&digest, number).is_none());
-        assert!(cache.l1_hit(&digest, text).is_some());
-    }
-}
+mod tests;
