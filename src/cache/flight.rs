@@ -163,6 +163,13 @@ impl Inner {
         E: Into<BoxError>,
         O: Send + 'static,
     {
+        // The hot path: a fresh value this thread answered before, or one moka holds.
+        let recoveries = || self.breaker.recoveries();
+        if let Some((value, fresh_until, _)) = self.l1.get_value(&digest, recoveries) {
+            let value = Bytes::clone(&value);
+            let fetched = Fetched::cached(value, Outcome::L1Hit, Some(fresh_until));
+            return (Ok(fetched), Own::none());
+        }
         let mut l1_checked_twice = false;
         let (own, answer) = loop {
             if let Some(hit) = self.l1_get(&digest) {

@@ -331,6 +331,42 @@ impl L1 {
         read: impl FnOnce(&Bytes) -> Option<T>,
         local: impl FnOnce(&Arc<T>) -> Arc<T>,
     ) -> Option<DecodedHit<T>> {
+        self.viewed(digest, recoveries, |entry, small| {
+            let value = entry.decoded(read)?;
+            // A reader of another type than the entry's first decodes on every hit, in view
+            // or not.
+            let kept = (small && entry.decoded_as::<T>()).then(|| local(&value) as front::Local);
+            Some((value, kept))
+        })
+    }
+
+    /// The value of a key's entry as bytes, as [`get_decoded`](Self::get_decoded) finds it:
+    /// from this thread's view, in this thread's own copy, if it holds the entry.
+    pub(super) fn get_value(
+        &self,
+        digest: &KeyDigest,
+        recoveries: impl Fn() -> u64,
+    ) -> Option<DecodedHit<Bytes>> {
+        self.viewed(digest, recoveries, |entry, small| {
+            if !small {
+                return Some((Arc::new(entry.value.clone()), None));
+            }
+            let own = Arc::new(Bytes::copy_from_slice(&entry.value));
+            Some((Arc::clone(&own), Some(own as front::Local)))
+        })
+    }
+
+    /// A fresh, trusted entry not due for an early refresh: from this thread's view
+    /// ([`front`]) if it holds the entry and L1 was not written since (its copy of the value
+    /// is answered if it is a `T`); else read from moka, answered as `slow` makes it of the
+    /// entry (told whether the value is small enough for the view), and kept in view with
+    /// the copy `slow` gives.
+    fn viewed<T: Any + Send + Sync>(
+        &self,
+        digest: &KeyDigest,
+        recoveries: impl Fn() -> u64,
+        slow: impl FnOnce(&L1Entry, bool) -> Option<(Arc<T>, Option<front::Local>)>,
+    ) -> Option<DecodedHit<T>> {
         let l1 = self.cache.as_ref()?;
         // Read before the entry: a write after it moves it, and the view is not used.
         let writes = self.writes.load(Ordering::SeqCst);
@@ -353,11 +389,9 @@ impl L1 {
         let L1Hit::Fresh(entry, now) = self.get(digest, &recoveries)? else {
             return None;
         };
-        let value = entry.decoded(read)?;
+        let (value, kept) = slow(&entry, entry.value.len() <= front::LOCAL_MAX)?;
         let fresh_until = entry.fresh_until;
-        // A reader of another type than the entry's first decodes on every hit, in view or not.
-        if entry.value.len() <= front::LOCAL_MAX && entry.decoded_as::<T>() {
-            let kept = local(&value) as front::Local;
+        if let Some(kept) = kept {
             front::keep(self.id, writes, *digest, entry, kept);
         }
         Some((value, fresh_until, now))

@@ -208,3 +208,24 @@ async fn the_view_keeps_caches_apart_and_large_values_out() {
     assert_eq!(decoded(&one, &digest).map(|v| v.len()), Some(large.len()));
     assert!(!super::front::viewed(&digest));
 }
+
+/// The bytes themselves (`get_or_load`'s hits) go through the view too, as this thread's own
+/// copy, and never outlive a write of L1.
+#[tokio::test(start_paused = true)]
+async fn the_view_answers_bytes_in_a_copy_of_its_own() {
+    let store = MemoryStore::new();
+    let (l1, digest, _) = l1_of(&store);
+    let heard = Vouch::Heard(l1.stamp(&digest).expect("notifications received"));
+    put_value(&l1, heard, digest, b"v1");
+    let value = |l1: &L1| {
+        l1.get_value(&digest, || 0)
+            .map(|(v, _, _)| Bytes::clone(&v))
+    };
+    let first = value(&l1).expect("a hit");
+    let second = value(&l1).expect("a hit from the view");
+    assert_eq!(second, "v1");
+    assert_ne!(first.as_ptr(), Bytes::from_static(b"v1").as_ptr(), "a copy");
+    assert_eq!(first.as_ptr(), second.as_ptr(), "this thread's one copy");
+    put_value(&l1, heard, digest, b"v2");
+    assert_eq!(value(&l1).as_deref(), Some(&b"v2"[..]));
+}
