@@ -150,6 +150,11 @@ impl Observed {
         self.lookups.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// The lookups out now (asked and not yet answered), a batch's counted as one.
+    pub fn lookups_out(&self) -> usize {
+        self.out.lock().unwrap().0
+    }
+
     /// The calls asked of it so far, of every kind (each one round trip on Redis, but on a
     /// cluster), watches and the notifier aside.
     pub fn calls(&self) -> usize {
