@@ -130,6 +130,15 @@ async fn until_reads(
     }
 }
 
+/// Asks `done` every 20 ms until it holds; panics saying `what` after [`LIMIT`].
+async fn wait_for<F: std::future::Future<Output = bool>>(what: &str, done: impl Fn() -> F) {
+    let deadline = Instant::now() + LIMIT;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether the data node on `port` holds `key` (read behind the store's back).
 async fn holds(port: u16, key: &str) -> bool {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
@@ -418,14 +427,12 @@ async fn a_dropped_store_leaves_no_connection_to_the_sentinels() {
     let topology = RedisSentinel::start();
     for round in 0..3 {
         let store = instance(&topology).await;
-        let deadline = Instant::now() + LIMIT;
-        while app_clients_on_sentinels(&topology).await == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: the store never listened"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let listened = || async { app_clients_on_sentinels(&topology).await > 0 };
+        wait_for(
+            &format!("round {round}: the store never listened"),
+            listened,
+        )
+        .await;
         drop(store);
     }
     let deadline = Instant::now() + LIMIT;
@@ -461,11 +468,8 @@ async fn listeners_dropped_then_switched_over(topology: RedisSentinel) {
         }
         count
     };
-    let deadline = Instant::now() + LIMIT;
-    while listening().await < instances.len() {
-        assert!(Instant::now() < deadline, "the stores never listened");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let all_listen = || async { listening().await >= instances.len() };
+    wait_for("the stores never listened", all_listen).await;
     for port in &sentinels {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
         let mut connection = client.get_multiplexed_async_connection().await.unwrap();
@@ -475,11 +479,7 @@ async fn listeners_dropped_then_switched_over(topology: RedisSentinel) {
             .await
             .unwrap();
     }
-    let deadline = Instant::now() + LIMIT;
-    while listening().await < instances.len() {
-        assert!(Instant::now() < deadline, "the listeners never came back");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("the listeners never came back", all_listen).await;
 
     let (topology, old, new) = tokio::task::spawn_blocking(move || {
         let (old, new) = topology.switch_over(LIMIT);
@@ -488,14 +488,10 @@ async fn listeners_dropped_then_switched_over(topology: RedisSentinel) {
     .await
     .unwrap();
     let new = new.expect("no replica promoted within the limit");
-    let deadline = Instant::now() + LIMIT;
-    while app_clients(old, &[]).await > 0 || app_clients(new, &[]).await < 2 * instances.len() {
-        assert!(
-            Instant::now() < deadline,
-            "the instances never moved to {new}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let moved = || async {
+        app_clients(old, &[]).await == 0 && app_clients(new, &[]).await >= 2 * instances.len()
+    };
+    wait_for(&format!("the instances never moved to {new}"), moved).await;
     assert!(
         !topology.wait_replica(old, Duration::ZERO),
         "the instances left the old primary only once it was demoted"
@@ -532,14 +528,8 @@ async fn sentinel_credentials_come_from_the_sentinel_urls() {
         }
         count
     };
-    let deadline = Instant::now() + LIMIT;
-    while as_watcher().await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no connection to a sentinel as its user"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let connected = || async { as_watcher().await > 0 };
+    wait_for("no connection to a sentinel as its user", connected).await;
     let health = cache(store).health().await;
     assert!(health.store_answers(), "{health:?}");
 
