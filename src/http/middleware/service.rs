@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Method, Request, Response};
 use http_body::Body;
 use tower::util::Oneshot;
@@ -57,15 +58,14 @@ impl<S> Stampede<S> {
     /// credentials or keyed forwarding headers (see [`key::primary`]), and whether it is a
     /// forwarded one; or why the request passes instead: the key cannot describe it, or its
     /// URL has as many forwarding variants as it may.
-    fn primary_key<B>(&self, request: Request<B>) -> (Request<B>, Result<(String, bool), Pass>) {
+    fn primary_key(&self, parts: &mut Parts) -> Result<(String, bool), Pass> {
         // A HEAD is answered from the GET entry, so its key is the GET's.
-        let (mut parts, body) = request.into_parts();
         let method = std::mem::replace(&mut parts.method, Method::GET);
         let config = &self.config;
-        let primary = match config.make_key.make_key(&parts) {
+        let primary = match config.make_key.make_key(parts) {
             None => Err(Pass::NoKey),
             Some(key) => {
-                let credentialed = config.policy.credentialed(&parts);
+                let credentialed = config.policy.credentialed(parts);
                 let forwarded = config.reflected.forwarded(&parts.headers);
                 let primary = key::primary(key, credentialed, forwarded);
                 let keyed = config.reflected.keyed();
@@ -81,7 +81,7 @@ impl<S> Stampede<S> {
             }
         };
         parts.method = method;
-        (Request::from_parts(parts, body), primary)
+        primary
     }
 }
 
@@ -133,27 +133,34 @@ where
                     return ResponseFuture::boxed(Box::pin(sent));
                 }
                 RequestRule::Bypass(pass) => (request, Served::Request(pass)),
-                RequestRule::Cache => match self.primary_key(request) {
-                    (request, Ok((primary, forwarded))) => {
-                        let form = AnswerForm::of(&request);
-                        // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
-                        let digest = KeyDigest::of(primary.as_bytes());
-                        if let Some(response) = from_l1(&self.cache, &digest, &form, &self.config) {
-                            return ResponseFuture::ready(response);
+                RequestRule::Cache => {
+                    // Taken apart once: the key is made from the parts, and a hit drops them.
+                    let (mut parts, body) = request.into_parts();
+                    match self.primary_key(&mut parts) {
+                        Ok((primary, forwarded)) => {
+                            let form = AnswerForm::of(&parts);
+                            // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
+                            let digest = KeyDigest::of(primary.as_bytes());
+                            if let Some(response) =
+                                from_l1(&self.cache, &digest, &form, &self.config)
+                            {
+                                return ResponseFuture::ready(response);
+                            }
+                            let loading = Loading {
+                                inner: self.inner.clone(),
+                                cache: self.cache.clone(),
+                                config: Arc::clone(&self.config),
+                                forwarded,
+                            };
+                            let request = Request::from_parts(parts, body);
+                            let fetched = fetch(loading, primary, digest, request, form);
+                            return ResponseFuture::boxed(Box::pin(fetched));
                         }
-                        let loading = Loading {
-                            inner: self.inner.clone(),
-                            cache: self.cache.clone(),
-                            config: Arc::clone(&self.config),
-                            forwarded,
-                        };
-                        let fetched = fetch(loading, primary, digest, request, form);
-                        return ResponseFuture::boxed(Box::pin(fetched));
+                        // The key cannot describe the request.
+                        Err(Pass::NoKey) => (Request::from_parts(parts, body), Served::Unkeyed),
+                        Err(pass) => (Request::from_parts(parts, body), Served::Request(pass)),
                     }
-                    // The key cannot describe the request.
-                    (request, Err(Pass::NoKey)) => (request, Served::Unkeyed),
-                    (request, Err(pass)) => (request, Served::Request(pass)),
-                },
+                }
             };
         self.cache.count_bypass();
         let inner = Oneshot::new(self.inner.clone(), bypassed);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use http::header::{CACHE_CONTROL, IF_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, PRAGMA, RANGE};
-use http::{HeaderName, Method, Request};
+use http::{HeaderMap, Method, Request};
 
 use super::methods::invalidates_its_url;
 use super::parse::{self, Directive};
@@ -52,36 +52,69 @@ pub(crate) fn request_rule<B>(
     if let Some(pass) = reflected.passes(headers) {
         return RequestRule::Bypass(pass);
     }
+    let read = Read::of(headers);
     // Ranges and these preconditions get answers for this request only (206, 412) that the
     // layer does not compute from an entry.
-    if headers.contains_key(RANGE) {
+    if read.range {
         return RequestRule::Bypass(Pass::Range);
     }
-    const PRECONDITIONS: [HeaderName; 3] = [IF_MATCH, IF_UNMODIFIED_SINCE, IF_RANGE];
-    if PRECONDITIONS.iter().any(|h| headers.contains_key(h)) {
+    if read.precondition {
         return RequestRule::Bypass(Pass::Precondition);
     }
     let mut reload = false;
-    for Directive { name, argument } in parse::directives(headers) {
-        match name.as_str() {
-            "no-store" => return RequestRule::Bypass(Pass::NoStoreRequest),
-            "no-cache" => reload = true,
-            "max-age" => {
-                reload |= argument.as_deref().and_then(parse::delta_seconds) == Some(Duration::ZERO)
+    if read.cache_control {
+        for Directive { name, argument } in parse::directives(headers) {
+            match name.as_str() {
+                "no-store" => return RequestRule::Bypass(Pass::NoStoreRequest),
+                "no-cache" => reload = true,
+                "max-age" => {
+                    reload |=
+                        argument.as_deref().and_then(parse::delta_seconds) == Some(Duration::ZERO)
+                }
+                _ => {}
             }
-            _ => {}
         }
+    } else {
+        // RFC 9111 §5.4: `Pragma: no-cache` counts only without `Cache-Control`.
+        reload = read.pragma_no_cache;
     }
-    // RFC 9111 §5.4: `Pragma: no-cache` counts only without `Cache-Control`.
-    reload |= !headers.contains_key(CACHE_CONTROL)
-        && headers
-            .get_all(PRAGMA)
-            .iter()
-            .any(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"no-cache"));
     if reload && honor_client_no_cache {
         return RequestRule::Bypass(Pass::ClientNoCache);
     }
     RequestRule::Cache
+}
+
+/// What the rules read of a request's standard fields, found in one walk over them: a request
+/// has few, and most have none of these, where a lookup per name would hash each name.
+#[derive(Default)]
+struct Read {
+    range: bool,
+    /// `If-Match`, `If-Unmodified-Since` or `If-Range`.
+    precondition: bool,
+    cache_control: bool,
+    /// A `Pragma: no-cache` field.
+    pragma_no_cache: bool,
+}
+
+impl Read {
+    fn of(headers: &HeaderMap) -> Self {
+        let mut read = Read::default();
+        for (name, value) in headers {
+            if *name == RANGE {
+                read.range = true;
+            } else if *name == IF_MATCH || *name == IF_UNMODIFIED_SINCE || *name == IF_RANGE {
+                read.precondition = true;
+            } else if *name == CACHE_CONTROL {
+                read.cache_control = true;
+            } else if *name == PRAGMA {
+                read.pragma_no_cache |= value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"no-cache");
+            }
+        }
+        read
+    }
 }
 
 #[cfg(test)]
@@ -173,6 +206,7 @@ mod tests {
             &[("cache-control", "no-cache")][..],
             &[("cache-control", "max-age=0")],
             &[("pragma", "no-cache")],
+            &[("pragma", "x-other"), ("pragma", " No-Cache ")],
         ] {
             let request = with(Method::GET, reload);
             assert_eq!(

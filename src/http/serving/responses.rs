@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use bytes::Bytes;
 use http::header::{Entry, AGE, CONTENT_LENGTH};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{request, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 use http_body::Body;
 
 use super::cache_status::{ttl, CacheStatus, Detail, Served, CACHE_STATUS};
@@ -83,10 +83,10 @@ pub(crate) struct AnswerForm {
 }
 
 impl AnswerForm {
-    pub(crate) fn of<B>(request: &Request<B>) -> Self {
+    pub(crate) fn of(request: &request::Parts) -> Self {
         AnswerForm {
-            head: request.method() == Method::HEAD,
-            conditions: Conditions::of(request.headers()),
+            head: request.method == Method::HEAD,
+            conditions: Conditions::of(&request.headers),
         }
     }
 
