@@ -166,7 +166,7 @@ impl Inner {
         // The hot path: a fresh value this thread answered before, or one moka holds.
         let recoveries = || self.breaker.recoveries();
         if let Some((value, fresh_until, _)) = self.l1.get_value(&digest, recoveries) {
-            let value = Bytes::clone(&value);
+            let value = Bytes::clone(&value.0);
             let fetched = Fetched::cached(value, Outcome::L1Hit, Some(fresh_until));
             return (Ok(fetched), Own::none());
         }

@@ -56,6 +56,12 @@ type Decoded = Arc<dyn Any + Send + Sync>;
 /// was read.
 pub(super) type DecodedHit<T> = (Arc<T>, Instant, Instant);
 
+/// An entry's value as it is stored, as [`L1::get_value`] answers it and keeps it in view: a
+/// type of its own, so that a reader whose decoded values are `Bytes` (the service layer's,
+/// over a service answering `Bytes`) never takes it for one of its own in view, nor the
+/// other way round.
+pub(super) struct Stored(pub(super) Bytes);
+
 /// An entry of L1: the value, how long it may live there, and what early refresh needs.
 pub(super) struct L1Entry {
     pub(super) value: Bytes,
@@ -340,18 +346,18 @@ impl L1 {
         })
     }
 
-    /// The value of a key's entry as bytes, as [`get_decoded`](Self::get_decoded) finds it:
-    /// from this thread's view, in this thread's own copy, if it holds the entry.
+    /// The value of a key's entry as it is stored, as [`get_decoded`](Self::get_decoded) finds
+    /// it: from this thread's view, in this thread's own copy, if it holds the entry.
     pub(super) fn get_value(
         &self,
         digest: &KeyDigest,
         recoveries: impl Fn() -> u64,
-    ) -> Option<DecodedHit<Bytes>> {
+    ) -> Option<DecodedHit<Stored>> {
         self.viewed(digest, recoveries, |entry, small| {
             if !small {
-                return Some((Arc::new(entry.value.clone()), None));
+                return Some((Arc::new(Stored(entry.value.clone())), None));
             }
-            let own = Arc::new(Bytes::copy_from_slice(&entry.value));
+            let own = Arc::new(Stored(Bytes::copy_from_slice(&entry.value)));
             Some((Arc::clone(&own), Some(own as front::Local)))
         })
     }

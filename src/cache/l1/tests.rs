@@ -219,7 +219,7 @@ async fn the_view_answers_bytes_in_a_copy_of_its_own() {
     put_value(&l1, heard, digest, b"v1");
     let value = |l1: &L1| {
         l1.get_value(&digest, || 0)
-            .map(|(v, _, _)| Bytes::clone(&v))
+            .map(|(v, _, _)| Bytes::clone(&v.0))
     };
     let first = value(&l1).expect("a hit");
     let second = value(&l1).expect("a hit from the view");
@@ -228,4 +228,71 @@ async fn the_view_answers_bytes_in_a_copy_of_its_own() {
     assert_eq!(first.as_ptr(), second.as_ptr(), "this thread's one copy");
     put_value(&l1, heard, digest, b"v2");
     assert_eq!(value(&l1).as_deref(), Some(&b"v2"[..]));
+}
+
+/// Two readers of one key whose values are both `Bytes`: `get_or_load`'s hits answer the
+/// stored bytes as they are (`get_value`), a decoder's (`get_decoded`, as the service layer's
+/// codec for a service answering `Bytes`) answers what it reads in them. Each must get its
+/// own reading, from the view as from moka.
+#[tokio::test(start_paused = true)]
+async fn the_view_keeps_the_stored_bytes_apart_from_bytes_decoded_of_them() {
+    let store = MemoryStore::new();
+    let (l1, digest, _) = l1_of(&store);
+    let heard = Vouch::Heard(l1.stamp(&digest).expect("notifications received"));
+    put_value(&l1, heard, digest, b"Rpayload");
+    let stored = |l1: &L1| {
+        l1.get_value(&digest, || 0)
+            .map(|(v, _, _)| Bytes::clone(&v.0))
+    };
+    let decoded = |l1: &L1| {
+        let payload = |bytes: &Bytes| Some(bytes.slice(1..));
+        let own = |v: &Arc<Bytes>| Arc::new(Bytes::copy_from_slice(v));
+        let (value, _, _) = l1.get_decoded(&digest, || 0, payload, own)?;
+        Some(Bytes::clone(&value))
+    };
+    // The stored bytes, through moka, kept in view; then a decoder's hit.
+    assert_eq!(stored(&l1).as_deref(), Some(&b"Rpayload"[..]));
+    assert_eq!(decoded(&l1).as_deref(), Some(&b"payload"[..]), "decoded");
+    // The other way round: a decoder's bytes kept in view; then a hit of the stored bytes.
+    super::front::empty();
+    assert_eq!(decoded(&l1).as_deref(), Some(&b"payload"[..]));
+    assert_eq!(stored(&l1).as_deref(), Some(&b"Rpayload"[..]), "stored");
+}
+
+/// A write of L1 on another thread is never hidden by this thread's view once it is done: a
+/// reader that has seen the writer's insert of `n` return never reads an older value after
+/// it (the count of writes moves after moka's write, and is read before the entry). Values
+/// replace each other under one stamp, so only the count of writes stops the view.
+#[test]
+fn a_write_done_on_another_thread_is_never_hidden_by_the_view() {
+    const WRITES: u64 = 20_000;
+    let store = MemoryStore::new();
+    let (l1, digest, _) = l1_of(&store);
+    let heard = Vouch::Heard(l1.stamp(&digest).expect("notifications received"));
+    let insert = |n: u64| {
+        let value = Bytes::from(n.to_string());
+        l1.insert(heard, Box::default(), digest, &value, FRESH, |_| None);
+    };
+    insert(0);
+    let done = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for n in 1..=WRITES {
+                insert(n);
+                done.store(n, Ordering::SeqCst);
+            }
+        });
+        loop {
+            let seen = done.load(Ordering::SeqCst);
+            let read = decoded(&l1, &digest).expect("a hit");
+            let read: u64 = read.parse().expect("a number");
+            assert!(
+                read >= seen,
+                "read {read} after the insert of {seen} was done"
+            );
+            if seen == WRITES {
+                break;
+            }
+        }
+    });
 }
