@@ -92,7 +92,7 @@ struct Read {
     /// `If-Match`, `If-Unmodified-Since` or `If-Range`.
     precondition: bool,
     cache_control: bool,
-    /// A `Pragma: no-cache` field.
+    /// A `no-cache` directive in a `Pragma` field.
     pragma_no_cache: bool,
 }
 
@@ -107,10 +107,11 @@ impl Read {
             } else if *name == CACHE_CONTROL {
                 read.cache_control = true;
             } else if *name == PRAGMA {
+                // A list of directives (RFC 9111 §5.4: `1#pragma-directive`).
                 read.pragma_no_cache |= value
                     .as_bytes()
-                    .trim_ascii()
-                    .eq_ignore_ascii_case(b"no-cache");
+                    .split(|&b| b == b',')
+                    .any(|directive| directive.trim_ascii().eq_ignore_ascii_case(b"no-cache"));
             }
         }
         read
@@ -207,6 +208,8 @@ mod tests {
             &[("cache-control", "max-age=0")],
             &[("pragma", "no-cache")],
             &[("pragma", "x-other"), ("pragma", " No-Cache ")],
+            // RFC 9111 §5.4: Pragma is a list.
+            &[("pragma", "x-other, no-cache")],
         ] {
             let request = with(Method::GET, reload);
             assert_eq!(
