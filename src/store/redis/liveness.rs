@@ -42,7 +42,7 @@ use super::link::Link;
 use super::sentinel::Primary;
 
 /// How often the watchman asks the subscriber's connection for a `PING`.
-const PING_EVERY: Duration = Duration::from_secs(1);
+pub(super) const PING_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a `PING` may take before notifications count as lost.
 const PING_DEADLINE: Duration = Duration::from_secs(1);

@@ -220,14 +220,17 @@ impl RedisStore {
 
     /// A builder for a store on the primary of a Redis Sentinel service: `sentinels` are
     /// the URLs of some of its sentinels (`redis[s]://[[user]:password@]host[:port]`, each
-    /// with the same credentials and scheme; `rediss://` means TLS to the data nodes too),
-    /// `service` the name they monitor it by. The data nodes' credentials are
-    /// [`primary_credentials`](RedisStoreBuilder::primary_credentials). Feature `sentinel`.
+    /// with the same credentials and scheme, and no database: a sentinel has none;
+    /// `rediss://` means TLS to the data nodes too), `service` the name they monitor it by.
+    /// The data nodes' credentials and database are
+    /// [`primary_credentials`](RedisStoreBuilder::primary_credentials) and
+    /// [`primary_db`](RedisStoreBuilder::primary_db). Feature `sentinel`.
     ///
     /// The store asks the sentinels where the primary is each time it connects, and connects
     /// again when the primary fails (its connection drops), is demoted (`READONLY`), or the
-    /// sentinels announce another (`+switch-master`): meanwhile its calls fail at once, as
-    /// for a server that is down, and the engine loads with in-process protection.
+    /// sentinels announce another (`+switch-master`, heard from one sentinel at a time, the
+    /// next when it goes silent): meanwhile its calls fail at once, as for a server that is
+    /// down, and the engine loads with in-process protection.
     #[cfg(feature = "sentinel")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
     pub fn sentinel_builder<I>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder

@@ -25,6 +25,7 @@ use redis::{ConnectionAddr, ConnectionInfo, PushKind, RedisResult, Value};
 use tracing::{debug, info, warn};
 
 use super::dial::{Dial, PrimaryAuth, KEEPER_PAUSE};
+use super::liveness::PING_EVERY;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The channel on which a sentinel announces a new primary: `<service> <old ip> <old port>
@@ -35,7 +36,7 @@ const SWITCH_MASTER: &str = "+switch-master";
 /// subscriber.
 pub(super) struct Primary {
     /// `async_get_client` takes `&mut`: one question to the sentinels at a time.
-    sentinels: tokio::sync::Mutex<SentinelClient>,
+    sentinels: tokio::sync::Mutex<Lookups>,
     /// Clients of the sentinels, for the announcements: RESP3, and trusting the dial's root
     /// certificates (credentials included: never print them).
     listeners: Vec<redis::Client>,
@@ -56,6 +57,56 @@ pub(super) struct Primary {
     dropped: tokio::sync::watch::Sender<()>,
 }
 
+/// redis-rs's sentinel clients, one per order of the sentinels. A client asks up to three
+/// sentinels at once but takes their answers in its order: a sentinel that accepts
+/// connections and answers nothing (its host cut off, its process stopped) holds up every
+/// question of a client that asks it first. So a question that fails or times out makes the
+/// next one start at the next sentinel.
+struct Lookups {
+    /// Non-empty: the `i`th asks the sentinels from the `i`th on.
+    clients: Vec<SentinelClient>,
+    turn: usize,
+}
+
+impl Lookups {
+    fn new(
+        dial: &Dial,
+        infos: &[ConnectionInfo],
+        service: &str,
+        auth: &PrimaryAuth,
+    ) -> RedisResult<Self> {
+        let clients = (0..infos.len().max(1))
+            .map(|first| {
+                let mut order = infos.to_vec();
+                order.rotate_left(first % infos.len().max(1));
+                sentinel_builder(dial, &order, service, auth)?.build()
+            })
+            .collect::<RedisResult<Vec<_>>>()?;
+        Ok(Lookups { clients, turn: 0 })
+    }
+
+    /// Asks the sentinels for the primary, within `wait`.
+    async fn ask(&mut self, wait: Duration) -> RedisResult<redis::Client> {
+        let count = self.clients.len();
+        let Some(client) = self.clients.get_mut(self.turn % count.max(1)) else {
+            return Err(super::dial::no_url());
+        };
+        let named = tokio::time::timeout(wait, client.async_get_client())
+            .await
+            .map_err(|_| {
+                redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no sentinel named the primary in time",
+                ))
+            })
+            .and_then(|named| named);
+        if named.is_err() {
+            self.turn = self.turn.wrapping_add(1);
+        }
+        named
+    }
+}
+
 impl Primary {
     /// The primary of `service`, asked of the sentinels at `infos` (parsed from the store's
     /// URLs); nothing is asked yet.
@@ -73,7 +124,7 @@ impl Primary {
                 error,
             )
         };
-        let builder = sentinel_builder(dial, infos, service, auth).map_err(configuration)?;
+        let lookups = Lookups::new(dial, infos, service, auth).map_err(configuration)?;
         let listeners = infos
             .iter()
             .map(|info| {
@@ -86,7 +137,7 @@ impl Primary {
             .collect::<RedisResult<_>>()
             .map_err(configuration)?;
         Ok(Arc::new(Primary {
-            sentinels: tokio::sync::Mutex::new(builder.build().map_err(configuration)?),
+            sentinels: tokio::sync::Mutex::new(lookups),
             listeners,
             service: service.to_owned(),
             address,
@@ -102,16 +153,7 @@ impl Primary {
     /// Where a sentinel has announced another primary that the sentinels asked do not name
     /// yet, that one, if it says `ROLE` master.
     pub(super) async fn find(&self) -> RedisResult<redis::Client> {
-        let mut sentinels = self.sentinels.lock().await;
-        let named = tokio::time::timeout(self.wait, sentinels.async_get_client())
-            .await
-            .map_err(|_| {
-                redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no sentinel named the primary in time",
-                ))
-            })
-            .and_then(|named| named);
+        let named = self.sentinels.lock().await.ask(self.wait).await;
         let client = self.announced_or(named).await?;
         let info = client.get_connection_info().clone();
         let mut current = crate::sync::lock(&self.current);
@@ -243,14 +285,36 @@ async fn listen_to(
         .await?;
     connection.subscribe(SWITCH_MASTER).await?;
     // An announcement may have been missed while none was listened to: the primary is
-    // asked for once, and the store moves if it is elsewhere.
+    // asked for, and the store moves if it is elsewhere. Asked again where a question fails
+    // (each starts at the next sentinel: the one listened to before may be the one that went
+    // silent), up to once per sentinel.
     if let Some(primary) = primary.upgrade() {
         let before = primary.current().1;
-        if primary.find().await.is_ok() && primary.current().1 != before && before != 0 {
-            moved();
+        for _ in 0..primary.listeners.len() {
+            if primary.find().await.is_ok() {
+                if primary.current().1 != before && before != 0 {
+                    moved();
+                }
+                break;
+            }
         }
     }
-    while let Some(push) = announcements.recv().await {
+    // A subscribed connection waits for pushes and asks nothing, so a sentinel that goes
+    // silent without closing it (its host cut off) would be listened to for good: a `PING`
+    // every second (answered within the response timeout) finds it, and the next is asked.
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let push = tokio::select! {
+            push = announcements.recv() => push,
+            _ = ping.tick() => {
+                redis::cmd("PING").query_async::<()>(&mut connection).await?;
+                continue;
+            }
+        };
+        let Some(push) = push else {
+            return Ok(());
+        };
         if primary.strong_count() == 0 {
             return Ok(());
         }
@@ -271,7 +335,6 @@ async fn listen_to(
             _ => {}
         }
     }
-    Ok(())
 }
 
 /// The new primary a `+switch-master` message (`[channel, payload]`) names: the payload is
@@ -344,6 +407,21 @@ fn sentinel_builder(
             "every sentinel URL must carry the same credentials",
         )));
     }
+    let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    if infos.iter().any(|info| tls(info) != tls(first)) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "every sentinel URL must have the same scheme (redis:// or rediss://)",
+        )));
+    }
+    // A sentinel has no databases (it refuses `SELECT`): a database in its URL would leave
+    // the `+switch-master` listeners unable to connect.
+    if infos.iter().any(|info| info.redis_settings().db() != 0) {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "a sentinel URL names no database; the data nodes' is set with primary_db",
+        )));
+    }
     let addresses = infos.iter().map(|info| info.addr().clone());
     let mut builder = SentinelClientBuilder::new(addresses, service, SentinelServerType::Master)?
         .set_client_to_redis_db(auth.db);
@@ -359,7 +437,7 @@ fn sentinel_builder(
     if let Some(password) = &auth.password {
         builder = builder.set_client_to_redis_password(password);
     }
-    if matches!(first.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+    if tls(first) {
         builder = with_tls(builder, dial);
     }
     Ok(builder)
