@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{app_clients, RedisSentinel};
+use support::{app_clients, node_role as role, query_node as query, RedisSentinel};
 use tokio::time::Instant;
 use tower_stampede::store::{RedisStore, RedisStoreBuilder, StoreErrorKind};
 use tower_stampede::Cache;
@@ -28,16 +28,6 @@ fn cache(store: RedisStore) -> Cache {
         .namespace("edges")
         .store_timeout(support::PATIENT)
         .build()
-}
-
-/// `command` on the server or sentinel on `port`, each step bounded by 2 s.
-fn query<T: redis::FromRedisValue>(port: u16, command: &redis::Cmd) -> redis::RedisResult<T> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))?;
-    let limit = Duration::from_secs(2);
-    let mut connection = client.get_connection_with_timeout(limit)?;
-    connection.set_read_timeout(Some(limit))?;
-    connection.set_write_timeout(Some(limit))?;
-    command.query(&mut connection)
 }
 
 /// The process id of the server or sentinel on `port` (`INFO server`).
@@ -66,11 +56,6 @@ fn named_by(sentinel: u16, service: &str) -> Option<u16> {
     command.arg("GET-MASTER-ADDR-BY-NAME").arg(service);
     let address: Vec<String> = query(sentinel, &command).ok()?;
     address.get(1)?.parse().ok()
-}
-
-fn role(port: u16) -> Option<String> {
-    let role: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).ok()?;
-    redis::from_redis_value(role.first()?.clone()).ok()
 }
 
 /// Waits (blocking, bounded by `limit`) until the sentinel on `sentinel` names a primary other
@@ -391,21 +376,19 @@ async fn bad_sentinel_input_fails_cleanly() {
 // Nothing waits: the build is refused.
 #[tokio::test(start_paused = true)]
 async fn sentinel_urls_of_mixed_schemes_are_refused() {
-    let tls_first = RedisStore::sentinel_builder(
+    for urls in [
         ["rediss://127.0.0.1:1/", "redis://127.0.0.1:2/"],
-        "mymaster",
-    )
-    .open();
-    let error = tls_first.expect_err("rediss:// then redis://");
-    assert_eq!(error.kind(), StoreErrorKind::Configuration, "{error}");
-
-    let plain_first = RedisStore::sentinel_builder(
         ["redis://127.0.0.1:1/", "rediss://127.0.0.1:2/"],
-        "mymaster",
-    )
-    .open();
-    let error = plain_first.expect_err("redis:// then rediss://");
-    assert_eq!(error.kind(), StoreErrorKind::Configuration, "{error}");
+    ] {
+        let error = RedisStore::sentinel_builder(urls, "mymaster")
+            .open()
+            .expect_err("mixed schemes");
+        assert_eq!(
+            error.kind(),
+            StoreErrorKind::Configuration,
+            "{urls:?}: {error}"
+        );
+    }
 }
 
 /// Plain sentinels with TLS root certificates (meant for TLS data nodes) is refused at build,

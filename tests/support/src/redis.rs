@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tower_stampede::store::{RedisStore, Store};
 
 pub use cluster::RedisCluster;
-pub use sentinel::{app_clients, client_list, RedisSentinel};
+pub use sentinel::{app_clients, client_list, node_role, query_node, RedisSentinel};
 pub use tls::TlsFiles;
 
 /// A `redis-server` on a free loopback port, killed when dropped.

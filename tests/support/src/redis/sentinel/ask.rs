@@ -46,7 +46,8 @@ pub async fn app_clients(port: u16, args: &[&str]) -> usize {
 /// Waits, for at most `limit`, until the node on `port` is a replica whose link is up.
 pub(super) fn wait_replica(port: u16, limit: Duration) -> bool {
     poll(limit, || {
-        let info: String = query(port, redis::cmd("INFO").arg("replication")).unwrap_or_default();
+        let info: String =
+            query_node(port, redis::cmd("INFO").arg("replication")).unwrap_or_default();
         info.contains("role:slave") && info.contains("master_link_status:up")
     })
 }
@@ -82,7 +83,8 @@ pub(super) fn field<'a>(pairs: &'a [String], name: &str) -> Option<&'a str> {
 
 /// The port of the primary the sentinel on `sentinel` names, if it answers.
 pub(super) fn named_primary(sentinel: u16) -> Option<u16> {
-    let address: Vec<String> = query(sentinel, &sentinel_cmd("GET-MASTER-ADDR-BY-NAME")).ok()?;
+    let address: Vec<String> =
+        query_node(sentinel, &sentinel_cmd("GET-MASTER-ADDR-BY-NAME")).ok()?;
     address.get(1)?.parse().ok()
 }
 
@@ -92,21 +94,21 @@ pub(super) fn named_primary(sentinel: u16) -> Option<u16> {
 /// first answer there took over 1 s took it for down and failed over again (once in 25 runs of
 /// the test below, when the first switch was taken as done).
 pub(super) fn settled_primary(sentinel: u16) -> Option<u16> {
-    let master: Vec<String> = query(sentinel, &sentinel_cmd("MASTER")).ok()?;
+    let master: Vec<String> = query_node(sentinel, &sentinel_cmd("MASTER")).ok()?;
     let settled =
         field(&master, "flags") == Some("master") && field(&master, "last-ping-sent") == Some("0");
     settled.then(|| field(&master, "port")?.parse().ok())?
 }
 
 /// The first field of the node's `ROLE` (`master` or `slave`), if it answers.
-pub(super) fn role(port: u16) -> Option<String> {
-    let role: Vec<redis::Value> = query(port, &redis::cmd("ROLE")).ok()?;
+pub fn role(port: u16) -> Option<String> {
+    let role: Vec<redis::Value> = query_node(port, &redis::cmd("ROLE")).ok()?;
     redis::from_redis_value(role.first()?.clone()).ok()
 }
 
 /// `command` on the node (or sentinel) on `port`, over a connection of its own, each step
 /// bounded by 2 s.
-pub(super) fn query<T: redis::FromRedisValue>(
+pub fn query_node<T: redis::FromRedisValue>(
     port: u16,
     command: &redis::Cmd,
 ) -> redis::RedisResult<T> {

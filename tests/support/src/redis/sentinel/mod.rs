@@ -18,10 +18,10 @@ mod nodes;
 use std::time::{Duration, Instant};
 
 use super::{spawn, ServerOptions, TlsFiles};
-use ask::{field, named_primary, poll, query, role, sentinel_cmd, settled_primary, wait_replica};
+use ask::{field, named_primary, poll, role, sentinel_cmd, settled_primary, wait_replica};
 use nodes::{data_command, start_data_node, start_sentinel, wait_up, Node};
 
-pub use ask::{app_clients, client_list};
+pub use ask::{app_clients, client_list, query_node, role as node_role};
 
 /// The name the sentinels monitor the primary under.
 pub(super) const SERVICE: &str = "mymaster";
@@ -119,7 +119,7 @@ impl RedisSentinel {
         let agree = poll(limit, || {
             self.sentinels.iter().all(|sentinel| {
                 let master: Vec<String> =
-                    query(sentinel.port, &sentinel_cmd("MASTER")).unwrap_or_default();
+                    query_node(sentinel.port, &sentinel_cmd("MASTER")).unwrap_or_default();
                 field(&master, "num-slaves") == Some("2")
                     && field(&master, "num-other-sentinels") == Some("2")
             })
@@ -283,7 +283,7 @@ impl RedisSentinel {
             self.sentinels.iter().all(|sentinel| {
                 let primary = named_primary(sentinel.port);
                 let replicas: Vec<Vec<String>> =
-                    query(sentinel.port, &sentinel_cmd("REPLICAS")).unwrap_or_default();
+                    query_node(sentinel.port, &sentinel_cmd("REPLICAS")).unwrap_or_default();
                 replicas.iter().any(|replica| {
                     let field = |name| field(replica, name);
                     field("port") == Some(&announced.to_string())
@@ -303,7 +303,7 @@ impl RedisSentinel {
         let old = self.primary_port();
         // A replica the sentinel has not judged good yet (`NOGOODSLAVE`): ask again.
         let asked = poll(START_LIMIT, || {
-            query::<()>(self.sentinels[0].port, &sentinel_cmd("FAILOVER")).is_ok()
+            query_node::<()>(self.sentinels[0].port, &sentinel_cmd("FAILOVER")).is_ok()
         });
         assert!(asked, "SENTINEL FAILOVER refused for {START_LIMIT:?}");
         old
