@@ -496,6 +496,12 @@ async fn a_sentinel_answering_garbage_is_an_error_not_a_panic() {
         out.extend(fake::bulk(fields));
         out
     };
+    // A master of the service, as a sentinel names one, at `ip` and `port`.
+    let master_at = |ip: &str, port: &str| {
+        masters(&[
+            "name", "mymaster", "ip", ip, "port", port, "flags", "master",
+        ])
+    };
     let answers: Vec<Vec<u8>> = vec![
         b"+OK\r\n".to_vec(),
         b":42\r\n".to_vec(),
@@ -503,39 +509,10 @@ async fn a_sentinel_answering_garbage_is_an_error_not_a_panic() {
         b"-ERR no\r\n".to_vec(),
         b"*0\r\n".to_vec(),
         masters(&["name", "mymaster", "ip"]),
-        masters(&[
-            "name",
-            "mymaster",
-            "ip",
-            "127.0.0.1",
-            "port",
-            "99999",
-            "flags",
-            "master",
-        ]),
-        masters(&[
-            "name",
-            "mymaster",
-            "ip",
-            "127.0.0.1",
-            "port",
-            "0",
-            "flags",
-            "master",
-        ]),
-        masters(&[
-            "name",
-            "mymaster",
-            "ip",
-            "no-such-host.invalid",
-            "port",
-            "6379",
-            "flags",
-            "master",
-        ]),
-        masters(&[
-            "name", "mymaster", "ip", "", "port", "6379", "flags", "master",
-        ]),
+        master_at("127.0.0.1", "99999"),
+        master_at("127.0.0.1", "0"),
+        master_at("no-such-host.invalid", "6379"),
+        master_at("", "6379"),
         b"$-1\r\n".to_vec(),
         b"garbage\r\n".to_vec(),
     ];
