@@ -75,10 +75,11 @@ impl Lookups {
         service: &str,
         auth: &PrimaryAuth,
     ) -> RedisResult<Self> {
+        // One client at least: with no URL, the builder says so.
         let clients = (0..infos.len().max(1))
             .map(|first| {
                 let mut order = infos.to_vec();
-                order.rotate_left(first % infos.len().max(1));
+                order.rotate_left(first);
                 sentinel_builder(dial, &order, service, auth)?.build()
             })
             .collect::<RedisResult<Vec<_>>>()?;
