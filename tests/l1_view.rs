@@ -1,6 +1,6 @@
 //! Each thread's view of the L1 entries it read last (`src/cache/l1/front.rs`) must only ever
 //! answer what L1 itself would: these tests hold it to that through the public API, on the
-//! embedded store and paused time.
+//! embedded store and paused time, and those of the service layer on Redis too.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::Router;
 use bytes::Bytes;
 use support::http::{get, split_ttl};
-use support::Counter;
+use support::{store_test, Counter, Shared};
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_stampede::service::{CacheLayer, Freshness, ServiceCodec};
 use tower_stampede::store::MemoryStore;
@@ -36,12 +36,12 @@ impl ServiceCodec<Bytes, String> for Wire {
     }
 }
 
+store_test!(a_stored_error_is_never_answered_as_a_response);
 /// A stored error of a service whose responses are `Bytes` stays an error on every call. The
 /// second call misses L1's decoder (an error is no response), so its fetch reads L1 as bytes
 /// and keeps the stored bytes (`E` then the error) in the thread's view; the third call's L1
 /// hit takes those bytes, a `Bytes` as its response type is, for a response.
-#[tokio::test(start_paused = true)]
-async fn a_stored_error_is_never_answered_as_a_response() {
+async fn a_stored_error_is_never_answered_as_a_response(shared: Shared) {
     let calls = Counter::default();
     let backend = {
         let calls = calls.clone();
@@ -50,7 +50,7 @@ async fn a_stored_error_is_never_answered_as_a_response() {
             async { Err::<Bytes, _>(String::from("gone")) }
         })
     };
-    let cache = Cache::builder(MemoryStore::new()).build();
+    let cache = shared.cache().build();
     let layer = CacheLayer::with_codec(cache, |id: &u32| Some(id.to_be_bytes()), Wire)
         .cache_errors(|_: &String| Some(Freshness::ttl(Duration::from_secs(60))))
         .map_error(|error: tower_stampede::Error| error.to_string());
@@ -62,13 +62,13 @@ async fn a_stored_error_is_never_answered_as_a_response() {
     assert_eq!(calls.get(), 1, "the error was stored");
 }
 
+store_test!(a_call_that_finds_l1_filled_late_leaves_no_raw_bytes_for_the_next);
 /// The same without errors, as in any stampede: a call that missed L1 reads it again when its
 /// future first runs, after another call's load filled it, and keeps the stored bytes (`R`
 /// then the response) in view; the next call's hit answers them as the response.
-#[tokio::test(start_paused = true)]
-async fn a_call_that_finds_l1_filled_late_leaves_no_raw_bytes_for_the_next() {
+async fn a_call_that_finds_l1_filled_late_leaves_no_raw_bytes_for_the_next(shared: Shared) {
     let backend = service_fn(|_: u32| async { Ok::<_, String>(Bytes::from_static(b"value")) });
-    let cache = Cache::builder(MemoryStore::new()).build();
+    let cache = shared.cache().build();
     let layer = CacheLayer::with_codec(cache, |id: &u32| Some(id.to_be_bytes()), Wire)
         .map_error(|error: tower_stampede::Error| error.to_string());
     let service = ServiceBuilder::new().layer(layer).service(backend);
