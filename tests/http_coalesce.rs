@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,38 +22,10 @@ use axum::Router;
 use bytes::Bytes;
 use http_body::Frame;
 use http_body_util::BodyExt;
-use support::http::{send, Answer};
+use support::http::{send, stampede, Answer, Held};
 use support::{store_test, wait_until, Counter, Shared};
-use tokio::sync::Semaphore;
 use tower::ServiceExt;
 use tower_stampede::StampedeLayer;
-
-/// An origin that counts its loads and holds the first until released.
-#[derive(Clone)]
-struct Origin {
-    loads: Counter,
-    release: Arc<Semaphore>,
-}
-
-impl Default for Origin {
-    fn default() -> Self {
-        Origin {
-            loads: Counter::default(),
-            release: Arc::new(Semaphore::new(0)),
-        }
-    }
-}
-
-impl Origin {
-    /// Counts a load, and holds it if it is the first; returns its number.
-    async fn load(&self) -> usize {
-        let n = self.loads.hit();
-        if n == 1 {
-            self.release.acquire().await.unwrap().forget();
-        }
-        n
-    }
-}
 
 /// An app over the shared store, its own `Cache` (so its own L1 and flights, as a process),
 /// with `handler` at every path behind `layer` made of that cache.
@@ -66,44 +37,6 @@ where
     Router::new()
         .fallback(handler)
         .layer(layer(StampedeLayer::new(shared.cache().build())))
-}
-
-/// `requests` concurrent `GET uri`s, over `apps` in turn, the i-th with `headers(i)`: the
-/// origin's first load is held until every request has been sent and a moment more, so that
-/// they reach the cache while it is in flight (a task counts as sent when it starts, and on a
-/// busy machine may take a while to reach the cache; the moment is a bound for that, no
-/// assertion is made on it). Each answer, in the order sent.
-async fn stampede(
-    origin: &Origin,
-    apps: &[Router],
-    requests: usize,
-    uri: &str,
-    headers: impl Fn(usize) -> Vec<(&'static str, String)>,
-) -> Vec<Answer> {
-    let sent = Counter::default();
-    let mut tasks = Vec::new();
-    for i in 0..requests {
-        let (app, sent, uri) = (apps[i % apps.len()].clone(), sent.clone(), uri.to_owned());
-        let headers = headers(i);
-        tasks.push(tokio::spawn(async move {
-            sent.hit();
-            let headers: Vec<(&str, &str)> =
-                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            send(&app, "GET", &uri, &headers).await
-        }));
-        if i == 0 {
-            // The first request leads.
-            wait_until("the first load", || origin.loads.get() > 0).await;
-        }
-    }
-    wait_until("every request sent", || sent.get() == requests).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    origin.release.add_permits(1);
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    answers
 }
 
 /// How many answers carry each body.
@@ -122,7 +55,7 @@ store_test!(an_uncached_shareable_response_goes_to_the_requests_that_waited_for_
 /// stored: a later request, and a later stampede, load once again.
 async fn an_uncached_shareable_response_goes_to_the_requests_that_waited_for_it(shared: Shared) {
     const REQUESTS: usize = 40;
-    let origin = Origin::default();
+    let origin = Held::default();
     let handler = {
         let origin = origin.clone();
         move || async move { format!("page #{}", origin.load().await) }
@@ -187,7 +120,7 @@ async fn a_response_that_may_not_be_shared_goes_only_to_its_own_request(shared: 
         ("cache-control", "max-age=0"),
     ];
     for (name, value) in cases {
-        let origin = Origin::default();
+        let origin = Held::default();
         let handler = {
             let origin = origin.clone();
             move || async move {
@@ -233,7 +166,7 @@ store_test!(a_request_with_credentials_never_gets_another_s_unstored_response);
 async fn a_request_with_credentials_never_gets_another_s_unstored_response(shared: Shared) {
     const REQUESTS: usize = 24;
     for leader in ["anonymous", "session=user0"] {
-        let origin = Origin::default();
+        let origin = Held::default();
         let handler = {
             let origin = origin.clone();
             move |headers: HeaderMap| async move {
@@ -282,7 +215,7 @@ store_test!(a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary);
 /// in the language asked for, without freshness, with `Vary: Accept-Language`.
 async fn a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary(shared: Shared) {
     const REQUESTS: usize = 30;
-    let origin = Origin::default();
+    let origin = Held::default();
     let handler = {
         let origin = origin.clone();
         move |headers: HeaderMap| async move {
@@ -382,7 +315,7 @@ type Answering = Pin<Box<dyn std::future::Future<Output = axum::response::Respon
 /// A handler for `origin` that answers a `len`-byte body, fresh for a minute, a few KiB at a
 /// time.
 fn trickling(
-    origin: &Origin,
+    origin: &Held,
     len: usize,
 ) -> impl FnOnce() -> Answering + Clone + Send + Sync + 'static {
     let origin = origin.clone();
@@ -407,7 +340,7 @@ store_test!(a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process);
 async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process(shared: Shared) {
     const REQUESTS: usize = 20;
     const LEN: usize = 600_000;
-    let origin = Origin::default();
+    let origin = Held::default();
     let handler = trickling(&origin, LEN);
     let limit = |l: StampedeLayer| l.max_body_bytes(64 * 1024);
     let apps = [
@@ -448,7 +381,7 @@ async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process(shared: 
     // A bound for a busy machine (see the module docs), not an assertion.
     wait_until("every request sent", || sent.get() == REQUESTS + 4).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    origin.release.add_permits(1);
+    origin.release();
     let want = large_body(LEN);
     let leader = leader.await.unwrap();
     assert!(
@@ -491,7 +424,7 @@ store_test!(a_body_over_the_relay_bound_sends_its_waiters_to_the_origin);
 async fn a_body_over_the_relay_bound_sends_its_waiters_to_the_origin(shared: Shared) {
     const REQUESTS: usize = 6;
     const LEN: usize = 600_000;
-    let origin = Origin::default();
+    let origin = Held::default();
     let handler = trickling(&origin, LEN);
     let small = |l: StampedeLayer| l.max_body_bytes(64 * 1024).max_relay_bytes(256 * 1024);
     let apps = [app(&shared, handler, small)];

@@ -346,7 +346,7 @@ async fn a_pass_for_credentials_says_so(shared: Shared) {
         .next_back()
         .unwrap();
     assert_eq!(
-        ours, "tower-stampede; fwd=uri-miss; fwd-status=200; detail=credentials",
+        ours, "tower-stampede; fwd=bypass; fwd-status=200; detail=credentials",
         "{}",
         shared.name
     );

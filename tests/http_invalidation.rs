@@ -236,7 +236,12 @@ async fn unsafe_methods_invalidate_their_url_in_every_instance(shared: Shared) {
             "{}: the origin's own",
             shared.name
         );
-        assert_eq!(changed.x_cache(), "", "{}: not marked", shared.name);
+        assert_eq!(
+            changed.headers["cache-status"],
+            "tower-stampede; fwd=method; fwd-status=200; detail=invalidated",
+            "{}: says what it did",
+            shared.name
+        );
         let next = get(&apps[0], &uri).await;
         assert_eq!(next.x_cache(), "MISS", "{}: {method}", shared.name);
         assert!(at_version(next.body(), &format!("/{method}"), version));
@@ -803,10 +808,11 @@ store_test!(unsafe_invalidation_is_a_choice_and_one_round_trip);
 /// Invalidation on unsafe methods is the layer's choice (RFC 9111 §4.4 asks for it, and it
 /// stays on by default), for services where every call is a `POST` (gRPC, GraphQL,
 /// JSON-RPC). Off, 1,000 `POST`s cost the store nothing (not one call, not one Redis
-/// command) and the stored page stays. On, each `POST` is one store call, one round trip on
-/// Redis (one read of the server's, `INFO stats`), however many keys it invalidates: here
-/// eight, its URL and its `Location`, each with and without credentials and with and without
-/// forwarding headers (eight `EVALSHA`s in its pipeline, `INFO commandstats`).
+/// command) and the stored page stays. On, and with no interval between invalidations (RFC
+/// 9111 §4.4 to the letter), each `POST` is one store call, one round trip on Redis (one read
+/// of the server's, `INFO stats`), however many keys it invalidates: here eight, its URL and
+/// its `Location`, each with and without credentials and with and without forwarding headers
+/// (eight `EVALSHA`s in its pipeline, `INFO commandstats`).
 async fn unsafe_invalidation_is_a_choice_and_one_round_trip(shared: Shared) {
     const POSTS: usize = 1_000;
     // The reads of the test's own connections to Redis (its INFO and CONFIG calls), as
@@ -823,7 +829,9 @@ async fn unsafe_invalidation_is_a_choice_and_one_round_trip(shared: Shared) {
         let cache = Cache::builder_shared(observed.clone())
             .namespace(if on { "rpc-on" } else { "rpc-off" })
             .build();
-        let layer = StampedeLayer::new(cache).invalidate_on_unsafe(on);
+        let layer = StampedeLayer::new(cache)
+            .invalidate_on_unsafe(on)
+            .invalidation_interval(Duration::ZERO);
         let app = origin.router().layer(layer);
         let rpc = url("/rpc?location=/created/7");
         assert_eq!(get(&app, &rpc).await.x_cache(), "MISS", "{what}");
@@ -1018,4 +1026,98 @@ async fn instances_keyed_by_one_authority_share_one_cache(shared: Shared) {
     assert_eq!(next.x_cache(), "MISS", "{}", shared.name);
     let seen = eventually(&apps[1], "/p/2", &hosts[1], version).await;
     assert_eq!(seen.x_cache(), "HIT", "{}: a's reload", shared.name);
+}
+
+store_test!(a_flood_of_unsafe_requests_reloads_a_hot_page_once_an_interval);
+/// Issue 52: invalidation by unsafe requests (RFC 9111 §4.4) is no way to turn the cache off.
+/// 1,000 anonymous `POST`s and 1,000 `GET`s carrying `X-HTTP-Method-Override: DELETE`,
+/// interleaved with 2,000 `GET`s of a stored hot page in two instances, all within one
+/// interval: the first invalidates at once (its client reads the change next), every other
+/// is coalesced into one more invalidation at the interval's end, and each says which in
+/// `Cache-Status`. The origin loads the page three times in all (the first load, the reload
+/// after the first `POST`, the reload after the coalesced invalidation), not 2,000. The
+/// interval is a minute here so that the flood fits in it on any machine (on Redis, real
+/// time); on paused time the test then waits for it, and the change the coalesced
+/// invalidation carries is read in both instances.
+async fn a_flood_of_unsafe_requests_reloads_a_hot_page_once_an_interval(shared: Shared) {
+    const FLOOD: usize = 1_000;
+    const INTERVAL: Duration = Duration::from_secs(60);
+    let origin = Origin::new();
+    let apps = apps(&shared, &origin, |cache| {
+        StampedeLayer::new(cache).invalidation_interval(INTERVAL)
+    })
+    .await;
+    let uri = url("/hot");
+    cached_in_both(&apps, &uri, &[]).await;
+    let (mut now, mut coalesced) = (0, 0);
+    for i in 0..2 * FLOOD {
+        let unsafe_request = if i % 2 == 0 {
+            send(&apps[i % 2], "POST", &uri, &[]).await
+        } else {
+            let delete = [("x-http-method-override", "DELETE")];
+            send(&apps[i % 2], "GET", &uri, &delete).await
+        };
+        let said = &unsafe_request.headers["cache-status"];
+        match said.to_str().unwrap() {
+            "tower-stampede; fwd=method; fwd-status=200; detail=invalidated" => now += 1,
+            "tower-stampede; fwd=method; fwd-status=200; detail=invalidation-coalesced" => {
+                coalesced += 1
+            }
+            other => panic!("{}: {other}", shared.name),
+        }
+        for app in &apps {
+            let page = get(app, &uri).await;
+            assert_eq!(page.status, StatusCode::OK, "{}", shared.name);
+        }
+    }
+    // One invalidation now per instance (each keeps its own interval), the rest coalesced.
+    assert_eq!((now, coalesced), (2, 2 * FLOOD - 2), "{}", shared.name);
+    let loads = origin.calls.get() - 2 * FLOOD;
+    assert!(loads <= 3, "{}: {loads} loads of the page", shared.name);
+    if shared.name == "memory" {
+        let version = origin.move_on();
+        tokio::time::sleep(INTERVAL).await;
+        for app in &apps {
+            eventually(app, &uri, &[], version).await;
+        }
+        // One reload after the coalesced invalidations, or two: each instance has one, and
+        // the second may land after the first's reload.
+        let loads = origin.calls.get() - 2 * FLOOD;
+        assert!((4..=5).contains(&loads), "{}: {loads} loads", shared.name);
+    }
+}
+
+store_test!(a_coalesced_invalidation_is_read_once_its_interval_ends);
+/// Issue 52: an unsafe request coalesced into the end of its URL's interval still invalidates
+/// (no change goes unseen for longer than the interval), over a real Redis too, where the
+/// interval is real time: the page changed by the second `POST` is read once the interval of
+/// the first has passed. Real time on Redis: the interval is a timer against a real server.
+async fn a_coalesced_invalidation_is_read_once_its_interval_ends(shared: Shared) {
+    let origin = Origin::new();
+    let apps = apps(&shared, &origin, |cache| {
+        StampedeLayer::new(cache).invalidation_interval(Duration::from_millis(500))
+    })
+    .await;
+    let uri = url("/edited");
+    cached_in_both(&apps, &uri, &[]).await;
+    let first = origin.move_on();
+    assert_eq!(
+        send(&apps[0], "POST", &uri, &[]).await.status,
+        StatusCode::OK
+    );
+    let read = get(&apps[0], &uri).await;
+    assert!(at_version(read.body(), "/edited", first), "{}", read.body());
+    let second = origin.move_on();
+    let coalesced = send(&apps[0], "POST", &uri, &[]).await;
+    assert_eq!(
+        coalesced.headers["cache-status"],
+        "tower-stampede; fwd=method; fwd-status=200; detail=invalidation-coalesced",
+        "{}",
+        shared.name
+    );
+    // Until the interval ends, the page of the first change may still be served; then the
+    // second change is read everywhere.
+    for app in &apps {
+        eventually(app, &uri, &[], second).await;
+    }
 }

@@ -67,9 +67,11 @@ pub(super) enum LoadedKind<V = Bytes> {
         ttl: Option<Duration>,
     },
     /// Nothing to store; `handoff` goes to the callers of the flight in this process, and
-    /// the pass marker tells other processes that their callers may share one load each.
+    /// the pass marker tells other processes that their callers may share one load each
+    /// (`shared`), or must each go to the backend.
     Pass {
         handoff: Option<Handoff>,
+        shared: bool,
     },
     /// For the calls that waited only; `failed`: a failed load's answer, which a stale value
     /// stands in for where it may.
@@ -108,7 +110,10 @@ impl<V> Loaded<V> {
     /// Nothing to store: the load's result is not cacheable. A short "pass" marker tells
     /// followers to stop waiting and go to the backend directly.
     pub fn pass() -> Self {
-        Loaded::of(LoadedKind::Pass { handoff: None })
+        Loaded::of(LoadedKind::Pass {
+            handoff: None,
+            shared: false,
+        })
     }
 
     /// Gives the value a stale-while-revalidate window of its own (RFC 5861 §3), in place of
@@ -206,7 +211,7 @@ impl<V> Loaded<V> {
                 ttl,
             },
             LoadedKind::NotModified { ttl } => LoadedKind::NotModified { ttl },
-            LoadedKind::Pass { handoff } => LoadedKind::Pass { handoff },
+            LoadedKind::Pass { handoff, shared } => LoadedKind::Pass { handoff, shared },
             LoadedKind::ForWaiters { bytes, failed } => LoadedKind::ForWaiters { bytes, failed },
         };
         Ok(Loaded {
@@ -272,6 +277,17 @@ impl Loaded {
     pub(crate) fn pass_handing(handoff: Handoff) -> Self {
         Loaded::of(LoadedKind::Pass {
             handoff: Some(handoff),
+            shared: true,
+        })
+    }
+
+    /// Like [`pass`](Self::pass), telling the calls that joined this load's flight in this
+    /// process `handoff` (why the result was not kept, say); other processes' callers each go
+    /// to the backend, as for a plain pass.
+    pub(crate) fn pass_telling(handoff: Handoff) -> Self {
+        Loaded::of(LoadedKind::Pass {
+            handoff: Some(handoff),
+            shared: false,
         })
     }
 

@@ -16,21 +16,24 @@
 //! | `Cache-Status` | `x-cache` | meaning |
 //! | --- | --- | --- |
 //! | `hit; ttl=42` | `HIT` | from a fresh entry (L1 or the shared store), fresh for 42 more seconds (RFC 9211 §2.4) |
-//! | `fwd=uri-miss; fwd-status=200; collapsed` | `HIT` | another request's load answered this one (here or in another process) |
-//! | `fwd=stale; fwd-status=304; collapsed` | `HIT` | another request's revalidation of the stale entry answered this one (here or in another process): the origin answered `304` (`fwd-status=200`, or a server error's status, when it sent a new response) |
+//! | `fwd=uri-miss; fwd-status=200; collapsed` | `MISS` | another request's load answered this one (here or in another process): a miss collapsed onto it (RFC 9211 §3) |
+//! | `fwd=stale; fwd-status=304; collapsed` | `MISS` | another request's revalidation of the stale entry answered this one (here or in another process): the origin answered `304` (`fwd-status=200`, or a server error's status, when it sent a new response) |
 //! | `fwd=uri-miss; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load, stored for that long (without `stored` if it was not: a server error) |
 //! | `fwd=stale; fwd-status=304; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry: the origin answered `304`, and the entry, its header fields updated, is fresh again for that long |
 //! | `fwd=stale; fwd-status=200; stored; ttl=60` | `MISS` | this request's own load revalidated a stale entry, and the origin sent a new response, stored for that long (without `stored` if it was not: a server error) |
 //! | `hit; ttl=-3; detail=stale` | `STALE` | a stale response (stale for 3 seconds: a negative `ttl`), served while a request refreshes it, or in place of a failed refresh (see [`stale`](crate::CacheBuilder::stale)) |
 //! | `fwd=uri-miss; fwd-status=200; detail=no-freshness` | `BYPASS` | passed to the inner service: the response may not be stored, for the rule `detail` names ([below](#why-a-request-passes)) |
-//! | `fwd=request; fwd-status=200; detail=method-override` | `BYPASS` | passed to the inner service: the request may not be answered from the cache (`no-store`, a range, a precondition, a method override, ...: `detail`) |
-//! | `fwd=bypass; fwd-status=200; detail=no-key` | `BYPASS` | passed to the inner service: the key cannot describe the request |
+//! | `fwd=request; fwd-status=206; detail=range` | `BYPASS` | passed to the inner service: the request's own directives keep the cache out (`no-store`, a range, a precondition, an honoured reload: `detail`) |
+//! | `fwd=bypass; fwd-status=200; detail=credentials` | `BYPASS` | passed to the inner service: the layer is configured not to handle the request (RFC 9211 §2.2): credentials the response does not share, a method override, a body, a `pass_header`, a `_` spelling, no key (`detail`) |
+//! | `fwd=method; fwd-status=200; detail=invalidated` | `BYPASS` | an unsafe method, sent to the inner service, which invalidated the URL now (`invalidation-coalesced`: at its interval's end; `unsafe-method`: not at all, below) |
 //! | `fwd=uri-miss; detail=no-origin-response` or `detail=timeout` | `MISS` | a `502` or `504` the layer made itself: the load got no answer from the origin (the inner service failed, its body failed), or timed out |
 //!
-//! `ttl` is given on the response whose load stored it; the fixed values are made once, so a
-//! hit pays for no formatting. Requests with other methods than `GET` and `HEAD` pass through
-//! without either field; those with an unsafe method invalidate their URL (below). Every
-//! response from a cache entry carries `Age`.
+//! `x-cache` tells what `Cache-Status` does: `HIT` and `STALE` from the cache, `MISS` forwarded
+//! (by this request's load or the one it was collapsed onto), `BYPASS` where a `detail` names
+//! the rule that kept the cache out. `ttl` is given on the response whose load stored it; the
+//! fixed values are made once, so a hit pays for no formatting. `OPTIONS`, `TRACE` and
+//! `CONNECT` pass through without either field; unsafe methods invalidate their URL (below).
+//! Every response from a cache entry carries `Age`.
 //!
 //! # What is cached
 //!
@@ -43,7 +46,7 @@
 //! | request `Cache-Control: no-store` | no (`BYPASS`) | the client asks that nothing be stored |
 //! | request `no-cache`, `max-age=0`, `Pragma: no-cache` | ignored by default; `BYPASS` with [`honor_client_no_cache`](StampedeLayer::honor_client_no_cache) | one client's reload must not reach the backend for everyone |
 //! | request with `Range`, `If-Match`, `If-Unmodified-Since`, `If-Range` | no (`BYPASS`) | a 206 or 412 for this request only |
-//! | `GET` or `HEAD` with a forwarding or rewrite header (`X-Forwarded-Host`, `X-Forwarded-Proto`, `X-Forwarded-Port`, `Forwarded`, `X-Original-URL`, ...) | yes, keyed by the values of those headers (`Forwarded` without its `for=` and `by=`), as if the response varied on them: a load balancer's values make one entry, an attacker's a variant only that value reads; at most 16 sets of values per URL in each process, then `BYPASS` (`detail=too-many-variants`); left out of the key if your load balancer overwrites it ([`trust_header`](StampedeLayer::trust_header)) | cache poisoning: the origin builds links and routes from them (see [Keys](#keys)); `X-Forwarded-For`, `X-Real-IP` and `for=` differ per client and are never keyed |
+//! | `GET` or `HEAD` with a forwarding or rewrite header (`X-Forwarded-Host`, `X-Forwarded-Proto`, `X-Forwarded-Port`, `Forwarded`, `X-Original-URL`, ...) | yes, keyed by the values of those headers (`Forwarded` without its `for=` and `by=`), as if the response varied on them: a load balancer's values make one entry, an attacker's a variant only that value reads; at most 16 sets of values per URL stored in each process, those most requests carry (a set without a place is still coalesced, not stored: `detail=too-many-variants`); left out of the key if your load balancer overwrites it ([`trust_header`](StampedeLayer::trust_header)) | cache poisoning: the origin builds links and routes from them (see [Keys](#keys)); `X-Forwarded-For`, `X-Real-IP` and `for=` differ per client and are never keyed |
 //! | `GET` or `HEAD` with a method override (`X-HTTP-Method-Override`, ...), a body, a forwarding header spelled with `_` (`X_Forwarded_Host`) or a [`pass_header`](StampedeLayer::pass_header) | no (`BYPASS`, `detail=method-override`, `body`, `forwarding-header:x_forwarded_host`, `pass-header:x-theme`); an override naming an unsafe method invalidates the URL as that method does | cache poisoning: the origin may answer from what the key leaves out; a load balancer overwrites no `_` spelling |
 //! | request with `If-None-Match` / `If-Modified-Since` | yes | answered `304` from an entry with a matching `ETag` / `Last-Modified` |
 //! | request with `Authorization` | only if the response says `public`, `s-maxage` or `must-revalidate`, with explicit freshness, or with [`share_authorized`](RfcPolicy::share_authorized); keyed apart from requests without credentials | RFC 9111 §3.5; credentials never decide what anonymous requests get |
@@ -104,8 +107,11 @@
 //! `X-Forwarded-Host: evil.example` makes a variant that only requests with that very value
 //! read. What names the client (`X-Forwarded-For`, `X-Real-IP`, and the `for=` and `by=` of
 //! `Forwarded`) is no part of the key, or each client would be a variant of its own. Each
-//! process keeps at most 16 sets of forwarding values per URL; a request with another passes
-//! (`detail=too-many-variants`). Invalidation and purges reach every such variant.
+//! process stores at most 16 sets of forwarding values per URL, chosen by use: a set takes the
+//! place of the least used only once more requests carried it, so an attacker's values never
+//! push out the set most requests carry; a request whose set has no place is looked up and
+//! coalesced as any other, and its load stores nothing (`detail=too-many-variants`).
+//! Invalidation and purges reach every such variant.
 //!
 //! Keys are hashed before they reach the store: a 64 KB URL or a thousand header values never
 //! make a long store key.
@@ -126,13 +132,14 @@
 //! | `status` | a `206`, `304` or informational response |
 //! | `vary-star` | `Vary: *`, or a `Vary` the layer cannot key |
 //! | `too-large`, `headers-too-large`, `trailers`, `body-error` | a body over [`max_body_bytes`](StampedeLayer::max_body_bytes), header fields over [`max_header_bytes`](StampedeLayer::max_header_bytes), a body with trailers, a body that failed |
+//! | `relay-full` | a body over [`max_relay_bytes`](StampedeLayer::max_relay_bytes): the requests that waited for its load could not be handed it |
 //! | `too-many-tags`, `not-encodable` | more tags than a stored response may carry; a response the layer cannot encode |
-//! | `uncacheable` | another request's load of the URL was not stored, and the policy would store this one: a "pass" marker sent it on |
+//! | `uncacheable` | another request's load of the URL, in another process, was not stored for a reason this request's response does not show, and the policy would store this one: a "pass" marker sent it on (a waiter of a load in its own process says that load's rule) |
 //! | `policy` | a [`Policy`] of your own passed the response |
 //! | `method-override`, `body` | a `GET` or `HEAD` with a method override, or a body |
 //! | `forwarding-header:x_forwarded_host` | a forwarding header spelled with `_` |
 //! | `pass-header:x-theme` | a header named with [`pass_header`](StampedeLayer::pass_header) |
-//! | `too-many-variants` | the URL has as many sets of forwarding values as it may (16 per process) |
+//! | `too-many-variants` | the request's set of forwarding values has no place among the URL's 16 (per process) yet: its load went to its waiters, not stored |
 //! | `no-store-request`, `client-no-cache`, `range`, `precondition` | the request's `no-store`, a reload the layer [honours](StampedeLayer::honor_client_no_cache), a `Range`, an `If-Match` / `If-Unmodified-Since` / `If-Range` |
 //! | `no-key` | the [`MakeKey`] cannot describe the request |
 //!
@@ -156,6 +163,12 @@
 //! requests that invalidate with
 //! [`invalidate_on_unsafe_if`](StampedeLayer::invalidate_on_unsafe_if): the others cost the
 //! store nothing.
+//!
+//! Invalidation by unsafe requests is bounded, so that no client can empty a hot page at will:
+//! at most one per URL per [`invalidation_interval`](StampedeLayer::invalidation_interval)
+//! (1 s) in each process. The first goes at once (`detail=invalidated`); those within the
+//! interval after it are coalesced into one at its end (`detail=invalidation-coalesced`), so
+//! the last change is read at most one interval late.
 //!
 //! A URL's query-string variants are other URLs: a `POST /p/2` does not reach a stored
 //! `/p/2?ref=x`. Reach them by tagging the responses (below) and purging the tag.

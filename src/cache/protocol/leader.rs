@@ -204,11 +204,11 @@ impl<'a> Leader<'a> {
             }
             // `load` lets "not modified" through only with a previous value, which renewed.
             (kind @ (LoadedKind::Pass { .. } | LoadedKind::NotModified { .. }), _) => {
-                let handoff = match kind {
-                    LoadedKind::Pass { handoff } => handoff,
-                    _ => None,
+                let (handoff, shared) = match kind {
+                    LoadedKind::Pass { handoff, shared } => (handoff, shared),
+                    _ => (None, false),
                 };
-                let pass = entry::encode_pass(started_at, handoff.is_some());
+                let pass = entry::encode_pass(started_at, shared);
                 if let Ok(true | false) = inner
                     .breaker
                     .finish(inner.store.fill(

@@ -58,7 +58,7 @@ impl Follower<'_> {
                 Ok(Fetched::loaded(bytes, outcome))
             }
             LoadedKind::ForWaiters { bytes, .. } => Ok(Fetched::loaded(bytes, outcome)),
-            LoadedKind::Pass { handoff } => Ok(Fetched::pass_with(handoff)),
+            LoadedKind::Pass { handoff, .. } => Ok(Fetched::pass_with(handoff)),
             LoadedKind::NotModified { .. } => Ok(Fetched::pass()),
         }
     }
@@ -80,7 +80,7 @@ impl Follower<'_> {
             LoadedKind::ForWaiters { bytes, .. } => {
                 return Ok(Fetched::loaded(bytes, Outcome::Leader))
             }
-            LoadedKind::Pass { handoff } => return Ok(Fetched::pass_with(handoff)),
+            LoadedKind::Pass { handoff, .. } => return Ok(Fetched::pass_with(handoff)),
             LoadedKind::NotModified { .. } => return Ok(Fetched::pass()),
         };
         let Ok(tagged) = tagged(loaded.tags, clock) else {

@@ -16,12 +16,12 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use tower::util::Oneshot;
 use tower::Service;
-use tracing::warn;
 
 use crate::cache::Cache;
 use crate::http::serving::body::ResponseBody;
+use crate::http::serving::cache_status::Served;
 use crate::http::serving::config::HttpConfig;
-use crate::http::serving::responses::Answer;
+use crate::http::serving::responses::{marked, Answer};
 use crate::http::stored::key;
 use crate::store::StoreError;
 use crate::Error;
@@ -79,9 +79,12 @@ pub(crate) fn keys_after_unsafe(
 }
 
 /// Sends an unsafe request to the inner service and, if its response is not an error,
-/// invalidates what it names (see [`keys_after_unsafe`]) before answering with it: the client
-/// that changed a resource reads its change next. A store that cannot be reached is logged;
-/// the response is the inner service's all the same.
+/// invalidates what it names (see [`keys_after_unsafe`]) before answering with it, within the
+/// URL's bound (see [`bounded`](super::bounded)): the client that changed a resource reads its
+/// change next, unless another change of the URL came within the interval, whose
+/// invalidation this one then joins. A store that cannot be reached is logged; the response
+/// is the inner service's all the same, marked with what became of the URL (`Cache-Status`'s
+/// `detail`).
 pub(crate) async fn send_unsafe<S, ReqBody, ResBody>(
     inner: S,
     cache: Cache,
@@ -94,21 +97,21 @@ where
 {
     let (parts, body) = request.into_parts();
     let sent = parts.clone();
-    let mut response = Oneshot::new(inner, Request::from_parts(parts, body)).await?;
-    if invalidates(response.status()) {
-        let keys = keys_after_unsafe(&config, sent.clone(), response.headers());
-        if let Err(error) = invalidate_keys(&cache, keys).await {
-            // The URL may hold credentials in its query: not logged.
-            warn!(
-                method = %sent.method,
-                status = response.status().as_u16(),
-                error = &error as &dyn std::error::Error,
-                "the stored responses of a changed URL could not be invalidated"
-            );
-        }
-    }
-    config.strip_tags(response.headers_mut());
-    Ok(response.map(ResponseBody::inner))
+    let response = Oneshot::new(inner, Request::from_parts(parts, body)).await?;
+    let invalidated = if invalidates(response.status()) {
+        let keys = keys_after_unsafe(&config, sent, response.headers());
+        Some(config.invalidations.invalidate(&cache, keys).await)
+    } else {
+        None
+    };
+    let (mut head, body) = response.into_parts();
+    config.strip_tags(&mut head.headers);
+    let response = Response::from_parts(head, ResponseBody::inner(body));
+    Ok(marked(
+        response,
+        Served::Unsafe(invalidated),
+        &config.cache_status,
+    ))
 }
 
 /// Invalidates every key, in one store call. The call runs in a task of its own, so it

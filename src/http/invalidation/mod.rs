@@ -4,8 +4,10 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `by_url.rs` | the keys a URL names; the URLs a response to an unsafe method invalidates |
+//! | `bounded.rs` | [`Invalidations`](bounded::Invalidations): at most one invalidation per URL per interval |
 //! | `purge.rs` | [`Purger`], and the `PURGE` endpoint |
 
+pub(crate) mod bounded;
 pub(super) mod by_url;
 pub(super) mod purge;
 

@@ -2,12 +2,14 @@
 //! an [`HttpConfig`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::request;
 use tower::Layer;
 
 use super::service::Stampede;
 use crate::cache::Cache;
+use crate::http::invalidation::bounded::Invalidations;
 use crate::http::invalidation::purge::Purger;
 use crate::http::rules::field_name::field_name;
 use crate::http::rules::policy::Policy;
@@ -334,6 +336,21 @@ impl StampedeLayer {
         } else {
             UnsafeInvalidation::Never
         };
+        self
+    }
+
+    /// The least time between two invalidations of one URL by unsafe requests, in each
+    /// process. The first unsafe request of a URL invalidates it at once (its client reads its
+    /// change next); those that come within `interval` after it are coalesced into one more
+    /// invalidation at the interval's end, so the last change is read at most `interval`
+    /// late, and no client, signed in or not, can empty a hot page more than once an
+    /// interval per process, however many `POST`s it sends: a flood of them costs the origin
+    /// at most one reload of the page per interval per process. Each unsafe response says
+    /// which it got in `Cache-Status` (`detail=invalidated`, `detail=invalidation-coalesced`).
+    /// `Duration::ZERO` invalidates on every unsafe request (RFC 9111 §4.4 to the letter).
+    /// Default: 1 s.
+    pub fn invalidation_interval(mut self, interval: Duration) -> Self {
+        Arc::make_mut(&mut self.config).invalidations = Invalidations::new(interval);
         self
     }
 

@@ -16,7 +16,6 @@ use super::future::ResponseFuture;
 use crate::cache::Cache;
 use crate::http::invalidation::by_url;
 use crate::http::invalidation::purge::{self, Purger};
-use crate::http::rules::pass::Pass;
 use crate::http::rules::request::{self, RequestRule};
 use crate::http::serving::body::ResponseBody;
 use crate::http::serving::cache_status::Served;
@@ -55,31 +54,25 @@ impl<S> Stampede<S> {
     inner_service_accessors!();
 
     /// The request's key under the [`MakeKey`](crate::http::MakeKey), made apart for requests with
-    /// credentials or keyed forwarding headers (see [`key::primary`]), and whether it is a
-    /// forwarded one; or why the request passes instead: the key cannot describe it, or its
-    /// URL has as many forwarding variants as it may.
-    fn primary_key(&self, parts: &mut Parts) -> Result<(String, bool), Pass> {
+    /// credentials or keyed forwarding headers (see [`key::primary`]), whether it is a
+    /// forwarded one, and whether its load may store (a set of forwarding values the URL is
+    /// not stored for is looked up and coalesced, and stores nothing); or `None`: the key
+    /// cannot describe the request.
+    fn primary_key(&self, parts: &mut Parts) -> Option<(String, bool, bool)> {
         // A HEAD is answered from the GET entry, so its key is the GET's.
         let method = std::mem::replace(&mut parts.method, Method::GET);
         let config = &self.config;
-        let primary = match config.make_key.make_key(parts) {
-            None => Err(Pass::NoKey),
-            Some(key) => {
-                let credentialed = config.policy.credentialed(parts);
-                let forwarded = config.reflected.forwarded(&parts.headers);
-                let primary = key::primary(key, credentialed, forwarded);
-                let keyed = config.reflected.keyed();
-                if forwarded
-                    && !config
-                        .forwarded_variants
-                        .admit(&primary, keyed, &parts.headers)
-                {
-                    Err(Pass::TooManyVariants)
-                } else {
-                    Ok((primary, forwarded))
-                }
-            }
-        };
+        let primary = config.make_key.make_key(parts).map(|key| {
+            let credentialed = config.policy.credentialed(parts);
+            let forwarded = config.reflected.forwarded(&parts.headers);
+            let primary = key::primary(key, credentialed, forwarded);
+            let keyed = config.reflected.keyed();
+            let stores = !forwarded
+                || config
+                    .forwarded_variants
+                    .admit(&primary, keyed, &parts.headers);
+            (primary, forwarded, stores)
+        });
         parts.method = method;
         primary
     }
@@ -127,7 +120,8 @@ where
                     let (inner, config) = (self.inner.clone(), Arc::clone(&self.config));
                     if !invalidates {
                         let inner = Oneshot::new(inner, request);
-                        return ResponseFuture::inner(inner, None, config);
+                        let served = Some(Served::Unsafe(None));
+                        return ResponseFuture::inner(inner, served, config);
                     }
                     let sent = by_url::send_unsafe(inner, self.cache.clone(), config, request);
                     return ResponseFuture::boxed(Box::pin(sent));
@@ -137,7 +131,7 @@ where
                     // Taken apart once: the key is made from the parts, and a hit drops them.
                     let (mut parts, body) = request.into_parts();
                     match self.primary_key(&mut parts) {
-                        Ok((primary, forwarded)) => {
+                        Some((primary, forwarded, stores)) => {
                             let form = AnswerForm::of(&parts);
                             // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
                             let digest = KeyDigest::of(primary.as_bytes());
@@ -151,14 +145,14 @@ where
                                 cache: self.cache.clone(),
                                 config: Arc::clone(&self.config),
                                 forwarded,
+                                stores,
                             };
                             let request = Request::from_parts(parts, body);
                             let fetched = fetch(loading, primary, digest, request, form);
                             return ResponseFuture::boxed(Box::pin(fetched));
                         }
                         // The key cannot describe the request.
-                        Err(Pass::NoKey) => (Request::from_parts(parts, body), Served::Unkeyed),
-                        Err(pass) => (Request::from_parts(parts, body), Served::Request(pass)),
+                        None => (Request::from_parts(parts, body), Served::Unkeyed),
                     }
                 }
             };

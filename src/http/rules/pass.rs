@@ -24,7 +24,9 @@ pub(crate) enum Pass {
     ForwardingHeader(&'static str),
     /// A header the operator named with `pass_header`: `pass-header:x-theme`.
     NamedHeader(&'static str),
-    /// More forwarding variants of the URL than the layer keeps: `too-many-variants`.
+    /// The request's set of forwarding values has no place among the URL's (see
+    /// [`ForwardedVariants`](crate::http::stored::key::ForwardedVariants)): its load was handed
+    /// to the requests that waited for it, not stored: `too-many-variants`.
     TooManyVariants,
     /// The request's `Cache-Control: no-store`: `no-store-request`.
     NoStoreRequest,
@@ -57,6 +59,9 @@ pub(crate) enum Pass {
     VaryStar,
     /// A body over `max_body_bytes`: `too-large`.
     TooLarge,
+    /// A body over `max_relay_bytes`, which the requests that waited for its load could not
+    /// be handed: `relay-full`.
+    RelayFull,
     /// Header fields over `max_header_bytes`: `headers-too-large`.
     HeadersTooLarge,
     /// A body that ended with trailers: `trailers`.
@@ -97,6 +102,7 @@ impl Pass {
             Pass::Status => "status",
             Pass::VaryStar => "vary-star",
             Pass::TooLarge => "too-large",
+            Pass::RelayFull => "relay-full",
             Pass::HeadersTooLarge => "headers-too-large",
             Pass::Trailers => "trailers",
             Pass::BodyError => "body-error",
@@ -107,12 +113,78 @@ impl Pass {
         }
     }
 
+    /// What the operator can do about the rule, as its warning says.
+    pub(crate) fn remedy(self) -> &'static str {
+        match self {
+            Pass::NoFreshness => {
+                "the response declares no freshness: send Cache-Control: max-age (or \
+                 s-maxage), or give the layer a default with RfcPolicy::default_ttl"
+            }
+            Pass::Credentials => {
+                "the request had Authorization or a cookie: send Cache-Control: public or \
+                 s-maxage where the page may be shared, or ignore a cookie that names no user \
+                 with RfcPolicy::ignore_cookie"
+            }
+            Pass::TooLarge => "raise StampedeLayer::max_body_bytes to store bodies this large",
+            Pass::RelayFull => "raise StampedeLayer::max_relay_bytes to share bodies this large",
+            Pass::HeadersTooLarge => "raise StampedeLayer::max_header_bytes",
+            Pass::TooManyVariants => {
+                "more sets of forwarding values than a URL keeps: trust the headers your load \
+                 balancer overwrites with StampedeLayer::trust_header"
+            }
+            Pass::ForwardingHeader(_) => {
+                "a forwarding header spelled with underscores, which no load balancer \
+                 overwrites: drop it before the layer"
+            }
+            Pass::NamedHeader(_) => "a header named with StampedeLayer::pass_header",
+            Pass::MethodOverride | Pass::Body => {
+                "a GET or HEAD the origin may not answer as one: sent to it untouched"
+            }
+            Pass::Private | Pass::NoStore | Pass::SetCookie => {
+                "the response is private to its request, as it says"
+            }
+            Pass::NoCache => {
+                "no-cache needs a validator (ETag, Last-Modified) and \
+                 CacheBuilder::keep_for_revalidation"
+            }
+            Pass::Trailers | Pass::BodyError => {
+                "the body ended with trailers, or failed: streamed through intact, not stored"
+            }
+            Pass::Status | Pass::VaryStar | Pass::TooManyTags | Pass::NotEncodable => {
+                "the response cannot be stored as it is"
+            }
+            Pass::Uncacheable => "another request's load of the URL was not stored",
+            Pass::Policy => "your Policy passed it",
+            Pass::NoStoreRequest | Pass::ClientNoCache | Pass::Range | Pass::Precondition => {
+                "the request asked for it"
+            }
+            Pass::NoKey => "your MakeKey could not describe the request",
+        }
+    }
+
     /// The header the rule names, if it names one.
     pub(crate) fn header(self) -> Option<&'static str> {
         match self {
             Pass::ForwardingHeader(name) | Pass::NamedHeader(name) => Some(name),
             _ => None,
         }
+    }
+
+    /// Whether the cache is configured not to handle the request (RFC 9211 §2.2's
+    /// `fwd=bypass`): a safety rule of the layer's, or the operator's, rather than the
+    /// request's own directives or what the response said of itself. Credentials count: the
+    /// layer does not share what a signed-in user sent unless the response says it may.
+    pub(crate) fn configured(self) -> bool {
+        matches!(
+            self,
+            Pass::MethodOverride
+                | Pass::Body
+                | Pass::ForwardingHeader(_)
+                | Pass::NamedHeader(_)
+                | Pass::NoKey
+                | Pass::Credentials
+                | Pass::Policy
+        )
     }
 
     /// The rule and its header, as `Cache-Status`'s `detail` says it: `rule` or

@@ -17,6 +17,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use super::memo::made_once;
+use crate::http::invalidation::bounded::Invalidated;
 use crate::http::rules::pass::Pass;
 use crate::http::rules::stored_fields::X_CACHE;
 use crate::http::serving::passes::Passes;
@@ -75,7 +76,8 @@ pub(crate) enum Served {
     /// entry that load stored says it went forward (RFC 9211 §2.2, §2.3): `fwd=uri-miss;
     /// fwd-status=N; collapsed` for a missing entry, `fwd=stale; fwd-status=N; collapsed` for
     /// a stale one the origin answered with a new response, `fwd=stale; fwd-status=304;
-    /// collapsed` for a stale one it answered `304` (`HIT`).
+    /// collapsed` for a stale one it answered `304` (`MISS`: forwarded, if by another request;
+    /// `x-cache` tells what `fwd` does).
     Collapsed(Forward),
     /// By this request's own load: `fwd=uri-miss; fwd-status=N`, with `stored; ttl=N` if it
     /// was stored for that long (`MISS`).
@@ -86,7 +88,7 @@ pub(crate) enum Served {
     Refreshed(Option<Duration>),
     /// By this request's own load, a revalidation of a stale entry that the origin answered
     /// with `304`: `fwd=stale; fwd-status=304`, with `stored; ttl=N` if the refreshed entry
-    /// was stored for that long (`MISS`; `BYPASS` if it was not).
+    /// was stored for that long (`MISS`).
     Revalidated(Option<Duration>),
     /// By the inner service, the response not to be stored (or a "pass" marker said so), for
     /// this reason: `fwd=uri-miss; fwd-status=N; detail=R` (`BYPASS`).
@@ -101,6 +103,13 @@ pub(crate) enum Served {
     /// Made by the layer, with no answer of the origin to give: `fwd=uri-miss; detail=D`
     /// (`MISS`).
     MadeUp(Detail),
+    /// By the inner service, to an unsafe method (or a method override naming one), which is
+    /// forwarded for its semantics (RFC 9211 §2.2): `fwd=method; fwd-status=N; detail=D`
+    /// (`BYPASS`), `D` saying what became of the URL's stored responses (RFC 9111 §4.4):
+    /// `invalidated` now, `invalidation-coalesced` with the others of its interval (see
+    /// [`invalidation_interval`](crate::http::StampedeLayer::invalidation_interval)), or
+    /// `unsafe-method`, nothing (an error status, or invalidation turned off for it).
+    Unsafe(Option<Invalidated>),
 }
 
 /// Why the layer made a response itself, as `Cache-Status`'s `detail` says it.
@@ -199,16 +208,16 @@ impl CacheStatus {
         }
         if self.x_cache {
             let x_cache = match served {
-                Served::Hit(_) | Served::Collapsed(_) => HIT,
+                Served::Hit(_) => HIT,
                 Served::Stale(_) => STALE,
                 Served::Loaded(_)
                 | Served::Refreshed(_)
-                | Served::Revalidated(Some(_))
+                | Served::Revalidated(_)
+                | Served::Collapsed(_)
                 | Served::MadeUp(_) => MISS,
-                Served::Passed(_)
-                | Served::Request(_)
-                | Served::Unkeyed
-                | Served::Revalidated(None) => BYPASS,
+                Served::Passed(_) | Served::Request(_) | Served::Unkeyed | Served::Unsafe(_) => {
+                    BYPASS
+                }
             };
             headers.insert(X_CACHE.clone(), x_cache);
         }
@@ -252,8 +261,11 @@ impl CacheStatus {
         let mut value = BytesMut::with_capacity(self.name.len() + 64);
         value.put_slice(&self.name);
         value.put_slice(match served {
+            Served::Request(pass) if pass.configured() => b"; fwd=bypass",
+            Served::Passed(pass) if pass.configured() => b"; fwd=bypass",
             Served::Request(_) => b"; fwd=request",
             Served::Unkeyed => b"; fwd=bypass",
+            Served::Unsafe(_) => b"; fwd=method",
             Served::Revalidated(_)
             | Served::Refreshed(_)
             | Served::Collapsed(Forward::Refreshed | Forward::Revalidated) => b"; fwd=stale",
@@ -291,6 +303,13 @@ impl CacheStatus {
             // names, is a Token; a String stands in should one not be.
             value.put_slice(b"; detail=");
             value.put_slice(&serialized_name(&pass.detail()));
+        }
+        if let Served::Unsafe(invalidated) = served {
+            value.put_slice(match invalidated {
+                Some(Invalidated::Now) => b"; detail=invalidated",
+                Some(Invalidated::Coalesced) => b"; detail=invalidation-coalesced",
+                None => b"; detail=unsafe-method",
+            });
         }
         HeaderValue::from_maybe_shared(value.freeze()).unwrap_or_else(|_| self.hit.clone())
     }

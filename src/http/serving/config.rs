@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use http::{request, response, HeaderMap, HeaderName};
 
+use crate::http::invalidation::bounded::Invalidations;
 use crate::http::rules::decision::Decision;
 use crate::http::rules::pass::Pass;
 use crate::http::rules::poisoning::Reflected;
@@ -26,6 +27,10 @@ pub(crate) enum UnsafeInvalidation {
     /// Those the predicate picks.
     If(RequestCheck),
 }
+
+/// How often a URL may be invalidated by unsafe requests, per process, unless configured.
+pub(crate) const DEFAULT_INVALIDATION_INTERVAL: std::time::Duration =
+    std::time::Duration::from_secs(1);
 
 /// The layer's settings, shared by every service it makes.
 #[derive(Clone)]
@@ -53,6 +58,8 @@ pub(crate) struct HttpConfig {
     /// How responses are marked (`Cache-Status`, `x-cache`).
     pub(crate) cache_status: CacheStatus,
     pub(crate) unsafe_invalidation: UnsafeInvalidation,
+    /// The bound on those invalidations.
+    pub(crate) invalidations: Invalidations,
 }
 
 impl HttpConfig {
@@ -125,6 +132,7 @@ impl Default for HttpConfig {
             purge: None,
             cache_status: CacheStatus::default(),
             unsafe_invalidation: UnsafeInvalidation::Always,
+            invalidations: Invalidations::new(DEFAULT_INVALIDATION_INTERVAL),
         }
     }
 }

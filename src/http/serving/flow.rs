@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::AGE;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::watch;
 use tower::util::Oneshot;
@@ -36,7 +36,7 @@ use crate::http::rules::pass::Pass;
 use crate::http::serving::body::ResponseBody;
 use crate::http::serving::config::HttpConfig;
 use crate::http::stored::codec::{self, CachedResponse, Decoded, Forward};
-use crate::http::stored::key;
+use crate::http::stored::key::VariantId;
 use crate::store::KeyDigest;
 
 /// The hot path of a cacheable request: its answer from a plain response in L1 (the key
@@ -79,7 +79,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Send + 'static,
 {
-    let slot = Slot::new(request);
+    let slot = Slot::new(request, primary.clone());
     let cache = loading.cache.clone();
     let status = &loading.config.cache_status;
 
@@ -123,7 +123,7 @@ where
     let mut mine = own.ready();
     let variant = match mine {
         // (A load that stored a response has no answer for this request beyond it.)
-        None | Some(ForCaller::Stored(_)) => slot.follow(&primary, &marker),
+        None | Some(ForCaller::Stored(_)) => slot.follow(&marker),
         Some(_) => None,
     };
     let Some((variant, done)) = variant else {
@@ -142,7 +142,7 @@ where
         };
         // The load failed: a variant may still be there (stale or fresh) to stand in for it.
         // Its key comes from the request as it was sent.
-        return match (slot.sent_variant(&primary, &marker), fallback) {
+        return match (slot.sent_variant(&marker), fallback) {
             (Some(variant), fallback) => {
                 Box::pin(stand_in(&cache, &variant, &form, outcome, fallback, status)).await
             }
@@ -307,33 +307,42 @@ where
                 .downcast::<Relay<ResBody::Error>>()
                 .ok()
         });
+    // Why the load's response was not kept, where it said so in this process.
+    let mut told = fetched
+        .as_ref()
+        .ok()
+        .and_then(Fetched::handoff)
+        .and_then(|handoff| handoff.0.downcast_ref::<Pass>().copied());
     if let Some(relay) = relay {
-        if let Some(answer) = relayed(&relay, slot, config, form).await {
-            drop(done);
-            return answer;
+        match relayed(&relay, slot, config, form).await {
+            Ok(answer) => {
+                drop(done);
+                return answer;
+            }
+            Err(why) => told = why,
         }
     }
-    pass_through(slot, inner, config, done).await
+    pass_through(slot, inner, config, (done, told)).await
 }
 
 /// The answer from a `relay` this request waited for: the whole body once it is in, if the
-/// request matches the loading one in every field the response's `Vary` names and has no
-/// preconditions for the layer to answer (those go to the origin, which answers them); `None`
-/// where it cannot have it (see [`relay`](super::relay)): it goes to the origin.
+/// request is of the loading one's variant and has no preconditions for the layer to answer
+/// (those go to the origin, which answers them); where it cannot have it (see
+/// [`relay`](super::relay)), it goes to the origin, told why if the relay could not hold the
+/// body.
 async fn relayed<ReqBody, ResBody, E>(
     relay: &Relay<ResBody::Error>,
     slot: &Slot<ReqBody>,
     config: &HttpConfig,
     form: &AnswerForm,
-) -> Option<Answer<ResBody, E>>
+) -> Result<Answer<ResBody, E>, Option<Pass>>
 where
     ResBody: Body<Data = Bytes>,
 {
-    let alike = |sent: &HeaderMap| key::sent_alike(&relay.head.headers, &relay.sent_with, sent);
-    if form.has_conditions() || !slot.request_passes(alike) {
-        return None;
+    if form.has_conditions() || !slot.is_of(&relay.sent_with) {
+        return Err(None);
     }
-    let chunks = relay.body().await?;
+    let chunks = relay.body().await.map_err(Some)?;
     let mut response = Response::from_parts(relay.head.clone(), ());
     // Its age, as a response from the cache says it (RFC 9111 §4.2.3), from when it came.
     let age = crate::clock::now()
@@ -345,7 +354,7 @@ where
         .insert(AGE, HeaderValue::from(age.as_secs().min(1 << 31)));
     let response = response.map(|()| ResponseBody::replay(chunks, None, None, None));
     let served = Served::Collapsed(Forward::Loaded);
-    Some(without_body(
+    Ok(without_body(
         Ok(marked(response, served, &config.cache_status)),
         form,
     ))
@@ -356,7 +365,7 @@ where
 /// request matches the loading one in every field the response's `Vary` names (RFC 9111
 /// §4.1), else the inner service's own answer to it.
 async fn for_waiters<S, ReqBody, ResBody>(
-    (cached, sent_with, found): (CachedResponse, KeyDigest, HowFound),
+    (cached, sent_with, found): (CachedResponse, VariantId, HowFound),
     mut own: Own<ForCaller<ResBody, S::Error>>,
     slot: &Slot<ReqBody>,
     inner: S,
@@ -370,21 +379,21 @@ where
     if let Some(ForCaller::Passed { answer, .. }) = own.ready() {
         return without_body(answer, form);
     }
-    let alike = |sent: &HeaderMap| key::sent_alike(&cached.headers, &sent_with, sent);
-    if slot.request_passes(alike) {
+    if slot.is_of(&sent_with) {
         return Ok(answer(&cached, found.served(), form, &config.cache_status));
     }
-    pass_through(slot, inner, config, None).await
+    pass_through(slot, inner, config, (None, None)).await
 }
 
 /// The inner service's own answer to this request (a pass), or the layer's `502` if a loader
 /// took the request and ended without an answer for it. `done` is dropped once this request
-/// is done with the slot (see [`Slot::follow`]).
+/// is done with the slot (see [`Slot::follow`]); `told`, why the load it waited for kept
+/// nothing, where that load said so (in this process).
 async fn pass_through<S, ReqBody, ResBody>(
     slot: &Slot<ReqBody>,
     inner: S,
     config: &HttpConfig,
-    done: Option<watch::Sender<bool>>,
+    (done, told): (Option<watch::Sender<bool>>, Option<Pass>),
 ) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -402,7 +411,9 @@ where
             let response = Oneshot::new(inner, Request::from_parts(parts, body)).await?;
             let (mut head, body) = response.into_parts();
             let why = match config.judge(&asked, &head) {
-                (Decision::Store(_) | Decision::StoreWith { .. }, _) => Pass::Uncacheable,
+                (Decision::Store(_) | Decision::StoreWith { .. }, _) => {
+                    told.unwrap_or_else(|| config.unkept(body.size_hint()))
+                }
                 (_, why) => why,
             };
             config.strip_tags(&mut head.headers);

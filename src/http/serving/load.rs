@@ -40,16 +40,20 @@ use crate::http::rules::tag_fields;
 use crate::http::serving::body::ResponseBody;
 use crate::http::serving::config::HttpConfig;
 use crate::http::stored::codec::{self, Forward, VaryMarker};
-use crate::http::stored::key;
+use crate::http::stored::key::{self, VariantId};
 
 /// What a load needs: the inner service, the cache (a load of a response with `Vary` fills a
-/// second key), the settings, and whether the request is keyed by its forwarding headers
-/// (its response is then always stored as a variant: see [`key`]).
+/// second key), the settings, whether the request is keyed by its forwarding headers (its
+/// response is then always stored as a variant: see [`key`]), and whether its response may be
+/// stored (not where its set of forwarding values has no place: see
+/// [`ForwardedVariants`](key::ForwardedVariants)); one that may not is still handed to the
+/// requests that waited for it.
 pub(crate) struct Loading<S> {
     pub(crate) inner: S,
     pub(crate) cache: Cache,
     pub(crate) config: Arc<HttpConfig>,
     pub(crate) forwarded: bool,
+    pub(crate) stores: bool,
 }
 
 impl<S: Clone> Clone for Loading<S> {
@@ -59,6 +63,7 @@ impl<S: Clone> Clone for Loading<S> {
             cache: self.cache.clone(),
             config: Arc::clone(&self.config),
             forwarded: self.forwarded,
+            stores: self.stores,
         }
     }
 }
@@ -124,6 +129,7 @@ where
         cache,
         config,
         forwarded,
+        stores,
     } = loading;
     let (asked, response) = ask_origin(inner, request, stored.as_ref()).await;
     let response = match response {
@@ -145,7 +151,7 @@ where
         let answer = (stored, previous, &parts);
         return not_modified(&config, &cache, &asked, answer, tags);
     }
-    let keyed_by_forwarding = forwarded.then(|| config.reflected.keyed());
+    let keyed_by_forwarding = forwarded.then(|| (config.reflected.keyed(), stores));
     match route(
         (&cache, &config),
         &asked,
@@ -170,7 +176,7 @@ where
         Err(Refused { why, failure }) => {
             let body = ResponseBody::inner(body);
             let own = passed(&parts, body, failure.is_some(), why, &config);
-            let shared = failure.map_or_else(|| Ok(Loaded::pass()), |failure| Err(failure.into()));
+            let shared = failure.map_or_else(|| Ok(telling(why)), |failure| Err(failure.into()));
             (shared, Some(own))
         }
     }
@@ -229,7 +235,7 @@ where
         Forward::Refreshed | Forward::Revalidated => Served::Refreshed(ttl),
     };
     // What the requests that wait for this load must match to get it, where it is not stored.
-    let sent_with = || key::vary_digest(&names, &asked.headers);
+    let sent_with = || VariantId::of(primary, names.clone(), &asked.headers);
     let chunks = match read_body(Box::pin(body), config.max_body_bytes).await {
         Read::Complete(chunks) => chunks,
         Read::Stopped {
@@ -259,6 +265,12 @@ where
                 (None, Some(_)) => Pass::Trailers,
                 (None, None) => Pass::TooLarge,
             };
+            // What the requests that waited for it are told: a body that would have been
+            // shared, but was over what the relay holds, met the relay's bound.
+            let told = match why {
+                Pass::TooLarge if !failed && config.max_relay_bytes > 0 => Pass::RelayFull,
+                why => why,
+            };
             let body = ResponseBody::replay(read, trailers, error, rest);
             let own = passed(&parts, body, failed, why, config);
             // A server error's answer that cannot be shared fails its waiters (the layer
@@ -266,7 +278,7 @@ where
             let shared = if failed {
                 Err(LoadFailure::BodyNotShareable.into())
             } else {
-                Ok(Loaded::pass())
+                Ok(telling(told))
             };
             return (shared, Some(own));
         }
@@ -308,15 +320,23 @@ where
             let shared = match entry {
                 Some(entry) => Ok(loaded(entry)),
                 None if failed => Err(LoadFailure::NotEncodable.into()),
-                None => Ok(Loaded::pass()),
+                None => Ok(telling(Pass::NotEncodable)),
             };
+            if failed {
+                // A server error is this request's own load, not stored, as it says wherever
+                // the entry for its waiters answers it.
+                let body = ResponseBody::replay(chunks, None, None, None);
+                let response = Response::from_parts(parts, body);
+                let answer = Ok(marked(response, own_load(None), &config.cache_status));
+                return (shared, Some(ForCaller::Passed { answer, failed }));
+            }
             return (shared, Some(replayed(chunks, why)));
         }
     };
     let Some(entry) = codec::encode_response(stored_at, parts.status, &stored, &chunks, forward)
     else {
         return (
-            Ok(Loaded::pass()),
+            Ok(telling(Pass::NotEncodable)),
             Some(replayed(chunks, Pass::NotEncodable)),
         );
     };
@@ -367,6 +387,12 @@ where
         }
     };
     (Ok(exactly(marker_entry, ttl)), Some(own))
+}
+
+/// Nothing stored, for `why`, which the requests of this process that waited for the load are
+/// told (they go to the inner service themselves, and say why).
+fn telling(why: Pass) -> Loaded {
+    Loaded::pass_telling(Handoff(Arc::new(why)))
 }
 
 /// The response with head `parts` and `body`, passed to its own request: not stored, for

@@ -49,18 +49,27 @@ pub(super) struct Refused {
 }
 
 /// Where the response with head `parts`, loaded for `step` of the request `asked`, may go;
-/// `forwarding`, the forwarding header fields the request is keyed by, if it is.
+/// `forwarding`, the forwarding header fields the request is keyed by, if it is, and whether
+/// its set of their values may be stored (if not, what would be stored is handed to the
+/// requests that waited for this load instead, for `too-many-variants`).
 pub(super) fn route(
     (cache, config): (&Cache, &HttpConfig),
     asked: &http::request::Parts,
     parts: &http::response::Parts,
     step: &Step,
     tags: Result<Vec<Vec<u8>>, tag_fields::OverLimit>,
-    forwarding: Option<&[HeaderName]>,
+    forwarding: Option<(&[HeaderName], bool)>,
 ) -> Result<Route, Refused> {
     let refused = |why| Refused { why, failure: None };
-    let (decision, why) = config.decide(cache, asked, parts);
+    let (decision, mut why) = config.decide(cache, asked, parts);
+    let stores = forwarding.is_none_or(|(_, stores)| stores);
+    let forwarding = forwarding.map(|(names, _)| names);
     let (outlet, stale) = match decision {
+        // A set of forwarding values the URL has no place for: coalesced, not stored.
+        Decision::StoreWith { .. } if !stores => {
+            why = Pass::TooManyVariants;
+            (Outlet::Waiters { failed: false }, Staleness::default())
+        }
         Decision::StoreWith { fresh_for, stale } => (Outlet::Store(fresh_for), stale),
         // A failed load (a server error without explicit freshness): stored for nobody, but
         // the requests that waited for this load, here and elsewhere, get the origin's own
@@ -167,6 +176,18 @@ impl HttpConfig {
     /// requests that waited for its load (see [`relay`](super::relay)).
     pub(super) fn relays(&self, hint: http_body::SizeHint) -> bool {
         self.max_relay_bytes > 0 && hint.lower() <= self.max_relay_bytes as u64
+    }
+
+    /// Why another request's load of a URL kept nothing, as far as a request of another
+    /// process sent to the origin by its pass marker can tell from its own response (whose
+    /// policy would store it), of whose body the origin says `hint`: a body over the size
+    /// limit (`too-large`), else `uncacheable`.
+    pub(super) fn unkept(&self, hint: http_body::SizeHint) -> Pass {
+        if hint.lower() > self.max_body_bytes as u64 {
+            Pass::TooLarge
+        } else {
+            Pass::Uncacheable
+        }
     }
 
     /// Whether a response's header fields are within

@@ -40,13 +40,22 @@ impl Passes {
         if let Some(meter) = &self.meter {
             meter.pass(pass.rule());
         }
-        if self.warnings.allows(pass, Instant::now()) {
-            warn!(
+        if !self.warnings.allows(pass, Instant::now()) {
+            return;
+        }
+        let remedy = pass.remedy();
+        match pass.header() {
+            Some(header) => warn!(
                 rule = pass.rule(),
-                header = pass.header().unwrap_or(""),
+                header,
                 "a request passed the cache (neither answered from it nor stored); its \
-                 Cache-Status says why in `detail` (one warning a minute per rule)"
-            );
+                 Cache-Status says why in `detail` (one warning a minute per rule): {remedy}"
+            ),
+            None => warn!(
+                rule = pass.rule(),
+                "a request passed the cache (neither answered from it nor stored); its \
+                 Cache-Status says why in `detail` (one warning a minute per rule): {remedy}"
+            ),
         }
     }
 }
@@ -110,5 +119,17 @@ mod tests {
         assert!(lines.iter().all(|l| l.contains("WARN")
             && l.contains("rule=\"pass-header\"")
             && l.contains("header=\"x-theme\"")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_warning_names_the_remedy_and_no_empty_field() {
+        let logs = support::Logs::default();
+        let _guard = logs.capture_default();
+        Passes::default().report(Pass::NoFreshness);
+        let text = logs.text();
+        assert!(text.contains("rule=\"no-freshness\""), "{text}");
+        assert!(text.contains("RfcPolicy::default_ttl"), "{text}");
+        assert!(!text.contains("header="), "{text}");
+        assert!(!text.contains("=\"\""), "no empty field: {text}");
     }
 }

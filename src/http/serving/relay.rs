@@ -32,7 +32,8 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 
-use crate::store::KeyDigest;
+use crate::http::rules::pass::Pass;
+use crate::http::stored::key::VariantId;
 
 /// How far the pump reads ahead of the loading request once the waiters are gone.
 pub(crate) const WINDOW: usize = 256 * 1024;
@@ -44,9 +45,8 @@ pub(crate) struct Relay<E> {
     pub(crate) head: http::response::Parts,
     /// When the response was received.
     pub(crate) received_at: SystemTime,
-    /// The loading request's values of the fields the response's `Vary` names (see
-    /// [`key::vary_digest`](crate::http::stored::key::vary_digest)).
-    pub(crate) sent_with: KeyDigest,
+    /// The loading request's variant: only requests of it may have the body.
+    pub(crate) sent_with: VariantId,
     /// What the origin said of the body's length.
     hint: SizeHint,
     limit: usize,
@@ -86,7 +86,7 @@ impl<E: Send + 'static> Relay<E> {
     /// its own. Returns the relay (for the waiters) and the loading request's reader of it.
     pub(crate) fn start<B>(
         head: http::response::Parts,
-        sent_with: KeyDigest,
+        sent_with: VariantId,
         (read, rest): (Vec<Bytes>, Pin<Box<B>>),
         limit: usize,
     ) -> (Arc<Self>, RelayReader<E>)
@@ -131,20 +131,24 @@ impl<E> Relay<E> {
         crate::sync::lock(&self.state)
     }
 
-    /// The whole body, for a request that waited for the load, once it is complete; `None`
-    /// if the waiters cannot have it (over the bound, failed, with trailers): that request
-    /// goes to the origin itself.
-    pub(crate) async fn body(&self) -> Option<Vec<Bytes>> {
+    /// The whole body, for a request that waited for the load, once it is complete; or why
+    /// the waiters cannot have it (over the bound, with trailers, failed): that request goes
+    /// to the origin itself, and says so.
+    pub(crate) async fn body(&self) -> Result<Vec<Bytes>, Pass> {
         loop {
             // Made before the look, so a settling between the two still wakes it.
             let settled = self.settled.notified();
             {
                 let state = self.lock();
                 if !state.for_waiters {
-                    return None;
+                    return Err(match state.end {
+                        _ if state.read > self.limit => Pass::RelayFull,
+                        Some(End::Trailers(_)) => Pass::Trailers,
+                        _ => Pass::BodyError,
+                    });
                 }
                 if matches!(state.end, Some(End::Complete)) {
-                    return Some(state.chunks.iter().cloned().collect());
+                    return Ok(state.chunks.iter().cloned().collect());
                 }
             }
             settled.await;

@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderName, Request};
 use tokio::sync::watch;
 
 use crate::http::stored::codec::VaryMarker;
-use crate::http::stored::key;
+use crate::http::stored::key::{self, VariantId};
 
 /// The key a loader loads for.
 pub(crate) enum Step {
@@ -34,6 +34,8 @@ impl<B> Clone for Slot<B> {
 }
 
 struct Pending<B> {
+    /// The URL's key the request is fetched under.
+    primary: String,
     request: Option<Request<B>>,
     /// The request's headers, left here by the loader that took it (to key a variant).
     sent_headers: Option<HeaderMap>,
@@ -52,8 +54,10 @@ pub(crate) enum Claim<B> {
 }
 
 impl<B> Slot<B> {
-    pub(crate) fn new(request: Request<B>) -> Self {
+    /// The slot of `request`, fetched under the URL's key `primary`.
+    pub(crate) fn new(request: Request<B>, primary: String) -> Self {
         Slot(Arc::new(Mutex::new(Pending {
+            primary,
             request: Some(request),
             sent_headers: None,
             following: None,
@@ -66,43 +70,36 @@ impl<B> Slot<B> {
         crate::sync::lock(&self.0)
     }
 
-    /// The caller follows `marker`, found under `primary`: if the request is still here, it is
-    /// kept for the variant's loader from now on. Returns the variant's key and the sender that
-    /// tells a waiting loader of the URL when the variant's step is done with the request
-    /// (when it turns true or goes away).
-    pub(crate) fn follow(
-        &self,
-        primary: &str,
-        marker: &VaryMarker,
-    ) -> Option<(String, watch::Sender<bool>)> {
+    /// The caller follows `marker`, found under the URL's key: if the request is still here,
+    /// it is kept for the variant's loader from now on. Returns the variant's key and the
+    /// sender that tells a waiting loader of the URL when the variant's step is done with the
+    /// request (when it turns true or goes away).
+    pub(crate) fn follow(&self, marker: &VaryMarker) -> Option<(String, watch::Sender<bool>)> {
         let mut pending = self.lock();
         let request = pending.request.as_ref()?;
-        let variant = key::variant(primary, marker.generation, &marker.names, request.headers());
+        let (generation, names) = (marker.generation, &marker.names);
+        let variant = key::variant(&pending.primary, generation, names, request.headers());
         let (done, variant_done) = watch::channel(false);
         pending.following = Some(marker.clone());
         pending.variant_done = Some(variant_done);
         Some((variant, done))
     }
 
-    /// The variant key under `primary` and `marker` of the request as a loader sent it, if
-    /// one did.
-    pub(crate) fn sent_variant(&self, primary: &str, marker: &VaryMarker) -> Option<String> {
+    /// The variant key under the URL's key and `marker` of the request as a loader sent it,
+    /// if one did.
+    pub(crate) fn sent_variant(&self, marker: &VaryMarker) -> Option<String> {
         let pending = self.lock();
         let sent = pending.sent_headers.as_ref()?;
-        Some(key::variant(
-            primary,
-            marker.generation,
-            &marker.names,
-            sent,
-        ))
+        let (generation, names) = (marker.generation, &marker.names);
+        Some(key::variant(&pending.primary, generation, names, sent))
     }
 
-    /// Whether the request, while it is still here, passes `test` on its header fields.
-    pub(crate) fn request_passes(&self, test: impl FnOnce(&HeaderMap) -> bool) -> bool {
-        self.lock()
-            .request
-            .as_ref()
-            .is_some_and(|request| test(request.headers()))
+    /// Whether the request, while it is still here, is of the `variant` another request's
+    /// answer was made for (see [`VariantId`]).
+    pub(crate) fn is_of(&self, variant: &VariantId) -> bool {
+        let pending = self.lock();
+        let request = pending.request.as_ref();
+        request.is_some_and(|request| variant.matches(&pending.primary, request.headers()))
     }
 
     /// The request, taken back by its caller to send it itself; `None` if a loader took it.

@@ -4,7 +4,8 @@
 //! ```text
 //! response: version (1) | 0, 3 or 4 | stored at (u64) | status (u16) | header count (u16)
 //!           | { name len (u16) | name | value len (u32) | value }* | body
-//! waiters:  version (1) | 5 | stored at (u64) | 0 or 3 (u8) | sent with (32 bytes)
+//! waiters:  version (1) | 6 | stored at (u64) | 0 or 3 (u8) | sent with (32 bytes)
+//!           | name count (u16) | { name len (u16) | name }*
 //!           | status (u16) | header count (u16) | { ... }* | body
 //! vary:     version (1) | 2 | stored at (u64) | ttl (u64) | generation (u64)
 //!           | name count (u16) | { name len (u16) | name }*
@@ -19,7 +20,8 @@
 //! | 2 | a vary marker | every reader of version 2 |
 //! | 3 | a response the origin sent to the reload of a stale entry ([`Forward::Refreshed`]) | readers that know kinds 3 and 4; others find it malformed |
 //! | 4 | a stale response the origin answered `304`, updated ([`Forward::Revalidated`]) | readers that know kinds 3 and 4; others find it malformed |
-//! | 5 | a response not stored, for the requests that waited for its load only ([`Decoded::ForWaiters`]): then the kind of the load as for a response (0 or 3), and the digest of the loading request's values of the fields its `Vary` names ([`key::vary_digest`](super::key::vary_digest)) | readers that know kind 5; others find it malformed (and load) |
+//! | 5 | a response for the waiters with a digest but not the names it is over | none (malformed: read as kind 6 is, it would match requests against a list of names of their own) |
+//! | 6 | a response not stored, for the requests that waited for its load only ([`Decoded::ForWaiters`]): then the kind of the load as for a response (0 or 3), and the loading request's [`VariantId`]: the digest of its values of the fields it is keyed by, and their names | readers that know kind 6; others find it malformed (and load) |
 //!
 //! A response's kind tells the requests collapsed onto the load that stored it, here or in
 //! another process, how that load went to the origin (RFC 9211 §2.2, §2.3). The bytes of kind
@@ -38,6 +40,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::http::rules::parse::MAX_VARY_NAMES;
+use crate::http::stored::key::VariantId;
 use crate::store::KeyDigest;
 
 /// Why a load went to the origin and what the origin answered, as a request collapsed onto
@@ -63,8 +66,9 @@ const KIND_VARY: u8 = 2;
 const KIND_REFRESHED: u8 = 3;
 /// A response stored by the reload of a stale entry, which the origin answered with `304`.
 const KIND_REVALIDATED: u8 = 4;
-/// A response for the requests that waited for its load only.
-const KIND_FOR_WAITERS: u8 = 5;
+/// A response for the requests that waited for its load only (kind 5, without the names
+/// of its variant, is not read: see the table above).
+const KIND_FOR_WAITERS: u8 = 6;
 
 /// What a decoded entry holds: a stored response, the vary marker under a URL's key, or a
 /// response for the requests that waited for its load.
@@ -73,9 +77,9 @@ pub(crate) enum Decoded {
     Response(CachedResponse),
     Vary(VaryMarker),
     /// A response that is not stored, handed to the requests that waited for its load, here
-    /// and in other processes (see [`encode_for_waiters`]): only those whose request matches
-    /// the loading one in every field its `Vary` names may take it (this digest).
-    ForWaiters(CachedResponse, KeyDigest),
+    /// and in other processes (see [`encode_for_waiters`]): only those of the loading
+    /// request's variant may take it.
+    ForWaiters(CachedResponse, VariantId),
 }
 
 /// A response as the cache keeps it.
@@ -129,25 +133,25 @@ pub(crate) fn encode_response(
 }
 
 /// Encodes a response for the requests that waited for its load only (see
-/// [`Decoded::ForWaiters`]), as [`encode_response`] does, with `sent_with`: the digest of the
-/// loading request's values of the fields its `Vary` names.
+/// [`Decoded::ForWaiters`]), as [`encode_response`] does, with `sent_with`: the loading
+/// request's variant.
 pub(crate) fn encode_for_waiters(
     stored_at: SystemTime,
     (status, headers): (StatusCode, &[(&HeaderName, &HeaderValue)]),
     body: &[Bytes],
     forward: Forward,
-    sent_with: &KeyDigest,
+    sent_with: &VariantId,
 ) -> Option<Bytes> {
     encode(stored_at, (status, headers), body, forward, Some(sent_with))
 }
 
-/// The one writer of responses: kind 0, 3 or 4 as `forward` says, or kind 5 with `sent_with`.
+/// The one writer of responses: kind 0, 3 or 4 as `forward` says, or kind 6 with `sent_with`.
 fn encode(
     stored_at: SystemTime,
     (status, headers): (StatusCode, &[(&HeaderName, &HeaderValue)]),
     body: &[Bytes],
     forward: Forward,
-    sent_with: Option<&KeyDigest>,
+    sent_with: Option<&VariantId>,
 ) -> Option<Bytes> {
     let count = u16::try_from(headers.len()).ok()?;
     let header_len: usize = headers
@@ -170,7 +174,8 @@ fn encode(
     buf.put_u64(millis_since_epoch(stored_at));
     if let Some(sent_with) = sent_with {
         buf.put_u8(kind);
-        buf.put_slice(sent_with.as_bytes());
+        buf.put_slice(sent_with.digest().as_bytes());
+        put_names(&mut buf, sent_with.names())?;
     }
     buf.put_u16(status.as_u16());
     buf.put_u16(count);
@@ -189,9 +194,6 @@ fn encode(
 
 /// Encodes a vary marker; `None` if it names more than [`MAX_VARY_NAMES`] fields.
 pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
-    if marker.names.len() > MAX_VARY_NAMES {
-        return None;
-    }
     let names_len: usize = marker.names.iter().map(|n| 2 + n.as_str().len()).sum();
     let mut buf = BytesMut::with_capacity(28 + names_len);
     buf.put_u8(VERSION);
@@ -199,12 +201,39 @@ pub(crate) fn encode_vary(marker: &VaryMarker) -> Option<Bytes> {
     buf.put_u64(millis_since_epoch(marker.stored_at));
     buf.put_u64(u64::try_from(marker.ttl.as_millis()).unwrap_or(u64::MAX));
     buf.put_u64(marker.generation);
-    buf.put_u16(u16::try_from(marker.names.len()).ok()?);
-    for name in &marker.names {
+    put_names(&mut buf, &marker.names)?;
+    Some(buf.freeze())
+}
+
+/// Writes a list of header names: their count, then each length-prefixed; `None` past
+/// [`MAX_VARY_NAMES`].
+fn put_names(buf: &mut BytesMut, names: &[HeaderName]) -> Option<()> {
+    if names.len() > MAX_VARY_NAMES {
+        return None;
+    }
+    buf.put_u16(u16::try_from(names.len()).ok()?);
+    for name in names {
         buf.put_u16(u16::try_from(name.as_str().len()).ok()?);
         buf.put_slice(name.as_str().as_bytes());
     }
-    Some(buf.freeze())
+    Some(())
+}
+
+/// Reads a list written by [`put_names`].
+fn take_names(buf: &mut Bytes) -> Result<Vec<HeaderName>, Malformed> {
+    if buf.remaining() < 2 {
+        return Err(Malformed);
+    }
+    let count = usize::from(buf.get_u16());
+    if count > MAX_VARY_NAMES {
+        return Err(Malformed);
+    }
+    let mut names = Vec::with_capacity(count);
+    for _ in 0..count {
+        let name = take(buf, 2)?;
+        names.push(HeaderName::from_bytes(&name).map_err(|_| Malformed)?);
+    }
+    Ok(names)
 }
 
 /// Fields an answer from the cache adds to the stored ones (`Age`, `x-cache`, `Cache-Status`,
@@ -234,13 +263,12 @@ pub(crate) fn decode(entry: &Bytes) -> Result<Decoded, Malformed> {
             if !matches!(buf.get_u8(), KIND_RESPONSE | KIND_REFRESHED) {
                 return Err(Malformed);
             }
-            let mut sent_with = [0u8; 32];
-            buf.copy_to_slice(&mut sent_with);
+            let mut digest = [0u8; 32];
+            buf.copy_to_slice(&mut digest);
+            let names = take_names(&mut buf)?;
+            let sent_with = VariantId::from_parts(names, KeyDigest::from_bytes(digest));
             let response = decode_response(stored_at, buf)?;
-            Ok(Decoded::ForWaiters(
-                response,
-                KeyDigest::from_bytes(sent_with),
-            ))
+            Ok(Decoded::ForWaiters(response, sent_with))
         }
         _ => Err(Malformed),
     }
@@ -277,16 +305,8 @@ fn decode_vary(stored_at: SystemTime, mut buf: Bytes) -> Result<VaryMarker, Malf
     }
     let ttl = Duration::from_millis(buf.get_u64());
     let generation = buf.get_u64();
-    let count = usize::from(buf.get_u16());
-    if count == 0 || count > MAX_VARY_NAMES {
-        return Err(Malformed);
-    }
-    let mut names = Vec::with_capacity(count);
-    for _ in 0..count {
-        let name = take(&mut buf, 2)?;
-        names.push(HeaderName::from_bytes(&name).map_err(|_| Malformed)?);
-    }
-    if buf.has_remaining() {
+    let names = take_names(&mut buf)?;
+    if names.is_empty() || buf.has_remaining() {
         return Err(Malformed);
     }
     Ok(VaryMarker {

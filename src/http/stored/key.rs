@@ -40,10 +40,14 @@
 //! Invalidating the URL removes its forwarded primary keys too, so their markers go, and
 //! every forwarding variant with them.
 //!
-//! The variants of one URL are bounded: each process keeps at most
-//! [16](forwarded::MAX_FORWARDED_VARIANTS) sets of forwarding values per URL (see
-//! [`ForwardedVariants`]); a request with another set passes, with the reason
-//! `too-many-variants`.
+//! The variants of one URL are bounded: each process stores at most
+//! [16](forwarded::MAX_FORWARDED_VARIANTS) sets of forwarding values per URL, those most
+//! requests carry (see [`ForwardedVariants`]); a request whose set has no place is still
+//! looked up and coalesced, and its load stores nothing (`too-many-variants`).
+//!
+//! What makes a request's variant (the fields its response varies on and its keyed
+//! forwarding headers) is one value, [`VariantId`]: the variant key is made of it, and so is
+//! what an answer handed to waiters or relayed carries and what a waiter is checked against.
 //!
 //! Requests with credentials (`Authorization`, or a cookie the [`Policy`](crate::http::Policy) does
 //! not ignore: [`Policy::credentialed`](crate::http::Policy::credentialed)) are keyed apart from
@@ -63,7 +67,6 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName};
 
-use crate::http::rules::parse::{self, Vary};
 use crate::store::KeyDigest;
 
 /// Makes the cache key of a request; see [`StampedeLayer::make_key`](crate::http::StampedeLayer::make_key).
@@ -439,23 +442,51 @@ mod forwarded;
 
 pub(crate) use forwarded::ForwardedVariants;
 
-/// The digest of a request's values of the fields `names` (a response's `Vary`): a response
-/// handed to the requests that waited for its load, not stored, goes only to those whose
-/// digest is its loading request's (RFC 9111 §4.1), as a stored one goes only to the requests
-/// of its variant key. Hashed, so no request value leaves the process.
-pub(crate) fn vary_digest(names: &[HeaderName], request: &HeaderMap) -> KeyDigest {
-    KeyDigest::of(variant("", 0, names, request).as_bytes())
+/// What makes a request's variant, as one value: the names of the fields it is keyed by
+/// (those its response's `Vary` names and, under a forwarded primary key, every keyed
+/// forwarding header: [`Route`](crate::http::serving)'s names) and the digest of the
+/// request's values of them, read as the variant key reads them ([`variant`]: `Forwarded`
+/// without its `for=` and `by=` under a forwarded key). A response handed to the requests
+/// that waited for its load, not stored, and a relayed one carry their loading request's,
+/// and go only to the requests whose own is the same (RFC 9111 §4.1), as a stored one goes
+/// only to the requests of its variant key. Hashed, so no request value leaves the process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct VariantId {
+    names: Vec<HeaderName>,
+    digest: KeyDigest,
 }
 
-/// Whether a request with `request` header fields may take a response with `response` fields
-/// handed to the requests that waited for its load, made for a request whose values of the
-/// fields the response's `Vary` names hash to `sent_with` (see [`vary_digest`]): its own
-/// values must be the same. Never for a `Vary` that cannot be matched (`*`).
-pub(crate) fn sent_alike(response: &HeaderMap, sent_with: &KeyDigest, request: &HeaderMap) -> bool {
-    match parse::vary(response) {
-        Vary::None => vary_digest(&[], request) == *sent_with,
-        Vary::Names(names) => vary_digest(&names, request) == *sent_with,
-        Vary::Unkeyable => false,
+impl VariantId {
+    /// The variant of a request with `request` header fields under the primary key `primary`,
+    /// keyed by `names`.
+    pub(crate) fn of(primary: &str, names: Vec<HeaderName>, request: &HeaderMap) -> Self {
+        let digest = Self::digest_of(primary, &names, request);
+        VariantId { names, digest }
+    }
+
+    /// A variant as an entry holds it: its names and digest.
+    pub(crate) fn from_parts(names: Vec<HeaderName>, digest: KeyDigest) -> Self {
+        VariantId { names, digest }
+    }
+
+    /// The fields the variant is keyed by.
+    pub(crate) fn names(&self) -> &[HeaderName] {
+        &self.names
+    }
+
+    /// The digest of the loading request's values of them.
+    pub(crate) fn digest(&self) -> &KeyDigest {
+        &self.digest
+    }
+
+    /// Whether a request with `request` header fields under `primary` is of this variant:
+    /// its values of the same fields are the same.
+    pub(crate) fn matches(&self, primary: &str, request: &HeaderMap) -> bool {
+        Self::digest_of(primary, &self.names, request) == self.digest
+    }
+
+    fn digest_of(primary: &str, names: &[HeaderName], request: &HeaderMap) -> KeyDigest {
+        KeyDigest::of(variant(primary, 0, names, request).as_bytes())
     }
 }
 

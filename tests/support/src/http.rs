@@ -1,12 +1,18 @@
 //! Requests sent through an app in process, and the answers read to the end, for the tests of
 //! the HTTP layer.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
+
+use crate::{wait_until, Counter};
 
 /// One response, read to the end.
 pub struct Answer {
@@ -96,4 +102,107 @@ pub fn split_ttl(member: &str) -> (String, Option<i64>) {
         })
         .collect();
     (rest.join("; "), ttl)
+}
+
+/// An origin's loads, counted, the first (or every one) held until released: what a
+/// stampede test needs to have every request reach the cache while the first load is in
+/// flight (see [`stampede`]).
+#[derive(Clone)]
+pub struct Held {
+    pub loads: Counter,
+    release: Arc<Semaphore>,
+    /// Whether every load is held until the release, not only the first.
+    all: bool,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            loads: Counter::default(),
+            release: Arc::new(Semaphore::new(0)),
+            all: false,
+        }
+    }
+}
+
+impl Held {
+    /// Every load held until the release: for a burst whose processes may each load, so
+    /// that none ends before every request of the burst joined it.
+    pub fn all() -> Self {
+        Held {
+            all: true,
+            ..Held::default()
+        }
+    }
+
+    /// Counts a load, and holds it if it is the first (or if every load is held, until the
+    /// release); returns its number.
+    pub async fn load(&self) -> usize {
+        let n = self.loads.hit();
+        if n == 1 || self.all {
+            self.release.acquire().await.unwrap().forget();
+        }
+        n
+    }
+
+    /// Lets the first load go on (and, if every load is held, every load from now on).
+    pub fn release(&self) {
+        let permits = if self.all {
+            Semaphore::MAX_PERMITS / 2
+        } else {
+            1
+        };
+        self.release.add_permits(permits);
+    }
+}
+
+/// `requests` concurrent `GET uri`s, over `apps` in turn, the i-th with `headers(i)`: the
+/// origin's first load is held until every request has been sent and a moment more, so that
+/// they reach the cache while it is in flight (a task counts as sent when it starts, and on a
+/// busy machine may take a while to reach the cache; the moment is a bound for that, no
+/// assertion is made on it). Each answer, in the order sent.
+pub async fn stampede(
+    origin: &Held,
+    apps: &[Router],
+    requests: usize,
+    uri: &str,
+    headers: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<Answer> {
+    let moment = Duration::from_millis(300);
+    stampede_held(moment, origin, apps, requests, uri, headers).await
+}
+
+/// [`stampede`], the first load held `moment` past the last request's start.
+pub async fn stampede_held(
+    moment: Duration,
+    origin: &Held,
+    apps: &[Router],
+    requests: usize,
+    uri: &str,
+    headers: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<Answer> {
+    let sent = Counter::default();
+    let mut tasks = Vec::new();
+    for i in 0..requests {
+        let (app, sent, uri) = (apps[i % apps.len()].clone(), sent.clone(), uri.to_owned());
+        let headers = headers(i);
+        tasks.push(tokio::spawn(async move {
+            sent.hit();
+            let headers: Vec<(&str, &str)> =
+                headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            send(&app, "GET", &uri, &headers).await
+        }));
+        if i == 0 {
+            // The first request leads.
+            wait_until("the first load", || origin.loads.get() > 0).await;
+        }
+    }
+    wait_until("every request sent", || sent.get() == requests).await;
+    tokio::time::sleep(moment).await;
+    origin.release();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
 }

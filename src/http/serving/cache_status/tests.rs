@@ -35,7 +35,7 @@ fn each_way_of_serving_has_its_rfc_9211_parameters() {
             503,
             Served::Collapsed(Forward::Loaded),
             "tower-stampede; fwd=uri-miss; fwd-status=503; collapsed",
-            "HIT",
+            "MISS",
         ),
         // RFC 9211 §2.2, §2.3: collapsed onto the reload of a stale entry, which the
         // origin answered with a new response, or with `304`.
@@ -43,19 +43,19 @@ fn each_way_of_serving_has_its_rfc_9211_parameters() {
             200,
             Served::Collapsed(Forward::Refreshed),
             "tower-stampede; fwd=stale; fwd-status=200; collapsed",
-            "HIT",
+            "MISS",
         ),
         (
             503,
             Served::Collapsed(Forward::Refreshed),
             "tower-stampede; fwd=stale; fwd-status=503; collapsed",
-            "HIT",
+            "MISS",
         ),
         (
             200,
             Served::Collapsed(Forward::Revalidated),
             "tower-stampede; fwd=stale; fwd-status=304; collapsed",
-            "HIT",
+            "MISS",
         ),
         (
             200,
@@ -85,7 +85,7 @@ fn each_way_of_serving_has_its_rfc_9211_parameters() {
             200,
             Served::Revalidated(None),
             "tower-stampede; fwd=stale; fwd-status=304",
-            "BYPASS",
+            "MISS",
         ),
         (
             200,
@@ -102,8 +102,47 @@ fn each_way_of_serving_has_its_rfc_9211_parameters() {
         (
             200,
             Served::Request(Pass::ForwardingHeader("x_forwarded_host")),
-            "tower-stampede; fwd=request; fwd-status=200; \
+            "tower-stampede; fwd=bypass; fwd-status=200; \
              detail=forwarding-header:x_forwarded_host",
+            "BYPASS",
+        ),
+        // RFC 9211 §2.2: "configured to not handle this request".
+        (
+            200,
+            Served::Passed(Pass::Credentials),
+            "tower-stampede; fwd=bypass; fwd-status=200; detail=credentials",
+            "BYPASS",
+        ),
+        (
+            200,
+            Served::Request(Pass::MethodOverride),
+            "tower-stampede; fwd=bypass; fwd-status=200; detail=method-override",
+            "BYPASS",
+        ),
+        (
+            200,
+            Served::Passed(Pass::TooManyVariants),
+            "tower-stampede; fwd=uri-miss; fwd-status=200; detail=too-many-variants",
+            "BYPASS",
+        ),
+        // RFC 9211 §2.2: "the request method's semantics require the request to be
+        // forwarded"; RFC 9111 §4.4: what became of the URL.
+        (
+            204,
+            Served::Unsafe(Some(Invalidated::Now)),
+            "tower-stampede; fwd=method; fwd-status=204; detail=invalidated",
+            "BYPASS",
+        ),
+        (
+            200,
+            Served::Unsafe(Some(Invalidated::Coalesced)),
+            "tower-stampede; fwd=method; fwd-status=200; detail=invalidation-coalesced",
+            "BYPASS",
+        ),
+        (
+            500,
+            Served::Unsafe(None),
+            "tower-stampede; fwd=method; fwd-status=500; detail=unsafe-method",
             "BYPASS",
         ),
         (
@@ -131,6 +170,26 @@ fn each_way_of_serving_has_its_rfc_9211_parameters() {
             (cache_status.to_owned(), Some(x_cache.to_owned())),
             "{served:?}"
         );
+        assert_eq!(
+            x_cache,
+            told_by(cache_status),
+            "{served:?}: the two disagree"
+        );
+    }
+}
+
+/// The `x-cache` that tells what a `Cache-Status` member tells: `HIT` for a response from the
+/// cache, `STALE` for a stale one, `BYPASS` where the member names a rule that kept the cache
+/// out (or an unsafe method's), `MISS` for the rest: forwarded, by this request's own load or
+/// by the one it was collapsed onto, or answered by the layer when the origin gave nothing.
+fn told_by(cache_status: &str) -> &'static str {
+    let params: Vec<&str> = cache_status.split("; ").skip(1).collect();
+    let detail = params.iter().find_map(|p| p.strip_prefix("detail="));
+    match (params.contains(&"hit"), detail) {
+        (true, Some("stale")) => "STALE",
+        (true, _) => "HIT",
+        (false, None | Some("no-origin-response" | "timeout")) => "MISS",
+        (false, Some(_)) => "BYPASS",
     }
 }
 

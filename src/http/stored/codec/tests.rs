@@ -245,29 +245,40 @@ proptest! {
     }
 }
 
-/// A response for the requests that waited for its load (kind 5) keeps what a stored one
-/// keeps, the kind of its load, and the digest its waiters are matched by; one cut short, or
-/// with another kind of load inside, is malformed.
+/// A response for the requests that waited for its load (kind 6) keeps what a stored one
+/// keeps, the kind of its load, and the variant its waiters are matched by (its names and
+/// digest); one cut short, or with another kind of load inside, is malformed, and so is
+/// kind 5, which carried the digest without its names.
 #[test]
-fn a_response_for_waiters_round_trips_with_its_digest() {
+fn a_response_for_waiters_round_trips_with_its_variant() {
     let (status, headers, body) = sample();
     let fields = headers.iter().collect::<Vec<_>>();
-    let digest = KeyDigest::of(b"accept-language=fr");
+    let names = vec![
+        HeaderName::from_static("accept-language"),
+        HeaderName::from_static("x-forwarded-host"),
+    ];
+    let mut request = HeaderMap::new();
+    request.insert("accept-language", HeaderValue::from_static("fr"));
+    let variant = VariantId::of("primary", names, &request);
     for forward in [Forward::Loaded, Forward::Refreshed] {
-        let entry = encode_for_waiters(at(7), (status, &fields), &body, forward, &digest).unwrap();
+        let entry = encode_for_waiters(at(7), (status, &fields), &body, forward, &variant).unwrap();
         let Ok(Decoded::ForWaiters(decoded, sent_with)) = decode(&entry) else {
             panic!("not a response for waiters")
         };
-        assert_eq!(sent_with, digest);
+        assert_eq!(sent_with, variant);
+        assert!(sent_with.matches("primary", &request));
         assert_eq!((decoded.status, &decoded.headers), (status, &headers));
         assert_eq!(decoded.body, "hello world");
         assert_eq!(decoded.stored_at, at(7));
         assert_eq!(forward_of(&entry), forward);
         assert!(accepts_primary(&entry) && accepts_variant(&entry));
         assert_eq!(decode(&entry.slice(..40)), Err(Malformed));
+        let mut kind_5 = entry.to_vec();
+        kind_5[1] = 5;
+        assert_eq!(decode(&Bytes::from(kind_5)), Err(Malformed));
     }
     let mut revalidated =
-        encode_for_waiters(at(7), (status, &fields), &body, Forward::Loaded, &digest)
+        encode_for_waiters(at(7), (status, &fields), &body, Forward::Loaded, &variant)
             .unwrap()
             .to_vec();
     revalidated[10] = 4;

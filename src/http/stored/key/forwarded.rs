@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,8 +12,9 @@ use http::{HeaderMap, HeaderName};
 use moka::ops::compute::Op;
 
 /// The most sets of forwarding values that one URL is stored for, per process. A load
-/// balancer sets one (a few, with several balancers or schemes); past the bound a new set
-/// passes, so that an attacker cannot fill L1 or the store with variants of one page.
+/// balancer sets one (a few, with several balancers or schemes); past the bound a set is
+/// stored only in place of one that fewer requests carry, so that an attacker can neither
+/// fill L1 or the store with variants of one page nor push the balancer's set out.
 pub(crate) const MAX_FORWARDED_VARIANTS: usize = 16;
 
 /// How many URLs the bound is kept for, the least recently used forgotten first.
@@ -76,23 +78,32 @@ fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// The sets of forwarding values each URL was stored for, in this process: at most
-/// [`MAX_FORWARDED_VARIANTS`] per URL, for the [`URLS`] most recently asked for. Cheap to
-/// clone (the clones share it). Keys and values are hashed with a key of this process's own,
-/// so that no client can make two sets count as one.
+/// The sets of forwarding values each URL is stored for, in this process: at most
+/// [`MAX_FORWARDED_VARIANTS`] per URL, for the [`URLS`] most recently asked for, chosen by use
+/// rather than by arrival. Every request with forwarding headers counts a use of its set
+/// (in [`Uses`]); a set the URL is not stored for yet takes the place of the held set that
+/// fewer requests carried, and only if its own requests were more (TinyLFU's admission: a
+/// newcomer must beat its victim). So the set most requests carry keeps its place whatever
+/// arrived before it, and an attacker's values, each sent a few times, take no place from
+/// it; a set turned away is looked up and coalesced as any other, just not stored.
+///
+/// Cheap to clone (the clones share it). Keys and values are hashed with a key of this
+/// process's own, so that no client can make two sets count as one.
 #[derive(Clone)]
 pub(crate) struct ForwardedVariants {
-    seen: moka::sync::Cache<u64, Arc<[u64]>>,
+    held: moka::sync::Cache<u64, Arc<[u64]>>,
+    uses: Arc<Uses>,
     hasher: std::collections::hash_map::RandomState,
 }
 
 impl Default for ForwardedVariants {
     fn default() -> Self {
         ForwardedVariants {
-            seen: moka::sync::Cache::builder()
+            held: moka::sync::Cache::builder()
                 .max_capacity(URLS)
                 .time_to_idle(IDLE)
                 .build(),
+            uses: Arc::default(),
             hasher: std::collections::hash_map::RandomState::new(),
         }
     }
@@ -101,38 +112,123 @@ impl Default for ForwardedVariants {
 impl std::fmt::Debug for ForwardedVariants {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ForwardedVariants")
-            .field("urls", &self.seen.entry_count())
+            .field("urls", &self.held.entry_count())
             .finish()
     }
 }
 
 impl ForwardedVariants {
-    /// Whether a request under the forwarded primary key `primary` may be looked up: its
-    /// values of the `keyed` forwarding headers are a set the URL was stored for, or one
-    /// more within the bound (then counted). A hit on a known set takes no lock.
+    /// Whether the response to a request under the forwarded primary key `primary` may be
+    /// stored: its values of the `keyed` forwarding headers are a set the URL is stored for,
+    /// or one that takes a place (see [above](Self)). A request whose set is turned away is
+    /// still looked up and coalesced; only its load stores nothing.
     pub(crate) fn admit(&self, primary: &str, keyed: &[HeaderName], headers: &HeaderMap) -> bool {
         let url = self.hasher.hash_one(primary);
         let mut values = String::new();
         super::push_values(&mut values, keyed, headers, true);
         let set = self.hasher.hash_one(&values);
-        if self.seen.get(&url).is_some_and(|sets| sets.contains(&set)) {
+        let uses = self.uses.count(url ^ set.rotate_left(32));
+        if self.held.get(&url).is_some_and(|sets| sets.contains(&set)) {
             return true;
         }
         let mut admitted = false;
-        self.seen.entry(url).and_compute_with(|held| match held {
-            Some(held) if held.value().contains(&set) => {
+        self.held.entry(url).and_compute_with(|held| {
+            let mut sets = held.map_or_else(Vec::new, |held| held.value().to_vec());
+            if sets.contains(&set) {
                 admitted = true;
-                Op::Nop
+                return Op::Nop;
             }
-            Some(held) if held.value().len() >= MAX_FORWARDED_VARIANTS => Op::Nop,
-            held => {
-                admitted = true;
-                let mut sets = held.map_or_else(Vec::new, |held| held.value().to_vec());
+            if sets.len() < MAX_FORWARDED_VARIANTS {
                 sets.push(set);
-                Op::Put(sets.into())
+            } else {
+                let used = |held: u64| self.uses.estimate(url ^ held.rotate_left(32));
+                let Some(fewest) = (0..sets.len()).min_by_key(|&i| used(sets[i])) else {
+                    return Op::Nop;
+                };
+                if uses <= used(sets[fewest]) {
+                    return Op::Nop;
+                }
+                sets[fewest] = set;
             }
+            admitted = true;
+            Op::Put(sets.into())
         });
         admitted
+    }
+}
+
+/// How often each pair of a URL and a set of forwarding values was used, approximately: a
+/// count-min sketch (four rows of counters; an estimate is the least of its four, and a use
+/// raises only those at the least, so that noise grows as slowly as it can) whose counts are
+/// halved every [`Uses::AGE_AFTER`] uses, so that what was used long ago weighs less than
+/// what is used now, and no count ties at a ceiling. Fixed in size ([`Uses::WIDTH`] × 4
+/// counters, 128 KiB) whatever the clients send; an attacker's values only add noise, which
+/// weighs on a newcomer's count and on its victim's alike (a newcomer whose four counters
+/// all collide with others' may take a place it did not earn: with 1,000 sets in the
+/// sketch, about one in 4,500).
+pub(super) struct Uses {
+    counters: Vec<AtomicU32>,
+    counted: AtomicU32,
+}
+
+impl Default for Uses {
+    fn default() -> Self {
+        Uses {
+            counters: (0..4 * Self::WIDTH).map(|_| AtomicU32::new(0)).collect(),
+            counted: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Uses {
+    /// Counters per row.
+    const WIDTH: usize = 8192;
+    /// Uses counted between two halvings.
+    const AGE_AFTER: u32 = 10 * Self::WIDTH as u32;
+
+    /// The counter of `item` in each row: 13 bits of its (mixed) hash per row.
+    fn slots(item: u64) -> [usize; 4] {
+        let mixed = item.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        std::array::from_fn(|row| {
+            row * Self::WIDTH + ((mixed >> (16 * row + 3)) as usize & (Self::WIDTH - 1))
+        })
+    }
+
+    /// The estimate of how often `item` was used.
+    pub(super) fn estimate(&self, item: u64) -> u32 {
+        self.least(Self::slots(item))
+    }
+
+    fn least(&self, slots: [usize; 4]) -> u32 {
+        slots
+            .iter()
+            .map(|&slot| self.counters[slot].load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Counts one use of `item` and returns its estimate.
+    pub(super) fn count(&self, item: u64) -> u32 {
+        let slots = Self::slots(item);
+        let least = self.least(slots);
+        let raised = least.saturating_add(1);
+        for slot in slots {
+            // A counter another use raised meanwhile is left as it is: counts are estimates.
+            let _ = self.counters[slot].compare_exchange(
+                least,
+                raised,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        if self.counted.fetch_add(1, Ordering::Relaxed) == Self::AGE_AFTER {
+            // One caller sees the count reach the mark, and ages the sketch.
+            self.counted.store(0, Ordering::Relaxed);
+            for counter in &self.counters {
+                let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c / 2));
+            }
+        }
+        raised
     }
 }
 
@@ -205,11 +301,118 @@ mod tests {
         }
         assert_eq!(
             variants
-                .seen
+                .held
                 .get(&variants.hasher.hash_one("third-url"))
                 .unwrap()
                 .len(),
             1
         );
+    }
+
+    /// The URL's sets, as held.
+    fn held(variants: &ForwardedVariants, url: &str) -> Vec<u64> {
+        let url = variants.hasher.hash_one(url);
+        variants
+            .held
+            .get(&url)
+            .map_or_else(Vec::new, |sets| sets.to_vec())
+    }
+
+    #[test]
+    fn the_set_most_requests_carry_takes_its_place_whatever_came_before() {
+        let variants = ForwardedVariants::default();
+        let keyed = [HeaderName::from_static("x-forwarded-host")];
+        let with = |host: &str| headers(&[("x-forwarded-host", host)]);
+        let balancer = with("www.example.com");
+        // 1,000 attacker values first, each sent once: 16 of them hold the URL's places. (A
+        // value whose counters all collide with others' may take one from another attacker
+        // value: see `Uses`; fewer than 7 in 2,000 but once in a million runs.)
+        let admitted = (0..1000)
+            .filter(|i| variants.admit("url", &keyed, &with(&format!("evil{i}.example"))))
+            .count();
+        assert!((MAX_FORWARDED_VARIANTS..MAX_FORWARDED_VARIANTS + 6).contains(&admitted));
+        // The balancer's first request ties with the attackers' one each: turned away
+        // (looked up and coalesced, not stored), unless noise lifted it; its second beats
+        // them, and its set holds.
+        let turned_away = (0..2)
+            .take_while(|_| !variants.admit("url", &keyed, &balancer))
+            .count();
+        assert!(turned_away <= 1);
+        // 1,000 more attacker values between and after its requests never take its place.
+        let mut later = 0;
+        for i in 0..1000 {
+            let attacker = with(&format!("later{i}.example"));
+            later += usize::from(variants.admit("url", &keyed, &attacker));
+            if i % 100 == 0 {
+                assert!(
+                    variants.admit("url", &keyed, &balancer),
+                    "balancer after {i}"
+                );
+            }
+        }
+        assert!(
+            admitted - MAX_FORWARDED_VARIANTS + later < 7,
+            "{admitted} then {later}"
+        );
+        assert!(variants.admit("url", &keyed, &balancer));
+        assert_eq!(held(&variants, "url").len(), MAX_FORWARDED_VARIANTS);
+    }
+
+    #[test]
+    fn an_attacker_that_repeats_its_values_needs_more_requests_than_the_balancer() {
+        let variants = ForwardedVariants::default();
+        let keyed = [HeaderName::from_static("x-forwarded-host")];
+        let with = |host: &str| headers(&[("x-forwarded-host", host)]);
+        // 16 attacker values, 5 requests each, hold every place.
+        for _ in 0..5 {
+            for i in 0..MAX_FORWARDED_VARIANTS {
+                variants.admit("url", &keyed, &with(&format!("evil{i}")));
+            }
+        }
+        let balancer = with("www.example.com");
+        let turned_away = (0..10)
+            .take_while(|_| !variants.admit("url", &keyed, &balancer))
+            .count();
+        assert_eq!(
+            turned_away, 5,
+            "stored from its 6th request, past the attackers' 5"
+        );
+        assert!(variants.admit("url", &keyed, &balancer));
+    }
+
+    #[test]
+    fn a_new_set_takes_the_place_of_the_least_used_once_more_requests_carry_it() {
+        let variants = ForwardedVariants::default();
+        let keyed = [HeaderName::from_static("x-forwarded-host")];
+        let with = |host: &str| headers(&[("x-forwarded-host", host)]);
+        for i in 0..MAX_FORWARDED_VARIANTS {
+            for _ in 0..100 {
+                variants.admit("url", &keyed, &with(&format!("old{i}")));
+            }
+        }
+        // A new balancer value (a deploy): turned away while the old ones weigh more, then
+        // stored, as the uses of the old ones are halved and its own are not.
+        let new = with("new.example");
+        let turned_away = (0..1000)
+            .take_while(|_| !variants.admit("url", &keyed, &new))
+            .count();
+        assert_eq!(
+            turned_away, 100,
+            "stored once its uses pass the least used old set's"
+        );
+    }
+
+    #[test]
+    fn uses_are_halved_as_they_age() {
+        let uses = Uses::default();
+        for _ in 0..8 {
+            uses.count(7);
+        }
+        assert_eq!(uses.estimate(7), 8);
+        for _ in 0..Uses::AGE_AFTER {
+            uses.count(8);
+        }
+        assert_eq!(uses.estimate(7), 4);
+        assert!(uses.estimate(8) < Uses::AGE_AFTER);
     }
 }
