@@ -16,6 +16,7 @@
 //! and (feature `redis`) a real `redis-server` on real time, one test per store.
 
 use std::fmt;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
@@ -340,6 +341,11 @@ fn answer(shape: &str, made_for: String) -> Response {
 
 /// Two app instances (processes) over the shared store, each its own `Cache`, before `origin`.
 async fn instances(shared: &Shared, origin: &Router) -> [Router; 2] {
+    instances_and_caches(shared, origin).await.0
+}
+
+/// [`instances`], and their caches.
+async fn instances_and_caches(shared: &Shared, origin: &Router) -> ([Router; 2], [Cache; 2]) {
     let other = shared.other_process().await;
     let caches = [
         shared.cache().build(),
@@ -348,12 +354,13 @@ async fn instances(shared: &Shared, origin: &Router) -> [Router; 2] {
             .store_timeout(PATIENT)
             .build(),
     ];
-    caches.map(|cache| {
+    let apps = caches.clone().map(|cache| {
         let layer = StampedeLayer::new(cache)
             .max_body_bytes(MAX_BODY)
             .max_relay_bytes(MAX_RELAY);
         origin.clone().layer(layer)
-    })
+    });
+    (apps, caches)
 }
 
 /// Whether `answer`, to a request of `sent` with `headers`, was made for it: always for its
@@ -476,4 +483,59 @@ async fn every_request_shape_meets_every_response_shape(shared: Shared) {
         failures.len(),
         failures.join("\n")
     );
+}
+
+store_test!(a_balancer_burst_after_a_thousand_attacker_values_loads_once);
+/// Issue 52: 1,000 distinct attacker values of `X-Forwarded-Host` reach each of two processes
+/// before the balancer's first request (a page under attack since before a deploy); then a
+/// burst of 100 balancer requests over both costs the origin one load, and the balancer's
+/// page is stored: its next requests are hits, in both processes. What the attacker's values
+/// hold stays bounded: the variants each process stores for the URL (at most 16, those most
+/// requests carry, plus the few a collision in the sketch of uses lets in), reported.
+async fn a_balancer_burst_after_a_thousand_attacker_values_loads_once(shared: Shared) {
+    const ATTACKERS: usize = 1_000;
+    let held = Held::all();
+    let (apps, caches) = instances_and_caches(&shared, &origin(held.clone())).await;
+    let uri = "http://app.test/MaxAge/attacked";
+    for (a, app) in apps.iter().enumerate() {
+        for i in 0..ATTACKERS {
+            let host = format!("evil{a}-{i}.example");
+            let flood = [("x-forwarded-host", host.as_str()), ("x-flood", "1")];
+            let answer = send(app, "GET", uri, &flood).await;
+            let made_for = MadeFor::read(answer.body()).unwrap();
+            assert!(made_for.forwarding.starts_with(&host), "{}", shared.name);
+        }
+    }
+    let balancer = |i| Sent::Balancer.headers(i);
+    let answers = stampede_held(MOMENT, &held, &apps, 100, uri, balancer).await;
+    assert_eq!(
+        held.loads.get(),
+        1,
+        "{}: one load for the burst",
+        shared.name
+    );
+    for (i, answer) in answers.iter().enumerate() {
+        check_private(shared.name, answer, &balancer(i), false);
+    }
+    for app in &apps {
+        let pairs: Vec<(&str, String)> = balancer(7);
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        send(app, "GET", uri, &pairs).await;
+        let hit = send(app, "GET", uri, &pairs).await;
+        assert_eq!(hit.x_cache(), "HIT", "{}: {}", shared.name, ours(&hit));
+    }
+    // Each process's L1 holds the URL's marker and the variants it stored: at most 16 sets
+    // (and the few a collision lets in), each entry a few hundred bytes here.
+    for (i, cache) in caches.iter().enumerate() {
+        let l1 = cache.stats().l1_bytes;
+        eprintln!("{}: L1 of process {i}: {l1} bytes", shared.name);
+        assert!(l1 < 16 * 1024, "{}: {l1} bytes in L1", shared.name);
+    }
+    if let support::Backing::Memory(memory) = &shared.backing {
+        // Every value turned away left its answer for its waiters (a few seconds, swept later).
+        let (entries, bytes) = (memory.len(), memory.bytes());
+        eprintln!(
+            "store: {entries} values ({bytes} bytes) after {ATTACKERS} attacker values per process"
+        );
+    }
 }
