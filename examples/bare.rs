@@ -17,7 +17,9 @@
 //! ```
 //!
 //! `scripts/bench-hits.sh` runs exactly that, in turns. As an origin, `bare` makes the page
-//! fresh for an hour, so every request after the first is a hit. After binding it prints
+//! fresh for an hour, so every request after the first is a hit; under a path that starts
+//! with `/vary` it answers `Vary: Accept-Encoding` too, as any site that compresses does
+//! (`scripts/bench-hits.sh --variants`). After binding it prints
 //! `listening on ADDR`; Ctrl-C stops it.
 
 #[path = "shared/serve.rs"]
@@ -29,7 +31,7 @@ use std::process::ExitCode;
 
 use bytes::Bytes;
 use clap::Parser;
-use http::header::{AGE, CACHE_CONTROL, CONTENT_TYPE};
+use http::header::{AGE, CACHE_CONTROL, CONTENT_TYPE, VARY};
 use http::{HeaderName, HeaderValue, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -104,8 +106,13 @@ async fn run(args: Args) -> Result<(), String> {
             .collect::<Vec<u8>>(),
     );
     let origin = args.origin;
-    let service = service_fn(move |_request: Request<Incoming>| {
-        std::future::ready(Ok::<_, Infallible>(page(&body, origin)))
+    let service = service_fn(move |request: Request<Incoming>| {
+        let mut page = page(&body, origin);
+        if origin && request.uri().path().starts_with("/vary") {
+            page.headers_mut()
+                .insert(VARY, HeaderValue::from_static("accept-encoding"));
+        }
+        std::future::ready(Ok::<_, Infallible>(page))
     });
     let listener = TcpListener::bind(args.listen)
         .await

@@ -12,13 +12,20 @@
 # and bare's over the proxy's: the cost of the cache's work, which is steadier than the req/s
 # ratio on a shared machine (wrk's share of the two cores moves req/s more than it moves these).
 #
-# Usage: ./scripts/bench-hits.sh [--rounds N] [--seconds S] [--redis] [--pin]
+# With --variants, it measures the proxy against itself instead: plain hits against hits that
+# carry a load balancer's fields (`X-Forwarded-Proto`, `X-Forwarded-Port`, `X-Forwarded-For`,
+# `X-Real-IP`), hits on a page with `Vary: Accept-Encoding`, and both at once, in turns (the
+# order rotates every round), each as a ratio of that round's plain hits.
+#
+# Usage: ./scripts/bench-hits.sh [--rounds N] [--seconds S] [--redis] [--pin] [--variants]
 #   --rounds N   rounds of the two wrk runs (default 3, at least 3 for a median worth reading)
 #   --seconds S  length of each wrk run (default 10)
 #   --redis      the proxy shares its cache through a redis-server (hits still come from L1)
 #   --pin        wrk on the last CPU, the server under test on the others (taskset); off by
 #                default: on 2 cores it leaves the servers one core each, which says less
 #                about either than letting the kernel share both
+#   --variants   the proxy's hits behind a balancer and on a varying page, against its plain
+#                hits
 # Needs `wrk` (Debian package `wrk`; installed with apt-get if missing and we may) and curl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,13 +34,15 @@ rounds=3
 seconds=10
 redis=0
 pin=0
+variants=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --rounds) rounds="$2"; shift 2 ;;
     --seconds) seconds="$2"; shift 2 ;;
     --redis) redis=1; shift ;;
     --pin) pin=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --variants) variants=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -144,12 +153,14 @@ echo "==> wrk -t2 -c64 -d${seconds}s --latency, $rounds rounds$([ "$pin" = 1 ] &
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 ticks_per_second=$(getconf CLK_TCK)
 
-# Runs wrk against a URL served by process PID; prints "req/s p99_ms cpu_us_per_request".
+# Runs wrk against a URL served by process PID (then wrk's own arguments: header fields);
+# prints "req/s p99_ms cpu_us_per_request".
 measure() {
-  local before after
-  before=$(cpu_ticks "$2")
-  (on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$1") >"$work/wrk.out"
-  after=$(cpu_ticks "$2")
+  local before after url="$1" pid="$2"
+  shift 2
+  before=$(cpu_ticks "$pid")
+  (on_cpus "$wrk_cpus" wrk -t2 -c64 -d"${seconds}s" --latency "$@" "$url") >"$work/wrk.out"
+  after=$(cpu_ticks "$pid")
   awk -v ticks=$((after - before)) -v hz="$ticks_per_second" '
     /Requests\/sec:/ { rps = $2 }
     / requests in / { requests = $1 }
@@ -161,6 +172,65 @@ measure() {
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+if [ "$variants" = 1 ]; then
+  balancer=(-H "X-Forwarded-Proto: https" -H "X-Forwarded-Port: 443"
+    -H "X-Forwarded-For: 198.51.100.7" -H "X-Real-IP: 198.51.100.7")
+  encoding=(-H "Accept-Encoding: gzip, deflate, br")
+  # Each shape: its name, path and wrk arguments; every one warmed until it is a hit.
+  shapes=(plain balancer vary both)
+  shape_args() {
+    case "$1" in
+      plain) echo "/page" ;;
+      balancer) echo "/page" ;;
+      vary) echo "/vary" ;;
+      both) echo "/vary" ;;
+    esac
+  }
+  headers_of() {
+    case "$1" in
+      plain) headers=() ;;
+      balancer) headers=("${balancer[@]}") ;;
+      vary) headers=("${encoding[@]}") ;;
+      both) headers=("${balancer[@]}" "${encoding[@]}") ;;
+    esac
+  }
+  for shape in "${shapes[@]}"; do
+    headers_of "$shape"
+    curl_headers=()
+    for ((i = 1; i < ${#headers[@]}; i += 2)); do curl_headers+=(-H "${headers[$i]}"); done
+    url="http://$proxy$(shape_args "$shape")"
+    for _ in $(seq 50); do
+      curl -s -o /dev/null -D - "${curl_headers[@]}" "$url" | grep -qi '^x-cache: HIT' && break
+      sleep 0.1
+    done
+    curl -s -o /dev/null -D - "${curl_headers[@]}" "$url" | grep -qi '^x-cache: HIT' \
+      || { echo "error: $shape hits are not answered from the cache" >&2; exit 1; }
+  done
+  printf '%-6s %-9s %10s %9s %9s %9s\n' round shape rps rps_ratio cpu_us cpu_ratio
+  : >"$work/rounds"
+  for round in $(seq "$rounds"); do
+    order=("${shapes[@]:$(( (round - 1) % 4 ))}" "${shapes[@]:0:$(( (round - 1) % 4 ))}")
+    declare -A rps cpu
+    for shape in "${order[@]}"; do
+      headers_of "$shape"
+      read -r r _ c < <(measure "http://$proxy$(shape_args "$shape")" "$proxy_pid" "${headers[@]}")
+      rps[$shape]=$r; cpu[$shape]=$c
+    done
+    for shape in "${shapes[@]}"; do
+      ratio=$(awk -v s="${rps[$shape]}" -v p="${rps[plain]}" 'BEGIN { printf "%.3f", (p > 0) ? s / p : 0 }')
+      cratio=$(awk -v s="${cpu[$shape]}" -v p="${cpu[plain]}" 'BEGIN { printf "%.3f", (s > 0) ? p / s : 0 }')
+      printf '%-6s %-9s %10s %9s %9s %9s\n' "$round" "$shape" "${rps[$shape]}" "$ratio" "${cpu[$shape]}" "$cratio"
+      echo "$shape $ratio $cratio" >>"$work/rounds"
+    done
+  done
+  for shape in balancer vary both; do
+    r=$(awk -v s="$shape" '$1 == s { print $2 }' "$work/rounds" | median)
+    c=$(awk -v s="$shape" '$1 == s { print $3 }' "$work/rounds" | median)
+    echo "==> $shape over plain hits: req/s median $r, CPU per request (plain/$shape) median $c (goal: >= 0.9)"
+  done
+  exit 0
+fi
 
 printf '%-6s %10s %10s %10s %10s %9s %9s %8s %8s %9s\n' round proxy_rps proxy_p99 bare_rps bare_p99 rps_ratio p99_ratio proxy_us bare_us cpu_ratio
 row() { printf '%-6s %10s %8sms %10s %8sms %9s %9s %8s %8s %9s\n' "$@"; }

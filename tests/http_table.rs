@@ -16,7 +16,6 @@
 //! and (feature `redis`) a real `redis-server` on real time, one test per store.
 
 use std::fmt;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};

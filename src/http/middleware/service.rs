@@ -135,8 +135,9 @@ where
                             let form = AnswerForm::of(&parts);
                             // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
                             let digest = KeyDigest::of(primary.as_bytes());
+                            let url = (primary.as_str(), &digest);
                             if let Some(response) =
-                                from_l1(&self.cache, &digest, &form, &self.config)
+                                from_l1(&self.cache, url, &parts.headers, &form, &self.config)
                             {
                                 return ResponseFuture::ready(response);
                             }

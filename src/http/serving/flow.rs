@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::AGE;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use tokio::sync::watch;
 use tower::util::Oneshot;
@@ -36,26 +36,44 @@ use crate::http::rules::pass::Pass;
 use crate::http::serving::body::ResponseBody;
 use crate::http::serving::config::HttpConfig;
 use crate::http::stored::codec::{self, CachedResponse, Decoded, Forward};
-use crate::http::stored::key::VariantId;
+use crate::http::stored::key::{self, VariantId};
 use crate::store::KeyDigest;
 
-/// The hot path of a cacheable request: its answer from a plain response in L1 (the key
-/// hashed to `digest`), made as the request is called, before anything a load needs is built
-/// (the slot, the loader and their clones, the request's future). `None` if L1 holds no
-/// response for the key ready to answer (a vary marker takes [`fetch`], which looks in L1
-/// again).
+/// The hot path of a cacheable request: its answer from a response in L1, made as the
+/// request is called, before anything a load needs is built (the slot, the loader and their
+/// clones, the request's future): under the URL's key `primary` (hashed to `digest`), or, where
+/// L1 holds the URL's vary marker there, under the variant key the marker and the request's
+/// `headers` make (a page with `Vary`, or a request keyed by its forwarding headers). `None`
+/// if L1 holds no response ready to answer: [`fetch`] looks in L1 again, then the store.
 pub(crate) fn from_l1<B: Body>(
     cache: &Cache,
-    digest: &KeyDigest,
+    (primary, digest): (&str, &KeyDigest),
+    headers: &HeaderMap,
     form: &AnswerForm,
     config: &Arc<HttpConfig>,
 ) -> Option<Response<ResponseBody<B>>> {
-    // Decoded once per L1 entry, with a plain hit's fields made ready.
+    let mut marker = None;
+    // Decoded once per L1 entry, with a plain hit's fields made ready; a marker is read again
+    // for each request (it holds no response to keep in view), and noted.
+    let read = |value: &Bytes| match codec::decode(value) {
+        Ok(Decoded::Response(cached)) => Some(HitReady::new(cached, config)),
+        Ok(Decoded::Vary(found)) => {
+            marker = Some(found);
+            None
+        }
+        _ => None,
+    };
+    let local = |ready: &Arc<HitReady>| Arc::new(ready.localized());
+    if let Some(found) = cache.l1_hit(digest, read, local) {
+        return Some(responses::hit(&found, form, config));
+    }
+    let marker = marker?;
+    let variant = key::variant(primary, marker.generation, &marker.names, headers);
     let read = |value: &Bytes| match codec::decode(value) {
         Ok(Decoded::Response(cached)) => Some(HitReady::new(cached, config)),
         _ => None,
     };
-    let found = cache.l1_hit(digest, read, |ready| Arc::new(ready.localized()))?;
+    let found = cache.l1_hit(&KeyDigest::of(variant.as_bytes()), read, local)?;
     Some(responses::hit(&found, form, config))
 }
 
