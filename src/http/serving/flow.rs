@@ -35,7 +35,7 @@ use crate::http::rules::parse;
 use crate::http::rules::pass::Pass;
 use crate::http::serving::body::ResponseBody;
 use crate::http::serving::config::HttpConfig;
-use crate::http::stored::codec::{self, CachedResponse, Decoded, Forward};
+use crate::http::stored::codec::{self, CachedResponse, Decoded, Forward, VaryMarker};
 use crate::http::stored::key::{self, VariantId};
 use crate::store::KeyDigest;
 
@@ -52,29 +52,49 @@ pub(crate) fn from_l1<B: Body>(
     form: &AnswerForm,
     config: &Arc<HttpConfig>,
 ) -> Option<Response<ResponseBody<B>>> {
-    let mut marker = None;
-    // Decoded once per L1 entry, with a plain hit's fields made ready; a marker is read again
-    // for each request (it holds no response to keep in view), and noted.
+    // Decoded once per L1 entry (a thread keeps it in view), with a plain hit's fields made
+    // ready, or the marker's names.
     let read = |value: &Bytes| match codec::decode(value) {
-        Ok(Decoded::Response(cached)) => Some(HitReady::new(cached, config)),
-        Ok(Decoded::Vary(found)) => {
-            marker = Some(found);
-            None
-        }
+        Ok(Decoded::Response(cached)) => Some(InL1::Hit(HitReady::new(cached, config))),
+        Ok(Decoded::Vary(marker)) => Some(InL1::Marker(marker)),
         _ => None,
     };
-    let local = |ready: &Arc<HitReady>| Arc::new(ready.localized());
-    if let Some(found) = cache.l1_hit(digest, read, local) {
-        return Some(responses::hit(&found, form, config));
-    }
-    let marker = marker?;
+    let local = |found: &Arc<InL1>| Arc::new(found.localized());
+    let found = cache.l1_hit(digest, read, local)?;
+    let marker = match &*found.value {
+        InL1::Hit(ready) => return Some(responses::hit(ready, &found, form, config)),
+        InL1::Marker(marker) => marker,
+    };
     let variant = key::variant(primary, marker.generation, &marker.names, headers);
     let read = |value: &Bytes| match codec::decode(value) {
-        Ok(Decoded::Response(cached)) => Some(HitReady::new(cached, config)),
+        Ok(Decoded::Response(cached)) => Some(InL1::Hit(HitReady::new(cached, config))),
         _ => None,
     };
     let found = cache.l1_hit(&KeyDigest::of(variant.as_bytes()), read, local)?;
-    Some(responses::hit(&found, form, config))
+    match &*found.value {
+        InL1::Hit(ready) => Some(responses::hit(ready, &found, form, config)),
+        InL1::Marker(_) => None,
+    }
+}
+
+/// What the hot path keeps in view of an L1 entry: a response ready to answer hits, or the
+/// vary marker of a URL whose variants are keyed apart.
+// Made once per L1 entry, held in an `Arc`: boxing the response would add an indirection to
+// every hit.
+#[allow(clippy::large_enum_variant)]
+enum InL1 {
+    Hit(HitReady),
+    Marker(VaryMarker),
+}
+
+impl InL1 {
+    /// A copy for a thread's view (see [`HitReady::localized`]).
+    fn localized(&self) -> Self {
+        match self {
+            InL1::Hit(ready) => InL1::Hit(ready.localized()),
+            InL1::Marker(marker) => InL1::Marker(marker.clone()),
+        }
+    }
 }
 
 /// A cacheable request under the URL's key `primary` (hashed to `digest`) that L1 did not

@@ -200,15 +200,15 @@ fn own_value(value: &HeaderValue) -> HeaderValue {
     own
 }
 
-/// The answer to a hit in L1 (`found`), for a layer of `config`: [`answer`]'s, built from the
+/// The answer to a hit in L1 (`ready`, as `found` read it), for a layer of `config`: [`answer`]'s, built from the
 /// fields made ready where the request is a plain `GET` of that layer (`Age` and our
 /// `Cache-Status` member, the last, set in place).
-pub(crate) fn hit<B: Body>(
-    found: &L1Found<HitReady>,
+pub(crate) fn hit<B: Body, T>(
+    ready: &HitReady,
+    found: &L1Found<T>,
     form: &AnswerForm,
     config: &Arc<HttpConfig>,
 ) -> Response<ResponseBody<B>> {
-    let ready = &found.value;
     let ttl = ttl(Some(found.fresh_until), found.read_at);
     if form.head || form.conditions.is_some() || !Arc::ptr_eq(&ready.config, config) {
         return answer(&ready.cached, Served::Hit(ttl), form, &config.cache_status);

@@ -430,7 +430,11 @@ fn push_values(key: &mut String, names: &[HeaderName], request: &HeaderMap, forw
             } else {
                 Cow::Borrowed(value)
             };
-            key.extend(value.escape_ascii().map(char::from));
+            // Most values have nothing to escape: copied whole.
+            match std::str::from_utf8(&value) {
+                Ok(plain) if value.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
+                _ => key.extend(value.escape_ascii().map(char::from)),
+            }
         }
     }
 }
