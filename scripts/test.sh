@@ -160,6 +160,9 @@ models() {
 }
 
 step "cargo test (library, integration, examples' build, doctests)" cargo test --all-features
+# What a user of the `.crate` gets builds alone (its own target directory, removed after).
+step "the package: packed, unpacked and built alone (scripts/package-check.sh)" \
+  ./scripts/package-check.sh --allow-dirty
 step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)" \
   env SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
 step "cargo test (no default features: the tests over the embedded store, without Redis)" \
