@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need (redis-server and redis-cli; openssl for the TLS tests), then runs
+# Installs what the tests need (redis-server and redis-cli; openssl for the TLS tests; python3
+# for the MSRV check), then runs
 # formatting, lints and the whole suite, and ends with a summary: the time of each step, and the
 # tests passed and failed per test binary.
 #
@@ -25,6 +26,7 @@ missing() {
     packages+=(redis-server redis-tools)
   fi
   command -v openssl >/dev/null 2>&1 || packages+=(openssl)
+  command -v python3 >/dev/null 2>&1 || packages+=(python3)
   echo "${packages[@]}"
 }
 
@@ -126,6 +128,8 @@ if [ "$repeat" -gt 0 ]; then
 fi
 
 step "cargo fmt --check" cargo fmt --all -- --check
+step "MSRV: no locked dependency declares a newer Rust than ours (scripts/msrv-check.py)" \
+  ./scripts/msrv-check.py
 # One pass over the workspace: the crate, its test support, the gRPC example and the models.
 step "cargo clippy (workspace, all targets, all features, -D warnings)" \
   cargo clippy --workspace --all-targets --all-features -- -D warnings
