@@ -22,6 +22,7 @@
 //! | `settings.rs` | settings that cannot work, refused by the build by name; typed header names |
 //! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
+//! | `stats.rs` | `Cache::stats`'s answer counts, and `Health` by name (`Display`, `Serialize`) |
 //! | `jitter.rs` | TTL jitter: keys written together expire over a spread |
 //! | `peek.rs` | `Cache::get`: what is cached, never loaded, never locked |
 //!
@@ -44,6 +45,7 @@ mod renewals;
 mod settings;
 mod soft_timeout;
 mod stale;
+mod stats;
 mod wire;
 
 use std::sync::Arc;
