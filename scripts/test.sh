@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need (redis-server and redis-cli; openssl for the TLS tests; python3
-# for the MSRV check), then runs
+# Installs what the tests need (redis-server and redis-cli; python3 for the MSRV and package
+# checks; the TLS tests make their certificates with rcgen), then runs
 # formatting, lints and the whole suite, and ends with a summary: the time of each step, and the
 # tests passed and failed per test binary.
 #
@@ -25,7 +25,6 @@ missing() {
   if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     packages+=(redis-server redis-tools)
   fi
-  command -v openssl >/dev/null 2>&1 || packages+=(openssl)
   command -v python3 >/dev/null 2>&1 || packages+=(python3)
   echo "${packages[@]}"
 }
@@ -49,7 +48,6 @@ if [ -n "$packages" ]; then
 fi
 # The tests start their own servers on free ports; a distribution's service is not needed.
 echo "==> $(redis-server --version)"
-echo "==> $(openssl version)"
 
 # Every test run's output goes to this log too, for the summary.
 log="$(mktemp -t tower-stampede-tests.XXXXXX)"

@@ -258,6 +258,18 @@ impl Counter {
     }
 }
 
+/// A signal for [`signal`]: `Signal::STOP` freezes a process (it keeps its sockets open and
+/// answers nothing, as a host cut off by a partition does), `Signal::CONT` thaws it.
+pub use rustix::process::Signal;
+
+/// Sends `signal` to the process `pid` (a child the test started).
+pub fn signal(pid: u32, signal: Signal) {
+    let raw = i32::try_from(pid).expect("a process id");
+    let process = rustix::process::Pid::from_raw(raw).expect("a process id is not 0");
+    rustix::process::kill_process(process, signal)
+        .unwrap_or_else(|e| panic!("cannot send {signal:?} to process {pid}: {e}"));
+}
+
 /// An error and every cause after it, as a report prints them (`anyhow`'s `{:#}`):
 /// `message: cause: its cause`.
 pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
