@@ -97,11 +97,15 @@ async fn ready() -> ([(HeaderName, &'static str); 1], &'static str) {
     (NO_STORE, "ready\n")
 }
 
-/// The store's state (answers, notifications, breaker), for dashboards and alerts.
-async fn cache_health(State(state): State<AppState>) -> ([(HeaderName, &'static str); 1], String) {
-    let health = state.cache.health().await;
-    let text = format!("healthy: {}\n{health:?}\n", health.is_healthy());
-    (NO_STORE, text)
+/// The store's state (answers, notifications, breaker), for dashboards and alerts, as JSON:
+/// `{"healthy":true,"store_answers":true,"last_answer_ago_ms":12,...}`.
+async fn cache_health(
+    State(state): State<AppState>,
+) -> (
+    [(HeaderName, &'static str); 1],
+    axum::Json<tower_stampede::Health>,
+) {
+    (NO_STORE, axum::Json(state.cache.health().await))
 }
 
 #[tokio::main]

@@ -38,7 +38,7 @@ pub fn app(cache: Cache, pages: Router) -> Router {
         // The store's state, for dashboards and alerts, not for the load balancer.
         .route(
             "/health/cache",
-            get(move || async move { (NO_STORE, format!("{:?}\n", cache.health().await)) }),
+            get(move || async move { (NO_STORE, format!("{}\n", cache.health().await)) }),
         )
         .merge(pages)
 }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need (redis-server and redis-cli; openssl for the TLS tests), then runs
+# Installs what the tests need (redis-server and redis-cli; python3 for the MSRV and package
+# checks; the TLS tests make their certificates with rcgen), then runs
 # formatting, lints and the whole suite, and ends with a summary: the time of each step, and the
 # tests passed and failed per test binary.
 #
@@ -24,7 +25,7 @@ missing() {
   if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     packages+=(redis-server redis-tools)
   fi
-  command -v openssl >/dev/null 2>&1 || packages+=(openssl)
+  command -v python3 >/dev/null 2>&1 || packages+=(python3)
   echo "${packages[@]}"
 }
 
@@ -47,7 +48,6 @@ if [ -n "$packages" ]; then
 fi
 # The tests start their own servers on free ports; a distribution's service is not needed.
 echo "==> $(redis-server --version)"
-echo "==> $(openssl version)"
 
 # Every test run's output goes to this log too, for the summary.
 log="$(mktemp -t tower-stampede-tests.XXXXXX)"
@@ -126,6 +126,8 @@ if [ "$repeat" -gt 0 ]; then
 fi
 
 step "cargo fmt --check" cargo fmt --all -- --check
+step "MSRV: no locked dependency declares a newer Rust than ours (scripts/msrv-check.py)" \
+  ./scripts/msrv-check.py
 # One pass over the workspace: the crate, its test support, the gRPC example and the models.
 step "cargo clippy (workspace, all targets, all features, -D warnings)" \
   cargo clippy --workspace --all-targets --all-features -- -D warnings
@@ -160,6 +162,9 @@ models() {
 }
 
 step "cargo test (library, integration, examples' build, doctests)" cargo test --all-features
+# What a user of the `.crate` gets builds alone (its own target directory, removed after).
+step "the package: packed, unpacked and built alone (scripts/package-check.sh)" \
+  ./scripts/package-check.sh --allow-dirty
 step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)" \
   env SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
 step "cargo test (no default features: the tests over the embedded store, without Redis)" \

@@ -64,8 +64,8 @@ pub mod store;
 mod sync;
 
 pub use cache::{
-    BoxError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Health, Loaded, Outcome, Previous,
-    Stats, WaitTimeoutPolicy,
+    BoxError, BuildError, Cache, CacheBuilder, Error, ErrorKind, Fetched, Health, Loaded, Outcome,
+    Previous, Stats, WaitTimeoutPolicy,
 };
 pub use http::{Stampede, StampedeLayer};
 

@@ -973,3 +973,46 @@ async fn a_burst_on_a_cluster_keeps_within_the_clients_queue() {
     assert_eq!(observed.most_lookups_out(), 48);
     assert_eq!(cache.stats().loads, 1_000);
 }
+
+/// A store made from the nodes' connection settings as the application's own clients hold
+/// them (`redis::Client::get_connection_info`): one load for a stampede over two processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_from_the_apps_connection_settings_share_one_load() {
+    let cluster = RedisCluster::start();
+    let clients: Vec<redis::Client> = cluster
+        .urls()
+        .iter()
+        .map(|url| redis::Client::open(url.as_str()).unwrap())
+        .collect();
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let infos = clients
+            .iter()
+            .map(|client| client.get_connection_info().clone());
+        let store = RedisStore::cluster_info_builder(infos)
+            .connect()
+            .await
+            .unwrap();
+        assert!(store.is_cluster());
+        instances.push(cache(store).build());
+    }
+    let loads = Counter::default();
+    let callers: Vec<_> = (0..100)
+        .map(|i| {
+            let (cache, loads) = (instances[i % 2].clone(), loads.clone());
+            tokio::spawn(async move {
+                cache
+                    .get_or_load("hot", move || async move {
+                        loads.hit();
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Ok::<_, std::io::Error>(Bytes::from_static(b"v"))
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for caller in callers {
+        assert_eq!(caller.await.unwrap().unwrap(), "v");
+    }
+    assert_eq!(loads.get(), 1);
+}

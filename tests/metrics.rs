@@ -98,57 +98,57 @@ fn a_stampede_is_counted_by_outcome_with_its_lock_and_its_wait(runtime: &Runtime
     let m = read(&snapshotter);
     let at = |metric: &str| value(&m, metric);
     assert_eq!(
-        at("stampede_loads_total{namespace=metrics}"),
+        at("stampede_loads_total{cache=metrics}"),
         1.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_load_duration_seconds{namespace=metrics}"),
+        at("stampede_load_duration_seconds{cache=metrics}"),
         1.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_lookups_total{namespace=metrics,outcome=miss-leader}"),
+        at("stampede_lookups_total{cache=metrics,outcome=miss-leader}"),
         1.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_lookups_total{namespace=metrics,outcome=follower}"),
+        at("stampede_lookups_total{cache=metrics,outcome=follower}"),
         99.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_lookups_total{namespace=metrics,outcome=hit-l1}"),
+        at("stampede_lookups_total{cache=metrics,outcome=hit-l1}"),
         1.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_lock_total{namespace=metrics,event=acquired}"),
+        at("stampede_lock_total{cache=metrics,event=acquired}"),
         1.0,
         "{name}: {m:?}"
     );
     assert!(
-        at("stampede_lock_total{namespace=metrics,event=contended}") >= 1.0,
+        at("stampede_lock_total{cache=metrics,event=contended}") >= 1.0,
         "{name}: {m:?}"
     );
     // The other instance's flight waited, and the fill's notification ended its wait.
     assert_eq!(
-        at("stampede_follower_wait_seconds{namespace=metrics,ended=notified}"),
+        at("stampede_follower_wait_seconds{cache=metrics,ended=notified}"),
         1.0,
         "{name}: {m:?}"
     );
     // The 49 other callers of each instance joined its flight, and waited for it too.
     assert_eq!(
-        at("stampede_follower_wait_seconds{namespace=metrics,ended=joined}"),
+        at("stampede_follower_wait_seconds{cache=metrics,ended=joined}"),
         98.0,
         "{name}: {m:?}"
     );
     assert!(
-        at("stampede_l1_bytes{namespace=metrics}") > 0.0,
+        at("stampede_l1_bytes{cache=metrics}") > 0.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_store_errors_total{namespace=metrics}"),
+        at("stampede_store_errors_total{cache=metrics}"),
         0.0,
         "{name}: {m:?}"
     );
@@ -217,15 +217,15 @@ fn prometheus_text_has_buckets_and_help_lines(runtime: &Runtime, shared: Shared)
     }
     let line = |l: &str| assert!(text.lines().any(|t| t == l), "{name}: no {l:?} in:\n{text}");
     // The one load: in every bucket from its own up, so at least in the last two.
-    line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"30\"} 1");
-    line("stampede_load_duration_seconds_bucket{namespace=\"metrics\",le=\"+Inf\"} 1");
-    line("stampede_load_duration_seconds_count{namespace=\"metrics\"} 1");
+    line("stampede_load_duration_seconds_bucket{cache=\"metrics\",le=\"30\"} 1");
+    line("stampede_load_duration_seconds_bucket{cache=\"metrics\",le=\"+Inf\"} 1");
+    line("stampede_load_duration_seconds_count{cache=\"metrics\"} 1");
     // Each bound is a bucket of both histograms.
     for bound in DURATION_BUCKETS {
         let le = format!("le=\"{bound}\"");
         for prefix in [
-            "stampede_load_duration_seconds_bucket{namespace=\"metrics\",",
-            "stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",",
+            "stampede_load_duration_seconds_bucket{cache=\"metrics\",",
+            "stampede_follower_wait_seconds_bucket{cache=\"metrics\",ended=\"joined\",",
         ] {
             assert!(
                 text.lines()
@@ -235,17 +235,20 @@ fn prometheus_text_has_buckets_and_help_lines(runtime: &Runtime, shared: Shared)
         }
     }
     // 98 callers joined a flight of their instance; none waited 30 s.
-    line("stampede_follower_wait_seconds_bucket{namespace=\"metrics\",ended=\"joined\",le=\"30\"} 98");
-    line("stampede_follower_wait_seconds_count{namespace=\"metrics\",ended=\"joined\"} 98");
+    line("stampede_follower_wait_seconds_bucket{cache=\"metrics\",ended=\"joined\",le=\"30\"} 98");
+    line("stampede_follower_wait_seconds_count{cache=\"metrics\",ended=\"joined\"} 98");
 }
 
 store_test!(
-    two_caches_of_one_process_are_told_apart_by_namespace,
+    two_caches_of_one_process_are_told_apart_by_their_cache_label,
     block_on
 );
 /// Two caches of one process (say the HTTP layer's and a hot key's) record under their own
-/// `namespace` label: a load, a hit and the L1 size of one are not counted for the other.
-fn two_caches_of_one_process_are_told_apart_by_namespace(runtime: &Runtime, shared: Shared) {
+/// `cache` label: a load, a hit and the L1 size of one are not counted for the other.
+fn two_caches_of_one_process_are_told_apart_by_their_cache_label(
+    runtime: &Runtime,
+    shared: Shared,
+) {
     let name = shared.name;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -270,28 +273,28 @@ fn two_caches_of_one_process_are_told_apart_by_namespace(runtime: &Runtime, shar
     let at = |metric: &str| value(&m, metric);
     for namespace in ["pages", "hot"] {
         assert_eq!(
-            at(&format!("stampede_loads_total{{namespace={namespace}}}")),
+            at(&format!("stampede_loads_total{{cache={namespace}}}")),
             1.0,
             "{name}: {m:?}"
         );
         assert!(
-            at(&format!("stampede_l1_bytes{{namespace={namespace}}}")) > 0.0,
+            at(&format!("stampede_l1_bytes{{cache={namespace}}}")) > 0.0,
             "{name}: {m:?}"
         );
     }
     assert_eq!(
-        at("stampede_lookups_total{namespace=pages,outcome=hit-l1}"),
+        at("stampede_lookups_total{cache=pages,outcome=hit-l1}"),
         2.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_lookups_total{namespace=hot,outcome=hit-l1}"),
+        at("stampede_lookups_total{cache=hot,outcome=hit-l1}"),
         0.0,
         "{name}: {m:?}"
     );
     assert!(
-        m.iter().all(|(metric, _)| metric.contains("namespace=")),
-        "{name}: a metric without its namespace: {m:?}"
+        m.iter().all(|(metric, _)| metric.contains("cache=")),
+        "{name}: a metric without its cache label: {m:?}"
     );
 }
 
@@ -331,12 +334,12 @@ fn passes_are_counted_by_reason(runtime: &Runtime, shared: Shared) {
     let m = read(&snapshotter);
     let at = |metric: &str| value(&m, metric);
     assert_eq!(
-        at("stampede_http_passes_total{namespace=pages,reason=credentials}"),
+        at("stampede_http_passes_total{cache=pages,reason=credentials}"),
         2.0,
         "{name}: {m:?}"
     );
     assert_eq!(
-        at("stampede_http_passes_total{namespace=pages,reason=method-override}"),
+        at("stampede_http_passes_total{cache=pages,reason=method-override}"),
         1.0,
         "{name}: {m:?}"
     );
@@ -346,4 +349,51 @@ fn passes_are_counted_by_reason(runtime: &Runtime, shared: Shared) {
         .map(|(_, v)| v)
         .sum();
     assert_eq!(passes, 3.0, "{name}: an analytics cookie is no pass: {m:?}");
+}
+
+/// Labels that a Prometheus scrape sets on every target (the job, the instance, Kubernetes
+/// discovery's `namespace` and `pod`): one of ours of the same name would be renamed
+/// `exported_<name>`, and the crate's own queries would stop matching.
+const TARGET_LABELS: [&str; 4] = ["namespace", "job", "instance", "pod"];
+
+store_test!(no_metric_has_a_label_a_scrape_sets, block_on);
+fn no_metric_has_a_label_a_scrape_sets(runtime: &Runtime, shared: Shared) {
+    use support::http::send;
+    use tower_stampede::StampedeLayer;
+
+    let name = shared.name;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let loads = Counter::default();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            stampede(Arc::clone(&shared.store), &loads).await;
+            let app = axum::Router::new()
+                .fallback(|| async { "page" })
+                .layer(StampedeLayer::new(
+                    shared.cache().namespace("pages").build(),
+                ));
+            send(&app, "GET", "http://app.test/p", &[("cookie", "session=a")]).await;
+        });
+    });
+    let mut names = std::collections::BTreeSet::new();
+    for (key, _, _, _) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        names.insert(key.name().to_owned());
+        let labels: Vec<&str> = key.labels().map(|label| label.key()).collect();
+        assert!(
+            labels.contains(&"cache"),
+            "{name}: {} {labels:?}",
+            key.name()
+        );
+        for label in labels {
+            assert!(
+                !TARGET_LABELS.contains(&label),
+                "{name}: {} has a label {label}",
+                key.name()
+            );
+        }
+    }
+    // Every kind of metric was seen: lookups, loads, their duration, locks, waits, L1, passes.
+    assert!(names.len() >= 7, "{name}: {names:?}");
 }

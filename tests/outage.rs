@@ -159,7 +159,7 @@ async fn the_health_check_finds_a_silent_store_without_traffic() {
     let health = cache.health().await;
     assert!(!health.is_healthy(), "{health:?}");
     assert!(!health.store_answers());
-    assert!(health.last_answer() >= Some(Duration::from_millis(1500)));
+    assert!(health.last_answer_ago() >= Some(Duration::from_millis(1500)));
     assert_eq!(health.notifications_live(), Some(true));
     assert!(cache.store_available(), "the breaker alone does not know");
     observed.hang(false);

@@ -537,7 +537,8 @@ async fn sentinel_credentials_come_from_the_sentinel_urls() {
         .connect()
         .await
         .expect_err("a wrong sentinel password finds no primary");
-    assert!(!refused.to_string().contains("wrong-one"), "{refused}");
+    let refused = support::report(&refused);
+    assert!(!refused.contains("wrong-one"), "{refused}");
 }
 
 /// Issue 44, item 1 ("TLS with the `tls` feature"): the same service with every node and
@@ -581,10 +582,36 @@ mod tls {
         let untrusted = RedisStore::sentinel_builder(topology.sentinel_urls(), topology.service())
             .connect()
             .await
-            .unwrap_err()
-            .to_string();
+            .unwrap_err();
+        // The store's message says what failed, its source (the client's error) why.
+        let untrusted = support::report(&untrusted);
         eprintln!("{untrusted}");
         assert!(untrusted.contains("certificate"), "{untrusted}");
         instance(&topology).await;
     }
+}
+
+/// Stores made from the sentinels' connection settings as the application's own clients hold
+/// them (`redis::Client::get_connection_info`): one load for a stampede over two processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_from_the_apps_sentinel_settings_share_one_load() {
+    let topology = RedisSentinel::start();
+    let clients: Vec<redis::Client> = topology
+        .sentinel_urls()
+        .iter()
+        .map(|url| redis::Client::open(url.as_str()).unwrap())
+        .collect();
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        let infos = clients
+            .iter()
+            .map(|client| client.get_connection_info().clone());
+        let store = RedisStore::sentinel_info_builder(infos, topology.service())
+            .connect()
+            .await
+            .unwrap();
+        instances.push(cache(store));
+    }
+    let loads = [Counter::default(), Counter::default()];
+    one_load(&instances, "from-the-apps-settings", &loads).await;
 }

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use support::{app_clients, node_role as role, query_node as query, RedisSentinel};
+use support::{app_clients, node_role as role, query_node as query, RedisSentinel, Signal};
 use tokio::time::Instant;
 use tower_stampede::store::{RedisStore, RedisStoreBuilder, StoreErrorKind};
 use tower_stampede::Cache;
@@ -37,17 +37,6 @@ fn pid_of(port: u16) -> u32 {
         .find_map(|line| line.strip_prefix("process_id:"))
         .and_then(|pid| pid.trim().parse().ok())
         .expect("process_id in INFO server")
-}
-
-/// Sends `signal` (`STOP`, `CONT`) to a process of the topology: a stopped process keeps its
-/// sockets open and answers nothing, as a host cut off by a partition (no RST, no FIN) does.
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 /// The port of the primary the sentinel on `sentinel` names, if it answers.
@@ -158,7 +147,7 @@ async fn silent_primary(listened_sentinel_too: bool) {
         stopped.push(pid_of(sentinels[0]));
     }
     for pid in &stopped {
-        signal(*pid, "STOP");
+        support::signal(*pid, Signal::STOP);
     }
     let service = topology.service().to_owned();
     let witness = sentinels[1];
@@ -174,7 +163,7 @@ async fn silent_primary(listened_sentinel_too: bool) {
         moved.push(writes_reach(cache, new, LIMIT).await);
     }
     for pid in &stopped {
-        signal(*pid, "CONT");
+        support::signal(*pid, Signal::CONT);
     }
     assert!(
         moved.iter().all(|m| *m),
@@ -259,7 +248,7 @@ async fn sentinels_gone_keep_the_connection_but_do_not_reconnect_without_them() 
 
     let sentinels: Vec<u32> = topology.sentinel_ports().into_iter().map(pid_of).collect();
     for pid in &sentinels {
-        signal(*pid, "STOP");
+        support::signal(*pid, Signal::STOP);
     }
     assert!(
         writes_reach(&cache, primary, Duration::from_secs(5)).await,
@@ -281,7 +270,7 @@ async fn sentinels_gone_keep_the_connection_but_do_not_reconnect_without_them() 
     );
 
     for pid in &sentinels {
-        signal(*pid, "CONT");
+        support::signal(*pid, Signal::CONT);
     }
     assert!(
         writes_reach(&cache, primary, LIMIT).await,

@@ -235,7 +235,8 @@ async fn build_cache(args: &Args) -> Result<Cache, String> {
     if let Some(store_timeout) = args.store_timeout {
         builder = builder.store_timeout(store_timeout);
     }
-    Ok(builder.build())
+    // Settings from the command line: one that cannot work is an error, not a panic.
+    builder.try_build().map_err(|refused| refused.to_string())
 }
 
 /// Installs a Prometheus recorder and serves its text on `http://ADDR/metrics`; returns the

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::store::{key::sanitize_namespace, Store};
 
+use super::build_error::{check, BuildError};
 use super::config::{Config, WaitTimeoutPolicy};
 use super::Cache;
 
@@ -35,6 +36,9 @@ impl CacheBuilder {
     ///
     /// The HTTP layer always says (a response's own freshness, or the policy's
     /// [`default_ttl`](crate::http::RfcPolicy::default_ttl)), so this does not apply to it.
+    ///
+    /// Refused by the build ([`BuildError`]) below 1 ms: a value that is never fresh caches
+    /// nothing, and Redis counts lives in milliseconds.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.config.lives.ttl = ttl;
         self
@@ -54,6 +58,8 @@ impl CacheBuilder {
     /// How long the reload lock lives if its leader never releases it (a crash). From the
     /// start of its lead until its fill is done (the tag clock read, the load, the fill), a
     /// leader renews the lock every third of this. Default: 5 s.
+    ///
+    /// Refused by the build ([`BuildError`]) below 1 ms: Redis takes no lock that lives 0 ms.
     pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
         self.config.loads.lock_ttl = lock_ttl;
         self
@@ -124,6 +130,9 @@ impl CacheBuilder {
     /// [`refresh_in_background`](Self::refresh_in_background) is off for the leader). The
     /// answer's outcome is [`Outcome::Stale`](crate::Outcome::Stale). Per call:
     /// [`Cache::fetch_with_soft_timeout`]. Default: none (callers wait for the reload).
+    ///
+    /// Refused by the build ([`BuildError`]) unless shorter than
+    /// [`load_timeout`](Self::load_timeout): the load it waits for would be abandoned first.
     pub fn soft_timeout(mut self, soft_timeout: Duration) -> Self {
         self.config.loads.soft_timeout = Some(soft_timeout);
         self
@@ -141,6 +150,7 @@ impl CacheBuilder {
     }
 
     /// How long a load may run before it is abandoned and its lock released. Default: 30 s.
+    /// Refused by the build ([`BuildError`]) if zero: every load would be abandoned at once.
     pub fn load_timeout(mut self, load_timeout: Duration) -> Self {
         self.config.loads.load_timeout = load_timeout;
         self
@@ -213,6 +223,8 @@ impl CacheBuilder {
     /// 50 ms let a stampede of 100 keys cost 2,900 loads instead of 100, see the crate's
     /// `benches/README.md`), while a Redis that hangs costs each call at most this until the
     /// [circuit breaker](Self::circuit_breaker) opens. Default: 250 ms.
+    ///
+    /// Refused by the build ([`BuildError`]) if zero: every store call would time out.
     pub fn store_timeout(mut self, store_timeout: Duration) -> Self {
         self.config.breaker.store_timeout = store_timeout;
         self
@@ -278,11 +290,42 @@ impl CacheBuilder {
         self
     }
 
-    /// Builds the cache. With the `metrics` feature, it also describes the engine's metrics
-    /// to the installed recorder (`describe_metrics`).
-    pub fn build(self) -> Cache {
+    /// Builds the cache, or says which setting cannot work ([`BuildError`]: a TTL or lock TTL
+    /// under 1 ms, a zero load or store timeout, a soft timeout not shorter than the load
+    /// timeout; each setter says what it refuses). For settings read from a file or the
+    /// environment. With the `metrics` feature, it also describes the engine's metrics to
+    /// the installed recorder (`describe_metrics`).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_stampede::{store::MemoryStore, Cache};
+    ///
+    /// let refused = Cache::builder(MemoryStore::new())
+    ///     .load_timeout(Duration::from_secs(2))
+    ///     .soft_timeout(Duration::from_secs(5))
+    ///     .try_build()
+    ///     .unwrap_err();
+    /// assert_eq!(refused.setting(), "soft_timeout");
+    /// ```
+    pub fn try_build(self) -> Result<Cache, BuildError> {
+        check(&self.config)?;
         #[cfg(feature = "metrics")]
         super::describe_metrics();
-        Cache::from_parts(self.store, self.config)
+        Ok(Cache::from_parts(self.store, self.config))
+    }
+
+    /// Builds the cache, as [`try_build`](Self::try_build) does.
+    ///
+    /// # Panics
+    ///
+    /// If a setting cannot work (see [`try_build`](Self::try_build)), with the
+    /// [`BuildError`]'s message, which names the setter: settings written in code are
+    /// then wrong wherever the code runs, and the first test that builds the cache finds it.
+    /// Settings read at run time want `try_build`.
+    pub fn build(self) -> Cache {
+        match self.try_build() {
+            Ok(cache) => cache,
+            Err(refused) => panic!("{refused}"),
+        }
     }
 }

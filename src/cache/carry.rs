@@ -200,7 +200,7 @@ impl CarriedFlight {
         let answer = match catch_unwind(AssertUnwindSafe(|| flight.as_mut().poll(cx))) {
             Ok(Poll::Pending) => return None,
             Ok(Poll::Ready(answer)) => answer,
-            Err(_) => Err(Error::new(ErrorKind::LoadPanicked)),
+            Err(payload) => Err(Error::panicked(&*payload)),
         };
         self.flight = None;
         if let Some(FlightEnd(posts)) = &self.poster {

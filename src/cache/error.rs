@@ -15,6 +15,9 @@ pub type BoxError = Box<dyn StdError + Send + Sync>;
 pub struct Error {
     kind: ErrorKind,
     source: Option<Arc<dyn StdError + Send + Sync>>,
+    /// What `Display` says after the kind that is this error's own, not a cause's: the load
+    /// timeout, a panicking loader's message.
+    detail: Option<Arc<str>>,
 }
 
 /// The kind of an [`Error`].
@@ -54,29 +57,48 @@ pub enum ErrorKind {
 
 impl Error {
     pub(crate) fn new(kind: ErrorKind) -> Self {
-        Error { kind, source: None }
+        Error {
+            kind,
+            source: None,
+            detail: None,
+        }
     }
 
     pub(crate) fn load(source: BoxError) -> Self {
         Error {
-            kind: ErrorKind::Load,
             source: Some(Arc::from(source)),
+            ..Error::new(ErrorKind::Load)
         }
     }
 
     pub(crate) fn load_timeout(after: Duration) -> Self {
         Error {
-            kind: ErrorKind::LoadTimeout,
-            source: Some(Arc::from(BoxError::from(format!(
-                "load abandoned after {after:?}"
-            )))),
+            detail: Some(format!("abandoned after {after:?}").into()),
+            ..Error::new(ErrorKind::LoadTimeout)
+        }
+    }
+
+    /// A loader that panicked, with its panic's message where the payload is text (as
+    /// `panic!` makes it).
+    pub(crate) fn panicked(payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = payload
+            .downcast_ref::<&'static str>()
+            .map(|text| Arc::from(*text))
+            .or_else(|| {
+                payload
+                    .downcast_ref::<String>()
+                    .map(|text| Arc::from(text.as_str()))
+            });
+        Error {
+            detail: message,
+            ..Error::new(ErrorKind::LoadPanicked)
         }
     }
 
     pub(crate) fn store(source: crate::store::StoreError) -> Self {
         Error {
-            kind: ErrorKind::Store,
             source: Some(Arc::new(source)),
+            ..Error::new(ErrorKind::Store)
         }
     }
 
@@ -87,7 +109,8 @@ impl Error {
 
     /// The cause, if there is one: the loader's own error for [`ErrorKind::Load`] (downcast it
     /// to your type), the [`StoreError`](crate::store::StoreError) for [`ErrorKind::Store`].
-    /// `Display` prints it after the kind.
+    /// It is also [`source`](StdError::source), so a reporter that walks the chain (`anyhow`'s
+    /// `{:#}`, `eyre`) prints it after this error's own message, which does not repeat it.
     ///
     /// ```
     /// use tower_stampede::{store::MemoryStore, Cache, ErrorKind};
@@ -98,9 +121,11 @@ impl Error {
     /// let load = || async { Err::<bytes::Bytes, _>(std::io::Error::other("database down")) };
     /// let error = cache.get_or_load("user:42", load).await.unwrap_err();
     /// assert_eq!(error.kind(), ErrorKind::Load);
-    /// assert_eq!(error.to_string(), "the load failed: database down");
+    /// assert_eq!(error.to_string(), "the load failed");
     /// let cause = error.get_ref().and_then(|cause| cause.downcast_ref::<std::io::Error>());
     /// assert_eq!(cause.map(|io| io.kind()), Some(std::io::ErrorKind::Other));
+    /// let source = std::error::Error::source(&error).map(ToString::to_string);
+    /// assert_eq!(source.as_deref(), Some("database down"));
     /// # }
     /// ```
     pub fn get_ref(&self) -> Option<&(dyn StdError + Send + Sync + 'static)> {
@@ -113,19 +138,20 @@ impl fmt::Debug for Error {
         f.debug_struct("Error")
             .field("kind", &self.kind)
             .field("source", &self.source)
+            .field("detail", &self.detail)
             .finish()
     }
 }
 
 impl fmt::Display for Error {
-    /// What went wrong, then its cause: `the load failed: connection refused`. As with
-    /// [`std::io::Error`], the cause is [`get_ref`](Error::get_ref), and
-    /// [`source`](StdError::source) is the cause's own source, so a reporter that walks the
-    /// chain prints each message once.
+    /// What went wrong, without its cause (`the load failed`): the cause is
+    /// [`source`](StdError::source), which a reporter prints after it. What belongs to the
+    /// error itself follows the kind: `the load timed out: abandoned after 30s`, `the load
+    /// panicked: index out of bounds`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.kind.describe())?;
-        match &self.source {
-            Some(cause) => write!(f, ": {cause}"),
+        match &self.detail {
+            Some(detail) => write!(f, ": {detail}"),
             None => Ok(()),
         }
     }
@@ -149,8 +175,75 @@ impl ErrorKind {
 }
 
 impl StdError for Error {
-    /// The cause's own source: the cause itself is in `Display` and [`Error::get_ref`].
+    /// The cause: the loader's own error, or the [`StoreError`](crate::store::StoreError)
+    /// (as [`Error::get_ref`] gives it, to downcast).
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().and_then(StdError::source)
+        self.source
+            .as_deref()
+            .map(|source| source as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{StoreError, StoreErrorKind};
+
+    #[derive(Debug)]
+    struct Backend;
+
+    impl fmt::Display for Backend {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("backend down")
+        }
+    }
+
+    impl StdError for Backend {}
+
+    #[test]
+    fn a_report_shows_each_message_once_and_the_cause_downcasts() {
+        let report = anyhow::Error::from(Error::load(Box::new(Backend)));
+        assert_eq!(format!("{report:#}"), "the load failed: backend down");
+        assert!(report.chain().any(|cause| cause.is::<Backend>()));
+    }
+
+    #[test]
+    fn a_store_error_is_the_source_with_its_own_cause_after_it() {
+        let cause = std::io::Error::other("broken pipe");
+        let store = StoreError::with_source(StoreErrorKind::Connection, "Redis at h:1", cause);
+        let report = anyhow::Error::from(Error::store(store));
+        assert_eq!(
+            format!("{report:#}"),
+            "the store did not answer: Redis at h:1: broken pipe"
+        );
+        let kind = report
+            .chain()
+            .find_map(|cause| cause.downcast_ref::<StoreError>())
+            .map(StoreError::kind);
+        assert_eq!(kind, Some(StoreErrorKind::Connection));
+    }
+
+    #[test]
+    fn a_panic_keeps_its_message_when_it_is_text() {
+        let literal: Box<dyn std::any::Any + Send> = Box::new("index out of bounds");
+        let formatted: Box<dyn std::any::Any + Send> = Box::new(format!("row {}", 7));
+        let other: Box<dyn std::any::Any + Send> = Box::new(7_u8);
+        let shown =
+            [literal, formatted, other].map(|payload| Error::panicked(&*payload).to_string());
+        assert_eq!(
+            shown,
+            [
+                "the load panicked: index out of bounds",
+                "the load panicked: row 7",
+                "the load panicked",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_timeout_says_when_it_gave_up_and_has_no_source() {
+        let error = Error::load_timeout(Duration::from_secs(30));
+        assert_eq!(error.to_string(), "the load timed out: abandoned after 30s");
+        assert!(error.source().is_none());
     }
 }

@@ -125,6 +125,7 @@ impl Cache {
             None => fetch.await,
         };
         if let Ok(fetched) = &answer {
+            self.inner.counters.answered(fetched.outcome);
             self.inner.meter.outcome(fetched.outcome);
         }
         if let Some((span, started)) = &traced {
@@ -190,6 +191,7 @@ impl Cache {
             fresh_until,
             read_at,
         };
+        self.inner.counters.answered(Outcome::L1Hit);
         self.inner.meter.outcome(Outcome::L1Hit);
         if let Some(span) = fetch_span(digest, None) {
             span.record("outcome", Outcome::L1Hit.label());

@@ -67,6 +67,7 @@
 //! | `mod.rs` | [`Cache`], its public calls, and `Inner`: the components and the configuration |
 //! | `config.rs` | the settings, a slice for each component that reads them |
 //! | `builder.rs` | [`CacheBuilder`]: the settings, set in code |
+//! | `build_error.rs` | [`BuildError`]: the settings that cannot work, refused by the build |
 //! | `l1/` | `L1`: the moka cache, its weight in bytes, the notifier's stamps that keep it in step, and each thread's view of its hot entries (and its tests) |
 //! | `flights.rs` | `Flights`: the flights in progress in this process, by key |
 //! | `flight.rs` | a fetch: L1, then joining or starting a flight, and the flight's loader |
@@ -96,6 +97,7 @@ mod fetch;
 
 mod batch;
 mod breaker;
+mod build_error;
 mod builder;
 mod carry;
 mod changes;
@@ -133,6 +135,7 @@ use breaker::Breaker;
 use l1::{TagStamps, Vouch};
 use stats::Counters;
 
+pub use build_error::BuildError;
 pub use builder::CacheBuilder;
 pub(crate) use config::Config;
 pub use config::WaitTimeoutPolicy;

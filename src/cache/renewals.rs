@@ -205,7 +205,11 @@ impl Shared {
                     }
                 }
             }
-            Err(error) => debug!(locks = locks.len(), %error, "lock renewal failed"),
+            Err(error) => debug!(
+                locks = locks.len(),
+                error = &error as &dyn std::error::Error,
+                "lock renewal failed"
+            ),
         }
     }
 }

@@ -1,9 +1,13 @@
 //! What the engine reports: `tracing` events and spans always, and metrics through the
 //! [`metrics`](https://docs.rs/metrics) facade with the `metrics` feature (a no-op without it).
 //!
-//! Every metric carries a `namespace` label, the cache's
+//! Every metric carries a `cache` label, the cache's
 //! [`namespace`](super::CacheBuilder::namespace), so two caches of one process (the HTTP
-//! layer's and a hot key's) are told apart; the table names the other labels.
+//! layer's and a hot key's) are told apart; the table names the other labels. It is not called
+//! `namespace`: Prometheus's Kubernetes discovery sets a target label of that name, which
+//! would rename ours `exported_namespace`. No label is named as a scrape's target labels are
+//! (`job`, `instance`, `pod`). In PromQL, per cache:
+//! `sum by (cache) (rate(stampede_loads_total[5m]))`.
 //!
 //! | metric | kind | labels | what |
 //! | --- | --- | --- | --- |
@@ -171,40 +175,38 @@ mod imp {
 
     impl Meter {
         pub(crate) fn lookup(&self, label: &'static str) {
-            metrics::counter!(LOOKUPS, "namespace" => self.label(), "outcome" => label)
-                .increment(1);
+            metrics::counter!(LOOKUPS, "cache" => self.label(), "outcome" => label).increment(1);
         }
 
         pub(crate) fn load(&self, duration: Duration) {
-            metrics::counter!(LOADS, "namespace" => self.label()).increment(1);
-            metrics::histogram!(LOAD_DURATION, "namespace" => self.label())
+            metrics::counter!(LOADS, "cache" => self.label()).increment(1);
+            metrics::histogram!(LOAD_DURATION, "cache" => self.label())
                 .record(duration.as_secs_f64());
         }
 
         pub(crate) fn lock(&self, event: LockEvent) {
-            metrics::counter!(LOCK, "namespace" => self.label(), "event" => event.label())
-                .increment(1);
+            metrics::counter!(LOCK, "cache" => self.label(), "event" => event.label()).increment(1);
         }
 
         pub(crate) fn follower_wait(&self, duration: Duration, ended: WaitEnd) {
             metrics::histogram!(
                 FOLLOWER_WAIT,
-                "namespace" => self.label(),
+                "cache" => self.label(),
                 "ended" => ended.label()
             )
             .record(duration.as_secs_f64());
         }
 
         pub(crate) fn store_error(&self) {
-            metrics::counter!(STORE_ERRORS, "namespace" => self.label()).increment(1);
+            metrics::counter!(STORE_ERRORS, "cache" => self.label()).increment(1);
         }
 
         pub(crate) fn corrupt_entry(&self) {
-            metrics::counter!(CORRUPT_ENTRIES, "namespace" => self.label()).increment(1);
+            metrics::counter!(CORRUPT_ENTRIES, "cache" => self.label()).increment(1);
         }
 
         pub(crate) fn breaker_open(&self, open: bool) {
-            metrics::gauge!(BREAKER_OPEN, "namespace" => self.label()).set(if open {
+            metrics::gauge!(BREAKER_OPEN, "cache" => self.label()).set(if open {
                 1.0
             } else {
                 0.0
@@ -214,11 +216,11 @@ mod imp {
         pub(crate) fn l1_bytes(&self, bytes: u64) {
             // Precision beyond 2^53 bytes does not matter for a gauge.
             #[allow(clippy::cast_precision_loss)]
-            metrics::gauge!(L1_BYTES, "namespace" => self.label()).set(bytes as f64);
+            metrics::gauge!(L1_BYTES, "cache" => self.label()).set(bytes as f64);
         }
 
         pub(crate) fn pass(&self, reason: &'static str) {
-            metrics::counter!(HTTP_PASSES, "namespace" => self.label(), "reason" => reason)
+            metrics::counter!(HTTP_PASSES, "cache" => self.label(), "reason" => reason)
                 .increment(1);
         }
 
@@ -251,7 +253,7 @@ pub use imp::{describe_metrics, DURATION_BUCKETS, HISTOGRAMS, METRICS_PREFIX};
 
 /// Where one cache's metrics go: the recorder installed when each is recorded (looked up then,
 /// so a recorder installed after the cache was built still gets them), labelled with the
-/// cache's namespace.
+/// cache's namespace (as the `cache` label).
 #[derive(Clone, Debug)]
 pub(crate) struct Meter {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]

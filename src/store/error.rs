@@ -13,9 +13,11 @@ use std::time::Duration;
 /// metrics and health checks; [`source`](StdError::source) is the error of the store's client
 /// behind it, where there is one (for `RedisStore`, a `redis::RedisError`).
 ///
-/// `Display` gives the message, then the cause (`Redis at redis://host:6379/: broken pipe`), so
-/// one log line says it all. Addresses in messages never hold user names or passwords, and
-/// `Debug` shows the cause as `Display` does, not the client's own `Debug`.
+/// `Display` gives the message (`Redis at redis://host:6379/`) and not its cause, which is
+/// [`source`](StdError::source) (`broken pipe`): a reporter that walks the chain (`anyhow`'s
+/// `{:#}`, `tracing`'s `error = &e as &dyn Error`, which this crate's logs use) prints each
+/// once. Addresses in messages never hold user names or passwords, and `Debug` shows the
+/// cause as `Display` does, not the client's own `Debug`.
 ///
 /// Errors are cheap to clone.
 #[derive(Clone)]
@@ -56,7 +58,8 @@ impl StoreError {
     }
 
     /// A store error of `kind`, with a message and the error that caused it (for store
-    /// implementations). The message says what failed, the source why; `Display` shows both.
+    /// implementations). The message says what failed, the source why; `Display` shows the
+    /// message, `source` the cause.
     pub fn with_source(
         kind: StoreErrorKind,
         message: impl fmt::Display,
@@ -119,10 +122,7 @@ impl fmt::Debug for StoreError {
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.source {
-            Some(source) => write!(f, "{}: {source}", self.message),
-            None => f.write_str(&self.message),
-        }
+        f.write_str(&self.message)
     }
 }
 
@@ -139,11 +139,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_cause_is_the_source_and_shown_after_the_message() {
+    fn the_cause_is_the_source_and_not_in_the_message() {
         let cause = std::io::Error::other("broken pipe");
         let error = StoreError::with_source(StoreErrorKind::Connection, "Redis at h:1", cause);
         assert_eq!(error.kind(), StoreErrorKind::Connection);
-        assert_eq!(error.to_string(), "Redis at h:1: broken pipe");
+        assert_eq!(error.to_string(), "Redis at h:1");
         let source = error.source().map(ToString::to_string);
         assert_eq!(source.as_deref(), Some("broken pipe"));
         assert!(format!("{error:?}").contains("broken pipe"));

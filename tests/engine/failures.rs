@@ -31,12 +31,13 @@ async fn a_failed_load_is_shared_and_releases_the_lock(stores: Vec<Shared>) {
         for caller in callers {
             let error = caller.await.unwrap().unwrap_err();
             assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
-            // `Display` names the cause, which is the loader's own error (as `std::io::Error`
-            // does: `source` is then the cause's own source, so no chain prints it twice).
-            assert_eq!(error.to_string(), "the load failed: backend down");
+            // `Display` says what failed; the cause, the loader's own error, is `source`.
+            assert_eq!(error.to_string(), "the load failed");
             let cause = error.get_ref().expect("the loader's error");
             assert!(cause.downcast_ref::<std::io::Error>().is_some());
-            assert!(std::error::Error::source(&error).is_none(), "{error}");
+            let source = std::error::Error::source(&error).expect("the loader's error");
+            assert_eq!(source.to_string(), "backend down", "{}", shared.name);
+            assert!(source.downcast_ref::<std::io::Error>().is_some());
         }
         assert_eq!(loads.get(), 1, "{}", shared.name);
         // The lock became a failure marker: nobody reloads until it expires (1 s by default).
@@ -162,6 +163,12 @@ async fn a_panicking_loader_is_an_error_and_releases_the_lock(shared: Shared) {
         .await
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::LoadPanicked, "{}", shared.name);
+    assert_eq!(
+        error.to_string(),
+        "the load panicked: loader bug",
+        "{}",
+        shared.name
+    );
     let loads = Counter::default();
     let value = cache
         .get_or_load("panics", slow_value(&loads, Duration::ZERO, "ok"))
@@ -187,6 +194,17 @@ async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked(stores: Vec<Shar
             .await
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::LoadTimeout, "{}", shared.name);
+        assert_eq!(
+            error.to_string(),
+            "the load timed out: abandoned after 100ms",
+            "{}",
+            shared.name
+        );
+        assert!(
+            std::error::Error::source(&error).is_none(),
+            "{}",
+            shared.name
+        );
         let value = cache
             .get_or_load("hangs", slow_value(&loads, Duration::ZERO, "next"))
             .await
@@ -194,4 +212,42 @@ async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked(stores: Vec<Shar
         assert_eq!(value, "next", "{}: the lock was released", shared.name);
         assert_eq!(loads.get(), 2);
     }
+}
+
+/// A loader's own error type, as an application has one (a database's).
+#[derive(Debug)]
+struct RowLocked {
+    row: u64,
+}
+
+impl std::fmt::Display for RowLocked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "row {} is locked", self.row)
+    }
+}
+
+impl std::error::Error for RowLocked {}
+
+store_test!(a_report_shows_the_loaders_error_once_and_finds_its_type);
+async fn a_report_shows_the_loaders_error_once_and_finds_its_type(shared: Shared) {
+    let cache = shared.cache().build();
+    let error = cache
+        .get_or_load("row:42", || async {
+            Err::<Bytes, _>(RowLocked { row: 42 })
+        })
+        .await
+        .unwrap_err();
+    let report = anyhow::Error::from(error);
+    let shown = format!("{report:#}");
+    assert_eq!(
+        shown, "the load failed: row 42 is locked",
+        "{}",
+        shared.name
+    );
+    assert_eq!(shown.matches("row 42 is locked").count(), 1, "{shown}");
+    let row = report
+        .chain()
+        .find_map(|cause| cause.downcast_ref::<RowLocked>())
+        .map(|locked| locked.row);
+    assert_eq!(row, Some(42), "{}", shared.name);
 }

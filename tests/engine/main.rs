@@ -19,8 +19,10 @@
 //! | `wire.rs` | what the store holds: foreign bytes, the `fresh` marker, round trips |
 //! | `fences.rs` | lock ownership and fenced writes: no older value over a newer one |
 //! | `renewals.rs` | a leader's lock lives until its fill: renewals, a batch's in one call, lapsed locks |
+//! | `settings.rs` | settings that cannot work, refused by the build by name; typed header names |
 //! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
+//! | `stats.rs` | `Cache::stats`'s answer counts, and `Health` by name (`Display`, `Serialize`) |
 //! | `jitter.rs` | TTL jitter: keys written together expire over a spread |
 //! | `peek.rs` | `Cache::get`: what is cached, never loaded, never locked |
 //!
@@ -40,8 +42,10 @@ mod hits;
 mod jitter;
 mod peek;
 mod renewals;
+mod settings;
 mod soft_timeout;
 mod stale;
+mod stats;
 mod wire;
 
 use std::sync::Arc;

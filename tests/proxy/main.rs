@@ -959,16 +959,14 @@ async fn the_proxy_serves_prometheus_metrics() {
     assert_eq!(scraped.headers["cache-control"], "no-store");
     let text = String::from_utf8_lossy(&scraped.body);
     for line in [
-        format!("stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"miss-leader\"}} 2"),
-        format!("stampede_loads_total{{namespace=\"{namespace}\"}} 2"),
-        format!("stampede_lock_total{{namespace=\"{namespace}\",event=\"acquired\"}} 2"),
+        format!("stampede_lookups_total{{cache=\"{namespace}\",outcome=\"miss-leader\"}} 2"),
+        format!("stampede_loads_total{{cache=\"{namespace}\"}} 2"),
+        format!("stampede_lock_total{{cache=\"{namespace}\",event=\"acquired\"}} 2"),
         "# TYPE stampede_load_duration_seconds histogram".to_owned(),
         "# TYPE stampede_follower_wait_seconds histogram".to_owned(),
-        format!(
-            "stampede_load_duration_seconds_bucket{{namespace=\"{namespace}\",le=\"0.001\"}} 0"
-        ),
-        format!("stampede_load_duration_seconds_bucket{{namespace=\"{namespace}\",le=\"30\"}} 2"),
-        format!("stampede_load_duration_seconds_count{{namespace=\"{namespace}\"}} 2"),
+        format!("stampede_load_duration_seconds_bucket{{cache=\"{namespace}\",le=\"0.001\"}} 0"),
+        format!("stampede_load_duration_seconds_bucket{{cache=\"{namespace}\",le=\"30\"}} 2"),
+        format!("stampede_load_duration_seconds_count{{cache=\"{namespace}\"}} 2"),
     ] {
         assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
     }
@@ -993,13 +991,13 @@ async fn the_proxy_serves_prometheus_metrics() {
             .unwrap_or(0)
     };
     let joined = count(&format!(
-        "stampede_follower_wait_seconds_count{{namespace=\"{namespace}\",ended=\"joined\"}}"
+        "stampede_follower_wait_seconds_count{{cache=\"{namespace}\",ended=\"joined\"}}"
     ));
     let followers = count(&format!(
-        "stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"follower\"}}"
+        "stampede_lookups_total{{cache=\"{namespace}\",outcome=\"follower\"}}"
     ));
     let hits = count(&format!(
-        "stampede_lookups_total{{namespace=\"{namespace}\",outcome=\"hit-l1\"}}"
+        "stampede_lookups_total{{cache=\"{namespace}\",outcome=\"hit-l1\"}}"
     ));
     assert!(joined >= 1, "{text}");
     assert_eq!(joined, followers, "{text}");

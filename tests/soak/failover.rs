@@ -141,10 +141,10 @@ pub async fn primary_paused(
         timeline.event(format!("primary on port {old} did not say its pid"));
         return true;
     };
-    signal("-STOP", pid);
+    support::signal(pid, support::Signal::STOP);
     timeline.event(format!("primary on port {old} paused"));
     tokio::time::sleep(length).await;
-    signal("-CONT", pid);
+    support::signal(pid, support::Signal::CONT);
     timeline.event(format!("primary on port {old} resumed"));
     // A failover started while it was paused goes on: wait until the sentinels are done.
     let (sentinels, service) = {
@@ -338,13 +338,4 @@ async fn process_id(port: u16) -> Option<u32> {
         .trim()
         .parse()
         .ok()
-}
-
-/// Sends `signal` (`-STOP`, `-CONT`) to the process `pid`.
-fn signal(signal: &str, pid: u32) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} {pid} failed");
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::Rng;
+use rand::RngExt;
 
 use crate::backend::{on_each_node, on_node, Backend, Topology};
 #[cfg(feature = "sentinel")]

@@ -218,7 +218,11 @@ impl<K: BatchKey> Batch<K> {
             }
             failed => {
                 if let Err(error) = &failed {
-                    warn!(%error, keys = count, "batch lookup failed; each key goes its own way");
+                    warn!(
+                        error = error as &dyn std::error::Error,
+                        keys = count,
+                        "batch lookup failed; each key goes its own way"
+                    );
                 } else {
                     warn!("a store answered a batch lookup with too few answers; each key goes its own way");
                 }

@@ -162,7 +162,7 @@ impl<'a> Follower<'a> {
                     return Box::pin(self.load_alone(loader, Outcome::Degraded)).await;
                 }
                 Err(error) => {
-                    warn!(%error, key = ?digest, "store lookup failed; loading with in-process protection only");
+                    warn!(error = &error as &dyn std::error::Error, key = ?digest, "store lookup failed; loading with in-process protection only");
                     // A lookup that timed out may still have taken the lock: free it, or every
                     // other process would wait for its TTL.
                     spawn_release(&inner.store, key, token);

@@ -275,7 +275,7 @@ impl<'a> Leader<'a> {
                 }
             }
             Err(error) => {
-                warn!(key = ?guard.key, %error, "fill failed; value kept in this process only");
+                warn!(key = ?guard.key, error = &error as &dyn std::error::Error, "fill failed; value kept in this process only");
                 inner.keep_loaded(stamp, digest, fill, tagged, flight).await;
             }
         }

@@ -134,7 +134,11 @@ impl Inner {
         match joined {
             Ok(Ok(Ok(loaded))) => Ok(loaded),
             Ok(Ok(Err(error))) => Err(Error::load(error)),
-            Ok(Err(_)) => Err(Error::new(ErrorKind::LoadPanicked)),
+            Ok(Err(joined)) => Err(match joined.try_into_panic() {
+                Ok(payload) => Error::panicked(&*payload),
+                // Cancelled: its runtime shut down under it.
+                Err(_) => Error::new(ErrorKind::LoadPanicked),
+            }),
             Err(_) => {
                 task.abort();
                 Err(Error::load_timeout(config.loads.load_timeout))

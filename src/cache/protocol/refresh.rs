@@ -105,7 +105,7 @@ impl EarlyRefresh {
             {
                 Ok(found) => found,
                 Err(error) => {
-                    debug!(%error, key = ?digest, "early refresh: store lookup failed");
+                    debug!(error = &error as &dyn std::error::Error, key = ?digest, "early refresh: store lookup failed");
                     if !error.skipped() {
                         spawn_release(&inner.store, &key, token);
                     }

@@ -114,7 +114,11 @@ impl Follower<'_> {
                 None
             }
             Err(error) => {
-                warn!(?key, %error, "write after a wait timeout failed; value kept in this process only");
+                warn!(
+                    ?key,
+                    error = &error as &dyn std::error::Error,
+                    "write after a wait timeout failed; value kept in this process only"
+                );
                 Some(stamp)
             }
         };

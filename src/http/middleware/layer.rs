@@ -92,22 +92,25 @@ impl StampedeLayer {
     /// headers spelled with underscores, trusted or not; a trusted method override no longer
     /// passes.
     ///
-    /// Every setter that takes a header field name takes it as text or as a `HeaderName`
-    /// (anything `AsRef<str>`), in any ASCII case; one that is not a field name is ignored
-    /// with an error logged (no request can carry it).
+    /// It takes a [`HeaderName`](http::HeaderName), as [`pass_header`](Self::pass_header)
+    /// does, so a name that is not a header field name is refused where it is made:
+    /// `HeaderName::try_from(text)` is the error (`invalid HTTP header name`), and a literal is
+    /// checked by `HeaderName::from_static`. Other setters that take a field name
+    /// (`tag_headers`, `RfcPolicy::targeted_field`) take text, in any ASCII case, and ignore
+    /// one that is not a field name with an error logged (no request can carry it).
     ///
     /// ```
+    /// use http::HeaderName;
     /// use tower_stampede::{store::MemoryStore, Cache, StampedeLayer};
     ///
     /// let cache = Cache::builder(MemoryStore::new()).build();
     /// let layer = StampedeLayer::new(cache)
-    ///     .trust_header("X-Forwarded-Proto")
-    ///     .pass_header(http::HeaderName::from_static("x-theme"));
+    ///     .trust_header(HeaderName::from_static("x-forwarded-proto"))
+    ///     .pass_header(HeaderName::from_static("x-theme"));
+    /// assert!(HeaderName::try_from("not a field name").is_err());
     /// ```
-    pub fn trust_header(mut self, name: impl AsRef<str>) -> Self {
-        if let Some(name) = field_name("trust_header", name.as_ref()) {
-            Arc::make_mut(&mut self.config).reflected.trust(&name);
-        }
+    pub fn trust_header(mut self, name: http::HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).reflected.trust(&name);
         self
     }
 
@@ -117,11 +120,11 @@ impl StampedeLayer {
     /// `detail=pass-header:x-theme`), as those with a method override do (see
     /// [`trust_header`](Self::trust_header)); a forwarding header named so passes instead of
     /// being keyed. To cache such requests per value instead, add the header to the key
-    /// ([`make_key`](Self::make_key)). Give one call per header.
-    pub fn pass_header(mut self, name: impl AsRef<str>) -> Self {
-        if let Some(name) = field_name("pass_header", name.as_ref()) {
-            Arc::make_mut(&mut self.config).reflected.pass(name);
-        }
+    /// ([`make_key`](Self::make_key)). Give one call per header. A
+    /// [`HeaderName`](http::HeaderName), so an invalid name is refused where it is made (see
+    /// [`trust_header`](Self::trust_header)).
+    pub fn pass_header(mut self, name: http::HeaderName) -> Self {
+        Arc::make_mut(&mut self.config).reflected.pass(name);
         self
     }
 

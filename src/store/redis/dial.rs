@@ -15,25 +15,45 @@ use crate::store::{StoreError, StoreErrorKind};
 /// Where a store connects, as the user gave it (credentials included: never print it).
 #[derive(Clone)]
 pub(super) enum Target {
-    /// One server's URL.
-    Server(String),
-    /// URLs of some of a cluster's nodes.
+    /// One server.
+    Server(Nodes),
+    /// Some of a cluster's nodes.
     #[cfg(feature = "cluster")]
-    Cluster(Vec<String>),
-    /// URLs of sentinels, and the name of the service whose primary they watch.
+    Cluster(Nodes),
+    /// Sentinels, and the name of the service whose primary they watch.
     #[cfg(feature = "sentinel")]
-    Sentinel {
-        sentinels: Vec<String>,
-        service: String,
-    },
+    Sentinel { sentinels: Nodes, service: String },
+}
+
+/// Servers as the user named them.
+#[derive(Clone)]
+pub(super) enum Nodes {
+    /// Their URLs.
+    Urls(Vec<String>),
+    /// The connection settings of clients the application made (`redis::Client`, a
+    /// `ConnectionInfo`, anything `IntoConnectionInfo`): address, credentials, database,
+    /// protocol and TLS settings; or why they could not be read.
+    Infos(Result<Vec<ConnectionInfo>, redis::RedisError>),
+}
+
+impl Nodes {
+    /// Nodes read from anything redis-rs reads connection settings from.
+    pub(super) fn infos<T: IntoConnectionInfo>(nodes: impl IntoIterator<Item = T>) -> Self {
+        Nodes::Infos(
+            nodes
+                .into_iter()
+                .map(IntoConnectionInfo::into_connection_info)
+                .collect(),
+        )
+    }
 }
 
 impl Target {
-    fn urls(&self) -> &[String] {
+    fn nodes(&self) -> &Nodes {
         match self {
-            Target::Server(url) => std::slice::from_ref(url),
+            Target::Server(nodes) => nodes,
             #[cfg(feature = "cluster")]
-            Target::Cluster(urls) => urls,
+            Target::Cluster(nodes) => nodes,
             #[cfg(feature = "sentinel")]
             Target::Sentinel { sentinels, .. } => sentinels,
         }
@@ -41,9 +61,23 @@ impl Target {
 
     /// The URLs without credentials, comma-separated (a sentinel's: the sentinels').
     pub(super) fn address(&self) -> String {
-        let urls: Vec<String> = self.urls().iter().map(|url| redact(url)).collect();
-        urls.join(",")
+        let shown: Vec<String> = match self.nodes() {
+            Nodes::Urls(urls) => urls.iter().map(|url| redact(url)).collect(),
+            Nodes::Infos(Ok(infos)) => infos.iter().map(info_address).collect(),
+            Nodes::Infos(Err(_)) => vec!["<invalid connection settings>".to_owned()],
+        };
+        shown.join(",")
     }
+}
+
+/// The address of a client's settings as a URL without credentials: `redis://host:6379/0`.
+fn info_address(info: &ConnectionInfo) -> String {
+    let scheme = match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => "rediss",
+        redis::ConnectionAddr::Unix(_) => "redis+unix",
+        _ => "redis",
+    };
+    format!("{scheme}://{}/{}", info.addr(), info.redis_settings().db())
 }
 
 /// How long a keeper waits between two attempts that found no server (or no primary).
@@ -135,8 +169,12 @@ impl Dial {
 
     /// Parses the URLs, and checks that TLS is available where they ask for it.
     pub(super) fn connection_infos(&self) -> Result<Vec<ConnectionInfo>, StoreError> {
-        let mut infos = Vec::with_capacity(self.target.urls().len());
-        for url in self.target.urls() {
+        let urls = match self.target.nodes() {
+            Nodes::Urls(urls) => urls,
+            Nodes::Infos(infos) => return self.given_infos(infos),
+        };
+        let mut infos = Vec::with_capacity(urls.len());
+        for url in urls {
             let address = redact(url);
             let info = url.as_str().into_connection_info().map_err(|e| {
                 if cfg!(not(feature = "tls")) && address.starts_with("rediss://") {
@@ -165,6 +203,31 @@ impl Dial {
             ));
         }
         Ok(infos)
+    }
+
+    /// The connection settings the application gave, checked as URLs are.
+    fn given_infos(
+        &self,
+        infos: &Result<Vec<ConnectionInfo>, redis::RedisError>,
+    ) -> Result<Vec<ConnectionInfo>, StoreError> {
+        let infos = infos.as_ref().map_err(|e| {
+            StoreError::with_source(
+                StoreErrorKind::Configuration,
+                "invalid Redis connection settings",
+                e.clone(),
+            )
+        })?;
+        #[cfg(feature = "tls")]
+        for info in infos {
+            self.prepare_tls(info, &info_address(info))?;
+        }
+        if infos.is_empty() {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                "no Redis connection settings given",
+            ));
+        }
+        Ok(infos.clone())
     }
 
     /// Readies rustls for a `rediss://` URL; refuses a plain one when root certificates are

@@ -255,7 +255,10 @@ impl RedisStore {
                 // value turns nobody away): the value in hand is still the answer.
                 let repaired: Result<i64, StoreError> = self.run(&REPAIR, &plan.repair(key)).await;
                 if let Err(error) = repaired {
-                    debug!(%error, "could not put the fresh marker back; answering the hit");
+                    debug!(
+                        error = &error as &dyn std::error::Error,
+                        "could not put the fresh marker back; answering the hit"
+                    );
                 }
                 Ok(lookup)
             }

@@ -61,7 +61,7 @@ use std::sync::Arc;
 use super::{CallLimit, StoreError};
 pub use builder::RedisStoreBuilder;
 use connection::Connection;
-use dial::Target;
+use dial::{Nodes, Target};
 use notifications::Notifications;
 
 /// The shared store on Redis (feature `redis`, on by default): one server, or a Redis Cluster
@@ -131,6 +131,42 @@ use notifications::Notifications;
 /// subscriber's included. With the `tls` feature, `rediss://` URLs connect over TLS (rustls),
 /// trusting the system's root certificates, or the ones given to
 /// `RedisStoreBuilder::tls_root_certificates`.
+///
+/// # The application's own client
+///
+/// [`client_builder`](Self::client_builder) takes the app's `redis::Client`, and
+/// [`info_builder`](Self::info_builder) anything `IntoConnectionInfo` (a `ConnectionInfo`,
+/// a URL, `(host, port)`), with their address, credentials, database, protocol and TLS
+/// settings; `cluster_info_builder` and `sentinel_info_builder` do the same for a cluster's
+/// nodes and for sentinels (features `cluster` and `sentinel`). The store still makes its own
+/// connections from those settings: it needs a subscriber of its own, and redis-rs's cluster
+/// and sentinel clients show none of their settings to build one from.
+///
+/// # Connections
+///
+/// A store is a handle: clones share its connections and its one subscriber, so every
+/// [`Cache`](crate::Cache) of a process (one per namespace) can be built over clones of one
+/// store. Per store, so per process that shares one:
+///
+/// - one server: two connections, the data connection (multiplexed: every call of every
+///   cache goes over it) and the subscriber (RESP3; one connection for every namespace's
+///   channels). `connect` also opens a third for a moment, to check that the server takes
+///   RESP3, and closes it;
+/// - a Sentinel service: the same two on the primary, and one to a sentinel at a time for
+///   its announcements, besides the short ones that ask where the primary is;
+/// - a Redis Cluster: a cluster connection for the data and one for the subscriber, each
+///   with a connection to every node it reaches.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_stampede::store::StoreError> {
+/// use tower_stampede::{store::RedisStore, Cache};
+///
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/").await?;
+/// // Two caches, two namespaces, one store: two connections in all.
+/// let pages = Cache::builder(store.clone()).namespace("pages").build();
+/// let users = Cache::builder(store).namespace("users").build();
+/// # let _ = (pages, users); Ok(()) }
+/// ```
 #[derive(Clone)]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub struct RedisStore {
@@ -152,7 +188,34 @@ impl RedisStore {
     /// A builder for a store on one server at `url`
     /// (`redis[s]://[[user]:password@]host[:port][/db]`).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(Target::Server(url.into()))
+        RedisStoreBuilder::new(Target::Server(Nodes::Urls(vec![url.into()])))
+    }
+
+    /// A builder for a store on the server of the application's own `client`, with its
+    /// settings: address, credentials, database, protocol and TLS (a client made with
+    /// `redis::Client::build_with_tls` keeps its certificates). The store opens its own two
+    /// connections from them (see [Connections](Self#connections)); the builder's timeouts
+    /// and notifications apply as to a URL's store.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_stampede::{store::RedisStore, Cache};
+    ///
+    /// let client = redis::Client::open("redis://app:secret@10.0.0.1:6379/2")?;
+    /// let store = RedisStore::client_builder(&client).connect().await?;
+    /// let cache = Cache::builder(store).namespace("my-app").build();
+    /// # let _ = cache; Ok(()) }
+    /// ```
+    pub fn client_builder(client: &redis::Client) -> RedisStoreBuilder {
+        RedisStore::info_builder(client.get_connection_info().clone())
+    }
+
+    /// A builder for a store on one server given as anything redis-rs reads connection
+    /// settings from ([`IntoConnectionInfo`](redis::IntoConnectionInfo): a
+    /// `redis::ConnectionInfo`, a URL, `(host, port)`); settings it cannot read fail the
+    /// store's `connect` or `open` with a configuration error.
+    pub fn info_builder(info: impl redis::IntoConnectionInfo) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(Target::Server(Nodes::infos([info])))
     }
 
     /// Connects to the Redis at `url` with default settings; fails if it cannot be reached.
@@ -203,7 +266,25 @@ impl RedisStore {
         I: IntoIterator,
         I::Item: Into<String>,
     {
-        RedisStoreBuilder::new(Target::Cluster(urls.into_iter().map(Into::into).collect()))
+        let urls = urls.into_iter().map(Into::into).collect();
+        RedisStoreBuilder::new(Target::Cluster(Nodes::Urls(urls)))
+    }
+
+    /// A builder for a store on a Redis Cluster, given the connection settings of some of its
+    /// nodes as the application made them (anything
+    /// [`IntoConnectionInfo`](redis::IntoConnectionInfo): a `redis::ConnectionInfo`, as a
+    /// `redis::Client`'s `get_connection_info` gives it), credentials, protocol and TLS
+    /// included. A `redis::cluster::ClusterClient` cannot be taken as it is: redis-rs shows
+    /// none of its settings, and the store's subscriber needs a client of its own (RESP3,
+    /// its pushes sent to the store); give the nodes' settings instead. Feature `cluster`.
+    #[cfg(feature = "cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
+    pub fn cluster_info_builder<I>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        RedisStoreBuilder::new(Target::Cluster(Nodes::infos(nodes)))
     }
 
     /// Connects to the Redis Cluster whose seed nodes are at `urls`, with default settings;
@@ -239,7 +320,26 @@ impl RedisStore {
         I::Item: Into<String>,
     {
         RedisStoreBuilder::new(Target::Sentinel {
-            sentinels: sentinels.into_iter().map(Into::into).collect(),
+            sentinels: Nodes::Urls(sentinels.into_iter().map(Into::into).collect()),
+            service: service.into(),
+        })
+    }
+
+    /// A builder for a store on the primary of a Redis Sentinel service, given the
+    /// connection settings of some of its sentinels as the application made them (anything
+    /// [`IntoConnectionInfo`](redis::IntoConnectionInfo)); otherwise as
+    /// [`sentinel_builder`](Self::sentinel_builder). redis-rs's own `SentinelClient` cannot
+    /// be taken as it is: it shows none of its settings, and the store asks the sentinels
+    /// itself (for every connection, and for their announcements). Feature `sentinel`.
+    #[cfg(feature = "sentinel")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
+    pub fn sentinel_info_builder<I>(sentinels: I, service: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator,
+        I::Item: redis::IntoConnectionInfo,
+    {
+        RedisStoreBuilder::new(Target::Sentinel {
+            sentinels: Nodes::infos(sentinels),
             service: service.into(),
         })
     }

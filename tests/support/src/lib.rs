@@ -5,7 +5,7 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], the test macros, waiting helpers |
+//! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], [`report`], the test macros, waiting helpers |
 //! | `http.rs` | requests sent through an app in process, answers read to the end |
 //! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
@@ -256,6 +256,31 @@ impl Counter {
     pub fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
+}
+
+/// A signal for [`signal`]: `Signal::STOP` freezes a process (it keeps its sockets open and
+/// answers nothing, as a host cut off by a partition does), `Signal::CONT` thaws it.
+pub use rustix::process::Signal;
+
+/// Sends `signal` to the process `pid` (a child the test started).
+pub fn signal(pid: u32, signal: Signal) {
+    let raw = i32::try_from(pid).expect("a process id");
+    let process = rustix::process::Pid::from_raw(raw).expect("a process id is not 0");
+    rustix::process::kill_process(process, signal)
+        .unwrap_or_else(|e| panic!("cannot send {signal:?} to process {pid}: {e}"));
+}
+
+/// An error and every cause after it, as a report prints them (`anyhow`'s `{:#}`):
+/// `message: cause: its cause`.
+pub fn report(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut shown = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        shown.push_str(": ");
+        shown.push_str(&next.to_string());
+        cause = next.source();
+    }
+    shown
 }
 
 /// Waits until `done` holds, looking every 5 ms; panics, saying `what`, after 30 s (a bound for

@@ -180,20 +180,12 @@ impl RedisServer {
 
     /// Freezes the server (SIGSTOP): it keeps its connections but answers nothing.
     pub fn pause(&self) {
-        self.signal("-STOP");
+        crate::signal(self.child.id(), crate::Signal::STOP);
     }
 
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
+        crate::signal(self.child.id(), crate::Signal::CONT);
     }
 
     /// Kills the server (SIGKILL) and waits for it to exit.

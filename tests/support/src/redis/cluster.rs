@@ -308,12 +308,12 @@ impl RedisCluster {
             .iter()
             .find(|n| n.port == port)
             .expect("a node of this cluster");
-        let signal = if frozen { "-STOP" } else { "-CONT" };
-        let status = Command::new("kill")
-            .args([signal, &node.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
+        let signal = if frozen {
+            crate::Signal::STOP
+        } else {
+            crate::Signal::CONT
+        };
+        crate::signal(node.child.id(), signal);
     }
 
     /// Waits, for at most `limit`, until a live node serves `key`'s slot as its master and

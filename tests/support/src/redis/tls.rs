@@ -1,13 +1,18 @@
-//! A throwaway certificate authority for the TLS tests.
+//! A throwaway certificate authority for the TLS tests, made with rcgen (no `openssl`
+//! command needed).
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
+};
 
 use super::TempDir;
 
 /// A throwaway certificate authority and a server certificate it signed for `127.0.0.1` and
-/// `localhost`, written by the `openssl` command (`./scripts/test.sh` installs it).
+/// `localhost` (ECDSA P-256 keys), written as PEM files for `redis-server`.
 #[derive(Clone)]
 pub struct TlsFiles {
     /// The files' folder, removed when the last clone is dropped.
@@ -21,76 +26,44 @@ impl TlsFiles {
     pub fn generate() -> Self {
         let dir = TempDir::new("tls");
         let path = |name: &str| dir.path().join(name);
-        let openssl = |args: &[&str]| {
-            let output = Command::new("openssl")
-                .args(args)
-                .current_dir(dir.path())
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("cannot run openssl ({e}); install it, e.g. with ./scripts/test.sh")
-                });
-            assert!(
-                output.status.success(),
-                "openssl {args:?} failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+        let write = |name: &str, pem: String| {
+            std::fs::write(path(name), pem).unwrap_or_else(|e| panic!("write {name}: {e}"));
         };
-        let ec = [
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
+
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.distinguished_name
+            .push(DnType::CommonName, "tower-stampede test CA");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
         ];
-        openssl(
-            &[
-                &[
-                    "req",
-                    "-x509",
-                    "-new",
-                    "-days",
-                    "2",
-                    "-subj",
-                    "/CN=tower-stampede test CA",
-                ][..],
-                &ec,
-                &["-keyout", "ca.key", "-out", "ca.crt"],
-            ]
-            .concat(),
-        );
-        openssl(
-            &[
-                &["req", "-new", "-subj", "/CN=127.0.0.1"][..],
-                &ec,
-                &["-keyout", "server.key", "-out", "server.csr"],
-            ]
-            .concat(),
-        );
-        std::fs::write(
-            path("server.ext"),
-            "basicConstraints=CA:FALSE\n\
-             keyUsage=digitalSignature\n\
-             extendedKeyUsage=serverAuth,clientAuth\n\
-             subjectAltName=IP:127.0.0.1,DNS:localhost\n",
-        )
-        .expect("write server.ext");
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-            "-out",
-            "server.crt",
-        ]);
+        write("ca.crt", ca.self_signed(&ca_key).expect("the CA").pem());
+
+        let server_key = KeyPair::generate().expect("a server key");
+        let mut server =
+            CertificateParams::new(vec!["localhost".to_owned()]).expect("server parameters");
+        server
+            .subject_alt_names
+            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "127.0.0.1");
+        server.is_ca = IsCa::ExplicitNoCa;
+        server.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        server.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let issuer = Issuer::new(ca, ca_key);
+        let signed = server
+            .signed_by(&server_key, &issuer)
+            .expect("the server certificate");
+        write("server.crt", signed.pem());
+        write("server.key", server_key.serialize_pem());
+
         TlsFiles {
             ca_cert: path("ca.crt"),
             server_cert: path("server.crt"),
