@@ -916,3 +916,39 @@ async fn the_layer_s_hits_and_misses_are_traced_for_a_subscriber() {
         "{text}"
     );
 }
+
+/// Issue 40, 52: a pass is logged with its rule, the header it names if any (no empty field),
+/// and what to do about it, at most once a minute per rule per layer (on paused time).
+#[tokio::test(start_paused = true)]
+async fn a_pass_warns_with_its_rule_and_remedy_once_a_minute() {
+    let logs = support::Logs::default();
+    let _guard = logs.capture_default();
+    let cache = Shared::memory().cache().build();
+    let theme = axum::http::HeaderName::from_static("x-theme");
+    let app = Router::new()
+        .route("/bare", get(|| async { "no freshness" }))
+        .layer(StampedeLayer::new(cache).pass_header(theme));
+    for _ in 0..3 {
+        send(&app, "GET", "http://app.test/bare").await;
+    }
+    let themed = Request::get("http://app.test/bare")
+        .header("x-theme", "dark")
+        .body(Body::empty())
+        .unwrap();
+    app.clone().oneshot(themed).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    send(&app, "GET", "http://app.test/bare").await;
+    let text = logs.text();
+    let (themed, warnings): (Vec<&str>, Vec<&str>) = text
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .partition(|l| l.contains("pass-header"));
+    assert_eq!(themed.len(), 1, "{themed:?}");
+    assert!(themed[0].contains("header=\"x-theme\""), "{}", themed[0]);
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    for warning in warnings {
+        assert!(warning.contains("rule=\"no-freshness\""), "{warning}");
+        assert!(warning.contains("RfcPolicy::default_ttl"), "{warning}");
+        assert!(!warning.contains("header="), "no empty field: {warning}");
+    }
+}

@@ -102,34 +102,4 @@ mod tests {
         assert!(!allowed(Pass::Credentials));
         assert!(allowed(Pass::NoFreshness));
     }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_pass_warns_with_its_rule_and_header_once_a_minute() {
-        let logs = support::Logs::default();
-        let _guard = logs.capture_default();
-        let passes = Passes::default();
-        for _ in 0..3 {
-            passes.report(Pass::NamedHeader("x-theme"));
-        }
-        tokio::time::advance(WARN_EVERY).await;
-        passes.report(Pass::NamedHeader("x-theme"));
-        let text = logs.text();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(lines.len(), 2, "{lines:?}");
-        assert!(lines.iter().all(|l| l.contains("WARN")
-            && l.contains("rule=\"pass-header\"")
-            && l.contains("header=\"x-theme\"")));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_warning_names_the_remedy_and_no_empty_field() {
-        let logs = support::Logs::default();
-        let _guard = logs.capture_default();
-        Passes::default().report(Pass::NoFreshness);
-        let text = logs.text();
-        assert!(text.contains("rule=\"no-freshness\""), "{text}");
-        assert!(text.contains("RfcPolicy::default_ttl"), "{text}");
-        assert!(!text.contains("header="), "{text}");
-        assert!(!text.contains("=\"\""), "no empty field: {text}");
-    }
 }
