@@ -530,6 +530,8 @@ async fn a_balancer_burst_after_a_thousand_attacker_values_loads_once(shared: Sh
         eprintln!("{}: L1 of process {i}: {l1} bytes", shared.name);
         assert!(l1 < 16 * 1024, "{}: {l1} bytes in L1", shared.name);
     }
+    // The only kind of store without the `redis` feature.
+    #[allow(irrefutable_let_patterns)]
     if let support::Backing::Memory(memory) = &shared.backing {
         // Every value turned away left its answer for its waiters (a few seconds, swept later).
         let (entries, bytes) = (memory.len(), memory.bytes());
