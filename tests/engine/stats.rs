@@ -83,7 +83,16 @@ async fn the_answer_counts_follow_each_outcome(shared: Shared) {
 store_test!(health_shows_what_it_measures_by_name);
 async fn health_shows_what_it_measures_by_name(shared: Shared) {
     let cache = shared.cache().build();
-    let health = cache.health().await;
+    // Over Redis the subscriber connects in the background, after the build: its
+    // notifications are live once it has.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let health = loop {
+        let health = cache.health().await;
+        if health.is_healthy() || tokio::time::Instant::now() > deadline {
+            break health;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert!(health.is_healthy(), "{}: {health}", shared.name);
     let shown = health.to_string();
     let names: Vec<&str> = shown
