@@ -15,7 +15,9 @@
 # With --variants, it measures the proxy against itself instead: plain hits against hits that
 # carry a load balancer's fields (`X-Forwarded-Proto`, `X-Forwarded-Port`, `X-Forwarded-For`,
 # `X-Real-IP`), hits on a page with `Vary: Accept-Encoding`, and both at once, in turns (the
-# order rotates every round), each as a ratio of that round's plain hits.
+# order rotates every round), each as a ratio of that round's plain hits; and bare with the
+# same fields against bare without them: the floor, what the fields alone cost a server that
+# reads none of them (hyper parses and drops them, and that is no work of the cache's).
 #
 # Usage: ./scripts/bench-hits.sh [--rounds N] [--seconds S] [--redis] [--pin] [--variants]
 #   --rounds N   rounds of the two wrk runs (default 3, at least 3 for a median worth reading)
@@ -207,27 +209,35 @@ if [ "$variants" = 1 ]; then
     curl -s -o /dev/null -D - "${curl_headers[@]}" "$url" | grep -qi '^x-cache: HIT' \
       || { echo "error: $shape hits are not answered from the cache" >&2; exit 1; }
   done
-  printf '%-6s %-9s %10s %9s %9s %9s\n' round shape rps rps_ratio cpu_us cpu_ratio
+  printf '%-6s %-9s %10s %9s %9s %9s %10s %9s %9s\n' round shape rps rps_ratio cpu_us cpu_ratio \
+    bare_rps bare_rps_r bare_cpu_r
   : >"$work/rounds"
   for round in $(seq "$rounds"); do
     order=("${shapes[@]:$(( (round - 1) % 4 ))}" "${shapes[@]:0:$(( (round - 1) % 4 ))}")
-    declare -A rps cpu
+    declare -A rps cpu brps bcpu
     for shape in "${order[@]}"; do
       headers_of "$shape"
       read -r r _ c < <(measure "http://$proxy$(shape_args "$shape")" "$proxy_pid" "${headers[@]}")
       rps[$shape]=$r; cpu[$shape]=$c
+      read -r r _ c < <(measure "http://$bare$(shape_args "$shape")" "$bare_pid" "${headers[@]}")
+      brps[$shape]=$r; bcpu[$shape]=$c
     done
     for shape in "${shapes[@]}"; do
       ratio=$(awk -v s="${rps[$shape]}" -v p="${rps[plain]}" 'BEGIN { printf "%.3f", (p > 0) ? s / p : 0 }')
       cratio=$(awk -v s="${cpu[$shape]}" -v p="${cpu[plain]}" 'BEGIN { printf "%.3f", (s > 0) ? p / s : 0 }')
-      printf '%-6s %-9s %10s %9s %9s %9s\n' "$round" "$shape" "${rps[$shape]}" "$ratio" "${cpu[$shape]}" "$cratio"
-      echo "$shape $ratio $cratio" >>"$work/rounds"
+      bratio=$(awk -v s="${brps[$shape]}" -v p="${brps[plain]}" 'BEGIN { printf "%.3f", (p > 0) ? s / p : 0 }')
+      bcratio=$(awk -v s="${bcpu[$shape]}" -v p="${bcpu[plain]}" 'BEGIN { printf "%.3f", (s > 0) ? p / s : 0 }')
+      printf '%-6s %-9s %10s %9s %9s %9s %10s %9s %9s\n' "$round" "$shape" "${rps[$shape]}" "$ratio" \
+        "${cpu[$shape]}" "$cratio" "${brps[$shape]}" "$bratio" "$bcratio"
+      echo "$shape $ratio $cratio $bratio $bcratio" >>"$work/rounds"
     done
   done
   for shape in balancer vary both; do
     r=$(awk -v s="$shape" '$1 == s { print $2 }' "$work/rounds" | median)
     c=$(awk -v s="$shape" '$1 == s { print $3 }' "$work/rounds" | median)
-    echo "==> $shape over plain hits: req/s median $r, CPU per request (plain/$shape) median $c (goal: >= 0.9)"
+    br=$(awk -v s="$shape" '$1 == s { print $4 }' "$work/rounds" | median)
+    bc=$(awk -v s="$shape" '$1 == s { print $5 }' "$work/rounds" | median)
+    echo "==> $shape over plain hits: req/s median $r, CPU per request (plain/$shape) median $c (goal: >= 0.9); floor (bare, the same fields): req/s $br, CPU $bc"
   done
   exit 0
 fi

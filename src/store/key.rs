@@ -23,6 +23,24 @@ impl std::hash::Hash for KeyDigest {
     }
 }
 
+/// A [`KeyDigest`] in the making, of a logical key given in parts: the digest of their
+/// concatenation, for a key that would otherwise be built only to be hashed.
+pub(crate) struct KeyHasher(Sha256);
+
+impl KeyHasher {
+    pub(crate) fn new() -> Self {
+        KeyHasher(Sha256::new())
+    }
+
+    pub(crate) fn update(&mut self, part: &[u8]) {
+        self.0.update(part);
+    }
+
+    pub(crate) fn finish(self) -> KeyDigest {
+        KeyDigest(self.0.finalize().into())
+    }
+}
+
 impl KeyDigest {
     /// The digest of a logical key.
     pub fn of(logical_key: &[u8]) -> Self {

@@ -54,11 +54,10 @@ impl<S> Stampede<S> {
     inner_service_accessors!();
 
     /// The request's key under the [`MakeKey`](crate::http::MakeKey), made apart for requests with
-    /// credentials or keyed forwarding headers (see [`key::primary`]), whether it is a
-    /// forwarded one, and whether its load may store (a set of forwarding values the URL is
-    /// not stored for is looked up and coalesced, and stores nothing); or `None`: the key
-    /// cannot describe the request.
-    fn primary_key(&self, parts: &mut Parts) -> Option<(String, bool, bool)> {
+    /// credentials or keyed forwarding headers (see [`key::primary`]), and its digest (hashed
+    /// once: for L1, the forwarding variants and the fetch if L1 cannot answer); and whether
+    /// it is a forwarded one; or `None`: the key cannot describe the request.
+    fn primary_key(&self, parts: &mut Parts) -> Option<(String, KeyDigest, bool)> {
         // A HEAD is answered from the GET entry, so its key is the GET's.
         let method = std::mem::replace(&mut parts.method, Method::GET);
         let config = &self.config;
@@ -66,12 +65,8 @@ impl<S> Stampede<S> {
             let credentialed = config.policy.credentialed(parts);
             let forwarded = config.reflected.forwarded(&parts.headers);
             let primary = key::primary(key, credentialed, forwarded);
-            let keyed = config.reflected.keyed();
-            let stores = !forwarded
-                || config
-                    .forwarded_variants
-                    .admit(&primary, keyed, &parts.headers);
-            (primary, forwarded, stores)
+            let digest = KeyDigest::of(primary.as_bytes());
+            (primary, digest, forwarded)
         });
         parts.method = method;
         primary
@@ -131,16 +126,25 @@ where
                     // Taken apart once: the key is made from the parts, and a hit drops them.
                     let (mut parts, body) = request.into_parts();
                     match self.primary_key(&mut parts) {
-                        Some((primary, forwarded, stores)) => {
+                        Some((primary, digest, forwarded)) => {
                             let form = AnswerForm::of(&parts);
-                            // Hashed once: for L1 here, and for the fetch if L1 cannot answer.
-                            let digest = KeyDigest::of(primary.as_bytes());
                             let url = (primary.as_str(), &digest);
+                            let (variants, keyed) = (
+                                &self.config.forwarded_variants,
+                                self.config.reflected.keyed(),
+                            );
                             if let Some(response) =
                                 from_l1(&self.cache, url, &parts.headers, &form, &self.config)
                             {
+                                if forwarded {
+                                    variants.used(&digest, keyed, &parts.headers);
+                                }
                                 return ResponseFuture::ready(response);
                             }
+                            // A set of forwarding values the URL is not stored for is looked
+                            // up and coalesced, and its load stores nothing.
+                            let stores =
+                                !forwarded || variants.admit(&digest, keyed, &parts.headers);
                             let loading = Loading {
                                 inner: self.inner.clone(),
                                 cache: self.cache.clone(),

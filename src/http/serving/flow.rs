@@ -65,12 +65,12 @@ pub(crate) fn from_l1<B: Body>(
         InL1::Hit(ready) => return Some(responses::hit(ready, &found, form, config)),
         InL1::Marker(marker) => marker,
     };
-    let variant = key::variant(primary, marker.generation, &marker.names, headers);
+    let variant = key::variant_digest(primary, marker.generation, &marker.names, headers);
     let read = |value: &Bytes| match codec::decode(value) {
         Ok(Decoded::Response(cached)) => Some(InL1::Hit(HitReady::new(cached, config))),
         _ => None,
     };
-    let found = cache.l1_hit(&KeyDigest::of(variant.as_bytes()), read, local)?;
+    let found = cache.l1_hit(&variant, read, local)?;
     match &*found.value {
         InL1::Hit(ready) => Some(responses::hit(ready, &found, form, config)),
         InL1::Marker(_) => None,

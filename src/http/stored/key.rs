@@ -67,6 +67,7 @@ use http::request::Parts;
 use http::uri::{Authority, Scheme};
 use http::{HeaderMap, HeaderName};
 
+use crate::store::key::KeyHasher;
 use crate::store::KeyDigest;
 
 /// Makes the cache key of a request; see [`StampedeLayer::make_key`](crate::http::StampedeLayer::make_key).
@@ -369,8 +370,7 @@ pub(crate) fn primaries(key: &str, forwarding_keyed: bool) -> Vec<String> {
 /// The forwarded primary key of requests with keyed forwarding headers whose [`MakeKey`]
 /// said `key`.
 fn forwarded_key(key: &str) -> String {
-    // Length-prefixed, so no key of another shape can equal it.
-    format!("{FORWARDED_PREFIX}{}\0{key}", key.len())
+    length_prefixed(FORWARDED_PREFIX, key)
 }
 
 /// How a forwarded primary key starts (after `authorized\0N\0`, for one with credentials).
@@ -388,8 +388,17 @@ fn is_forwarded(primary: &str) -> bool {
 /// The primary key of requests with credentials (`Authorization`, cookies) whose [`MakeKey`]
 /// said `key`.
 pub(crate) fn authorized(key: &str) -> String {
-    // Length-prefixed, so no key of another shape can equal it.
-    format!("authorized\0{}\0{key}", key.len())
+    length_prefixed("authorized\0", key)
+}
+
+/// `prefix`, the length of `key`, NUL and `key`: no key of another shape can equal it.
+fn length_prefixed(prefix: &str, key: &str) -> String {
+    let mut prefixed = String::with_capacity(prefix.len() + 21 + key.len());
+    prefixed.push_str(prefix);
+    put_number(&mut prefixed, key.len() as u64, 10, 1);
+    prefixed.push('\0');
+    prefixed.push_str(key);
+    prefixed
 }
 
 /// The variant key of a request under a primary key whose vary marker has `generation` and
@@ -401,28 +410,92 @@ pub(crate) fn variant(
     names: &[HeaderName],
     request: &HeaderMap,
 ) -> String {
-    let mut key = format!("vary\0{}\0{primary}\0{generation:016x}", primary.len());
-    let forwarded = is_forwarded(primary);
-    push_values(&mut key, names, request, forwarded);
+    let mut key = String::with_capacity(64 + primary.len() + 32 * names.len());
+    put_variant(&mut key, primary, generation, names, request);
     key
+}
+
+/// The digest of [`variant`]'s key, made without building it: what a hit looks up.
+pub(crate) fn variant_digest(
+    primary: &str,
+    generation: u64,
+    names: &[HeaderName],
+    request: &HeaderMap,
+) -> KeyDigest {
+    let mut hasher = KeyHasher::new();
+    put_variant(&mut hasher, primary, generation, names, request);
+    hasher.finish()
+}
+
+/// Where the parts of a key go: the key itself, or straight into a hash of it. Every part
+/// is UTF-8, so a key built of them is a `String`.
+trait KeySink {
+    fn put(&mut self, part: &str);
+}
+
+impl KeySink for String {
+    fn put(&mut self, part: &str) {
+        self.push_str(part);
+    }
+}
+
+impl KeySink for KeyHasher {
+    fn put(&mut self, part: &str) {
+        self.update(part.as_bytes());
+    }
+}
+
+/// The one spelling of a variant key, for [`variant`] and [`variant_digest`] alike.
+fn put_variant(
+    key: &mut impl KeySink,
+    primary: &str,
+    generation: u64,
+    names: &[HeaderName],
+    request: &HeaderMap,
+) {
+    key.put("vary\0");
+    put_number(key, primary.len() as u64, 10, 1);
+    key.put("\0");
+    key.put(primary);
+    key.put("\0");
+    put_number(key, generation, 16, 16);
+    push_values(key, names, request, is_forwarded(primary));
+}
+
+/// `n` in lowercase digits of `radix` (at most 16), at least `width` (at most 20) of them.
+fn put_number(key: &mut impl KeySink, mut n: u64, radix: u64, width: usize) {
+    let mut digits = [b'0'; 20];
+    let mut start = digits.len();
+    while n > 0 || digits.len() - start < width {
+        start -= 1;
+        digits[start] = b"0123456789abcdef"[(n % radix) as usize];
+        n /= radix;
+    }
+    key.put(std::str::from_utf8(&digits[start..]).unwrap_or_default());
 }
 
 /// Each of `names` with the request's values of it, appended to `key`; `Forwarded` without
 /// its `for=` and `by=` if `forwarded`.
-fn push_values(key: &mut String, names: &[HeaderName], request: &HeaderMap, forwarded: bool) {
-    for name in names {
-        key.push('\0');
-        key.push_str(name.as_str());
-        let mut values = request.get_all(name).iter().peekable();
+fn push_values(key: &mut impl KeySink, names: &[HeaderName], request: &HeaderMap, forwarded: bool) {
+    let present = Present::of(names, request);
+    for (i, name) in names.iter().enumerate() {
+        key.put("\0");
+        key.put(name.as_str());
+        let mut values = present
+            .may_hold(i)
+            .then(|| request.get_all(name).iter())
+            .into_iter()
+            .flatten()
+            .peekable();
         if values.peek().is_none() {
             // Absent: the name alone. Present, even empty: `name=values`. Names never hold
             // `=` nor NUL, and escaped values never hold NUL, so the key is unambiguous.
             continue;
         }
-        key.push('=');
+        key.put("=");
         for (i, value) in values.enumerate() {
             if i > 0 {
-                key.push(',');
+                key.put(",");
             }
             let value = value.as_bytes().trim_ascii();
             let value = if forwarded && *name == FORWARDED {
@@ -432,10 +505,33 @@ fn push_values(key: &mut String, names: &[HeaderName], request: &HeaderMap, forw
             };
             // Most values have nothing to escape: copied whole.
             match std::str::from_utf8(&value) {
-                Ok(plain) if value.iter().all(|&b| needs_no_escape(b)) => key.push_str(plain),
-                _ => key.extend(value.escape_ascii().map(char::from)),
+                Ok(plain) if value.iter().all(|&b| needs_no_escape(b)) => key.put(plain),
+                _ => key.put(&value.escape_ascii().to_string()),
             }
         }
+    }
+}
+
+/// Which of a list of names a request may hold, found the cheaper way: where the request has
+/// fewer fields than the list (a request behind a balancer, against its ten keyed forwarding
+/// headers), one walk over its fields marks the names it holds, and only those are looked up
+/// (each lookup hashes the name); else every name may be held.
+struct Present(u64);
+
+impl Present {
+    fn of(names: &[HeaderName], request: &HeaderMap) -> Self {
+        if names.len() > 64 || request.keys_len() >= names.len() {
+            return Present(u64::MAX);
+        }
+        let marks = request.keys().fold(0, |marks, held| {
+            let named = names.iter().enumerate().filter(|(_, name)| *name == held);
+            named.fold(marks, |marks, (i, _)| marks | 1 << i)
+        });
+        Present(marks)
+    }
+
+    fn may_hold(&self, i: usize) -> bool {
+        i >= 64 || self.0 & 1 << i != 0
     }
 }
 
@@ -490,7 +586,7 @@ impl VariantId {
     }
 
     fn digest_of(primary: &str, names: &[HeaderName], request: &HeaderMap) -> KeyDigest {
-        KeyDigest::of(variant(primary, 0, names, request).as_bytes())
+        variant_digest(primary, 0, names, request)
     }
 }
 

@@ -3,13 +3,15 @@
 //! forwarding values one URL is stored for.
 
 use std::borrow::Cow;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 use moka::ops::compute::Op;
+
+use crate::store::KeyDigest;
 
 /// The most sets of forwarding values that one URL is stored for, per process. A load
 /// balancer sets one (a few, with several balancers or schemes); past the bound a set is
@@ -20,7 +22,8 @@ pub(crate) const MAX_FORWARDED_VARIANTS: usize = 16;
 /// How many URLs the bound is kept for, the least recently used forgotten first.
 const URLS: u64 = 10_000;
 
-/// How long a URL's sets are kept without a request carrying forwarding headers for it.
+/// How long a URL's sets are kept without a load of a request carrying forwarding headers
+/// for it.
 const IDLE: Duration = Duration::from_secs(3600);
 
 /// A `Forwarded` field value (RFC 7239 §4) without its `for=` and `by=` parameters, in any
@@ -87,8 +90,8 @@ fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
 /// arrived before it, and an attacker's values, each sent a few times, take no place from
 /// it; a set turned away is looked up and coalesced as any other, just not stored.
 ///
-/// Cheap to clone (the clones share it). Keys and values are hashed with a key of this
-/// process's own, so that no client can make two sets count as one.
+/// Cheap to clone (the clones share it). Values are hashed with a key of this process's own,
+/// so that no client can make two sets count as one.
 #[derive(Clone)]
 pub(crate) struct ForwardedVariants {
     held: moka::sync::Cache<u64, Arc<[u64]>>,
@@ -118,16 +121,21 @@ impl std::fmt::Debug for ForwardedVariants {
 }
 
 impl ForwardedVariants {
-    /// Whether the response to a request under the forwarded primary key `primary` may be
-    /// stored: its values of the `keyed` forwarding headers are a set the URL is stored for,
-    /// or one that takes a place (see [above](Self)). A request whose set is turned away is
-    /// still looked up and coalesced; only its load stores nothing.
-    pub(crate) fn admit(&self, primary: &str, keyed: &[HeaderName], headers: &HeaderMap) -> bool {
-        let url = self.hasher.hash_one(primary);
-        let mut values = String::new();
-        super::push_values(&mut values, keyed, headers, true);
-        let set = self.hasher.hash_one(&values);
-        let uses = self.uses.count(url ^ set.rotate_left(32));
+    /// Counts a use of a request's set under the forwarded primary key whose digest is `url`:
+    /// its values of the `keyed` forwarding headers. A request answered from L1 is counted
+    /// only; one that loads asks [`admit`](Self::admit).
+    pub(crate) fn used(&self, url: &KeyDigest, keyed: &[HeaderName], headers: &HeaderMap) {
+        self.count(url, keyed, headers);
+    }
+
+    /// Counts a use of a request's set (as [`used`](Self::used)) and tells whether the response
+    /// to it may be stored: the set is one the URL is stored for, or one that takes a place
+    /// (see [above](Self)). A request whose set is turned away is still looked up and
+    /// coalesced; only its load stores nothing. Asked by loads alone, so a URL's sets are
+    /// forgotten after an hour without a load for it, and made again by the next: the
+    /// counts, kept apart, still rank them.
+    pub(crate) fn admit(&self, url: &KeyDigest, keyed: &[HeaderName], headers: &HeaderMap) -> bool {
+        let (url, set, uses) = self.count(url, keyed, headers);
         if self.held.get(&url).is_some_and(|sets| sets.contains(&set)) {
             return true;
         }
@@ -154,6 +162,31 @@ impl ForwardedVariants {
             Op::Put(sets.into())
         });
         admitted
+    }
+
+    /// The URL and set of a request, as held, and its uses with this one.
+    fn count(&self, url: &KeyDigest, keyed: &[HeaderName], headers: &HeaderMap) -> (u64, u64, u32) {
+        let url = Self::url_of(url);
+        let mut set = Hashing(self.hasher.build_hasher());
+        super::push_values(&mut set, keyed, headers, true);
+        let set = set.0.finish();
+        (url, set, self.uses.count(url ^ set.rotate_left(32)))
+    }
+
+    /// A URL as the sets are held under it: by its key's digest, which no client can make
+    /// collide with another URL's.
+    fn url_of(digest: &KeyDigest) -> u64 {
+        let [a, b, c, d, e, f, g, h, ..] = *digest.as_bytes();
+        u64::from_le_bytes([a, b, c, d, e, f, g, h])
+    }
+}
+
+/// A hash of a set of forwarding values, made as the variant key would spell them.
+struct Hashing<H>(H);
+
+impl<H: Hasher> super::KeySink for Hashing<H> {
+    fn put(&mut self, part: &str) {
+        self.0.write(part.as_bytes());
     }
 }
 
@@ -237,6 +270,11 @@ mod tests {
     use super::*;
     use crate::http::rules::tag_fields::tests::headers;
 
+    /// The digest of a URL's key, as the layer hands it.
+    fn url(key: &str) -> KeyDigest {
+        KeyDigest::of(key.as_bytes())
+    }
+
     #[test]
     fn forwarded_is_keyed_without_for_and_by_rfc_7239() {
         let cases: [(&str, &str); 7] = [
@@ -278,13 +316,16 @@ mod tests {
             |host: &str| headers(&[("x-forwarded-host", host), ("x-forwarded-for", "192.0.2.1")]);
         for i in 0..MAX_FORWARDED_VARIANTS {
             assert!(
-                variants.admit("url", &keyed, &with(&format!("h{i}"))),
+                variants.admit(&url("url"), &keyed, &with(&format!("h{i}"))),
                 "{i}"
             );
         }
-        assert!(!variants.admit("url", &keyed, &with("one-too-many")));
-        assert!(variants.admit("url", &keyed, &with("h3")), "a set it keeps");
-        assert!(variants.admit("other-url", &keyed, &with("one-too-many")));
+        assert!(!variants.admit(&url("url"), &keyed, &with("one-too-many")));
+        assert!(
+            variants.admit(&url("url"), &keyed, &with("h3")),
+            "a set it keeps"
+        );
+        assert!(variants.admit(&url("other-url"), &keyed, &with("one-too-many")));
         // The client's address and `for=` are no part of a set.
         let clients = (0..100).map(|i| {
             headers(&[
@@ -293,16 +334,16 @@ mod tests {
             ])
         });
         for client in clients {
-            assert!(variants.admit("url", &keyed, &client));
+            assert!(variants.admit(&url("url"), &keyed, &client));
         }
         let forwarded = (0..100).map(|i| headers(&[("forwarded", &format!("for=10.0.0.{i}"))]));
         for client in forwarded {
-            assert!(variants.admit("third-url", &keyed, &client));
+            assert!(variants.admit(&url("third-url"), &keyed, &client));
         }
         assert_eq!(
             variants
                 .held
-                .get(&variants.hasher.hash_one("third-url"))
+                .get(&ForwardedVariants::url_of(&url("third-url")))
                 .unwrap()
                 .len(),
             1
@@ -311,7 +352,7 @@ mod tests {
 
     /// The URL's sets, as held.
     fn held(variants: &ForwardedVariants, url: &str) -> Vec<u64> {
-        let url = variants.hasher.hash_one(url);
+        let url = ForwardedVariants::url_of(&self::url(url));
         variants
             .held
             .get(&url)
@@ -328,24 +369,24 @@ mod tests {
         // value whose counters all collide with others' may take one from another attacker
         // value: see `Uses`; fewer than 7 in 2,000 but once in a million runs.)
         let admitted = (0..1000)
-            .filter(|i| variants.admit("url", &keyed, &with(&format!("evil{i}.example"))))
+            .filter(|i| variants.admit(&url("url"), &keyed, &with(&format!("evil{i}.example"))))
             .count();
         assert!((MAX_FORWARDED_VARIANTS..MAX_FORWARDED_VARIANTS + 6).contains(&admitted));
         // The balancer's first request ties with the attackers' one each: turned away
         // (looked up and coalesced, not stored), unless noise lifted it; its second beats
         // them, and its set holds.
         let turned_away = (0..2)
-            .take_while(|_| !variants.admit("url", &keyed, &balancer))
+            .take_while(|_| !variants.admit(&url("url"), &keyed, &balancer))
             .count();
         assert!(turned_away <= 1);
         // 1,000 more attacker values between and after its requests never take its place.
         let mut later = 0;
         for i in 0..1000 {
             let attacker = with(&format!("later{i}.example"));
-            later += usize::from(variants.admit("url", &keyed, &attacker));
+            later += usize::from(variants.admit(&url("url"), &keyed, &attacker));
             if i % 100 == 0 {
                 assert!(
-                    variants.admit("url", &keyed, &balancer),
+                    variants.admit(&url("url"), &keyed, &balancer),
                     "balancer after {i}"
                 );
             }
@@ -354,7 +395,7 @@ mod tests {
             admitted - MAX_FORWARDED_VARIANTS + later < 7,
             "{admitted} then {later}"
         );
-        assert!(variants.admit("url", &keyed, &balancer));
+        assert!(variants.admit(&url("url"), &keyed, &balancer));
         assert_eq!(held(&variants, "url").len(), MAX_FORWARDED_VARIANTS);
     }
 
@@ -366,18 +407,18 @@ mod tests {
         // 16 attacker values, 5 requests each, hold every place.
         for _ in 0..5 {
             for i in 0..MAX_FORWARDED_VARIANTS {
-                variants.admit("url", &keyed, &with(&format!("evil{i}")));
+                variants.admit(&url("url"), &keyed, &with(&format!("evil{i}")));
             }
         }
         let balancer = with("www.example.com");
         let turned_away = (0..10)
-            .take_while(|_| !variants.admit("url", &keyed, &balancer))
+            .take_while(|_| !variants.admit(&url("url"), &keyed, &balancer))
             .count();
         assert_eq!(
             turned_away, 5,
             "stored from its 6th request, past the attackers' 5"
         );
-        assert!(variants.admit("url", &keyed, &balancer));
+        assert!(variants.admit(&url("url"), &keyed, &balancer));
     }
 
     #[test]
@@ -387,14 +428,14 @@ mod tests {
         let with = |host: &str| headers(&[("x-forwarded-host", host)]);
         for i in 0..MAX_FORWARDED_VARIANTS {
             for _ in 0..100 {
-                variants.admit("url", &keyed, &with(&format!("old{i}")));
+                variants.admit(&url("url"), &keyed, &with(&format!("old{i}")));
             }
         }
         // A new balancer value (a deploy): turned away while the old ones weigh more, then
         // stored, as the uses of the old ones are halved and its own are not.
         let new = with("new.example");
         let turned_away = (0..1000)
-            .take_while(|_| !variants.admit("url", &keyed, &new))
+            .take_while(|_| !variants.admit(&url("url"), &keyed, &new))
             .count();
         assert_eq!(
             turned_away, 100,

@@ -202,3 +202,77 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn keys_are_spelled_as_stored_entries_hold_them() {
+    // Entries already in a store are found only under the same spelling.
+    let names = [HeaderName::from_static("accept-encoding")];
+    let headers = parts("/", &[("accept-encoding", "gzip")]).headers;
+    let key = variant("p", 0x1f, &names, &headers);
+    assert_eq!(
+        key,
+        "vary\u{0}1\u{0}p\u{0}000000000000001f\u{0}accept-encoding=gzip"
+    );
+    assert_eq!(
+        variant_digest("p", 0x1f, &names, &headers),
+        KeyDigest::of(key.as_bytes())
+    );
+    assert_eq!(authorized("ab"), "authorized\u{0}2\u{0}ab");
+    let long = "k".repeat(1234);
+    assert_eq!(
+        forwarded_key(&long),
+        format!("forwarded\u{0}1234\u{0}{long}")
+    );
+    assert_eq!(
+        variant(&"p".repeat(10), u64::MAX, &[], &HeaderMap::new()),
+        format!("vary\u{0}10\u{0}{}\u{0}ffffffffffffffff", "p".repeat(10))
+    );
+}
+
+/// The forwarding headers and a few others, as a request behind a balancer may hold them.
+const FIELDS: [&str; 14] = [
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-forwarded-port",
+    "x-forwarded-for",
+    "forwarded",
+    "x-real-ip",
+    "accept-encoding",
+    "accept",
+    "cookie",
+    "user-agent",
+    "x-original-url",
+    "x-tenant",
+    "host",
+    "x-rewrite-url",
+];
+
+proptest::proptest! {
+    /// A variant's digest made without its key is the digest of its key, and the names a
+    /// request is found not to hold are never among its fields, whatever the request holds
+    /// and however many names it is keyed by.
+    #[test]
+    fn variant_digests_are_the_digests_of_variant_keys(
+        fields in proptest::collection::vec((0..FIELDS.len(), "[ -~]{0,12}"), 0..20),
+        names in proptest::collection::vec(0..FIELDS.len(), 0..FIELDS.len()),
+        forwarded in proptest::bool::ANY,
+    ) {
+        let mut headers = HeaderMap::new();
+        for (field, value) in &fields {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                headers.append(FIELDS[*field], value);
+            }
+        }
+        let names: Vec<HeaderName> =
+            names.iter().map(|&i| HeaderName::from_static(FIELDS[i])).collect();
+        let primary = if forwarded { forwarded_key("p") } else { "p".to_owned() };
+        proptest::prop_assert_eq!(
+            variant_digest(&primary, 7, &names, &headers),
+            KeyDigest::of(variant(&primary, 7, &names, &headers).as_bytes())
+        );
+        let present = Present::of(&names, &headers);
+        for (i, name) in names.iter().enumerate() {
+            proptest::prop_assert!(present.may_hold(i) || !headers.contains_key(name));
+        }
+    }
+}
