@@ -133,6 +133,11 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", value_parser = byte_count)]
     pub(crate) max_body_bytes: Option<usize>,
 
+    /// Largest body over --max-body-bytes that is relayed to the requests that waited for its
+    /// load; over it, they go to the origin themselves (default: 16777216)
+    #[arg(long, value_name = "N", value_parser = byte_count)]
+    pub(crate) max_relay_bytes: Option<usize>,
+
     /// Serve Prometheus metrics on http://ADDR/metrics (needs the `metrics` feature; prints
     /// `metrics on ADDR` once bound)
     #[arg(long, value_name = "ADDR", value_parser = socket_addr)]

@@ -372,6 +372,9 @@ async fn run(args: Args) -> Result<(), String> {
     if let Some(limit) = args.max_body_bytes {
         layer = layer.max_body_bytes(limit);
     }
+    if let Some(limit) = args.max_relay_bytes {
+        layer = layer.max_relay_bytes(limit);
+    }
     if let Some(token) = args.purge_token.clone() {
         layer = layer.purge(move |request| token.allows(request));
     }

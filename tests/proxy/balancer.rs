@@ -3,7 +3,7 @@
 //! own `X-Forwarded-For`, and each response shape costs the origin what it costs without a
 //! balancer: one load per burst over two proxies for whatever may be shared (stored or not),
 //! one per proxy for a body over `--max-body-bytes` (relayed within its process), one per
-//! request for what is private to its request. The burst is released at once (a barrier), and
+//! request for what is private to its request or too large to relay (`--max-relay-bytes`). The burst is released at once (a barrier), and
 //! the origin takes 300 ms per request, so every request of it arrives while the first load is
 //! in flight.
 
@@ -28,12 +28,13 @@ pub(super) fn shape(shape: &str, n: usize) -> Response {
         "set-cookie" => ([fresh, (header::SET_COOKIE, "id=1")], body).into_response(),
         "private" => ([(header::CACHE_CONTROL, "private, max-age=60")], body).into_response(),
         "large" => ([fresh], large_body()).into_response(),
+        "huge" => ([fresh], large_body().repeat(2)).into_response(),
         _ => StatusCode::NOT_FOUND.into_response(),
     }
 }
 
 /// Each response shape, and the origin loads a burst of it costs over two proxies.
-const SHAPES: [(&str, usize); 9] = [
+const SHAPES: [(&str, usize); 10] = [
     ("max-age", 1),
     ("s-maxage", 1),
     ("no-freshness", 1),
@@ -44,6 +45,8 @@ const SHAPES: [(&str, usize); 9] = [
     ("private", BURST),
     // Over the proxy's default 1 MiB `--max-body-bytes`: relayed in each proxy.
     ("large", 2),
+    // Over the test's 3 MiB `--max-relay-bytes`: each waiter is sent to the origin.
+    ("huge", BURST),
 ];
 
 /// Requests per burst.
@@ -65,7 +68,8 @@ async fn behind_a_balancer_each_response_shape_loads_as_without_one() {
     let redis = RedisServer::start();
     let origin_requests = Counter::default();
     let origin = start_origin(origin_requests.clone()).await;
-    let args = proxy_args(origin, "balancer", ["--redis".to_owned(), redis.url()]);
+    let args = ["--redis", &redis.url(), "--max-relay-bytes", "3145728"].map(str::to_owned);
+    let args = proxy_args(origin, "balancer", args);
     let proxies = start_proxies(2, args).await;
     let mut failures = Vec::new();
     for (shape, loads) in SHAPES {
@@ -76,6 +80,7 @@ async fn behind_a_balancer_each_response_shape_loads_as_without_one() {
         if loaded != loads {
             failures.push(format!("{shape}: {loaded} origin loads, not {loads}"));
         }
+        let mut relay_full = 0;
         for answer in answers {
             let answer = answer.unwrap_or_else(|e| panic!("{shape}: {e}"));
             assert!(
@@ -83,6 +88,15 @@ async fn behind_a_balancer_each_response_shape_loads_as_without_one() {
                 "{shape}: {}",
                 answer.status
             );
+            let status = answer.headers.get("cache-status");
+            let status = status.and_then(|v| v.to_str().ok()).unwrap_or_default();
+            relay_full += usize::from(status.contains("detail=relay-full"));
+        }
+        // The two leaders say `too-large`; every request that waited for one, why it loaded.
+        if shape == "huge" && relay_full != BURST - 2 {
+            failures.push(format!(
+                "huge: {relay_full} waiters said relay-full, not 18"
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
