@@ -24,20 +24,43 @@ impl std::hash::Hash for KeyDigest {
 }
 
 /// A [`KeyDigest`] in the making, of a logical key given in parts: the digest of their
-/// concatenation, for a key that would otherwise be built only to be hashed.
-pub(crate) struct KeyHasher(Sha256);
+/// concatenation, for a key that would otherwise be built only to be hashed. The parts are
+/// gathered a block at a time: a key is made of many short parts, and hashing each apart
+/// costs more than copying it.
+pub(crate) struct KeyHasher {
+    hasher: Sha256,
+    gathered: [u8; Self::GATHER],
+    len: usize,
+}
 
 impl KeyHasher {
+    /// Bytes gathered before they are hashed: four SHA-256 blocks.
+    const GATHER: usize = 256;
+
     pub(crate) fn new() -> Self {
-        KeyHasher(Sha256::new())
+        KeyHasher {
+            hasher: Sha256::new(),
+            gathered: [0; Self::GATHER],
+            len: 0,
+        }
     }
 
     pub(crate) fn update(&mut self, part: &[u8]) {
-        self.0.update(part);
+        if self.len + part.len() > Self::GATHER {
+            self.hasher.update(&self.gathered[..self.len]);
+            self.len = 0;
+            if part.len() > Self::GATHER {
+                self.hasher.update(part);
+                return;
+            }
+        }
+        self.gathered[self.len..self.len + part.len()].copy_from_slice(part);
+        self.len += part.len();
     }
 
-    pub(crate) fn finish(self) -> KeyDigest {
-        KeyDigest(self.0.finalize().into())
+    pub(crate) fn finish(mut self) -> KeyDigest {
+        self.hasher.update(&self.gathered[..self.len]);
+        KeyDigest(self.hasher.finalize().into())
     }
 }
 
@@ -301,5 +324,23 @@ mod tests {
         let bytes: [u8; 4] = [0x00, 0x9f, 0xa0, 0xff];
         assert_eq!(hex_array::<4, 8>(&bytes), *b"009fa0ff");
         assert_eq!(hex(&bytes), "009fa0ff");
+    }
+
+    proptest::proptest! {
+        /// A digest made of parts is the digest of their concatenation, however the parts
+        /// fall against the gathered blocks (empty, short, longer than a gathering).
+        #[test]
+        fn a_digest_of_parts_is_the_digest_of_their_concatenation(
+            parts in proptest::collection::vec(
+                proptest::collection::vec(proptest::num::u8::ANY, 0..600),
+                0..12,
+            ),
+        ) {
+            let mut hasher = KeyHasher::new();
+            for part in &parts {
+                hasher.update(part);
+            }
+            proptest::prop_assert_eq!(hasher.finish(), KeyDigest::of(&parts.concat()));
+        }
     }
 }

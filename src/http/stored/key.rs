@@ -431,6 +431,12 @@ pub(crate) fn variant_digest(
 /// is UTF-8, so a key built of them is a `String`.
 trait KeySink {
     fn put(&mut self, part: &str);
+
+    /// A name the request holds no value of: in a key, the name alone.
+    fn absent(&mut self, name: &str) {
+        self.put("\0");
+        self.put(name);
+    }
 }
 
 impl KeySink for String {
@@ -479,8 +485,6 @@ fn put_number(key: &mut impl KeySink, mut n: u64, radix: u64, width: usize) {
 fn push_values(key: &mut impl KeySink, names: &[HeaderName], request: &HeaderMap, forwarded: bool) {
     let present = Present::of(names, request);
     for (i, name) in names.iter().enumerate() {
-        key.put("\0");
-        key.put(name.as_str());
         let mut values = present
             .may_hold(i)
             .then(|| request.get_all(name).iter())
@@ -490,8 +494,11 @@ fn push_values(key: &mut impl KeySink, names: &[HeaderName], request: &HeaderMap
         if values.peek().is_none() {
             // Absent: the name alone. Present, even empty: `name=values`. Names never hold
             // `=` nor NUL, and escaped values never hold NUL, so the key is unambiguous.
+            key.absent(name.as_str());
             continue;
         }
+        key.put("\0");
+        key.put(name.as_str());
         key.put("=");
         for (i, value) in values.enumerate() {
             if i > 0 {

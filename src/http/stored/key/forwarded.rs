@@ -181,13 +181,18 @@ impl ForwardedVariants {
     }
 }
 
-/// A hash of a set of forwarding values, made as the variant key would spell them.
+/// A hash of a set of forwarding values, made as the variant key spells the fields a request
+/// holds, without those it does not: every name that is spelled has a value after it, so
+/// two sets hash alike only if the same fields hold the same values, and a request with few
+/// forwarding fields hashes few bytes.
 struct Hashing<H>(H);
 
 impl<H: Hasher> super::KeySink for Hashing<H> {
     fn put(&mut self, part: &str) {
         self.0.write(part.as_bytes());
     }
+
+    fn absent(&mut self, _name: &str) {}
 }
 
 /// How often each pair of a URL and a set of forwarding values was used, approximately: a
@@ -303,6 +308,51 @@ mod tests {
             without_for_and_by(b"host=a;proto=https"),
             Cow::Borrowed(_)
         ));
+    }
+
+    #[test]
+    fn sets_are_apart_when_their_fields_or_values_are() {
+        let variants = ForwardedVariants::default();
+        let keyed = [
+            HeaderName::from_static("x-forwarded-host"),
+            HeaderName::from_static("x-forwarded-proto"),
+            HeaderName::from_static("forwarded"),
+        ];
+        let set = |fields: &[(&'static str, &'static str)]| {
+            variants.count(&url("u"), &keyed, &headers(fields)).1
+        };
+        let sets = [
+            set(&[]),
+            set(&[("x-forwarded-host", "")]),
+            set(&[("x-forwarded-host", "a")]),
+            set(&[("x-forwarded-proto", "a")]),
+            set(&[("x-forwarded-host", "a"), ("x-forwarded-proto", "a")]),
+            set(&[("x-forwarded-host", "a,b")]),
+            set(&[("forwarded", "proto=https")]),
+        ];
+        for (i, a) in sets.iter().enumerate() {
+            for b in &sets[i + 1..] {
+                assert_ne!(a, b, "set {i}");
+            }
+        }
+        let balancer = [
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-for", "192.0.2.1"),
+        ];
+        let other_client = [
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-for", "192.0.2.2"),
+        ];
+        assert_eq!(
+            set(&balancer),
+            set(&other_client),
+            "unkeyed fields count for nothing"
+        );
+        assert_eq!(
+            set(&[("forwarded", "for=192.0.2.1;proto=https")]),
+            set(&[("forwarded", "proto=https;for=192.0.2.9")]),
+            "nor does who the client is"
+        );
     }
 
     #[test]
