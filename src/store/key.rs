@@ -45,17 +45,31 @@ impl KeyHasher {
         }
     }
 
+    #[inline]
     pub(crate) fn update(&mut self, part: &[u8]) {
-        if self.len + part.len() > Self::GATHER {
-            self.hasher.update(&self.gathered[..self.len]);
-            self.len = 0;
-            if part.len() > Self::GATHER {
-                self.hasher.update(part);
-                return;
+        let end = self.len + part.len();
+        match self.gathered.get_mut(self.len..end) {
+            Some(room) => {
+                room.copy_from_slice(part);
+                self.len = end;
             }
+            None => self.hash_gathered_then(part),
         }
-        self.gathered[self.len..self.len + part.len()].copy_from_slice(part);
-        self.len += part.len();
+    }
+
+    /// Hashes what is gathered, then gathers `part` (or hashes it, if longer than a
+    /// gathering): apart from [`update`](Self::update), so that its common case stays small.
+    #[cold]
+    #[inline(never)]
+    fn hash_gathered_then(&mut self, part: &[u8]) {
+        self.hasher.update(&self.gathered[..self.len]);
+        self.len = 0;
+        if part.len() > Self::GATHER {
+            self.hasher.update(part);
+        } else {
+            self.gathered[..part.len()].copy_from_slice(part);
+            self.len = part.len();
+        }
     }
 
     pub(crate) fn finish(mut self) -> KeyDigest {

@@ -446,6 +446,7 @@ impl KeySink for String {
 }
 
 impl KeySink for KeyHasher {
+    #[inline]
     fn put(&mut self, part: &str) {
         self.update(part.as_bytes());
     }
