@@ -3,6 +3,7 @@
 //! forwarding values one URL is stored for.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub(crate) const MAX_FORWARDED_VARIANTS: usize = 16;
 
 /// How many URLs the bound is kept for, the least recently used forgotten first.
 const URLS: u64 = 10_000;
+
+/// One hit in this many is counted, as this many uses (see [`ForwardedVariants::used`]).
+const HIT_SAMPLE: u32 = 8;
 
 /// How long a URL's sets are kept without a load of a request carrying forwarding headers
 /// for it.
@@ -125,7 +129,21 @@ impl ForwardedVariants {
     /// its values of the `keyed` forwarding headers. A request answered from L1 is counted
     /// only; one that loads asks [`admit`](Self::admit).
     pub(crate) fn used(&self, url: &KeyDigest, keyed: &[HeaderName], headers: &HeaderMap) {
-        self.count(url, keyed, headers);
+        // Hits are counted one in HIT_SAMPLE per thread, each as that many uses: a lossy count
+        // (as Caffeine's and moka's read buffers are), so that the hottest path hashes no set
+        // and touches no shared counter on most requests, while a set's estimate still grows
+        // with its hits. Loads, what an attacker's fresh values make, are all counted.
+        thread_local! {
+            static HITS: Cell<u32> = const { Cell::new(0) };
+        }
+        let tick = HITS.with(|hits| {
+            let tick = hits.get().wrapping_add(1);
+            hits.set(tick);
+            tick
+        });
+        if tick.is_multiple_of(HIT_SAMPLE) {
+            self.count(url, keyed, headers, HIT_SAMPLE);
+        }
     }
 
     /// Counts a use of a request's set (as [`used`](Self::used)) and tells whether the response
@@ -135,7 +153,7 @@ impl ForwardedVariants {
     /// forgotten after an hour without a load for it, and made again by the next: the
     /// counts, kept apart, still rank them.
     pub(crate) fn admit(&self, url: &KeyDigest, keyed: &[HeaderName], headers: &HeaderMap) -> bool {
-        let (url, set, uses) = self.count(url, keyed, headers);
+        let (url, set, uses) = self.count(url, keyed, headers, 1);
         if self.held.get(&url).is_some_and(|sets| sets.contains(&set)) {
             return true;
         }
@@ -164,13 +182,19 @@ impl ForwardedVariants {
         admitted
     }
 
-    /// The URL and set of a request, as held, and its uses with this one.
-    fn count(&self, url: &KeyDigest, keyed: &[HeaderName], headers: &HeaderMap) -> (u64, u64, u32) {
+    /// The URL and set of a request, as held, and its uses with these `uses` more.
+    fn count(
+        &self,
+        url: &KeyDigest,
+        keyed: &[HeaderName],
+        headers: &HeaderMap,
+        uses: u32,
+    ) -> (u64, u64, u32) {
         let url = Self::url_of(url);
         let mut set = Hashing(self.hasher.build_hasher());
         super::push_values(&mut set, keyed, headers, true);
         let set = set.0.finish();
-        (url, set, self.uses.count(url ^ set.rotate_left(32)))
+        (url, set, self.uses.count(url ^ set.rotate_left(32), uses))
     }
 
     /// A URL as the sets are held under it: by its key's digest, which no client can make
@@ -245,11 +269,11 @@ impl Uses {
             .unwrap_or(0)
     }
 
-    /// Counts one use of `item` and returns its estimate.
-    pub(super) fn count(&self, item: u64) -> u32 {
+    /// Counts `uses` uses of `item` and returns its estimate.
+    pub(super) fn count(&self, item: u64, uses: u32) -> u32 {
         let slots = Self::slots(item);
         let least = self.least(slots);
-        let raised = least.saturating_add(1);
+        let raised = least.saturating_add(uses);
         for slot in slots {
             // A counter another use raised meanwhile is left as it is: counts are estimates.
             let _ = self.counters[slot].compare_exchange(
@@ -259,8 +283,9 @@ impl Uses {
                 Ordering::Relaxed,
             );
         }
-        if self.counted.fetch_add(1, Ordering::Relaxed) == Self::AGE_AFTER {
-            // One caller sees the count reach the mark, and ages the sketch.
+        let before = self.counted.fetch_add(uses, Ordering::Relaxed);
+        if (before..before.saturating_add(uses)).contains(&Self::AGE_AFTER) {
+            // One caller sees the count pass the mark, and ages the sketch.
             self.counted.store(0, Ordering::Relaxed);
             for counter in &self.counters {
                 let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c / 2));
@@ -319,7 +344,7 @@ mod tests {
             HeaderName::from_static("forwarded"),
         ];
         let set = |fields: &[(&'static str, &'static str)]| {
-            variants.count(&url("u"), &keyed, &headers(fields)).1
+            variants.count(&url("u"), &keyed, &headers(fields), 1).1
         };
         let sets = [
             set(&[]),
@@ -353,6 +378,19 @@ mod tests {
             set(&[("forwarded", "proto=https;for=192.0.2.9")]),
             "nor does who the client is"
         );
+    }
+
+    #[test]
+    fn hits_count_as_uses_one_in_eight_at_a_time() {
+        let variants = ForwardedVariants::default();
+        let keyed = [HeaderName::from_static("x-forwarded-proto")];
+        let balancer = headers(&[("x-forwarded-proto", "https")]);
+        for _ in 0..80 {
+            variants.used(&url("u"), &keyed, &balancer);
+        }
+        // The thread's tick may start anywhere: 80 hits count 80 uses, give or take a sample.
+        let (.., estimate) = variants.count(&url("u"), &keyed, &balancer, 0);
+        assert!((72..=88).contains(&estimate), "{estimate}");
     }
 
     #[test]
@@ -497,11 +535,11 @@ mod tests {
     fn uses_are_halved_as_they_age() {
         let uses = Uses::default();
         for _ in 0..8 {
-            uses.count(7);
+            uses.count(7, 1);
         }
         assert_eq!(uses.estimate(7), 8);
         for _ in 0..Uses::AGE_AFTER {
-            uses.count(8);
+            uses.count(8, 1);
         }
         assert_eq!(uses.estimate(7), 4);
         assert!(uses.estimate(8) < Uses::AGE_AFTER);
