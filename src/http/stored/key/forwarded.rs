@@ -86,9 +86,9 @@ fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
 }
 
 /// The sets of forwarding values each URL is stored for, in this process: at most
-/// [`MAX_FORWARDED_VARIANTS`] per URL, for the [`URLS`] most recently asked for, chosen by use
+/// [`MAX_FORWARDED_VARIANTS`] per URL, for the [`URLS`] most recently loaded, chosen by use
 /// rather than by arrival. Every request with forwarding headers counts a use of its set
-/// (in [`Uses`]); a set the URL is not stored for yet takes the place of the held set that
+/// (in [`Uses`]; a hit, one in [`HIT_SAMPLE`] as that many); a set the URL is not stored for yet takes the place of the held set that
 /// fewer requests carried, and only if its own requests were more (TinyLFU's admission: a
 /// newcomer must beat its victim). So the set most requests carry keeps its place whatever
 /// arrived before it, and an attacker's values, each sent a few times, take no place from
