@@ -178,8 +178,8 @@ use tower_stampede::{Cache, CacheBuilder};
 
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    app_clients, calls, client_list, free_port, node_role, query_node, RedisCluster, RedisSentinel,
-    RedisServer, TlsFiles,
+    app_clients, calls, client_list, free_port, is_valkey, node_role, query_node, server_name,
+    RedisCluster, RedisSentinel, RedisServer, TlsFiles, SERVER_VARIABLE,
 };
 
 /// Collects what a `tracing` subscriber writes (its writer is a clone), as text.
