@@ -16,6 +16,7 @@ use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
 use crate::kills::Kill;
 use crate::origin::Mode;
 use crate::workload::Workload;
+use tower_stampede::store::RedisStore;
 
 /// The faults drawn on one server, before the others.
 const SERVER_FAULTS: [&str; 2] = ["redis-kill-restart", "redis-sigstop"];
@@ -177,7 +178,7 @@ pub async fn inject(
                     tokio::time::sleep_until((last + settle).into()).await;
                 }
                 let instance = rng.random_range(0..workload.instances.len());
-                kill_mid_load(&workload, instance, from, &mut rng).await;
+                kill_mid_load(&backend, &workload, instance, from, &mut rng).await;
             }
             // A Sentinel fault is drawn only on a Sentinel topology (feature `sentinel`).
             _ => unreachable!(),
@@ -267,19 +268,44 @@ async fn master_killed(_: &Arc<Mutex<Backend>>, _: &Workload, _: String, _: Dura
 /// Holds the next load of `instance` (its lock taken), kills the instance there, starts a
 /// new one with new callers, and waits until the others had time to take over, recording
 /// the kill for the checks.
-async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant, rng: &mut StdRng) {
+async fn kill_mid_load(
+    backend: &Mutex<Backend>,
+    workload: &Arc<Workload>,
+    instance: usize,
+    from: Instant,
+    rng: &mut StdRng,
+) {
     let timeline = &workload.timeline;
     let held = workload.origin.hold_next(instance);
     let held = tokio::time::timeout(Duration::from_secs(3), held).await;
     workload.origin.cancel_hold();
+    // Whether the held load is a leader's, under a lock the store holds: a load after a failed
+    // lookup has none, and the others may load at once.
+    let locked = match &held {
+        Ok(Ok((key, _))) => Some(lock_held(backend, &workload.instances.get(instance), *key).await),
+        _ => None,
+    };
     workload.instances.kill(instance);
     let killed_at = Instant::now();
     workload.spawn_callers(instance, rng);
-    match held {
-        Ok(Ok((key, load_started))) => {
+    match (held, locked) {
+        (Ok(Ok((key, _))), Some(false)) => {
             timeline.event(format!(
-                "instance {instance} killed while loading {}",
+                "instance {instance} killed while loading {} without its lock in the store (its lookup had failed)",
                 crate::origin::key_name(key)
+            ));
+            timeline.count("instance-killed-mid-load: no lock in the store");
+        }
+        (Ok(Ok((key, load_started))), _) => {
+            let answered =
+                first_answer(&workload.instances.get(instance), LOCK_TTL + KILL_MARGIN).await;
+            timeline.event(format!(
+                "instance {instance} killed while loading {}; its replacement's store answered {}",
+                crate::origin::key_name(key),
+                answered.map_or("not within the check".to_owned(), |at| format!(
+                    "{} ms after the kill",
+                    at.saturating_duration_since(killed_at).as_millis()
+                ))
             ));
             workload.checks.kill(Kill {
                 instance,
@@ -287,6 +313,7 @@ async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant,
                 load_started,
                 killed_at,
                 fault_began: from,
+                replacement_answered: answered,
             });
         }
         _ => {
@@ -296,6 +323,39 @@ async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant,
     }
     // No other fault while the others take over from the dead instance's lock.
     tokio::time::sleep(LOCK_TTL + KILL_MARGIN + LOAD_TIMEOUT).await;
+}
+
+/// Whether a data node holds a leader's lock on `key` (of `cache`'s namespace): the lock key
+/// holds a token (32 hex digits) and `:`, where a `fresh` or `failed` marker holds other bytes.
+/// A replica has the primary's copy; a Cluster's other masters answer `MOVED` (nothing).
+async fn lock_held(backend: &Mutex<Backend>, cache: &tower_stampede::Cache, key: usize) -> bool {
+    let lock = RedisStore::lock_name(&cache.store_key(crate::origin::key_name(key)));
+    let ports = backend.lock().unwrap().live_ports();
+    for port in ports {
+        let value: Option<Option<Vec<u8>>> = on_node(port, redis::cmd("GET").arg(&lock)).await;
+        if let Some(Some(value)) = value {
+            if value.len() > 32
+                && value[..32].iter().all(u8::is_ascii_hexdigit)
+                && value[32] == b':'
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// When `cache`'s store first answers (its health check asks it), within `limit`.
+async fn first_answer(cache: &tower_stampede::Cache, limit: Duration) -> Option<Instant> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let health = cache.health().await;
+        if let Some(ago) = health.last_answer_ago() {
+            return Some(Instant::now() - ago);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
 }
 
 fn client_kill(kind: &str) -> redis::Cmd {
