@@ -223,6 +223,8 @@ async fn a_degraded_path_answers_from_its_own_load_and_recovers() {
             total, 1,
             "{name}: after healing, one load across the instances"
         );
+        let held = locks_held(&fleet.server).await;
+        assert!(held.is_empty(), "{name}: locks left behind: {held:?}");
         // A connection replaced during the fault is closed, not left beside its successor.
         let open = fleet.proxy.open(Kind::All);
         assert!(
@@ -231,6 +233,35 @@ async fn a_degraded_path_answers_from_its_own_load_and_recovers() {
         );
     }
     drop(fleet.server);
+}
+
+/// The lock keys that hold a leader's lock (its token: 32 hex digits, then `:`), where a
+/// `fresh` or `failed` marker holds other bytes.
+async fn locks_held(server: &RedisServer) -> Vec<String> {
+    let mut connection = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg("*:l")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for name in names {
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(&name)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let is_lock =
+            |v: &[u8]| v.len() > 32 && v[32] == b':' && v[..32].iter().all(u8::is_ascii_hexdigit);
+        if value.as_deref().is_some_and(is_lock) {
+            held.push(name);
+        }
+    }
+    held
 }
 
 /// The subscriber's faults: its connection open, its bytes held (or only the server's), while
