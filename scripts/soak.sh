@@ -17,7 +17,8 @@
 #   --writes W      changes per second: set, invalidate, invalidate_tag (default 5)
 #   --fault-gap S   mean seconds between faults, 0 for none (default 4)
 #   --release       build in release (for long runs)
-# Needs redis-server (./scripts/test.sh installs it).
+# Needs redis-server (./scripts/test.sh installs it); TOWER_STAMPEDE_SERVER names another server
+# binary, e.g. Valkey's valkey-server (./scripts/test.sh puts Valkey 9 under ~/.cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
     --fault-gap) export SOAK_FAULT_GAP="$2"; shift 2 ;;
     --release) profile=(--release); shift ;;
     --sentinel) export SOAK_SENTINEL=1; features=(--features sentinel); shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -32,8 +32,9 @@ const LOAD: Duration = Duration::from_millis(300);
 /// The lock's TTL: what a partitioned leader's lock lapses after.
 const LOCK_TTL: Duration = Duration::from_secs(1);
 
-/// Scheduling and connection set-up on a busy 2-core machine, on top of a bound.
-const MARGIN: Duration = Duration::from_millis(700);
+/// Scheduling and connection set-up on a busy 2-core machine, on top of a bound; a second, so
+/// that no bound asserted is below one (tests/README.md).
+const MARGIN: Duration = Duration::from_secs(1);
 
 /// The breaker of every instance: open after 3 store calls in a row fail, for 1 s.
 const BREAKER_FAILURES: u32 = 3;

@@ -108,10 +108,11 @@ impl Settings {
 async fn soak() {
     let settings = Settings::from_env();
     println!(
-        "soak: seed {} for {} s on {}, {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s but in the last {} s",
+        "soak: seed {} for {} s on {} ({}), {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s but in the last {} s",
         settings.seed,
         settings.secs,
         settings.topology.describe(),
+        support::server_name(),
         settings.instances,
         settings.keys,
         settings.rate,
@@ -218,9 +219,10 @@ async fn soak() {
     }
     assert!(
         checks.violations() == 0,
-        "soak: {} violation(s) with SOAK_SEED={}{} (see above)",
+        "soak: {} violation(s) with SOAK_SEED={}{} on {} (see above)",
         checks.violations(),
         settings.seed,
-        settings.topology.env()
+        settings.topology.env(),
+        support::server_name()
     );
 }
