@@ -16,6 +16,7 @@ use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
 use crate::kills::Kill;
 use crate::origin::Mode;
 use crate::workload::Workload;
+use support::fault_proxy::{Fault, Kind};
 use tower_stampede::store::RedisStore;
 
 /// The faults drawn on one server, before the others.
@@ -28,6 +29,17 @@ const CLUSTER_FAULTS: [&str; 1] = ["master-killed"];
 /// The faults drawn on a Sentinel topology, before the others: the primary killed (restarted
 /// later, plainly or as a replica), paused, or switched over ([`failover`](crate::failover)).
 const SENTINEL_FAULTS: [&str; 3] = ["primary-killed", "primary-paused", "switchover"];
+
+/// The faults on one instance's path to its store (`SOAK_PATH_FAULTS=1`, one server), drawn
+/// beside the others: a partition (every byte held, the connections left open) of 0.3 to 5 s
+/// while the others go on changing keys; a link slower than the store timeout (200 ms) for a
+/// while; the subscriber silent while commands flow; replies stalled while requests go out.
+const PATH_FAULTS: [&str; 4] = [
+    "path-partition",
+    "path-slow",
+    "path-silent-subscriber",
+    "path-replies-stalled",
+];
 
 /// The faults after which a replica may hold the primary's role, having missed the last
 /// changes acknowledged by the old primary (replication is asynchronous): near one, the checks
@@ -84,7 +96,12 @@ pub async fn inject(
         Topology::Cluster => &CLUSTER_FAULTS,
         Topology::Sentinel => &SENTINEL_FAULTS,
     };
-    let faults: Vec<&'static str> = own.iter().chain(&FAULTS).copied().collect();
+    let path: &[&str] = if workload.paths.is_empty() {
+        &[]
+    } else {
+        &PATH_FAULTS
+    };
+    let faults: Vec<&'static str> = own.iter().chain(&FAULTS).chain(path).copied().collect();
     let mut last = None;
     // Whether the last failover's old master is a replica again, so that another may fail.
     let mut masters_replicated = true;
@@ -165,6 +182,33 @@ pub async fn inject(
                 });
                 tokio::time::sleep(length).await;
                 workload.origin.set_mode(Mode::Normal);
+            }
+            "path-partition" | "path-slow" | "path-silent-subscriber" | "path-replies-stalled" => {
+                let instance = rng.random_range(0..workload.paths.len());
+                let (kind, fault, length) = match fault {
+                    "path-partition" => (
+                        Kind::All,
+                        Fault::Blackhole,
+                        Duration::from_millis(rng.random_range(300..5000)),
+                    ),
+                    "path-slow" => (
+                        Kind::All,
+                        Fault::Delay {
+                            fixed: Duration::from_millis(250),
+                            jitter: Duration::from_millis(200),
+                        },
+                        length,
+                    ),
+                    "path-silent-subscriber" => (Kind::Subscriber, Fault::Blackhole, length),
+                    _ => (Kind::All, Fault::StallReplies, length),
+                };
+                timeline.event(format!(
+                    "instance {instance}'s path: {fault:?} on {kind:?} for {} ms",
+                    length.as_millis()
+                ));
+                workload.paths[instance].set(kind, fault);
+                tokio::time::sleep(length).await;
+                workload.paths[instance].heal();
             }
             "instance-restart" => {
                 let instance = rng.random_range(0..workload.instances.len());
