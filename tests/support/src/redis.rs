@@ -46,6 +46,9 @@ pub fn server_name() -> &'static str {
     static NAME: OnceLock<String> = OnceLock::new();
     NAME.get_or_init(|| {
         let binary = server_binary();
+        let file = Path::new(binary)
+            .file_name()
+            .map_or_else(|| binary.into(), |file| file.to_string_lossy());
         let version = Command::new(binary)
             .arg("--version")
             .output()
@@ -55,9 +58,9 @@ pub fn server_name() -> &'static str {
         let described = version.as_deref().and_then(|line| {
             let product = line.split_whitespace().next()?;
             let number = line.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
-            Some(format!("{binary} ({product} {number})"))
+            Some(format!("{file} ({product} {number})"))
         });
-        described.unwrap_or_else(|| binary.to_owned())
+        described.unwrap_or_else(|| file.into_owned())
     })
 }
 
