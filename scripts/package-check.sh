@@ -7,6 +7,12 @@
 #
 # Usage: ./scripts/package-check.sh [--allow-dirty]   (--allow-dirty: uncommitted changes too)
 #
+# PACKAGE_CHECK_TARGET_DIR names another target directory to build in, kept after: the
+# suite's own (`./scripts/test.sh` passes it), whose dependencies built at the same versions
+# and features are then reused instead of built again. What is built does not change: the
+# unpacked package is a package of its own (its own path, manifest and lock file), so none
+# of the workspace's units can stand in for its own.
+#
 # cargo warns "ignoring test/benchmark `x` as `tests/x.rs` is not included in the published
 # package" for each test and bench: they are left out on purpose (they import the workspace's
 # path-only `support` crate, which a package cannot carry), and cargo drops their targets from
@@ -23,7 +29,7 @@ esac
 
 scratch="$(mktemp -d -t tower-stampede-package.XXXXXX)"
 trap 'rm -rf "$scratch"' EXIT
-export CARGO_TARGET_DIR="$scratch/target"
+export CARGO_TARGET_DIR="${PACKAGE_CHECK_TARGET_DIR:-$scratch/target}"
 
 cargo package "${allow_dirty[@]}" --no-verify --quiet
 version="$(cargo metadata --format-version 1 --no-deps |

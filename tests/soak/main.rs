@@ -50,6 +50,7 @@ use backend::{Backend, Topology};
 use checks::{Bounds, Checks};
 use instances::{Instances, LOAD_TIMEOUT};
 use origin::Origin;
+use support::fault_proxy::FaultProxy;
 use timeline::Timeline;
 use workload::{write, Workload, CALLERS, STALE_WINDOW};
 
@@ -67,6 +68,9 @@ struct Settings {
     writes: u64,
     /// Mean seconds between faults; 0 for none.
     fault_gap: f64,
+    /// Whether each instance reaches the one server through a fault proxy, and the faults on
+    /// the path are drawn too (`SOAK_PATH_FAULTS=1`).
+    path_faults: bool,
     ttl: Duration,
     l1_ttl_cap: Duration,
 }
@@ -91,6 +95,7 @@ impl Settings {
             rate: var("SOAK_RATE", 200),
             writes: var("SOAK_WRITES", 5),
             fault_gap: var("SOAK_FAULT_GAP", 4.0),
+            path_faults: var("SOAK_PATH_FAULTS", 0) == 1,
             ttl: Duration::from_millis(var("SOAK_TTL_MS", 1000)),
             l1_ttl_cap: Duration::from_millis(var("SOAK_L1_CAP_MS", 2000)),
         }
@@ -108,10 +113,11 @@ impl Settings {
 async fn soak() {
     let settings = Settings::from_env();
     println!(
-        "soak: seed {} for {} s on {}, {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s but in the last {} s",
+        "soak: seed {} for {} s on {} ({}), {} instances, {} keys, {} req/s each, {} changes/s, a fault every {} s but in the last {} s",
         settings.seed,
         settings.secs,
         settings.topology.describe(),
+        support::server_name(),
         settings.instances,
         settings.keys,
         settings.rate,
@@ -120,8 +126,26 @@ async fn soak() {
         settings.quiet().as_secs()
     );
     let backend = Backend::start(settings.topology, settings.instances);
+    let mut paths = Vec::new();
+    let mut urls: Vec<Vec<String>> = (0..settings.instances).map(|i| backend.urls(i)).collect();
+    if settings.path_faults {
+        let server = match &backend {
+            Backend::Server(server) => server,
+            #[allow(unreachable_patterns)]
+            _ => panic!("SOAK_PATH_FAULTS=1 is for one server: a Cluster's or Sentinel's clients find the nodes' own addresses"),
+        };
+        for (i, urls) in urls.iter_mut().enumerate() {
+            let path = FaultProxy::start(server.port(), settings.seed ^ i as u64).await;
+            *urls = vec![format!(
+                "redis://{}:x@127.0.0.1:{}/",
+                backend::user(i),
+                path.port()
+            )];
+            paths.push(path);
+        }
+    }
     let instances = Arc::new(Instances::start(
-        (0..settings.instances).map(|i| backend.urls(i)).collect(),
+        urls,
         (settings.topology, backend.service()),
         settings.ttl,
         settings.l1_ttl_cap,
@@ -146,6 +170,7 @@ async fn soak() {
         until,
         pause: Duration::from_secs_f64(CALLERS as f64 / settings.rate.max(1) as f64),
         keys: settings.keys,
+        paths,
     });
     let mut seeds = StdRng::seed_from_u64(settings.seed);
 
@@ -218,9 +243,10 @@ async fn soak() {
     }
     assert!(
         checks.violations() == 0,
-        "soak: {} violation(s) with SOAK_SEED={}{} (see above)",
+        "soak: {} violation(s) with SOAK_SEED={}{} on {} (see above)",
         checks.violations(),
         settings.seed,
-        settings.topology.env()
+        settings.topology.env(),
+        support::server_name()
     );
 }

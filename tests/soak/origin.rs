@@ -24,8 +24,8 @@ pub struct Origin {
     versions: Vec<AtomicU64>,
     /// Each key's acknowledged changes: the version a change made and when its call returned.
     acked: Vec<Mutex<Vec<(u64, Instant)>>>,
-    /// The start of each load, per key.
-    loads: Vec<Mutex<Vec<Instant>>>,
+    /// The start of each load, per key, and the instance that made it.
+    loads: Vec<Mutex<Vec<(Instant, usize)>>>,
     mode: AtomicU8,
     /// An instance whose next load is to hang, and where to tell which key and when.
     hold: Mutex<Option<(usize, Held)>>,
@@ -80,7 +80,7 @@ impl Origin {
         instance: usize,
     ) -> Result<Bytes, std::io::Error> {
         let started = Instant::now();
-        self.loads[key].lock().unwrap().push(started);
+        self.loads[key].lock().unwrap().push((started, instance));
         let version = self.versions[key].load(Ordering::SeqCst);
         let held = {
             let mut hold = self.hold.lock().unwrap();
@@ -133,8 +133,13 @@ impl Origin {
         self.loads
             .iter()
             .enumerate()
-            .map(|(key, loads)| (key, loads.lock().unwrap().clone()))
+            .map(|(key, loads)| (key, loads.lock().unwrap().iter().map(|l| l.0).collect()))
             .collect()
+    }
+
+    /// The loads of `key`: when each started, and by which instance.
+    pub fn loads_of(&self, key: usize) -> Vec<(Instant, usize)> {
+        self.loads[key].lock().unwrap().clone()
     }
 
     /// The instants of the acknowledged changes of `key`.

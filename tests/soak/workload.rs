@@ -50,6 +50,9 @@ pub struct Workload {
     /// A caller's pause between two calls.
     pub pause: Duration,
     pub keys: usize,
+    /// Each instance's path to its store, where the faults on the path are injected (one
+    /// server with `SOAK_PATH_FAULTS=1`; none otherwise).
+    pub paths: Vec<support::fault_proxy::FaultProxy>,
 }
 
 impl Workload {

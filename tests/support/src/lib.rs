@@ -6,6 +6,7 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], [`report`], the test macros, waiting helpers |
+//! | `fault_proxy.rs` | a TCP proxy between a store and its server that delays, partitions, resets or stalls replies |
 //! | `http.rs` | requests sent through an app in process, answers read to the end |
 //! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
@@ -18,6 +19,7 @@
 //! as a dev-dependency (named `support`); its `redis` feature follows the crate's.
 #![forbid(unsafe_code)]
 
+pub mod fault_proxy;
 pub mod http;
 pub mod observed;
 pub mod relay;
@@ -178,8 +180,8 @@ use tower_stampede::{Cache, CacheBuilder};
 
 #[cfg(feature = "redis")]
 pub use self::redis::{
-    app_clients, calls, client_list, free_port, node_role, query_node, RedisCluster, RedisSentinel,
-    RedisServer, TlsFiles,
+    app_clients, calls, client_list, free_port, is_valkey, node_role, query_node, server_name,
+    RedisCluster, RedisSentinel, RedisServer, TlsFiles, SERVER_VARIABLE,
 };
 
 /// Collects what a `tracing` subscriber writes (its writer is a clone), as text.

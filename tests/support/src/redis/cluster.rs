@@ -100,6 +100,7 @@ impl RedisCluster {
     /// Like [`start`](Self::start), but every node speaks TLS only (the cluster bus too), with
     /// the certificate of `tls`, and knows only the ACL user `user` (`default` is off).
     pub fn start_secure(tls: &TlsFiles, user: &str, password: &str) -> Self {
+        super::require_tls();
         let acl = ["--user", "default", "off", "--user", user, "on"];
         let mut extra: Vec<String> = acl.iter().map(|s| (*s).to_owned()).collect();
         extra.extend([
@@ -204,11 +205,24 @@ impl RedisCluster {
             })
     }
 
-    /// Waits until every live node reports `cluster_state:ok` and knows every node.
+    /// Waits until every live node reports `cluster_state:ok`, knows every node, and has a bus
+    /// link to and from each other node.
+    ///
+    /// The links both ways matter to classic pub/sub: Valkey (8 and later) sends a `PUBLISH`
+    /// over the bus with a light header that does not name its sender, and a node drops one
+    /// that comes on an inbound link it has not yet tied to a node (it counts it received all
+    /// the same). `cluster_state:ok` comes before every inbound link is tied, so without this
+    /// wait a fill on one node reaches no subscriber on another for the cluster's first
+    /// second or so. `CLUSTER LINKS` lists an inbound link under its node (`from`) once tied.
     fn wait_ok(&self, limit: Duration) {
         let known = format!("cluster_known_nodes:{}", self.nodes.len());
         self.wait_for_each(limit, &["CLUSTER", "INFO"], |info| {
             info.contains("cluster_state:ok") && info.contains(&known)
+        });
+        let others = self.nodes.len() - 1;
+        self.wait_for_each(limit, &["CLUSTER", "LINKS"], |links| {
+            let count = |direction: &str| links.lines().filter(|l| l.trim() == direction).count();
+            count("to") >= others && count("from") >= others
         });
     }
 

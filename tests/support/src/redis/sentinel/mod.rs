@@ -74,6 +74,7 @@ impl RedisSentinel {
     /// primary by its TLS port, and [`sentinel_urls`](Self::sentinel_urls) are `rediss://`.
     /// Plain ports stay open for this starter, which asks its questions there.
     pub fn start_tls(tls: &TlsFiles) -> Self {
+        super::require_tls();
         Self::start_topology(&[], "", Some(tls.clone()))
     }
 

@@ -112,7 +112,7 @@ pub(super) fn start_sentinel(primary: u16, more: &str, tls: Option<&TlsFiles>) -
             dir = dir.path().display()
         );
         std::fs::write(&conf, text).expect("write sentinel.conf");
-        let mut command = Command::new("redis-server");
+        let mut command = Command::new(super::super::server_binary());
         command.arg(&conf).arg("--sentinel");
         if let Some(files) = tls {
             command.args(tls_args(files, announced));
