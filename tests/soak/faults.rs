@@ -120,7 +120,14 @@ pub async fn inject(
         {
             fault = "client-kill-normal";
         }
-        let length = Duration::from_millis(rng.random_range(300..2500));
+        // A partition lasts up to 5 s, as a network blip may; every other fault up to 2.5 s.
+        // One draw either way, so a seed's time line without path faults is unchanged.
+        let longest = if fault == "path-partition" {
+            5000
+        } else {
+            2500
+        };
+        let length = Duration::from_millis(rng.random_range(300..longest));
         let from = Instant::now();
         timeline.event(format!("fault {fault} begins ({} ms)", length.as_millis()));
         timeline.count(fault);
@@ -186,11 +193,7 @@ pub async fn inject(
             "path-partition" | "path-slow" | "path-silent-subscriber" | "path-replies-stalled" => {
                 let instance = rng.random_range(0..workload.paths.len());
                 let (kind, fault, length) = match fault {
-                    "path-partition" => (
-                        Kind::All,
-                        Fault::Blackhole,
-                        Duration::from_millis(rng.random_range(300..5000)),
-                    ),
+                    "path-partition" => (Kind::All, Fault::Blackhole, length),
                     "path-slow" => (
                         Kind::All,
                         Fault::Delay {
