@@ -12,30 +12,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::relay::Relay;
-use support::RedisServer;
+use support::{until_health, RedisServer};
 use tokio::time::Instant;
 use tower_stampede::store::RedisStore;
-use tower_stampede::{Cache, Health, Loaded, Outcome};
-
-/// The failure guard on anything that waits: far beyond what a healthy run needs.
-const LIMIT: Duration = Duration::from_secs(30);
+use tower_stampede::{Cache, Loaded, Outcome};
 
 /// The slow poll of the muted process's followers: a follower that believed notifications
 /// live would wait half of it at least.
 const SLOW_POLL: Duration = Duration::from_secs(10);
-
-/// Checks the cache's health every 100 ms until `done` holds; how long that took.
-async fn until_health(cache: &Cache, what: &str, done: impl Fn(&Health) -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        let health = cache.health().await;
-        if done(&health) {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < LIMIT, "{what}: still {health:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn read(cache: &Cache, key: &str) -> (Bytes, Outcome) {
     let fetched = cache

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::fault_proxy::{Fault, FaultProxy, Kind};
-use support::{calls, Counter, RedisServer};
+use support::{calls, until_health, Counter, RedisServer};
 use tokio::time::Instant;
 use tower_stampede::store::RedisStore;
 use tower_stampede::{Cache, Health, Loaded, Outcome};
@@ -76,19 +76,6 @@ impl Fleet {
             until_health(cache, "subscribed", Health::is_healthy).await;
         }
         fleet
-    }
-}
-
-/// Checks the cache's health every 50 ms until `done` holds; how long that took.
-async fn until_health(cache: &Cache, what: &str, done: impl Fn(&Health) -> bool) -> Duration {
-    let started = Instant::now();
-    loop {
-        let health = cache.health().await;
-        if done(&health) {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < LIMIT, "{what}: still {health:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -298,6 +298,27 @@ pub async fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
+/// Asks `cache` for its health every 50 ms until `done` holds; how long that took. Panics,
+/// saying `what` and the last health, after 30 s (a bound for a busy machine).
+pub async fn until_health(
+    cache: &tower_stampede::Cache,
+    what: &str,
+    done: impl Fn(&tower_stampede::Health) -> bool,
+) -> Duration {
+    let started = tokio::time::Instant::now();
+    loop {
+        let health = cache.health().await;
+        if done(&health) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what}: still {health:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A store shared by the app instances of one test, and what keeps its data.
 pub struct Shared {
     /// `"memory"` or `"redis"`, for assertion messages.
