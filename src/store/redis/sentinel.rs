@@ -57,13 +57,16 @@ pub(super) struct Primary {
     dropped: tokio::sync::watch::Sender<()>,
 }
 
-/// redis-rs's sentinel clients, one per order of the sentinels. A client asks up to three
-/// sentinels at once but takes their answers in its order: a sentinel that accepts
-/// connections and answers nothing (its host cut off, its process stopped) holds up every
-/// question of a client that asks it first. So a question that fails or times out makes the
-/// next one start at the next sentinel.
+/// redis-rs's sentinel clients, one per sentinel, asked in turn. A client of several
+/// sentinels asks up to three at once, keeps a connection to each it asked, and takes their
+/// answers in its order, so a sentinel that accepts connections and answers nothing (its host
+/// cut off, its process stopped) holds up every question of a client that asks it first; and
+/// clients in every order to get round that would keep a connection to every sentinel from
+/// each. One client per sentinel keeps one connection to each, and a question that fails or
+/// times out at one goes on to the next within its wait; the next question starts where the
+/// last answer came from.
 struct Lookups {
-    /// Non-empty: the `i`th asks the sentinels from the `i`th on.
+    /// Non-empty: the `i`th asks the `i`th sentinel.
     clients: Vec<SentinelClient>,
     turn: usize,
 }
@@ -75,36 +78,40 @@ impl Lookups {
         service: &str,
         auth: &PrimaryAuth,
     ) -> RedisResult<Self> {
-        // One client at least: with no URL, the builder says so.
-        let clients = (0..infos.len().max(1))
-            .map(|first| {
-                let mut order = infos.to_vec();
-                order.rotate_left(first);
-                sentinel_builder(dial, &order, service, auth)?.build()
-            })
+        // The sentinels' settings are checked together (with no URL, the builder says so).
+        sentinel_builder(dial, infos, service, auth)?;
+        let clients = infos
+            .iter()
+            .map(|info| sentinel_builder(dial, std::slice::from_ref(info), service, auth)?.build())
             .collect::<RedisResult<Vec<_>>>()?;
         Ok(Lookups { clients, turn: 0 })
     }
 
-    /// Asks the sentinels for the primary, within `wait`.
+    /// Asks the sentinels for the primary, one after another from the turn's, within `wait`.
     async fn ask(&mut self, wait: Duration) -> RedisResult<redis::Client> {
         let count = self.clients.len();
-        let Some(client) = self.clients.get_mut(self.turn % count.max(1)) else {
-            return Err(super::dial::no_url());
-        };
-        let named = tokio::time::timeout(wait, client.async_get_client())
-            .await
-            .map_err(|_| {
-                redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no sentinel named the primary in time",
-                ))
-            })
-            .and_then(|named| named);
-        if named.is_err() {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut failed = super::dial::no_url();
+        for _ in 0..count {
+            let Some(client) = self.clients.get_mut(self.turn % count) else {
+                break;
+            };
+            match tokio::time::timeout_at(deadline, client.async_get_client()).await {
+                Ok(Ok(named)) => return Ok(named),
+                Ok(Err(error)) => failed = error,
+                Err(_) => {
+                    failed = redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no sentinel named the primary in time",
+                    ));
+                }
+            }
             self.turn = self.turn.wrapping_add(1);
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
         }
-        named
+        Err(failed)
     }
 }
 
