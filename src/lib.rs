@@ -58,6 +58,7 @@ mod clock;
 mod macros;
 
 pub mod cache;
+pub mod guide;
 pub mod http;
 pub mod service;
 pub mod store;
@@ -93,8 +94,6 @@ pub struct ReadmeDoctests;
 mod guide_doctests {
     #[doc = include_str!("../docs/recipes.md")]
     pub struct Recipes;
-    #[doc = include_str!("../docs/http.md")]
-    pub struct Http;
     #[doc = include_str!("../docs/operations.md")]
     pub struct Operations;
     #[doc = include_str!("../docs/services.md")]

@@ -20,7 +20,7 @@
 //! | `stampede_corrupt_entries_total` | counter | | stored values this engine (or a typed reader) could not read: each a miss, reloaded and overwritten |
 //! | `stampede_breaker_open` | gauge | | 1 while the circuit breaker is open, else 0 |
 //! | `stampede_l1_bytes` | gauge | | L1's weighted size in bytes (values plus a per-entry overhead) |
-//! | `stampede_http_passes_total` | counter | `reason` | requests the HTTP layer passed (neither answered from the cache nor stored), by the rule that made them pass: the `detail` of their `Cache-Status` without its header (`credentials`, `no-freshness`, `method-override`, `forwarding-header`, `pass-header`, `too-many-variants`, ...; see [`http`](crate::http#why-a-request-passes)) |
+//! | `stampede_http_passes_total` | counter | `reason` | requests the HTTP layer passed (neither answered from the cache nor stored), by the rule that made them pass: the `detail` of their `Cache-Status` without its header (`credentials`, `no-freshness`, `method-override`, `forwarding-header`, `pass-header`, `too-many-variants`, ...; see [the HTTP guide](crate::guide::http#why-a-request-passes)) |
 //!
 //! Every metric is described (its `# HELP` text, and its unit) by [`describe_metrics`], which
 //! each [`CacheBuilder::build`](super::CacheBuilder::build) calls: describing is cheap and

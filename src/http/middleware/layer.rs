@@ -82,7 +82,7 @@ impl StampedeLayer {
     /// (`X-Forwarded-Host`, `X-Host`, `X-Forwarded-Proto`, `X-Forwarded-Scheme`,
     /// `X-Forwarded-Ssl`, `X-Forwarded-Port`, `X-Forwarded-Prefix`, `Forwarded`,
     /// `X-Original-URL`, `X-Rewrite-URL`) is keyed by its values (see the
-    /// [module docs](crate::http#keys)): frameworks reflect these in the page (links to
+    /// [HTTP guide](crate::guide::http#what-is-cached-and-why)): frameworks reflect these in the page (links to
     /// `http://evil.example/`, the `/admin` page under another URL), so an attacker's value
     /// makes a variant that only requests with that value read, while your load balancer's
     /// values make one entry. Trusting a header saves the variants it would make, and is
@@ -329,7 +329,7 @@ impl StampedeLayer {
 
     /// Whether a non-error response to an unsafe method (`POST`, `PUT`, `DELETE`, ...)
     /// invalidates the stored responses of its URL (RFC 9111 §4.4; see the
-    /// [module docs](crate::http#invalidation)). Default: on. Off, unsafe requests go to the inner
+    /// [HTTP guide](crate::guide::http#invalidation-over-http)). Default: on. Off, unsafe requests go to the inner
     /// service and cost the store nothing: for services where a `POST` changes no page
     /// the layer stores (gRPC, GraphQL, JSON-RPC); see also
     /// [`invalidate_on_unsafe_if`](Self::invalidate_on_unsafe_if).

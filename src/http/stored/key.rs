@@ -78,7 +78,7 @@ use crate::store::KeyDigest;
 ///
 /// `HEAD` requests are answered from the `GET` entry, so the key is made for them with
 /// [`Parts::method`] set to `GET`. Requests with credentials get a key apart from the one
-/// returned here (see the [module docs](crate::http#keys)).
+/// returned here (see the [HTTP guide](crate::guide::http#what-is-cached-and-why)).
 ///
 /// Closures `Fn(&http::request::Parts) -> Option<String>` implement it. To add a request
 /// header to the key (a tenant, a locale), extend the [`DefaultKey`]; see
