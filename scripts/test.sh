@@ -175,6 +175,8 @@ step "cargo clippy (all targets, no default features: the embedded store alone)"
 # The default features (Redis without Cluster or TLS), as most users build the crate: code
 # gated on a feature compiles without it.
 step "cargo clippy (all targets, default features)" cargo clippy --all-targets -- -D warnings
+# Every case on real time says why in the code (tests/README.md).
+step "real-time cases say why (scripts/real-time.py --check)" python3 scripts/real-time.py --check
 # A broken intra-doc link fails; both feature sets, since each hides items of the other.
 step "cargo doc (all features, -D warnings)" \
   env RUSTDOCFLAGS="-D warnings" cargo doc --all-features --no-deps

@@ -30,6 +30,7 @@ mod tests {
 
     use super::*;
 
+    /// On real time: what it tests is the clock's reading on real time.
     #[tokio::test]
     async fn it_is_the_system_clock_on_real_time() {
         let (before, read, after) = (SystemTime::now(), now(), SystemTime::now());

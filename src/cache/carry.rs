@@ -355,6 +355,8 @@ mod tests {
         assert!(fresh.is_ok(), "the flight posted its answer as a task");
     }
 
+    /// On real time, on two worker threads: the race it guards is between threads, and paused
+    /// time needs one.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn joiners_on_other_threads_never_miss_the_post() {
         // A joiner makes its wait before it looks, so a post racing its look still wakes it

@@ -337,7 +337,9 @@ mod tests {
     /// itself queued behind 77 ms of this process's own work (a burst of callers), is timed
     /// from when that task runs: the store answers 50 ms after it, 127 ms after the call was
     /// made, and the 100 ms timeout, on time, does not end the call. (Timed from the call,
-    /// it ended at 100 ms with the store's answer on its way.)
+    /// it ended at 100 ms with the store's answer on its way.) On real time: the burst holds
+    /// the thread with `std::thread::sleep`, which paused time would not see, so the rule would
+    /// hold trivially.
     #[tokio::test]
     async fn a_request_not_yet_written_is_not_timed() {
         let answers = Answers::default();

@@ -357,7 +357,8 @@ mod tests {
     }
 
     /// A manager that was replaced may still deliver a message (a task of its own held it a
-    /// moment longer): it changes nothing. The current manager's do.
+    /// moment longer): it changes nothing. The current manager's do. On real time, as it
+    /// may be: it sets no timer.
     #[tokio::test]
     async fn a_replaced_managers_messages_are_ignored() {
         let client = redis::Client::open("redis://127.0.0.1:1/?protocol=resp3").unwrap();
