@@ -245,8 +245,8 @@ async fn killed_during_stampedes(mut topology: RedisSentinel) {
 }
 
 /// A store's connections to the sentinels: one for its questions to each of the three, and
-/// its `+switch-master` listener. (A store once kept a client of the sentinels in each order,
-/// each with a connection to all three: after a failover, ten.)
+/// its `+switch-master` listener. (A redis-rs client of several sentinels keeps a connection to
+/// each it asks: a client per order of the three would hold ten once questions failed.)
 const SENTINEL_CONNECTIONS: usize = 4;
 
 /// Waits (within [`LIMIT`]) until the app holds at most `bound` connections to the sentinels
@@ -446,8 +446,8 @@ async fn app_clients_on_sentinels(topology: &RedisSentinel) -> usize {
 
 /// A store dropped leaves nothing on the sentinels: its listener for `+switch-master` and the
 /// sentinel client's own connections go with it, though no announcement comes to wake the
-/// listener. (A listener that outlived its store once held a sentinel connection and two
-/// tasks per store until the next failover: the soak's idle bounds found it.)
+/// listener. (A listener that outlived its store would hold a sentinel connection and two
+/// tasks per store until the next failover.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_store_leaves_no_connection_to_the_sentinels() {
     let topology = RedisSentinel::start();
