@@ -69,38 +69,30 @@ async fn an_uncached_shareable_response_goes_to_the_requests_that_waited_for_it(
     let first = seen.get("page #1").copied().unwrap_or(0);
     assert!(
         first > REQUESTS / 2,
-        "{}: {first} of {REQUESTS} got the first load ({seen:?})",
-        shared.name
+        "{first} of {REQUESTS} got the first load ({seen:?})"
     );
     for answer in &answers {
-        assert_eq!(answer.status, StatusCode::OK, "{}", shared.name);
+        assert_eq!(answer.status, StatusCode::OK);
         let status = answer.headers["cache-status"].to_str().unwrap();
-        assert!(!status.contains("stored"), "{}: {status}", shared.name);
+        assert!(!status.contains("stored"), "{status}");
         if answer.body() == "page #1" && answer.x_cache() != "BYPASS" {
             assert_eq!(
-                status, "tower-stampede; fwd=uri-miss; fwd-status=200; collapsed",
-                "{}",
-                shared.name
+                status,
+                "tower-stampede; fwd=uri-miss; fwd-status=200; collapsed"
             );
         }
     }
     assert!(
         origin.loads.get() < REQUESTS / 4,
-        "{}: {} origin loads for {REQUESTS}",
-        shared.name,
+        "{} origin loads for {REQUESTS}",
         origin.loads.get()
     );
     // Not stored: a request after the load loads again, in either process.
     for app in &apps {
         let before = origin.loads.get();
         let answer = send(app, "GET", "http://app.test/bare", &[]).await;
-        assert_eq!(
-            answer.body(),
-            format!("page #{}", before + 1),
-            "{}",
-            shared.name
-        );
-        assert_eq!(answer.x_cache(), "BYPASS", "{}", shared.name);
+        assert_eq!(answer.body(), format!("page #{}", before + 1));
+        assert_eq!(answer.x_cache(), "BYPASS");
     }
 }
 
@@ -134,25 +126,10 @@ async fn a_response_that_may_not_be_shared_goes_only_to_its_own_request(shared: 
         ];
         let answers = stampede(&origin, &apps, REQUESTS, "http://app.test/own", |_| vec![]).await;
         let seen = bodies(&answers);
-        assert_eq!(
-            seen.len(),
-            REQUESTS,
-            "{}: {name}: {value}: {seen:?}",
-            shared.name
-        );
-        assert_eq!(
-            origin.loads.get(),
-            REQUESTS,
-            "{}: {name}: {value}",
-            shared.name
-        );
+        assert_eq!(seen.len(), REQUESTS, "{name}: {value}: {seen:?}");
+        assert_eq!(origin.loads.get(), REQUESTS, "{name}: {value}");
         for answer in &answers {
-            assert_eq!(
-                answer.x_cache(),
-                "BYPASS",
-                "{}: {name}: {value}",
-                shared.name
-            );
+            assert_eq!(answer.x_cache(), "BYPASS", "{name}: {value}");
         }
     }
 }
@@ -198,12 +175,11 @@ async fn a_request_with_credentials_never_gets_another_s_unstored_response(share
             let expected = who(i).map_or("anonymous".to_owned(), |(_, v)| v);
             assert!(
                 answer.body().starts_with(&format!("hello {expected} #")),
-                "{}: leader {leader}: request {i} ({expected}) got {:?}",
-                shared.name,
+                "leader {leader}: request {i} ({expected}) got {:?}",
                 answer.body()
             );
             if expected != "anonymous" {
-                assert_eq!(answer.x_cache(), "BYPASS", "{}: {expected}", shared.name);
+                assert_eq!(answer.x_cache(), "BYPASS", "{expected}");
             }
         }
     }
@@ -240,8 +216,7 @@ async fn a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary(shared: 
     for (i, answer) in answers.iter().enumerate() {
         assert!(
             answer.body().starts_with(&format!("{} #", language(i))),
-            "{}: request {i} ({}) got {:?}",
-            shared.name,
+            "request {i} ({}) got {:?}",
             language(i),
             answer.body()
         );
@@ -249,8 +224,7 @@ async fn a_waiter_gets_an_unstored_response_only_if_it_matches_its_vary(shared: 
     }
     assert!(
         first > REQUESTS / 6,
-        "{}: {first} requests in English got the first load",
-        shared.name
+        "{first} requests in English got the first load"
     );
 }
 
@@ -384,29 +358,20 @@ async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process(shared: 
     origin.release();
     let want = large_body(LEN);
     let leader = leader.await.unwrap();
-    assert!(
-        leader.body == want,
-        "{}: the leader got every byte",
-        shared.name
-    );
+    assert!(leader.body == want, "the leader got every byte");
     for (i, waiter) in waiters.into_iter().enumerate() {
         let (status, headers, body) = waiter.await.unwrap();
-        assert_eq!(status, StatusCode::OK, "{}", shared.name);
-        assert_eq!(headers["cache-control"], "max-age=60", "{}", shared.name);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(headers["cache-control"], "max-age=60");
         if i == 2 || i == 3 {
-            assert!(body.is_empty(), "{}: a HEAD has no body", shared.name);
+            assert!(body.is_empty(), "a HEAD has no body");
         } else {
-            assert!(
-                body == want,
-                "{}: request {i} got every byte, in order",
-                shared.name
-            );
+            assert!(body == want, "request {i} got every byte, in order");
         }
     }
     assert!(
         origin.loads.get() <= apps.len(),
-        "{}: {} origin loads for {} requests over {} processes",
-        shared.name,
+        "{} origin loads for {} requests over {} processes",
         origin.loads.get(),
         REQUESTS + 4,
         apps.len()
@@ -414,8 +379,8 @@ async fn a_body_over_the_limit_is_relayed_to_the_waiters_of_its_process(shared: 
     // Not stored: a later request loads it again.
     let before = origin.loads.get();
     let answer = send(&apps[0], "GET", uri, &[]).await;
-    assert!(answer.body == want, "{}", shared.name);
-    assert_eq!(origin.loads.get(), before + 1, "{}", shared.name);
+    assert!(answer.body == want);
+    assert_eq!(origin.loads.get(), before + 1);
 }
 
 store_test!(a_body_over_the_relay_bound_sends_its_waiters_to_the_origin);
@@ -438,7 +403,7 @@ async fn a_body_over_the_relay_bound_sends_its_waiters_to_the_origin(shared: Sha
     .await;
     let want = large_body(LEN);
     for answer in &answers {
-        assert!(answer.body == want, "{}: every byte, in order", shared.name);
+        assert!(answer.body == want, "every byte, in order");
     }
-    assert_eq!(origin.loads.get(), REQUESTS, "{}", shared.name);
+    assert_eq!(origin.loads.get(), REQUESTS);
 }

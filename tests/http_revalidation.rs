@@ -158,54 +158,43 @@ async fn a_stale_response_is_revalidated_and_a_304_refreshes_it(shared: Shared) 
     // RFC 9111 §4.3.1: the reload of the stale response carries its `ETag`; §4.3.4: the
     // `304` updates the stored header fields (`x-answer`), and the stored body is served.
     let revalidated = get(&app).await;
-    assert_eq!(revalidated.status, StatusCode::OK, "{}", shared.name);
-    assert_eq!(revalidated.body(), "v1 #1", "{}", shared.name);
-    assert_eq!(revalidated.headers["x-answer"], "2", "{}", shared.name);
+    assert_eq!(revalidated.status, StatusCode::OK);
+    assert_eq!(revalidated.body(), "v1 #1");
+    assert_eq!(revalidated.headers["x-answer"], "2");
     // RFC 9211 §2.2, §2.3, §2.5: a forward for a stale entry, answered `304`, stored again.
     let cache_status = revalidated.headers["cache-status"].to_str().unwrap();
     assert!(
         cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=304; stored; ttl="),
-        "{}: {cache_status}",
-        shared.name
+        "{cache_status}"
     );
     assert_eq!(
         origin.conditions(),
-        [None, Some(HeaderValue::from_static("\"v1\""))],
-        "{}",
-        shared.name
+        [None, Some(HeaderValue::from_static("\"v1\""))]
     );
     // Fresh again: a hit, in another instance too.
     let other = app_over(&origin, &shared).await;
     for app in [&app, &other] {
         let hit = get(app).await;
-        assert_eq!(
-            (hit.x_cache(), hit.body()),
-            ("HIT", "v1 #1"),
-            "{}",
-            shared.name
-        );
-        assert_eq!(hit.headers["x-answer"], "2", "{}", shared.name);
+        assert_eq!((hit.x_cache(), hit.body()), ("HIT", "v1 #1"));
+        assert_eq!(hit.headers["x-answer"], "2");
     }
-    assert_eq!(origin.calls.get(), 2, "{}", shared.name);
+    assert_eq!(origin.calls.get(), 2);
     // A changed document: the conditional reload gets a `200`, which replaces the entry.
     origin.version.store(2, Ordering::SeqCst);
     tokio::time::sleep(PAST_FRESHNESS).await;
     let changed = get(&app).await;
-    assert_eq!(changed.body(), "v2 #3", "{}", shared.name);
+    assert_eq!(changed.body(), "v2 #3");
     // RFC 9211 §2.2: still a forward for a stale entry, though the origin sent a new one.
     let cache_status = changed.headers["cache-status"].to_str().unwrap();
     assert!(
         cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=200; stored; ttl="),
-        "{}: {cache_status}",
-        shared.name
+        "{cache_status}"
     );
     assert_eq!(
         origin.conditions()[2],
-        Some(HeaderValue::from_static("\"v1\"")),
-        "{}",
-        shared.name
+        Some(HeaderValue::from_static("\"v1\""))
     );
-    assert_eq!(get(&other).await.body(), "v2 #3", "{}", shared.name);
+    assert_eq!(get(&other).await.body(), "v2 #3");
 }
 
 store_test!(a_response_dated_by_last_modified_is_revalidated_with_if_modified_since);
@@ -223,16 +212,14 @@ async fn a_response_dated_by_last_modified_is_revalidated_with_if_modified_since
     let revalidated = get(&app).await;
     assert_eq!(
         (revalidated.status, revalidated.body()),
-        (StatusCode::OK, "v1 #1"),
-        "{}",
-        shared.name
+        (StatusCode::OK, "v1 #1")
     );
-    assert_eq!(revalidated.headers["x-answer"], "2", "{}", shared.name);
+    assert_eq!(revalidated.headers["x-answer"], "2");
     let modified = HeaderValue::from_static("Wed, 01 Nov 2023 00:00:00 GMT");
-    assert_eq!(origin.since(), [None, Some(modified)], "{}", shared.name);
-    assert_eq!(origin.conditions(), [None, None], "{}", shared.name);
-    assert_eq!(get(&app).await.x_cache(), "HIT", "{}", shared.name);
-    assert_eq!(origin.calls.get(), 2, "{}", shared.name);
+    assert_eq!(origin.since(), [None, Some(modified)]);
+    assert_eq!(origin.conditions(), [None, None]);
+    assert_eq!(get(&app).await.x_cache(), "HIT");
+    assert_eq!(origin.calls.get(), 2);
 }
 
 /// Another instance (its own L1; for Redis its own connections) over the same store.
@@ -251,30 +238,23 @@ async fn no_cache_is_stored_and_revalidated_before_each_use(shared: Shared) {
     // RFC 9111 §5.2.2.4: stored, but never served without a successful revalidation.
     let origin = Origin::new("no-cache, max-age=60");
     let app = layered(&origin, keeping(&shared).build());
-    assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&app).await.body(), "v1 #1");
     for n in 2..=3 {
         let answer = get(&app).await;
-        assert_eq!(answer.body(), "v1 #1", "{}: the stored body", shared.name);
-        assert_eq!(
-            origin.calls.get(),
-            n,
-            "{}: revalidated each time",
-            shared.name
-        );
+        assert_eq!(answer.body(), "v1 #1", "the stored body");
+        assert_eq!(origin.calls.get(), n, "revalidated each time");
         assert_eq!(
             origin.conditions().last().cloned().flatten(),
-            Some(HeaderValue::from_static("\"v1\"")),
-            "{}",
-            shared.name
+            Some(HeaderValue::from_static("\"v1\""))
         );
     }
     // A cache that keeps nothing past freshness cannot revalidate: it passes `no-cache`.
     let plain = Origin::new("no-cache");
     let bare = layered(&plain, shared.cache().namespace("bare").build());
     for _ in 0..2 {
-        assert_eq!(get(&bare).await.x_cache(), "BYPASS", "{}", shared.name);
+        assert_eq!(get(&bare).await.x_cache(), "BYPASS");
     }
-    assert_eq!(plain.conditions(), [None, None], "{}", shared.name);
+    assert_eq!(plain.conditions(), [None, None]);
 }
 
 store_test!(must_revalidate_is_never_served_stale_even_within_the_operator_s_window);
@@ -295,24 +275,19 @@ async fn must_revalidate_is_never_served_stale_even_within_the_operator_s_window
             .store_timeout(Duration::from_secs(2))
             .build();
         let app = layered(&origin, cache);
-        assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+        assert_eq!(get(&app).await.body(), "v1 #1");
         tokio::time::sleep(PAST_FRESHNESS).await;
         origin.failing.store(true, Ordering::SeqCst);
         let answer = get(&app).await;
         assert_eq!(
             answer.body() == "v1 #1",
             stale_served,
-            "{}: {directive}: {} {}",
-            shared.name,
+            "{directive}: {} {}",
             answer.status,
             answer.body()
         );
         if !stale_served {
-            assert!(
-                answer.status.is_server_error(),
-                "{}: {directive}",
-                shared.name
-            );
+            assert!(answer.status.is_server_error(), "{directive}");
         }
     }
 }
@@ -325,37 +300,30 @@ async fn a_response_s_own_stale_windows_apply_where_the_operator_set_none(shared
     // store) rightly answers with its fresh result instead.
     let origin = Origin::new("max-age=1, stale-while-revalidate=60");
     let app = layered(&origin, keeping(&shared).namespace("swr").build());
-    assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&app).await.body(), "v1 #1");
     tokio::time::sleep(PAST_FRESHNESS).await;
     origin.gated.store(true, Ordering::SeqCst);
     let stale = get(&app).await;
-    assert_eq!(
-        (stale.x_cache(), stale.body()),
-        ("STALE", "v1 #1"),
-        "{}",
-        shared.name
-    );
+    assert_eq!((stale.x_cache(), stale.body()), ("STALE", "v1 #1"));
     origin.gated.store(false, Ordering::SeqCst);
     origin.gate.add_permits(1);
     // The background revalidation lands: fresh again (bounded wait).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while get(&app).await.x_cache() != "HIT" {
-        assert!(tokio::time::Instant::now() < deadline, "{}", shared.name);
+        assert!(tokio::time::Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(origin.calls.get(), 2, "{}: one revalidation", shared.name);
+    assert_eq!(origin.calls.get(), 2, "one revalidation");
     // RFC 5861 §4: served in place of a failed reload.
     let origin = Origin::new("max-age=1, stale-if-error=60");
     let app = layered(&origin, keeping(&shared).namespace("sie").build());
-    assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&app).await.body(), "v1 #1");
     tokio::time::sleep(PAST_FRESHNESS).await;
     origin.failing.store(true, Ordering::SeqCst);
     let stood_in = get(&app).await;
     assert_eq!(
         (stood_in.status, stood_in.body()),
-        (StatusCode::OK, "v1 #1"),
-        "{}",
-        shared.name
+        (StatusCode::OK, "v1 #1")
     );
     // RFC 5861 §4, within the operator's maximum: capped at 0, the response's window
     // serves nothing.
@@ -363,17 +331,17 @@ async fn a_response_s_own_stale_windows_apply_where_the_operator_set_none(shared
     let capped = StampedeLayer::new(keeping(&shared).namespace("capped").build())
         .max_response_stale(Duration::ZERO);
     let app = origin.router().layer(capped);
-    assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&app).await.body(), "v1 #1");
     tokio::time::sleep(PAST_FRESHNESS).await;
     origin.failing.store(true, Ordering::SeqCst);
-    assert!(get(&app).await.status.is_server_error(), "{}", shared.name);
+    assert!(get(&app).await.status.is_server_error());
     // Without them, the operator's (none) decides: a failed reload is no stale answer.
     let origin = Origin::new("max-age=1");
     let app = layered(&origin, keeping(&shared).namespace("none").build());
-    assert_eq!(get(&app).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&app).await.body(), "v1 #1");
     tokio::time::sleep(PAST_FRESHNESS).await;
     origin.failing.store(true, Ordering::SeqCst);
-    assert!(get(&app).await.status.is_server_error(), "{}", shared.name);
+    assert!(get(&app).await.status.is_server_error());
 }
 
 store_test!(one_conditional_request_per_stampede_over_four_instances);
@@ -385,7 +353,7 @@ async fn one_conditional_request_per_stampede_over_four_instances(shared: Shared
     for _ in 0..3 {
         apps.push(app_over(&origin, &shared).await);
     }
-    assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&apps[0]).await.body(), "v1 #1");
     tokio::time::sleep(PAST_FRESHNESS).await;
     let requests: Vec<_> = (0..200)
         .map(|i| {
@@ -395,18 +363,12 @@ async fn one_conditional_request_per_stampede_over_four_instances(shared: Shared
         .collect();
     for request in requests {
         let answer = request.await.unwrap();
-        assert_eq!(
-            (answer.status, answer.body()),
-            (StatusCode::OK, "v1 #1"),
-            "{}",
-            shared.name
-        );
+        assert_eq!((answer.status, answer.body()), (StatusCode::OK, "v1 #1"));
     }
     assert_eq!(
         origin.conditions(),
         [None, Some(HeaderValue::from_static("\"v1\""))],
-        "{}: one conditional request",
-        shared.name
+        "one conditional request"
     );
 }
 
@@ -419,7 +381,7 @@ async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidatio
         layered(&origin, keeping(&shared).build()),
         app_over(&origin, &shared).await,
     ];
-    assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&apps[0]).await.body(), "v1 #1");
     tokio::time::sleep(PAST_FRESHNESS).await;
     origin.failing.store(true, Ordering::SeqCst);
     origin.gated.store(true, Ordering::SeqCst);
@@ -443,15 +405,12 @@ async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidatio
         let answer = request.await.unwrap();
         assert_eq!(
             (answer.status, answer.body()),
-            (StatusCode::SERVICE_UNAVAILABLE, "down"),
-            "{}",
-            shared.name
+            (StatusCode::SERVICE_UNAVAILABLE, "down")
         );
         let cache_status = answer.headers["cache-status"].to_str().unwrap();
         assert!(
             cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=503"),
-            "{}: {cache_status}",
-            shared.name
+            "{cache_status}"
         );
     }
     // The `503` was for those requests only, and the stale response is still kept: the
@@ -462,32 +421,23 @@ async fn a_server_error_for_the_waiters_keeps_the_entry_for_the_next_revalidatio
     let revalidated = get(&apps[1]).await;
     assert_eq!(
         (revalidated.status, revalidated.body()),
-        (StatusCode::OK, "v1 #1"),
-        "{}",
-        shared.name
+        (StatusCode::OK, "v1 #1")
     );
-    assert_eq!(origin.calls.get(), calls + 1, "{}", shared.name);
+    assert_eq!(origin.calls.get(), calls + 1);
     let conditions = origin.conditions();
     assert!(
         conditions[1..]
             .iter()
             .all(|asked| asked.as_ref().is_some_and(|v| v == "\"v1\"")),
-        "{}: every reload after the first load was conditional: {conditions:?}",
-        shared.name
+        "every reload after the first load was conditional: {conditions:?}"
     );
     let cache_status = revalidated.headers["cache-status"].to_str().unwrap();
     assert!(
         cache_status.starts_with("tower-stampede; fwd=stale; fwd-status=304; stored; ttl="),
-        "{}: {cache_status}",
-        shared.name
+        "{cache_status}"
     );
     let hit = get(&apps[0]).await;
-    assert_eq!(
-        (hit.x_cache(), hit.body()),
-        ("HIT", "v1 #1"),
-        "{}",
-        shared.name
-    );
+    assert_eq!((hit.x_cache(), hit.body()), ("HIT", "v1 #1"));
 }
 
 store_test!(requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_status);
@@ -502,7 +452,7 @@ async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_s
     for _ in 0..2 {
         apps.push(app_over(&origin, &shared).await);
     }
-    assert_eq!(get(&apps[0]).await.body(), "v1 #1", "{}", shared.name);
+    assert_eq!(get(&apps[0]).await.body(), "v1 #1");
     for (version, body, fwd_status) in [(1, "v1 #1", 304), (2, "v2 #3", 200)] {
         origin.version.store(version, Ordering::SeqCst);
         tokio::time::sleep(PAST_FRESHNESS).await;
@@ -534,12 +484,7 @@ async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_s
         let (mut reloads, mut collapsed_in) = (0, [0; 3]);
         for request in requests {
             let (app, answer) = request.await.unwrap();
-            assert_eq!(
-                (answer.status, answer.body()),
-                (StatusCode::OK, body),
-                "{}",
-                shared.name
-            );
+            assert_eq!((answer.status, answer.body()), (StatusCode::OK, body));
             let cache_status = answer.headers["cache-status"].to_str().unwrap();
             if cache_status == collapsed {
                 collapsed_in[app] += 1;
@@ -548,21 +493,15 @@ async fn requests_collapsed_onto_a_revalidation_say_fwd_stale_and_the_origin_s_s
             } else {
                 // Sent after the reload ended: a hit.
                 let (rest, _) = support::http::split_ttl(cache_status);
-                assert_eq!(rest, "tower-stampede; hit", "{}", shared.name);
+                assert_eq!(rest, "tower-stampede; hit");
             }
         }
-        assert_eq!(reloads, 1, "{}: one reload", shared.name);
-        assert_eq!(
-            origin.arrived.get(),
-            arrived + 1,
-            "{}: one conditional request",
-            shared.name
-        );
+        assert_eq!(reloads, 1, "one reload");
+        assert_eq!(origin.arrived.get(), arrived + 1, "one conditional request");
         assert!(
             collapsed_in.iter().sum::<usize>() > 15 && collapsed_in.iter().all(|n| *n > 0),
-            "{}: most of the stampede, in each instance, waited for the reload: \
-             {collapsed_in:?}",
-            shared.name
+            "most of the stampede, in each instance, waited for the reload: \
+             {collapsed_in:?}"
         );
     }
 }

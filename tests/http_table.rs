@@ -415,7 +415,7 @@ async fn every_request_shape_meets_every_response_shape(shared: Shared) {
     for (row, &sent) in REQUESTS.iter().enumerate() {
         for (column, &answered) in RESPONSES.iter().enumerate() {
             let cell = Cell { sent, answered };
-            let name = format!("{} {cell}", shared.name);
+            let name = format!("{cell}");
             let held = Held::all();
             let apps = instances(&shared, &origin(held.clone())).await;
             let uri = format!("http://app.test/{answered:?}/{row}");
@@ -502,17 +502,12 @@ async fn a_balancer_burst_after_a_thousand_attacker_values_loads_once(shared: Sh
             let flood = [("x-forwarded-host", host.as_str()), ("x-flood", "1")];
             let answer = send(app, "GET", uri, &flood).await;
             let made_for = MadeFor::read(answer.body()).unwrap();
-            assert!(made_for.forwarding.starts_with(&host), "{}", shared.name);
+            assert!(made_for.forwarding.starts_with(&host));
         }
     }
     let balancer = |i| Sent::Balancer.headers(i);
     let answers = stampede_held(MOMENT, &held, &apps, 100, uri, balancer).await;
-    assert_eq!(
-        held.loads.get(),
-        1,
-        "{}: one load for the burst",
-        shared.name
-    );
+    assert_eq!(held.loads.get(), 1, "one load for the burst");
     for (i, answer) in answers.iter().enumerate() {
         check_private(shared.name, answer, &balancer(i), false);
     }
@@ -521,14 +516,14 @@ async fn a_balancer_burst_after_a_thousand_attacker_values_loads_once(shared: Sh
         let pairs: Vec<(&str, &str)> = pairs.iter().map(|(n, v)| (*n, v.as_str())).collect();
         send(app, "GET", uri, &pairs).await;
         let hit = send(app, "GET", uri, &pairs).await;
-        assert_eq!(hit.x_cache(), "HIT", "{}: {}", shared.name, ours(&hit));
+        assert_eq!(hit.x_cache(), "HIT", "{}", ours(&hit));
     }
     // Each process's L1 holds the URL's marker and the variants it stored: at most 16 sets
     // (and the few a collision lets in), each entry a few hundred bytes here.
     for (i, cache) in caches.iter().enumerate() {
         let l1 = cache.stats().l1_bytes;
-        eprintln!("{}: L1 of process {i}: {l1} bytes", shared.name);
-        assert!(l1 < 16 * 1024, "{}: {l1} bytes in L1", shared.name);
+        eprintln!("L1 of process {i}: {l1} bytes");
+        assert!(l1 < 16 * 1024, "{l1} bytes in L1");
     }
     // The only kind of store without the `redis` feature.
     #[allow(irrefutable_let_patterns)]

@@ -31,7 +31,7 @@ async fn stale_value(shared: &Shared, key: &str, value: &'static str, loaded: Lo
         .fetch(key, move || async move { Ok::<_, std::io::Error>(loaded) })
         .await
         .unwrap();
-    assert_eq!(fetched.value().unwrap(), value, "{}", shared.name);
+    assert_eq!(fetched.value().unwrap(), value);
     tokio::time::sleep(Duration::from_millis(400)).await;
 }
 
@@ -123,25 +123,22 @@ async fn one_not_modified_renews_the_value_for_every_process(stores: Vec<Shared>
         let mut revalidated = 0;
         for caller in callers {
             let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(fetched.value().unwrap(), "v1", "{}", shared.name);
+            assert_eq!(fetched.value().unwrap(), "v1");
             revalidated += usize::from(fetched.outcome() == Outcome::Revalidated);
         }
-        assert_eq!(loads.get(), 1, "{}: one conditional load", shared.name);
-        assert_eq!(revalidated, 1, "{}: one caller ran it", shared.name);
+        assert_eq!(loads.get(), 1, "one conditional load");
+        assert_eq!(revalidated, 1, "one caller ran it");
         assert_eq!(
             *seen.lock().unwrap(),
             [Some(Bytes::from_static(b"v1"))],
-            "{}: the loader saw the stored value",
-            shared.name
+            "the loader saw the stored value"
         );
         // Fresh again for 60 s, in every process: a new instance's read is an L2 hit.
         let later = shared.cache().build();
         let fetched = later.fetch("doc", never_called).await.unwrap();
         assert_eq!(
             (fetched.value().unwrap().as_ref(), fetched.outcome()),
-            (&b"v1"[..], Outcome::L2Hit),
-            "{}",
-            shared.name
+            (&b"v1"[..], Outcome::L2Hit)
         );
     }
 }
@@ -158,7 +155,7 @@ async fn a_changed_value_replaces_the_previous_one(stores: Vec<Shared>) {
             })
             .await
             .unwrap();
-        assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(fetched.outcome(), Outcome::Leader);
         let later = shared.cache().build();
         assert_eq!(
             later
@@ -167,9 +164,7 @@ async fn a_changed_value_replaces_the_previous_one(stores: Vec<Shared>) {
                 .unwrap()
                 .value()
                 .unwrap(),
-            "v2",
-            "{}",
-            shared.name
+            "v2"
         );
     }
 }
@@ -189,7 +184,7 @@ async fn without_a_previous_value_not_modified_is_a_failed_load(shared: Shared) 
         })
         .await
         .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+    assert_eq!(error.kind(), ErrorKind::Load);
     // Nothing was stored and the lock is free: the next load runs and fills.
     let fetched = cache
         .fetch_revalidating("cold", |_| async {
@@ -197,8 +192,8 @@ async fn without_a_previous_value_not_modified_is_a_failed_load(shared: Shared) 
         })
         .await
         .unwrap();
-    assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
-    assert_eq!(loads.get(), 1, "{}", shared.name);
+    assert_eq!(fetched.outcome(), Outcome::Leader);
+    assert_eq!(loads.get(), 1);
 }
 
 store_test!(renew_is_fenced_and_keeps_the_bytes);
@@ -216,14 +211,10 @@ async fn renew_is_fenced_and_keeps_the_bytes(shared: Shared) {
         .lookup(&key, ours, ttl, LockWhen::LifeAtMost(stale_below))
         .await
         .unwrap();
-    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(lookup.lock, LockState::Acquired);
     let renewed = store.renew(&key, ours, Duration::from_secs(60)).await;
-    assert_eq!(renewed.unwrap(), Renewal::NoValue, "{}", shared.name);
-    assert!(
-        store.extend(&[(key.clone(), ours)], ttl).await.unwrap()[0],
-        "{}",
-        shared.name
-    );
+    assert_eq!(renewed.unwrap(), Renewal::NoValue);
+    assert!(store.extend(&[(key.clone(), ours)], ttl).await.unwrap()[0]);
     // A value (stale under the bound): another token cannot renew it, ours can.
     let bytes = Bytes::from_static(b"kept as it is");
     assert!(store
@@ -234,28 +225,23 @@ async fn renew_is_fenced_and_keeps_the_bytes(shared: Shared) {
         .lookup(&key, ours, ttl, LockWhen::LifeAtMost(stale_below))
         .await
         .unwrap();
-    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(lookup.lock, LockState::Acquired);
     let refused = store.renew(&key, theirs, Duration::from_secs(900)).await;
-    assert_eq!(refused.unwrap(), Renewal::LockLost, "{}", shared.name);
+    assert_eq!(refused.unwrap(), Renewal::LockLost);
     let renewed = store.renew(&key, ours, Duration::from_secs(900)).await;
-    assert_eq!(renewed.unwrap(), Renewal::Renewed, "{}", shared.name);
+    assert_eq!(renewed.unwrap(), Renewal::Renewed);
     let stored = store.get(&key).await.unwrap().unwrap();
-    assert_eq!(stored.bytes, bytes, "{}", shared.name);
-    assert!(
-        stored.ttl.unwrap() > stale_below,
-        "{}: {:?}",
-        shared.name,
-        stored.ttl
-    );
+    assert_eq!(stored.bytes, bytes);
+    assert!(stored.ttl.unwrap() > stale_below, "{:?}", stored.ttl);
     // Fresh again: the next lookup does not take the lock (on Redis, the `fresh` marker
     // the renewal left turns the pipelined `SET NX` away).
     let lookup = store
         .lookup(&key, theirs, ttl, LockWhen::LifeAtMost(stale_below))
         .await
         .unwrap();
-    assert_eq!(lookup.lock, LockState::NotRequested, "{}", shared.name);
+    assert_eq!(lookup.lock, LockState::NotRequested);
     // The renewal freed the lock: it is ours no more.
-    assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
+    assert!(!store.release(&key, ours).await.unwrap());
 }
 
 timed_test!(a_value_s_own_windows_replace_the_cache_s);
@@ -288,24 +274,17 @@ async fn a_value_s_own_windows_replace_the_cache_s(stores: Vec<Shared>) {
             .on_wait_timeout(WaitTimeoutPolicy::Error)
             .build();
         let waited = follow(follower.clone(), "strict").await.unwrap_err();
-        assert_eq!(
-            waited.kind(),
-            ErrorKind::WaitTimeout,
-            "{}: never served stale",
-            shared.name
-        );
+        assert_eq!(waited.kind(), ErrorKind::WaitTimeout, "never served stale");
         release.notify_one();
         let led = leading.await.unwrap().unwrap();
-        assert_eq!(led.value().unwrap(), "s2", "{}", shared.name);
+        assert_eq!(led.value().unwrap(), "s2");
         // The same follower, for a value that says nothing: the cache's window serves it.
         stale_value(&shared, "lenient", "l", short("l")).await;
         let (release, leading) = hold_reload(generous(), "lenient", "l2").await;
         let served = follow(follower, "lenient").await.unwrap();
         assert_eq!(
             (served.value().unwrap().as_ref(), served.outcome()),
-            (&b"l"[..], Outcome::Stale),
-            "{}",
-            shared.name
+            (&b"l"[..], Outcome::Stale)
         );
         release.notify_one();
         leading.await.unwrap().unwrap();
@@ -316,7 +295,7 @@ async fn a_value_s_own_windows_replace_the_cache_s(stores: Vec<Shared>) {
             })
             .await
             .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::Load);
     }
 }
 
@@ -344,7 +323,7 @@ async fn a_value_s_own_window_serves_it_stale_where_the_cache_would_not(stores: 
             .on_wait_timeout(WaitTimeoutPolicy::Error)
             .build();
         let waited = follow(follower, "plain").await.unwrap_err();
-        assert_eq!(waited.kind(), ErrorKind::WaitTimeout, "{}", shared.name);
+        assert_eq!(waited.kind(), ErrorKind::WaitTimeout);
         release.notify_one();
         assert_eq!(leading.await.unwrap().unwrap().value().unwrap(), "p2");
     }
@@ -423,16 +402,13 @@ async fn a_result_for_waiters_keeps_the_value_kept_for_revalidation(stores: Vec<
         let led = leading.await.unwrap().unwrap();
         assert_eq!(
             (led.value().unwrap().as_ref(), led.outcome()),
-            (&b"503"[..], Outcome::Leader),
-            "{}",
-            shared.name
+            (&b"503"[..], Outcome::Leader)
         );
         let followed = following.await.unwrap().unwrap();
         assert_eq!(
             (followed.value().unwrap().as_ref(), followed.outcome()),
             (&b"503"[..], Outcome::Follower),
-            "{}: the waiter got the load's result",
-            shared.name
+            "the waiter got the load's result"
         );
         // The next load is a revalidation of the kept value, which "not modified" renews.
         let next = keeping(&shared).build();
@@ -451,23 +427,19 @@ async fn a_result_for_waiters_keeps_the_value_kept_for_revalidation(stores: Vec<
         assert_eq!(
             *seen.lock().unwrap(),
             [v1.clone(), v1],
-            "{}: both loads were handed the kept value",
-            shared.name
+            "both loads were handed the kept value"
         );
         let revalidated = revalidated.unwrap();
         assert_eq!(
             (revalidated.value().unwrap().as_ref(), revalidated.outcome()),
-            (&b"v1"[..], Outcome::Revalidated),
-            "{}",
-            shared.name
+            (&b"v1"[..], Outcome::Revalidated)
         );
         let later = shared.cache().build();
         let hit = later.fetch("page", never_called).await.unwrap();
         assert_eq!(
             (hit.value().unwrap().as_ref(), hit.outcome()),
             (&b"v1"[..], Outcome::L2Hit),
-            "{}: fresh again for every process",
-            shared.name
+            "fresh again for every process"
         );
     }
 }
@@ -487,7 +459,7 @@ async fn answer_waiters_is_fenced_and_keeps_the_value(shared: Shared) {
         .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
         .await
         .unwrap();
-    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(lookup.lock, LockState::Acquired);
     assert!(store
         .fill(&key, ours, kept.clone(), Duration::from_secs(60))
         .await
@@ -496,50 +468,36 @@ async fn answer_waiters_is_fenced_and_keeps_the_value(shared: Shared) {
         .lookup(&key, ours, lock_ttl, LockWhen::LifeAtMost(stale_below))
         .await
         .unwrap();
-    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(lookup.lock, LockState::Acquired);
     let answer = Bytes::from_static(b"503 for the waiters");
     let ttl = Duration::from_secs(3);
     // Another token's answer changes nothing.
-    assert!(
-        !store
-            .answer_waiters(&key, theirs, answer.clone(), ttl)
-            .await
-            .unwrap(),
-        "{}",
-        shared.name
-    );
-    assert_eq!(
-        store.waiters_answer(&key).await.unwrap(),
-        None,
-        "{}",
-        shared.name
-    );
-    assert!(
-        store
-            .answer_waiters(&key, ours, answer.clone(), ttl)
-            .await
-            .unwrap(),
-        "{}",
-        shared.name
-    );
+    assert!(!store
+        .answer_waiters(&key, theirs, answer.clone(), ttl)
+        .await
+        .unwrap());
+    assert_eq!(store.waiters_answer(&key).await.unwrap(), None);
+    assert!(store
+        .answer_waiters(&key, ours, answer.clone(), ttl)
+        .await
+        .unwrap());
     let read = store.waiters_answer(&key).await.unwrap().unwrap();
-    assert_eq!(read.bytes, answer, "{}", shared.name);
-    assert!(read.ttl.is_some_and(|t| t <= ttl), "{}", shared.name);
+    assert_eq!(read.bytes, answer);
+    assert!(read.ttl.is_some_and(|t| t <= ttl));
     let value = store.get(&key).await.unwrap().unwrap();
-    assert_eq!(value.bytes, kept, "{}: the value stays", shared.name);
+    assert_eq!(value.bytes, kept, "the value stays");
     assert!(
         value
             .ttl
             .is_some_and(|t| t > ttl && t <= Duration::from_secs(60)),
-        "{}: with its life",
-        shared.name
+        "with its life"
     );
     // The lock is free (ours no more): the next lookup of the stale value takes it.
-    assert!(!store.release(&key, ours).await.unwrap(), "{}", shared.name);
+    assert!(!store.release(&key, ours).await.unwrap());
     let lookup = store
         .lookup(&key, theirs, lock_ttl, LockWhen::LifeAtMost(stale_below))
         .await
         .unwrap();
-    assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
-    assert_eq!(lookup.value.unwrap().bytes, kept, "{}", shared.name);
+    assert_eq!(lookup.lock, LockState::Acquired);
+    assert_eq!(lookup.value.unwrap().bytes, kept);
 }

@@ -232,7 +232,7 @@ async fn identical_calls_over_four_instances_cost_one_backend_call(shared: Share
     wait_until("the load started", || backend.calls.get() == 1).await;
     backend.open();
     every_answer(calls, Ok("value of hot"), shared.name).await;
-    assert_eq!(backend.calls.get(), 1, "{}: backend calls", shared.name);
+    assert_eq!(backend.calls.get(), 1, "backend calls");
 }
 
 store_test!(different_requests_never_share_an_answer);
@@ -247,7 +247,7 @@ async fn different_requests_never_share_an_answer(shared: Shared) {
     backend.open();
     every_answer(first, Ok("value of first"), shared.name).await;
     every_answer(second, Ok("value of second"), shared.name).await;
-    assert_eq!(backend.calls.get(), 2, "{}", shared.name);
+    assert_eq!(backend.calls.get(), 2);
 }
 
 store_test!(an_inner_error_reaches_every_waiter_and_is_not_stored);
@@ -291,17 +291,16 @@ async fn an_inner_error_reaches_every_waiter_and_is_not_stored(shared: Shared) {
         match call.await.unwrap() {
             Err(error) if error == down(1) => first[i % 4] += 1,
             Err(Failure::Backend(_)) => {}
-            other => panic!("{}: {other:?}", shared.name),
+            other => panic!("{other:?}"),
         }
     }
     assert!(
         first.iter().all(|&waited| waited > 10),
-        "{}: the calls of each instance that got the first load's error: {first:?}",
-        shared.name
+        "the calls of each instance that got the first load's error: {first:?}"
     );
     let loads = backend.calls.get();
     let again = instances[0].clone().oneshot(ask("broken")).await;
-    assert_eq!(again, Err(down(loads + 1)), "{}: not stored", shared.name);
+    assert_eq!(again, Err(down(loads + 1)), "not stored");
 }
 
 store_test!(an_inner_error_reaches_the_waiters_of_its_process_without_an_error_codec);
@@ -313,7 +312,7 @@ async fn an_inner_error_reaches_the_waiters_of_its_process_without_an_error_code
     let calls = held_stampede(&instance, &backend, &keyed, 100, "broken").await;
     every_answer(calls, Err(down(1)), shared.name).await;
     let again = instance[0].clone().oneshot(ask("broken")).await;
-    assert_eq!(again, Err(down(2)), "{}: not stored", shared.name);
+    assert_eq!(again, Err(down(2)), "not stored");
 }
 
 store_test!(requests_without_a_key_pass_through_untouched);
@@ -333,15 +332,10 @@ async fn requests_without_a_key_pass_through_untouched(shared: Shared) {
     .await;
     backend.open();
     every_answer(calls, Ok("value of hot"), shared.name).await;
-    assert_eq!(
-        *backend.seen.lock().unwrap(),
-        vec![private; 3],
-        "{}",
-        shared.name
-    );
+    assert_eq!(*backend.seen.lock().unwrap(), vec![private; 3]);
     // The key the item would have had holds nothing: the next keyed call loads.
     instances[0].clone().oneshot(ask("hot")).await.unwrap();
-    assert_eq!(backend.calls.get(), 4, "{}", shared.name);
+    assert_eq!(backend.calls.get(), 4);
 }
 
 /// # Backpressure: the layer is always ready, and only the calls that reach the inner service
@@ -453,7 +447,7 @@ async fn after_a_pass_the_waiting_calls_call_the_inner_service(shared: Shared) {
     );
     let calls = held_stampede(&[service], &backend, &keyed, 20, "volatile").await;
     every_answer(calls, Ok("value of volatile"), shared.name).await;
-    assert_eq!(backend.calls.get(), 20, "{}", shared.name);
+    assert_eq!(backend.calls.get(), 20);
 }
 
 /// An error the user asks to store (`cache_errors`) is the answer of the calls after it
@@ -507,15 +501,10 @@ async fn serde_responses_by_default(shared: Shared) {
         id: 42,
         name: "Ada".into(),
     };
-    assert_eq!(
-        one.clone().oneshot(42).await.unwrap(),
-        ada,
-        "{}",
-        shared.name
-    );
-    assert_eq!(one.oneshot(42).await.unwrap(), ada, "{}: L1", shared.name);
-    assert_eq!(other.oneshot(42).await.unwrap(), ada, "{}: L2", shared.name);
-    assert_eq!(calls.get(), 1, "{}", shared.name);
+    assert_eq!(one.clone().oneshot(42).await.unwrap(), ada);
+    assert_eq!(one.oneshot(42).await.unwrap(), ada, "L1");
+    assert_eq!(other.oneshot(42).await.unwrap(), ada, "L2");
+    assert_eq!(calls.get(), 1);
 }
 
 /// Stale windows given by the freshness, as the engine applies them (RFC 5861): past its TTL

@@ -139,9 +139,9 @@ async fn a_typed_stampede_is_one_load(shared: Shared) {
         })
         .collect();
     for caller in callers {
-        assert_eq!(*caller.await.unwrap().unwrap(), ada(), "{}", shared.name);
+        assert_eq!(*caller.await.unwrap().unwrap(), ada());
     }
-    assert_eq!(loads.get(), 1, "{}", shared.name);
+    assert_eq!(loads.get(), 1);
 }
 
 store_test!(a_struct_changed_between_two_instances_reloads_and_the_newer_write_wins);

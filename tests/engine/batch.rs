@@ -126,40 +126,26 @@ async fn a_batch_of_100_with_10_cold_costs_one_lookup_and_one_load_of_those_10(s
         .build();
     let calls = Calls::default();
     let found = cache.get_many_or_load(all.clone(), recording(&calls)).await;
-    assert_eq!(
-        observed.lookups(),
-        1,
-        "{}: one lookup round trip",
-        shared.name
-    );
+    assert_eq!(observed.lookups(), 1, "one lookup round trip");
     let calls = calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 1, "{}: one loader call", shared.name);
+    assert_eq!(calls.len(), 1, "one loader call");
     let mut loaded = calls[0].clone();
     loaded.sort();
     let mut cold = all[90..].to_vec();
     cold.sort();
-    assert_eq!(loaded, cold, "{}: exactly the cold keys", shared.name);
-    assert_eq!(found.len(), 100, "{}", shared.name);
+    assert_eq!(loaded, cold, "exactly the cold keys");
+    assert_eq!(found.len(), 100);
     each_its_value(shared.name, &found, &all);
-    assert_eq!(
-        observed.fills(),
-        10,
-        "{}: a fenced fill per key",
-        shared.name
-    );
+    assert_eq!(observed.fills(), 10, "a fenced fill per key");
     // Now all in L1 (but an entry that shares its bucket of notifications with a key
     // filled since, which L1 no longer trusts): no load, at most the one lookup.
     let (lookups, second) = (observed.lookups(), Calls::default());
     let again = cache
         .get_many_or_load(all.clone(), recording(&second))
         .await;
-    assert!(again.values().all(Result::is_ok), "{}", shared.name);
-    assert!(
-        second.lock().unwrap().is_empty(),
-        "{}: no load",
-        shared.name
-    );
-    assert!(observed.lookups() <= lookups + 1, "{}", shared.name);
+    assert!(again.values().all(Result::is_ok));
+    assert!(second.lock().unwrap().is_empty(), "no load");
+    assert!(observed.lookups() <= lookups + 1);
     // On Redis, the one lookup is one pipeline: a process that has none of the 100 in its
     // L1 costs the server the reads of one write of 300 commands (about 30 KB, which it
     // reads 16 KB at a time), where a lookup per key would cost 100. The server counts
@@ -247,7 +233,7 @@ async fn overlapping_batches_over_four_instances_load_each_cold_key_once(shared:
     for batch in batches {
         let found = tokio::time::timeout(Duration::from_secs(30), batch)
             .await
-            .unwrap_or_else(|_| panic!("{}: a batch hangs", shared.name))
+            .unwrap_or_else(|_| panic!("a batch hangs"))
             .unwrap();
         each_its_value(shared.name, &found, &all);
     }
@@ -256,15 +242,10 @@ async fn overlapping_batches_over_four_instances_load_each_cold_key_once(shared:
     loaded.sort();
     let mut cold = all[..30].to_vec();
     cold.sort();
-    assert_eq!(
-        loaded, cold,
-        "{}: the cold keys alone were loaded",
-        shared.name
-    );
+    assert_eq!(loaded, cold, "the cold keys alone were loaded");
     assert!(
         loads.values().all(|n| *n == 1),
-        "{}: each cold key loaded once: {loads:?}",
-        shared.name
+        "each cold key loaded once: {loads:?}"
     );
 }
 
@@ -283,20 +264,10 @@ async fn a_key_the_loader_omits_is_an_error_for_it_alone(shared: Shared) {
             )
         })
         .await;
-    assert_eq!(
-        found["a"].as_ref().unwrap(),
-        &value_of("a"),
-        "{}",
-        shared.name
-    );
-    assert_eq!(
-        found["b"].as_ref().unwrap(),
-        &value_of("b"),
-        "{}",
-        shared.name
-    );
+    assert_eq!(found["a"].as_ref().unwrap(), &value_of("a"));
+    assert_eq!(found["b"].as_ref().unwrap(), &value_of("b"));
     let error = found["gone"].as_ref().unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+    assert_eq!(error.kind(), ErrorKind::Load);
     let loads = Counter::default();
     let other = shared.cache().wait_timeout(Duration::from_secs(30)).build();
     let got = tokio::time::timeout(
@@ -304,14 +275,9 @@ async fn a_key_the_loader_omits_is_an_error_for_it_alone(shared: Shared) {
         other.get_or_load("gone", slow_value(&loads, Duration::ZERO, "found")),
     )
     .await
-    .unwrap_or_else(|_| panic!("{}: the lock was not released", shared.name))
+    .unwrap_or_else(|_| panic!("the lock was not released"))
     .unwrap();
-    assert_eq!(
-        (got.as_ref(), loads.get()),
-        (&b"found"[..], 1),
-        "{}",
-        shared.name
-    );
+    assert_eq!((got.as_ref(), loads.get()), (&b"found"[..], 1));
 }
 
 store_test!(a_failed_or_panicking_batch_load_fails_each_key_and_frees_its_locks);
@@ -329,12 +295,7 @@ async fn a_failed_or_panicking_batch_load_fails_each_key_and_frees_its_locks(sha
         })
         .await;
     for key in ["f1", "f2"] {
-        assert_eq!(
-            failed[key].as_ref().unwrap_err().kind(),
-            ErrorKind::Load,
-            "{}",
-            shared.name
-        );
+        assert_eq!(failed[key].as_ref().unwrap_err().kind(), ErrorKind::Load);
     }
     let panicked = cache
         .get_many_or_load(["p1"], |_: Vec<&'static str>| async {
@@ -346,9 +307,7 @@ async fn a_failed_or_panicking_batch_load_fails_each_key_and_frees_its_locks(sha
         .await;
     assert_eq!(
         panicked["p1"].as_ref().unwrap_err().kind(),
-        ErrorKind::LoadPanicked,
-        "{}",
-        shared.name
+        ErrorKind::LoadPanicked
     );
     let loads = Counter::default();
     let other = shared.cache().build();
@@ -358,10 +317,10 @@ async fn a_failed_or_panicking_batch_load_fails_each_key_and_frees_its_locks(sha
             other.get_or_load(key, slow_value(&loads, Duration::ZERO, "later")),
         )
         .await
-        .unwrap_or_else(|_| panic!("{}: the lock of {key} was not freed", shared.name));
-        assert_eq!(got.unwrap(), "later", "{}", shared.name);
+        .unwrap_or_else(|_| panic!("the lock of {key} was not freed"));
+        assert_eq!(got.unwrap(), "later");
     }
-    assert_eq!(loads.get(), 3, "{}", shared.name);
+    assert_eq!(loads.get(), 3);
 }
 
 store_test!(an_invalidation_during_a_batch_load_is_not_overtaken);
@@ -378,36 +337,25 @@ async fn an_invalidation_during_a_batch_load_is_not_overtaken(shared: Shared) {
     assert_eq!(
         found["x"].as_ref().unwrap(),
         &value_of("x"),
-        "{}: its caller's answer",
-        shared.name
+        "its caller's answer"
     );
     assert_eq!(
         shared.store.get(&cache.store_key("x")).await.unwrap(),
         None,
-        "{}: the fill after the invalidation was refused",
-        shared.name
+        "the fill after the invalidation was refused"
     );
-    assert!(
-        shared
-            .store
-            .get(&cache.store_key("y"))
-            .await
-            .unwrap()
-            .is_some(),
-        "{}",
-        shared.name
-    );
+    assert!(shared
+        .store
+        .get(&cache.store_key("y"))
+        .await
+        .unwrap()
+        .is_some());
     let loads = Counter::default();
     let after = other
         .get_or_load("x", slow_value(&loads, Duration::ZERO, "after"))
         .await
         .unwrap();
-    assert_eq!(
-        (after.as_ref(), loads.get()),
-        (&b"after"[..], 1),
-        "{}",
-        shared.name
-    );
+    assert_eq!((after.as_ref(), loads.get()), (&b"after"[..], 1));
 }
 
 #[cfg(feature = "serde")]
@@ -453,10 +401,10 @@ async fn a_typed_batch_loads_the_missing_keys_once_and_decodes_every_value(share
         .await;
     let mut asked = asked.lock().unwrap().clone();
     asked.sort_unstable();
-    assert_eq!(asked, vec![vec!["p2"], vec!["p3"]], "{}", shared.name);
-    assert_eq!(found["p1"].as_ref().unwrap().cents, 100, "{}", shared.name);
-    assert_eq!(found["p2"].as_ref().unwrap().cents, 7, "{}", shared.name);
-    assert_eq!(found["p3"].as_ref().unwrap().cents, 7, "{}", shared.name);
+    assert_eq!(asked, vec![vec!["p2"], vec!["p3"]]);
+    assert_eq!(found["p1"].as_ref().unwrap().cents, 100);
+    assert_eq!(found["p2"].as_ref().unwrap().cents, 7);
+    assert_eq!(found["p3"].as_ref().unwrap().cents, 7);
 }
 
 store_test!(a_batch_dropped_mid_load_still_fills_its_keys);
@@ -476,13 +424,8 @@ async fn a_batch_dropped_mid_load_still_fills_its_keys(shared: Shared) {
         }),
     )
     .await
-    .unwrap_or_else(|_| panic!("{}: a lock was left behind", shared.name));
+    .unwrap_or_else(|_| panic!("a lock was left behind"));
     for key in ["d1", "d2"] {
-        assert_eq!(
-            found[key].as_ref().unwrap(),
-            &value_of(key),
-            "{}",
-            shared.name
-        );
+        assert_eq!(found[key].as_ref().unwrap(), &value_of(key));
     }
 }

@@ -99,7 +99,7 @@ async fn a_timed_out_lookup_does_not_leave_its_lock_behind(stores: Vec<Shared>) 
             })
             .await
             .unwrap();
-        assert_eq!(fetched.outcome(), Outcome::Degraded, "{}", shared.name);
+        assert_eq!(fetched.outcome(), Outcome::Degraded);
         // Another process is not held up by the lock the timed-out lookup took.
         let healthy = deaf_to_polls(shared.other_process().await)
             .lock_ttl(Duration::from_secs(60))
@@ -111,9 +111,9 @@ async fn a_timed_out_lookup_does_not_leave_its_lock_behind(stores: Vec<Shared>) 
             }),
         )
         .await
-        .unwrap_or_else(|_| panic!("{}: the lock was left behind", shared.name))
+        .unwrap_or_else(|_| panic!("the lock was left behind"))
         .unwrap();
-        assert_eq!(led.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(led.outcome(), Outcome::Leader);
     }
 }
 

@@ -30,16 +30,16 @@ async fn a_failed_load_is_shared_and_releases_the_lock(stores: Vec<Shared>) {
         }
         for caller in callers {
             let error = caller.await.unwrap().unwrap_err();
-            assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+            assert_eq!(error.kind(), ErrorKind::Load);
             // `Display` says what failed; the cause, the loader's own error, is `source`.
             assert_eq!(error.to_string(), "the load failed");
             let cause = error.get_ref().expect("the loader's error");
             assert!(cause.downcast_ref::<std::io::Error>().is_some());
             let source = std::error::Error::source(&error).expect("the loader's error");
-            assert_eq!(source.to_string(), "backend down", "{}", shared.name);
+            assert_eq!(source.to_string(), "backend down");
             assert!(source.downcast_ref::<std::io::Error>().is_some());
         }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
         // The lock became a failure marker: nobody reloads until it expires (1 s by default).
         let lookup = shared
             .store
@@ -51,7 +51,7 @@ async fn a_failed_load_is_shared_and_releases_the_lock(stores: Vec<Shared>) {
             )
             .await
             .unwrap();
-        assert_eq!(lookup.lock, LockState::Failed, "{}", shared.name);
+        assert_eq!(lookup.lock, LockState::Failed);
         // Without failure markers, the lock goes with the failure: the next call leads at once.
         let forgetful = shared.cache().failure_ttl(Duration::ZERO).build();
         let error = forgetful
@@ -71,7 +71,7 @@ async fn a_failed_load_is_shared_and_releases_the_lock(stores: Vec<Shared>) {
             )
             .await
             .unwrap();
-        assert_eq!(lookup.lock, LockState::Acquired, "{}", shared.name);
+        assert_eq!(lookup.lock, LockState::Acquired);
     }
 }
 
@@ -122,12 +122,7 @@ async fn a_failing_backend_is_called_once_per_failure_window(stores: Vec<Shared>
             let error = caller.await.unwrap().unwrap_err();
             *kinds.entry(error.kind()).or_insert(0) += 1;
         }
-        assert_eq!(
-            calls.get(),
-            1,
-            "{}: one backend call, kinds {kinds:?}",
-            shared.name
-        );
+        assert_eq!(calls.get(), 1, "one backend call, kinds {kinds:?}");
         assert_eq!(kinds.values().sum::<usize>(), 1000);
         assert!(kinds
             .keys()
@@ -137,7 +132,7 @@ async fn a_failing_backend_is_called_once_per_failure_window(stores: Vec<Shared>
             .get_or_load("down", failing(&calls))
             .await
             .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::RecentFailure, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::RecentFailure);
         assert_eq!(calls.get(), 1);
         // After it: one call retries.
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -145,8 +140,8 @@ async fn a_failing_backend_is_called_once_per_failure_window(stores: Vec<Shared>
             .get_or_load("down", failing(&calls))
             .await
             .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
-        assert_eq!(calls.get(), 2, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::Load);
+        assert_eq!(calls.get(), 2);
     }
 }
 
@@ -162,19 +157,14 @@ async fn a_panicking_loader_is_an_error_and_releases_the_lock(shared: Shared) {
         })
         .await
         .unwrap_err();
-    assert_eq!(error.kind(), ErrorKind::LoadPanicked, "{}", shared.name);
-    assert_eq!(
-        error.to_string(),
-        "the load panicked: loader bug",
-        "{}",
-        shared.name
-    );
+    assert_eq!(error.kind(), ErrorKind::LoadPanicked);
+    assert_eq!(error.to_string(), "the load panicked: loader bug");
     let loads = Counter::default();
     let value = cache
         .get_or_load("panics", slow_value(&loads, Duration::ZERO, "ok"))
         .await
         .unwrap();
-    assert_eq!(value, "ok", "{}", shared.name);
+    assert_eq!(value, "ok");
 }
 
 timed_test!(a_load_over_the_load_timeout_is_abandoned_and_unlocked);
@@ -193,23 +183,17 @@ async fn a_load_over_the_load_timeout_is_abandoned_and_unlocked(stores: Vec<Shar
             )
             .await
             .unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::LoadTimeout, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::LoadTimeout);
         assert_eq!(
             error.to_string(),
-            "the load timed out: abandoned after 100ms",
-            "{}",
-            shared.name
+            "the load timed out: abandoned after 100ms"
         );
-        assert!(
-            std::error::Error::source(&error).is_none(),
-            "{}",
-            shared.name
-        );
+        assert!(std::error::Error::source(&error).is_none());
         let value = cache
             .get_or_load("hangs", slow_value(&loads, Duration::ZERO, "next"))
             .await
             .unwrap();
-        assert_eq!(value, "next", "{}: the lock was released", shared.name);
+        assert_eq!(value, "next", "the lock was released");
         assert_eq!(loads.get(), 2);
     }
 }
@@ -239,15 +223,11 @@ async fn a_report_shows_the_loaders_error_once_and_finds_its_type(shared: Shared
         .unwrap_err();
     let report = anyhow::Error::from(error);
     let shown = format!("{report:#}");
-    assert_eq!(
-        shown, "the load failed: row 42 is locked",
-        "{}",
-        shared.name
-    );
+    assert_eq!(shown, "the load failed: row 42 is locked");
     assert_eq!(shown.matches("row 42 is locked").count(), 1, "{shown}");
     let row = report
         .chain()
         .find_map(|cause| cause.downcast_ref::<RowLocked>())
         .map(|locked| locked.row);
-    assert_eq!(row, Some(42), "{}", shared.name);
+    assert_eq!(row, Some(42));
 }

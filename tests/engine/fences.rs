@@ -26,22 +26,14 @@ async fn locks_are_released_and_extended_only_by_their_owner(shared: Shared) {
         .lookup(&key, owner, ttl, LockWhen::LifeAtMost(Duration::ZERO))
         .await
         .unwrap();
-    assert_eq!(first.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(first.lock, LockState::Acquired);
     let second = store
         .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
         .await
         .unwrap();
-    assert_eq!(second.lock, LockState::HeldElsewhere, "{}", shared.name);
-    assert!(
-        !store.release(&key, intruder).await.unwrap(),
-        "{}",
-        shared.name
-    );
-    assert!(
-        !store.extend(&[(key.clone(), intruder)], ttl).await.unwrap()[0],
-        "{}",
-        shared.name
-    );
+    assert_eq!(second.lock, LockState::HeldElsewhere);
+    assert!(!store.release(&key, intruder).await.unwrap());
+    assert!(!store.extend(&[(key.clone(), intruder)], ttl).await.unwrap()[0]);
     assert!(!store
         .fill(&key, intruder, Bytes::from_static(b"x"), ttl)
         .await
@@ -49,36 +41,22 @@ async fn locks_are_released_and_extended_only_by_their_owner(shared: Shared) {
     assert_eq!(
         store.get(&key).await.unwrap(),
         None,
-        "{}: intruder's fill refused",
-        shared.name
+        "intruder's fill refused"
     );
     // Still the owner's lock.
     let third = store
         .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
         .await
         .unwrap();
-    assert_eq!(third.lock, LockState::HeldElsewhere, "{}", shared.name);
-    assert!(
-        store.extend(&[(key.clone(), owner)], ttl).await.unwrap()[0],
-        "{}",
-        shared.name
-    );
-    assert!(store.release(&key, owner).await.unwrap(), "{}", shared.name);
-    assert!(
-        !store.release(&key, owner).await.unwrap(),
-        "{}: already gone",
-        shared.name
-    );
+    assert_eq!(third.lock, LockState::HeldElsewhere);
+    assert!(store.extend(&[(key.clone(), owner)], ttl).await.unwrap()[0]);
+    assert!(store.release(&key, owner).await.unwrap());
+    assert!(!store.release(&key, owner).await.unwrap(), "already gone");
     let fourth = store
         .lookup(&key, intruder, ttl, LockWhen::LifeAtMost(Duration::ZERO))
         .await
         .unwrap();
-    assert_eq!(
-        fourth.lock,
-        LockState::Acquired,
-        "{}: free again",
-        shared.name
-    );
+    assert_eq!(fourth.lock, LockState::Acquired, "free again");
 }
 
 timed_test!(a_late_fill_cannot_overwrite_a_newer_value);
@@ -107,25 +85,19 @@ async fn a_late_fill_cannot_overwrite_a_newer_value(stores: Vec<Shared>) {
                 .await
                 .unwrap()
                 .lock,
-            LockState::Acquired,
-            "{}",
-            shared.name
+            LockState::Acquired
         );
         assert!(store
             .fill(&key, newer, Bytes::from_static(b"newer"), ttl)
             .await
             .unwrap());
         // The late leader's fill is refused and the newer value stays.
-        assert!(
-            !store
-                .fill(&key, late, Bytes::from_static(b"stale"), ttl)
-                .await
-                .unwrap(),
-            "{}",
-            shared.name
-        );
+        assert!(!store
+            .fill(&key, late, Bytes::from_static(b"stale"), ttl)
+            .await
+            .unwrap());
         let stored = store.get(&key).await.unwrap().unwrap();
-        assert_eq!(stored.bytes, "newer", "{}", shared.name);
+        assert_eq!(stored.bytes, "newer");
         assert!(stored.ttl.unwrap() > Duration::from_secs(50));
     }
 }
@@ -177,7 +149,7 @@ store_test!(a_follower_that_gave_up_never_overwrites_a_newer_value);
 async fn a_follower_that_gave_up_never_overwrites_a_newer_value(shared: Shared) {
     use tower_stampede::WaitTimeoutPolicy;
     for writer in [LaterWriter::Leader, LaterWriter::Set] {
-        let case = format!("{} {writer:?}", shared.name);
+        let case = format!("{writer:?}");
         let key = format!("k-{writer:?}");
         // A leads, and its load hangs: its lock stands (the watchdog renews it).
         let a = shared.cache().build();
@@ -381,7 +353,7 @@ async fn a_failed_fill_keeps_no_value_outdated_during_its_load(shared: Shared) {
     purger.invalidate_tag("t").await.unwrap();
     go.send(()).unwrap();
     let first = leader.await.unwrap().unwrap();
-    assert_eq!(first.value().unwrap(), "outdated", "{}", shared.name);
+    assert_eq!(first.value().unwrap(), "outdated");
     let loads_again = loads.clone();
     let second = cache
         .fetch("tagged", move || async move {
@@ -390,12 +362,7 @@ async fn a_failed_fill_keeps_no_value_outdated_during_its_load(shared: Shared) {
         })
         .await
         .unwrap();
-    assert_ne!(
-        second.outcome(),
-        Outcome::L1Hit,
-        "{}: kept in L1",
-        shared.name
-    );
-    assert_eq!(second.value().unwrap(), "current", "{}", shared.name);
-    assert_eq!(loads.get(), 2, "{}", shared.name);
+    assert_ne!(second.outcome(), Outcome::L1Hit, "kept in L1");
+    assert_eq!(second.value().unwrap(), "current");
+    assert_eq!(loads.get(), 2);
 }

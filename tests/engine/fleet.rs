@@ -97,13 +97,13 @@ async fn followers_do_not_poll_while_notifications_are_received(stores: Vec<Shar
         gate.notify_one();
         for caller in callers {
             let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(fetched.value().unwrap(), "loaded once", "{}", shared.name);
-            assert_eq!(fetched.outcome(), Outcome::Follower, "{}", shared.name);
+            assert_eq!(fetched.value().unwrap(), "loaded once");
+            assert_eq!(fetched.outcome(), Outcome::Follower);
         }
         assert_eq!(leading.await.unwrap().unwrap(), "loaded once");
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
         let lookups: Vec<_> = processes.iter().map(|(o, _)| o.lookups()).collect();
-        assert_eq!(lookups, [2; 4], "{}: lookups per process", shared.name);
+        assert_eq!(lookups, [2; 4], "lookups per process");
     }
 }
 
@@ -346,20 +346,14 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
             .store_timeout(support::PATIENT)
             .build();
         for fetched in reads_all(&reader).await {
-            assert_eq!(
-                fetched.unwrap().outcome(),
-                Outcome::L2Hit,
-                "{}",
-                shared.name
-            );
+            assert_eq!(fetched.unwrap().outcome(), Outcome::L2Hit);
         }
         // The first read of the generation may have been sent before some of the values were
         // read: those wait for a second.
         let others = observed.calls() - observed.lookups();
         assert!(
             (1..=2).contains(&others),
-            "{}: a new reader read it {others} times",
-            shared.name
+            "a new reader read it {others} times"
         );
 
         let observed = listening(&shared).await;
@@ -373,16 +367,11 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
             })
             .await
             .unwrap();
-        assert_eq!(observed.calls(), 4, "{}: a load", shared.name);
+        assert_eq!(observed.calls(), 4, "a load");
         for fetched in reads_all(&loader).await {
-            assert_eq!(
-                fetched.unwrap().outcome(),
-                Outcome::L2Hit,
-                "{}",
-                shared.name
-            );
+            assert_eq!(fetched.unwrap().outcome(), Outcome::L2Hit);
         }
-        assert_eq!(observed.calls(), 4 + 100, "{}: a loader", shared.name);
+        assert_eq!(observed.calls(), 4 + 100, "a loader");
 
         // Loads that start together read the tag clock (and with it the generation) once.
         let observed = listening(&shared).await;
@@ -399,20 +388,14 @@ async fn a_process_reads_the_namespace_generation_once(stores: Vec<Shared>) {
             });
         }
         for loaded in loads.join_all().await {
-            assert_eq!(loaded.unwrap(), "new", "{}", shared.name);
+            assert_eq!(loaded.unwrap(), "new");
         }
-        assert_eq!(
-            (observed.lookups(), observed.fills()),
-            (100, 100),
-            "{}",
-            shared.name
-        );
+        assert_eq!((observed.lookups(), observed.fills()), (100, 100));
         // The clock once, and the generation (to check the values) once or twice.
         let others = observed.calls() - observed.lookups() - observed.fills();
         assert!(
             (2..=3).contains(&others),
-            "{}: loads read the tag state {others} times",
-            shared.name
+            "loads read the tag state {others} times"
         );
     }
 }
@@ -468,9 +451,9 @@ async fn a_leader_keeps_its_lock_until_its_fill_lands(stores: Vec<Shared>) {
             .poll_while_notified(Duration::from_millis(50))
             .build();
         let fetched = other.fetch("slow fill", never_called).await.unwrap();
-        assert_eq!(fetched.value().unwrap(), "v", "{}", shared.name);
-        assert_eq!(leading.await.unwrap().unwrap(), "v", "{}", shared.name);
-        assert_eq!(loads.get(), 1, "{}", shared.name);
-        assert_eq!(slow.fills(), 1, "{}", shared.name);
+        assert_eq!(fetched.value().unwrap(), "v");
+        assert_eq!(leading.await.unwrap().unwrap(), "v");
+        assert_eq!(loads.get(), 1);
+        assert_eq!(slow.fills(), 1);
     }
 }

@@ -27,16 +27,11 @@ async fn thousand_callers_over_four_instances_cost_one_load(shared: Shared) {
         ));
     }
     for caller in callers {
-        assert_eq!(
-            caller.await.unwrap().unwrap(),
-            "the value",
-            "{}",
-            shared.name
-        );
+        assert_eq!(caller.await.unwrap().unwrap(), "the value");
     }
-    assert_eq!(loads.get(), 1, "{}: backend loads", shared.name);
+    assert_eq!(loads.get(), 1, "backend loads");
     let loads_per_instance: u64 = instances.iter().map(|c| c.stats().loads).sum();
-    assert_eq!(loads_per_instance, 1, "{}", shared.name);
+    assert_eq!(loads_per_instance, 1);
 }
 
 store_test!(a_dropped_leader_still_fills_the_cache);
@@ -61,16 +56,11 @@ async fn a_dropped_leader_still_fills_the_cache(shared: Shared) {
         }));
     }
     for follower in followers {
-        assert_eq!(
-            follower.await.unwrap().unwrap(),
-            "filled anyway",
-            "{}",
-            shared.name
-        );
+        assert_eq!(follower.await.unwrap().unwrap(), "filled anyway");
     }
-    assert_eq!(loads.get(), 1, "{}", shared.name);
+    assert_eq!(loads.get(), 1);
     let stored = shared.store.get(&other.store_key("dropped")).await.unwrap();
-    assert!(stored.is_some(), "{}: the value was stored", shared.name);
+    assert!(stored.is_some(), "the value was stored");
 }
 
 timed_test!(a_follower_takes_over_from_a_leader_that_died_holding_the_lock);
@@ -101,14 +91,9 @@ async fn a_follower_takes_over_from_a_leader_that_died_holding_the_lock(stores: 
             }));
         }
         for follower in followers {
-            assert_eq!(
-                follower.await.unwrap().unwrap(),
-                "recovered",
-                "{}",
-                shared.name
-            );
+            assert_eq!(follower.await.unwrap().unwrap(), "recovered");
         }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
         // The dead leader's token no longer opens anything.
         assert!(!shared.store.release(&key, dead).await.unwrap());
     }
@@ -130,9 +115,9 @@ async fn a_six_second_load_under_default_settings_is_one_load(stores: Vec<Shared
             }));
         }
         for caller in callers {
-            assert_eq!(caller.await.unwrap().unwrap(), "finally", "{}", shared.name);
+            assert_eq!(caller.await.unwrap().unwrap(), "finally");
         }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
     }
 }
 
@@ -185,9 +170,9 @@ async fn concurrent_misses_in_one_process_cost_one_store_lookup(shared: Shared) 
         }));
     }
     for caller in callers {
-        assert_eq!(caller.await.unwrap().unwrap(), "once", "{}", shared.name);
+        assert_eq!(caller.await.unwrap().unwrap(), "once");
     }
-    assert_eq!(counting.lookups(), 1, "{}", shared.name);
+    assert_eq!(counting.lookups(), 1);
     assert_eq!(loads.get(), 1);
 }
 
@@ -209,14 +194,14 @@ async fn followers_are_woken_by_the_fill_not_by_their_polls(stores: Vec<Shared>)
             // A failure guard only: a poll would come after 30 s at the earliest.
             let fetched = tokio::time::timeout(Duration::from_secs(20), waiting)
                 .await
-                .unwrap_or_else(|_| panic!("{}: follower not woken by the fill", shared.name))
+                .unwrap_or_else(|_| panic!("follower not woken by the fill"))
                 .unwrap()
                 .unwrap();
-            assert_eq!(fetched.value().unwrap(), "filled", "{}", shared.name);
-            assert_eq!(fetched.outcome(), Outcome::Follower, "{}", shared.name);
+            assert_eq!(fetched.value().unwrap(), "filled");
+            assert_eq!(fetched.outcome(), Outcome::Follower);
         }
         assert_eq!(leading.await.unwrap().unwrap(), "filled");
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
     }
 }
 
@@ -246,10 +231,10 @@ async fn a_failed_leader_wakes_its_followers_to_take_over(stores: Vec<Shared>) {
         assert!(failing.await.unwrap().is_err());
         let value = tokio::time::timeout(Duration::from_secs(20), taking_over)
             .await
-            .unwrap_or_else(|_| panic!("{}: follower not woken by the release", shared.name))
+            .unwrap_or_else(|_| panic!("follower not woken by the release"))
             .unwrap()
             .unwrap();
-        assert_eq!(value, "second try", "{}", shared.name);
+        assert_eq!(value, "second try");
         assert_eq!(loads.get(), 1);
     }
 }
@@ -292,10 +277,10 @@ async fn a_pass_tells_followers_not_to_wait(shared: Shared) {
         .fetch("huge", || async { Ok::<_, std::io::Error>(Loaded::pass()) })
         .await
         .unwrap();
-    assert_eq!(fetched.outcome(), Outcome::Pass, "{}", shared.name);
+    assert_eq!(fetched.outcome(), Outcome::Pass);
     assert!(fetched.value().is_none());
     let follower = b.fetch("huge", never_called).await.unwrap();
-    assert_eq!(follower.outcome(), Outcome::Pass, "{}", shared.name);
+    assert_eq!(follower.outcome(), Outcome::Pass);
     let error = b
         .get_or_load("huge", || async { Ok::<_, std::io::Error>(Bytes::new()) })
         .await
@@ -330,15 +315,10 @@ async fn wait_timeout_policies(stores: Vec<Shared>) {
         let mut outcomes = Vec::new();
         for caller in callers {
             let fetched = caller.await.unwrap().unwrap();
-            assert_eq!(fetched.value().unwrap(), "direct", "{}", shared.name);
+            assert_eq!(fetched.value().unwrap(), "direct");
             outcomes.push(fetched.outcome());
         }
-        assert_eq!(
-            loads.get(),
-            1,
-            "{}: one uncached load per process",
-            shared.name
-        );
+        assert_eq!(loads.get(), 1, "one uncached load per process");
         assert_eq!(
             outcomes.iter().filter(|o| **o == Outcome::Uncached).count(),
             1
@@ -346,8 +326,7 @@ async fn wait_timeout_policies(stores: Vec<Shared>) {
         assert_eq!(
             shared.store.get(&uncached.store_key("busy")).await.unwrap(),
             None,
-            "{}: not stored",
-            shared.name
+            "not stored"
         );
 
         let strict = shared
@@ -356,7 +335,7 @@ async fn wait_timeout_policies(stores: Vec<Shared>) {
             .on_wait_timeout(WaitTimeoutPolicy::Error)
             .build();
         let error = strict.fetch("busy", never_called).await.unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::WaitTimeout, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::WaitTimeout);
 
         // Load and cache: one load per process, stored for everyone despite the held lock.
         let caching = || {
@@ -381,10 +360,10 @@ async fn wait_timeout_policies(stores: Vec<Shared>) {
         for caller in callers {
             assert_eq!(caller.await.unwrap().unwrap(), "cached anyway");
         }
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
         let hit = second.fetch("busy", never_called).await.unwrap();
-        assert_eq!(hit.value().unwrap(), "cached anyway", "{}", shared.name);
-        assert_eq!(hit.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert_eq!(hit.value().unwrap(), "cached anyway");
+        assert_eq!(hit.outcome(), Outcome::L2Hit);
     }
 }
 

@@ -52,31 +52,24 @@ async fn a_result_for_waiters_goes_to_them_and_is_not_reused(shared: Shared) {
     for call in calls {
         let fetched = call.await.unwrap().unwrap();
         let value = fetched.value().unwrap().clone();
-        assert!(value.starts_with(b"error "), "{}: {value:?}", shared.name);
+        assert!(value.starts_with(b"error "), "{value:?}");
         if value == "error 1" {
             first += 1;
             assert!(
                 matches!(fetched.outcome(), Outcome::Leader | Outcome::Follower),
-                "{}: {:?}",
-                shared.name,
+                "{:?}",
                 fetched.outcome()
             );
         }
     }
-    assert!(
-        first > 10,
-        "{}: {first} calls waited for the first load",
-        shared.name
-    );
+    assert!(first > 10, "{first} calls waited for the first load");
     for cache in [&a, &b] {
         let before = loads.get();
         let fetched = cache.fetch("k", loader()).await.unwrap();
-        assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(fetched.outcome(), Outcome::Leader);
         assert_eq!(
             fetched.value().unwrap(),
-            &Bytes::from(format!("error {}", before + 1)),
-            "{}",
-            shared.name
+            &Bytes::from(format!("error {}", before + 1))
         );
     }
 }
@@ -111,7 +104,7 @@ async fn answer_then_call(shared: &Shared, writer: &Cache, key: &'static str, la
         })
         .await
         .unwrap();
-    assert_eq!(answered.outcome(), Outcome::Leader, "{}", shared.name);
+    assert_eq!(answered.outcome(), Outcome::Leader);
     let store_key = writer.store_key(key);
     let holder = LockToken::random();
     let taken = shared
@@ -119,7 +112,7 @@ async fn answer_then_call(shared: &Shared, writer: &Cache, key: &'static str, la
         .lookup(&store_key, holder, Duration::from_secs(5), LockWhen::Always)
         .await
         .unwrap();
-    assert_eq!(taken.lock, LockState::Acquired, "{}", shared.name);
+    assert_eq!(taken.lock, LockState::Acquired);
     let call = Cache::builder_shared(Observed::new(&shared.store, late))
         .namespace("test")
         .store_timeout(support::PATIENT)
@@ -145,7 +138,6 @@ async fn answer_then_call(shared: &Shared, writer: &Cache, key: &'static str, la
             loads.get()
         ),
         (&b"new"[..], Outcome::Leader, 1),
-        "{}: {key}",
-        shared.name
+        "{key}"
     );
 }

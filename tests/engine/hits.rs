@@ -28,11 +28,11 @@ async fn hits_come_from_l1_then_from_the_store(shared: Shared) {
         })
         .await
         .unwrap();
-    assert_eq!(first.outcome(), Outcome::Leader, "{}", shared.name);
+    assert_eq!(first.outcome(), Outcome::Leader);
     let again = a.fetch("k", never_called).await.unwrap();
-    assert_eq!(again.outcome(), Outcome::L1Hit, "{}", shared.name);
+    assert_eq!(again.outcome(), Outcome::L1Hit);
     let other = b.fetch("k", never_called).await.unwrap();
-    assert_eq!(other.outcome(), Outcome::L2Hit, "{}", shared.name);
+    assert_eq!(other.outcome(), Outcome::L2Hit);
     assert_eq!(other.value().unwrap(), "v");
     assert_eq!(loads.get(), 1);
 }
@@ -56,11 +56,7 @@ async fn a_loader_sets_the_ttl_and_l1_never_outlives_it(shared: Shared) {
         .await
         .unwrap()
         .unwrap();
-    assert!(
-        stored.ttl.unwrap() <= Duration::from_millis(200),
-        "{}",
-        shared.name
-    );
+    assert!(stored.ttl.unwrap() <= Duration::from_millis(200));
     tokio::time::sleep(Duration::from_millis(400)).await;
     let loads = Counter::default();
     let fetched = a
@@ -73,8 +69,7 @@ async fn a_loader_sets_the_ttl_and_l1_never_outlives_it(shared: Shared) {
     assert_eq!(
         fetched.outcome(),
         Outcome::Leader,
-        "{}: expired in L1 and the store",
-        shared.name
+        "expired in L1 and the store"
     );
     assert_eq!(fetched.value().unwrap(), "v2");
 }

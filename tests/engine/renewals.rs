@@ -39,22 +39,12 @@ async fn a_leader_whose_lookup_answered_late_keeps_its_lock(stores: Vec<Shared>)
             load().await.map(tower_stampede::Loaded::value)
         });
         let fetched = fetched.await.unwrap();
-        assert_eq!(
-            leading.await.unwrap().unwrap(),
-            "leader's",
-            "{}",
-            shared.name
-        );
-        assert_eq!(loads.get(), 1, "{}: loads", shared.name);
-        assert_eq!(fetched.value().unwrap(), "leader's", "{}", shared.name);
-        assert_eq!(fetched.outcome(), Outcome::Follower, "{}", shared.name);
+        assert_eq!(leading.await.unwrap().unwrap(), "leader's");
+        assert_eq!(loads.get(), 1, "loads");
+        assert_eq!(fetched.value().unwrap(), "leader's");
+        assert_eq!(fetched.outcome(), Outcome::Follower);
         let stored = shared.cache().build().get("late").await.unwrap();
-        assert_eq!(
-            stored,
-            Some(Bytes::from_static(b"leader's")),
-            "{}",
-            shared.name
-        );
+        assert_eq!(stored, Some(Bytes::from_static(b"leader's")));
     }
 }
 
@@ -81,7 +71,7 @@ async fn a_lapsed_lock_is_still_its_holders_until_someone_takes_it(stores: Vec<S
                     .map(|done| done[0]),
                 _ => store.release(&key, token).await,
             };
-            assert!(done.unwrap(), "{}: {call} of a lapsed lock", shared.name);
+            assert!(done.unwrap(), "{call} of a lapsed lock");
             // Filled, the value is there; renewed, the lock holds again; released, it is
             // free.
             let other = LockToken::random();
@@ -91,10 +81,10 @@ async fn a_lapsed_lock_is_still_its_holders_until_someone_takes_it(stores: Vec<S
                 "extend" => LockState::HeldElsewhere,
                 _ => LockState::Acquired,
             };
-            assert_eq!(after.lock, expected, "{}: after {call}", shared.name);
+            assert_eq!(after.lock, expected, "after {call}");
             if call == "fill" {
                 let filled = after.value.map(|v| v.bytes);
-                assert_eq!(filled, Some(Bytes::from_static(b"v")), "{}", shared.name);
+                assert_eq!(filled, Some(Bytes::from_static(b"v")));
             }
         }
     }
@@ -113,19 +103,14 @@ async fn a_lapsed_lock_is_anyones_to_take(stores: Vec<Shared>) {
         let taken = store.lookup(&key, late, lock_ttl, when).await.unwrap();
         assert_eq!(taken.lock, LockState::Acquired);
         let held = store.lookup(&key, next, lock_ttl, when).await.unwrap();
-        assert_eq!(
-            held.lock,
-            LockState::HeldElsewhere,
-            "{}: holds",
-            shared.name
-        );
+        assert_eq!(held.lock, LockState::HeldElsewhere, "holds");
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         let taken = store.lookup(&key, next, lock_ttl, when).await.unwrap();
-        assert_eq!(taken.lock, LockState::Acquired, "{}: lapsed", shared.name);
+        assert_eq!(taken.lock, LockState::Acquired, "lapsed");
         let refused = store
             .fill(&key, late, Bytes::from_static(b"late"), TTL)
             .await;
-        assert!(!refused.unwrap(), "{}: taken since", shared.name);
+        assert!(!refused.unwrap(), "taken since");
         assert!(
             !store
                 .extend(&[(key.clone(), late)], lock_ttl)
@@ -137,7 +122,7 @@ async fn a_lapsed_lock_is_anyones_to_take(stores: Vec<Shared>) {
             .await
             .unwrap());
         let stored = store.get(&key).await.unwrap().map(|v| v.bytes);
-        assert_eq!(stored, Some(Bytes::from_static(b"next")), "{}", shared.name);
+        assert_eq!(stored, Some(Bytes::from_static(b"next")));
     }
 }
 
@@ -166,10 +151,10 @@ async fn a_change_voids_a_lapsed_lock(stores: Vec<Shared>) {
             let refused = store
                 .fill(&key, token, Bytes::from_static(b"old"), TTL)
                 .await;
-            assert!(!refused.unwrap(), "{}: fill after {change}", shared.name);
+            assert!(!refused.unwrap(), "fill after {change}");
             let stored = store.get(&key).await.unwrap().map(|v| v.bytes);
             let expected = (change == "set").then(|| Bytes::from_static(b"set"));
-            assert_eq!(stored, expected, "{}: after {change}", shared.name);
+            assert_eq!(stored, expected, "after {change}");
         }
     }
 }
@@ -192,13 +177,13 @@ async fn a_leader_whose_renewals_do_not_land_still_fills_where_nobody_took_its_l
         let loads = Counter::default();
         let load = crate::slow_value(&loads, Duration::from_millis(1_500), "v");
         assert_eq!(leader.get_or_load("lapsing", load).await.unwrap(), "v");
-        assert!(stuck.extends() >= 1, "{}: renewals asked", shared.name);
+        assert!(stuck.extends() >= 1, "renewals asked");
         tokio::time::sleep(Duration::from_secs(1)).await;
         let other = shared.cache().build();
         let fetched = other.fetch("lapsing", crate::never_called).await.unwrap();
-        assert_eq!(fetched.value().unwrap(), "v", "{}", shared.name);
-        assert_eq!(fetched.outcome(), Outcome::L2Hit, "{}", shared.name);
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(fetched.value().unwrap(), "v");
+        assert_eq!(fetched.outcome(), Outcome::L2Hit);
+        assert_eq!(loads.get(), 1);
     }
 }
 
@@ -257,20 +242,15 @@ async fn a_batch_renews_all_its_locks_in_one_call(stores: Vec<Shared>) {
             .values()
             .all(|answer| answer.as_ref().is_ok_and(|v| v == "v")));
         while let Some(answer) = others.join_next().await {
-            assert_eq!(answer.unwrap().unwrap(), "v", "{}", shared.name);
+            assert_eq!(answer.unwrap().unwrap(), "v");
         }
         assert_eq!(
             (batch_loads.get(), other_loads.get()),
             (1, 0),
-            "{}: the batch's loads, the other process's",
-            shared.name
+            "the batch's loads, the other process's"
         );
         // About four rounds in 4 s, each one call, however many keys.
         let calls = slow.extends();
-        assert!(
-            (1..=15).contains(&calls),
-            "{}: {calls} renewal calls",
-            shared.name
-        );
+        assert!((1..=15).contains(&calls), "{calls} renewal calls");
     }
 }

@@ -85,15 +85,13 @@ async fn a_leader_answers_stale_after_its_soft_timeout_and_its_load_fills(stores
         let fetched = answered(shared.name, async { fetch.await.unwrap() }).await;
         assert_eq!(
             (fetched.value().unwrap().as_ref(), fetched.outcome()),
-            (&b"old"[..], Outcome::Stale),
-            "{}",
-            shared.name
+            (&b"old"[..], Outcome::Stale)
         );
-        assert_eq!(loads.get(), 1, "{}: the load runs on", shared.name);
+        assert_eq!(loads.get(), 1, "the load runs on");
         gate.notify_one();
         eventually_new(shared.name, &other, "soft-leader").await;
         eventually_new(shared.name, &cache, "soft-leader").await;
-        assert_eq!(loads.get(), 1, "{}: one load", shared.name);
+        assert_eq!(loads.get(), 1, "one load");
     }
 }
 
@@ -120,15 +118,13 @@ async fn a_follower_answers_stale_after_its_own_soft_timeout(stores: Vec<Shared>
         let fetched = answered(shared.name, async { fetch.await.unwrap() }).await;
         assert_eq!(
             (fetched.value().unwrap().as_ref(), fetched.outcome()),
-            (&b"old"[..], Outcome::Stale),
-            "{}",
-            shared.name
+            (&b"old"[..], Outcome::Stale)
         );
         gate.notify_one();
         let led = leading.await.unwrap().unwrap();
-        assert_eq!(led.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(led.outcome(), Outcome::Leader);
         eventually_new(shared.name, &follower, "soft-follower").await;
-        assert_eq!(loads.get(), 1, "{}: one load", shared.name);
+        assert_eq!(loads.get(), 1, "one load");
     }
 }
 
@@ -149,9 +145,7 @@ async fn without_a_stale_value_a_soft_timeout_waits_for_the_load(stores: Vec<Sha
             .unwrap();
         assert_eq!(
             (loaded.value().unwrap().as_ref(), loaded.outcome()),
-            (&b"v"[..], Outcome::Leader),
-            "{}",
-            shared.name
+            (&b"v"[..], Outcome::Leader)
         );
     }
 }

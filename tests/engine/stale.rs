@@ -60,7 +60,7 @@ async fn stale_values_are_served_while_one_leader_refreshes(stores: Vec<Shared>)
             stale_while_one_refreshes(shared.name, &instances, "swr", 40, "old", "new").await;
         release.notify_one();
         eventually(&instances[1], "swr", "new").await;
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(loads.get(), 1);
     }
 }
 
@@ -91,17 +91,13 @@ async fn a_foreground_refresh_waits_for_its_leader_only(stores: Vec<Shared>) {
         let meanwhile = other.fetch("fg", never_called).await.unwrap();
         assert_eq!(
             (meanwhile.value().unwrap().as_ref(), meanwhile.outcome()),
-            (&b"old"[..], Outcome::Stale),
-            "{}",
-            shared.name
+            (&b"old"[..], Outcome::Stale)
         );
         release.notify_one();
         let led = leading.await.unwrap().unwrap();
         assert_eq!(
             (led.value().unwrap().as_ref(), led.outcome()),
-            (&b"new"[..], Outcome::Leader),
-            "{}",
-            shared.name
+            (&b"new"[..], Outcome::Leader)
         );
     }
 }
@@ -158,17 +154,16 @@ async fn serve_stale_after_a_wait_timeout(stores: Vec<Shared>) {
         hold_lock(&shared, &cache, "slow-leader").await;
         let asked = tokio::time::Instant::now();
         let fetched = cache.fetch("slow-leader", never_called).await.unwrap();
-        assert_eq!(fetched.value().unwrap(), "yesterday", "{}", shared.name);
-        assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
+        assert_eq!(fetched.value().unwrap(), "yesterday");
+        assert_eq!(fetched.outcome(), Outcome::Stale);
         assert!(
             asked.elapsed() >= Duration::from_millis(200),
-            "{}: without a stale-while-updating window, it waited first",
-            shared.name
+            "without a stale-while-updating window, it waited first"
         );
         // Nothing stale to serve: the wait timeout is an error, and nothing loads.
         hold_lock(&shared, &cache, "never-cached").await;
         let error = cache.fetch("never-cached", never_called).await.unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::WaitTimeout, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::WaitTimeout);
     }
 }
 
@@ -187,8 +182,8 @@ async fn a_failed_refresh_serves_the_stale_value(stores: Vec<Shared>) {
             })
             .await
             .unwrap();
-        assert_eq!(fetched.value().unwrap(), "old but good", "{}", shared.name);
-        assert_eq!(fetched.outcome(), Outcome::Stale, "{}", shared.name);
+        assert_eq!(fetched.value().unwrap(), "old but good");
+        assert_eq!(fetched.outcome(), Outcome::Stale);
         // Without a stale window, the same failure is an error.
         let strict = shared.cache().build();
         let error = strict
@@ -220,15 +215,10 @@ async fn a_recent_failure_serves_the_stale_value_everywhere(stores: Vec<Shared>)
                 })
                 .await
                 .unwrap();
-            assert_eq!(
-                fetched.value().unwrap(),
-                "last good",
-                "{} #{i}",
-                shared.name
-            );
-            assert_eq!(fetched.outcome(), Outcome::Stale, "{} #{i}", shared.name);
+            assert_eq!(fetched.value().unwrap(), "last good", "#{i}");
+            assert_eq!(fetched.outcome(), Outcome::Stale, "#{i}");
         }
-        assert_eq!(calls.get(), 1, "{}: the failure was shared", shared.name);
+        assert_eq!(calls.get(), 1, "the failure was shared");
     }
 }
 
@@ -246,18 +236,13 @@ async fn stale_if_error_has_a_maximum_staleness(stores: Vec<Shared>) {
             .failure_ttl(Duration::ZERO)
             .build();
         let error = picky.get_or_load("aging", failing).await.unwrap_err();
-        assert_eq!(error.kind(), ErrorKind::Load, "{}", shared.name);
+        assert_eq!(error.kind(), ErrorKind::Load);
         let tolerant = shared
             .cache()
             .stale(Duration::from_millis(100))
             .stale_if_error(Duration::from_secs(60))
             .refresh_in_background(false)
             .build();
-        assert_eq!(
-            tolerant.get_or_load("aging", failing).await.unwrap(),
-            "old",
-            "{}",
-            shared.name
-        );
+        assert_eq!(tolerant.get_or_load("aging", failing).await.unwrap(), "old");
     }
 }

@@ -38,14 +38,9 @@ async fn the_answer_counts_follow_each_outcome(shared: Shared) {
         })
         .collect();
     for caller in callers {
-        assert_eq!(caller.await.unwrap().unwrap(), "v", "{}", shared.name);
+        assert_eq!(caller.await.unwrap().unwrap(), "v");
     }
-    assert_eq!(
-        answers(one.stats()),
-        [10, 1, 0, 0, 9, 0, 0],
-        "{}",
-        shared.name
-    );
+    assert_eq!(answers(one.stats()), [10, 1, 0, 0, 9, 0, 0]);
 
     // Then a hit in L1 here, and one in the store for the other process.
     one.get_or_load("hot", slow_value(&loads, slow, "v"))
@@ -54,30 +49,15 @@ async fn the_answer_counts_follow_each_outcome(shared: Shared) {
     two.get_or_load("hot", slow_value(&loads, slow, "v"))
         .await
         .unwrap();
-    assert_eq!(
-        answers(one.stats()),
-        [11, 1, 1, 0, 9, 0, 0],
-        "{}",
-        shared.name
-    );
-    assert_eq!(
-        answers(two.stats()),
-        [1, 0, 0, 1, 0, 0, 0],
-        "{}",
-        shared.name
-    );
+    assert_eq!(answers(one.stats()), [11, 1, 1, 0, 9, 0, 0]);
+    assert_eq!(answers(two.stats()), [1, 0, 0, 1, 0, 0, 0]);
 
     // A load that is not cacheable leaves a pass marker: the next caller is told to pass.
     let pass = || async { Ok::<_, std::io::Error>(Loaded::<Bytes>::pass()) };
     one.fetch("uncacheable", pass).await.unwrap();
     two.fetch("uncacheable", pass).await.unwrap();
-    assert_eq!(
-        answers(two.stats()),
-        [2, 0, 0, 1, 0, 1, 0],
-        "{}",
-        shared.name
-    );
-    assert_eq!(loads.get(), 1, "{}", shared.name);
+    assert_eq!(answers(two.stats()), [2, 0, 0, 1, 0, 1, 0]);
+    assert_eq!(loads.get(), 1);
 }
 
 store_test!(health_shows_what_it_measures_by_name);
@@ -93,7 +73,7 @@ async fn health_shows_what_it_measures_by_name(shared: Shared) {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    assert!(health.is_healthy(), "{}: {health}", shared.name);
+    assert!(health.is_healthy(), "{health}");
     let shown = health.to_string();
     let names: Vec<&str> = shown
         .split(' ')
@@ -108,8 +88,7 @@ async fn health_shows_what_it_measures_by_name(shared: Shared) {
             "notifications_live",
             "breaker_closed"
         ],
-        "{}: {shown}",
-        shared.name
+        "{shown}"
     );
     assert!(
         shown.starts_with("healthy=true store_answers=true "),

@@ -68,15 +68,15 @@ async fn corrupt_and_foreign_bytes_are_a_counted_miss_and_overwritten(shared: Sh
             .get_or_load(&key, slow_value(&loads, Duration::ZERO, "clean"))
             .await
             .unwrap();
-        assert_eq!(value, "clean", "{}", shared.name);
+        assert_eq!(value, "clean");
         assert_eq!(loads.get(), 1);
         // Overwritten: another instance now reads the clean value from the store.
         let other = shared.cache().build();
         let read = other.fetch(&key, never_called).await.unwrap();
-        assert_eq!(read.outcome(), Outcome::L2Hit, "{}", shared.name);
+        assert_eq!(read.outcome(), Outcome::L2Hit);
         assert_eq!(read.value().unwrap(), "clean");
     }
-    assert_eq!(cache.stats().corrupt_entries, 3, "{}", shared.name);
+    assert_eq!(cache.stats().corrupt_entries, 3);
 }
 
 store_test!(a_corrupt_entry_is_overwritten_by_one_load);
@@ -95,9 +95,9 @@ async fn a_corrupt_entry_is_overwritten_by_one_load(shared: Shared) {
         }));
     }
     for caller in callers {
-        assert_eq!(caller.await.unwrap().unwrap(), "clean", "{}", shared.name);
+        assert_eq!(caller.await.unwrap().unwrap(), "clean");
     }
-    assert_eq!(loads.get(), 1, "{}", shared.name);
+    assert_eq!(loads.get(), 1);
 }
 
 timed_test!(a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again);
@@ -120,14 +120,9 @@ async fn a_corrupt_entry_overwritten_meanwhile_is_not_loaded_again(stores: Vec<S
             .get_or_load("repaired", slow_value(&loads, Duration::ZERO, "clean"))
             .await
             .unwrap();
-        assert_eq!(repaired, "clean", "{}", shared.name);
-        assert_eq!(
-            slow_reader.await.unwrap().unwrap(),
-            "clean",
-            "{}",
-            shared.name
-        );
-        assert_eq!(loads.get(), 1, "{}", shared.name);
+        assert_eq!(repaired, "clean");
+        assert_eq!(slow_reader.await.unwrap().unwrap(), "clean");
+        assert_eq!(loads.get(), 1);
     }
 }
 

@@ -52,7 +52,7 @@ async fn a_clear_is_one_store_call_and_reaches_every_instances_l1(shared: Shared
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-    assert_eq!(db.loads.get(), KEYS, "{}", shared.name);
+    assert_eq!(db.loads.get(), KEYS);
     db.move_to(2);
     let observed = Observed::new(caches[0].store(), Duration::ZERO);
     let clearing = Cache::builder_shared(observed.clone())
@@ -60,7 +60,7 @@ async fn a_clear_is_one_store_call_and_reaches_every_instances_l1(shared: Shared
         .build();
     shared.reset_stats().await;
     clearing.clear().await.unwrap();
-    assert_eq!(observed.calls(), 1, "{}: one store call", shared.name);
+    assert_eq!(observed.calls(), 1, "one store call");
     if let Some(info) = shared.info("commandstats").await {
         let stat = |command: &str, field: &str| {
             let line = info
@@ -80,7 +80,7 @@ async fn a_clear_is_one_store_call_and_reaches_every_instances_l1(shared: Shared
         }
     }
     for key in &keys {
-        assert_eq!(db.read(&clearing, key).await, "v2", "{}", shared.name);
+        assert_eq!(db.read(&clearing, key).await, "v2");
     }
     for cache in &caches {
         for key in &keys {
@@ -90,8 +90,7 @@ async fn a_clear_is_one_store_call_and_reaches_every_instances_l1(shared: Shared
     assert_eq!(
         db.loads.get(),
         2 * KEYS,
-        "{}: each key reloaded once for everyone",
-        shared.name
+        "each key reloaded once for everyone"
     );
 }
 
@@ -118,21 +117,16 @@ async fn an_instance_started_after_a_clear_finds_nothing_from_before(shared: Sha
         .namespace("test")
         .build();
     for key in ["a", "b"] {
-        assert_eq!(
-            after.get(key).await.unwrap(),
-            None,
-            "{}: {key}",
-            shared.name
-        );
+        assert_eq!(after.get(key).await.unwrap(), None, "{key}");
         let fetched = after
             .fetch(key, || async {
                 Ok::<_, std::io::Error>(tower_stampede::Loaded::value(Bytes::from_static(b"new")))
             })
             .await
             .unwrap();
-        assert_eq!(fetched.outcome(), Outcome::Leader, "{}", shared.name);
+        assert_eq!(fetched.outcome(), Outcome::Leader);
     }
-    assert_eq!(loads.get(), 2, "{}", shared.name);
+    assert_eq!(loads.get(), 2);
 }
 
 store_test!(a_clear_reaches_tagged_values_and_brings_nothing_back);
@@ -153,21 +147,11 @@ async fn a_clear_reaches_tagged_values_and_brings_nothing_back(shared: Shared) {
     cache.clear().await.unwrap();
     let other = shared.cache().build();
     for key in ["old", "kept"] {
-        assert_eq!(
-            other.get(key).await.unwrap(),
-            None,
-            "{}: {key}",
-            shared.name
-        );
-        assert_eq!(
-            cache.get(key).await.unwrap(),
-            None,
-            "{}: {key}",
-            shared.name
-        );
+        assert_eq!(other.get(key).await.unwrap(), None, "{key}");
+        assert_eq!(cache.get(key).await.unwrap(), None, "{key}");
     }
     let again = other.fetch("kept", tagged(b"new")).await.unwrap();
-    assert_eq!(again.outcome(), Outcome::Leader, "{}", shared.name);
+    assert_eq!(again.outcome(), Outcome::Leader);
     assert_eq!(
         cache.get("kept").await.unwrap().as_deref(),
         Some(&b"new"[..])
@@ -212,21 +196,20 @@ async fn clear_of_100000_keys_is_one_call_and_each_key_reloads_once(shared: Shar
         }
     };
     load_all().await;
-    assert_eq!(loads.get(), KEYS, "{}", shared.name);
+    assert_eq!(loads.get(), KEYS);
     load_all().await;
-    assert_eq!(loads.get(), KEYS, "{}: all cached", shared.name);
+    assert_eq!(loads.get(), KEYS, "all cached");
     let (calls, started) = (observed.calls(), std::time::Instant::now());
     cache.clear().await.unwrap();
     let took = started.elapsed();
     let calls = observed.calls() - calls;
-    assert_eq!(calls, 1, "{}", shared.name);
+    assert_eq!(calls, 1);
     load_all().await;
     println!(
-        "{}: {KEYS} keys, clear: {calls} store call in {took:?}, loads after: {}",
-        shared.name,
+        "{KEYS} keys, clear: {calls} store call in {took:?}, loads after: {}",
         loads.get() - KEYS
     );
-    assert_eq!(loads.get(), 2 * KEYS, "{}: each key once", shared.name);
+    assert_eq!(loads.get(), 2 * KEYS, "each key once");
 }
 
 store_test!(a_clear_reaches_values_written_by_set);
@@ -256,18 +239,17 @@ async fn a_clear_reaches_values_written_by_set(shared: Shared) {
         .namespace("test")
         .build();
     for reader in [&cache, &after] {
-        assert_eq!(reader.get("row").await.unwrap(), None, "{}", shared.name);
+        assert_eq!(reader.get("row").await.unwrap(), None);
         #[cfg(feature = "serde")]
         assert_eq!(
             reader.typed::<String>().get("typed").await.unwrap(),
             None,
-            "{}: typed",
-            shared.name
+            "typed"
         );
     }
     let db = Database::at(2);
-    assert_eq!(db.read(&after, "row").await, "v2", "{}", shared.name);
-    assert_eq!(db.loads.get(), 1, "{}: loaded again", shared.name);
+    assert_eq!(db.read(&after, "row").await, "v2");
+    assert_eq!(db.loads.get(), 1, "loaded again");
 }
 
 store_test!(a_batch_load_that_started_before_a_clear_is_a_miss_once_filled);
@@ -310,13 +292,8 @@ async fn a_batch_load_that_started_before_a_clear_is_a_miss_once_filled(shared: 
         .namespace("test")
         .build();
     for key in ["a", "b"] {
-        assert_eq!(
-            after.get(key).await.unwrap(),
-            None,
-            "{}: {key}",
-            shared.name
-        );
-        assert_eq!(db.read(&after, key).await, "v2", "{}", shared.name);
+        assert_eq!(after.get(key).await.unwrap(), None, "{key}");
+        assert_eq!(db.read(&after, key).await, "v2");
         eventually(&db, &caches[0], key, "v2").await;
     }
 }

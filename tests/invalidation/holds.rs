@@ -55,10 +55,9 @@ async fn a_read_after_a_change_never_joins_a_load_from_before_it(shared: Shared)
         let read = as_the_load_ends(db.read_tagged(&cache, key, &["users"]), &finish).await;
         assert_eq!(
             read, "v2",
-            "{}: {change:?}: a read after the change joined the load from before it",
-            shared.name
+            "{change:?}: a read after the change joined the load from before it"
         );
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        assert_eq!(slow.await.unwrap(), "v1", "its own caller");
     }
 }
 
@@ -105,10 +104,9 @@ async fn a_read_after_a_change_heard_from_elsewhere_never_takes_a_load_from_befo
         let read = as_the_load_ends(db.read_tagged(a, key, &["users"]), &finish).await;
         assert_eq!(
             read, "v2",
-            "{}: {change:?}: a read after the change was heard took the load from before it",
-            shared.name
+            "{change:?}: a read after the change was heard took the load from before it"
         );
-        assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+        assert_eq!(slow.await.unwrap(), "v1", "its own caller");
     }
 }
 
@@ -146,15 +144,9 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_load_after_a_wait_timeout
         let read = read_after_a_heard_tag_invalidation(&db, (a, b), key, &finish).await;
         assert_eq!(
             read, "v2",
-            "{} {key}: a read after the invalidation was heard took the load from before it",
-            shared.name
+            "{key}: a read after the invalidation was heard took the load from before it"
         );
-        assert_eq!(
-            slow.await.unwrap(),
-            "v1",
-            "{} {key}: its own caller",
-            shared.name
-        );
+        assert_eq!(slow.await.unwrap(), "v1", "{key}: its own caller");
         leader.abort();
     }
 }
@@ -196,15 +188,13 @@ async fn a_read_after_a_tag_invalidation_never_takes_a_renewal_from_before_it(sh
     let read = read_after_a_heard_tag_invalidation(&db, (a, b), key, &finish).await;
     assert_eq!(
         read, "v2",
-        "{}: a read after the invalidation was heard took the renewal from before it",
-        shared.name
+        "a read after the invalidation was heard took the renewal from before it"
     );
     let renewed = renewal.await.unwrap();
     assert_eq!(
         (renewed.outcome(), renewed.value().cloned()),
         (Outcome::Revalidated, Some(Bytes::from_static(b"v1"))),
-        "{}: its own caller",
-        shared.name
+        "its own caller"
     );
 }
 
@@ -277,8 +267,7 @@ async fn a_value_whose_tag_was_invalidated_is_never_served_stale(shared: Shared)
     assert_eq!(
         (reloaded.outcome(), reloaded.value().cloned()),
         (Outcome::Leader, Some(Bytes::from_static(b"v2"))),
-        "{}: the early stale answer was the invalidated value",
-        shared.name
+        "the early stale answer was the invalidated value"
     );
     let failed = cache
         .fetch("fails", || async {
@@ -287,8 +276,7 @@ async fn a_value_whose_tag_was_invalidated_is_never_served_stale(shared: Shared)
         .await;
     assert!(
         failed.is_err(),
-        "{}: the invalidated value stood in for a failed reload: {:?}",
-        shared.name,
+        "the invalidated value stood in for a failed reload: {:?}",
         failed.map(|f| f.value().cloned())
     );
 }
@@ -329,8 +317,7 @@ async fn a_value_invalidated_during_its_reload_does_not_stand_in_for_a_failure(s
         let answer = reload.await.unwrap();
         assert!(
             answer.is_err(),
-            "{}: {change:?}: served {:?} after the change",
-            shared.name,
+            "{change:?}: served {:?} after the change",
             answer.map(|f| f.value().cloned())
         );
     }
@@ -373,7 +360,7 @@ async fn an_early_stale_answer_is_withdrawn_once_a_change_elsewhere_is_heard(sha
             })
             .await
             .unwrap();
-        assert_eq!(first.outcome(), Outcome::Stale, "{}", shared.name);
+        assert_eq!(first.outcome(), Outcome::Stale);
         started.notified().await;
         // B changes the key, and A hears of it.
         let digest = match change {
@@ -393,8 +380,7 @@ async fn an_early_stale_answer_is_withdrawn_once_a_change_elsewhere_is_heard(sha
         if let Poll::Ready(value) = &polled {
             assert_ne!(
                 value, "v1",
-                "{}: {change:?}: the early answer outlived the change",
-                shared.name
+                "{change:?}: the early answer outlived the change"
             );
         }
         finish.notify_one();
@@ -404,7 +390,7 @@ async fn an_early_stale_answer_is_withdrawn_once_a_change_elsewhere_is_heard(sha
         };
         // A change of the key heard from elsewhere detaches the reload; one of a tag
         // withdraws the stale value, and the reload may still answer.
-        assert_ne!(value, "v1", "{}: {change:?}", shared.name);
+        assert_ne!(value, "v1", "{change:?}");
     }
 }
 
@@ -495,8 +481,8 @@ async fn a_first_tagged_load_of_a_tag_invalidated_before_is_valid_on_arrival(sha
     let db = Database::at(1);
     assert_eq!(db.read_tagged(&caches[1], "row", &["users"]).await, "v1");
     let read = caches[2].fetch("row", never_loads).await.unwrap();
-    assert_eq!(read.outcome(), Outcome::L2Hit, "{}", shared.name);
-    assert_eq!(db.loads.get(), 1, "{}: one load", shared.name);
+    assert_eq!(read.outcome(), Outcome::L2Hit);
+    assert_eq!(db.loads.get(), 1, "one load");
 }
 
 store_test!(tag_versions_are_bounded);
@@ -525,7 +511,7 @@ async fn tag_versions_are_bounded(shared: Shared) {
         .await
         .unwrap()
         .unwrap();
-    assert!(before.versions[0] > 0, "{}", shared.name);
+    assert!(before.versions[0] > 0);
     db.move_to(2);
     cache.invalidate_tag("one more").await.unwrap();
     let after = shared
@@ -534,8 +520,8 @@ async fn tag_versions_are_bounded(shared: Shared) {
         .await
         .unwrap()
         .unwrap();
-    assert_ne!(after.generation, before.generation, "{}", shared.name);
-    assert_eq!(after.versions, [0, 1], "{}: a new generation", shared.name);
+    assert_ne!(after.generation, before.generation);
+    assert_eq!(after.versions, [0, 1], "a new generation");
     #[cfg(feature = "redis")]
     if shared.name == "redis" {
         let mut redis = shared.connection().await;
@@ -549,7 +535,6 @@ async fn tag_versions_are_bounded(shared: Shared) {
     assert_eq!(
         db.read_tagged(&cache, "row", &["kept"]).await,
         "v2",
-        "{}: a value of the older generation is outdated",
-        shared.name
+        "a value of the older generation is outdated"
     );
 }

@@ -182,19 +182,14 @@ async fn overtaken_load(
     db.move_to(2);
     change(&caches[1]).await;
     finish.notify_one();
-    assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    assert_eq!(slow.await.unwrap(), "v1", "its own caller");
     for cache in &caches {
         match reach {
-            Reach::AtOnce => assert_eq!(db.read(cache, "row").await, "v2", "{}", shared.name),
+            Reach::AtOnce => assert_eq!(db.read(cache, "row").await, "v2"),
             Reach::OnceNotified => eventually(&db, cache, "row", "v2").await,
         }
     }
-    assert_eq!(
-        db.loads.get(),
-        2,
-        "{}: the overtaken load and one reload",
-        shared.name
-    );
+    assert_eq!(db.loads.get(), 2, "the overtaken load and one reload");
 }
 
 store_test!(followers_of_an_overtaken_load_load_again);
@@ -217,12 +212,11 @@ async fn followers_of_an_overtaken_load_load_again(shared: Shared) {
             .unwrap()
             .unwrap(),
         "v2",
-        "{}: the follower never receives the overtaken load's value",
-        shared.name
+        "the follower never receives the overtaken load's value"
     );
     finish.notify_one();
     assert_eq!(slow.await.unwrap(), "v1");
-    assert_eq!(db.read(&caches[0], "row").await, "v2", "{}", shared.name);
+    assert_eq!(db.read(&caches[0], "row").await, "v2");
 }
 
 store_test!(invalidate_reaches_every_instances_l1);
@@ -237,32 +231,18 @@ async fn invalidate_reaches_every_instances_l1(shared: Shared) {
         // Wait until the value is held in L1 (the subscription confirmed).
         let deadline = tokio::time::Instant::now() + LIMIT;
         while cache.fetch("row", never_loads).await.unwrap().outcome() != Outcome::L1Hit {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{}: never in L1",
-                shared.name
-            );
+            assert!(tokio::time::Instant::now() < deadline, "never in L1");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
     assert_eq!(db.loads.get(), 1);
     db.move_to(2);
     caches[0].invalidate("row").await.unwrap();
-    assert_eq!(
-        db.read(&caches[0], "row").await,
-        "v2",
-        "{}: at once",
-        shared.name
-    );
+    assert_eq!(db.read(&caches[0], "row").await, "v2", "at once");
     for cache in &caches[1..] {
         eventually(&db, cache, "row", "v2").await;
     }
-    assert_eq!(
-        db.loads.get(),
-        2,
-        "{}: one reload for everyone",
-        shared.name
-    );
+    assert_eq!(db.loads.get(), 2, "one reload for everyone");
 }
 
 store_test!(invalidate_many_fences_and_reaches_every_l1_for_each_key);
@@ -283,18 +263,13 @@ async fn invalidate_many_fences_and_reaches_every_l1_for_each_key(shared: Shared
         .await
         .unwrap();
     finish.notify_one();
-    assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    assert_eq!(slow.await.unwrap(), "v1", "its own caller");
     for cache in &caches {
-        assert_eq!(
-            db.read(cache, "row").await,
-            "v2",
-            "{}: refused",
-            shared.name
-        );
+        assert_eq!(db.read(cache, "row").await, "v2", "refused");
         eventually(&held, cache, "held", "v2").await;
     }
-    assert_eq!(db.loads.get(), 2, "{}", shared.name);
-    assert_eq!(held.loads.get(), 2, "{}: one reload", shared.name);
+    assert_eq!(db.loads.get(), 2);
+    assert_eq!(held.loads.get(), 2, "one reload");
     caches[0].invalidate_many(Vec::<&str>::new()).await.unwrap();
 }
 
@@ -314,16 +289,11 @@ async fn set_writes_through_to_every_instance(shared: Shared) {
         .set("row", Bytes::from_static(b"v9"), Duration::from_secs(60))
         .await
         .unwrap();
-    assert_eq!(
-        db.read(&caches[0], "row").await,
-        "v9",
-        "{}: at once",
-        shared.name
-    );
+    assert_eq!(db.read(&caches[0], "row").await, "v9", "at once");
     for cache in &caches[1..] {
         eventually(&db, cache, "row", "v9").await;
     }
-    assert_eq!(db.loads.get(), 1, "{}: no load after the set", shared.name);
+    assert_eq!(db.loads.get(), 1, "no load after the set");
     let fetched = caches[2].fetch("row", never_loads).await.unwrap();
     assert_eq!(fetched.value().unwrap(), "v9");
 }
@@ -342,7 +312,7 @@ async fn a_set_is_not_overwritten_by_a_load_in_flight(shared: Shared) {
     assert_eq!(slow.await.unwrap(), "v1");
     for cache in &caches {
         let fetched = cache.fetch("row", never_loads).await.unwrap();
-        assert_eq!(fetched.value().unwrap(), "new", "{}", shared.name);
+        assert_eq!(fetched.value().unwrap(), "new");
     }
 }
 
@@ -371,13 +341,13 @@ async fn expire_serves_stale_while_one_caller_reloads(shared: Shared) {
         })
         .await
         .unwrap();
-    assert_eq!(first.outcome(), Outcome::Stale, "{}", shared.name);
+    assert_eq!(first.outcome(), Outcome::Stale);
     assert_eq!(first.value().unwrap(), "v1");
     finish.notify_one();
     for cache in &caches {
         eventually(&db, cache, "row", "v2").await;
     }
-    assert_eq!(db.loads.get(), 2, "{}: one refresh", shared.name);
+    assert_eq!(db.loads.get(), 2, "one refresh");
 }
 
 /// Without notifications, another instance's L1 keeps its copy until `l1_ttl_cap`, and no
@@ -580,31 +550,17 @@ async fn invalidate_tag_reaches_every_tagged_value_everywhere(shared: Shared) {
         while tagged.read_tagged(cache, "a", &["users", "page:1"]).await != "v2"
             || tagged.read_tagged(cache, "b", &["users"]).await != "v2"
         {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{}: still v1",
-                shared.name
-            );
+            assert!(tokio::time::Instant::now() < deadline, "still v1");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        assert_eq!(
-            untagged.read_tagged(cache, "c", &["other"]).await,
-            "v1",
-            "{}",
-            shared.name
-        );
+        assert_eq!(untagged.read_tagged(cache, "c", &["other"]).await, "v1");
     }
-    assert_eq!(
-        tagged.loads.get(),
-        4,
-        "{}: one reload per value",
-        shared.name
-    );
-    assert_eq!(untagged.loads.get(), 1, "{}", shared.name);
+    assert_eq!(tagged.loads.get(), 4, "one reload per value");
+    assert_eq!(untagged.loads.get(), 1);
     // Invalidating a tag no value carries changes nothing.
     caches[1].invalidate_tags(["nobody", "none"]).await.unwrap();
     assert_eq!(tagged.read_tagged(&caches[2], "b", &["users"]).await, "v2");
-    assert_eq!(tagged.loads.get(), 4, "{}", shared.name);
+    assert_eq!(tagged.loads.get(), 4);
 }
 
 store_test!(a_tagged_load_that_started_before_the_tag_invalidation_is_a_miss);
@@ -617,21 +573,11 @@ async fn a_tagged_load_that_started_before_the_tag_invalidation_is_a_miss(shared
     db.move_to(2);
     caches[1].invalidate_tag("users").await.unwrap();
     finish.notify_one();
-    assert_eq!(slow.await.unwrap(), "v1", "{}: its own caller", shared.name);
+    assert_eq!(slow.await.unwrap(), "v1", "its own caller");
     for cache in &caches {
-        assert_eq!(
-            db.read_tagged(cache, "row", &["users"]).await,
-            "v2",
-            "{}",
-            shared.name
-        );
+        assert_eq!(db.read_tagged(cache, "row", &["users"]).await, "v2");
     }
-    assert_eq!(
-        db.loads.get(),
-        2,
-        "{}: the outdated load and one reload",
-        shared.name
-    );
+    assert_eq!(db.loads.get(), 2, "the outdated load and one reload");
 }
 
 store_test!(a_value_with_too_many_tags_is_not_stored);
@@ -654,7 +600,7 @@ async fn a_value_with_too_many_tags_is_not_stored(shared: Shared) {
             .unwrap();
         assert_eq!(fetched.value().unwrap(), "v");
     }
-    assert_eq!(loads.get(), 2, "{}", shared.name);
+    assert_eq!(loads.get(), 2);
 }
 
 /// A tagged value's L2 hit reads its tags' versions once; later hits use the versions this
@@ -719,7 +665,7 @@ async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidate
     let db = Database::at(1);
     assert_eq!(db.read_tagged(writer, "row", &["users"]).await, "v1");
     let first = reader.fetch("row", never_loads).await.unwrap();
-    assert_eq!(first.outcome(), Outcome::L2Hit, "{}", shared.name);
+    assert_eq!(first.outcome(), Outcome::L2Hit);
     // The writer's fill notification may reach the reader after its L2 hit, and then
     // rightly makes it distrust that copy once: read until L1 keeps it (never a load).
     let deadline = tokio::time::Instant::now() + LIMIT;
@@ -728,26 +674,18 @@ async fn a_tagged_value_read_from_the_store_leaves_l1_when_its_tag_is_invalidate
         if again.outcome() == Outcome::L1Hit {
             break;
         }
-        assert_eq!(again.outcome(), Outcome::L2Hit, "{}", shared.name);
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{}: never kept in L1",
-            shared.name
-        );
+        assert_eq!(again.outcome(), Outcome::L2Hit);
+        assert!(tokio::time::Instant::now() < deadline, "never kept in L1");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     db.move_to(2);
     writer.invalidate_tag("users").await.unwrap();
     let deadline = tokio::time::Instant::now() + LIMIT;
     while db.read_tagged(reader, "row", &["users"]).await != "v2" {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{}: L1 still serves v1",
-            shared.name
-        );
+        assert!(tokio::time::Instant::now() < deadline, "L1 still serves v1");
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    assert_eq!(db.loads.get(), 2, "{}: one load, one reload", shared.name);
+    assert_eq!(db.loads.get(), 2, "one load, one reload");
 }
 
 /// Issue 29: changes that reach this instance's flights, values never served once invalidated.
