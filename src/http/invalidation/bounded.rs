@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::by_url::invalidate_keys;
+use super::remove::invalidate_keys;
 use crate::cache::Cache;
 
 /// How many URLs the bound is kept for, the least recently used forgotten first (a forgotten

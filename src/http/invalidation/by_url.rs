@@ -1,5 +1,5 @@
 //! Invalidation by URL: which stored responses a URL names, which URLs a response to an
-//! unsafe method invalidates (RFC 9111 §4.4), and the engine calls that remove them.
+//! unsafe method invalidates (RFC 9111 §4.4).
 //!
 //! A URL's stored responses are those under the primary keys of a `GET` of it, with and
 //! without credentials, and with and without keyed forwarding headers (each keyed apart).
@@ -23,8 +23,6 @@ use crate::http::serving::cache_status::Served;
 use crate::http::serving::config::HttpConfig;
 use crate::http::serving::responses::{marked, Answer};
 use crate::http::stored::key;
-use crate::store::StoreError;
-use crate::Error;
 
 /// Whether a response to an unsafe method invalidates: a non-error status (RFC 9111 §4.4),
 /// that is 2xx or 3xx.
@@ -112,18 +110,6 @@ where
         Served::Unsafe(invalidated),
         &config.cache_status,
     ))
-}
-
-/// Invalidates every key, in one store call. The call runs in a task of its own, so it
-/// finishes even if the caller goes away.
-pub(crate) async fn invalidate_keys(cache: &Cache, keys: Vec<String>) -> Result<(), Error> {
-    let cache = cache.clone();
-    match tokio::spawn(async move { cache.invalidate_many(keys).await }).await {
-        Ok(outcome) => outcome,
-        Err(_) => Err(Error::store(StoreError::new(
-            "the invalidation was cancelled before it reached the store",
-        ))),
-    }
 }
 
 /// The URL that `reference` (a `Location` or `Content-Location` value, maybe relative) names,

@@ -6,9 +6,11 @@
 //! | `by_url.rs` | the keys a URL names; the URLs a response to an unsafe method invalidates |
 //! | `bounded.rs` | [`Invalidations`](bounded::Invalidations): at most one invalidation per URL per interval |
 //! | `purge.rs` | [`Purger`], and the `PURGE` endpoint |
+//! | `remove.rs` | the engine call that removes keys, in a task of its own |
 
 pub(crate) mod bounded;
 pub(super) mod by_url;
 pub(super) mod purge;
+mod remove;
 
 pub use purge::Purger;

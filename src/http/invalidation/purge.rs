@@ -11,7 +11,8 @@ use http::{request, HeaderValue, Request, Response, StatusCode, Uri};
 use http_body::Body;
 use tracing::warn;
 
-use super::by_url::{invalidate_keys, url_keys};
+use super::by_url::url_keys;
+use super::remove::invalidate_keys;
 use crate::cache::Cache;
 use crate::http::rules::tag_fields;
 use crate::http::serving::body::ResponseBody;
