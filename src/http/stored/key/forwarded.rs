@@ -1,8 +1,6 @@
-//! The forwarding variants of a URL (see [Forwarding headers](super#forwarding-headers)):
-//! `Forwarded` keyed without what names the client, and the bound on how many sets of
-//! forwarding values one URL is stored for.
+//! The forwarding variants of a URL (see [Forwarding headers](super#forwarding-headers)): the
+//! bound on how many sets of forwarding values one URL is stored for.
 
-use std::borrow::Cow;
 use std::cell::Cell;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -29,61 +27,6 @@ const HIT_SAMPLE: u32 = 8;
 /// How long a URL's sets are kept without a load of a request carrying forwarding headers
 /// for it.
 const IDLE: Duration = Duration::from_secs(3600);
-
-/// A `Forwarded` field value (RFC 7239 §4) without its `for=` and `by=` parameters, in any
-/// element: they name the client and the proxy that received it, which differ per client,
-/// not the page. The other parameters (`host=`, `proto=`, extensions) stay as sent, their
-/// names in lowercase (§4: case-insensitive); elements left empty are dropped. A `,` or `;`
-/// inside a quoted string separates nothing.
-pub(super) fn without_for_and_by(value: &[u8]) -> Cow<'_, [u8]> {
-    let mut kept: Vec<u8> = Vec::with_capacity(value.len());
-    for element in split_unquoted(value, b',') {
-        let mut first_pair = true;
-        for pair in split_unquoted(element, b';').map(<[u8]>::trim_ascii) {
-            let name = pair
-                .split(|&b| b == b'=')
-                .next()
-                .unwrap_or(pair)
-                .trim_ascii();
-            if pair.is_empty()
-                || name.eq_ignore_ascii_case(b"for")
-                || name.eq_ignore_ascii_case(b"by")
-            {
-                continue;
-            }
-            match (first_pair, kept.is_empty()) {
-                (true, true) => {}
-                (true, false) => kept.push(b','),
-                (false, _) => kept.push(b';'),
-            }
-            first_pair = false;
-            kept.extend(name.to_ascii_lowercase());
-            kept.extend_from_slice(&pair[name.len()..]);
-        }
-    }
-    if kept == value {
-        Cow::Borrowed(value)
-    } else {
-        Cow::Owned(kept)
-    }
-}
-
-/// The parts of `value` between `separator`s that are not inside a quoted string.
-fn split_unquoted(value: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
-    let (mut quoted, mut escaped) = (false, false);
-    value.split(move |&b| {
-        if escaped {
-            escaped = false;
-        } else if quoted && b == b'\\' {
-            escaped = true;
-        } else if b == b'"' {
-            quoted = !quoted;
-        } else if !quoted && b == separator {
-            return true;
-        }
-        false
-    })
-}
 
 /// The sets of forwarding values each URL is stored for, in this process: at most
 /// [`MAX_FORWARDED_VARIANTS`] per URL, for the [`URLS`] most recently loaded, chosen by use
@@ -192,7 +135,7 @@ impl ForwardedVariants {
     ) -> (u64, u64, u32) {
         let url = Self::url_of(url);
         let mut set = Hashing(self.hasher.build_hasher());
-        super::push_values(&mut set, keyed, headers, true);
+        super::variant::push_values(&mut set, keyed, headers, true);
         let set = set.0.finish();
         (url, set, self.uses.count(url ^ set.rotate_left(32), uses))
     }
@@ -211,7 +154,7 @@ impl ForwardedVariants {
 /// forwarding fields hashes few bytes.
 struct Hashing<H>(H);
 
-impl<H: Hasher> super::KeySink for Hashing<H> {
+impl<H: Hasher> super::variant::KeySink for Hashing<H> {
     fn put(&mut self, part: &str) {
         self.0.write(part.as_bytes());
     }

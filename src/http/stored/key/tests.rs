@@ -1,5 +1,8 @@
+use super::variant::Present;
 use super::*;
-use http::{HeaderValue, Request};
+use crate::store::KeyDigest;
+use http::HeaderName;
+use http::{HeaderMap, HeaderValue, Request};
 
 fn parts(uri: &str, headers: &[(&'static str, &'static str)]) -> Parts {
     let mut request = Request::get(uri).body(()).unwrap();

@@ -7,36 +7,6 @@ fn url(key: &str) -> KeyDigest {
 }
 
 #[test]
-fn forwarded_is_keyed_without_for_and_by_rfc_7239() {
-    let cases: [(&str, &str); 7] = [
-        ("host=a.example;proto=https", "host=a.example;proto=https"),
-        ("for=192.0.2.1;proto=https", "proto=https"),
-        ("For=192.0.2.1; Proto=https; by=10.0.0.1", "proto=https"),
-        ("for=192.0.2.1", ""),
-        (
-            "for=192.0.2.1;host=a, for=198.51.100.7;proto=https",
-            "host=a,proto=https",
-        ),
-        (
-            "for=\"[2001:db8::1]:4711\";host=\"a;b,c\"",
-            "host=\"a;b,c\"",
-        ),
-        ("for=1, for=2", ""),
-    ];
-    for (value, keyed) in cases {
-        assert_eq!(
-            without_for_and_by(value.as_bytes()).as_ref(),
-            keyed.as_bytes(),
-            "{value}"
-        );
-    }
-    assert!(matches!(
-        without_for_and_by(b"host=a;proto=https"),
-        Cow::Borrowed(_)
-    ));
-}
-
-#[test]
 fn sets_are_apart_when_their_fields_or_values_are() {
     let variants = ForwardedVariants::default();
     let keyed = [
