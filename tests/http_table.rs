@@ -394,21 +394,6 @@ fn ours(answer: &Answer) -> &str {
     members.next_back().map_or("", |v| v.to_str().unwrap())
 }
 
-/// The `x-cache` that tells what a `Cache-Status` member tells (`docs/http.md`): `HIT` from
-/// the cache, `STALE` from a stale entry, `BYPASS` where a rule kept the cache out (a
-/// `detail` naming it), `MISS` for a request forwarded for its own load or collapsed onto
-/// another's (RFC 9211 §3 calls both a miss), or answered by the layer itself.
-fn told_by(cache_status: &str) -> &'static str {
-    let params: Vec<&str> = cache_status.split("; ").skip(1).collect();
-    let detail = params.iter().find_map(|p| p.strip_prefix("detail="));
-    match (params.contains(&"hit"), detail) {
-        (true, Some("stale")) => "STALE",
-        (true, _) => "HIT",
-        (false, None | Some("no-origin-response" | "timeout")) => "MISS",
-        (false, Some(_)) => "BYPASS",
-    }
-}
-
 store_test!(every_request_shape_meets_every_response_shape);
 async fn every_request_shape_meets_every_response_shape(shared: Shared) {
     let mut failures = Vec::new();
@@ -435,7 +420,11 @@ async fn every_request_shape_meets_every_response_shape(shared: Shared) {
             for (i, answer) in answers.iter().enumerate() {
                 check_private(&name, answer, &sent.headers(i), shareable);
                 let (x_cache, ours) = (answer.x_cache(), ours(answer));
-                assert_eq!(x_cache, told_by(ours), "{name}: {ours} says {x_cache}");
+                assert_eq!(
+                    x_cache,
+                    support::http::told_by(ours),
+                    "{name}: {ours} says {x_cache}"
+                );
                 if x_cache == "BYPASS" {
                     let detail = ours.split("; detail=").nth(1).unwrap_or("");
                     // The balancer's first request after a flood ties with each attacker

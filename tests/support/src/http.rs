@@ -86,6 +86,21 @@ pub async fn get(app: &Router, uri: &str) -> Answer {
     send(app, "GET", uri, &[]).await
 }
 
+/// The `x-cache` that tells what a `Cache-Status` member tells (`docs/http.md`): `HIT` from
+/// the cache, `STALE` from a stale entry, `BYPASS` where a rule kept the cache out (a
+/// `detail` naming it), `MISS` for a request forwarded for its own load or collapsed onto
+/// another's (RFC 9211 §3 calls both a miss), or answered by the layer itself.
+pub fn told_by(cache_status: &str) -> &'static str {
+    let params: Vec<&str> = cache_status.split("; ").skip(1).collect();
+    let detail = params.iter().find_map(|p| p.strip_prefix("detail="));
+    match (params.contains(&"hit"), detail) {
+        (true, Some("stale")) => "STALE",
+        (true, _) => "HIT",
+        (false, None | Some("no-origin-response" | "timeout")) => "MISS",
+        (false, Some(_)) => "BYPASS",
+    }
+}
+
 /// A `Cache-Status` member without its `ttl` parameter (RFC 9211 §2.4), and that `ttl`: the
 /// rest can be compared whole while the clock moves the `ttl`.
 #[allow(dead_code)]

@@ -172,24 +172,9 @@ fn each_way_of_serving_has_its_rfc_9211_parameters() {
         );
         assert_eq!(
             x_cache,
-            told_by(cache_status),
+            support::http::told_by(cache_status),
             "{served:?}: the two disagree"
         );
-    }
-}
-
-/// The `x-cache` that tells what a `Cache-Status` member tells: `HIT` for a response from the
-/// cache, `STALE` for a stale one, `BYPASS` where the member names a rule that kept the cache
-/// out (or an unsafe method's), `MISS` for the rest: forwarded, by this request's own load or
-/// by the one it was collapsed onto, or answered by the layer when the origin gave nothing.
-fn told_by(cache_status: &str) -> &'static str {
-    let params: Vec<&str> = cache_status.split("; ").skip(1).collect();
-    let detail = params.iter().find_map(|p| p.strip_prefix("detail="));
-    match (params.contains(&"hit"), detail) {
-        (true, Some("stale")) => "STALE",
-        (true, _) => "HIT",
-        (false, None | Some("no-origin-response" | "timeout")) => "MISS",
-        (false, Some(_)) => "BYPASS",
     }
 }
 
