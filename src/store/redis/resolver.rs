@@ -105,7 +105,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn an_address_is_dialled_where_the_resolver_says_with_its_settings() {
         let info = "redis://app:pw@node-7:6379/3"
             .into_connection_info()
