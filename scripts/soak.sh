@@ -18,8 +18,9 @@
 #   --writes W      changes per second: set, invalidate, invalidate_tag (default 5)
 #   --fault-gap S   mean seconds between faults, 0 for none (default 4)
 #   --release       build in release (for long runs)
-#   --path-faults   each instance through a fault proxy, and faults on that path too (one
-#                   server only): partitions, a slow link, a silent subscriber, stalled replies
+#   --path-faults   each instance through fault proxies of its own, one per node and sentinel,
+#                   and faults on those paths too: partitions, a slow link, a silent
+#                   subscriber, stalled replies
 # Needs redis-server (./scripts/test.sh installs it); TOWER_STAMPEDE_SERVER names another server
 # binary, e.g. Valkey's valkey-server (./scripts/test.sh puts Valkey 9 under ~/.cache).
 set -euo pipefail

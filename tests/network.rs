@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use support::fault_proxy::{Fault, FaultProxy, Kind};
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+use support::path_proxies::PathProxies;
 use support::{calls, until_health, Counter, RedisServer};
 use tokio::time::Instant;
 use tower_stampede::store::RedisStore;
@@ -414,4 +416,112 @@ async fn a_leader_partitioned_mid_load_is_fenced_when_it_heals() {
     // Healed, the partitioned instance reads the newer value too.
     assert_eq!(read(cut, "fenced", "cut").await.0, "newer");
     drop(fleet.server);
+}
+
+/// An instance's store over `store`, as [`instance`]'s, with the breaker of [`BREAKER_FAILURES`],
+/// once it is healthy (its subscriber subscribed).
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+async fn healthy(store: RedisStore) -> Cache {
+    let cache = Cache::builder(store)
+        .namespace("network")
+        .store_timeout(STORE_TIMEOUT)
+        .lock_ttl(LOCK_TTL)
+        .circuit_breaker(BREAKER_FAILURES, Duration::from_secs(1))
+        .build();
+    until_health(&cache, "subscribed", Health::is_healthy).await;
+    cache
+}
+
+/// Issue 54, items 2 and 3, where the store finds the nodes' addresses itself (a Cluster's
+/// slots, the sentinels' answer): `cut` reaches every node through `path` (its store's
+/// resolver, and the sentinels' URLs), all of it partitioned at once. Every call of a
+/// stampede on it is answered, none with an error, within `store_timeout` plus a load, by
+/// its own load; the two others keep one load among themselves; its breaker opens. Healed,
+/// the next stampede is one load across the three.
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+async fn partitioned_then_healed(cut: &Cache, others: [&Cache; 2], path: &PathProxies) {
+    let [a, b] = others;
+    path.set(Kind::All, Fault::Blackhole);
+    let loads = [Counter::default(), Counter::default(), Counter::default()];
+    let seen = stampede(&[cut, a, b], "partitioned", 10, &loads).await;
+    assert!(seen.iter().all(|seen| seen.errors.is_empty()), "{seen:?}");
+    assert!(
+        seen[0].slowest < STORE_TIMEOUT + LOAD + MARGIN,
+        "{:?}",
+        seen[0]
+    );
+    assert_eq!(loads[0].get(), 1, "the partitioned instance loads once");
+    assert_eq!(
+        loads[1].get() + loads[2].get(),
+        1,
+        "one load among the others"
+    );
+    let mut calls = 0;
+    while cut.health().await.breaker_closed() {
+        calls += 1;
+        assert!(calls <= BREAKER_FAILURES * 2, "the breaker stays closed");
+        read(cut, &format!("partitioned-{calls}"), "alone").await;
+    }
+
+    path.heal();
+    until_health(cut, "healed", Health::is_healthy).await;
+    let loads = [Counter::default(), Counter::default(), Counter::default()];
+    let seen = stampede(&[cut, a, b], "healed", 10, &loads).await;
+    assert!(seen.iter().all(|seen| seen.errors.is_empty()), "{seen:?}");
+    let total: usize = loads.iter().map(Counter::get).sum();
+    assert_eq!(total, 1, "after healing, one load across the instances");
+}
+
+/// On a Redis Cluster, the partitioned instance's store dials every node through its resolver
+/// (`RedisStoreBuilder::dns_resolver`): without it, no node would be proxied (the first
+/// assertion) and the partition would cut nothing.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_instance_on_a_cluster_answers_from_its_own_load_and_recovers() {
+    let cluster = support::RedisCluster::start();
+    let path = PathProxies::new(54);
+    let cut = RedisStore::cluster_builder(cluster.urls()).dns_resolver(path.clone());
+    let cut = healthy(cut.connect().await.unwrap()).await;
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::connect_cluster(cluster.urls()).await.unwrap();
+        others.push(healthy(store).await);
+    }
+    let mut nodes = cluster.ports();
+    nodes.sort_unstable();
+    assert_eq!(
+        path.upstreams(),
+        nodes,
+        "every node is reached through the path"
+    );
+    partitioned_then_healed(&cut, [&others[0], &others[1]], &path).await;
+}
+
+/// Over Sentinel, the partitioned instance asks the sentinels through its proxies to them (the
+/// URLs it is given) and dials the primary they name through its resolver: without it, the
+/// primary would not be proxied (the first assertion) and its data and subscriber
+/// connections would not be cut.
+#[cfg(feature = "sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_instance_over_sentinel_answers_from_its_own_load_and_recovers() {
+    let topology = support::RedisSentinel::start();
+    let path = PathProxies::new(54);
+    let mut sentinels = Vec::new();
+    for port in topology.sentinel_ports() {
+        sentinels.push(format!("redis://127.0.0.1:{}/", path.proxy(port).await));
+    }
+    let cut =
+        RedisStore::sentinel_builder(sentinels, topology.service()).dns_resolver(path.clone());
+    let cut = healthy(cut.connect().await.unwrap()).await;
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        let store = RedisStore::sentinel_builder(topology.sentinel_urls(), topology.service());
+        others.push(healthy(store.connect().await.unwrap()).await);
+    }
+    assert!(
+        path.upstreams().contains(&topology.primary_port()),
+        "the primary is reached through the path: {:?}",
+        path.upstreams()
+    );
+    partitioned_then_healed(&cut, [&others[0], &others[1]], &path).await;
 }

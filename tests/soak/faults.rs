@@ -30,7 +30,7 @@ const CLUSTER_FAULTS: [&str; 1] = ["master-killed"];
 /// later, plainly or as a replica), paused, or switched over ([`failover`](crate::failover)).
 const SENTINEL_FAULTS: [&str; 3] = ["primary-killed", "primary-paused", "switchover"];
 
-/// The faults on one instance's path to its store (`SOAK_PATH_FAULTS=1`, one server), drawn
+/// The faults on one instance's paths to its store's nodes (`SOAK_PATH_FAULTS=1`), drawn
 /// beside the others: a partition (every byte held, the connections left open) of 0.3 to 5 s
 /// while the others go on changing keys; a link slower than the store timeout (200 ms) for a
 /// while; the subscriber silent while commands flow; replies stalled while requests go out.

@@ -7,6 +7,7 @@
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
+use support::path_proxies::PathProxies;
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 use tower_stampede::store::RedisStore;
@@ -22,6 +23,8 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 pub struct Instances {
     /// The URLs each instance connects to (its own ACL user's, or the sentinels').
     urls: Vec<Vec<String>>,
+    /// Each instance's paths to the nodes, where the soak draws faults on them.
+    paths: Vec<PathProxies>,
     topology: Topology,
     /// The name the sentinels know the primary by, in Sentinel mode.
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
@@ -49,12 +52,14 @@ impl Drop for Instance {
 impl Instances {
     pub fn start(
         urls: Vec<Vec<String>>,
+        paths: Vec<PathProxies>,
         (topology, service): (Topology, Option<String>),
         ttl: Duration,
         l1_ttl_cap: Duration,
     ) -> Self {
         let mut instances = Instances {
             urls,
+            paths,
             topology,
             service,
             ttl,
@@ -90,17 +95,29 @@ impl Instances {
 
     fn cache(&self, i: usize) -> Cache {
         let urls = self.urls[i].clone();
+        let path = self.paths.get(i).cloned();
         let store = match self.topology {
             Topology::Server => RedisStore::open(urls[0].clone()),
             #[cfg(feature = "cluster")]
-            Topology::Cluster => RedisStore::cluster_builder(urls).open(),
+            Topology::Cluster => {
+                let builder = RedisStore::cluster_builder(urls);
+                match path {
+                    Some(path) => builder.dns_resolver(path),
+                    None => builder,
+                }
+                .open()
+            }
             // The sentinels' URLs carry no user: the data nodes' is given apart.
             #[cfg(feature = "sentinel")]
             Topology::Sentinel => {
                 let service = self.service.clone().expect("a Sentinel service");
-                RedisStore::sentinel_builder(urls, service)
-                    .primary_credentials(Some(&crate::backend::user(i)), "x")
-                    .open()
+                let builder = RedisStore::sentinel_builder(urls, service)
+                    .primary_credentials(Some(&crate::backend::user(i)), "x");
+                match path {
+                    Some(path) => builder.dns_resolver(path),
+                    None => builder,
+                }
+                .open()
             }
             #[allow(unreachable_patterns)]
             _ => unreachable!("this mode needs its feature"),

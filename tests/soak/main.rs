@@ -50,9 +50,19 @@ use backend::{Backend, Topology};
 use checks::{Bounds, Checks};
 use instances::{Instances, LOAD_TIMEOUT};
 use origin::Origin;
-use support::fault_proxy::FaultProxy;
+use support::path_proxies::PathProxies;
 use timeline::Timeline;
 use workload::{write, Workload, CALLERS, STALE_WINDOW};
+
+/// `url` with its port replaced by that of `path`'s proxy to it.
+async fn proxied(url: &str, path: &PathProxies) -> String {
+    let (head, port) = url
+        .trim_end_matches('/')
+        .rsplit_once(':')
+        .expect("a URL with a port");
+    let proxy = path.proxy(port.parse().expect("a port")).await;
+    format!("{head}:{proxy}/")
+}
 
 /// What a run is made of, from `SOAK_*` environment variables.
 struct Settings {
@@ -68,8 +78,8 @@ struct Settings {
     writes: u64,
     /// Mean seconds between faults; 0 for none.
     fault_gap: f64,
-    /// Whether each instance reaches the one server through a fault proxy, and the faults on
-    /// the path are drawn too (`SOAK_PATH_FAULTS=1`).
+    /// Whether each instance reaches every node (and sentinel) through fault proxies of its
+    /// own, and the faults on the path are drawn too (`SOAK_PATH_FAULTS=1`).
     path_faults: bool,
     ttl: Duration,
     l1_ttl_cap: Duration,
@@ -129,23 +139,21 @@ async fn soak() {
     let mut paths = Vec::new();
     let mut urls: Vec<Vec<String>> = (0..settings.instances).map(|i| backend.urls(i)).collect();
     if settings.path_faults {
-        let server = match &backend {
-            Backend::Server(server) => server,
-            #[allow(unreachable_patterns)]
-            _ => panic!("SOAK_PATH_FAULTS=1 is for one server: a Cluster's or Sentinel's clients find the nodes' own addresses"),
-        };
+        // The URLs an instance is given go to its proxies; the nodes a Cluster's slots or the
+        // sentinels name are proxied as its store's resolver meets them.
         for (i, urls) in urls.iter_mut().enumerate() {
-            let path = FaultProxy::start(server.port(), settings.seed ^ i as u64).await;
-            *urls = vec![format!(
-                "redis://{}:x@127.0.0.1:{}/",
-                backend::user(i),
-                path.port()
-            )];
+            let path = PathProxies::new(settings.seed ^ i as u64);
+            if !matches!(settings.topology, Topology::Cluster) {
+                for url in urls.iter_mut() {
+                    *url = proxied(url, &path).await;
+                }
+            }
             paths.push(path);
         }
     }
     let instances = Arc::new(Instances::start(
         urls,
+        paths.clone(),
         (settings.topology, backend.service()),
         settings.ttl,
         settings.l1_ttl_cap,

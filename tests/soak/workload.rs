@@ -52,7 +52,7 @@ pub struct Workload {
     pub keys: usize,
     /// Each instance's path to its store, where the faults on the path are injected (one
     /// server with `SOAK_PATH_FAULTS=1`; none otherwise).
-    pub paths: Vec<support::fault_proxy::FaultProxy>,
+    pub paths: Vec<support::path_proxies::PathProxies>,
 }
 
 impl Workload {

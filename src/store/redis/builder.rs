@@ -59,6 +59,15 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.dial.response_timeout)
             .field("notifications", &self.notifications)
             .field("sharded_notifications", &self.sharded_notifications);
+        #[cfg(any(feature = "cluster", feature = "sentinel"))]
+        debug.field(
+            "dns_resolver",
+            &if self.dial.resolver.is_some() {
+                "set"
+            } else {
+                "not set"
+            },
+        );
         #[cfg(feature = "tls")]
         debug.field(
             "tls_root_certificates",
@@ -152,10 +161,63 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Where to dial the addresses the nodes announce: a Cluster's nodes (as `CLUSTER SLOTS`
+    /// and redirections name them) and a Sentinel service's primary (as the sentinels name
+    /// it). For nodes that announce addresses the application cannot reach as they are: a
+    /// cluster behind NAT or in containers, announcing their own network's addresses; the
+    /// resolver maps each `(host, port)` to an address that reaches it. Features `cluster`,
+    /// `sentinel`.
+    ///
+    /// Every connection the store makes to a node is dialled through it: the data
+    /// connections and the subscriber's, after a failover too (asked again for each new
+    /// connection), and, on a Sentinel service, the connections that listen to the sentinels'
+    /// announcements. The questions to the sentinels go to their URLs as given (redis-rs's
+    /// `SentinelClient` takes no resolver), as one server's URL is dialled as given: the
+    /// resolver is refused there. On a Sentinel service the primary is dialled at the IP
+    /// address resolved, whose certificate could not be checked against its name, so it is
+    /// refused over TLS too; a Cluster's TLS keeps the node's name.
+    ///
+    /// ```
+    /// # #[cfg(feature = "cluster")] {
+    /// use std::net::SocketAddr;
+    /// use redis::io::AsyncDNSResolver;
+    /// use tower_stampede::store::RedisStore;
+    ///
+    /// /// The nodes announce 10.1.0.x:6379; this host reaches node x at gateway port 7000 + x.
+    /// struct Gateway;
+    ///
+    /// impl AsyncDNSResolver for Gateway {
+    ///     fn resolve<'a, 'b: 'a>(
+    ///         &'a self,
+    ///         host: &'b str,
+    ///         port: u16,
+    ///     ) -> redis::RedisFuture<'a, Box<dyn Iterator<Item = SocketAddr> + Send + 'a>> {
+    ///         let node: Option<u16> = host.strip_prefix("10.1.0.").and_then(|x| x.parse().ok());
+    ///         let addr = match node {
+    ///             Some(x) => SocketAddr::from(([192, 0, 2, 1], 7000 + x)),
+    ///             None => SocketAddr::from(([127, 0, 0, 1], port)),
+    ///         };
+    ///         Box::pin(async move {
+    ///             Ok(Box::new(std::iter::once(addr)) as Box<dyn Iterator<Item = SocketAddr> + Send>)
+    ///         })
+    ///     }
+    /// }
+    ///
+    /// let builder = RedisStore::cluster_builder(["redis://10.1.0.1:6379/"]).dns_resolver(Gateway);
+    /// # let _ = builder;
+    /// # }
+    /// ```
+    #[cfg(any(feature = "cluster", feature = "sentinel"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "cluster", feature = "sentinel"))))]
+    pub fn dns_resolver(mut self, resolver: impl redis::io::AsyncDNSResolver) -> Self {
+        self.dial.resolver = Some(super::resolver::Resolver::new(resolver));
+        self
+    }
+
     /// Connects to Redis; fails if a URL is invalid or no server can be reached. To start
     /// while the server may be down, see [`open`](Self::open).
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
-        self.only_sentinel_settings_on_sentinels()?;
+        self.only_settings_the_target_uses()?;
         let address = self.dial.target.address();
         let infos = self.dial.connection_infos()?;
         let connection = match &self.dial.target {
@@ -218,7 +280,7 @@ impl RedisStoreBuilder {
     /// answers. Notifications are subscribed once the server answers; a server that refuses
     /// their protocol (RESP3, before Redis 6) never sends any, and followers poll.
     pub fn open(self) -> Result<RedisStore, StoreError> {
-        self.only_sentinel_settings_on_sentinels()?;
+        self.only_settings_the_target_uses()?;
         let address = self.dial.target.address();
         let infos = self.dial.connection_infos()?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -272,9 +334,9 @@ impl RedisStoreBuilder {
         Ok(self.store(connection, address, notifications, sharded))
     }
 
-    /// Refuses the data nodes' settings of a Sentinel service on another target, where
-    /// they would be silently unused.
-    fn only_sentinel_settings_on_sentinels(&self) -> Result<(), StoreError> {
+    /// Refuses the settings a target would leave silently unused: the data nodes' of a
+    /// Sentinel service elsewhere, a resolver on one server.
+    fn only_settings_the_target_uses(&self) -> Result<(), StoreError> {
         #[cfg(feature = "sentinel")]
         if !matches!(self.dial.target, Target::Sentinel { .. })
             && (self.dial.primary_auth.password.is_some() || self.dial.primary_auth.db != 0)
@@ -282,6 +344,13 @@ impl RedisStoreBuilder {
             return Err(StoreError::of_kind(
                 StoreErrorKind::Configuration,
                 "primary_credentials and primary_db are for a Sentinel service (RedisStore::sentinel_builder)",
+            ));
+        }
+        #[cfg(any(feature = "cluster", feature = "sentinel"))]
+        if matches!(self.dial.target, Target::Server(_)) && self.dial.resolver.is_some() {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                "dns_resolver is for a Cluster's or a Sentinel service's announced addresses: one server's URL is dialled as given",
             ));
         }
         Ok(())

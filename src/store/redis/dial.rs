@@ -10,6 +10,8 @@ use redis::aio::ConnectionManagerConfig;
 use redis::cluster::ClusterClientBuilder;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisResult};
 
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+use super::resolver::Resolver;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// Where a store connects, as the user gave it (credentials included: never print it).
@@ -110,6 +112,9 @@ pub(super) struct Dial {
     /// The data nodes' credentials and database, where the URLs are the sentinels'.
     #[cfg(feature = "sentinel")]
     pub(super) primary_auth: PrimaryAuth,
+    /// Where the nodes' announced addresses are dialled, if the application says.
+    #[cfg(any(feature = "cluster", feature = "sentinel"))]
+    pub(super) resolver: Option<Resolver>,
 }
 
 impl Dial {
@@ -123,6 +128,8 @@ impl Dial {
             root_certificates: None,
             #[cfg(feature = "sentinel")]
             primary_auth: PrimaryAuth::default(),
+            #[cfg(any(feature = "cluster", feature = "sentinel"))]
+            resolver: None,
         }
     }
 
@@ -288,9 +295,12 @@ impl Dial {
         &self,
         infos: impl IntoIterator<Item = ConnectionInfo>,
     ) -> ClusterClientBuilder {
-        let builder = ClusterClientBuilder::new(infos)
+        let mut builder = ClusterClientBuilder::new(infos)
             .connection_timeout(self.connection_timeout)
             .response_timeout(self.response_timeout);
+        if let Some(resolver) = &self.resolver {
+            builder = builder.async_dns_resolver(resolver.clone());
+        }
         #[cfg(feature = "tls")]
         if let Some(root_cert) = &self.root_certificates {
             return builder.certs(self.certificates(root_cert));
@@ -360,6 +370,29 @@ mod tests {
             !debug.contains("hunter2") && !debug.contains("s3ntinel"),
             "{debug}"
         );
+    }
+
+    /// One server's URL is the application's own: a resolver there would be silently unused.
+    #[cfg(feature = "cluster")]
+    #[tokio::test(start_paused = true)]
+    async fn a_resolver_is_refused_on_one_server() {
+        struct Unused;
+        impl redis::io::AsyncDNSResolver for Unused {
+            fn resolve<'a, 'b: 'a>(
+                &'a self,
+                _host: &'b str,
+                _port: u16,
+            ) -> redis::RedisFuture<'a, Box<dyn Iterator<Item = std::net::SocketAddr> + Send + 'a>>
+            {
+                unreachable!("never asked")
+            }
+        }
+        let open = RedisStore::builder("redis://127.0.0.1:1/")
+            .dns_resolver(Unused)
+            .open();
+        let error = open.expect_err("refused");
+        assert_eq!(error.kind(), crate::store::StoreErrorKind::Configuration);
+        assert!(error.to_string().contains("dns_resolver"), "{error}");
     }
 
     /// The data nodes' settings are a Sentinel service's alone: elsewhere they would be

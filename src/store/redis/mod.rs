@@ -20,6 +20,7 @@
 //! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
 //! | `cluster.rs` | a Redis Cluster's slot map, for one pipeline per master (feature `cluster`) |
 //! | `cluster_link.rs` | a Cluster connection made in the background by `open` (feature `cluster`) |
+//! | `resolver.rs` | the application's resolver of the nodes' announced addresses (features `cluster`, `sentinel`) |
 //! | `sentinel.rs` | a Sentinel service's primary: asked of the sentinels for every connection, and their announcements that it moved (feature `sentinel`) |
 //!
 //! The lock key of a value holds one of:
@@ -47,6 +48,8 @@ mod liveness;
 mod lookup;
 mod names;
 mod notifications;
+#[cfg(any(feature = "cluster", feature = "sentinel"))]
+mod resolver;
 mod scripts;
 #[cfg(feature = "sentinel")]
 mod sentinel;

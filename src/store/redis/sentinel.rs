@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::dial::{Dial, PrimaryAuth, KEEPER_PAUSE};
 use super::liveness::PING_EVERY;
+use super::resolver::{reachable, Resolver};
 use crate::store::{StoreError, StoreErrorKind};
 
 /// The channel on which a sentinel announces a new primary: `<service> <old ip> <old port>
@@ -46,8 +47,10 @@ pub(super) struct Primary {
     /// How long one question (and one connection to the primary it names) may take.
     wait: Duration,
     config: ConnectionManagerConfig,
+    /// Where the primary's address is dialled (see `resolver.rs`).
+    resolver: Option<Resolver>,
     /// The primary named last, and how many times a change was heard of.
-    current: Mutex<(Option<ConnectionInfo>, u64)>,
+    current: Mutex<Current>,
     /// The primary a sentinel announced last (`host`, `port`), until the sentinels asked
     /// name it too: the sentinel asked first may not have switched yet, and would name the
     /// old primary, which still answers as a master until it is demoted.
@@ -55,6 +58,16 @@ pub(super) struct Primary {
     /// Dropped with the primary: its listener, which holds no strong reference, hears it at
     /// once, whatever it is waiting for (an announcement, a sentinel, a pause).
     dropped: tokio::sync::watch::Sender<()>,
+}
+
+/// The primary named last: as the sentinels name it, and where it is dialled.
+#[derive(Default)]
+struct Current {
+    named: Option<ConnectionAddr>,
+    /// Its settings, at the address the resolver gave (the one named, without a resolver).
+    reachable: Option<ConnectionInfo>,
+    /// How many times a change was heard of.
+    moves: u64,
 }
 
 /// redis-rs's sentinel clients, one per sentinel, asked in turn. A client of several
@@ -133,6 +146,15 @@ impl Primary {
             )
         };
         let lookups = Lookups::new(dial, infos, service, auth).map_err(configuration)?;
+        let tls = infos
+            .iter()
+            .any(|info| matches!(info.addr(), ConnectionAddr::TcpTls { .. }));
+        if tls && dial.resolver.is_some() {
+            return Err(StoreError::of_kind(
+                StoreErrorKind::Configuration,
+                format_args!("a dns_resolver over TLS is refused for {address}: the primary would be dialled at an IP address its certificate does not name"),
+            ));
+        }
         let listeners = infos
             .iter()
             .map(|info| {
@@ -151,7 +173,8 @@ impl Primary {
             address,
             wait: dial.ping_wait(),
             config: dial.manager_config(),
-            current: Mutex::new((None, 0)),
+            resolver: dial.resolver.clone(),
+            current: Mutex::new(Current::default()),
             announced: Mutex::new(None),
             dropped: tokio::sync::watch::channel(()).0,
         }))
@@ -159,17 +182,23 @@ impl Primary {
 
     /// Asks the sentinels where the primary is (within the dial's wait), and remembers it.
     /// Where a sentinel has announced another primary that the sentinels asked do not name
-    /// yet, that one, if it says `ROLE` master.
+    /// yet, that one, if it says `ROLE` master. The client dials it through the resolver.
     pub(super) async fn find(&self) -> RedisResult<redis::Client> {
         let named = self.sentinels.lock().await.ask(self.wait).await;
         let client = self.announced_or(named).await?;
         let info = client.get_connection_info().clone();
+        let reached = reachable(self.resolver.as_ref(), info.clone()).await?;
+        let client = match &self.resolver {
+            Some(_) => redis::Client::open(reached.clone())?,
+            None => client,
+        };
         let mut current = crate::sync::lock(&self.current);
-        if current.0.as_ref().map(ConnectionInfo::addr) != Some(info.addr()) {
+        if current.named.as_ref() != Some(info.addr()) {
             info!(sentinels = %self.address, primary = %info.addr(), "the sentinels name the Redis primary");
-            current.1 = current.1.wrapping_add(1);
+            current.moves = current.moves.wrapping_add(1);
         }
-        current.0 = Some(info);
+        current.named = Some(info.addr().clone());
+        current.reachable = Some(reached);
         Ok(client)
     }
 
@@ -201,8 +230,15 @@ impl Primary {
     /// A client of `info` if the server there says `ROLE` master (within the dial's wait).
     async fn master_at(&self, info: ConnectionInfo) -> Option<redis::Client> {
         let client = redis::Client::open(info).ok()?;
+        let mut config = redis::AsyncConnectionConfig::new();
+        if let Some(resolver) = &self.resolver {
+            config = config.set_dns_resolver(resolver.clone());
+        }
         let role = async {
-            let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+            let mut connection = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .ok()?;
             let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut connection).await.ok()?;
             Some(matches!(role.first(), Some(Value::BulkString(role)) if role == b"master"))
         };
@@ -226,10 +262,11 @@ impl Primary {
             .map_err(|_| redis::RedisError::from((redis::ErrorKind::Io, "connecting timed out")))?
     }
 
-    /// The primary named last, and how many times it changed: a subscriber on an older one
-    /// moves.
+    /// The primary named last (where it is dialled), and how many times it changed: a
+    /// subscriber on an older one moves.
     pub(super) fn current(&self) -> (Option<ConnectionInfo>, u64) {
-        crate::sync::lock(&self.current).clone()
+        let current = crate::sync::lock(&self.current);
+        (current.reachable.clone(), current.moves)
     }
 
     /// Listens to the sentinels' `+switch-master` for this service, one sentinel at a time
@@ -279,15 +316,22 @@ async fn listen_to(
     sentinel: redis::Client,
     moved: &impl Fn(),
 ) -> RedisResult<()> {
-    let (wait, service) = match primary.upgrade() {
-        Some(primary) => (primary.wait, primary.service.clone()),
+    let (wait, service, resolver) = match primary.upgrade() {
+        Some(primary) => (
+            primary.wait,
+            primary.service.clone(),
+            primary.resolver.clone(),
+        ),
         None => return Ok(()),
     };
     let (sender, mut announcements) = tokio::sync::mpsc::unbounded_channel();
-    let config = redis::AsyncConnectionConfig::new()
+    let mut config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(wait))
         .set_response_timeout(Some(wait))
         .set_push_sender(sender);
+    if let Some(resolver) = resolver {
+        config = config.set_dns_resolver(resolver);
+    }
     let mut connection = sentinel
         .get_multiplexed_async_connection_with_config(&config)
         .await?;

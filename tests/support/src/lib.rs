@@ -7,6 +7,7 @@
 //! | --- | --- |
 //! | `lib.rs` | [`Shared`] stores, [`Counter`], [`Logs`], [`report`], the test macros, waiting helpers |
 //! | `fault_proxy.rs` | a TCP proxy between a store and its server that delays, partitions, resets or stalls replies |
+//! | `path_proxies.rs` | a process's fault proxies, one per node, made as its store's resolver meets them (feature `redis`) |
 //! | `http.rs` | requests sent through an app in process, answers read to the end |
 //! | `observed.rs` | a store wrapper that counts, slows, fails or stalls its calls |
 //! | `redis.rs` | `redis-server` processes on free ports (feature `redis`) |
@@ -22,6 +23,8 @@
 pub mod fault_proxy;
 pub mod http;
 pub mod observed;
+#[cfg(feature = "redis")]
+pub mod path_proxies;
 pub mod relay;
 
 /// The store timeout of the tests' caches ([`Shared::cache`]): far beyond a busy machine's
