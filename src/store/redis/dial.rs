@@ -85,6 +85,10 @@ fn info_address(info: &ConnectionInfo) -> String {
 /// How long a keeper waits between two attempts that found no server (or no primary).
 pub(super) const KEEPER_PAUSE: Duration = Duration::from_millis(250);
 
+/// How often a connection that only waits for pushes (the subscriber's, a sentinel listener's)
+/// is asked for a `PING`, so that one gone silent without closing is found.
+pub(super) const PING_EVERY: Duration = Duration::from_secs(1);
+
 /// The credentials and database of a Sentinel service's data nodes, which the sentinels'
 /// URLs do not carry.
 #[cfg(feature = "sentinel")]

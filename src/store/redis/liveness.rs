@@ -37,12 +37,10 @@ use redis::RedisResult;
 use tracing::{debug, info, warn};
 
 use super::connection::Connection;
+use super::dial::PING_EVERY;
 use super::link::Link;
 #[cfg(feature = "sentinel")]
 use super::sentinel::Primary;
-
-/// How often the watchman asks the subscriber's connection for a `PING`.
-pub(super) const PING_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a `PING` may take before notifications count as lost.
 const PING_DEADLINE: Duration = Duration::from_secs(1);

@@ -24,8 +24,7 @@ use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType}
 use redis::{ConnectionAddr, ConnectionInfo, PushKind, RedisResult, Value};
 use tracing::{debug, info, warn};
 
-use super::dial::{Dial, PrimaryAuth, KEEPER_PAUSE};
-use super::liveness::PING_EVERY;
+use super::dial::{Dial, PrimaryAuth, KEEPER_PAUSE, PING_EVERY};
 use super::resolver::{reachable, Resolver};
 use crate::store::{StoreError, StoreErrorKind};
 
