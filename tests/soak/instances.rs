@@ -95,13 +95,13 @@ impl Instances {
 
     fn cache(&self, i: usize) -> Cache {
         let urls = self.urls[i].clone();
-        let path = self.paths.get(i).cloned();
         let store = match self.topology {
             Topology::Server => RedisStore::open(urls[0].clone()),
             #[cfg(feature = "cluster")]
             Topology::Cluster => {
                 let builder = RedisStore::cluster_builder(urls);
-                match path {
+                // This instance's path to every node: its proxies, when path faults are on.
+                match self.paths.get(i).cloned() {
                     Some(path) => builder.dns_resolver(path),
                     None => builder,
                 }
@@ -113,7 +113,8 @@ impl Instances {
                 let service = self.service.clone().expect("a Sentinel service");
                 let builder = RedisStore::sentinel_builder(urls, service)
                     .primary_credentials(Some(&crate::backend::user(i)), "x");
-                match path {
+                // This instance's path to every node: its proxies, when path faults are on.
+                match self.paths.get(i).cloned() {
                     Some(path) => builder.dns_resolver(path),
                     None => builder,
                 }
