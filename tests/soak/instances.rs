@@ -23,7 +23,9 @@ const STORE_TIMEOUT: Duration = Duration::from_millis(200);
 pub struct Instances {
     /// The URLs each instance connects to (its own ACL user's, or the sentinels').
     urls: Vec<Vec<String>>,
-    /// Each instance's paths to the nodes, where the soak draws faults on them.
+    /// Each instance's paths to the nodes, where the soak draws faults on them (read by the
+    /// stores of a Cluster or Sentinel; one server's URLs name its proxy already).
+    #[cfg_attr(not(any(feature = "cluster", feature = "sentinel")), allow(dead_code))]
     paths: Vec<PathProxies>,
     topology: Topology,
     /// The name the sentinels know the primary by, in Sentinel mode.
