@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::leader::{Leader, LeaderStart};
 use super::lock::spawn_release;
-use super::lookup::LookupFound;
+use super::lookup::{FreshValue, LookupFound};
 use super::soft;
 use super::stale::StaleValue;
 use super::wait::Backoff;
@@ -48,6 +48,8 @@ pub(in crate::cache) struct Follower<'a> {
     pub(super) early: &'a FlightPosts,
     next: NextLookup,
     following: Option<Following>,
+    /// The caller's soft timeout, if it gave one.
+    soft_timeout: Option<Duration>,
 }
 
 /// The lookup a flight makes next.
@@ -67,6 +69,33 @@ struct Following {
     since: Instant,
     earlier: EarlierAnswer,
     ended: Option<WaitEnd>,
+}
+
+/// What one lookup found, and when it was read.
+struct Seen {
+    read_at: Instant,
+    /// L1's stamp of the key, taken before the read.
+    stamp: Option<Stamp>,
+    found: LookupFound,
+    /// Whether the lookup took the lock to overwrite what the one before found.
+    overwriting: bool,
+}
+
+/// How one step of the protocol's loop ends.
+enum Next {
+    /// The flight's answer.
+    Answer(FlightResult),
+    /// A fresh value, answered (and maybe refreshed early) with the flight's loader.
+    Fresh(FreshValue, Seen),
+    /// This flight holds the lock: it leads the load.
+    Lead(LeaderStart, Option<StaleValue>),
+    /// A load with in-process protection only, with this outcome.
+    LoadAlone(Outcome),
+    /// A follower that waited `wait_timeout`: the policy decides (with L1's stamp of the key
+    /// and the stale value last seen).
+    TimedOut(Option<Stamp>, Option<StaleValue>),
+    /// Another lookup.
+    LookAgain(NextLookup),
 }
 
 impl<'a> Follower<'a> {
@@ -109,6 +138,7 @@ impl<'a> Follower<'a> {
             early,
             next: NextLookup::First(stamp, found),
             following: None,
+            soft_timeout: loader.soft_timeout(),
         };
         let answer = Box::pin(follower.run(loader)).await;
         if let Some(Following {
@@ -124,198 +154,263 @@ impl<'a> Follower<'a> {
         answer
     }
 
-    /// The protocol's loop, from the flight's first lookup.
+    /// The protocol's loop, from the flight's first lookup: a lookup, then a [`step`] on what
+    /// it found, until a step ends the flight.
+    ///
+    /// [`step`]: Self::step
     async fn run(&mut self, loader: BoxLoader) -> FlightResult {
         let inner = self.inner;
-        let config = &inner.config;
-        let keep = config.lives.keep();
-        let (key, token, early, started) = (self.key, self.token, self.early, self.started);
-        let digest = *key.digest();
-        let waiters_ttl = config.waiters_ttl();
-        let mut backoff = Backoff::new(&config.waits);
+        let mut backoff = Backoff::new(&inner.config.waits);
+        let reader = loader.reader();
         loop {
-            let next = std::mem::replace(&mut self.next, NextLookup::Plain);
-            let overwriting = matches!(next, NextLookup::Overwrite);
-            let (read_at, stamp, found) = match next {
-                NextLookup::First(stamp, found) => (started, stamp, found),
-                NextLookup::Plain | NextLookup::Overwrite => {
-                    let read_at = Instant::now();
-                    // Taken before the read (as the first lookup's).
-                    let stamp = inner.l1.stamp(&digest);
-                    let lock_when = if overwriting {
-                        LockWhen::Always
-                    } else {
-                        LockWhen::LifeAtMost(keep)
-                    };
-                    let reader = loader.reader();
-                    let found = inner
-                        .lookups()
-                        .look_up(read_at, key, token, lock_when, reader, &mut self.filled)
-                        .await;
-                    (read_at, stamp, found)
-                }
+            let next = match self.look_up(reader).await {
+                Ok(seen) => self.step(seen, reader, &mut backoff).await,
+                Err(outcome) => Next::LoadAlone(outcome),
             };
-            let mut found = match found {
-                Ok(found) => found,
-                Err(error) if error.skipped() => {
-                    debug!(key = ?digest, "circuit open; loading with in-process protection only");
-                    return Box::pin(self.load_alone(loader, Outcome::Degraded)).await;
+            match next {
+                Next::Answer(answer) => return answer,
+                Next::Fresh(fresh, Seen { read_at, stamp, .. }) => {
+                    let (digest, followed) = (*self.key.digest(), self.following.is_some());
+                    return Ok(fresh.answer(inner, digest, stamp, read_at, loader, followed));
                 }
-                Err(error) => {
-                    warn!(error = &error as &dyn std::error::Error, key = ?digest, "store lookup failed; loading with in-process protection only");
-                    // A lookup that timed out may still have taken the lock: free it, or every
-                    // other process would wait for its TTL.
-                    spawn_release(&inner.store, key, token);
-                    return Box::pin(self.load_alone(loader, Outcome::Degraded)).await;
-                }
-            };
-            if overwriting && found.lock == LockState::Acquired {
-                // The lock was taken to overwrite a corrupt entry; if another leader has
-                // overwritten it since, use its value instead of loading again.
-                // (Not a tagged one: its tags would need checking; this flight reloads it.)
-                if let Some((Ok(Entry::Value { tags, .. }), Some(ttl))) = &found.entry {
-                    if *ttl > keep && inner.tags().untagged_valid(tags.as_ref()).await {
-                        spawn_release(&inner.store, key, token);
-                        found.lock = LockState::NotRequested;
-                    }
-                }
-            }
-            match found.lock {
-                LockState::Acquired => inner.meter.lock(LockEvent::Acquired),
-                LockState::HeldElsewhere => inner.meter.lock(LockEvent::Contended),
-                _ => {}
-            }
-            if let Some(fresh) = found.take_fresh() {
-                let followed = self.following.is_some();
-                return Ok(fresh.answer(inner, digest, stamp, read_at, loader, followed));
-            }
-            let mut stale = StaleValue::of(&found, keep);
-            let serve_stale = stale.as_ref().is_some_and(|stale| match found.lock {
-                // Serve-while-updating: another leader refreshes it.
-                LockState::HeldElsewhere => stale.serves_while_updating(&inner.config.lives),
-                // Stale-if-error: the last refresh failed a moment ago.
-                LockState::Failed => stale.serves_on_error(&inner.config.lives),
-                _ => false,
-            });
-            if let Some(stale) = stale.take_if(|_| serve_stale) {
-                return Ok(stale.answer());
-            }
-            let earlier = self.following.as_ref().map(|following| &following.earlier);
-            if let (Some(earlier), LockState::Acquired, Some(_)) = (earlier, found.lock, &stale) {
-                // The load this flight waited for ended without a new value: it may have
-                // answered its waiters beside the value it kept for revalidation.
-                let reader = loader.reader();
-                let answer = self.waiters_answer(reader, earlier);
-                if let Some(payload) = Box::pin(answer).await {
-                    spawn_release(&inner.store, key, token);
-                    return Ok(Fetched::loaded(payload, Outcome::Follower));
-                }
-            }
-            let in_place = found.entry.as_ref();
-            if let Some(answer) = in_place.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl)) {
-                // The result of a load that kept nothing, for the calls that waited for it.
-                if earlier
-                    .is_some_and(|earlier| answer.taken_by(earlier, started, read_at, waiters_ttl))
-                {
-                    if found.lock == LockState::Acquired {
-                        spawn_release(&inner.store, key, token);
-                    }
-                    return Ok(Fetched::loaded(answer.payload, Outcome::Follower));
-                }
-                if found.lock == LockState::NotRequested && !overwriting {
-                    // An earlier load's result: this call loads (or follows the load that
-                    // does), although the store calls the key fresh.
-                    self.next = NextLookup::Overwrite;
-                    continue;
-                }
-            }
-            let tagged = found.tagged();
-            // The stale value this lookup found, for `WaitTimeoutPolicy::ServeStale`: the
-            // latest lookup's, so a value gone since (invalidated) is not served.
-            let (last_stale, following) = match (found.lock, found.entry) {
-                (LockState::Acquired, _) => {
-                    let seen = LeaderStart {
-                        stamp,
-                        tagged,
-                        speculative: false,
-                        asked_at: read_at,
-                    };
+                Next::Lead(seen, stale) => {
                     // The leader waits for no fill: its watch ends.
                     self.filled = None;
-                    let key = key.clone();
-                    return Box::pin(Leader::lead(
-                        inner,
-                        seen,
-                        key,
-                        token,
-                        loader,
-                        stale,
-                        Some(early),
-                    ))
-                    .await;
+                    let (key, token, early) = (self.key.clone(), self.token, Some(self.early));
+                    return Box::pin(Leader::lead(inner, seen, key, token, loader, stale, early))
+                        .await;
                 }
-                (_, Some((Ok(Entry::Pass { shared: false }), _))) => return Ok(Fetched::pass()),
-                (_, Some((Ok(Entry::Pass { shared: true }), _))) => {
-                    // A load that stored nothing, whose result may be shared within a
-                    // process: this flight loads once, for every caller that joined it.
-                    let load = self.load_alone(loader, Outcome::Uncached);
-                    return Box::pin(load).await;
+                Next::LoadAlone(outcome) => {
+                    return Box::pin(self.load_alone(loader, outcome)).await;
                 }
-                (_, Some((Err(Corrupt), _))) if !overwriting => {
-                    if found.outdated {
-                        debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
-                    } else {
-                        inner.corrupt_entry(&digest);
-                    }
-                    self.next = NextLookup::Overwrite;
-                    continue;
+                Next::TimedOut(stamp, last_stale) => {
+                    let after = self.after_wait_timeout(stamp, loader, last_stale);
+                    return Box::pin(after).await;
                 }
-                (LockState::Failed, _) => return Err(Error::new(ErrorKind::RecentFailure)),
-                (LockState::HeldElsewhere, entry) => {
-                    let following = match self.following.take() {
-                        Some(following) => following,
-                        None => {
-                            let earlier = if stale.is_some() {
-                                // The load's answer would go beside the value it keeps.
-                                let reader = loader.reader();
-                                Box::pin(self.earlier_answer(reader)).await
-                            } else {
-                                EarlierAnswer::in_place(entry.as_ref())
-                            };
-                            Following {
-                                since: Instant::now(),
-                                earlier,
-                                ended: None,
-                            }
-                        }
-                    };
-                    (stale, following)
-                }
-                (state, _) => {
-                    // Only a store that breaks the lookup contract gets here.
-                    warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
-                    return Box::pin(self.load_alone(loader, Outcome::Degraded)).await;
-                }
-            };
-            // A follower: another leader holds the lock.
-            let waited = started.elapsed();
-            let soft = loader.soft_timeout();
-            let soft = soft::left_for_follower(&config.lives, soft, last_stale.as_ref(), waited);
-            let following = self.following.insert(following);
-            if waited >= config.waits.wait_timeout {
-                following.ended = Some(WaitEnd::TimedOut);
-                debug!(key = ?digest, ?waited, policy = ?config.waits.on_wait_timeout, "wait timed out");
-                let stamp = inner.l1.stamp(&digest);
-                return Box::pin(self.after_wait_timeout(stamp, loader, last_stale)).await;
+                Next::LookAgain(next) => self.next = next,
             }
-            if let (Some(Duration::ZERO), Some(stale)) = (soft, last_stale) {
-                return Ok(stale.answer());
-            }
-            let limit = (config.waits.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
-            let notifier = inner.l1.notifier();
-            let wait = backoff.wait_between_reads(&mut self.filled, notifier, limit);
-            following.ended = Some(Box::pin(wait).await);
         }
+    }
+
+    /// The flight's next lookup (the first was made before the loop); or, where the store
+    /// did not answer, the outcome of a load with in-process protection.
+    async fn look_up(&mut self, reader: Reader<'_>) -> Result<Seen, Outcome> {
+        let inner = self.inner;
+        let (key, digest) = (self.key, *self.key.digest());
+        let next = std::mem::replace(&mut self.next, NextLookup::Plain);
+        let overwriting = matches!(next, NextLookup::Overwrite);
+        let (read_at, stamp, found) = match next {
+            NextLookup::First(stamp, found) => (self.started, stamp, found),
+            NextLookup::Plain | NextLookup::Overwrite => {
+                let read_at = Instant::now();
+                // Taken before the read (as the first lookup's).
+                let stamp = inner.l1.stamp(&digest);
+                let lock_when = if overwriting {
+                    LockWhen::Always
+                } else {
+                    LockWhen::LifeAtMost(inner.config.lives.keep())
+                };
+                let token = self.token;
+                let found = inner
+                    .lookups()
+                    .look_up(read_at, key, token, lock_when, reader, &mut self.filled)
+                    .await;
+                (read_at, stamp, found)
+            }
+        };
+        match found {
+            Ok(found) => Ok(Seen {
+                read_at,
+                stamp,
+                found,
+                overwriting,
+            }),
+            Err(error) if error.skipped() => {
+                debug!(key = ?digest, "circuit open; loading with in-process protection only");
+                Err(Outcome::Degraded)
+            }
+            Err(error) => {
+                warn!(error = &error as &dyn std::error::Error, key = ?digest, "store lookup failed; loading with in-process protection only");
+                // A lookup that timed out may still have taken the lock: free it, or every
+                // other process would wait for its TTL.
+                spawn_release(&inner.store, key, self.token);
+                Err(Outcome::Degraded)
+            }
+        }
+    }
+
+    /// What the flight does with what one lookup found: answer it (fresh, stale, or a load's
+    /// answer for its waiters), or go on by the lock and the entry ([`route`](Self::route)).
+    async fn step(&mut self, mut seen: Seen, reader: Reader<'_>, backoff: &mut Backoff) -> Next {
+        let inner = self.inner;
+        let keep = inner.config.lives.keep();
+        if seen.overwriting && seen.found.lock == LockState::Acquired {
+            // The lock was taken to overwrite a corrupt entry; if another leader has
+            // overwritten it since, use its value instead of loading again.
+            // (Not a tagged one: its tags would need checking; this flight reloads it.)
+            if let Some((Ok(Entry::Value { tags, .. }), Some(ttl))) = &seen.found.entry {
+                if *ttl > keep && inner.tags().untagged_valid(tags.as_ref()).await {
+                    spawn_release(&inner.store, self.key, self.token);
+                    seen.found.lock = LockState::NotRequested;
+                }
+            }
+        }
+        match seen.found.lock {
+            LockState::Acquired => inner.meter.lock(LockEvent::Acquired),
+            LockState::HeldElsewhere => inner.meter.lock(LockEvent::Contended),
+            _ => {}
+        }
+        if let Some(fresh) = seen.found.take_fresh() {
+            return Next::Fresh(fresh, seen);
+        }
+        let mut stale = StaleValue::of(&seen.found, keep);
+        let serve_stale = stale.as_ref().is_some_and(|stale| match seen.found.lock {
+            // Serve-while-updating: another leader refreshes it.
+            LockState::HeldElsewhere => stale.serves_while_updating(&inner.config.lives),
+            // Stale-if-error: the last refresh failed a moment ago.
+            LockState::Failed => stale.serves_on_error(&inner.config.lives),
+            _ => false,
+        });
+        if let Some(stale) = stale.take_if(|_| serve_stale) {
+            return Next::Answer(Ok(stale.answer()));
+        }
+        if let Some(next) = self.for_waiters(&seen, stale.is_some(), reader).await {
+            return next;
+        }
+        self.route(seen, stale, reader, backoff).await
+    }
+
+    /// The answer a load that kept nothing (or kept a value for revalidation) left for the
+    /// calls that waited for it, if this flight waited for that load; or a look again where an
+    /// earlier load's answer stands in place of the value.
+    async fn for_waiters(&self, seen: &Seen, stale: bool, reader: Reader<'_>) -> Option<Next> {
+        let found = &seen.found;
+        let release = || spawn_release(&self.inner.store, self.key, self.token);
+        let earlier = self.following.as_ref().map(|following| &following.earlier);
+        if let (Some(earlier), LockState::Acquired, true) = (earlier, found.lock, stale) {
+            // The load this flight waited for ended without a new value: it may have
+            // answered its waiters beside the value it kept for revalidation.
+            let answer = self.waiters_answer(reader, earlier);
+            if let Some(payload) = Box::pin(answer).await {
+                release();
+                return Some(Next::Answer(Ok(Fetched::loaded(
+                    payload,
+                    Outcome::Follower,
+                ))));
+            }
+        }
+        let in_place = found.entry.as_ref();
+        let answer = in_place.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl))?;
+        let waiters_ttl = self.inner.config.waiters_ttl();
+        if earlier.is_some_and(|earlier| {
+            answer.taken_by(earlier, self.started, seen.read_at, waiters_ttl)
+        }) {
+            if found.lock == LockState::Acquired {
+                release();
+            }
+            return Some(Next::Answer(Ok(Fetched::loaded(
+                answer.payload,
+                Outcome::Follower,
+            ))));
+        }
+        // An earlier load's result: this call loads (or follows the load that does), although
+        // the store calls the key fresh.
+        (found.lock == LockState::NotRequested && !seen.overwriting)
+            .then_some(Next::LookAgain(NextLookup::Overwrite))
+    }
+
+    /// Where the lock and the entry send the flight: it leads, passes, loads alone, looks
+    /// again to overwrite what it cannot read, fails as the last load did, or follows another
+    /// leader's load ([`follow`](Self::follow)).
+    async fn route(
+        &mut self,
+        seen: Seen,
+        stale: Option<StaleValue>,
+        reader: Reader<'_>,
+        backoff: &mut Backoff,
+    ) -> Next {
+        let digest = *self.key.digest();
+        let tagged = seen.found.tagged();
+        let start = LeaderStart {
+            stamp: seen.stamp,
+            tagged,
+            speculative: false,
+            asked_at: seen.read_at,
+        };
+        match (seen.found.lock, seen.found.entry) {
+            (LockState::Acquired, _) => Next::Lead(start, stale),
+            (_, Some((Ok(Entry::Pass { shared: false }), _))) => Next::Answer(Ok(Fetched::pass())),
+            // A load that stored nothing, whose result may be shared within a process: this
+            // flight loads once, for every caller that joined it.
+            (_, Some((Ok(Entry::Pass { shared: true }), _))) => Next::LoadAlone(Outcome::Uncached),
+            (_, Some((Err(Corrupt), _))) if !seen.overwriting => {
+                if seen.found.outdated {
+                    debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
+                } else {
+                    self.inner.corrupt_entry(&digest);
+                }
+                Next::LookAgain(NextLookup::Overwrite)
+            }
+            (LockState::Failed, _) => Next::Answer(Err(Error::new(ErrorKind::RecentFailure))),
+            (LockState::HeldElsewhere, entry) => {
+                let following = match self.following.take() {
+                    Some(following) => following,
+                    None => {
+                        let earlier = if stale.is_some() {
+                            // The load's answer would go beside the value it keeps.
+                            Box::pin(self.earlier_answer(reader)).await
+                        } else {
+                            EarlierAnswer::in_place(entry.as_ref())
+                        };
+                        let (since, ended) = (Instant::now(), None);
+                        Following {
+                            since,
+                            earlier,
+                            ended,
+                        }
+                    }
+                };
+                // The stale value this lookup found, for `WaitTimeoutPolicy::ServeStale`: the
+                // latest lookup's, so a value gone since (invalidated) is not served.
+                self.follow(following, stale, backoff).await
+            }
+            (state, _) => {
+                // Only a store that breaks the lookup contract gets here.
+                warn!(?state, key = ?digest, "unexpected store lookup; loading with in-process protection only");
+                Next::LoadAlone(Outcome::Degraded)
+            }
+        }
+    }
+
+    /// A follower's wait for another leader's load, until the next lookup: woken by its fill
+    /// or by the backoff's poll, within what is left of the wait and of a soft timeout. Ends
+    /// the flight where the wait has timed out, or the soft timeout has with a stale value.
+    async fn follow(
+        &mut self,
+        following: Following,
+        last_stale: Option<StaleValue>,
+        backoff: &mut Backoff,
+    ) -> Next {
+        let inner = self.inner;
+        let waits = &inner.config.waits;
+        let waited = self.started.elapsed();
+        let soft = self.soft_timeout;
+        let soft = soft::left_for_follower(&inner.config.lives, soft, last_stale.as_ref(), waited);
+        let following = self.following.insert(following);
+        let digest = *self.key.digest();
+        if waited >= waits.wait_timeout {
+            following.ended = Some(WaitEnd::TimedOut);
+            debug!(key = ?digest, ?waited, policy = ?waits.on_wait_timeout, "wait timed out");
+            return Next::TimedOut(inner.l1.stamp(&digest), last_stale);
+        }
+        if let (Some(Duration::ZERO), Some(stale)) = (soft, last_stale) {
+            return Next::Answer(Ok(stale.answer()));
+        }
+        let limit = (waits.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
+        let notifier = inner.l1.notifier();
+        let wait = backoff.wait_between_reads(&mut self.filled, notifier, limit);
+        following.ended = Some(Box::pin(wait).await);
+        Next::LookAgain(NextLookup::Plain)
     }
 
     /// What a follower does once it has waited `wait_timeout`: the configured policy.
