@@ -4,7 +4,9 @@
 //! lock's TTL). A load as every role runs it is in `load.rs`; loads made without the lock in
 //! `without_lock.rs`.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
 
 use tokio::time::Instant;
 use tracing::warn;
@@ -14,13 +16,14 @@ use super::lock::LockGuard;
 use super::soft;
 use super::stale::{unchanged_since, StaleValue};
 use crate::cache::carry::{Early, FlightPosts};
+use crate::cache::config::Lives;
 use crate::cache::entry::{self, Tagged};
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::LoadedKind;
 use crate::cache::telemetry::LockEvent;
 use crate::cache::{Error, Fetched, Inner, Loaded, Outcome};
-use crate::store::{LockToken, Stamp, StoreError, StoreKey};
+use crate::store::{LockToken, Stamp, StoreError, StoreKey, TagClock};
 
 /// What a leader knows of its key from the lookup that made it leader.
 pub(in crate::cache) struct LeaderStart {
@@ -91,26 +94,14 @@ impl<'a> Leader<'a> {
         // Dropped before the guard: the renewals stop before a guard's release.
         let keys = vec![leader.key().clone()];
         let _watchdog = inner.renewals.watch(keys, token, seen.asked_at);
-        let mut posted = false;
-        if let (Some(stale), true) = (&stale, inner.config.loads.refresh_in_background) {
-            if let Some(left) = stale.window_left(&inner.config.lives) {
-                // Servable to the callers that join this flight only while it is within the
-                // stale window; later joiners wait for the load's answer.
-                posted = leader.post_early(stale, left);
-            }
-        }
+        let posted = stale.as_ref().is_some_and(|stale| leader.post_stale(stale));
         let clock = inner.tags().clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let previous = leader.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
+        let lives = &inner.config.lives;
         let soft = loader.soft_timeout();
-        let soft = soft::for_leader(
-            &inner.config.lives,
-            soft,
-            stale.as_ref(),
-            early.is_some(),
-            posted,
-        );
+        let soft = soft::for_leader(lives, soft, stale.as_ref(), early.is_some(), posted);
         let load = inner.load(loader, previous);
         let loaded = soft::within(load, soft, || {
             if let Some(stale) = &stale {
@@ -119,43 +110,9 @@ impl<'a> Leader<'a> {
         })
         .await;
         let load_time = started.elapsed();
-        // A result for the waiters only is a failed load for an early refresh (nobody waits;
-        // the value it refreshes stays), and, for a failure's answer, where a stale value
-        // stands in for it.
-        let loaded = match loaded {
-            Ok(Loaded {
-                kind: LoadedKind::ForWaiters { failed, .. },
-                ..
-            }) if seen.speculative
-                || (failed
-                    && stale
-                        .as_ref()
-                        .is_some_and(|stale| stale.serves_on_error(&inner.config.lives))) =>
-            {
-                Err(Error::load(
-                    "the load's result is for its waiters only".into(),
-                ))
-            }
-            loaded => loaded,
-        };
-        let loaded = match loaded {
+        let loaded = match for_callers(loaded, seen.speculative, stale.as_ref(), lives) {
             Ok(loaded) => loaded,
-            Err(error) => {
-                leader.tell_failure(seen.speculative).await;
-                let overtaken = early.is_some_and(FlightPosts::is_overtaken);
-                return match stale {
-                    Some(stale)
-                        if stale.serves_on_error(&inner.config.lives)
-                            && stale
-                                .still_stands(inner, &leader.guard.key, overtaken)
-                                .await =>
-                    {
-                        warn!(key = ?leader.guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
-                        Ok(stale.answer())
-                    }
-                    _ => Err(error),
-                };
-            }
+            Err(error) => return leader.failed(error, seen.speculative, stale).await,
         };
         if !loaded.tags.is_empty() {
             inner.known_tags.mark_seen();
@@ -167,40 +124,75 @@ impl<'a> Leader<'a> {
         {
             return Ok(leader.renew(stale, life, started_at).await);
         }
+        let load = (started_at, load_time);
+        Ok(leader.store(loaded, clock, load, kept).await)
+    }
+
+    /// With a stale value and refreshes in the background, posts it for the flight's callers
+    /// while it is within its stale window; whether it did.
+    fn post_stale(&mut self, stale: &StaleValue) -> bool {
+        let config = &self.inner.config;
+        if !config.loads.refresh_in_background {
+            return false;
+        }
+        // Servable to the callers that join this flight only while it is within the stale
+        // window; later joiners wait for the load's answer.
+        match stale.window_left(&config.lives) {
+            Some(left) => self.post_early(stale, left),
+            None => false,
+        }
+    }
+
+    /// A failed load: told to the store (a failure marker, unless `speculative`), and
+    /// answered with the stale value where stale-if-error allows and it still stands.
+    async fn failed(
+        &mut self,
+        error: Error,
+        speculative: bool,
+        stale: Option<StaleValue>,
+    ) -> FlightResult {
+        self.tell_failure(speculative).await;
+        let overtaken = self.flight.is_some_and(FlightPosts::is_overtaken);
+        let inner = self.inner;
+        match stale {
+            Some(stale)
+                if stale.serves_on_error(&inner.config.lives)
+                    && stale.still_stands(inner, &self.guard.key, overtaken).await =>
+            {
+                warn!(key = ?self.guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
+                Ok(stale.answer())
+            }
+            _ => Err(error),
+        }
+    }
+
+    /// Stores what the load gave, as its kind asks: a value (fenced, tagged with `clock`), an
+    /// answer for the waiters (beside the value `kept` for revalidation, or in its place), or
+    /// a pass; `load` is when it started and how long it took.
+    async fn store(
+        &mut self,
+        loaded: Loaded,
+        clock: Option<TagClock>,
+        load: (SystemTime, Duration),
+        kept: bool,
+    ) -> Fetched {
+        let inner = self.inner;
+        let life = loaded.life();
         match (loaded.kind, tagged(loaded.tags, clock)) {
             (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {
-                warn!(key = ?leader.guard.key, "a value without the namespace's generation (the tag clock), or with too many tags, is not stored");
-                leader.release_lock().await;
-                Ok(Fetched::loaded(bytes, Outcome::Leader))
+                warn!(key = ?self.guard.key, "a value without the namespace's generation (the tag clock), or with too many tags, is not stored");
+                self.release_lock().await;
+                Fetched::loaded(bytes, Outcome::Leader)
             }
             (LoadedKind::Value { bytes, .. }, Ok(tagged)) => {
-                let load = (started_at, load_time);
                 let fill =
                     inner.ready_to_store(&bytes, life, load, Some(&tagged), Some(loaded.windows));
-                leader.fill_value(&fill, Some(&tagged)).await;
-                Ok(Fetched::loaded(fill.value, Outcome::Leader))
+                self.fill_value(&fill, Some(&tagged)).await;
+                Fetched::loaded(fill.value, Outcome::Leader)
             }
             (LoadedKind::ForWaiters { bytes, .. }, _) => {
-                // Kept for as long as the followers take to read it; never in L1. A value
-                // kept past its freshness stays in its place, for the next load to revalidate:
-                // the answer goes beside it (the followers that find it still stale look
-                // there); else it takes the value's place, where followers find it at once.
-                let ttl = inner.config.waiters_ttl();
-                let answer = entry::encode_for_waiters(&bytes, started_at, load_time, ttl);
-                let written = if kept {
-                    inner
-                        .store
-                        .answer_waiters(&leader.guard.key, token, answer, ttl)
-                } else {
-                    inner.store.fill(&leader.guard.key, token, answer, ttl)
-                };
-                if let Ok(filled) = inner.breaker.finish(written).await {
-                    leader.guard.disarm();
-                    if !filled {
-                        inner.meter.lock(LockEvent::Lost);
-                    }
-                }
-                Ok(Fetched::loaded(bytes, Outcome::Leader))
+                self.fill_for_waiters(&bytes, load, kept).await;
+                Fetched::loaded(bytes, Outcome::Leader)
             }
             // `load` lets "not modified" through only with a previous value, which renewed.
             (kind @ (LoadedKind::Pass { .. } | LoadedKind::NotModified { .. }), _) => {
@@ -208,20 +200,42 @@ impl<'a> Leader<'a> {
                     LoadedKind::Pass { handoff, shared } => (handoff, shared),
                     _ => (None, false),
                 };
-                let pass = entry::encode_pass(started_at, shared);
-                if let Ok(true | false) = inner
-                    .breaker
-                    .finish(inner.store.fill(
-                        &leader.guard.key,
-                        token,
-                        pass,
-                        inner.config.lives.pass_ttl,
-                    ))
-                    .await
-                {
-                    leader.guard.disarm();
+                let pass = entry::encode_pass(load.0, shared);
+                let (key, token) = (&self.guard.key, self.guard.token);
+                let filled = inner
+                    .store
+                    .fill(key, token, pass, inner.config.lives.pass_ttl);
+                if let Ok(true | false) = inner.breaker.finish(filled).await {
+                    self.guard.disarm();
                 }
-                Ok(Fetched::pass_with(handoff))
+                Fetched::pass_with(handoff)
+            }
+        }
+    }
+
+    /// Writes a load's answer for its waiters, kept for as long as they take to read it and
+    /// never in L1. A value `kept` past its freshness stays in its place, for the next load to
+    /// revalidate: the answer goes beside it (the followers that find it still stale look
+    /// there); else it takes the value's place, where followers find it at once.
+    async fn fill_for_waiters(
+        &mut self,
+        bytes: &Bytes,
+        (started_at, took): (SystemTime, Duration),
+        kept: bool,
+    ) {
+        let inner = self.inner;
+        let ttl = inner.config.waiters_ttl();
+        let answer = entry::encode_for_waiters(bytes, started_at, took, ttl);
+        let (key, token) = (&self.guard.key, self.guard.token);
+        let written = if kept {
+            inner.store.answer_waiters(key, token, answer, ttl)
+        } else {
+            inner.store.fill(key, token, answer, ttl)
+        };
+        if let Ok(filled) = inner.breaker.finish(written).await {
+            self.guard.disarm();
+            if !filled {
+                inner.meter.lock(LockEvent::Lost);
             }
         }
     }
@@ -331,5 +345,29 @@ impl<'a> Leader<'a> {
         let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
         flight.post(Some((Ok(answer), Some(Early { until, holds }))));
         true
+    }
+}
+
+/// A load's result as the flight's callers take it: an answer for the waiters only is a
+/// failed load for an early refresh (`speculative`: nobody waits, and the value it refreshes
+/// stays), and, for a failure's answer, where a stale value stands in for it.
+fn for_callers(
+    loaded: Result<Loaded, Error>,
+    speculative: bool,
+    stale: Option<&StaleValue>,
+    lives: &Lives,
+) -> Result<Loaded, Error> {
+    match loaded {
+        Ok(Loaded {
+            kind: LoadedKind::ForWaiters { failed, .. },
+            ..
+        }) if speculative
+            || (failed && stale.is_some_and(|stale| stale.serves_on_error(lives))) =>
+        {
+            Err(Error::load(
+                "the load's result is for its waiters only".into(),
+            ))
+        }
+        loaded => loaded,
     }
 }
