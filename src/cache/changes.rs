@@ -72,7 +72,13 @@ impl Cache {
     /// key from every process's L1 (the next read there is one store round trip).
     ///
     /// The write voids the key's reload lock, as [`invalidate`](Self::invalidate) does: a
-    /// load that started before it cannot overwrite `value` with an older result.
+    /// load that started before it cannot overwrite `value` with an older result. Of two
+    /// writes of one key, the one made later by its process's clock stands, whichever reaches
+    /// the store last: a `set` that failed here (it timed out, its bytes held up on the
+    /// network) and lands afterwards never undoes a newer one. Sets of one key from processes
+    /// whose clocks disagree, made closer together than that disagreement, are ordered by
+    /// the clocks. (An invalidation leaves nothing to compare with: a `set` held up past an
+    /// [`invalidate`](Self::invalidate) of the key writes its value when it lands.)
     ///
     /// # Errors
     ///

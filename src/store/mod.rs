@@ -325,7 +325,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// [`Change::Set`]: writes `value` for `ttl`, fresh for `fresh_for`, and voids the lock
-    /// of `key`; then notifies.
+    /// of `key`; then notifies. Nothing changes where the stored value was written later
+    /// (the fence of [`Change::Set`]): the newer write stands, and this one succeeds.
     fn set(
         &self,
         key: &StoreKey,

@@ -124,7 +124,10 @@ pub enum Change {
     },
     /// Writes `value` for `ttl`, fresh for `fresh_for` (at most `ttl`), and voids the lock as
     /// [`Invalidate`](Self::Invalidate) does, so a load that started before cannot overwrite
-    /// it ([`Store::set`]). Answers `true`.
+    /// it ([`Store::set`]). Fenced as [`Put`](Self::Put) is: where the stored value was
+    /// written (or its load started) later than `value`, changes nothing and answers `false`,
+    /// so a write held up on the network (its caller timed out, its bytes still on their way)
+    /// never undoes a newer one when it lands; else answers `true`.
     Set {
         /// The bytes to store.
         value: Bytes,

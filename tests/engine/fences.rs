@@ -366,3 +366,57 @@ async fn a_failed_fill_keeps_no_value_outdated_during_its_load(shared: Shared) {
     assert_eq!(second.value().unwrap(), "current");
     assert_eq!(loads.get(), 2);
 }
+
+store_test!(a_set_that_lands_after_a_newer_one_changes_nothing);
+
+/// A `set` that reaches the store after a newer one (its caller timed out while the network
+/// held its bytes, and they flowed once the path healed) changes nothing: the newer value
+/// stands, and the late write still answers `Ok` (it was superseded, not lost). Replayed here
+/// as the store would receive it: the older entry's own bytes, written again after the newer
+/// `set`. Bytes that are not the engine's entries carry no write time and are not fenced.
+async fn a_set_that_lands_after_a_newer_one_changes_nothing(shared: Shared) {
+    let store = &shared.store;
+    let cache = Cache::builder_shared(store.clone()).build();
+    let key = cache.store_key("late");
+    let ttl = Duration::from_secs(60);
+    cache.set("late", "old", ttl).await.unwrap();
+    let old = store
+        .get(&key)
+        .await
+        .unwrap()
+        .expect("the old set stored")
+        .bytes;
+    // Written a few milliseconds later by the clock the entries carry.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    cache.set("late", "new", ttl).await.unwrap();
+    let new = store
+        .get(&key)
+        .await
+        .unwrap()
+        .expect("the new set stored")
+        .bytes;
+    assert!(
+        load_start(&old) < load_start(&new),
+        "the new set was written later"
+    );
+
+    store.set(&key, old.clone(), ttl, ttl).await.unwrap();
+    let stored = store.get(&key).await.unwrap().expect("a value").bytes;
+    assert_eq!(stored, new, "the late set undid the newer one");
+    let read = cache
+        .fetch("late", loader(&Counter::default(), Ok("loaded")))
+        .await
+        .unwrap();
+    assert_eq!(read.value().map(|v| &v[..]), Some(&b"new"[..]));
+
+    // Foreign bytes have no write time: they are written, and overwritten, as sent.
+    store
+        .set(&key, Bytes::from_static(b"foreign"), ttl, ttl)
+        .await
+        .unwrap();
+    let stored = store.get(&key).await.unwrap().expect("a value").bytes;
+    assert_eq!(stored, Bytes::from_static(b"foreign"));
+    store.set(&key, old.clone(), ttl, ttl).await.unwrap();
+    let stored = store.get(&key).await.unwrap().expect("a value").bytes;
+    assert_eq!(stored, old, "an entry over foreign bytes is written");
+}

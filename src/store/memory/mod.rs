@@ -251,6 +251,23 @@ impl MemoryStore {
         true
     }
 
+    /// A set, fenced as a put is: refused where the stored value was written (or its load
+    /// started) later; else written and the lock voided, then notified. Freshness is judged
+    /// by each lookup from the remaining life: no marker to set.
+    fn set_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.newer_stored(key, &value, now) {
+            return false;
+        }
+        state.insert_value(key, value, expiry(now, ttl));
+        state.locks.remove(key);
+        state.wrote(now);
+        drop(state);
+        self.notifier.notify(key);
+        true
+    }
+
     /// Renews each of `locks` that is its token's, in one step on the state (as one round
     /// trip on Redis).
     fn extend_now(&self, locks: &[(StoreKey, LockToken)], lock_ttl: Duration) -> Vec<bool> {

@@ -60,11 +60,7 @@ impl Store for MemoryStore {
     fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>> {
         let changed = match what {
             Change::Put { value, ttl } => self.put_now(key, value, ttl),
-            Change::Set { value, ttl, .. } => {
-                // Freshness is judged by each lookup from the remaining life; no marker to set.
-                self.change_now(key, |_, now| Some((value, expiry(now, ttl))));
-                true
-            }
+            Change::Set { value, ttl, .. } => self.set_now(key, value, ttl),
             Change::Expire { keep } => {
                 self.change_now(key, |old, now| {
                     let (bytes, expires) = old?;

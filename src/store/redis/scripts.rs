@@ -248,11 +248,16 @@ return 1
 
 /// Writes the value (`ARGV[1]`) for `ARGV[2]` ms and voids the lock, leaving the `fresh`
 /// marker for the value's freshness (`ARGV[3]` ms, none if 0), then publishes (`ARGV[4]`,
-/// `ARGV[5]`).
+/// `ARGV[5]`); fenced as [`PUT`] is: refused (0) where the stored value was written (or its
+/// load started) later than `ARGV[6]`, so that a write delayed on the way never undoes a
+/// newer one.
 pub(super) static SET: LazyLock<Script> = LazyLock::new(|| {
     publishing(
-        "",
+        LOAD_START_FUNCTIONS,
         r"
+local new = tonumber(ARGV[6])
+local stored = new and load_start(redis.pcall('GETRANGE', KEYS[1], 0, 15))
+if stored and stored > new then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local fresh = tonumber(ARGV[3])
 if fresh >= 1 then

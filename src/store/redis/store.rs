@@ -166,10 +166,7 @@ impl RedisStore {
                 let mut call = script_call(&PUT, &[KeyName::value(key)]);
                 call.arg(value.as_ref()).arg(millis(ttl));
                 let mut call = self.publishing(call, key);
-                match load_start(&value) {
-                    Some(started) => call.arg(itoa::Buffer::new().format(started)),
-                    None => call.arg(""),
-                };
+                call.arg(load_start_arg(&value));
                 (&PUT, call)
             }
             Change::Set {
@@ -185,7 +182,9 @@ impl RedisStore {
                     millis(fresh_for.min(ttl))
                 };
                 call.arg(value.as_ref()).arg(millis(ttl)).arg(fresh);
-                (&SET, self.publishing(call, key))
+                let mut call = self.publishing(call, key);
+                call.arg(load_start_arg(&value));
+                (&SET, call)
             }
             Change::Expire { keep } => {
                 let mut call = script_call(&EXPIRE, &KeyName::value_and_lock(key));
@@ -361,6 +360,12 @@ impl Store for RedisStore {
     fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
         self.clear_now(namespace)
     }
+}
+
+/// The load start of a value the engine wrote, as the fenced scripts take it (`""` for other
+/// bytes, which they let any write replace).
+fn load_start_arg(value: &[u8]) -> String {
+    load_start(value).map_or_else(String::new, |started| started.to_string())
 }
 
 #[cfg(test)]
