@@ -58,49 +58,41 @@ impl EarlyRefresh {
         });
     }
 
+    /// The lookup's terms: the lock, only while the store holds the value this refresh is for
+    /// (its remaining life, give or take a round trip, is below what a newer value has: a
+    /// whole TTL) and it is still fresh there.
+    fn lock_when(&self) -> LockWhen {
+        let keep = self.inner.config.lives.keep();
+        let left = self.fresh_until.saturating_duration_since(Instant::now());
+        LockWhen::Early {
+            life: keep
+                .saturating_add(left)
+                .saturating_add(EARLY_REFRESH_SLACK),
+            fresh_above: keep,
+        }
+    }
+
     /// An early refresh of the value that is fresh until `fresh_until`: takes the lock if the
     /// store still holds that value (not a newer one, refreshed by another process) and no one
     /// else holds the lock, then leads as any reload does. If another process is refreshing
     /// it, waits for that fill (while the value is still fresh) and takes the new value into
     /// L1, so this process does not start refresh after refresh meanwhile.
     async fn run(self) {
-        let EarlyRefresh {
-            inner,
-            digest,
-            loader,
-            fresh_until,
-        } = self;
+        let lock_when = self.lock_when();
+        let (inner, digest, loader) = (self.inner, self.digest, self.loader);
         let inner = &inner;
         let config = &inner.config;
         let key = StoreKey::new(Arc::clone(&config.namespace), digest);
         let token = LockToken::random();
-        // The store's remaining life of that value, give or take a round trip: a newer value
-        // has a whole TTL left.
-        let below = config
-            .lives
-            .keep()
-            .saturating_add(fresh_until.saturating_duration_since(Instant::now()))
-            .saturating_add(EARLY_REFRESH_SLACK);
         let mut filled = inner.lookups().watch_fills(&key);
         let mut backoff = Backoff::new(&config.waits);
         let mut fresh_until = None;
         loop {
             let stamp = inner.l1.stamp(&digest);
-            let reader = loader.reader();
-            let asked_at = Instant::now();
+            let (reader, asked_at) = (loader.reader(), Instant::now());
             let found = match inner
                 .lookups()
-                .look_up(
-                    asked_at,
-                    &key,
-                    token,
-                    LockWhen::Early {
-                        life: below,
-                        fresh_above: config.lives.keep(),
-                    },
-                    reader,
-                    &mut filled,
-                )
+                .look_up(asked_at, &key, token, lock_when, reader, &mut filled)
                 .await
             {
                 Ok(found) => found,
@@ -115,22 +107,15 @@ impl EarlyRefresh {
             let tagged = found.tagged();
             match (found.lock, found.entry) {
                 (LockState::Acquired, _) => {
-                    inner.meter.lock(LockEvent::Acquired);
-                    debug!(key = ?digest, "refreshing early");
+                    // The leader waits for no fill: its watch (which borrows the key) ends.
+                    drop(filled);
                     let seen = LeaderStart {
                         stamp,
                         tagged,
                         speculative: true,
                         asked_at,
                     };
-                    // The leader waits for no fill: its watch (which borrows the key) ends.
-                    drop(filled);
-                    if let Err(error) =
-                        Leader::lead(inner, seen, key, token, loader, None, None).await
-                    {
-                        warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
-                    }
-                    return;
+                    return lead(inner, seen, key, token, loader).await;
                 }
                 (
                     LockState::NotRequested,
@@ -143,36 +128,46 @@ impl EarlyRefresh {
                 ) => {
                     // Refreshed by another process: take its value.
                     let fresh_for = ttl.unwrap_or_default().saturating_sub(config.lives.keep());
-                    inner.l1_insert(
-                        stamp,
-                        found.tag_stamps,
-                        digest,
-                        &payload,
-                        fresh_for,
-                        load_time,
-                    );
+                    let tags = found.tag_stamps;
+                    inner.l1_insert(stamp, tags, digest, &payload, fresh_for, load_time);
                     return;
                 }
                 (LockState::HeldElsewhere, Some((_, ttl))) => {
                     // Being refreshed elsewhere: follow it while the value is fresh.
                     let until = *fresh_until.get_or_insert_with(|| {
-                        crate::sync::later(
-                            Instant::now(),
-                            ttl.unwrap_or_default().saturating_sub(config.lives.keep()),
-                        )
+                        let fresh_for = ttl.unwrap_or_default().saturating_sub(config.lives.keep());
+                        crate::sync::later(Instant::now(), fresh_for)
                     });
                     let now = Instant::now();
                     if now >= until {
                         return;
                     }
                     let notifier = inner.l1.notifier();
-                    let wait = backoff.wait_between_reads(&mut filled, notifier, until - now);
-                    let _ = wait.await;
+                    let _ = backoff
+                        .wait_between_reads(&mut filled, notifier, until - now)
+                        .await;
                 }
                 // Gone, or recently failed: ordinary flights deal with it.
                 _ => return,
             }
         }
+    }
+}
+
+/// An early refresh that took the lock: it leads as any reload does, speculative (a failure
+/// is not shared: the value it refreshes stays).
+async fn lead(
+    inner: &Inner,
+    seen: LeaderStart,
+    key: StoreKey,
+    token: LockToken,
+    loader: BoxLoader,
+) {
+    inner.meter.lock(LockEvent::Acquired);
+    let digest = *key.digest();
+    debug!(key = ?digest, "refreshing early");
+    if let Err(error) = Leader::lead(inner, seen, key, token, loader, None, None).await {
+        warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
     }
 }
 
