@@ -24,7 +24,7 @@ use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;
 use crate::cache::loaded::Life;
 use crate::cache::{BoxError, Error, ErrorKind, Gives, Inner, Loaded, Previous};
-use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
+use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Lookup, Stamp, StoreKey};
 
 /// A batch's loader, its own type erased: handed the keys to load, it answers their values.
 pub(in crate::cache) type BatchLoad<K> =
@@ -83,6 +83,26 @@ struct Sorted<K> {
     followed: Vec<(K, KeyDigest)>,
     /// All of them, when the lookup was not sent (the breaker open): loaded here, alone.
     alone: Vec<(K, KeyDigest)>,
+}
+
+impl<K> Sorted<K> {
+    /// Keys the lookup could not sort: `followed`, each its own way (the lookup failed), or
+    /// `alone`, loaded here (it was not sent).
+    fn apart(followed: Vec<(K, KeyDigest)>, alone: Vec<(K, KeyDigest)>) -> Self {
+        Sorted {
+            led: Vec::new(),
+            followed,
+            alone,
+        }
+    }
+}
+
+/// Why a batch's lookup gave no answers.
+enum Unanswered {
+    /// The breaker is open: nothing was asked.
+    NotSent,
+    /// The store failed, or answered for too few keys.
+    Failed,
 }
 
 impl<K: BatchKey> Batch<K> {
@@ -175,7 +195,6 @@ impl<K: BatchKey> Batch<K> {
     /// others into those whose lock this call took (it leads them) and those it follows, or
     /// all of them to be loaded alone if the breaker kept the lookup from being sent.
     async fn look_up(&self, missed: Vec<(K, KeyDigest)>, answers: &mut Answers<K>) -> Sorted<K> {
-        let (load, accepts) = (&self.load, &self.accepts);
         let namespace = &self.inner.config.namespace;
         let store_keys: Vec<StoreKey> = missed
             .iter()
@@ -184,57 +203,19 @@ impl<K: BatchKey> Batch<K> {
         // Taken before the read, so that a change heard after it keeps the value out of L1.
         let stamps: Vec<Option<Stamp>> =
             missed.iter().map(|(_, d)| self.inner.l1.stamp(d)).collect();
-        let token = LockToken::random();
-        let read_at = Instant::now();
-        let (lock_ttl, lock_when) = (
-            self.inner.config.loads.lock_ttl,
-            LockWhen::LifeAtMost(self.inner.config.lives.keep()),
-        );
-        let count = store_keys.len();
+        let (token, read_at) = (LockToken::random(), Instant::now());
         // Until each key is handed on: a caller that goes away meanwhile (or a lookup that
         // failed, which may still have taken them) releases the locks.
         let mut pending = PendingLocks::new(&self.inner.store, store_keys.clone(), token);
-        // Asked of the store only once the breaker lets it through.
-        let store = &self.inner.store;
-        let lookup = async {
-            store
-                .lookup_many(&store_keys, token, lock_ttl, lock_when)
-                .await
-        };
-        let lookups = match self.inner.breaker.call_from(read_at, lookup).await {
-            Ok(lookups) if lookups.len() == count => lookups,
-            Err(error) if error.skipped() => {
+        let lookups = match self.lookup_many(&store_keys, token, read_at).await {
+            Ok(lookups) => lookups,
+            Err(Unanswered::NotSent) => {
                 pending.never_sent();
-                debug!(
-                    keys = count,
-                    "circuit open; the batch loads with in-process protection only"
-                );
-                let (led, followed) = (Vec::new(), Vec::new());
-                return Sorted {
-                    led,
-                    followed,
-                    alone: missed,
-                };
+                return Sorted::apart(Vec::new(), missed);
             }
-            failed => {
-                if let Err(error) = &failed {
-                    warn!(
-                        error = error as &dyn std::error::Error,
-                        keys = count,
-                        "batch lookup failed; each key goes its own way"
-                    );
-                } else {
-                    warn!("a store answered a batch lookup with too few answers; each key goes its own way");
-                }
-                let (led, alone) = (Vec::new(), Vec::new());
-                return Sorted {
-                    led,
-                    followed: missed,
-                    alone,
-                };
-            }
+            Err(Unanswered::Failed) => return Sorted::apart(missed, Vec::new()),
         };
-        let reader = Reader::of(&**accepts);
+        let reader = Reader::of(&*self.accepts);
         let (mut led, mut followed) = (Vec::new(), Vec::new());
         let keep = self.inner.config.lives.keep();
         let found = missed.into_iter().zip(lookups.into_iter().zip(stamps));
@@ -245,7 +226,7 @@ impl<K: BatchKey> Batch<K> {
                 continue;
             };
             if let Some(fresh) = found.as_mut().ok().and_then(LookupFound::take_fresh) {
-                let loader = single_boxed(load, accepts, key.clone());
+                let loader = single_boxed(&self.load, &self.accepts, key.clone());
                 let fetched = fresh.answer(&self.inner, digest, stamp, read_at, loader, false);
                 answers.insert(key, fetched.value_or_pass());
                 continue;
@@ -271,6 +252,47 @@ impl<K: BatchKey> Batch<K> {
             led,
             followed,
             alone,
+        }
+    }
+
+    /// The batch's one store lookup of `keys` (taking their locks where a load is due), asked
+    /// only once the breaker lets it through; an answer for each key, or why there is none.
+    async fn lookup_many(
+        &self,
+        keys: &[StoreKey],
+        token: LockToken,
+        read_at: Instant,
+    ) -> Result<Vec<Lookup>, Unanswered> {
+        let config = &self.inner.config;
+        let (lock_ttl, lock_when) = (
+            config.loads.lock_ttl,
+            LockWhen::LifeAtMost(config.lives.keep()),
+        );
+        let store = &self.inner.store;
+        let lookup = async { store.lookup_many(keys, token, lock_ttl, lock_when).await };
+        let count = keys.len();
+        match self.inner.breaker.call_from(read_at, lookup).await {
+            Ok(lookups) if lookups.len() == count => Ok(lookups),
+            Err(error) if error.skipped() => {
+                debug!(
+                    keys = count,
+                    "circuit open; the batch loads with in-process protection only"
+                );
+                Err(Unanswered::NotSent)
+            }
+            Err(error) => {
+                let error = &error as &dyn std::error::Error;
+                warn!(
+                    error,
+                    keys = count,
+                    "batch lookup failed; each key goes its own way"
+                );
+                Err(Unanswered::Failed)
+            }
+            Ok(_) => {
+                warn!("a store answered a batch lookup with too few answers; each key goes its own way");
+                Err(Unanswered::Failed)
+            }
         }
     }
 
