@@ -59,6 +59,11 @@ impl CacheBuilder {
     /// start of its lead until its fill is done (the tag clock read, the load, the fill), a
     /// leader renews the lock every third of this. Default: 5 s.
     ///
+    /// Past it the lock lapses: anyone's to take, while its key is kept ten times this long
+    /// more for its holder, whose fill still lands if nobody took the lock meanwhile (a
+    /// process stalled past its lock). So a lock key lives eleven times this in the store
+    /// at most (see the [`Store`](crate::store::Store) trait's "Locks that lapse").
+    ///
     /// Refused by the build ([`BuildError`]) below 1 ms: Redis takes no lock that lives 0 ms.
     pub fn lock_ttl(mut self, lock_ttl: Duration) -> Self {
         self.config.loads.lock_ttl = lock_ttl;

@@ -442,14 +442,33 @@ pub fn load_start(value: &[u8]) -> Option<u64> {
     }
 }
 
-/// How long a lock that lapsed is kept for its holder, while nobody takes it (see the
-/// [`Store`] trait's "Locks that lapse"): ten times its TTL. It costs nothing but the lock key
-/// of a leader that died, which lingers that long (nobody waits for it: a lapsed lock is
-/// anyone's to take). Shorter, it left out the leaders that most need it: a process on a
-/// machine with more busy processes than cores stalled past twice a 150 ms lock, and its
-/// fill was refused where nobody had taken its lock (1 run in 20 of a burst over 2,000 keys).
-pub(crate) fn lapsed_kept_for(lock_ttl: Duration) -> Duration {
-    lock_ttl.saturating_mul(10)
+/// How long a lock key lives, the one place that says it: its TTL while its leader holds it,
+/// then ten times that while it lapsed, kept for its holder while nobody takes it (see the
+/// [`Store`] trait's "Locks that lapse"); eleven TTLs in all. The lapsed time costs nothing
+/// but the lock key of a leader that died, which lingers that long (nobody waits for it: a
+/// lapsed lock is anyone's to take). Shorter, it left out the leaders that most need it: a
+/// process on a machine with more busy processes than cores stalled past twice a 150 ms lock,
+/// and its fill was refused where nobody had taken its lock.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LockLife {
+    /// While its leader holds it: the lock's TTL.
+    pub(crate) held: Duration,
+    /// Then while it lapsed.
+    pub(crate) lapsed: Duration,
+}
+
+impl LockLife {
+    pub(crate) fn of(lock_ttl: Duration) -> Self {
+        LockLife {
+            held: lock_ttl,
+            lapsed: lock_ttl.saturating_mul(10),
+        }
+    }
+
+    /// The lock key's whole life.
+    pub(crate) fn whole(self) -> Duration {
+        self.held.saturating_add(self.lapsed)
+    }
 }
 
 /// The longest TTL a store is asked for (about 34 years): Redis rejects expiry times that

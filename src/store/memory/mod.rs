@@ -15,8 +15,7 @@ use tokio::time::Instant;
 
 use self::state::{Holder, Lock, State};
 use super::{
-    lapsed_kept_for, millis, LockState, LockToken, LockWhen, Lookup, Notifier, Settled, StoreKey,
-    Stored,
+    millis, LockLife, LockState, LockToken, LockWhen, Lookup, Notifier, Settled, StoreKey, Stored,
 };
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
@@ -54,7 +53,7 @@ fn leader_lock(token: LockToken, now: Instant, lock_ttl: Duration) -> Lock {
     Lock {
         holder: Holder::Leader(token),
         lapses: expiry(now, lock_ttl),
-        kept: expiry(now, lock_ttl.saturating_add(lapsed_kept_for(lock_ttl))),
+        kept: expiry(now, LockLife::of(lock_ttl).whole()),
     }
 }
 

@@ -26,7 +26,7 @@ pub(super) enum Holder {
 
 /// A lock: its holder, until when it holds (after which any lookup may take it), and until
 /// when it is kept, lapsed, for its holder's fill (see
-/// [`lapsed_kept_for`](crate::store::lapsed_kept_for)).
+/// [`LockLife`](crate::store::LockLife)).
 #[derive(Clone, Copy)]
 pub(super) struct Lock {
     pub(super) holder: Holder,

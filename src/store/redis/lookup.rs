@@ -15,7 +15,7 @@ use super::scripts::{
 use super::store::stored;
 use super::RedisStore;
 use crate::store::{
-    lapsed_kept_for, millis, BoxFuture, LockState, LockToken, LockWhen, Lookup, StoreError,
+    millis, BoxFuture, LockLife, LockState, LockToken, LockWhen, Lookup, StoreError,
     StoreErrorKind, StoreKey, Stored,
 };
 
@@ -186,13 +186,11 @@ impl LookupPlan {
             LockWhen::Early { life, fresh_above } => (ms(life), ms(fresh_above), false),
             LockWhen::Always => (u64::MAX, u64::MAX, true),
         };
-        // The lock key lives the lock's TTL, then the time it is kept lapsed (see the
-        // `Store` trait's "Locks that lapse").
-        let kept = millis(lapsed_kept_for(lock_ttl));
+        let life = LockLife::of(lock_ttl);
         LookupPlan {
             below,
-            lock: lock_value(token, fresh_above, kept),
-            lock_ms: millis(lock_ttl).saturating_add(kept),
+            lock: lock_value(token, fresh_above, millis(life.lapsed)),
+            lock_ms: millis(life.whole()),
             by_script,
         }
     }

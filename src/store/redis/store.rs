@@ -17,9 +17,9 @@ use super::scripts::{
 };
 use super::RedisStore;
 use crate::store::{
-    lapsed_kept_for, load_start, millis, BoxFuture, CallLimit, Change, FillWatch, KeyDigest,
-    LockToken, LockWhen, Lookup, Notifier, Settle, Settled, Store, StoreError, StoreKey, Stored,
-    TagClock, TagVersions,
+    load_start, millis, BoxFuture, CallLimit, Change, FillWatch, KeyDigest, LockLife, LockToken,
+    LockWhen, Lookup, Notifier, Settle, Settled, Store, StoreError, StoreKey, Stored, TagClock,
+    TagVersions,
 };
 
 impl RedisStore {
@@ -273,9 +273,8 @@ impl Store for RedisStore {
         locks: &[(StoreKey, LockToken)],
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>> {
-        // The lock key lives the lock's TTL, then the time it is kept lapsed.
-        let kept = millis(lapsed_kept_for(lock_ttl));
-        let lives = millis(lock_ttl).saturating_add(kept);
+        let life = LockLife::of(lock_ttl);
+        let (kept, lives) = (millis(life.lapsed), millis(life.whole()));
         let calls = locks
             .iter()
             .map(|(key, token)| {
