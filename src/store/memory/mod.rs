@@ -237,30 +237,19 @@ impl MemoryStore {
             })
     }
 
-    fn put_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
+    /// A fenced write, of a put or of a set (which voids the lock as well: `set`): refused
+    /// where the stored value was written (or its load started) later; else written, then
+    /// notified. Freshness is judged by each lookup from the remaining life: no marker to set.
+    fn write_fenced(&self, key: &StoreKey, value: Bytes, ttl: Duration, set: bool) -> bool {
         let now = Instant::now();
         let mut state = self.state();
         if state.newer_stored(key, &value, now) {
             return false;
         }
         state.insert_value(key, value, expiry(now, ttl));
-        state.wrote(now);
-        drop(state);
-        self.notifier.notify(key);
-        true
-    }
-
-    /// A set, fenced as a put is: refused where the stored value was written (or its load
-    /// started) later; else written and the lock voided, then notified. Freshness is judged
-    /// by each lookup from the remaining life: no marker to set.
-    fn set_now(&self, key: &StoreKey, value: Bytes, ttl: Duration) -> bool {
-        let now = Instant::now();
-        let mut state = self.state();
-        if state.newer_stored(key, &value, now) {
-            return false;
+        if set {
+            state.locks.remove(key);
         }
-        state.insert_value(key, value, expiry(now, ttl));
-        state.locks.remove(key);
         state.wrote(now);
         drop(state);
         self.notifier.notify(key);

@@ -59,8 +59,8 @@ impl Store for MemoryStore {
 
     fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>> {
         let changed = match what {
-            Change::Put { value, ttl } => self.put_now(key, value, ttl),
-            Change::Set { value, ttl, .. } => self.set_now(key, value, ttl),
+            Change::Put { value, ttl } => self.write_fenced(key, value, ttl, false),
+            Change::Set { value, ttl, .. } => self.write_fenced(key, value, ttl, true),
             Change::Expire { keep } => {
                 self.change_now(key, |old, now| {
                     let (bytes, expires) = old?;
