@@ -325,7 +325,9 @@ impl<K: BatchKey> Batch<K> {
                     let answer = match led.stale {
                         Some(stale)
                             if stale.serves_on_error(&self.inner.config.lives)
-                                && stale.still_stands(&self.inner, leader.key(), false).await =>
+                                && stale
+                                    .still_stands(&self.inner.lookups(), leader.key(), false)
+                                    .await =>
                         {
                             Ok(stale.payload)
                         }

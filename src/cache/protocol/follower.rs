@@ -430,7 +430,7 @@ impl<'a> Follower<'a> {
                 Some(stale)
                     if stale.serves_on_error(&inner.config.lives)
                         && stale
-                            .still_stands(inner, self.key, self.early.is_overtaken())
+                            .still_stands(&inner.lookups(), self.key, self.early.is_overtaken())
                             .await =>
                 {
                     Ok(stale.answer())

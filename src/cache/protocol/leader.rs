@@ -157,7 +157,9 @@ impl<'a> Leader<'a> {
         match stale {
             Some(stale)
                 if stale.serves_on_error(&inner.config.lives)
-                    && stale.still_stands(inner, &self.guard.key, overtaken).await =>
+                    && stale
+                        .still_stands(&inner.lookups(), &self.guard.key, overtaken)
+                        .await =>
             {
                 warn!(key = ?self.guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
                 Ok(stale.answer())

@@ -9,11 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::lookup::LookupFound;
+use super::lookup::{LookupFound, Lookups};
 use crate::cache::config::Lives;
 use crate::cache::entry::{Entry, Tagged, Windows};
 use crate::cache::l1::TagStamps;
-use crate::cache::{Fetched, Inner, Outcome, Previous};
+use crate::cache::{Fetched, Outcome, Previous};
 use crate::store::{KeyDigest, LockState, Notifier, Stamp, StoreKey};
 
 /// A value past its freshness that the store still keeps, what its header said, and how far
@@ -115,19 +115,19 @@ impl StaleValue {
     /// Whether the value, read from `key`, may still be served: no change of this process has
     /// overtaken the flight that read it (`overtaken`), the store still keeps the same value
     /// (an invalidation removed it, a write replaced it), and none of its tags was invalidated
-    /// since its load. One or two store calls through `inner`, on the failure path only. A
-    /// check that cannot be made (the store fails) rules the value out: an error rather than
-    /// a value that may have been invalidated.
+    /// since its load. One or two store calls through the `lookups`' breaker, on the failure
+    /// path only. A check that cannot be made (the store fails) rules the value out: an error
+    /// rather than a value that may have been invalidated.
     pub(in crate::cache) async fn still_stands(
         &self,
-        inner: &Inner,
+        lookups: &Lookups<'_>,
         key: &StoreKey,
         overtaken: bool,
     ) -> bool {
         if overtaken {
             return false;
         }
-        let Ok(Some(stored)) = inner.breaker.call(inner.store.get(key)).await else {
+        let Ok(Some(stored)) = lookups.breaker.call(lookups.store.get(key)).await else {
             return false;
         };
         let same = matches!(
@@ -138,7 +138,7 @@ impl StaleValue {
             return false;
         }
         match &self.tags {
-            Some(tagged) => matches!(inner.tags().tags_valid(tagged).await, Ok(Some(_))),
+            Some(tagged) => matches!(lookups.tags.tags_valid(tagged).await, Ok(Some(_))),
             None => true,
         }
     }
