@@ -92,7 +92,8 @@ impl Cache {
         load: BatchLoad<K>,
         accepts: Accepts,
     ) -> HashMap<K, Result<Bytes, Error>> {
-        Batch::new(Arc::clone(&self.inner), load, accepts)
+        let parts = Arc::clone(&self.inner.parts);
+        Batch::new(parts, self.clone(), load, accepts)
             .resolve(keys)
             .await
     }

@@ -40,7 +40,7 @@ impl Cache {
     /// and other processes may still hold it.
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.store_key(key);
-        let store = Arc::clone(&self.inner.store);
+        let store = Arc::clone(&self.inner.parts.store);
         self.change(&key, store.invalidate(&key)).await
     }
 
@@ -61,7 +61,7 @@ impl Cache {
             return Ok(());
         }
         let digests: Vec<KeyDigest> = keys.iter().map(|key| *key.digest()).collect();
-        let store = Arc::clone(&self.inner.store);
+        let store = Arc::clone(&self.inner.parts.store);
         let call = store.invalidate_many(&keys);
         self.change_all(&keys, Overtaken::Keys(&digests), call)
             .await
@@ -91,7 +91,7 @@ impl Cache {
     ) -> Result<(), Error> {
         let key = self.store_key(key);
         let value: Bytes = value.into();
-        let clock = match self.inner.tags().clock_for_write().await {
+        let clock = match self.inner.parts.tags().clock_for_write().await {
             Ok(clock) => clock,
             Err(error) => {
                 let digests = [*key.digest()];
@@ -113,13 +113,13 @@ impl Cache {
             Some(&tagged),
             None,
         );
-        let config = &self.inner.config;
-        let fresh_for = config.lives.fresh_for(Life {
+        let lives = &self.inner.parts.lives;
+        let fresh_for = lives.fresh_for(Life {
             ttl: Some(ttl),
             jitter: None,
         });
-        let store_ttl = fresh_for.saturating_add(config.lives.keep());
-        let store = Arc::clone(&self.inner.store);
+        let store_ttl = fresh_for.saturating_add(lives.keep());
+        let store = Arc::clone(&self.inner.parts.store);
         self.change(&key, store.set(&key, encoded, fresh_for, store_ttl))
             .await
     }
@@ -136,8 +136,8 @@ impl Cache {
     /// [`ErrorKind::Store`](super::ErrorKind::Store) as for [`invalidate`](Self::invalidate).
     pub async fn expire(&self, key: impl AsRef<[u8]>) -> Result<(), Error> {
         let key = self.store_key(key);
-        let store = Arc::clone(&self.inner.store);
-        let keep = self.inner.config.lives.keep();
+        let store = Arc::clone(&self.inner.parts.store);
+        let keep = self.inner.parts.lives.keep();
         self.change(&key, store.expire(&key, keep)).await
     }
 }
@@ -181,16 +181,16 @@ impl Cache {
     /// the circuit breaker is open, or the store cannot clear): this process's L1 is empty all
     /// the same, but the store and other processes may still hold the values.
     pub async fn clear(&self) -> Result<(), Error> {
-        let inner = &self.inner;
-        let store = Arc::clone(&inner.store);
-        let clear = store.clear(&inner.config.namespace);
+        let parts = &self.inner.parts;
+        let store = Arc::clone(&parts.store);
+        let clear = store.clear(&parts.namespace);
         // Before and after the store call, as a change of keys: whatever the store answers (or
         // if the call is not made), a read in flight meanwhile does not enter L1 after it.
-        inner.l1.clear();
-        inner.known_tags.forget_generation();
+        parts.l1.clear();
+        parts.known_tags.forget_generation();
         let result = self.change_all(&[], Overtaken::Every, clear).await;
-        inner.l1.clear();
-        inner.known_tags.forget_generation();
+        parts.l1.clear();
+        parts.known_tags.forget_generation();
         result
     }
 
@@ -218,7 +218,7 @@ impl Cache {
         call: impl Future<Output = Result<(), StoreError>>,
     ) -> Result<(), Error> {
         self.forget(keys, overtaken);
-        let result = self.inner.breaker.call(call).await;
+        let result = self.inner.parts.breaker.call(call).await;
         self.forget(keys, overtaken);
         result.map_err(Error::store)
     }
@@ -226,7 +226,7 @@ impl Cache {
     /// Makes this process's L1 forget `keys`, and detaches the flights `overtaken`.
     fn forget(&self, keys: &[StoreKey], overtaken: Overtaken<'_>) {
         for key in keys {
-            self.inner.l1.forget_changed(key);
+            self.inner.parts.l1.forget_changed(key);
         }
         self.inner.flights.detach(overtaken);
     }

@@ -112,21 +112,19 @@ impl Cache {
             soft_timeout,
             accepts,
         } = ask;
-        let soft_timeout = soft_timeout.or(self.inner.config.loads.soft_timeout);
+        let soft_timeout = soft_timeout.or(self.inner.parts.loads.soft_timeout);
         // A span to enter, record and time only for a subscriber that wants it (see
         // `fetch_span`), with the moment the fetch started.
-        let name = (self.inner.config.readable_keys && !name.is_empty()).then_some(name);
+        let name = (self.inner.readable_keys && !name.is_empty()).then_some(name);
         let traced = fetch_span(&digest, name).map(|span| (span, Instant::now()));
-        let fetch = self
-            .inner
-            .fetch_digest(digest, soft_timeout, accepts, loader);
+        let fetch = self.fetch_digest(digest, soft_timeout, accepts, loader);
         let (answer, own) = match &traced {
             Some((span, _)) => fetch.instrument(span.clone()).await,
             None => fetch.await,
         };
         if let Ok(fetched) = &answer {
-            self.inner.counters.answered(fetched.outcome);
-            self.inner.meter.outcome(fetched.outcome);
+            self.inner.parts.counters.answered(fetched.outcome);
+            self.inner.parts.meter.outcome(fetched.outcome);
         }
         if let Some((span, started)) = &traced {
             span.record(
@@ -185,14 +183,14 @@ impl Cache {
         read: impl FnOnce(&Bytes) -> Option<T>,
         local: impl FnOnce(&Arc<T>) -> Arc<T>,
     ) -> Option<L1Found<T>> {
-        let (value, fresh_until, read_at) = self.inner.l1_decoded(digest, read, local)?;
+        let (value, fresh_until, read_at) = self.inner.parts.l1_decoded(digest, read, local)?;
         let found = L1Found {
             value,
             fresh_until,
             read_at,
         };
-        self.inner.counters.answered(Outcome::L1Hit);
-        self.inner.meter.outcome(Outcome::L1Hit);
+        self.inner.parts.counters.answered(Outcome::L1Hit);
+        self.inner.parts.meter.outcome(Outcome::L1Hit);
         if let Some(span) = fetch_span(digest, None) {
             span.record("outcome", Outcome::L1Hit.label());
         }

@@ -19,7 +19,7 @@ use super::flights::Entered;
 use super::l1::L1Hit;
 use super::protocol::{EarlyRefresh, Follower};
 use super::telemetry::WaitEnd;
-use super::{BoxError, Error, Fetched, Inner, Loaded, Outcome, Previous};
+use super::{BoxError, Cache, Error, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
 
 /// A flight's loader, and which stored payloads its caller can read: a stored value whose
@@ -44,13 +44,13 @@ trait Load: Send {
 
 /// A [`Load`] of a caller's test `accepts` and its `loader`, and where what the loader gives
 /// its own caller goes (see [`Own`]).
-struct Parts<A, F, O> {
+struct CallerLoad<A, F, O> {
     accepts: A,
     loader: F,
     give: Option<oneshot::Sender<O>>,
 }
 
-impl<A, F, Fut, E, O> Load for Parts<A, F, O>
+impl<A, F, Fut, E, O> Load for CallerLoad<A, F, O>
 where
     A: Fn(&Bytes) -> bool + Send + Sync + 'static,
     F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
@@ -66,7 +66,7 @@ where
         self: Box<Self>,
         previous: Option<Previous>,
     ) -> BoxFuture<'static, Result<Loaded, BoxError>> {
-        let Parts { loader, give, .. } = *self;
+        let CallerLoad { loader, give, .. } = *self;
         Box::pin(async move {
             let (shared, own) = loader(previous).await;
             // Given before the flight sees what was shared (see `Own`).
@@ -118,7 +118,7 @@ impl BoxLoader {
         O: Send + 'static,
     {
         BoxLoader {
-            load: Box::new(Parts {
+            load: Box::new(CallerLoad {
                 accepts,
                 loader,
                 give,
@@ -146,11 +146,11 @@ impl BoxLoader {
     }
 }
 
-impl Inner {
+impl Cache {
     /// Answers from L1, or joins this process's flight for the key, or starts one; with what
     /// the caller's own loader gave it, if it ran (see [`Own`]).
     pub(super) async fn fetch_digest<A, F, Fut, E, O>(
-        self: &Arc<Self>,
+        &self,
         digest: KeyDigest,
         soft_timeout: Option<Duration>,
         accepts: A,
@@ -164,22 +164,22 @@ impl Inner {
         O: Send + 'static,
     {
         // The hot path: a fresh value this thread answered before, or one moka holds.
-        let recoveries = || self.breaker.recoveries();
-        if let Some((value, fresh_until, _)) = self.l1.get_value(&digest, recoveries) {
+        let recoveries = || self.inner.parts.breaker.recoveries();
+        if let Some((value, fresh_until, _)) = self.inner.parts.l1.get_value(&digest, recoveries) {
             let value = Bytes::clone(&value.0);
             let fetched = Fetched::cached(value, Outcome::L1Hit, Some(fresh_until));
             return (Ok(fetched), Own::none());
         }
         let mut l1_checked_twice = false;
         let (own, answer) = loop {
-            if let Some(hit) = self.l1_get(&digest) {
+            if let Some(hit) = self.inner.parts.l1_get(&digest) {
                 let (entry, own) = match hit {
                     L1Hit::RefreshDue(entry) => {
                         // What the refresh gives this caller still reaches it: the HTTP layer's
                         // refresh of a vary marker may send this very request.
                         let (give, own) = Own::channel();
                         let loader = BoxLoader::new(accepts, loader, soft_timeout, Some(give));
-                        EarlyRefresh::start(self, digest, loader, entry.fresh_until);
+                        EarlyRefresh::start(&self.inner.parts, digest, loader, entry.fresh_until);
                         (entry, own)
                     }
                     L1Hit::Fresh(entry, _) => (entry, Own::none()),
@@ -193,15 +193,16 @@ impl Inner {
             // rather than pay a store round trip.
             // What this process has heard of the key: a flight from before a change heard
             // since is not joined.
-            let heard = self.l1.stamp_anyway(&digest);
-            let (id, posts) = match self
-                .flights
-                .enter(digest, heard, || look_again && self.l1.contains(&digest))
-            {
+            let heard = self.inner.parts.l1.stamp_anyway(&digest);
+            let (id, posts) = match self.inner.flights.enter(digest, heard, || {
+                look_again && self.inner.parts.l1.contains(&digest)
+            }) {
                 Entered::Joined(posts) => {
                     let joined_at = Instant::now();
                     let answer = posts.wait().await;
-                    self.meter
+                    self.inner
+                        .parts
+                        .meter
                         .follower_wait(joined_at.elapsed(), WaitEnd::Joined);
                     if posts.is_outdated() {
                         // Its value is outdated by a tag invalidated during its load, perhaps
@@ -220,7 +221,7 @@ impl Inner {
             let (give, own) = Own::channel();
             let loader = BoxLoader::new(accepts, loader, soft_timeout, Some(give));
             let landing = ListedFlight {
-                inner: Arc::clone(self),
+                inner: Arc::clone(&self.inner),
                 digest,
                 id,
             };
@@ -266,7 +267,7 @@ impl Drop for ListedFlight {
 /// A flight: resolve the key (posting an early answer through `early` where there is one),
 /// then land (leave the map) and answer.
 async fn fly(landing: ListedFlight, early: Arc<FlightPosts>, loader: BoxLoader) -> FlightResult {
-    let answer = Follower::resolve(&landing.inner, landing.digest, loader, &early).await;
+    let answer = Follower::resolve(&landing.inner.parts, landing.digest, loader, &early).await;
     drop(landing);
     answer
 }

@@ -130,27 +130,27 @@ impl Cache {
     /// # }
     /// ```
     pub async fn health(&self) -> Health {
-        let inner = &self.inner;
-        let key = inner.breaker.probe_key();
-        if inner.l1.notifier().is_some() {
+        let parts = &self.inner.parts;
+        let key = parts.breaker.probe_key();
+        if parts.l1.notifier().is_some() {
             // A watch subscribes its namespace if it is not (any more): dropped at once.
-            drop(inner.store.subscribe(key));
+            drop(parts.store.subscribe(key));
         }
         let now = Instant::now();
-        let recent = inner
+        let recent = parts
             .breaker
             .answered()
             .is_some_and(|at| now.saturating_duration_since(at) <= RECENT);
         if !recent {
-            let _ = inner.breaker.call(inner.store.get(key)).await;
+            let _ = parts.breaker.call(parts.store.get(key)).await;
         }
         Health {
-            last_answer_ago: inner
+            last_answer_ago: parts
                 .breaker
                 .answered()
                 .map(|at| Instant::now().saturating_duration_since(at)),
-            notifications: inner.l1.notifier().map(|n| n.receiving()),
-            breaker_closed: inner.breaker.is_closed(),
+            notifications: parts.l1.notifier().map(|n| n.receiving()),
+            breaker_closed: parts.breaker.is_closed(),
         }
     }
 }

@@ -64,7 +64,8 @@
 //!
 //! | file | holds |
 //! | --- | --- |
-//! | `mod.rs` | [`Cache`], its public calls, and `Inner`: the components and the configuration |
+//! | `mod.rs` | [`Cache`], its public calls, and `Inner`: the parts, the flights, the key spelling |
+//! | `parts.rs` | `Parts`: the components and settings every flight's roles are handed |
 //! | `config.rs` | the settings, a slice for each component that reads them |
 //! | `builder.rs` | [`CacheBuilder`]: the settings, set in code |
 //! | `build_error.rs` | [`BuildError`]: the settings that cannot work, refused by the build |
@@ -111,6 +112,7 @@ mod health;
 mod known_tags;
 mod l1;
 mod loaded;
+mod parts;
 mod peek;
 mod protocol;
 mod refreshes;
@@ -124,16 +126,11 @@ pub(crate) mod telemetry;
 pub mod typed;
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-
-use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, Stored};
-use breaker::Breaker;
-use l1::{TagStamps, Vouch};
-use stats::Counters;
+use crate::store::{KeyDigest, Store, StoreError, StoreKey, Stored};
+use parts::Parts;
 
 pub use build_error::BuildError;
 pub use builder::CacheBuilder;
@@ -186,25 +183,23 @@ pub struct Cache {
     inner: Arc<Inner>,
 }
 
+/// The engine: its parts, handed to every flight, and what only the engine reads.
 struct Inner {
-    store: Arc<dyn Store>,
-    config: Config,
-    breaker: Arc<Breaker>,
-    l1: l1::L1,
+    parts: Arc<Parts>,
     flights: flights::Flights,
-    refreshes: refreshes::Refreshes,
-    /// The renewals of the locks this cache's leaders hold.
-    renewals: renewals::Renewals,
-    known_tags: known_tags::KnownTags,
-    counters: Counters,
-    meter: telemetry::Meter,
+    /// Whether a key's spelling goes with its digest to the store (see
+    /// [`CacheBuilder::readable_keys`]).
+    readable_keys: bool,
 }
 
 impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cache")
-            .field("store", &self.inner.store)
-            .field("config", &self.inner.config)
+            .field("store", &self.inner.parts.store)
+            .field("namespace", &self.inner.parts.namespace)
+            .field("lives", &self.inner.parts.lives)
+            .field("loads", &self.inner.parts.loads)
+            .field("waits", &self.inner.parts.waits)
             .finish_non_exhaustive()
     }
 }
@@ -219,30 +214,11 @@ pub(crate) struct L1Found<T> {
 
 impl Cache {
     pub(crate) fn from_parts(store: Arc<dyn Store>, config: Config) -> Self {
-        let notifier = if config.l1.notifications {
-            store.notifier().cloned()
-        } else {
-            None
-        };
-        let breaker = Breaker::new(&config.breaker, &config.namespace, Arc::clone(&store));
-        let breaker = Arc::new(breaker);
         Cache {
             inner: Arc::new(Inner {
-                meter: telemetry::Meter::new(&config.namespace),
-                l1: l1::L1::new(&config.l1, &config.namespace, notifier),
-                renewals: renewals::Renewals::new(
-                    Arc::clone(&store),
-                    Arc::clone(&breaker),
-                    telemetry::Meter::new(&config.namespace),
-                    config.loads.lock_ttl,
-                ),
-                breaker,
-                store,
-                refreshes: refreshes::Refreshes::new(config.loads.early_refresh_beta),
-                config,
+                parts: Arc::new(Parts::new(store, &config)),
                 flights: flights::Flights::default(),
-                known_tags: known_tags::KnownTags::default(),
-                counters: Counters::default(),
+                readable_keys: config.readable_keys,
             }),
         }
     }
@@ -354,27 +330,27 @@ impl Cache {
 
     /// Where the cache's metrics go, for the HTTP layer's own.
     pub(crate) fn meter(&self) -> telemetry::Meter {
-        self.inner.meter.clone()
+        self.inner.parts.meter.clone()
     }
 
     /// Counts a request the HTTP layer answered without the cache.
     pub(crate) fn count_bypass(&self) {
-        self.inner.meter.lookup("bypass");
+        self.inner.parts.meter.lookup("bypass");
     }
 
     /// How long the store keeps values past their freshness (for stale windows and
     /// revalidation).
     pub(crate) fn keep(&self) -> std::time::Duration {
-        self.inner.config.lives.keep()
+        self.inner.parts.lives.keep()
     }
 
     /// What the cache has counted so far.
     pub fn stats(&self) -> Stats {
-        let inner = &self.inner;
-        inner.counters.stats(
-            inner.l1.bytes(),
-            inner.refreshes.started(),
-            inner.breaker.counts(),
+        let parts = &self.inner.parts;
+        parts.counters.stats(
+            parts.l1.bytes(),
+            parts.refreshes.started(),
+            parts.breaker.counts(),
         )
     }
 
@@ -383,12 +359,12 @@ impl Cache {
     /// store that stopped answering while nobody called it stays "available"; a readiness
     /// probe wants [`health`](Self::health).
     pub fn store_available(&self) -> bool {
-        self.inner.breaker.is_closed()
+        self.inner.parts.breaker.is_closed()
     }
 
     /// The store this cache shares with other processes.
     pub fn store(&self) -> &Arc<dyn Store> {
-        &self.inner.store
+        &self.inner.parts.store
     }
 
     /// What the store holds under `key`, read as the engine's own store calls are: within
@@ -396,107 +372,18 @@ impl Cache {
     /// not sent while it is open. For the layer's reads outside a fetch.
     pub(crate) async fn read_stored(&self, key: &str) -> Result<Option<Stored>, StoreError> {
         let key = self.store_key(key);
-        self.inner.breaker.call(self.inner.store.get(&key)).await
+        self.inner
+            .parts
+            .breaker
+            .call(self.inner.parts.store.get(&key))
+            .await
     }
 
     /// The store key of a logical key, as this cache names it (for tools and tests).
     pub fn store_key(&self, key: impl AsRef<[u8]>) -> StoreKey {
         StoreKey::new(
-            Arc::clone(&self.inner.config.namespace),
+            Arc::clone(&self.inner.parts.namespace),
             KeyDigest::of(key.as_ref()),
         )
-    }
-}
-
-impl Inner {
-    /// The lookups of a flight, over the components they read.
-    fn lookups(&self) -> protocol::lookup::Lookups<'_> {
-        protocol::lookup::Lookups {
-            store: &*self.store,
-            breaker: &self.breaker,
-            l1: &self.l1,
-            tags: self.tags(),
-            lock_ttl: self.config.loads.lock_ttl,
-            notifications: self.config.l1.notifications,
-            store_timeout: self.config.breaker.store_timeout,
-        }
-    }
-
-    /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
-    /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
-    /// it is treated as a miss, and overwritten by the load that follows.
-    pub(super) fn corrupt_entry(&self, digest: &KeyDigest) {
-        self.counters
-            .corrupt_entries
-            .fetch_add(1, Ordering::Relaxed);
-        self.meter.corrupt_entry();
-        tracing::warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
-    }
-
-    /// The tag and generation checks, over the components they read.
-    fn tags(&self) -> tags::TagChecks<'_> {
-        tags::TagChecks {
-            store: &*self.store,
-            breaker: &self.breaker,
-            namespace: &self.config.namespace,
-            l1: &self.l1,
-            known: &self.known_tags,
-            ttl_cap: self.config.l1.ttl_cap,
-            keeps_stale: !self.config.lives.keep().is_zero(),
-        }
-    }
-
-    /// The L1 entry of a key, if it is there and trusted (see [`l1::L1::get`]).
-    fn l1_get(&self, digest: &KeyDigest) -> Option<l1::L1Hit> {
-        self.l1.get(digest, || self.breaker.recoveries())
-    }
-
-    /// The value of a key's entry as `read` decodes it, if fresh, trusted and not due for an
-    /// early refresh (see [`l1::L1::get_decoded`]).
-    fn l1_decoded<T: std::any::Any + Send + Sync>(
-        &self,
-        digest: &KeyDigest,
-        read: impl FnOnce(&Bytes) -> Option<T>,
-        local: impl FnOnce(&Arc<T>) -> Arc<T>,
-    ) -> Option<l1::DecodedHit<T>> {
-        let recoveries = || self.breaker.recoveries();
-        self.l1.get_decoded(digest, recoveries, read, local)
-    }
-
-    /// Keeps a value read from the store in L1 while it is fresh there, if `stamp` (taken
-    /// before the value was read) is still current; its early refresh drawn from `load_time`.
-    fn l1_insert(
-        &self,
-        stamp: Option<Stamp>,
-        tags: TagStamps,
-        digest: KeyDigest,
-        value: &Bytes,
-        fresh_for: Duration,
-        load_time: Duration,
-    ) {
-        if let Some(stamp) = stamp {
-            let refresh_at = |fresh_until| self.refreshes.point(fresh_until, load_time);
-            let vouch = Vouch::Heard(stamp);
-            self.l1
-                .insert(vouch, tags, digest, value, fresh_for, refresh_at);
-        }
-    }
-
-    /// Keeps a value loaded while the store failed in L1 for `ttl`, even while notifications
-    /// are lost, until the store answers again: `stamp` and `recoveries`
-    /// ([`Breaker::recoveries`]) were read before the load started; `tags`, the stamps of its
-    /// tags, so that this process's invalidation of one drops it.
-    fn l1_insert_alone(
-        &self,
-        (stamp, recoveries): (Stamp, u64),
-        tags: TagStamps,
-        digest: KeyDigest,
-        value: &Bytes,
-        ttl: Duration,
-        load_time: Duration,
-    ) {
-        let refresh_at = |fresh_until| self.refreshes.point(fresh_until, load_time);
-        let vouch = Vouch::Alone(stamp, recoveries);
-        self.l1.insert(vouch, tags, digest, value, ttl, refresh_at);
     }
 }

@@ -52,24 +52,24 @@ impl Cache {
         digest: KeyDigest,
         accepts: impl Fn(&Bytes) -> bool,
     ) -> Result<Option<Bytes>, StoreError> {
-        let inner = &self.inner;
-        if let Some(hit) = inner.l1_get(&digest) {
+        let parts = &self.inner.parts;
+        if let Some(hit) = parts.l1_get(&digest) {
             let value = hit.value();
             return Ok(accepts(&value).then_some(value));
         }
-        let key = StoreKey::new(std::sync::Arc::clone(&inner.config.namespace), digest);
+        let key = StoreKey::new(std::sync::Arc::clone(&parts.namespace), digest);
         // Subscribed to the namespace's notifications first, as a lookup is: a process that
         // only peeks would otherwise keep what it read in L1 without ever hearing of a change
         // made elsewhere.
-        drop(inner.lookups().watch_fills_subscribed(&key).await);
+        drop(parts.lookups().watch_fills_subscribed(&key).await);
         // Taken before the read: a change heard after it keeps the value out of L1.
-        let stamp = inner.l1.stamp(&digest);
-        let Some(stored) = inner.breaker.call(inner.store.get(&key)).await? else {
+        let stamp = parts.l1.stamp(&digest);
+        let Some(stored) = parts.breaker.call(parts.store.get(&key)).await? else {
             return Ok(None);
         };
         // Fresh while the store keeps it longer than it keeps values past their freshness,
         // as a lookup judges it.
-        let keep = inner.config.lives.keep();
+        let keep = parts.lives.keep();
         let Some(fresh_for) = stored
             .ttl
             .and_then(|ttl| ttl.checked_sub(keep))
@@ -90,13 +90,13 @@ impl Cache {
             return Ok(None);
         }
         let tag_stamps = match &tags {
-            Some(tagged) => match Box::pin(inner.tags().tags_valid(tagged)).await? {
+            Some(tagged) => match Box::pin(parts.tags().tags_valid(tagged)).await? {
                 Some(stamps) => stamps,
                 None => return Ok(None),
             },
             None => Default::default(),
         };
-        inner.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
+        parts.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
         Ok(Some(payload))
     }
 }

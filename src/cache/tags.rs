@@ -62,24 +62,24 @@ impl Cache {
         I: IntoIterator<Item = T>,
         T: AsRef<[u8]>,
     {
-        let inner = &self.inner;
+        let parts = &self.inner.parts;
         let digests: Vec<KeyDigest> = tags
             .into_iter()
             .map(|tag| KeyDigest::of_tag(tag.as_ref()))
             .collect();
         let keys: Vec<StoreKey> = digests
             .iter()
-            .map(|tag| StoreKey::new(Arc::clone(&inner.config.namespace), *tag))
+            .map(|tag| StoreKey::new(Arc::clone(&parts.namespace), *tag))
             .collect();
-        let store = Arc::clone(&inner.store);
-        let call = store.invalidate_tags(&inner.config.namespace, &digests);
+        let store = Arc::clone(&parts.store);
+        let call = store.invalidate_tags(&parts.namespace, &digests);
         self.change_all(&keys, Overtaken::Every, call).await
     }
 }
 
 /// What a flight reads and asks of the store about tags and generations: the tag clock a
 /// value is stamped with, and whether a value's tags (and generation) still hold. Made by
-/// [`Inner::tags`](super::Inner::tags) for one call; it borrows only the components that tags need.
+/// [`Parts::tags`](super::parts::Parts::tags) for one call; it borrows only the components that tags need.
 pub(super) struct TagChecks<'a> {
     pub(super) store: &'a dyn Store,
     pub(super) breaker: &'a Arc<Breaker>,

@@ -23,7 +23,8 @@ use super::stale::StaleValue;
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;
 use crate::cache::loaded::Life;
-use crate::cache::{BoxError, Error, ErrorKind, Gives, Inner, Loaded, Previous};
+use crate::cache::parts::Parts;
+use crate::cache::{BoxError, Cache, Error, ErrorKind, Gives, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Lookup, Stamp, StoreKey};
 
 /// A batch's loader, its own type erased: handed the keys to load, it answers their values.
@@ -57,10 +58,12 @@ pub(super) struct Led<K> {
     pub(super) stale: Option<StaleValue>,
 }
 
-/// One batch call: the engine it drives, its loader, and what its caller can read. Cheap to
-/// clone (for the task that loads the keys it leads).
+/// One batch call: the parts it drives, the engine its followed keys are fetched from (each
+/// joins or starts a flight as one call would), its loader, and what its caller can read.
+/// Cheap to clone (for the task that loads the keys it leads).
 pub(in crate::cache) struct Batch<K> {
-    pub(super) inner: Arc<Inner>,
+    pub(super) parts: Arc<Parts>,
+    cache: Cache,
     pub(super) load: BatchLoad<K>,
     accepts: Accepts,
 }
@@ -68,7 +71,8 @@ pub(in crate::cache) struct Batch<K> {
 impl<K> Clone for Batch<K> {
     fn clone(&self) -> Self {
         Batch {
-            inner: Arc::clone(&self.inner),
+            parts: Arc::clone(&self.parts),
+            cache: self.cache.clone(),
             load: Arc::clone(&self.load),
             accepts: Arc::clone(&self.accepts),
         }
@@ -106,11 +110,17 @@ enum Unanswered {
 }
 
 impl<K: BatchKey> Batch<K> {
-    /// A batch over `inner`, loading with `load`, its caller reading what `accepts` says yes
-    /// to.
-    pub(in crate::cache) fn new(inner: Arc<Inner>, load: BatchLoad<K>, accepts: Accepts) -> Self {
+    /// A batch over `parts`, its followed keys fetched from `cache`, loading with `load`, its
+    /// caller reading what `accepts` says yes to.
+    pub(in crate::cache) fn new(
+        parts: Arc<Parts>,
+        cache: Cache,
+        load: BatchLoad<K>,
+        accepts: Accepts,
+    ) -> Self {
         Batch {
-            inner,
+            parts,
+            cache,
             load,
             accepts,
         }
@@ -126,7 +136,7 @@ impl<K: BatchKey> Batch<K> {
                 continue;
             }
             let digest = KeyDigest::of(key.as_ref());
-            match self.inner.l1_get(&digest) {
+            match self.parts.l1_get(&digest) {
                 // A hit due for an early refresh is answered too: a batch refreshes nothing early.
                 Some(L1Hit::Fresh(entry, _) | L1Hit::RefreshDue(entry)) => {
                     answers.insert(key, Ok(entry.value.clone()));
@@ -137,10 +147,10 @@ impl<K: BatchKey> Batch<K> {
         let Some((_, first)) = missed.first() else {
             return answers;
         };
-        let namespace = &self.inner.config.namespace;
+        let namespace = &self.parts.namespace;
         // Subscribed before the reads, so that what they find may enter L1.
         drop(
-            self.inner
+            self.parts
                 .lookups()
                 .watch_fills_subscribed(&StoreKey::new(Arc::clone(namespace), *first))
                 .await,
@@ -164,11 +174,10 @@ impl<K: BatchKey> Batch<K> {
         let mut runs: Vec<JoinHandle<Answered<K>>> = Vec::new();
         for (key, digest) in followed {
             let (loader, accepts) = (single(&self.load, key.clone()), Arc::clone(&self.accepts));
-            let inner = Arc::clone(&self.inner);
+            let (cache, soft_timeout) = (self.cache.clone(), self.parts.loads.soft_timeout);
             runs.push(tokio::spawn(async move {
-                let soft_timeout = inner.config.loads.soft_timeout;
                 let accepts = move |bytes: &Bytes| accepts(bytes);
-                let (fetched, _) = inner
+                let (fetched, _) = cache
                     .fetch_digest(digest, soft_timeout, accepts, loader)
                     .await;
                 vec![(key, fetched.and_then(|fetched| fetched.value_or_pass()))]
@@ -195,18 +204,18 @@ impl<K: BatchKey> Batch<K> {
     /// others into those whose lock this call took (it leads them) and those it follows, or
     /// all of them to be loaded alone if the breaker kept the lookup from being sent.
     async fn look_up(&self, missed: Vec<(K, KeyDigest)>, answers: &mut Answers<K>) -> Sorted<K> {
-        let namespace = &self.inner.config.namespace;
+        let namespace = &self.parts.namespace;
         let store_keys: Vec<StoreKey> = missed
             .iter()
             .map(|(_, digest)| StoreKey::new(Arc::clone(namespace), *digest))
             .collect();
         // Taken before the read, so that a change heard after it keeps the value out of L1.
         let stamps: Vec<Option<Stamp>> =
-            missed.iter().map(|(_, d)| self.inner.l1.stamp(d)).collect();
+            missed.iter().map(|(_, d)| self.parts.l1.stamp(d)).collect();
         let (token, read_at) = (LockToken::random(), Instant::now());
         // Until each key is handed on: a caller that goes away meanwhile (or a lookup that
         // failed, which may still have taken them) releases the locks.
-        let mut pending = PendingLocks::new(&self.inner.store, store_keys.clone(), token);
+        let mut pending = PendingLocks::new(&self.parts.store, store_keys.clone(), token);
         let lookups = match self.lookup_many(&store_keys, token, read_at).await {
             Ok(lookups) => lookups,
             Err(Unanswered::NotSent) => {
@@ -217,31 +226,31 @@ impl<K: BatchKey> Batch<K> {
         };
         let reader = Reader::of(&*self.accepts);
         let (mut led, mut followed) = (Vec::new(), Vec::new());
-        let keep = self.inner.config.lives.keep();
+        let keep = self.parts.lives.keep();
         let found = missed.into_iter().zip(lookups.into_iter().zip(stamps));
         for (index, ((key, digest), (lookup, stamp))) in found.enumerate() {
             let lock = lookup.lock;
-            let mut found = self.inner.lookups().found(lookup, reader).await;
+            let mut found = self.parts.lookups().found(lookup, reader).await;
             let Some(store_key) = pending.take(index) else {
                 continue;
             };
             if let Some(fresh) = found.as_mut().ok().and_then(LookupFound::take_fresh) {
                 let loader = single_boxed(&self.load, &self.accepts, key.clone());
-                let fetched = fresh.answer(&self.inner, digest, stamp, read_at, loader, false);
+                let fetched = fresh.answer(&self.parts, digest, stamp, read_at, loader, false);
                 answers.insert(key, fetched.value_or_pass());
                 continue;
             }
             match (found, lock) {
                 (Ok(found), LockState::Acquired) => led.push(Led {
                     key,
-                    guard: LockGuard::new(&self.inner.store, store_key, token, read_at),
+                    guard: LockGuard::new(&self.parts.store, store_key, token, read_at),
                     stamp,
                     stale: StaleValue::of(&found, keep),
                 }),
                 (_, lock) => {
                     if lock == LockState::Acquired {
                         // The tags could not be checked: the key goes its own way.
-                        spawn_release(&self.inner.store, &store_key, token);
+                        spawn_release(&self.parts.store, &store_key, token);
                     }
                     followed.push((key, digest));
                 }
@@ -263,15 +272,14 @@ impl<K: BatchKey> Batch<K> {
         token: LockToken,
         read_at: Instant,
     ) -> Result<Vec<Lookup>, Unanswered> {
-        let config = &self.inner.config;
         let (lock_ttl, lock_when) = (
-            config.loads.lock_ttl,
-            LockWhen::LifeAtMost(config.lives.keep()),
+            self.parts.loads.lock_ttl,
+            LockWhen::LifeAtMost(self.parts.lives.keep()),
         );
-        let store = &self.inner.store;
+        let store = &self.parts.store;
         let lookup = async { store.lookup_many(keys, token, lock_ttl, lock_when).await };
         let count = keys.len();
-        match self.inner.breaker.call_from(read_at, lookup).await {
+        match self.parts.breaker.call_from(read_at, lookup).await {
             Ok(lookups) if lookups.len() == count => Ok(lookups),
             Err(error) if error.skipped() => {
                 debug!(
@@ -303,30 +311,30 @@ impl<K: BatchKey> Batch<K> {
     async fn lead(self, led: Vec<Led<K>>) -> Answered<K> {
         let load = &self.load;
         let keys: Vec<StoreKey> = led.iter().map(|led| led.guard.key.clone()).collect();
-        let renewals = &self.inner.renewals;
+        let renewals = &self.parts.renewals;
         let _watchdog = led
             .first()
             .map(|first| renewals.watch(keys, first.guard.token, first.guard.asked_at));
         let wanted = led.iter().map(|led| led.key.clone()).collect();
         // Read before the load, for the values' generation: a clear after it outdates them.
-        let clock = self.inner.tags().clock_for_load(false).await;
+        let clock = self.parts.tags().clock_for_load(false).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
-        let loaded = self.inner.load_watched(load(wanted)).await;
+        let loaded = self.parts.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
         let mut values = match loaded {
             Ok(values) => values,
             Err(error) => {
                 let mut answers = Vec::with_capacity(led.len());
                 for led in led {
-                    let mut leader = Leader::holding(&self.inner, led.guard, led.stamp, None);
+                    let mut leader = Leader::holding(&self.parts, led.guard, led.stamp, None);
                     leader.tell_failure(false).await;
                     // Stale-if-error, as a single key's leader: a stale value that still
                     // stands answers in place of the error.
                     let answer = match led.stale {
                         Some(stale)
-                            if stale.serves_on_error(&self.inner.config.lives)
+                            if stale.serves_on_error(&self.parts.lives)
                                 && stale
-                                    .still_stands(&self.inner.lookups(), leader.key(), false)
+                                    .still_stands(&self.parts.lookups(), leader.key(), false)
                                     .await =>
                         {
                             Ok(stale.payload)
@@ -345,7 +353,7 @@ impl<K: BatchKey> Batch<K> {
             warn!(keys = led.len(), "a batch's values without the namespace's generation (the tag clock) are not stored");
         }
         for led in led {
-            let mut leader = Leader::holding(&self.inner, led.guard, led.stamp, None);
+            let mut leader = Leader::holding(&self.parts, led.guard, led.stamp, None);
             let Some(bytes) = values.remove(&led.key) else {
                 leader.release_lock().await;
                 answers.push((led.key, Err(Error::load(NOT_RETURNED.into()))));
@@ -357,13 +365,13 @@ impl<K: BatchKey> Batch<K> {
                 continue;
             };
             let (guard, stamp) = (leader.guard, leader.stamp);
-            let inner = Arc::clone(&self.inner);
+            let parts = Arc::clone(&self.parts);
             fills.push(tokio::spawn(async move {
                 let load = (started_at, load_time);
                 // A batch's values take the cache's TTL and jitter.
                 let tagged = Some(&tagged);
-                let ready = inner.ready_to_store(&bytes, Life::default(), load, tagged, None);
-                let mut leader = Leader::holding(&inner, guard, stamp, None);
+                let ready = parts.ready_to_store(&bytes, Life::default(), load, tagged, None);
+                let mut leader = Leader::holding(&parts, guard, stamp, None);
                 leader.fill_value(&ready, tagged).await;
                 (led.key, Ok(ready.value))
             }));

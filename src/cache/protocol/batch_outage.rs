@@ -16,17 +16,17 @@ impl<K: BatchKey> Batch<K> {
     /// alone is, unless this process changed the key (or cleared) during the load.
     pub(super) async fn load_many_alone(&self, keys: Vec<(K, KeyDigest)>) -> Answered<K> {
         let load = &self.load;
-        let recoveries = self.inner.breaker.recoveries();
+        let recoveries = self.parts.breaker.recoveries();
         // Taken before the load: a change of the key made here meanwhile moves it on.
         let vouches: Vec<_> = keys
             .iter()
-            .map(|(_, digest)| (self.inner.l1.stamp_anyway(digest), recoveries))
+            .map(|(_, digest)| (self.parts.l1.stamp_anyway(digest), recoveries))
             .collect();
         let wanted = keys.iter().map(|(key, _)| key.clone()).collect();
         let started = Instant::now();
-        let loaded = self.inner.load_watched(load(wanted)).await;
+        let loaded = self.parts.load_watched(load(wanted)).await;
         let load_time = started.elapsed();
-        let ttl: Duration = self.inner.config.lives.ttl;
+        let ttl: Duration = self.parts.lives.ttl;
         match loaded {
             Ok(mut values) => keys
                 .into_iter()
@@ -34,7 +34,7 @@ impl<K: BatchKey> Batch<K> {
                 .map(|((key, digest), vouch)| match values.remove(&key) {
                     Some(bytes) => {
                         let tags = TagStamps::default();
-                        self.inner
+                        self.parts
                             .l1_insert_alone(vouch, tags, digest, &bytes, ttl, load_time);
                         (key, Ok(bytes))
                     }

@@ -35,15 +35,15 @@ impl<K: BatchKey> Batch<K> {
                 waiting.keys += 1;
                 continue;
             };
-            let lives = &self.inner.config.lives;
-            if self.inner.config.loads.refresh_in_background && stale.serves_while_updating(lives) {
+            let lives = &self.parts.lives;
+            if self.parts.loads.refresh_in_background && stale.serves_while_updating(lives) {
                 answers.insert(led.key.clone(), Ok(stale.payload.clone()));
                 continue;
             }
             waiting.keys += 1;
-            if self.inner.config.loads.soft_timeout.is_some() && stale.serves_on_error(lives) {
+            if self.parts.loads.soft_timeout.is_some() && stale.serves_on_error(lives) {
                 let digest = *led.guard.key.digest();
-                let notifier = self.inner.l1.notifier();
+                let notifier = self.parts.l1.notifier();
                 let holds = unchanged_since(notifier, digest, led.stamp, &stale.tag_stamps);
                 waiting
                     .soft
@@ -66,7 +66,7 @@ impl<K: BatchKey> Batch<K> {
         if waiting.keys == 0 {
             return;
         }
-        let ran = match self.inner.config.loads.soft_timeout {
+        let ran = match self.parts.loads.soft_timeout {
             Some(soft_timeout) if !waiting.soft.is_empty() => {
                 let ran = tokio::select! {
                     biased;

@@ -26,8 +26,9 @@ use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::{BoxLoader, Reader};
+use crate::cache::parts::Parts;
 use crate::cache::telemetry::{LockEvent, WaitEnd};
-use crate::cache::{Error, ErrorKind, Fetched, Inner, Outcome, WaitTimeoutPolicy};
+use crate::cache::{Error, ErrorKind, Fetched, Outcome, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };
@@ -37,7 +38,7 @@ use crate::store::{
 /// between its lookups: the key's lock token and fills' watch, its callers' posts, which lookup
 /// it makes next, and whether it follows another leader's load.
 pub(in crate::cache) struct Follower<'a> {
-    pub(super) inner: &'a Arc<Inner>,
+    pub(super) parts: &'a Arc<Parts>,
     pub(super) key: &'a StoreKey,
     token: LockToken,
     filled: Option<FillWatch<'a>>,
@@ -104,33 +105,33 @@ impl<'a> Follower<'a> {
     /// `early` takes an answer before the flight ends: the stale value a leader serves while
     /// it refreshes in the background.
     pub(in crate::cache) async fn resolve(
-        inner: &Arc<Inner>,
+        parts: &Arc<Parts>,
         digest: KeyDigest,
         loader: BoxLoader,
         early: &FlightPosts,
     ) -> FlightResult {
-        let key = StoreKey::new(Arc::clone(&inner.config.namespace), digest);
+        let key = StoreKey::new(Arc::clone(&parts.namespace), digest);
         let token = LockToken::random();
-        let mut filled = inner.lookups().watch_fills_subscribed(&key).await;
+        let mut filled = parts.lookups().watch_fills_subscribed(&key).await;
         // When this flight first read the key. Each lookup's clock reading (this one for the
         // first) also times what it finds: a hit is fresh for what the store says is left,
         // counted from just before the request, which errs by one round trip on the safe side.
         let started = Instant::now();
         // Taken before the read, so that a change heard after it keeps the value out of L1.
-        let stamp = inner.l1.stamp(&digest);
-        let lock_when = LockWhen::LifeAtMost(inner.config.lives.keep());
+        let stamp = parts.l1.stamp(&digest);
+        let lock_when = LockWhen::LifeAtMost(parts.lives.keep());
         let reader = loader.reader();
-        let mut found = inner
+        let mut found = parts
             .lookups()
             .look_up(started, &key, token, lock_when, reader, &mut filled)
             .await;
         // The common case, a fresh value, is answered here: the protocol's loop, whose state
         // is over a kilobyte, starts (in a box) only for what else a lookup finds.
         if let Ok(Some(fresh)) = found.as_mut().map(LookupFound::take_fresh) {
-            return Ok(fresh.answer(inner, digest, stamp, started, loader, false));
+            return Ok(fresh.answer(parts, digest, stamp, started, loader, false));
         }
         let mut follower = Follower {
-            inner,
+            parts,
             key: &key,
             token,
             filled,
@@ -149,7 +150,7 @@ impl<'a> Follower<'a> {
         {
             let waited = since.elapsed();
             debug!(key = ?digest, ?waited, ended = ended.label(), "followed another leader");
-            inner.meter.follower_wait(waited, ended);
+            parts.meter.follower_wait(waited, ended);
         }
         answer
     }
@@ -159,8 +160,8 @@ impl<'a> Follower<'a> {
     ///
     /// [`step`]: Self::step
     async fn run(&mut self, loader: BoxLoader) -> FlightResult {
-        let inner = self.inner;
-        let mut backoff = Backoff::new(&inner.config.waits);
+        let parts = self.parts;
+        let mut backoff = Backoff::new(&parts.waits);
         let reader = loader.reader();
         loop {
             let next = match self.look_up(reader).await {
@@ -171,13 +172,13 @@ impl<'a> Follower<'a> {
                 Next::Answer(answer) => return answer,
                 Next::Fresh(fresh, Seen { read_at, stamp, .. }) => {
                     let (digest, followed) = (*self.key.digest(), self.following.is_some());
-                    return Ok(fresh.answer(inner, digest, stamp, read_at, loader, followed));
+                    return Ok(fresh.answer(parts, digest, stamp, read_at, loader, followed));
                 }
                 Next::Lead(seen, stale) => {
                     // The leader waits for no fill: its watch ends.
                     self.filled = None;
                     let (key, token, early) = (self.key.clone(), self.token, Some(self.early));
-                    return Box::pin(Leader::lead(inner, seen, key, token, loader, stale, early))
+                    return Box::pin(Leader::lead(parts, seen, key, token, loader, stale, early))
                         .await;
                 }
                 Next::LoadAlone(outcome) => {
@@ -195,7 +196,7 @@ impl<'a> Follower<'a> {
     /// The flight's next lookup (the first was made before the loop); or, where the store
     /// did not answer, the outcome of a load with in-process protection.
     async fn look_up(&mut self, reader: Reader<'_>) -> Result<Seen, Outcome> {
-        let inner = self.inner;
+        let parts = self.parts;
         let (key, digest) = (self.key, *self.key.digest());
         let next = std::mem::replace(&mut self.next, NextLookup::Plain);
         let overwriting = matches!(next, NextLookup::Overwrite);
@@ -204,14 +205,14 @@ impl<'a> Follower<'a> {
             NextLookup::Plain | NextLookup::Overwrite => {
                 let read_at = Instant::now();
                 // Taken before the read (as the first lookup's).
-                let stamp = inner.l1.stamp(&digest);
+                let stamp = parts.l1.stamp(&digest);
                 let lock_when = if overwriting {
                     LockWhen::Always
                 } else {
-                    LockWhen::LifeAtMost(inner.config.lives.keep())
+                    LockWhen::LifeAtMost(parts.lives.keep())
                 };
                 let token = self.token;
-                let found = inner
+                let found = parts
                     .lookups()
                     .look_up(read_at, key, token, lock_when, reader, &mut self.filled)
                     .await;
@@ -233,7 +234,7 @@ impl<'a> Follower<'a> {
                 warn!(error = &error as &dyn std::error::Error, key = ?digest, "store lookup failed; loading with in-process protection only");
                 // A lookup that timed out may still have taken the lock: free it, or every
                 // other process would wait for its TTL.
-                spawn_release(&inner.store, key, self.token);
+                spawn_release(&parts.store, key, self.token);
                 Err(Outcome::Degraded)
             }
         }
@@ -242,22 +243,22 @@ impl<'a> Follower<'a> {
     /// What the flight does with what one lookup found: answer it (fresh, stale, or a load's
     /// answer for its waiters), or go on by the lock and the entry ([`route`](Self::route)).
     async fn step(&mut self, mut seen: Seen, reader: Reader<'_>, backoff: &mut Backoff) -> Next {
-        let inner = self.inner;
-        let keep = inner.config.lives.keep();
+        let parts = self.parts;
+        let keep = parts.lives.keep();
         if seen.overwriting && seen.found.lock == LockState::Acquired {
             // The lock was taken to overwrite a corrupt entry; if another leader has
             // overwritten it since, use its value instead of loading again.
             // (Not a tagged one: its tags would need checking; this flight reloads it.)
             if let Some((Ok(Entry::Value { tags, .. }), Some(ttl))) = &seen.found.entry {
-                if *ttl > keep && inner.tags().untagged_valid(tags.as_ref()).await {
-                    spawn_release(&inner.store, self.key, self.token);
+                if *ttl > keep && parts.tags().untagged_valid(tags.as_ref()).await {
+                    spawn_release(&parts.store, self.key, self.token);
                     seen.found.lock = LockState::NotRequested;
                 }
             }
         }
         match seen.found.lock {
-            LockState::Acquired => inner.meter.lock(LockEvent::Acquired),
-            LockState::HeldElsewhere => inner.meter.lock(LockEvent::Contended),
+            LockState::Acquired => parts.meter.lock(LockEvent::Acquired),
+            LockState::HeldElsewhere => parts.meter.lock(LockEvent::Contended),
             _ => {}
         }
         if let Some(fresh) = seen.found.take_fresh() {
@@ -266,9 +267,9 @@ impl<'a> Follower<'a> {
         let mut stale = StaleValue::of(&seen.found, keep);
         let serve_stale = stale.as_ref().is_some_and(|stale| match seen.found.lock {
             // Serve-while-updating: another leader refreshes it.
-            LockState::HeldElsewhere => stale.serves_while_updating(&inner.config.lives),
+            LockState::HeldElsewhere => stale.serves_while_updating(&parts.lives),
             // Stale-if-error: the last refresh failed a moment ago.
-            LockState::Failed => stale.serves_on_error(&inner.config.lives),
+            LockState::Failed => stale.serves_on_error(&parts.lives),
             _ => false,
         });
         if let Some(stale) = stale.take_if(|_| serve_stale) {
@@ -285,7 +286,7 @@ impl<'a> Follower<'a> {
     /// earlier load's answer stands in place of the value.
     async fn for_waiters(&self, seen: &Seen, stale: bool, reader: Reader<'_>) -> Option<Next> {
         let found = &seen.found;
-        let release = || spawn_release(&self.inner.store, self.key, self.token);
+        let release = || spawn_release(&self.parts.store, self.key, self.token);
         let earlier = self.following.as_ref().map(|following| &following.earlier);
         if let (Some(earlier), LockState::Acquired, true) = (earlier, found.lock, stale) {
             // The load this flight waited for ended without a new value: it may have
@@ -301,7 +302,7 @@ impl<'a> Follower<'a> {
         }
         let in_place = found.entry.as_ref();
         let answer = in_place.and_then(|(entry, ttl)| WaitersAnswer::of(entry, *ttl))?;
-        let waiters_ttl = self.inner.config.waiters_ttl();
+        let waiters_ttl = self.parts.waiters_ttl;
         if earlier.is_some_and(|earlier| {
             answer.taken_by(earlier, self.started, seen.read_at, waiters_ttl)
         }) {
@@ -347,7 +348,7 @@ impl<'a> Follower<'a> {
                 if seen.found.outdated {
                     debug!(key = ?digest, "a tag of the stored value was invalidated; reloading");
                 } else {
-                    self.inner.corrupt_entry(&digest);
+                    self.parts.corrupt_entry(&digest);
                 }
                 Next::LookAgain(NextLookup::Overwrite)
             }
@@ -391,23 +392,23 @@ impl<'a> Follower<'a> {
         last_stale: Option<StaleValue>,
         backoff: &mut Backoff,
     ) -> Next {
-        let inner = self.inner;
-        let waits = &inner.config.waits;
+        let parts = self.parts;
+        let waits = &parts.waits;
         let waited = self.started.elapsed();
         let soft = self.soft_timeout;
-        let soft = soft::left_for_follower(&inner.config.lives, soft, last_stale.as_ref(), waited);
+        let soft = soft::left_for_follower(&parts.lives, soft, last_stale.as_ref(), waited);
         let following = self.following.insert(following);
         let digest = *self.key.digest();
         if waited >= waits.wait_timeout {
             following.ended = Some(WaitEnd::TimedOut);
             debug!(key = ?digest, ?waited, policy = ?waits.on_wait_timeout, "wait timed out");
-            return Next::TimedOut(inner.l1.stamp(&digest), last_stale);
+            return Next::TimedOut(parts.l1.stamp(&digest), last_stale);
         }
         if let (Some(Duration::ZERO), Some(stale)) = (soft, last_stale) {
             return Next::Answer(Ok(stale.answer()));
         }
         let limit = (waits.wait_timeout - waited).min(soft.unwrap_or(Duration::MAX));
-        let notifier = inner.l1.notifier();
+        let notifier = parts.l1.notifier();
         let wait = backoff.wait_between_reads(&mut self.filled, notifier, limit);
         following.ended = Some(Box::pin(wait).await);
         Next::LookAgain(NextLookup::Plain)
@@ -420,17 +421,17 @@ impl<'a> Follower<'a> {
         loader: BoxLoader,
         last_stale: Option<StaleValue>,
     ) -> FlightResult {
-        let inner = self.inner;
-        match inner.config.waits.on_wait_timeout {
+        let parts = self.parts;
+        match parts.waits.on_wait_timeout {
             WaitTimeoutPolicy::LoadUncached => {
                 Box::pin(self.load_alone(loader, Outcome::Uncached)).await
             }
             WaitTimeoutPolicy::LoadAndCache => Box::pin(self.load_and_put(stamp, loader)).await,
             WaitTimeoutPolicy::ServeStale => match last_stale {
                 Some(stale)
-                    if stale.serves_on_error(&inner.config.lives)
+                    if stale.serves_on_error(&parts.lives)
                         && stale
-                            .still_stands(&inner.lookups(), self.key, self.early.is_overtaken())
+                            .still_stands(&parts.lookups(), self.key, self.early.is_overtaken())
                             .await =>
                 {
                     Ok(stale.answer())
@@ -462,12 +463,7 @@ impl<'a> Follower<'a> {
         let asked = Instant::now();
         let answer = self.read_waiters_answer(reader).await.ok().flatten()?;
         answer
-            .taken_by(
-                earlier,
-                self.started,
-                asked,
-                self.inner.config.waiters_ttl(),
-            )
+            .taken_by(earlier, self.started, asked, self.parts.waiters_ttl)
             .then_some(answer.payload)
     }
 
@@ -477,10 +473,10 @@ impl<'a> Follower<'a> {
         &self,
         reader: Reader<'_>,
     ) -> Result<Option<WaitersAnswer>, StoreError> {
-        let inner = self.inner;
-        let stored = inner
+        let parts = self.parts;
+        let stored = parts
             .breaker
-            .call(inner.store.waiters_answer(self.key))
+            .call(parts.store.waiters_answer(self.key))
             .await?;
         Ok(stored.and_then(|stored| WaitersAnswer::of(&reader.decode(stored.bytes), stored.ttl)))
     }

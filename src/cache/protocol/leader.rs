@@ -21,8 +21,9 @@ use crate::cache::entry::{self, Tagged};
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::LoadedKind;
+use crate::cache::parts::Parts;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::{Error, Fetched, Inner, Loaded, Outcome};
+use crate::cache::{Error, Fetched, Loaded, Outcome};
 use crate::store::{LockToken, Stamp, StoreError, StoreKey, TagClock};
 
 /// What a leader knows of its key from the lookup that made it leader.
@@ -44,7 +45,7 @@ pub(in crate::cache) struct LeaderStart {
 /// what this process had heard of the key before the lock was taken, and the callers its
 /// answer goes to.
 pub(in crate::cache) struct Leader<'a> {
-    pub(super) inner: &'a Inner,
+    pub(super) parts: &'a Parts,
     pub(super) guard: LockGuard,
     pub(super) stamp: Option<Stamp>,
     pub(super) flight: Option<&'a FlightPosts>,
@@ -55,13 +56,13 @@ impl<'a> Leader<'a> {
     /// the key before the lock was taken; `flight`, the callers its answer goes to (none for
     /// a batch's key).
     pub(super) fn holding(
-        inner: &'a Inner,
+        parts: &'a Parts,
         guard: LockGuard,
         stamp: Option<Stamp>,
         flight: Option<&'a FlightPosts>,
     ) -> Self {
         Leader {
-            inner,
+            parts,
             guard,
             stamp,
             flight,
@@ -77,7 +78,7 @@ impl<'a> Leader<'a> {
     /// `stale` value, the flight's callers get it at once (through `early`) when refreshes run
     /// in the background, and in place of an error if the load fails (stale-if-error).
     pub(in crate::cache) async fn lead(
-        inner: &'a Inner,
+        parts: &'a Parts,
         seen: LeaderStart,
         key: StoreKey,
         token: LockToken,
@@ -86,23 +87,23 @@ impl<'a> Leader<'a> {
         early: Option<&'a FlightPosts>,
     ) -> FlightResult {
         let mut leader = Leader {
-            inner,
-            guard: LockGuard::new(&inner.store, key, token, seen.asked_at),
+            parts,
+            guard: LockGuard::new(&parts.store, key, token, seen.asked_at),
             stamp: seen.stamp,
             flight: early,
         };
         // Dropped before the guard: the renewals stop before a guard's release.
         let keys = vec![leader.key().clone()];
-        let _watchdog = inner.renewals.watch(keys, token, seen.asked_at);
+        let _watchdog = parts.renewals.watch(keys, token, seen.asked_at);
         let posted = stale.as_ref().is_some_and(|stale| leader.post_stale(stale));
-        let clock = inner.tags().clock_for_load(seen.tagged).await;
+        let clock = parts.tags().clock_for_load(seen.tagged).await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
         let previous = leader.previous(stale.as_ref()).await;
         let had_previous = previous.is_some();
-        let lives = &inner.config.lives;
+        let lives = &parts.lives;
         let soft = loader.soft_timeout();
         let soft = soft::for_leader(lives, soft, stale.as_ref(), early.is_some(), posted);
-        let load = inner.load(loader, previous);
+        let load = parts.load(loader, previous);
         let loaded = soft::within(load, soft, || {
             if let Some(stale) = &stale {
                 leader.post_soft(stale);
@@ -115,7 +116,7 @@ impl<'a> Leader<'a> {
             Err(error) => return leader.failed(error, seen.speculative, stale).await,
         };
         if !loaded.tags.is_empty() {
-            inner.known_tags.mark_seen();
+            parts.known_tags.mark_seen();
         }
         let kept = stale.is_some();
         let life = loaded.life();
@@ -131,13 +132,13 @@ impl<'a> Leader<'a> {
     /// With a stale value and refreshes in the background, posts it for the flight's callers
     /// while it is within its stale window; whether it did.
     fn post_stale(&mut self, stale: &StaleValue) -> bool {
-        let config = &self.inner.config;
-        if !config.loads.refresh_in_background {
+        let parts = self.parts;
+        if !parts.loads.refresh_in_background {
             return false;
         }
         // Servable to the callers that join this flight only while it is within the stale
         // window; later joiners wait for the load's answer.
-        match stale.window_left(&config.lives) {
+        match stale.window_left(&parts.lives) {
             Some(left) => self.post_early(stale, left),
             None => false,
         }
@@ -153,12 +154,12 @@ impl<'a> Leader<'a> {
     ) -> FlightResult {
         self.tell_failure(speculative).await;
         let overtaken = self.flight.is_some_and(FlightPosts::is_overtaken);
-        let inner = self.inner;
+        let parts = self.parts;
         match stale {
             Some(stale)
-                if stale.serves_on_error(&inner.config.lives)
+                if stale.serves_on_error(&parts.lives)
                     && stale
-                        .still_stands(&inner.lookups(), &self.guard.key, overtaken)
+                        .still_stands(&parts.lookups(), &self.guard.key, overtaken)
                         .await =>
             {
                 warn!(key = ?self.guard.key, error = &error as &dyn std::error::Error, "load failed; serving the stale value");
@@ -178,7 +179,7 @@ impl<'a> Leader<'a> {
         load: (SystemTime, Duration),
         kept: bool,
     ) -> Fetched {
-        let inner = self.inner;
+        let parts = self.parts;
         let life = loaded.life();
         match (loaded.kind, tagged(loaded.tags, clock)) {
             (LoadedKind::Value { bytes, .. }, Err(TagsNotStorable)) => {
@@ -188,7 +189,7 @@ impl<'a> Leader<'a> {
             }
             (LoadedKind::Value { bytes, .. }, Ok(tagged)) => {
                 let fill =
-                    inner.ready_to_store(&bytes, life, load, Some(&tagged), Some(loaded.windows));
+                    parts.ready_to_store(&bytes, life, load, Some(&tagged), Some(loaded.windows));
                 self.fill_value(&fill, Some(&tagged)).await;
                 Fetched::loaded(fill.value, Outcome::Leader)
             }
@@ -204,10 +205,8 @@ impl<'a> Leader<'a> {
                 };
                 let pass = entry::encode_pass(load.0, shared);
                 let (key, token) = (&self.guard.key, self.guard.token);
-                let filled = inner
-                    .store
-                    .fill(key, token, pass, inner.config.lives.pass_ttl);
-                if let Ok(true | false) = inner.breaker.finish(filled).await {
+                let filled = parts.store.fill(key, token, pass, parts.lives.pass_ttl);
+                if let Ok(true | false) = parts.breaker.finish(filled).await {
                     self.guard.disarm();
                 }
                 Fetched::pass_with(handoff)
@@ -225,19 +224,19 @@ impl<'a> Leader<'a> {
         (started_at, took): (SystemTime, Duration),
         kept: bool,
     ) {
-        let inner = self.inner;
-        let ttl = inner.config.waiters_ttl();
+        let parts = self.parts;
+        let ttl = parts.waiters_ttl;
         let answer = entry::encode_for_waiters(bytes, started_at, took, ttl);
         let (key, token) = (&self.guard.key, self.guard.token);
         let written = if kept {
-            inner.store.answer_waiters(key, token, answer, ttl)
+            parts.store.answer_waiters(key, token, answer, ttl)
         } else {
-            inner.store.fill(key, token, answer, ttl)
+            parts.store.fill(key, token, answer, ttl)
         };
-        if let Ok(filled) = inner.breaker.finish(written).await {
+        if let Ok(filled) = parts.breaker.finish(written).await {
             self.guard.disarm();
             if !filled {
-                inner.meter.lock(LockEvent::Lost);
+                parts.meter.lock(LockEvent::Lost);
             }
         }
     }
@@ -249,12 +248,12 @@ impl<'a> Leader<'a> {
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
     ) {
-        let (inner, guard) = (self.inner, &self.guard);
+        let (parts, guard) = (self.parts, &self.guard);
         let encoded = fill.encoded.clone();
-        let filled = inner
+        let filled = parts
             .breaker
             .finish(
-                inner
+                parts
                     .store
                     .fill(&guard.key, guard.token, encoded, fill.store_ttl),
             )
@@ -272,7 +271,7 @@ impl<'a> Leader<'a> {
         fill: &ReadyValue,
         tagged: Option<&Tagged>,
     ) {
-        let (inner, stamp, flight) = (self.inner, self.stamp, self.flight);
+        let (parts, stamp, flight) = (self.parts, self.stamp, self.flight);
         let guard = &mut self.guard;
         let digest = *guard.key.digest();
         match written {
@@ -281,18 +280,18 @@ impl<'a> Leader<'a> {
                 guard.disarm();
                 if written {
                     // The write's own notification moved the stamp on once.
-                    let stamp = stamp.map(|stamp| inner.l1.after_own_write(stamp));
-                    inner.keep_loaded(stamp, digest, fill, tagged, flight).await;
+                    let stamp = stamp.map(|stamp| parts.l1.after_own_write(stamp));
+                    parts.keep_loaded(stamp, digest, fill, tagged, flight).await;
                 } else {
-                    inner.meter.lock(LockEvent::Lost);
+                    parts.meter.lock(LockEvent::Lost);
                     warn!(key = ?guard.key, "lock lost before the fill; a newer leader owns the key");
                     // Not kept, but it still answers the flight.
-                    inner.tags().loaded_tags_hold(tagged, flight).await;
+                    parts.tags().loaded_tags_hold(tagged, flight).await;
                 }
             }
             Err(error) => {
                 warn!(key = ?guard.key, error = &error as &dyn std::error::Error, "fill failed; value kept in this process only");
-                inner.keep_loaded(stamp, digest, fill, tagged, flight).await;
+                parts.keep_loaded(stamp, digest, fill, tagged, flight).await;
             }
         }
     }
@@ -302,14 +301,14 @@ impl<'a> Leader<'a> {
     /// released), instead of letting each of them take the lock and call the failing backend
     /// in turn.
     pub(super) async fn tell_failure(&mut self, speculative: bool) {
-        let (inner, guard) = (self.inner, &mut self.guard);
+        let (parts, guard) = (self.parts, &mut self.guard);
         let (key, token) = (&guard.key, guard.token);
-        let failure_ttl = inner.config.lives.failure_ttl;
+        let failure_ttl = parts.lives.failure_ttl;
         let told = if failure_ttl.is_zero() || speculative {
-            inner.breaker.finish(inner.store.release(key, token)).await
+            parts.breaker.finish(parts.store.release(key, token)).await
         } else {
-            let failed = inner.store.fail(key, token, failure_ttl);
-            inner.breaker.finish(failed).await
+            let failed = parts.store.fail(key, token, failure_ttl);
+            parts.breaker.finish(failed).await
         };
         if told.is_ok() {
             guard.disarm();
@@ -318,9 +317,9 @@ impl<'a> Leader<'a> {
 
     /// Releases the lock of a load that has nothing to write (token-checked).
     pub(super) async fn release_lock(&mut self) {
-        let (inner, guard) = (self.inner, &mut self.guard);
-        let released = inner.store.release(&guard.key, guard.token);
-        if inner.breaker.finish(released).await.is_ok() {
+        let (parts, guard) = (self.parts, &mut self.guard);
+        let released = parts.store.release(&guard.key, guard.token);
+        if parts.breaker.finish(released).await.is_ok() {
             guard.disarm();
         }
     }
@@ -328,7 +327,7 @@ impl<'a> Leader<'a> {
     /// Posts `stale` as the early answer of its flight (its soft timeout passed), servable
     /// for the rest of its window and while nothing was heard of its key or tags.
     pub(super) fn post_soft(&self, stale: &StaleValue) {
-        if let Some(left) = stale.error_window_left(&self.inner.config.lives) {
+        if let Some(left) = stale.error_window_left(&self.parts.lives) {
             self.post_early(stale, left);
         }
     }
@@ -342,7 +341,7 @@ impl<'a> Leader<'a> {
         };
         let until = crate::sync::later(Instant::now(), left);
         let digest = *self.key().digest();
-        let notifier = self.inner.l1.notifier();
+        let notifier = self.parts.l1.notifier();
         let holds = unchanged_since(notifier, digest, self.stamp, &stale.tag_stamps);
         let answer = Fetched::cached(stale.payload.clone(), Outcome::Stale, stale.fresh_until());
         flight.post(Some((Ok(answer), Some(Early { until, holds }))));

@@ -12,7 +12,8 @@ use crate::cache::carry::FlightPosts;
 use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::{Life, LoadedKind};
-use crate::cache::{BoxError, Error, ErrorKind, Inner, Loaded, Previous};
+use crate::cache::parts::Parts;
+use crate::cache::{BoxError, Error, ErrorKind, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, Stamp, TagClock};
 
 /// Tags a loaded value cannot be stored with: the store did not answer the tag clock read
@@ -51,7 +52,7 @@ pub(in crate::cache) struct ReadyValue {
     pub(in crate::cache) load_time: Duration,
 }
 
-impl Inner {
+impl Parts {
     /// Encodes a loaded value with its load's start and time (and tags, and stale windows),
     /// fresh for its `life`: its TTL (or the default TTL), plus a random share of its jitter
     /// (or the cache's).
@@ -63,13 +64,13 @@ impl Inner {
         tagged: Option<&Tagged>,
         windows: Option<Windows>,
     ) -> ReadyValue {
-        let fresh_for = self.config.lives.fresh_for(life);
+        let fresh_for = self.lives.fresh_for(life);
         let (encoded, value) = entry::encode_value(bytes, started, load_time, tagged, windows);
         ReadyValue {
             value,
             encoded,
             fresh_for,
-            store_ttl: fresh_for.saturating_add(self.config.lives.keep()),
+            store_ttl: fresh_for.saturating_add(self.lives.keep()),
             load_time,
         }
     }
@@ -126,10 +127,9 @@ impl Inner {
         load: BoxFuture<'static, Result<T, BoxError>>,
     ) -> Result<T, Error> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
-        let config = &self.config;
         let started = Instant::now();
         let mut task = tokio::spawn(load);
-        let joined = tokio::time::timeout(config.loads.load_timeout, &mut task).await;
+        let joined = tokio::time::timeout(self.loads.load_timeout, &mut task).await;
         self.meter.load(started.elapsed());
         match joined {
             Ok(Ok(Ok(loaded))) => Ok(loaded),
@@ -141,7 +141,7 @@ impl Inner {
             }),
             Err(_) => {
                 task.abort();
-                Err(Error::load_timeout(config.loads.load_timeout))
+                Err(Error::load_timeout(self.loads.load_timeout))
             }
         }
     }
@@ -196,9 +196,8 @@ mod tests {
             .stale(Duration::from_secs(30))
             .build();
         let load = (SystemTime::UNIX_EPOCH, Duration::from_millis(3));
-        let ready = cache
-            .inner
-            .ready_to_store(b"v", Life::default(), load, None, None);
+        let parts = &cache.inner.parts;
+        let ready = parts.ready_to_store(b"v", Life::default(), load, None, None);
         assert_eq!(ready.fresh_for, Duration::from_secs(60), "the default TTL");
         assert_eq!(ready.store_ttl, Duration::from_secs(90));
         assert_eq!(&ready.value[..], b"v");
@@ -206,7 +205,7 @@ mod tests {
             ttl: Some(Duration::from_secs(5)),
             jitter: None,
         };
-        let ready = cache.inner.ready_to_store(b"v", five, load, None, None);
+        let ready = parts.ready_to_store(b"v", five, load, None, None);
         assert_eq!(ready.store_ttl, Duration::from_secs(35), "the loader's TTL");
     }
 }

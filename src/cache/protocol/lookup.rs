@@ -69,7 +69,8 @@ pub(super) struct FreshValue {
 }
 
 /// The lookups of one flight (or peek, or batch): they read the store through the breaker,
-/// watch its fills, and check what they find against its tags. Made by [`Inner::lookups`](crate::cache::Inner::lookups).
+/// watch its fills, and check what they find against its tags. Made by
+/// [`Parts::lookups`](crate::cache::parts::Parts::lookups).
 pub(in crate::cache) struct Lookups<'a> {
     pub(in crate::cache) store: &'a dyn Store,
     pub(in crate::cache) breaker: &'a Arc<Breaker>,

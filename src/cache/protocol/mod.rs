@@ -3,10 +3,13 @@
 //! lock token and guard, fills' watch, loader, callers' posts): a [`Follower`] (every flight
 //! starts as one: its lookups, and its wait for another leader's load), a
 //! [`Leader`](leader::Leader) (a flight, or a batch's key, that holds the lock), a
-//! [`Batch`](batch::Batch), and an [`EarlyRefresh`]. They borrow the engine's components (L1,
-//! the breaker's store calls, known tags, refreshes) from `Inner`. The services every role
-//! shares: `Lookups` (a lookup and the fills' watch taken before it, over the components it
-//! reads: `lookup.rs`), and `Inner`'s load, run and made ready for the store (`load.rs`).
+//! [`Batch`](batch::Batch), and an [`EarlyRefresh`]. Each is handed the engine's
+//! [`Parts`](super::parts::Parts) (the store behind its breaker, L1, known tags, renewals,
+//! refreshes, the meter, and the settings they read), never the engine itself; a batch is
+//! handed the [`Cache`](crate::Cache) too, as the way its followed keys join flights. The
+//! services every role shares: `Lookups` (a lookup and the fills' watch taken before it, over
+//! the components it reads: `lookup.rs`), and the load on `Parts`, run and made ready for the
+//! store (`load.rs`).
 //! Each role's methods stand in its own file or in a file below it, so that no file imports
 //! from one that imports from it.
 //!

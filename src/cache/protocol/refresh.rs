@@ -16,8 +16,9 @@ use super::lookup::FreshValue;
 use super::wait::Backoff;
 use crate::cache::entry::Entry;
 use crate::cache::flight::BoxLoader;
+use crate::cache::parts::Parts;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::{Fetched, Inner, Outcome};
+use crate::cache::{Fetched, Outcome};
 use crate::store::{KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
 
 /// How much later than this process reckons the store may still call the value it early
@@ -27,7 +28,7 @@ const EARLY_REFRESH_SLACK: Duration = Duration::from_millis(5);
 /// An early refresh of one key: a flight of its own, in the background, with the loader of
 /// the hit that found the value due.
 pub(in crate::cache) struct EarlyRefresh {
-    inner: Arc<Inner>,
+    parts: Arc<Parts>,
     digest: KeyDigest,
     loader: BoxLoader,
     /// When the value it refreshes stops being fresh, as this process knows it.
@@ -38,16 +39,16 @@ impl EarlyRefresh {
     /// Starts an early refresh of the value of `digest` that is fresh until `fresh_until`, in
     /// the background, unless one is running in this process.
     pub(in crate::cache) fn start(
-        inner: &Arc<Inner>,
+        parts: &Arc<Parts>,
         digest: KeyDigest,
         loader: BoxLoader,
         fresh_until: Instant,
     ) {
-        let Some(running) = inner.refreshes.start(digest) else {
+        let Some(running) = parts.refreshes.start(digest) else {
             return;
         };
         let refresh = EarlyRefresh {
-            inner: Arc::clone(inner),
+            parts: Arc::clone(parts),
             digest,
             loader,
             fresh_until,
@@ -62,7 +63,7 @@ impl EarlyRefresh {
     /// (its remaining life, give or take a round trip, is below what a newer value has: a
     /// whole TTL) and it is still fresh there.
     fn lock_when(&self) -> LockWhen {
-        let keep = self.inner.config.lives.keep();
+        let keep = self.parts.lives.keep();
         let left = self.fresh_until.saturating_duration_since(Instant::now());
         LockWhen::Early {
             life: keep
@@ -79,18 +80,17 @@ impl EarlyRefresh {
     /// L1, so this process does not start refresh after refresh meanwhile.
     async fn run(self) {
         let lock_when = self.lock_when();
-        let (inner, digest, loader) = (self.inner, self.digest, self.loader);
-        let inner = &inner;
-        let config = &inner.config;
-        let key = StoreKey::new(Arc::clone(&config.namespace), digest);
+        let (parts, digest, loader) = (self.parts, self.digest, self.loader);
+        let parts = &parts;
+        let key = StoreKey::new(Arc::clone(&parts.namespace), digest);
         let token = LockToken::random();
-        let mut filled = inner.lookups().watch_fills(&key);
-        let mut backoff = Backoff::new(&config.waits);
+        let mut filled = parts.lookups().watch_fills(&key);
+        let mut backoff = Backoff::new(&parts.waits);
         let mut fresh_until = None;
         loop {
-            let stamp = inner.l1.stamp(&digest);
+            let stamp = parts.l1.stamp(&digest);
             let (reader, asked_at) = (loader.reader(), Instant::now());
-            let found = match inner
+            let found = match parts
                 .lookups()
                 .look_up(asked_at, &key, token, lock_when, reader, &mut filled)
                 .await
@@ -99,7 +99,7 @@ impl EarlyRefresh {
                 Err(error) => {
                     debug!(error = &error as &dyn std::error::Error, key = ?digest, "early refresh: store lookup failed");
                     if !error.skipped() {
-                        spawn_release(&inner.store, &key, token);
+                        spawn_release(&parts.store, &key, token);
                     }
                     return;
                 }
@@ -115,7 +115,7 @@ impl EarlyRefresh {
                         speculative: true,
                         asked_at,
                     };
-                    return lead(inner, seen, key, token, loader).await;
+                    return lead(parts, seen, key, token, loader).await;
                 }
                 (
                     LockState::NotRequested,
@@ -127,22 +127,22 @@ impl EarlyRefresh {
                     )),
                 ) => {
                     // Refreshed by another process: take its value.
-                    let fresh_for = ttl.unwrap_or_default().saturating_sub(config.lives.keep());
+                    let fresh_for = ttl.unwrap_or_default().saturating_sub(parts.lives.keep());
                     let tags = found.tag_stamps;
-                    inner.l1_insert(stamp, tags, digest, &payload, fresh_for, load_time);
+                    parts.l1_insert(stamp, tags, digest, &payload, fresh_for, load_time);
                     return;
                 }
                 (LockState::HeldElsewhere, Some((_, ttl))) => {
                     // Being refreshed elsewhere: follow it while the value is fresh.
                     let until = *fresh_until.get_or_insert_with(|| {
-                        let fresh_for = ttl.unwrap_or_default().saturating_sub(config.lives.keep());
+                        let fresh_for = ttl.unwrap_or_default().saturating_sub(parts.lives.keep());
                         crate::sync::later(Instant::now(), fresh_for)
                     });
                     let now = Instant::now();
                     if now >= until {
                         return;
                     }
-                    let notifier = inner.l1.notifier();
+                    let notifier = parts.l1.notifier();
                     let _ = backoff
                         .wait_between_reads(&mut filled, notifier, until - now)
                         .await;
@@ -157,16 +157,16 @@ impl EarlyRefresh {
 /// An early refresh that took the lock: it leads as any reload does, speculative (a failure
 /// is not shared: the value it refreshes stays).
 async fn lead(
-    inner: &Inner,
+    parts: &Parts,
     seen: LeaderStart,
     key: StoreKey,
     token: LockToken,
     loader: BoxLoader,
 ) {
-    inner.meter.lock(LockEvent::Acquired);
+    parts.meter.lock(LockEvent::Acquired);
     let digest = *key.digest();
     debug!(key = ?digest, "refreshing early");
-    if let Err(error) = Leader::lead(inner, seen, key, token, loader, None, None).await {
+    if let Err(error) = Leader::lead(parts, seen, key, token, loader, None, None).await {
         warn!(key = ?digest, error = &error as &dyn std::error::Error, "early refresh failed");
     }
 }
@@ -176,7 +176,7 @@ impl FreshValue {
     /// refresh where one is due); `followed`: the flight waited for another leader's load.
     pub(super) fn answer(
         self,
-        inner: &Arc<Inner>,
+        parts: &Arc<Parts>,
         digest: KeyDigest,
         stamp: Option<Stamp>,
         read_at: Instant,
@@ -189,13 +189,11 @@ impl FreshValue {
             ttl,
             tag_stamps,
         } = self;
-        let fresh_for = ttl
-            .unwrap_or_default()
-            .saturating_sub(inner.config.lives.keep());
-        inner.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
+        let fresh_for = ttl.unwrap_or_default().saturating_sub(parts.lives.keep());
+        parts.l1_insert(stamp, tag_stamps, digest, &payload, fresh_for, load_time);
         let fresh_until = crate::sync::later(read_at, fresh_for);
-        if inner.refreshes.due(read_at, fresh_until, load_time) {
-            EarlyRefresh::start(inner, digest, loader, fresh_until);
+        if parts.refreshes.due(read_at, fresh_until, load_time) {
+            EarlyRefresh::start(parts, digest, loader, fresh_until);
         }
         let outcome = if followed {
             Outcome::Follower

@@ -19,7 +19,7 @@ impl Leader<'_> {
     pub(super) async fn previous(&self, stale: Option<&StaleValue>) -> Option<Previous> {
         let stale = stale?;
         let tagged = stale.tags.as_ref().filter(|t| t.generation.is_some())?;
-        let valid = self.inner.tags().tags_valid(tagged).await;
+        let valid = self.parts.tags().tags_valid(tagged).await;
         matches!(valid, Ok(Some(_))).then(|| stale.previous())
     }
 
@@ -39,18 +39,18 @@ impl Leader<'_> {
         life: Life,
         started: SystemTime,
     ) -> Fetched {
-        let inner = self.inner;
-        let fill = inner.ready_to_store(
+        let parts = self.parts;
+        let fill = parts.ready_to_store(
             &stale.payload,
             life,
             (started, stale.load_time),
             stale.tags.as_ref(),
             stale.windows,
         );
-        let renewal = inner
+        let renewal = parts
             .store
             .renew(self.key(), self.guard.token, fill.store_ttl);
-        let renewed = inner.breaker.finish(renewal).await;
+        let renewed = parts.breaker.finish(renewal).await;
         let tagged = stale.tags.as_ref();
         match renewed {
             Ok(Renewal::NoValue) => {

@@ -22,35 +22,35 @@ impl Follower<'_> {
     /// ([`Outcome::Degraded`]: nothing can be checked; the value is kept in L1 with its tags'
     /// stamps, unless a change of this process overtook the flight meanwhile).
     pub(super) async fn load_alone(&self, loader: BoxLoader, outcome: Outcome) -> FlightResult {
-        let (inner, digest, flight) = (self.inner, *self.key.digest(), self.early);
+        let (parts, digest, flight) = (self.parts, *self.key.digest(), self.early);
         let degraded = outcome == Outcome::Degraded;
         let clock = match degraded {
-            false => inner.tags().clock_for_load(false).await,
+            false => parts.tags().clock_for_load(false).await,
             true => None,
         };
         let started = Instant::now();
         // Kept in L1 even while notifications are lost (the store is failing), until the
         // store answers again or notifications come back.
-        let vouch = (inner.l1.stamp_anyway(&digest), inner.breaker.recoveries());
-        let loaded = inner.load(loader, None).await?;
+        let vouch = (parts.l1.stamp_anyway(&digest), parts.breaker.recoveries());
+        let loaded = parts.load(loader, None).await?;
         if !loaded.tags.is_empty() {
-            inner.known_tags.mark_seen();
+            parts.known_tags.mark_seen();
         }
         match loaded.kind {
             LoadedKind::Value { bytes, ttl } if degraded => {
                 // Taken after the load (its tags are known only now): a tag invalidation of
                 // this process before it overtook the flight, and one after it moves them on.
-                let tags = inner.tags().tag_stamps(&loaded.tags);
+                let tags = parts.tags().tag_stamps(&loaded.tags);
                 if !flight.is_overtaken() {
                     // Keep this process from reloading while the store is down.
-                    let ttl = ttl.unwrap_or(inner.config.lives.ttl);
-                    inner.l1_insert_alone(vouch, tags, digest, &bytes, ttl, started.elapsed());
+                    let ttl = ttl.unwrap_or(parts.lives.ttl);
+                    parts.l1_insert_alone(vouch, tags, digest, &bytes, ttl, started.elapsed());
                 }
                 Ok(Fetched::loaded(bytes, outcome))
             }
             LoadedKind::Value { bytes, .. } => {
                 if let Ok(tagged) = tagged(loaded.tags, clock) {
-                    inner
+                    parts
                         .tags()
                         .loaded_tags_hold(Some(&tagged), Some(flight))
                         .await;
@@ -70,10 +70,10 @@ impl Follower<'_> {
         stamp: Option<Stamp>,
         loader: BoxLoader,
     ) -> FlightResult {
-        let (inner, key, flight) = (self.inner, self.key, self.early);
-        let clock = inner.tags().tag_clock().await;
+        let (parts, key, flight) = (self.parts, self.key, self.early);
+        let clock = parts.tags().tag_clock().await;
         let (started, started_at) = (Instant::now(), crate::clock::now());
-        let loaded = inner.load(loader, None).await?;
+        let loaded = parts.load(loader, None).await?;
         let life = loaded.life();
         let bytes = match loaded.kind {
             LoadedKind::Value { bytes, .. } => bytes,
@@ -91,19 +91,19 @@ impl Follower<'_> {
             return Ok(Fetched::loaded(bytes, Outcome::Leader));
         };
         let load_time = started.elapsed();
-        let fill = inner.ready_to_store(
+        let fill = parts.ready_to_store(
             &bytes,
             life,
             (started_at, load_time),
             Some(&tagged),
             Some(loaded.windows),
         );
-        let stamp = match inner
+        let stamp = match parts
             .breaker
-            .call(inner.store.put(key, fill.encoded.clone(), fill.store_ttl))
+            .call(parts.store.put(key, fill.encoded.clone(), fill.store_ttl))
             .await
         {
-            Ok(true) => Some(stamp.map(|stamp| inner.l1.after_own_write(stamp))),
+            Ok(true) => Some(stamp.map(|stamp| parts.l1.after_own_write(stamp))),
             Ok(false) => {
                 // A value whose load started later is stored: ours is older; it answers this
                 // flight's callers only.
@@ -125,13 +125,13 @@ impl Follower<'_> {
         match stamp {
             Some(stamp) => {
                 let digest = *key.digest();
-                inner
+                parts
                     .keep_loaded(stamp, digest, &fill, Some(&tagged), Some(flight))
                     .await;
             }
             // Not kept, but it still answers the flight.
             None => {
-                inner
+                parts
                     .tags()
                     .loaded_tags_hold(Some(&tagged), Some(flight))
                     .await;

@@ -350,14 +350,18 @@ where
                 return Ok(decoded(None));
             };
             if let Some(value) = read(bytes).map(Arc::new) {
-                self.cache.inner.l1.keep_decoded(&digest, bytes, &value);
+                self.cache
+                    .inner
+                    .parts
+                    .l1
+                    .keep_decoded(&digest, bytes, &value);
                 return Ok(decoded(Some(value)));
             }
             if attempt == 0 {
                 // Another reader's bytes, from this process's L1 or flight.
-                self.cache.inner.corrupt_entry(&digest);
-                let key = StoreKey::new(Arc::clone(&self.cache.inner.config.namespace), digest);
-                self.cache.inner.l1.forget_changed(&key);
+                self.cache.inner.parts.corrupt_entry(&digest);
+                let key = StoreKey::new(Arc::clone(&self.cache.inner.parts.namespace), digest);
+                self.cache.inner.parts.l1.forget_changed(&key);
             }
         }
         Err(Error::new(ErrorKind::Decode))
@@ -382,7 +386,11 @@ where
         };
         let value = read(&bytes).map(Arc::new);
         if let Some(value) = &value {
-            self.cache.inner.l1.keep_decoded(&digest, &bytes, value);
+            self.cache
+                .inner
+                .parts
+                .l1
+                .keep_decoded(&digest, &bytes, value);
         }
         Ok(value)
     }
