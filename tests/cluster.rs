@@ -10,6 +10,7 @@ use bytes::Bytes;
 use support::observed::Observed;
 use support::{free_port, stampede_of_200, start_leader, Counter, RedisCluster};
 use tokio::sync::Notify;
+use tower_stampede::store::StoreExt;
 use tower_stampede::store::{CallLimit, LockState, LockToken, LockWhen, RedisStore, Store};
 use tower_stampede::{Cache, CacheBuilder, Loaded, Outcome};
 

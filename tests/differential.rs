@@ -36,6 +36,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::RedisServer;
 use tokio::runtime::Runtime;
+use tower_stampede::store::StoreExt;
 use tower_stampede::store::{
     KeyDigest, LockToken, LockWhen, MemoryStore, RedisStore, Store, StoreError, StoreKey,
 };

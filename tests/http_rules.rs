@@ -16,6 +16,7 @@ use bytes::Bytes;
 use support::http::{get, send, send_raw, Answer};
 use support::{store_test, Counter, Shared};
 use tower_stampede::http::{Decision, DefaultKey, Policy, RfcPolicy};
+use tower_stampede::store::StoreExt;
 use tower_stampede::{Cache, StampedeLayer};
 
 /// The origin: answers what each request's query asks for, and records what it received.

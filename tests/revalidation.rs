@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::{stale_while_one_refreshes, store_test, timed_test, Counter, Shared};
 use tokio::sync::Notify;
+use tower_stampede::store::StoreExt;
 use tower_stampede::store::{LockState, LockToken, LockWhen, Renewal};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, Previous, WaitTimeoutPolicy};
 

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use super::flights::Overtaken;
 use super::loaded::Life;
 use super::{entry, Cache, Error};
+use crate::store::StoreExt;
 use crate::store::{KeyDigest, StoreError, StoreKey};
 
 impl Cache {

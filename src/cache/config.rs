@@ -19,7 +19,7 @@ pub enum WaitTimeoutPolicy {
     #[default]
     LoadUncached,
     /// Load from the backend, answer with it, and store it (with
-    /// [`Store::put`](crate::store::Store::put), whatever the lock holds) so later callers
+    /// [`StoreExt::put`](crate::store::StoreExt::put), whatever the lock holds) so later callers
     /// everywhere find it; the slow leader's fill overwrites it when it lands. The write is
     /// refused where the stored value's load started later than this one (a newer value is
     /// never overwritten by an older load). One load per process, as with `LoadUncached`.

@@ -244,7 +244,7 @@ impl Loaded {
     /// the store keeps past its freshness for revalidation (see
     /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)) stays, and is the
     /// [`Previous`] value of that next load: this result is kept beside it for the waiters
-    /// ([`Store::answer_waiters`](crate::store::Store::answer_waiters)).
+    /// ([`StoreExt::answer_waiters`](crate::store::StoreExt::answer_waiters)).
     ///
     /// Where a stale value may stand in for a failed load (see
     /// [`stale_if_error`](CacheBuilder::stale_if_error)), it does, and this result is treated

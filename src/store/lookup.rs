@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 #[cfg(doc)]
-use super::Store;
+use super::{Store, StoreExt};
 
 /// A value read from a store, with its remaining life there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub enum LockState {
     Acquired,
     /// Someone else holds the lock: we are a follower.
     HeldElsewhere,
-    /// The last load failed a moment ago (see [`Store::fail`]): nobody may reload until the
+    /// The last load failed a moment ago (see [`StoreExt::fail`]): nobody may reload until the
     /// failure marker expires, and followers fail (or serve stale) at once.
     Failed,
 }

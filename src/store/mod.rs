@@ -2,9 +2,9 @@
 //!
 //! A [`Store`] keeps two things per key: the cached value (with a TTL) and a short reload lock
 //! (with a TTL and a random owner token). Every call is ONE round trip on Redis. A store
-//! implements the calls marked *primitive*; the others are provided by the trait (the named
-//! writes on top of [`settle`](Store::settle) and [`change`](Store::change), the rest as
-//! defaults a store may override):
+//! implements the calls marked *primitive*; the named writes are [`StoreExt`]'s, on top of
+//! [`settle`](Store::settle) and [`change`](Store::change) for every store, and the rest are
+//! defaults a store may override:
 //!
 //! | call | kind | what it does |
 //! | --- | --- | --- |
@@ -13,17 +13,17 @@
 //! | [`Store::get`] | primitive | a plain read of the value and its remaining life |
 //! | [`Store::extend`] | primitive | compare-and-`PEXPIRE` of many locks at once, for the renewals of long loads |
 //! | [`Store::settle`] | primitive | the end of a lock, fenced by its token: one of [`Settle`]'s |
-//! | [`Store::fill`] | [`Settle::Fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
-//! | [`Store::renew`] | [`Settle::Renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
-//! | [`Store::answer_waiters`] | [`Settle::AnswerWaiters`] | fenced write of a load's answer for its waiters only, beside the value (which stays, for the next load to revalidate), then drop the lock |
-//! | [`Store::fail`] | [`Settle::Fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
-//! | [`Store::release`] | [`Settle::Release`] | compare-and-delete: never removes someone else's lock |
+//! | [`StoreExt::fill`] | [`Settle::Fill`] | fenced write: store the value only while the lock still holds our token, then drop the lock |
+//! | [`StoreExt::renew`] | [`Settle::Renew`] | fenced renewal: the value is fresh again for a new TTL, its bytes untouched, then drop the lock |
+//! | [`StoreExt::answer_waiters`] | [`Settle::AnswerWaiters`] | fenced write of a load's answer for its waiters only, beside the value (which stays, for the next load to revalidate), then drop the lock |
+//! | [`StoreExt::fail`] | [`Settle::Fail`] | compare-and-replace the lock by a short failure marker: followers fail at once |
+//! | [`StoreExt::release`] | [`Settle::Release`] | compare-and-delete: never removes someone else's lock |
 //! | [`Store::waiters_answer`] | default: none | a plain read of the waiters' answer and its remaining life |
 //! | [`Store::change`] | primitive | a change outside a load, whatever the lock holds: one of [`Change`]'s |
-//! | [`Store::put`] | [`Change::Put`] | write of the value (and a notification), the lock untouched; refused where the stored value's load started later ([`load_start`]) |
-//! | [`Store::set`] | [`Change::Set`] | write of the value, its lock voided, then notify |
-//! | [`Store::expire`] | [`Change::Expire`] | end of the value's freshness, its lock voided, then notify |
-//! | [`Store::invalidate`] | [`Change::Invalidate`] | remove the value and void its lock, whoever holds it, then notify |
+//! | [`StoreExt::put`] | [`Change::Put`] | write of the value (and a notification), the lock untouched; refused where the stored value's load started later ([`load_start`]) |
+//! | [`StoreExt::set`] | [`Change::Set`] | write of the value, its lock voided, then notify |
+//! | [`StoreExt::expire`] | [`Change::Expire`] | end of the value's freshness, its lock voided, then notify |
+//! | [`StoreExt::invalidate`] | [`Change::Invalidate`] | remove the value and void its lock, whoever holds it, then notify |
 //! | [`Store::invalidate_many`] | default: an invalidation each | the invalidations of several keys, in one round trip |
 //! | [`Store::tag_clock`], [`Store::tag_versions`], [`Store::invalidate_tags`] | primitive | a namespace's tag state (see [`TagClock`]) |
 //! | [`Store::clear`] | default: refuses | a new tag generation: every value of the namespace outdated |
@@ -67,6 +67,7 @@
 //! | file | holds |
 //! | --- | --- |
 //! | `mod.rs` | the [`Store`] trait; [`load_start`]; how durations become milliseconds |
+//! | `named.rs` | [`StoreExt`]: the named writes, each one call of a primitive |
 //! | `lookup.rs` | what a lookup asks and answers: [`LockWhen`], [`Lookup`], [`LockState`], [`Stored`] |
 //! | `primitives.rs` | what the write primitives take and answer: [`Settle`], [`Settled`], [`Change`]; [`Renewal`] |
 //! | `key.rs` | [`StoreKey`], [`KeyDigest`], [`LockToken`] |
@@ -84,6 +85,7 @@ mod error;
 pub(crate) mod key;
 mod lookup;
 mod memory;
+mod named;
 mod notify;
 mod primitives;
 #[cfg(feature = "redis")]
@@ -95,13 +97,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use bytes::Bytes;
-
 pub use call_limit::CallLimit;
 pub use error::{StoreError, StoreErrorKind};
 pub use key::{KeyDigest, LockToken, StoreKey};
 pub use lookup::{LockState, LockWhen, Lookup, Stored};
 pub use memory::MemoryStore;
+pub use named::StoreExt;
 pub use notify::{FillWatch, Notifier, Stamp};
 pub use primitives::{Change, Renewal, Settle, Settled};
 #[cfg(feature = "redis")]
@@ -129,12 +130,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// lock, by its holder: [`Settle`]) and [`change`](Self::change) (a change made outside a
 /// load: [`Change`]), and the tag state's [`tag_clock`](Self::tag_clock),
 /// [`tag_versions`](Self::tag_versions) and [`invalidate_tags`](Self::invalidate_tags). The
-/// named writes the engine calls ([`fill`](Self::fill), [`renew`](Self::renew),
-/// [`answer_waiters`](Self::answer_waiters), [`fail`](Self::fail),
-/// [`release`](Self::release); [`put`](Self::put), [`set`](Self::set),
-/// [`expire`](Self::expire), [`invalidate`](Self::invalidate)) are provided on top of the two
-/// primitives, one call of a primitive each: a store does not implement them, and a wrapper
-/// store forwards the primitives. The other provided methods have defaults a store overrides
+/// named writes the engine calls ([`StoreExt::fill`], [`renew`](StoreExt::renew),
+/// [`answer_waiters`](StoreExt::answer_waiters), [`fail`](StoreExt::fail),
+/// [`release`](StoreExt::release); [`put`](StoreExt::put), [`set`](StoreExt::set),
+/// [`expire`](StoreExt::expire), [`invalidate`](StoreExt::invalidate)) are [`StoreExt`]'s,
+/// implemented for every store on top of the two primitives, one call of a primitive each: a
+/// store does not write them, and a wrapper store forwards the primitives alone. The other
+/// provided methods have defaults a store overrides
 /// where it can do better: a batch in one round trip ([`lookup_many`](Self::lookup_many),
 /// [`invalidate_many`](Self::invalidate_many)), a waiters' slot
 /// ([`waiters_answer`](Self::waiters_answer)), notifications ([`subscribe`](Self::subscribe),
@@ -206,69 +208,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// only for a [`Change::Put`] refused by load starts).
     fn change(&self, key: &StoreKey, what: Change) -> BoxFuture<'_, Result<bool, StoreError>>;
 
-    /// [`Settle::Fill`]: fenced write of `value` for `ttl`; returns whether it was written
-    /// (`false` where the lock is not `token`'s, or a value whose load started later stays).
-    fn fill(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        settled_done(self.settle(key, token, Settle::Fill { value, ttl }))
-    }
-
-    /// [`Settle::Renew`]: fenced renewal of the value for `ttl`, its bytes untouched.
-    fn renew(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<Renewal, StoreError>> {
-        let settled = self.settle(key, token, Settle::Renew { ttl });
-        Box::pin(async move {
-            Ok(match settled.await? {
-                Settled::Done => Renewal::Renewed,
-                Settled::NoValue => Renewal::NoValue,
-                Settled::LockLost | Settled::KeptNewer => Renewal::LockLost,
-            })
-        })
-    }
-
-    /// [`Settle::AnswerWaiters`]: fenced answer of a load for its waiters only, for `ttl`;
-    /// returns whether the lock was `token`'s.
-    fn answer_waiters(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        answer: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        settled_done(self.settle(key, token, Settle::AnswerWaiters { answer, ttl }))
-    }
-
     /// Reads the waiters' slot of `key` (see [`Settle::AnswerWaiters`]): the answer and its
     /// remaining life, if one is there. The default has no such slot: `None`.
     fn waiters_answer(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>> {
         let _ = key;
         Box::pin(async { Ok(None) })
-    }
-
-    /// [`Settle::Release`]: deletes the lock of `key` if it holds `token`; returns whether it
-    /// did.
-    fn release(&self, key: &StoreKey, token: LockToken) -> BoxFuture<'_, Result<bool, StoreError>> {
-        settled_done(self.settle(key, token, Settle::Release))
-    }
-
-    /// [`Settle::Fail`]: records a failed load, a failure marker for `failure_ttl` in the
-    /// lock's place; returns whether the lock was `token`'s.
-    fn fail(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        failure_ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        settled_done(self.settle(key, token, Settle::Fail { failure_ttl }))
     }
 
     /// Renews locks: the lock of each `(key, token)` of `locks` holds for `lock_ttl` from now
@@ -282,22 +226,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         lock_ttl: Duration,
     ) -> BoxFuture<'_, Result<Vec<bool>, StoreError>>;
 
-    /// [`Change::Put`]: writes `value` for `ttl` whatever the lock holds; returns whether it
-    /// did (`false` where a value whose load started later stays).
-    fn put(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<bool, StoreError>> {
-        self.change(key, Change::Put { value, ttl })
-    }
-
     /// Reads the value of `key`, without touching the lock.
     fn get(&self, key: &StoreKey) -> BoxFuture<'_, Result<Option<Stored>, StoreError>>;
 
-    /// Watches `key` for "filled" notifications: a successful [`fill`](Self::fill) or
-    /// [`release`](Self::release) of `key`, by any process, wakes the watch. Followers wait on
+    /// Watches `key` for "filled" notifications: a successful [`fill`](StoreExt::fill) or
+    /// [`release`](StoreExt::release) of `key`, by any process, wakes the watch. Followers wait on
     /// it and poll as well, so a store may lose notifications (Redis pub/sub does) at the cost
     /// of latency only. The default has no notifications: followers only poll.
     fn subscribe<'a>(&'a self, key: &'a StoreKey) -> Option<FillWatch<'a>> {
@@ -305,47 +238,18 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// [`Change::Invalidate`]: removes the value of `key` and voids its lock, then notifies.
-    fn invalidate(&self, key: &StoreKey) -> BoxFuture<'_, Result<(), StoreError>> {
-        changed(self.change(key, Change::Invalidate))
-    }
-
-    /// [`invalidate`](Self::invalidate)s each of `keys`, with the same fence and
-    /// notifications, in one round trip (on a Redis Cluster, one per slot, all at once): for
-    /// a change that names several keys (an HTTP URL with and without credentials, its
-    /// `Location`). The default invalidates them one after the other, a call each.
+    /// [`Change::Invalidate`]s each of `keys` (as [`StoreExt::invalidate`] does one), in one
+    /// round trip (on a Redis Cluster, one per slot, all at once): for a change that names
+    /// several keys (an HTTP URL with and without credentials, its `Location`). The default
+    /// changes them one after the other, a call each.
     fn invalidate_many(&self, keys: &[StoreKey]) -> BoxFuture<'_, Result<(), StoreError>> {
         let keys = keys.to_vec();
         Box::pin(async move {
             for key in &keys {
-                self.invalidate(key).await?;
+                self.change(key, Change::Invalidate).await?;
             }
             Ok(())
         })
-    }
-
-    /// [`Change::Set`]: writes `value` for `ttl`, fresh for `fresh_for`, and voids the lock
-    /// of `key`; then notifies. Nothing changes where the stored value was written later
-    /// (the fence of [`Change::Set`]): the newer write stands, and this one succeeds.
-    fn set(
-        &self,
-        key: &StoreKey,
-        value: Bytes,
-        fresh_for: Duration,
-        ttl: Duration,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let what = Change::Set {
-            value,
-            fresh_for,
-            ttl,
-        };
-        changed(self.change(key, what))
-    }
-
-    /// [`Change::Expire`]: ends the freshness of the value of `key`, kept `keep` longer at
-    /// most, and voids the lock; then notifies.
-    fn expire(&self, key: &StoreKey, keep: Duration) -> BoxFuture<'_, Result<(), StoreError>> {
-        changed(self.change(key, Change::Expire { keep }))
     }
 
     /// The tag generation and clock of `namespace` (see [`TagClock`]): the clock counts the
@@ -412,22 +316,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// Whether a settlement took effect, for the provided calls that answer a `bool`.
-fn settled_done(
-    settled: BoxFuture<'_, Result<Settled, StoreError>>,
-) -> BoxFuture<'_, Result<bool, StoreError>> {
-    Box::pin(async move { Ok(settled.await? == Settled::Done) })
-}
-
-/// A change's answer, for the provided calls that answer nothing.
-fn changed(
-    changed: BoxFuture<'_, Result<bool, StoreError>>,
-) -> BoxFuture<'_, Result<(), StoreError>> {
-    Box::pin(async move { changed.await.map(drop) })
-}
-
 /// When the load of a value the engine wrote started, in milliseconds since the UNIX epoch,
-/// as [`Store::put`]'s fence compares them: bytes 8 to 16 (big-endian) of a value that starts
+/// as [`StoreExt::put`]'s fence compares them: bytes 8 to 16 (big-endian) of a value that starts
 /// with the engine's header (`TS`, then a version of 2 or more). `None` for other bytes,
 /// which the fence lets any write replace.
 ///

@@ -1,8 +1,8 @@
 //! What a store's two write primitives are told and answer: [`Settle`] and [`Settled`] for
 //! [`Store::settle`] (the end of a reload lock, by its holder), [`Change`] for
 //! [`Store::change`] (a change made outside a load). The named calls the engine makes
-//! ([`Store::fill`], [`Store::put`], ...) are built on them; [`Renewal`] is what
-//! [`Store::renew`] makes of a [`Settled`].
+//! ([`StoreExt::fill`], [`StoreExt::put`], ...) are built on them; [`Renewal`] is what
+//! [`StoreExt::renew`] makes of a [`Settled`].
 //!
 //! [`Settle`] and [`Change`] are matched by every store, so they are not `#[non_exhaustive]`:
 //! a new variant must fail to compile in each store until the store gives it its semantics.
@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 #[cfg(doc)]
-use super::{load_start, LockState, Notifier, Store};
+use super::{load_start, LockState, Notifier, Store, StoreExt};
 
 /// What the holder of a reload lock does with it, at the end of its load: the argument of
 /// [`Store::settle`].
@@ -24,7 +24,7 @@ use super::{load_start, LockState, Notifier, Store};
 /// key's watches wake ([`Store::subscribe`]) and every process's [`Notifier`] hears of the key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Settle {
-    /// Fenced write ([`Store::fill`]): stores `value` for `ttl`, deletes the lock (a store
+    /// Fenced write ([`StoreExt::fill`]): stores `value` for `ttl`, deletes the lock (a store
     /// that marks fresh values leaves its mark for as long as the value is fresh), notifies as
     /// a fill does, and answers [`Settled::Done`].
     ///
@@ -37,7 +37,7 @@ pub enum Settle {
         /// How long the value lives in the store.
         ttl: Duration,
     },
-    /// Fenced renewal ([`Store::renew`]), for a reload that found the value it reloads
+    /// Fenced renewal ([`StoreExt::renew`]), for a reload that found the value it reloads
     /// unchanged (it was revalidated): where the value is there, sets it to expire `ttl` from
     /// now without rewriting it (its [`load_start`] stays the first load's), drops the lock as
     /// [`Fill`](Self::Fill) does (a store that marks fresh values marks it fresh again),
@@ -52,7 +52,7 @@ pub enum Settle {
         ttl: Duration,
     },
     /// Fenced answer of a load for the calls that waited for it only
-    /// ([`Store::answer_waiters`]; see [`Loaded::for_waiters`](crate::Loaded::for_waiters)),
+    /// ([`StoreExt::answer_waiters`]; see [`Loaded::for_waiters`](crate::Loaded::for_waiters)),
     /// kept beside the value: keeps `answer` for `ttl` in the key's waiters' slot (read by
     /// [`Store::waiters_answer`]), leaves the value as it is (a value kept past its freshness
     /// stays, so the next load still revalidates it), frees the lock as
@@ -68,7 +68,7 @@ pub enum Settle {
         /// How long the answer is kept.
         ttl: Duration,
     },
-    /// A failed load ([`Store::fail`]): replaces the lock by a failure marker that lives
+    /// A failed load ([`StoreExt::fail`]): replaces the lock by a failure marker that lives
     /// `failure_ttl` (no token opens it, and lookups report [`LockState::Failed`]), notifies
     /// followers as a release does, and answers [`Settled::Done`].
     ///
@@ -77,7 +77,7 @@ pub enum Settle {
         /// How long the failure marker lives.
         failure_ttl: Duration,
     },
-    /// Compare-and-delete ([`Store::release`]): deletes the lock, never someone else's,
+    /// Compare-and-delete ([`StoreExt::release`]): deletes the lock, never someone else's,
     /// notifies as a fill does (followers wake and read again), and answers
     /// [`Settled::Done`].
     Release,
@@ -107,7 +107,7 @@ pub enum Settled {
 /// key's watches wake, and every process's L1 drops the key).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
-    /// Writes `value` for `ttl` without touching the lock ([`Store::put`]), and answers
+    /// Writes `value` for `ttl` without touching the lock ([`StoreExt::put`]), and answers
     /// `true`. For a follower that gave up waiting and caches its own load
     /// ([`WaitTimeoutPolicy::LoadAndCache`](crate::WaitTimeoutPolicy::LoadAndCache)), and for
     /// tools; the leader that still holds the lock overwrites the value when its fill lands.
@@ -124,7 +124,7 @@ pub enum Change {
     },
     /// Writes `value` for `ttl`, fresh for `fresh_for` (at most `ttl`), and voids the lock as
     /// [`Invalidate`](Self::Invalidate) does, so a load that started before cannot overwrite
-    /// it ([`Store::set`]). Fenced as [`Put`](Self::Put) is: where the stored value was
+    /// it ([`StoreExt::set`]). Fenced as [`Put`](Self::Put) is: where the stored value was
     /// written (or its load started) later than `value`, changes nothing and answers `false`,
     /// so a write held up on the network (its caller timed out, its bytes still on their way)
     /// never undoes a newer one when it lands; else answers `true`.
@@ -136,7 +136,7 @@ pub enum Change {
         /// How long the value lives in the store.
         ttl: Duration,
     },
-    /// Ends the freshness of the value without removing it ([`Store::expire`]): it is kept
+    /// Ends the freshness of the value without removing it ([`StoreExt::expire`]): it is kept
     /// `keep` longer at most (a stale window may still serve it), or removed if `keep` is
     /// zero. Voids the lock as [`Invalidate`](Self::Invalidate) does. Answers `true`.
     Expire {
@@ -145,12 +145,12 @@ pub enum Change {
     },
     /// Removes the value and voids its lock, whoever holds it (a leader, a failure marker,
     /// the `fresh` marker): a leader whose load started before cannot fill any more, and the
-    /// next lookup takes the lock ([`Store::invalidate`]). Removing what is not there is not
+    /// next lookup takes the lock ([`StoreExt::invalidate`]). Removing what is not there is not
     /// an error. Answers `true`.
     Invalidate,
 }
 
-/// What a [`Store::renew`] did.
+/// What a [`StoreExt::renew`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Renewal {

@@ -13,6 +13,7 @@ use tower_stampede::store::{load_start, LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Loaded, Outcome};
 
 use crate::loader;
+use tower_stampede::store::StoreExt;
 
 store_test!(locks_are_released_and_extended_only_by_their_owner);
 async fn locks_are_released_and_extended_only_by_their_owner(shared: Shared) {

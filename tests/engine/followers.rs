@@ -13,6 +13,7 @@ use tower_stampede::store::{LockState, LockToken, LockWhen, MemoryStore, Store};
 use tower_stampede::{Cache, ErrorKind, Loaded, Outcome, WaitTimeoutPolicy};
 
 use crate::{deaf_to_polls, hold_lock, never_called, slow_value};
+use tower_stampede::store::StoreExt;
 
 store_test!(thousand_callers_over_four_instances_cost_one_load);
 async fn thousand_callers_over_four_instances_cost_one_load(shared: Shared) {

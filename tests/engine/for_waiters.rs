@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::observed::Observed;
 use support::{store_test, timed_test, wait_until, Counter, Shared};
+use tower_stampede::store::StoreExt;
 use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Loaded, Outcome};
 

@@ -9,6 +9,7 @@ use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Loaded, Outcome};
 
 use crate::{hold_lock, loader};
+use tower_stampede::store::StoreExt;
 
 store_test!(a_peek_reads_l1_then_the_store_and_never_loads_or_locks);
 /// A miss is `None` without a load or a lock: the next lookup still finds the lock free.

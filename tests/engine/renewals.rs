@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::observed::Observed;
 use support::{timed_test, Counter, Shared};
+use tower_stampede::store::StoreExt;
 use tower_stampede::store::{LockState, LockToken, LockWhen};
 use tower_stampede::{Cache, Outcome};
 

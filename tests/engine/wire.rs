@@ -10,7 +10,7 @@ use support::observed::Observed;
 use support::{store_test, timed_test, Backing, Counter, Shared};
 #[cfg(feature = "redis")]
 use tower_stampede::store::RedisStore;
-use tower_stampede::store::Store;
+use tower_stampede::store::StoreExt;
 #[cfg(feature = "redis")]
 use tower_stampede::Loaded;
 use tower_stampede::{Cache, Outcome};

@@ -20,7 +20,7 @@
 //! | 0 | a value |
 //! | 1 | a "pass" marker: the load's result is not cacheable; a payload of one byte, 1, says that it may be shared within a process (each process's flight loads once: see `Loaded::pass_handing`) |
 //! | 2 | a tagged value: after the header (and windows), the tag clock read before its load (u64), then the generation that clock counts in (u64, with [`GENERATION`]), then its tags (a u16 count, then each tag's 32-byte digest) |
-//! | 3 | a waiters' answer: the payload of a load whose result is not kept (see [`Loaded::for_waiters`](super::Loaded::for_waiters)), in the value's place or beside a value kept for revalidation (see [`Store::answer_waiters`](crate::store::Store::answer_waiters)) |
+//! | 3 | a waiters' answer: the payload of a load whose result is not kept (see [`Loaded::for_waiters`](super::Loaded::for_waiters)), in the value's place or beside a value kept for revalidation (see [`StoreExt::answer_waiters`](crate::store::StoreExt::answer_waiters)) |
 //!
 //! | kind bit | follows the header |
 //! | --- | --- |

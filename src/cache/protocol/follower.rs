@@ -443,7 +443,7 @@ impl<'a> Follower<'a> {
     }
 
     /// What stands in the waiters' slot of the key (see
-    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)) for `reader`: one store
+    /// [`StoreExt::answer_waiters`](crate::store::StoreExt::answer_waiters)) for `reader`: one store
     /// read, made when the flight first waits for a load of a value kept past its freshness.
     pub(super) async fn earlier_answer(&self, reader: Reader<'_>) -> EarlierAnswer {
         self.read_waiters_answer(reader)

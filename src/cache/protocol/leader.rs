@@ -24,6 +24,7 @@ use crate::cache::loaded::LoadedKind;
 use crate::cache::parts::Parts;
 use crate::cache::telemetry::LockEvent;
 use crate::cache::{Error, Fetched, Loaded, Outcome};
+use crate::store::StoreExt;
 use crate::store::{LockToken, Stamp, StoreError, StoreKey, TagClock};
 
 /// What a leader knows of its key from the lookup that made it leader.

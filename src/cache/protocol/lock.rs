@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use crate::store::StoreExt;
 use crate::store::{LockToken, Store, StoreKey};
 
 /// The leader's lock, released when dropped unless the fill or an explicit release took it.

@@ -1,6 +1,6 @@
 //! Revalidation: a leader's loader is handed the stale value the store still keeps
 //! ([`Previous`]), and a "not modified" answer renews that value in the store (one fenced
-//! [`Store::renew`](crate::store::Store::renew), its bytes not sent again) instead of filling
+//! [`StoreExt::renew`](crate::store::StoreExt::renew), its bytes not sent again) instead of filling
 //! a new one.
 
 use std::time::SystemTime;
@@ -10,6 +10,7 @@ use super::stale::StaleValue;
 use crate::cache::loaded::Life;
 use crate::cache::{Fetched, Outcome, Previous};
 use crate::store::Renewal;
+use crate::store::StoreExt;
 
 impl Leader<'_> {
     /// The value a leader's loader is handed: the stale value, unless a tag of it was

@@ -14,6 +14,7 @@ use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::LoadedKind;
 use crate::cache::{Fetched, Outcome};
 use crate::store::Stamp;
+use crate::store::StoreExt;
 
 impl Follower<'_> {
     /// Loads without the store's lock, for the flight's callers: after a wait timeout (the store

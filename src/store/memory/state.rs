@@ -47,7 +47,7 @@ pub(super) struct State {
     pub(super) capacity: usize,
     pub(super) locks: HashMap<StoreKey, Lock>,
     /// Answers of loads for their waiters only, beside the values (see
-    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)): a few seconds each.
+    /// [`StoreExt::answer_waiters`](crate::store::StoreExt::answer_waiters)): a few seconds each.
     pub(super) waiters: HashMap<StoreKey, (Bytes, Instant)>,
     pub(super) writes_since_sweep: usize,
     /// The tag state of each namespace (see [`store::tags`](crate::store::tags)).

@@ -3,6 +3,7 @@
 //! markers, puts, TTLs), on paused tokio time.
 
 use super::*;
+use crate::store::StoreExt;
 use crate::store::{KeyDigest, Store};
 
 const SECOND: Duration = Duration::from_secs(1);

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult};
 use tracing::{debug, warn};
 
@@ -12,7 +13,6 @@ use super::names::KeyName;
 use super::scripts::{
     command, is_lock, lock_value, may_lapse, script_call, LockValue, LOOKUP, REPAIR,
 };
-use super::store::stored;
 use super::RedisStore;
 use crate::store::{
     millis, BoxFuture, LockLife, LockState, LockToken, LockWhen, Lookup, StoreError,
@@ -20,102 +20,6 @@ use crate::store::{
 };
 
 impl RedisStore {
-    /// [`Store::lookup`](crate::store::Store::lookup): the three commands in one pipeline, or
-    /// the script where the lock may be taken from a `fresh` marker or the server is older.
-    pub(super) fn lookup_key(
-        &self,
-        key: &StoreKey,
-        token: LockToken,
-        lock_ttl: Duration,
-        lock_when: LockWhen,
-    ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        let plan = LookupPlan::new(token, lock_ttl, lock_when);
-        if plan.by_script || !self.pipelined.load(Ordering::Relaxed) {
-            return Box::pin(self.lookup_by_script(plan.script(key)));
-        }
-        let mut pipeline = Pipeline::with_capacity(3);
-        plan.add_commands(&mut pipeline, key);
-        pipeline.ignore_errors();
-        let key = key.clone();
-        Box::pin(async move {
-            let replies: LookupReplies = self
-                .connection
-                .pipeline(&pipeline)
-                .await
-                .map_err(|error| self.error(error))?;
-            self.lookup_answer(&plan, &key, replies).await
-        })
-    }
-
-    /// [`Store::lookup_many`](crate::store::Store::lookup_many): every key's three commands in
-    /// one round trip (one per master on a Cluster), or the script key by key.
-    pub(super) fn lookup_keys(
-        &self,
-        keys: &[StoreKey],
-        token: LockToken,
-        lock_ttl: Duration,
-        lock_when: LockWhen,
-    ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
-        let plan = LookupPlan::new(token, lock_ttl, lock_when);
-        let keys = keys.to_vec();
-        if plan.by_script || !self.pipelined.load(Ordering::Relaxed) {
-            return Box::pin(async move {
-                let mut found = Vec::with_capacity(keys.len());
-                for key in &keys {
-                    found.push(self.lookup_by_script(plan.script(key)).await?);
-                }
-                Ok(found)
-            });
-        }
-        Box::pin(async move {
-            // Every key's three commands, in one round trip (on a cluster, one per master).
-            let replies = self
-                .connection
-                .lookups(&keys, |pipeline, key| plan.add_commands(pipeline, key))
-                .await
-                .map_err(|error| self.error(error))?;
-            let mut found = Vec::with_capacity(keys.len());
-            let (mut scripted, mut repairs) = (Vec::new(), Vec::new());
-            for (index, (key, replies)) in keys.iter().zip(replies).enumerate() {
-                found.push(match self.decide(&plan, key, replies)? {
-                    Decided::Found(lookup) => Some(lookup),
-                    Decided::Repair(lookup) => {
-                        repairs.push(plan.repair(key));
-                        Some(lookup)
-                    }
-                    Decided::ByScript => {
-                        scripted.push(index);
-                        None
-                    }
-                });
-            }
-            if !repairs.is_empty() {
-                // As a single lookup's repair: one that fails costs the marker alone.
-                if let Err(error) = self.connection.invoke_pipelined(&REPAIR, repairs).await {
-                    debug!(%error, "could not put the fresh markers back; answering the hits");
-                }
-            }
-            if !scripted.is_empty() {
-                // The keys the replies could not decide, by the script: one more round trip
-                // for all of them.
-                let calls = scripted.iter().map(|index| plan.script(&keys[*index]));
-                let replies = self
-                    .connection
-                    .invoke_each(&LOOKUP, calls.collect())
-                    .await
-                    .map_err(|error| self.error(error))?;
-                for (index, reply) in scripted.into_iter().zip(replies) {
-                    let reply = reply.and_then(|reply| Ok(redis::from_redis_value(reply)?));
-                    found[index] = Some(self.scripted(reply.map_err(|e| self.error(e))?)?);
-                }
-            }
-            found
-                .into_iter()
-                .map(|lookup| lookup.ok_or_else(|| StoreError::new("a batch lookup lost a key")))
-                .collect()
-        })
-    }
-
     /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`
     /// marker, and for servers before Redis 7.0.
     pub(super) async fn lookup_by_script(&self, call: Cmd) -> Result<Lookup, StoreError> {
@@ -162,7 +66,7 @@ pub(super) type LookupReplies = (
 );
 
 /// What a lookup asks, the same for every key of a batch.
-struct LookupPlan {
+pub(super) struct LookupPlan {
     /// Below this remaining life (ms) a value is stale, and the lock is taken.
     below: u64,
     /// The lock value: the token, and what the fill measures the `fresh` marker from.
@@ -174,7 +78,99 @@ struct LookupPlan {
 }
 
 impl LookupPlan {
-    fn new(token: LockToken, lock_ttl: Duration, lock_when: LockWhen) -> Self {
+    /// the three commands in one pipeline, or
+    /// the script where the lock may be taken from a `fresh` marker or the server is older.
+    pub(super) fn look_up<'a>(
+        self,
+        store: &'a RedisStore,
+        key: &StoreKey,
+    ) -> BoxFuture<'a, Result<Lookup, StoreError>> {
+        let plan = self;
+        if plan.by_script || !store.pipelined.load(Ordering::Relaxed) {
+            return Box::pin(store.lookup_by_script(plan.script(key)));
+        }
+        let mut pipeline = Pipeline::with_capacity(3);
+        plan.add_commands(&mut pipeline, key);
+        pipeline.ignore_errors();
+        let key = key.clone();
+        Box::pin(async move {
+            let replies: LookupReplies = store
+                .connection
+                .pipeline(&pipeline)
+                .await
+                .map_err(|error| store.error(error))?;
+            store.lookup_answer(&plan, &key, replies).await
+        })
+    }
+
+    /// every key's three commands in
+    /// one round trip (one per master on a Cluster), or the script key by key.
+    pub(super) fn look_up_many<'a>(
+        self,
+        store: &'a RedisStore,
+        keys: &[StoreKey],
+    ) -> BoxFuture<'a, Result<Vec<Lookup>, StoreError>> {
+        let plan = self;
+        let keys = keys.to_vec();
+        if plan.by_script || !store.pipelined.load(Ordering::Relaxed) {
+            return Box::pin(async move {
+                let mut found = Vec::with_capacity(keys.len());
+                for key in &keys {
+                    found.push(store.lookup_by_script(plan.script(key)).await?);
+                }
+                Ok(found)
+            });
+        }
+        Box::pin(async move {
+            // Every key's three commands, in one round trip (on a cluster, one per master).
+            let replies = store
+                .connection
+                .lookups(&keys, |pipeline, key| plan.add_commands(pipeline, key))
+                .await
+                .map_err(|error| store.error(error))?;
+            let mut found = Vec::with_capacity(keys.len());
+            let (mut scripted, mut repairs) = (Vec::new(), Vec::new());
+            for (index, (key, replies)) in keys.iter().zip(replies).enumerate() {
+                found.push(match store.decide(&plan, key, replies)? {
+                    Decided::Found(lookup) => Some(lookup),
+                    Decided::Repair(lookup) => {
+                        repairs.push(plan.repair(key));
+                        Some(lookup)
+                    }
+                    Decided::ByScript => {
+                        scripted.push(index);
+                        None
+                    }
+                });
+            }
+            if !repairs.is_empty() {
+                // As a single lookup's repair: one that fails costs the marker alone.
+                if let Err(error) = store.connection.invoke_pipelined(&REPAIR, repairs).await {
+                    debug!(%error, "could not put the fresh markers back; answering the hits");
+                }
+            }
+            if !scripted.is_empty() {
+                // The keys the replies could not decide, by the script: one more round trip
+                // for all of them.
+                let calls = scripted.iter().map(|index| plan.script(&keys[*index]));
+                let replies = store
+                    .connection
+                    .invoke_each(&LOOKUP, calls.collect())
+                    .await
+                    .map_err(|error| store.error(error))?;
+                for (index, reply) in scripted.into_iter().zip(replies) {
+                    let reply = reply.and_then(|reply| Ok(redis::from_redis_value(reply)?));
+                    found[index] = Some(store.scripted(reply.map_err(|e| store.error(e))?)?);
+                }
+            }
+            found
+                .into_iter()
+                .map(|lookup| lookup.ok_or_else(|| StoreError::new("a batch lookup lost a key")))
+                .collect()
+        })
+    }
+
+    pub(super) fn new(token: LockToken, lock_ttl: Duration, lock_when: LockWhen) -> Self {
         // `Always` goes to the script, which takes the lock from a `fresh` marker, with a bound
         // no remaining life exceeds (a fill under that lock then leaves no marker: the next
         // lookup takes the lock of a fresh value and puts the marker back).
@@ -337,4 +333,12 @@ impl RedisStore {
         };
         Ok(Decided::Found(Lookup { value, lock }))
     }
+}
+
+/// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
+pub(super) fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
+    (pttl != -2).then(|| Stored {
+        bytes: Bytes::from(value),
+        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+    })
 }

@@ -15,9 +15,8 @@
 //! | `notifications.rs` | the channels the subscriber listens on, and how a message wakes followers |
 //! | `subscriber.rs` | which connection notifications come on, and how it is dialled |
 //! | `liveness.rs` | one server's subscriber watched by a `PING`, replaced when it goes silent or the primary moves |
-//! | `store.rs` | `impl Store for RedisStore`: its primitives, each variant of a settlement or a change one script; reading the replies |
-//! | `lookup.rs` | lookups: a key's three commands in one round trip, a batch's in one pipeline |
-//! | `tag_state.rs` | a namespace's tag state: its clock, its tags' versions, their invalidation |
+//! | `store.rs` | `impl Store for RedisStore`: its primitives, each variant of a settlement or a change one script; a namespace's tag state; reading the replies |
+//! | `lookup.rs` | `LookupPlan`: a lookup as planned, a key's three commands in one round trip, a batch's in one pipeline, and how their replies are decided |
 //! | `cluster.rs` | a Redis Cluster's slot map, for one pipeline per master (feature `cluster`) |
 //! | `cluster_link.rs` | a Cluster connection made in the background by `open` (feature `cluster`) |
 //! | `resolver.rs` | the application's resolver of the nodes' announced addresses (features `cluster`, `sentinel`) |
@@ -33,7 +32,7 @@
 //!
 //! Beside them, the waiters' key (`…:w`) holds, for a few seconds, the answer of a load for the
 //! calls that waited for it only, written by `ANSWER` where the value is kept for the next
-//! load to revalidate (see `Store::answer_waiters`).
+//! load to revalidate (see `StoreExt::answer_waiters`).
 
 mod builder;
 mod calls;
@@ -55,7 +54,6 @@ mod scripts;
 mod sentinel;
 mod store;
 mod subscriber;
-mod tag_state;
 
 use std::fmt;
 use std::sync::atomic::AtomicBool;

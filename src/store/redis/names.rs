@@ -29,7 +29,7 @@ impl RedisStore {
     }
 
     /// The name of the Redis key that holds the answer of a load for its waiters only (see
-    /// [`Store::answer_waiters`](crate::store::Store::answer_waiters)):
+    /// [`StoreExt::answer_waiters`](crate::store::StoreExt::answer_waiters)):
     /// `{namespace}:{{digest}}:w`, in the slot of [`value_name`](Self::value_name).
     pub fn waiters_name(key: &StoreKey) -> String {
         KeyName::waiters(key).to_name()

@@ -1,25 +1,26 @@
 //! `impl Store for RedisStore`: each call one round trip (a pipeline of plain commands, or a
 //! script: one per [`Settle`] and [`Change`] variant), and how the replies are read.
-//! Lookups have their own file, `lookup.rs`, and so has a namespace's tag state, `tag_state.rs`;
-//! the trait's calls go there.
+//! A lookup's plan and how its replies are decided have their own file, `lookup.rs`; a
+//! namespace's tag state is one hash (see `crate::store::tags` for why a lost hash starts a
+//! new generation), read and changed by the calls here, each one round trip.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
 use redis::{Cmd, Pipeline, RedisResult, Script};
 use tracing::warn;
 
-use super::names::KeyName;
+use super::lookup::{stored, LookupPlan};
+use super::names::{tag_state_name, KeyName, CLEARED};
 use super::scripts::{
-    command, publish_filled, script_call, ANSWER, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE, PUT,
-    RELEASE, RENEW, SET,
+    command, publish_filled, script_call, ANSWER, CLEAR, EXPIRE, EXTEND, FAIL, FILL, INVALIDATE,
+    INVALIDATE_TAGS, PUT, RELEASE, RENEW, SET, TAG_CLOCK,
 };
 use super::RedisStore;
 use crate::store::{
-    load_start, millis, BoxFuture, CallLimit, Change, FillWatch, KeyDigest, LockLife, LockToken,
-    LockWhen, Lookup, Notifier, Settle, Settled, Store, StoreError, StoreKey, Stored, TagClock,
-    TagVersions,
+    load_start, millis, tags, BoxFuture, CallLimit, Change, FillWatch, KeyDigest, LockLife,
+    LockToken, LockWhen, Lookup, Notifier, Settle, Settled, Store, StoreError, StoreErrorKind,
+    StoreKey, Stored, TagClock, TagVersions, MAX_TAG_VERSIONS,
 };
 
 impl RedisStore {
@@ -196,15 +197,9 @@ impl RedisStore {
     }
 }
 
-/// A stored value from a `{value, pttl}` reply; `pttl` -2 means absent, -1 no expiry.
-pub(super) fn stored(value: Vec<u8>, pttl: i64) -> Option<Stored> {
-    (pttl != -2).then(|| Stored {
-        bytes: Bytes::from(value),
-        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
-    })
-}
-
 impl Store for RedisStore {
+    /// the three commands in one pipeline, or
+    /// the script where the lock may be taken from a `fresh` marker or the server is older.
     fn lookup(
         &self,
         key: &StoreKey,
@@ -212,9 +207,11 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Lookup, StoreError>> {
-        self.lookup_key(key, token, lock_ttl, lock_when)
+        LookupPlan::new(token, lock_ttl, lock_when).look_up(self, key)
     }
 
+    /// every key's three commands in
+    /// one round trip (one per master on a Cluster), or the script key by key.
     fn lookup_many(
         &self,
         keys: &[StoreKey],
@@ -222,7 +219,7 @@ impl Store for RedisStore {
         lock_ttl: Duration,
         lock_when: LockWhen,
     ) -> BoxFuture<'_, Result<Vec<Lookup>, StoreError>> {
-        self.lookup_keys(keys, token, lock_ttl, lock_when)
+        LookupPlan::new(token, lock_ttl, lock_when).look_up_many(self, keys)
     }
 
     /// One script per settlement, each fenced by the lock: it answers 1 where the lock held
@@ -337,7 +334,19 @@ impl Store for RedisStore {
     }
 
     fn tag_clock(&self, namespace: &str) -> BoxFuture<'_, Result<TagClock, StoreError>> {
-        self.read_tag_clock(namespace)
+        let mut call = script_call(&TAG_CLOCK, &[tag_state_name(namespace)]);
+        call.arg(tags::generation_text(tags::new_generation()))
+            .arg(tag_state_fields());
+        Box::pin(async move {
+            let (generation, clock): (Vec<u8>, Vec<u8>) = self.run(&TAG_CLOCK, &call).await?;
+            match (tags::parse_generation(&generation), counter(&clock)) {
+                (Some(generation), Some(clock)) => Ok(TagClock { generation, clock }),
+                _ => Err(StoreError::of_kind(
+                    StoreErrorKind::Protocol,
+                    "a tag state that is not this crate's",
+                )),
+            }
+        })
     }
 
     fn tag_versions(
@@ -345,7 +354,35 @@ impl Store for RedisStore {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<Option<TagVersions>, StoreError>> {
-        self.read_tag_versions(namespace, tags)
+        let state = tag_state_name(namespace);
+        let mut call = command(3 + tags.len(), "HMGET", state.as_str());
+        call.arg("g");
+        for tag in tags {
+            call.arg(&tag.hex_bytes()[..]);
+        }
+        Box::pin(async move {
+            let mut fields: Vec<Option<Vec<u8>>> = self
+                .connection
+                .query(&call)
+                .await
+                .map_err(|error| self.error(error))?;
+            // No generation (or one this crate did not write): no tag state, every tagged
+            // value is outdated.
+            let generation = match fields.first_mut().and_then(Option::take) {
+                Some(generation) => tags::parse_generation(&generation),
+                None => None,
+            };
+            // A version that is not a number was not written by this crate: the values of its
+            // tag count as invalidated (a miss, then reloaded), never as valid.
+            Ok(generation.map(|generation| TagVersions {
+                generation,
+                versions: fields
+                    .into_iter()
+                    .skip(1)
+                    .map(|version| version.map_or(0, |bytes| counter(&bytes).unwrap_or(u64::MAX)))
+                    .collect(),
+            }))
+        })
     }
 
     fn invalidate_tags(
@@ -353,12 +390,52 @@ impl Store for RedisStore {
         namespace: &str,
         tags: &[KeyDigest],
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.invalidate_tags_now(namespace, tags)
+        let mut call = script_call(&INVALIDATE_TAGS, &[tag_state_name(namespace)]);
+        call.arg(self.fill_channel(namespace))
+            .arg(self.origin())
+            .arg(tags::generation_text(tags::new_generation()))
+            .arg(tag_state_fields());
+        for tag in tags {
+            call.arg(&tag.hex_bytes()[..]);
+        }
+        let keys: Vec<StoreKey> = tags
+            .iter()
+            .map(|tag| StoreKey::new(std::sync::Arc::from(namespace), *tag))
+            .collect();
+        Box::pin(async move {
+            let ran: Result<i64, StoreError> = self.run(&INVALIDATE_TAGS, &call).await;
+            // Whatever the answer: the change may have been made.
+            for key in &keys {
+                self.changed_here(key);
+            }
+            ran.map(drop)
+        })
     }
 
     fn clear(&self, namespace: &str) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.clear_now(namespace)
+        let mut call = script_call(&CLEAR, &[tag_state_name(namespace)]);
+        call.arg(self.fill_channel(namespace))
+            .arg(self.origin())
+            .arg(tags::generation_text(tags::new_generation()))
+            .arg(CLEARED);
+        Box::pin(async move {
+            let ran: Result<i64, StoreError> = self.run(&CLEAR, &call).await;
+            // Whatever the answer: the change may have been made.
+            self.cleared_here();
+            ran.map(drop)
+        })
     }
+}
+
+/// The most fields a namespace's tag state keeps: its tags' versions, its generation and
+/// its clock.
+fn tag_state_fields() -> usize {
+    MAX_TAG_VERSIONS + 2
+}
+
+/// A counter as Redis writes it (decimal digits).
+fn counter(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
 /// The load start of a value the engine wrote, as the fenced scripts take it (`""` for other
