@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::config::Life;
 use super::flights::Overtaken;
-use super::loaded::Life;
 use super::{entry, Cache, Error};
 use crate::store::StoreExt;
 use crate::store::{KeyDigest, StoreError, StoreKey};

@@ -4,11 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::loaded::Life;
-#[cfg(doc)]
-use super::{Cache, CacheBuilder};
-
-/// What a follower does when it has waited [`wait_timeout`](CacheBuilder::wait_timeout) for
+/// What a follower does when it has waited [`wait_timeout`](crate::CacheBuilder::wait_timeout) for
 /// another leader's load.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -25,14 +21,14 @@ pub enum WaitTimeoutPolicy {
     /// never overwritten by an older load). One load per process, as with `LoadUncached`.
     LoadAndCache,
     /// Answer with the stale value seen while waiting, if it is within
-    /// [`stale_if_error`](CacheBuilder::stale_if_error); otherwise fail as `Error` does. No
+    /// [`stale_if_error`](crate::CacheBuilder::stale_if_error); otherwise fail as `Error` does. No
     /// load: for backends that must be protected above all.
     ServeStale,
     /// Fail with [`ErrorKind::WaitTimeout`](crate::ErrorKind::WaitTimeout).
     Error,
 }
 
-/// The engine's settings, shared by every clone of a [`Cache`]: a slice for each component
+/// The engine's settings, shared by every clone of a [`Cache`](crate::Cache): a slice for each component
 /// that reads them.
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -43,6 +39,14 @@ pub(crate) struct Config {
     pub(crate) waits: Waits,
     pub(crate) l1: L1Settings,
     pub(crate) breaker: BreakerSettings,
+}
+
+/// How long a loaded value stays fresh: its TTL and its jitter, each `None` where the loader
+/// left it to the cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Life {
+    pub(super) ttl: Option<Duration>,
+    pub(super) jitter: Option<Duration>,
 }
 
 /// How long what a load writes lives in the store: fresh, stale, or as a marker.

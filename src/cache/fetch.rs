@@ -11,15 +11,13 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, info_span, Instrument};
 
-#[cfg(doc)]
-use super::CacheBuilder;
 use super::{BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Own, Previous};
 use crate::store::KeyDigest;
 
 impl Cache {
     /// The value of `key`: from L1, from the store, or from `loader`, run at most once per
     /// stampede across every process that shares the store. The value is stored for the
-    /// cache's default [`ttl`](CacheBuilder::ttl).
+    /// cache's default [`ttl`](crate::CacheBuilder::ttl).
     ///
     /// `loader` runs in its own task, so it finishes and fills the cache even if this call is
     /// dropped. Callers that shared a failed load share its error.
@@ -203,10 +201,10 @@ impl Cache {
 pub(crate) struct Ask<'a, A> {
     digest: KeyDigest,
     /// The key's text, shown in the fetch's trace where the cache has
-    /// [`readable_keys`](CacheBuilder::readable_keys); empty for a caller that has none (the
+    /// [`readable_keys`](crate::CacheBuilder::readable_keys); empty for a caller that has none (the
     /// service layer, which hashed its key).
     name: &'a [u8],
-    /// This call's own soft timeout; `None`: the cache's (see [`CacheBuilder::soft_timeout`]).
+    /// This call's own soft timeout; `None`: the cache's (see [`CacheBuilder::soft_timeout`](crate::CacheBuilder::soft_timeout)).
     soft_timeout: Option<Duration>,
     /// Whether this call's caller can read a stored value: any other is a corrupt entry (a
     /// miss, counted and overwritten by this load).

@@ -4,8 +4,6 @@
 use std::any::Any;
 use std::sync::Arc;
 
-#[cfg(doc)]
-use super::Cache;
 use super::{BoxError, Loaded};
 use bytes::Bytes;
 use tokio::sync::oneshot;
@@ -14,7 +12,7 @@ use tokio::time::Instant;
 /// The answer a flight hands to each of its callers.
 pub(super) type FlightResult = Result<Fetched, super::Error>;
 
-/// How a [`Cache::fetch`] was answered.
+/// How a [`Cache::fetch`](crate::Cache::fetch) was answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Outcome {
@@ -61,7 +59,7 @@ impl Outcome {
     }
 }
 
-/// The answer of [`Cache::fetch`] (and, its value decoded, of `Typed::fetch`, feature
+/// The answer of [`Cache::fetch`](crate::Cache::fetch) (and, its value decoded, of `Typed::fetch`, feature
 /// `serde`).
 #[derive(Clone, Debug)]
 pub struct Fetched<V = Bytes> {

@@ -4,13 +4,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::config::Life;
 use super::entry::Windows;
 use super::fetched::Handoff;
-#[cfg(doc)]
-use super::{Cache, CacheBuilder};
 use crate::store::KeyDigest;
 
-/// The value a revalidating loader reloads (see [`Cache::fetch_revalidating`]): the one the
+/// The value a revalidating loader reloads (see [`Cache::fetch_revalidating`](crate::Cache::fetch_revalidating)): the one the
 /// store still keeps past its freshness, which the loader may confirm with
 /// [`Loaded::not_modified`] instead of loading it again.
 #[derive(Clone, Debug)]
@@ -33,7 +32,7 @@ impl Previous {
     }
 }
 
-/// What a loader passed to [`Cache::fetch`] produced: a value (bytes, or with `Typed::fetch`,
+/// What a loader passed to [`Cache::fetch`](crate::Cache::fetch) produced: a value (bytes, or with `Typed::fetch`,
 /// feature `serde`, a `T` to encode) and how to keep it.
 #[derive(Clone, Debug)]
 pub struct Loaded<V = Bytes> {
@@ -43,15 +42,7 @@ pub struct Loaded<V = Bytes> {
     /// The value's own stale windows (each `None`: the cache's).
     pub(super) windows: Windows,
     /// The most added at random to the value's freshness (`None`: the cache's
-    /// [`ttl_jitter`](CacheBuilder::ttl_jitter)).
-    pub(super) jitter: Option<Duration>,
-}
-
-/// How long a loaded value stays fresh: its TTL and its jitter, each `None` where the loader
-/// left it to the cache.
-#[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Life {
-    pub(super) ttl: Option<Duration>,
+    /// [`ttl_jitter`](crate::CacheBuilder::ttl_jitter)).
     pub(super) jitter: Option<Duration>,
 }
 
@@ -91,7 +82,7 @@ impl<V> Loaded<V> {
         }
     }
 
-    /// A value to store for the cache's default [`ttl`](CacheBuilder::ttl).
+    /// A value to store for the cache's default [`ttl`](crate::CacheBuilder::ttl).
     pub fn value(value: V) -> Self {
         Loaded::of(LoadedKind::Value {
             bytes: value,
@@ -117,10 +108,10 @@ impl<V> Loaded<V> {
     }
 
     /// Gives the value a stale-while-revalidate window of its own (RFC 5861 §3), in place of
-    /// the cache's [`stale`](CacheBuilder::stale): past its freshness, it may be served for
+    /// the cache's [`stale`](crate::CacheBuilder::stale): past its freshness, it may be served for
     /// `window` while a reload runs. No window reaches past how long the cache keeps values
     /// past their freshness (the longest of its `stale`, `stale_if_error` and
-    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)). A value that is not
+    /// [`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation)). A value that is not
     /// modified keeps the windows it was stored with.
     ///
     /// ```
@@ -138,7 +129,7 @@ impl<V> Loaded<V> {
     }
 
     /// Gives the value a stale-if-error window of its own (RFC 5861 §4), in place of the
-    /// cache's [`stale_if_error`](CacheBuilder::stale_if_error): past its freshness, it may
+    /// cache's [`stale_if_error`](crate::CacheBuilder::stale_if_error): past its freshness, it may
     /// stand in for a reload that failed for `window`, within the same bound as
     /// [`stale_while_revalidate`](Self::stale_while_revalidate).
     #[must_use]
@@ -179,7 +170,7 @@ impl<V> Loaded<V> {
         self
     }
     /// Gives the value a TTL jitter of its own, in place of the cache's
-    /// [`ttl_jitter`](CacheBuilder::ttl_jitter): up to `max` (uniformly drawn) is added to
+    /// [`ttl_jitter`](crate::CacheBuilder::ttl_jitter): up to `max` (uniformly drawn) is added to
     /// its freshness. `Duration::ZERO` keeps its TTL exact.
     #[must_use]
     pub fn ttl_jitter(mut self, max: Duration) -> Self {
@@ -236,18 +227,18 @@ impl Loaded {
 
     /// A result that is not kept, but that the calls waiting for this load get as well, in
     /// this process and in every other that shares the store: not a failure they share (see
-    /// [`failure_ttl`](CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
+    /// [`failure_ttl`](crate::CacheBuilder::failure_ttl)), not a [`pass`](Self::pass) that sends each
     /// of them to the backend. A call that starts after the load ended does not get it: it
     /// loads again, one load at a time across processes, as for any miss. (A call is told
     /// from a waiter by the store's clock, read in whole milliseconds and a round trip late:
     /// one that joined less than a round trip before the load ended loads again too.) A value
     /// the store keeps past its freshness for revalidation (see
-    /// [`keep_for_revalidation`](CacheBuilder::keep_for_revalidation)) stays, and is the
+    /// [`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation)) stays, and is the
     /// [`Previous`] value of that next load: this result is kept beside it for the waiters
     /// ([`StoreExt::answer_waiters`](crate::store::StoreExt::answer_waiters)).
     ///
     /// Where a stale value may stand in for a failed load (see
-    /// [`stale_if_error`](CacheBuilder::stale_if_error)), it does, and this result is treated
+    /// [`stale_if_error`](crate::CacheBuilder::stale_if_error)), it does, and this result is treated
     /// as a failure; an early refresh that gets it keeps the value it refreshes. The HTTP layer
     /// answers this way for an origin's server error without explicit freshness.
     pub fn for_waiters(bytes: Bytes) -> Self {
@@ -292,7 +283,7 @@ impl Loaded {
     }
 
     /// The [`Previous`] value the loader was given still holds: it is fresh again for the
-    /// cache's default [`ttl`](CacheBuilder::ttl), as if it had been loaded now, and the store
+    /// cache's default [`ttl`](crate::CacheBuilder::ttl), as if it had been loaded now, and the store
     /// keeps it without its bytes being sent again. A loader that was given no previous value
     /// must not answer this: its load fails.
     pub fn not_modified() -> Self {

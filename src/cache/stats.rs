@@ -4,13 +4,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::breaker::CallCounts;
 use super::Outcome;
-#[cfg(doc)]
-use super::{Cache, CacheBuilder};
 
 /// Counters of what the cache has seen since it was built, for any application (the `metrics`
 /// feature counts the same with labels).
 ///
-/// The answers of calls by how they were served, [`Cache::fetch`]'s [`Outcome`]: `lookups`
+/// The answers of calls by how they were served, [`Cache::fetch`](crate::Cache::fetch)'s [`Outcome`]: `lookups`
 /// counts every call answered, and `l1_hits`, `store_hits`, `stale_answers`, `waits` and
 /// `passes` the ones of each kind; the rest loaded (their own loader ran). So the hit ratio
 /// is `(l1_hits + store_hits + stale_answers) / lookups`. A call that failed is not an
@@ -63,7 +61,7 @@ pub struct Stats {
     /// off when L1 sweeps them.
     pub l1_bytes: u64,
     /// Early refreshes started by this process (see
-    /// [`early_refresh`](CacheBuilder::early_refresh)); each one that takes the lock loads.
+    /// [`early_refresh`](crate::CacheBuilder::early_refresh)); each one that takes the lock loads.
     pub early_refreshes: u64,
 }
 

@@ -31,7 +31,7 @@
 //!
 //! Nor can it tell a slow store from a process that asks too much at once: a burst of calls
 //! (a cold start over thousands of keys) queues in the process's own connection, and the last
-//! ones would time out behind the first. So at most the store's [`CallLimit`] of calls are out
+//! ones would time out behind the first. So at most the store's [`CallLimit`](crate::store::CallLimit) of calls are out
 //! at once, across every cache over the store; the others wait in the process, and their
 //! timeout counts from when they are [sent](send).
 
@@ -42,10 +42,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-#[cfg(doc)]
-use crate::store::CallLimit;
-
-/// Waits for room in `lane` (one of a [`CallLimit`]'s) to send a call whose caller read the
+/// Waits for room in `lane` (one of a [`CallLimit`](crate::store::CallLimit)'s) to send a call whose caller read the
 /// clock at `now`: the permit to hold while the call is out, and when its timeout starts
 /// (`now`, or when it got room).
 pub(super) async fn send(lane: &Semaphore, now: Instant) -> (Option<SemaphorePermit<'_>>, Instant) {

@@ -1,12 +1,9 @@
-//! What a [`Store::lookup`] answers: the value found ([`Stored`]) and what became of the
+//! What a [`Store::lookup`](crate::store::Store::lookup) answers: the value found ([`Stored`]) and what became of the
 //! reload lock ([`LockState`]), asked for as [`LockWhen`] says.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-
-#[cfg(doc)]
-use super::{Store, StoreExt};
 
 /// A value read from a store, with its remaining life there.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,7 +14,7 @@ pub struct Stored {
     pub ttl: Option<Duration>,
 }
 
-/// What happened to the reload lock during a [`Store::lookup`].
+/// What happened to the reload lock during a [`Store::lookup`](crate::store::Store::lookup).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LockState {
@@ -27,12 +24,12 @@ pub enum LockState {
     Acquired,
     /// Someone else holds the lock: we are a follower.
     HeldElsewhere,
-    /// The last load failed a moment ago (see [`StoreExt::fail`]): nobody may reload until the
+    /// The last load failed a moment ago (see [`StoreExt::fail`](crate::store::StoreExt::fail)): nobody may reload until the
     /// failure marker expires, and followers fail (or serve stale) at once.
     Failed,
 }
 
-/// When a [`Store::lookup`] asks for the reload lock.
+/// When a [`Store::lookup`](crate::store::Store::lookup) asks for the reload lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LockWhen {
@@ -56,7 +53,7 @@ pub enum LockWhen {
     },
 }
 
-/// The answer of a [`Store::lookup`].
+/// The answer of a [`Store::lookup`](crate::store::Store::lookup).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lookup {
     /// The value, fresh or not, if the store has one.

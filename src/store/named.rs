@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{BoxFuture, Change, LockToken, Renewal, Settle, Settled, Store, StoreError, StoreKey};
+use super::error::StoreError;
+use super::key::{LockToken, StoreKey};
+use super::primitives::{Change, Renewal, Settle, Settled};
+use super::{BoxFuture, Store};
 
 /// The named writes over a [`Store`]'s primitives, for every store (the blanket
 /// implementation below): a store never implements them, and a wrapper store forwards the

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
-use super::{KeyDigest, StoreKey};
+use super::key::{KeyDigest, StoreKey};
 
 /// Wakes this process's followers of a key when the key is filled or its lock released.
 ///

@@ -9,9 +9,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::cache::carry::FlightPosts;
+use crate::cache::config::Life;
 use crate::cache::entry::{self, Tagged, Windows};
 use crate::cache::flight::BoxLoader;
-use crate::cache::loaded::{Life, LoadedKind};
+use crate::cache::loaded::LoadedKind;
 use crate::cache::parts::Parts;
 use crate::cache::{BoxError, Error, ErrorKind, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, Stamp, TagClock};

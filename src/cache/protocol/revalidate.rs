@@ -7,7 +7,7 @@ use std::time::SystemTime;
 
 use super::leader::Leader;
 use super::stale::StaleValue;
-use crate::cache::loaded::Life;
+use crate::cache::config::Life;
 use crate::cache::{Fetched, Outcome, Previous};
 use crate::store::Renewal;
 use crate::store::StoreExt;

@@ -1,4 +1,4 @@
-//! Typed batches: [`Typed::get_many_or_load`], the batch of [`Cache::get_many_or_load`] for
+//! Typed batches: [`Typed::get_many_or_load`], the batch of [`Cache::get_many_or_load`](crate::Cache::get_many_or_load) for
 //! values of `T`.
 
 use std::collections::HashMap;
@@ -12,8 +12,6 @@ use serde::Serialize;
 use super::codec::{decode, encode};
 use super::{Codec, Typed};
 use crate::cache::protocol::batch::BatchLoad;
-#[cfg(doc)]
-use crate::cache::Cache;
 use crate::cache::{BoxError, Error, ErrorKind};
 
 impl<T, C> Typed<T, C>
@@ -21,7 +19,7 @@ where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
     C: Codec,
 {
-    /// The values of `keys`, as [`Cache::get_many_or_load`] finds them (L1 first, one store
+    /// The values of `keys`, as [`Cache::get_many_or_load`](crate::Cache::get_many_or_load) finds them (L1 first, one store
     /// round trip for the lookup of the whole batch, one call of `loader` with exactly the
     /// keys this call leads), decoded as `T`.
     ///
@@ -29,7 +27,7 @@ where
     ///
     /// # Errors
     ///
-    /// Each key's own, as [`Cache::get_many_or_load`]'s; a value the codec cannot encode
+    /// Each key's own, as [`Cache::get_many_or_load`](crate::Cache::get_many_or_load)'s; a value the codec cannot encode
     /// fails the load ([`ErrorKind::Load`] for each key it was to load), and a key this
     /// process holds as another type is an [`ErrorKind::Decode`] error (see
     /// [One type per key](crate::cache::typed#one-type-per-key)).

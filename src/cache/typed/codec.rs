@@ -6,8 +6,6 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::cache::BoxError;
-#[cfg(doc)]
-use crate::cache::ErrorKind;
 
 /// Length of the schema tag in front of every typed value.
 pub(super) const TAG_LEN: usize = 8;
@@ -25,7 +23,7 @@ pub trait Codec: Clone + Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// The format cannot encode the value (the load then fails with [`ErrorKind::Load`]).
+    /// The format cannot encode the value (the load then fails with [`ErrorKind::Load`](crate::ErrorKind::Load)).
     fn encode<T: Serialize + ?Sized>(&self, value: &T, out: &mut Vec<u8>) -> Result<(), BoxError>;
 
     /// Decodes a whole `T` from `bytes`.
