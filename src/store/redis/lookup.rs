@@ -78,8 +78,9 @@ pub(super) struct LookupPlan {
 }
 
 impl LookupPlan {
-    /// the three commands in one pipeline, or
-    /// the script where the lock may be taken from a `fresh` marker or the server is older.
+    /// `store`'s lookup of `key` as planned ([`Store::lookup`](crate::store::Store::lookup)):
+    /// the three commands in one pipeline, or the script where the lock may be taken from a
+    /// `fresh` marker or the server is older.
     pub(super) fn look_up<'a>(
         self,
         store: &'a RedisStore,
@@ -103,8 +104,9 @@ impl LookupPlan {
         })
     }
 
-    /// every key's three commands in
-    /// one round trip (one per master on a Cluster), or the script key by key.
+    /// `store`'s lookups of `keys` as planned
+    /// ([`Store::lookup_many`](crate::store::Store::lookup_many)): every key's three commands
+    /// in one round trip (one per master on a Cluster), or the script key by key.
     pub(super) fn look_up_many<'a>(
         self,
         store: &'a RedisStore,

@@ -198,8 +198,7 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    /// the three commands in one pipeline, or
-    /// the script where the lock may be taken from a `fresh` marker or the server is older.
+    /// As planned by `LookupPlan` (`lookup.rs`), which owns the pipeline and its decision.
     fn lookup(
         &self,
         key: &StoreKey,
@@ -210,8 +209,7 @@ impl Store for RedisStore {
         LookupPlan::new(token, lock_ttl, lock_when).look_up(self, key)
     }
 
-    /// every key's three commands in
-    /// one round trip (one per master on a Cluster), or the script key by key.
+    /// As planned by `LookupPlan` (`lookup.rs`): one round trip for the whole batch.
     fn lookup_many(
         &self,
         keys: &[StoreKey],
