@@ -172,9 +172,11 @@ step "cargo clippy (workspace, all targets, all features, -D warnings)" \
   cargo clippy --workspace --all-targets --all-features -- -D warnings
 step "cargo clippy (all targets, no default features: the embedded store alone)" \
   cargo clippy --all-targets --no-default-features -- -D warnings
-# The default features (Redis without Cluster or TLS), as most users build the crate: code
-# gated on a feature compiles without it.
-step "cargo clippy (all targets, default features)" cargo clippy --all-targets -- -D warnings
+# The default features (Redis without Cluster or TLS), as most users build the crate: library
+# code gated on a feature compiles without it. The library and examples only: the tests are
+# linted in both passes above, and a third pass over them cost CI minutes.
+step "cargo clippy (library and examples, default features)" \
+  cargo clippy --lib --examples -- -D warnings
 # Every case on real time says why in the code (tests/README.md).
 step "real-time cases say why (scripts/real-time.py --check)" python3 scripts/real-time.py --check
 # A broken intra-doc link fails; both feature sets, since each hides items of the other.
@@ -220,7 +222,8 @@ step "the soak: a 60 s smoke run on one redis-server, seed 31 (./scripts/soak.sh
 step "the soak over Valkey $valkey_version: 60 s on one valkey-server, seed 31" \
   env TOWER_STAMPEDE_SERVER="$valkey_server" SOAK_SECS=60 SOAK_SEED=31 \
   cargo test --all-features --test soak -- --ignored --nocapture
+# The doctests ran above with every feature; without features they would compile each again.
 step "cargo test (no default features: the tests over the embedded store, without Redis)" \
-  cargo test --no-default-features
+  cargo test --no-default-features --lib --bins --tests --examples
 step "the gRPC example: tests over redis-server" cargo test -p tower-stampede-grpc
 step "the protocol models (stateright, exhaustive, release mode; started beside the tests)" models

@@ -200,6 +200,9 @@ impl std::fmt::Debug for Cache {
             .field("lives", &self.inner.parts.lives)
             .field("loads", &self.inner.parts.loads)
             .field("waits", &self.inner.parts.waits)
+            .field("l1", &self.inner.parts.l1_settings)
+            .field("breaker", &self.inner.parts.breaker_settings)
+            .field("readable_keys", &self.inner.readable_keys)
             .finish_non_exhaustive()
     }
 }

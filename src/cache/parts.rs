@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::breaker::Breaker;
-use super::config::{Config, Lives, Loads, Waits};
+use super::config::{BreakerSettings, Config, L1Settings, Lives, Loads, Waits};
 use super::known_tags::KnownTags;
 use super::l1::{self, TagStamps, Vouch, L1};
 use super::protocol::lookup::Lookups;
@@ -40,17 +40,20 @@ pub(super) struct Parts {
     /// How long a load's answer for its waiters stays in the store (see
     /// [`Config::waiters_ttl`]).
     pub(super) waiters_ttl: Duration,
-    /// Whether the store's notifications are used (wake waits, keep L1 in step).
-    notifications: bool,
-    store_timeout: Duration,
-    ttl_cap: Duration,
+    /// L1's bounds and whether the store's notifications are used (wake waits, keep L1 in
+    /// step); the store calls' timeout and the breaker's thresholds.
+    pub(super) l1_settings: L1Settings,
+    pub(super) breaker_settings: BreakerSettings,
 }
 
 impl Parts {
     /// The parts of an engine over `store` with `config`.
     pub(super) fn new(store: Arc<dyn Store>, config: &Config) -> Self {
-        let notifications = config.l1.notifications;
-        let notifier = notifications.then(|| store.notifier().cloned()).flatten();
+        let notifier = config
+            .l1
+            .notifications
+            .then(|| store.notifier().cloned())
+            .flatten();
         let breaker = Breaker::new(&config.breaker, &config.namespace, Arc::clone(&store));
         let breaker = Arc::new(breaker);
         let renewals = Renewals::new(
@@ -73,9 +76,8 @@ impl Parts {
             loads: config.loads.clone(),
             waits: config.waits.clone(),
             waiters_ttl: config.waiters_ttl(),
-            notifications,
-            store_timeout: config.breaker.store_timeout,
-            ttl_cap: config.l1.ttl_cap,
+            l1_settings: config.l1.clone(),
+            breaker_settings: config.breaker.clone(),
         }
     }
 }
@@ -89,8 +91,8 @@ impl Parts {
             l1: &self.l1,
             tags: self.tags(),
             lock_ttl: self.loads.lock_ttl,
-            notifications: self.notifications,
-            store_timeout: self.store_timeout,
+            notifications: self.l1_settings.notifications,
+            store_timeout: self.breaker_settings.store_timeout,
         }
     }
 
@@ -113,7 +115,7 @@ impl Parts {
             namespace: &self.namespace,
             l1: &self.l1,
             known: &self.known_tags,
-            ttl_cap: self.ttl_cap,
+            ttl_cap: self.l1_settings.ttl_cap,
             keeps_stale: !self.lives.keep().is_zero(),
         }
     }

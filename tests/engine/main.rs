@@ -19,7 +19,7 @@
 //! | `wire.rs` | what the store holds: foreign bytes, the `fresh` marker, round trips |
 //! | `fences.rs` | lock ownership and fenced writes: no older value over a newer one |
 //! | `renewals.rs` | a leader's lock lives until its fill: renewals, a batch's in one call, lapsed locks |
-//! | `settings.rs` | settings that cannot work, refused by the build by name; typed header names |
+//! | `settings.rs` | settings that cannot work, refused by the build by name; typed header names; a cache shows its settings |
 //! | `soft_timeout.rs` | a stale value answered after a soft timeout while the reload goes on |
 //! | `hits.rs` | L1 and L2 hits, lifetimes, hostile durations, the fetch span |
 //! | `stats.rs` | `Cache::stats`'s answer counts, and `Health` by name (`Display`, `Serialize`) |

@@ -112,3 +112,29 @@ fn a_header_name_that_is_no_field_name_is_refused_where_it_is_made() {
         .trust_header(trusted)
         .pass_header(http::HeaderName::from_static("x-theme"));
 }
+
+#[test]
+fn a_cache_shows_every_setting_it_was_built_with() {
+    // What an operator prints to check a deployment: each slice of the settings, L1's and the
+    // breaker's among them, with the values the builder was given.
+    let cache = Cache::builder(MemoryStore::new())
+        .namespace("shop")
+        .l1_capacity(12_345)
+        .l1_ttl_cap(Duration::from_secs(7))
+        .store_timeout(Duration::from_millis(321))
+        .circuit_breaker(9, Duration::from_secs(4))
+        .build();
+    let shown = format!("{cache:?}");
+    for part in [
+        "namespace: \"shop\"",
+        "capacity: 12345",
+        "ttl_cap: 7s",
+        "store_timeout: 321ms",
+        "threshold: 9",
+        "open_for: 4s",
+        "lock_ttl: 5s",
+        "wait_timeout: 30s",
+    ] {
+        assert!(shown.contains(part), "{part} missing from {shown}");
+    }
+}
