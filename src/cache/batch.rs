@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use super::engine::Cache;
+use super::error::{BoxError, Error};
 use super::protocol::batch::{Accepts, Batch, BatchKey, BatchLoad};
-use super::{BoxError, Cache, Error};
 
 impl Cache {
     /// The values of `keys`, each as [`get_or_load`](Self::get_or_load) would find it, with

@@ -7,7 +7,7 @@ use crate::store::{key::sanitize_namespace, Store};
 
 use super::build_error::{check, BuildError};
 use super::config::{Config, WaitTimeoutPolicy};
-use super::Cache;
+use super::engine::Cache;
 
 /// Builds a [`Cache`]; see [`Cache::builder`]. Every setter documents its default.
 #[must_use]
@@ -332,5 +332,17 @@ impl CacheBuilder {
             Ok(cache) => cache,
             Err(refused) => panic!("{refused}"),
         }
+    }
+}
+
+impl Cache {
+    /// A builder for a cache over `store`.
+    pub fn builder(store: impl Store) -> CacheBuilder {
+        CacheBuilder::new(Arc::new(store))
+    }
+
+    /// A builder for a cache over a store that is already shared.
+    pub fn builder_shared(store: Arc<dyn Store>) -> CacheBuilder {
+        CacheBuilder::new(store)
     }
 }

@@ -13,8 +13,8 @@ use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::error::{Error, ErrorKind};
 use super::fetched::FlightResult;
-use super::{Error, ErrorKind};
 use crate::store::BoxFuture;
 
 /// What a flight has posted so far: nothing, its answer, or an early answer (the stale value

@@ -22,8 +22,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::config::Life;
+use super::engine::Cache;
+use super::entry;
+use super::error::Error;
 use super::flights::Overtaken;
-use super::{entry, Cache, Error};
 use crate::store::StoreExt;
 use crate::store::{KeyDigest, StoreError, StoreKey};
 

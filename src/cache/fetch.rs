@@ -11,7 +11,11 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::{debug, debug_span, info_span, Instrument};
 
-use super::{BoxError, Cache, Error, Fetched, L1Found, Loaded, Outcome, Own, Previous};
+use super::engine::{Cache, L1Found};
+use super::error::{BoxError, Error};
+use super::fetched::{Fetched, Own};
+use super::loaded::{Loaded, Previous};
+use super::outcome::Outcome;
 use crate::store::KeyDigest;
 
 impl Cache {
@@ -85,6 +89,100 @@ impl Cache {
         E: Into<BoxError>,
     {
         self.fetch(key, loader).await?.value_or_pass()
+    }
+
+    /// Like [`fetch`](Self::fetch), with a loader that revalidates: when the store still keeps
+    /// the value it reloads (past its freshness, within its stale windows or
+    /// [`keep_for_revalidation`](crate::CacheBuilder::keep_for_revalidation)), the loader is handed
+    /// it as a [`Previous`], and may answer [`Loaded::not_modified`] (a conditional request
+    /// that the backend answered "unchanged"): the value is then fresh again for every
+    /// process, its bytes not sent to the store again, and the call's outcome is
+    /// [`Outcome::Revalidated`]. It is still one load per stampede, across processes: the
+    /// loader runs under the reload lock as any load does, and followers get the renewed
+    /// value. Without a previous value the loader loads as any other.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// # tokio::time::pause();
+    /// let cache = Cache::builder(MemoryStore::new())
+    ///     .ttl(Duration::from_secs(60))
+    ///     .keep_for_revalidation(Duration::from_secs(3600))
+    ///     .build();
+    /// // The backend's version of the document, as an `ETag` would say it.
+    /// let revalidate = |previous: Option<tower_stampede::Previous>| async move {
+    ///     match previous {
+    ///         Some(previous) if previous.value().as_ref() == b"v1" => Ok(Loaded::not_modified()),
+    ///         _ => Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(b"v1"))),
+    ///     }
+    /// };
+    /// let first = cache.fetch_revalidating("doc", revalidate).await?;
+    /// assert_eq!(first.outcome(), Outcome::Leader);
+    /// tokio::time::advance(Duration::from_secs(61)).await; // stale now
+    /// let again = cache.fetch_revalidating("doc", revalidate).await?;
+    /// assert_eq!(again.outcome(), Outcome::Revalidated);
+    /// assert_eq!(again.value().map(|v| &v[..]), Some(&b"v1"[..]));
+    /// # Ok(()) }
+    /// ```
+    pub async fn fetch_revalidating<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce(Option<Previous>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.fetch_shared(Ask::key(key.as_ref()), loader).await
+    }
+
+    /// Like [`fetch`](Self::fetch), with this call's own soft timeout in place of the
+    /// cache's ([`CacheBuilder::soft_timeout`](crate::CacheBuilder::soft_timeout)): where a stale value is there to answer
+    /// with, this call gets it once its reload has taken `soft_timeout`, and the reload
+    /// goes on and fills the cache for everyone. A call that joins a flight of this process
+    /// already in progress shares that flight's soft timeout.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use tower_stampede::{store::MemoryStore, Cache, Loaded, Outcome};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_stampede::Error> {
+    /// # tokio::time::pause();
+    /// let cache = Cache::builder(MemoryStore::new())
+    ///     .stale_if_error(Duration::from_secs(3600))
+    ///     .build();
+    /// let load = |value: &'static [u8]| move || async move {
+    ///     tokio::time::sleep(Duration::from_millis(500)).await; // a slow backend
+    ///     Ok::<_, std::io::Error>(Loaded::value(Bytes::from_static(value)))
+    /// };
+    /// cache.fetch("report", load(b"v1")).await?;
+    /// cache.expire("report").await?; // stale now
+    /// let soft = Duration::from_millis(50);
+    /// let answer = cache.fetch_with_soft_timeout("report", soft, load(b"v2")).await?;
+    /// assert_eq!(answer.outcome(), Outcome::Stale);
+    /// assert_eq!(answer.value().map(|v| &v[..]), Some(&b"v1"[..]));
+    /// # Ok(()) }
+    /// ```
+    pub async fn fetch_with_soft_timeout<F, Fut, E>(
+        &self,
+        key: impl AsRef<[u8]>,
+        soft_timeout: Duration,
+        loader: F,
+    ) -> Result<Fetched, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Loaded, E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let ask = Ask::key(key.as_ref()).soft_timeout(soft_timeout);
+        self.fetch_shared(ask, move |_| loader()).await
     }
 
     /// The one way into the engine of every call of one key, which the calls above, typed

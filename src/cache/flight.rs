@@ -13,13 +13,18 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::carry::{CarriedFlight, FlightPosts};
+use super::engine::Cache;
+use super::engine::Inner;
 use super::entry::{self, Entry};
+use super::error::{BoxError, Error};
+use super::fetched::Fetched;
 use super::fetched::{FlightResult, Own};
 use super::flights::Entered;
 use super::l1::L1Hit;
+use super::loaded::{Loaded, Previous};
+use super::outcome::Outcome;
 use super::protocol::{EarlyRefresh, Follower};
 use super::telemetry::WaitEnd;
-use super::{BoxError, Cache, Error, Fetched, Inner, Loaded, Outcome, Previous};
 use crate::store::{BoxFuture, KeyDigest};
 
 /// A flight's loader, and which stored payloads its caller can read: a stored value whose

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Cache;
+use super::engine::Cache;
 
 /// How recently the store must have answered a call for the health check to take it as
 /// answering without asking it.

@@ -1,12 +1,13 @@
 //! What a loader is given ([`Previous`]) and what it produces ([`Loaded`]).
 
+use std::any::Any;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::config::Life;
 use super::entry::Windows;
-use super::fetched::Handoff;
 use crate::store::KeyDigest;
 
 /// The value a revalidating loader reloads (see [`Cache::fetch_revalidating`](crate::Cache::fetch_revalidating)): the one the
@@ -304,5 +305,17 @@ impl Loaded {
         self.tags.sort_unstable();
         self.tags.dedup();
         self
+    }
+}
+
+/// What a load that stores nothing hands to the callers that joined its flight in this
+/// process, beside its pass (see `Loaded::pass_handing`): the HTTP layer's relay of a body too
+/// large to store. Never stored, never seen by another process.
+#[derive(Clone)]
+pub(crate) struct Handoff(pub(crate) Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for Handoff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handoff")
     }
 }

@@ -14,11 +14,9 @@ use super::breaker::Breaker;
 use super::config::{BreakerSettings, Config, L1Settings, Lives, Loads, Waits};
 use super::known_tags::KnownTags;
 use super::l1::{self, TagStamps, Vouch, L1};
-use super::protocol::lookup::Lookups;
 use super::refreshes::Refreshes;
 use super::renewals::Renewals;
 use super::stats::Counters;
-use super::tags::TagChecks;
 use super::telemetry::Meter;
 use crate::store::{KeyDigest, Stamp, Store};
 
@@ -83,19 +81,6 @@ impl Parts {
 }
 
 impl Parts {
-    /// The lookups of a flight, over the components they read.
-    pub(super) fn lookups(&self) -> Lookups<'_> {
-        Lookups {
-            store: &*self.store,
-            breaker: &self.breaker,
-            l1: &self.l1,
-            tags: self.tags(),
-            lock_ttl: self.loads.lock_ttl,
-            notifications: self.l1_settings.notifications,
-            store_timeout: self.breaker_settings.store_timeout,
-        }
-    }
-
     /// Counts a value that this flight's caller cannot read (corrupt, foreign, or another
     /// type's), in [`Stats::corrupt_entries`](crate::cache::Stats::corrupt_entries) and its metric:
     /// it is treated as a miss, and overwritten by the load that follows.
@@ -105,19 +90,6 @@ impl Parts {
             .fetch_add(1, Ordering::Relaxed);
         self.meter.corrupt_entry();
         tracing::warn!(key = ?digest, "corrupt or foreign entry; treating it as a miss");
-    }
-
-    /// The tag and generation checks, over the components they read.
-    pub(super) fn tags(&self) -> TagChecks<'_> {
-        TagChecks {
-            store: &*self.store,
-            breaker: &self.breaker,
-            namespace: &self.namespace,
-            l1: &self.l1,
-            known: &self.known_tags,
-            ttl_cap: self.l1_settings.ttl_cap,
-            keeps_stale: !self.lives.keep().is_zero(),
-        }
     }
 
     /// The L1 entry of a key, if it is there and trusted (see [`l1::L1::get`]).

@@ -9,8 +9,9 @@
 
 use bytes::Bytes;
 
+use super::engine::Cache;
 use super::entry::{self, Entry};
-use super::{Cache, Error};
+use super::error::Error;
 use crate::store::{KeyDigest, StoreError, StoreKey};
 
 impl Cache {

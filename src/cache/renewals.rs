@@ -227,7 +227,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_leader_s_locks_hold_until_it_is_done() {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let config = crate::cache::Config::default();
+        let config = crate::cache::config::Config::default();
         let breaker = Breaker::new(&config.breaker, &config.namespace, Arc::clone(&store));
         let breaker = Arc::new(breaker);
         let renewals = Renewals::new(

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::breaker::CallCounts;
-use super::Outcome;
+use super::outcome::Outcome;
 
 /// Counters of what the cache has seen since it was built, for any application (the `metrics`
 /// feature counts the same with labels).

@@ -30,11 +30,13 @@ use tokio::time::Instant;
 
 use super::breaker::Breaker;
 use super::carry::FlightPosts;
+use super::engine::Cache;
 use super::entry::Tagged;
+use super::error::Error;
 use super::flights::Overtaken;
 use super::known_tags::{KnownTags, CLEARS};
 use super::l1::{TagStamps, L1};
-use super::{Cache, Error};
+use super::parts::Parts;
 use crate::store::{KeyDigest, Stamp, Store, StoreError, StoreKey, TagClock};
 
 impl Cache {
@@ -90,6 +92,21 @@ pub(super) struct TagChecks<'a> {
     pub(super) ttl_cap: Duration,
     /// Whether the store keeps values past their freshness (stale windows).
     pub(super) keeps_stale: bool,
+}
+
+impl Parts {
+    /// The tag and generation checks, over the components they read.
+    pub(super) fn tags(&self) -> TagChecks<'_> {
+        TagChecks {
+            store: &*self.store,
+            breaker: &self.breaker,
+            namespace: &self.namespace,
+            l1: &self.l1,
+            known: &self.known_tags,
+            ttl_cap: self.l1_settings.ttl_cap,
+            keeps_stale: !self.lives.keep().is_zero(),
+        }
+    }
 }
 
 impl TagChecks<'_> {

@@ -30,7 +30,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Outcome;
+use super::outcome::Outcome;
 
 /// Something that happened to a reload lock.
 #[derive(Clone, Copy, Debug)]

@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use super::error::StoreError;
 use super::key::{LockToken, StoreKey};
+use super::primitives::{BoxFuture, Store};
 use super::primitives::{Change, Renewal, Settle, Settled};
-use super::{BoxFuture, Store};
 
 /// The named writes over a [`Store`]'s primitives, for every store (the blanket
 /// implementation below): a store never implements them, and a wrapper store forwards the

@@ -343,7 +343,7 @@ impl std::fmt::Debug for FillWatch<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::KeyDigest;
+    use crate::store::key::KeyDigest;
     use std::time::Duration;
 
     fn key(name: &str) -> StoreKey {

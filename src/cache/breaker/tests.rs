@@ -1,7 +1,7 @@
 //! The breaker's own tests: its states, and what a call counts.
 
 use super::*;
-use crate::cache::Config;
+use crate::cache::config::Config;
 use crate::store::MemoryStore;
 
 fn breaker(threshold: u32) -> Breaker {

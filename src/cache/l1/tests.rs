@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Vouch, L1};
-use crate::cache::Config;
+use crate::cache::config::Config;
 use crate::store::{KeyDigest, MemoryStore, Store, StoreKey};
 use crate::Cache;
 

@@ -21,10 +21,13 @@ use super::lock::{spawn_release, LockGuard, PendingLocks};
 use super::lookup::LookupFound;
 use super::stale::StaleValue;
 use crate::cache::config::Life;
+use crate::cache::engine::Cache;
+use crate::cache::error::{BoxError, Error, ErrorKind};
+use crate::cache::fetched::Gives;
 use crate::cache::flight::{BoxLoader, Reader};
 use crate::cache::l1::L1Hit;
+use crate::cache::loaded::{Loaded, Previous};
 use crate::cache::parts::Parts;
-use crate::cache::{BoxError, Cache, Error, ErrorKind, Gives, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, LockState, LockToken, LockWhen, Lookup, Stamp, StoreKey};
 
 /// A batch's loader, its own type erased: handed the keys to load, it answers their values.

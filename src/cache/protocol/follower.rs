@@ -23,12 +23,15 @@ use super::stale::StaleValue;
 use super::wait::Backoff;
 use super::waiters::{EarlierAnswer, WaitersAnswer};
 use crate::cache::carry::FlightPosts;
+use crate::cache::config::WaitTimeoutPolicy;
 use crate::cache::entry::{Corrupt, Entry};
+use crate::cache::error::{Error, ErrorKind};
+use crate::cache::fetched::Fetched;
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::{BoxLoader, Reader};
+use crate::cache::outcome::Outcome;
 use crate::cache::parts::Parts;
 use crate::cache::telemetry::{LockEvent, WaitEnd};
-use crate::cache::{Error, ErrorKind, Fetched, Outcome, WaitTimeoutPolicy};
 use crate::store::{
     FillWatch, KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreError, StoreKey,
 };

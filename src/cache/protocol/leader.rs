@@ -18,12 +18,15 @@ use super::stale::{unchanged_since, StaleValue};
 use crate::cache::carry::{Early, FlightPosts};
 use crate::cache::config::Lives;
 use crate::cache::entry::{self, Tagged};
+use crate::cache::error::Error;
+use crate::cache::fetched::Fetched;
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
+use crate::cache::loaded::Loaded;
 use crate::cache::loaded::LoadedKind;
+use crate::cache::outcome::Outcome;
 use crate::cache::parts::Parts;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::{Error, Fetched, Loaded, Outcome};
 use crate::store::StoreExt;
 use crate::store::{LockToken, Stamp, StoreError, StoreKey, TagClock};
 

@@ -11,10 +11,11 @@ use tokio::time::Instant;
 use crate::cache::carry::FlightPosts;
 use crate::cache::config::Life;
 use crate::cache::entry::{self, Tagged, Windows};
+use crate::cache::error::{BoxError, Error, ErrorKind};
 use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::LoadedKind;
+use crate::cache::loaded::{Loaded, Previous};
 use crate::cache::parts::Parts;
-use crate::cache::{BoxError, Error, ErrorKind, Loaded, Previous};
 use crate::store::{BoxFuture, KeyDigest, Stamp, TagClock};
 
 /// Tags a loaded value cannot be stored with: the store did not answer the tag clock read

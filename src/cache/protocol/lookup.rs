@@ -11,6 +11,7 @@ use crate::cache::breaker::Breaker;
 use crate::cache::entry::{Corrupt, Entry};
 use crate::cache::flight::Reader;
 use crate::cache::l1::{TagStamps, L1};
+use crate::cache::parts::Parts;
 use crate::cache::tags::TagChecks;
 use crate::store::{
     FillWatch, LockState, LockToken, LockWhen, Lookup, Store, StoreError, StoreKey,
@@ -80,6 +81,21 @@ pub(in crate::cache) struct Lookups<'a> {
     /// Whether the store's notifications are used (wake waits, keep L1 in step).
     pub(in crate::cache) notifications: bool,
     pub(in crate::cache) store_timeout: Duration,
+}
+
+impl Parts {
+    /// The lookups of a flight, over the components they read.
+    pub(in crate::cache) fn lookups(&self) -> Lookups<'_> {
+        Lookups {
+            store: &*self.store,
+            breaker: &self.breaker,
+            l1: &self.l1,
+            tags: self.tags(),
+            lock_ttl: self.loads.lock_ttl,
+            notifications: self.l1_settings.notifications,
+            store_timeout: self.breaker_settings.store_timeout,
+        }
+    }
 }
 
 impl<'a> Lookups<'a> {

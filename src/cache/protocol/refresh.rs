@@ -15,10 +15,11 @@ use super::lock::spawn_release;
 use super::lookup::FreshValue;
 use super::wait::Backoff;
 use crate::cache::entry::Entry;
+use crate::cache::fetched::Fetched;
 use crate::cache::flight::BoxLoader;
+use crate::cache::outcome::Outcome;
 use crate::cache::parts::Parts;
 use crate::cache::telemetry::LockEvent;
-use crate::cache::{Fetched, Outcome};
 use crate::store::{KeyDigest, LockState, LockToken, LockWhen, Stamp, StoreKey};
 
 /// How much later than this process reckons the store may still call the value it early

@@ -8,7 +8,9 @@ use std::time::SystemTime;
 use super::leader::Leader;
 use super::stale::StaleValue;
 use crate::cache::config::Life;
-use crate::cache::{Fetched, Outcome, Previous};
+use crate::cache::fetched::Fetched;
+use crate::cache::loaded::Previous;
+use crate::cache::outcome::Outcome;
 use crate::store::Renewal;
 use crate::store::StoreExt;
 

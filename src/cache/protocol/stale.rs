@@ -12,8 +12,10 @@ use tokio::time::Instant;
 use super::lookup::{LookupFound, Lookups};
 use crate::cache::config::Lives;
 use crate::cache::entry::{Entry, Tagged, Windows};
+use crate::cache::fetched::Fetched;
 use crate::cache::l1::TagStamps;
-use crate::cache::{Fetched, Outcome, Previous};
+use crate::cache::loaded::Previous;
+use crate::cache::outcome::Outcome;
 use crate::store::{KeyDigest, LockState, Notifier, Stamp, StoreKey};
 
 /// A value past its freshness that the store still keeps, what its header said, and how far

@@ -113,7 +113,7 @@ fn jittered(step: Duration, jitter: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::Config;
+    use crate::cache::config::Config;
 
     fn backoff(initial_ms: u64, multiplier: f64, max_ms: u64) -> Backoff {
         Backoff {

@@ -133,7 +133,7 @@ mod tests {
     /// written since the flight began.
     #[tokio::test(start_paused = true)]
     async fn a_waiter_tells_its_load_s_answer_from_an_earlier_one() {
-        let ttl = crate::cache::Config::default().waiters_ttl();
+        let ttl = crate::cache::config::Config::default().waiters_ttl();
         let started = Instant::now();
         tokio::time::advance(Duration::from_millis(10)).await;
         let asked = Instant::now();
@@ -254,7 +254,7 @@ mod tests {
     async fn a_pass_handing_something_is_loaded_once_per_flight_in_each_process() {
         use std::sync::Arc;
 
-        use crate::cache::Handoff;
+        use crate::cache::loaded::Handoff;
         let store = crate::store::MemoryStore::new();
         let handed = |fetched: &crate::Fetched| {
             let handoff = fetched.handoff().expect("a handoff");

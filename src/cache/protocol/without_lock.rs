@@ -9,10 +9,11 @@ use tracing::{debug, warn};
 use super::load::tagged;
 
 use super::follower::Follower;
+use crate::cache::fetched::Fetched;
 use crate::cache::fetched::FlightResult;
 use crate::cache::flight::BoxLoader;
 use crate::cache::loaded::LoadedKind;
-use crate::cache::{Fetched, Outcome};
+use crate::cache::outcome::Outcome;
 use crate::store::Stamp;
 use crate::store::StoreExt;
 

@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use super::codec::{decode, encode};
 use super::{Codec, Typed};
+use crate::cache::error::{BoxError, Error, ErrorKind};
 use crate::cache::protocol::batch::BatchLoad;
-use crate::cache::{BoxError, Error, ErrorKind};
 
 impl<T, C> Typed<T, C>
 where

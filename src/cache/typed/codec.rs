@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::cache::BoxError;
+use crate::cache::error::BoxError;
 
 /// Length of the schema tag in front of every typed value.
 pub(super) const TAG_LEN: usize = 8;

@@ -92,7 +92,12 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use self::codec::{decode, encode, TAG_LEN};
-use super::{Ask, BoxError, Cache, Error, ErrorKind, Fetched, Loaded, Outcome};
+use super::engine::Cache;
+use super::error::{BoxError, Error, ErrorKind};
+use super::fetch::Ask;
+use super::fetched::Fetched;
+use super::loaded::Loaded;
+use super::outcome::Outcome;
 use crate::store::{KeyDigest, StoreKey};
 
 /// A typed view of a [`Cache`], made by [`Cache::typed`]; see the [module docs](self).

@@ -14,9 +14,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use self::state::{Holder, Lock, State};
-use super::{
-    millis, LockLife, LockState, LockToken, LockWhen, Lookup, Notifier, Settled, StoreKey, Stored,
-};
+use super::key::{LockToken, StoreKey};
+use super::lookup::{LockState, LockWhen, Lookup, Stored};
+use super::notify::Notifier;
+use super::primitives::{millis, LockLife, Settled};
 
 /// The embedded store: values and locks in this process's memory, with Redis's semantics
 /// (value TTLs, lock TTLs, owner tokens, fenced fills).

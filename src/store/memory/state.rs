@@ -9,7 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::store::{load_start, KeyDigest, LockToken, StoreKey, Stored};
+use crate::store::key::{KeyDigest, LockToken, StoreKey};
+use crate::store::lookup::Stored;
+use crate::store::primitives::load_start;
 
 /// What a value costs the store besides its bytes: its key and the maps' bookkeeping, about.
 const VALUE_OVERHEAD: usize = 160;

@@ -21,7 +21,7 @@ use super::notifications::Notifications;
 #[cfg(feature = "sentinel")]
 use super::sentinel::Primary;
 use super::RedisStore;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::error::{StoreError, StoreErrorKind};
 
 /// Builds a [`RedisStore`]; see [`RedisStore::builder`] (one server) and
 /// `RedisStore::cluster_builder` (a Redis Cluster, feature `cluster`).

@@ -23,7 +23,7 @@ use super::calls::{evalsha, lookup_replies};
 use super::cluster_link::ClusterLink;
 use super::lookup::LookupReplies;
 use super::names::{key_slot, KeyName};
-use crate::store::StoreKey;
+use crate::store::key::StoreKey;
 
 /// A cluster connection and the slot layout it last read; cheap to clone, never locked
 /// across a call.

@@ -15,7 +15,8 @@ use super::calls::{each_pipelined, evalsha, lookup_replies, pipelined};
 use super::link::Link;
 use super::lookup::LookupReplies;
 use super::RedisStore;
-use crate::store::{StoreError, StoreErrorKind, StoreKey};
+use crate::store::error::{StoreError, StoreErrorKind};
+use crate::store::key::StoreKey;
 
 /// A connection to one server or to a cluster; cheap to clone, never locked.
 #[derive(Clone)]

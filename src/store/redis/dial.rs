@@ -12,7 +12,7 @@ use redis::{ConnectionInfo, IntoConnectionInfo, RedisResult};
 
 #[cfg(any(feature = "cluster", feature = "sentinel"))]
 use super::resolver::Resolver;
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::error::{StoreError, StoreErrorKind};
 
 /// Where a store connects, as the user gave it (credentials included: never print it).
 #[derive(Clone)]

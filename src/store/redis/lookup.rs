@@ -14,10 +14,10 @@ use super::scripts::{
     command, is_lock, lock_value, may_lapse, script_call, LockValue, LOOKUP, REPAIR,
 };
 use super::RedisStore;
-use crate::store::{
-    millis, BoxFuture, LockLife, LockState, LockToken, LockWhen, Lookup, StoreError,
-    StoreErrorKind, StoreKey, Stored,
-};
+use crate::store::error::{StoreError, StoreErrorKind};
+use crate::store::key::{LockToken, StoreKey};
+use crate::store::lookup::{LockState, LockWhen, Lookup, Stored};
+use crate::store::primitives::{millis, BoxFuture, LockLife};
 
 impl RedisStore {
     /// A lookup by the lookup script: for lookups that may take the lock from a `fresh`

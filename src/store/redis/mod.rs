@@ -59,7 +59,8 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use super::{CallLimit, StoreError};
+use super::call_limit::CallLimit;
+use super::error::StoreError;
 pub use builder::RedisStoreBuilder;
 use connection::Connection;
 use dial::{Nodes, Target};

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use redis::{RedisWrite, ToRedisArgs};
 
 use super::RedisStore;
-use crate::store::StoreKey;
+use crate::store::key::StoreKey;
 
 impl RedisStore {
     /// The name of the Redis key that holds the value of `key`: `{namespace}:{{digest}}:v`,
@@ -227,7 +227,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::KeyDigest;
+    use crate::store::key::KeyDigest;
     use std::sync::Arc;
 
     fn key(namespace: &str, logical_key: &[u8]) -> StoreKey {

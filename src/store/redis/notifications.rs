@@ -23,7 +23,8 @@ use super::liveness::{Generation, Listener, Pushes};
 use super::names::shard_channels;
 use super::names::{channel, namespace_of, CLEARED};
 pub(super) use super::subscriber::Subscriber;
-use crate::store::{KeyDigest, Notifier, StoreKey};
+use crate::store::key::{KeyDigest, StoreKey};
+use crate::store::notify::Notifier;
 
 /// The process's one subscriber connection (RESP3, resubscribing by itself after a
 /// reconnect) and the followers it wakes.

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use redis::{Cmd, Script, ToRedisArgs};
 
 use super::names::SHARD_TAGS;
-use crate::store::{LockToken, StoreKey};
+use crate::store::key::{LockToken, StoreKey};
 
 /// Get the value; if absent or about to expire, try to take the lock (a `fresh` marker does not
 /// stop it: this script also serves the lookups that take the lock before the value is stale).

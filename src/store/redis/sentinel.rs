@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 use super::dial::{Dial, PrimaryAuth, KEEPER_PAUSE, PING_EVERY};
 use super::resolver::{reachable, Resolver};
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::error::{StoreError, StoreErrorKind};
 
 /// The channel on which a sentinel announces a new primary: `<service> <old ip> <old port>
 /// <new ip> <new port>`.

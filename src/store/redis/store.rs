@@ -17,11 +17,16 @@ use super::scripts::{
     INVALIDATE_TAGS, PUT, RELEASE, RENEW, SET, TAG_CLOCK,
 };
 use super::RedisStore;
-use crate::store::{
-    load_start, millis, tags, BoxFuture, CallLimit, Change, FillWatch, KeyDigest, LockLife,
-    LockToken, LockWhen, Lookup, Notifier, Settle, Settled, Store, StoreError, StoreErrorKind,
-    StoreKey, Stored, TagClock, TagVersions, MAX_TAG_VERSIONS,
+use crate::store::call_limit::CallLimit;
+use crate::store::error::{StoreError, StoreErrorKind};
+use crate::store::key::{KeyDigest, LockToken, StoreKey};
+use crate::store::lookup::{LockWhen, Lookup, Stored};
+use crate::store::notify::{FillWatch, Notifier};
+use crate::store::primitives::{
+    load_start, millis, BoxFuture, Change, LockLife, Settle, Settled, Store,
 };
+use crate::store::tags;
+use crate::store::tags::{TagClock, TagVersions, MAX_TAG_VERSIONS};
 
 impl RedisStore {
     /// The value from the replies to a pipelined `GET` and `PTTL` of it; a value of a foreign
